@@ -1,0 +1,1 @@
+//! zbd engine: compressed, log-structured, crash-safe block store.

@@ -1,0 +1,1 @@
+//! NBD protocol server over any block export. Knows nothing of compression.

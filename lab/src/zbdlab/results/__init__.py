@@ -1,0 +1,1 @@
+"""Self-describing study results: schema, store, migration."""

@@ -1,0 +1,61 @@
+"""The tidy results table written by `zbdlab run` and read by `zbdlab compare/report`.
+
+A results directory holds:
+  study.toml         the study file as run
+  environment.json   kernel, CPU, RAM, tool versions (one object)
+  runs.jsonl         one JSON object per run, fields below (units in the names)
+  runs.csv           the same table as CSV
+  raw/<run_id>/      raw tool outputs and the exact commands
+
+Version history of `schema_version`:
+  1  first version
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class RunRecord:
+    """One measured run: one workload operation on one target, one repetition."""
+
+    run_id: str
+    target: str  # target name from the study file, e.g. "ext4", "btrfs-zstd", "ext4-on-zbd-lz4"
+    workload: str  # workload name from the study file
+    operation: str  # IOzone-style op name: write, rewrite, read, reread, random_read, random_write,
+    # backward_read, record_rewrite, stride_read; or postmark, fileserver, copy, ...
+    repetition: int
+    file_size_bytes: int | None = None
+    record_size_bytes: int | None = None
+    threads: int = 1
+    throughput_bytes_per_s: float | None = None
+    iops: float | None = None
+    latency_p50_us: float | None = None
+    latency_p95_us: float | None = None
+    latency_p99_us: float | None = None
+    latency_p999_us: float | None = None
+    cpu_user_s: float | None = None
+    cpu_system_s: float | None = None
+    elapsed_s: float | None = None
+    logical_bytes_written: int | None = None  # bytes the workload wrote
+    logical_bytes_read: int | None = None
+    backing_bytes_written: int | None = None  # bytes written to the backing device(s)
+    backing_bytes_read: int | None = None
+    physical_bytes_used: int | None = None  # space used on the backing store after the run
+    data_bytes_stored: int | None = None  # logical size of the data the target holds
+    compression_ratio: float | None = None  # achieved: data_bytes_stored / physical bytes for that data
+    declared_compressibility: float | None = None  # ratio the data was declared to have, if synthetic
+    data_kind: str | None = None  # "synthetic:<pct>", "corpus:<name>", "postmark-text", ...
+    cache_policy: str | None = None  # "cold" | "warm"
+    discarded: bool = False  # warm-cache first run, kept but excluded from statistics
+    warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the system packages zbd and zbdlab need. Idempotent: does nothing when all are present.
+# Usage: scripts/install-deps.sh [--with-browser]
+set -euo pipefail
+
+packages=(
+  fio postmark                      # workloads
+  libnbd-bin nbdkit fuse3           # nbdinfo/nbdcopy/nbdfuse, reference NBD server, fusermount3
+  python3-libnbd                    # libnbd bindings for /usr/bin/python3 (bad-input tests)
+  qemu-utils                        # qemu-img, qemu-io
+  e2fsprogs xfsprogs btrfs-progs btrfs-compsize zfs-fuse
+  util-linux procps psmisc sysstat
+)
+if [[ "${1:-}" == "--with-browser" ]]; then
+  packages+=(chromium)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-deps: need root to install: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
