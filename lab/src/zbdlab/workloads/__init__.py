@@ -1,0 +1,1 @@
+"""Workloads run with real tools (fio, postmark, cp/tar): render -> run -> parse."""
