@@ -1,0 +1,47 @@
+//! Every bound the server enforces, in one place. Units come last in the names.
+
+use std::time::Duration;
+
+/// Largest READ/WRITE payload by default (also the `maximum` block size we advertise). A WRITE
+/// longer than the cap cannot be skipped safely, so it drops the connection; a longer READ gets
+/// EINVAL. TRIM and WRITE_ZEROES carry no payload and are never capped.
+pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 32 << 20;
+
+/// Largest option payload accepted during the handshake; a bigger one drops the connection
+/// (the longest legitimate option is a few strings of at most 4096 bytes).
+pub const OPTION_BYTES_MAX: u32 = 64 << 10;
+
+/// Options one connection may send before it must pick an export.
+pub const OPTIONS_PER_CONNECTION_MAX: u32 = 1024;
+
+/// Longest string (export name, metadata context query) the protocol allows.
+pub const STRING_BYTES_MAX: usize = 4096;
+
+/// Longest error message we send in a structured error chunk.
+pub const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// A client must finish each handshake read within this time.
+pub const HANDSHAKE_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A reply that the client does not read within this time breaks the connection, so a stuck
+/// client cannot hold worker threads (and the socket lock) forever.
+pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Requests of one connection queued or running at once; the reader stops reading past this.
+pub const INFLIGHT_REQUESTS_MAX: usize = 128;
+
+/// Payload bytes of one connection held in memory at once (write data waiting, read buffers).
+pub const INFLIGHT_BYTES_MAX: u64 = 128 << 20;
+
+/// Jobs waiting for a worker, across all connections.
+pub const QUEUE_JOBS_MAX: usize = 256;
+
+/// Block status descriptors in one reply (the client asks again for the rest).
+pub const DESCRIPTORS_MAX: usize = 16 << 10;
+
+/// Connections served at once; more are closed right after accept.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 64;
+
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT as u64 <= INFLIGHT_BYTES_MAX);
+const _: () = assert!(INFLIGHT_REQUESTS_MAX <= QUEUE_JOBS_MAX);
+const _: () = assert!(STRING_BYTES_MAX < OPTION_BYTES_MAX as usize);
