@@ -174,7 +174,25 @@ impl RawClient {
     /// Reads one reply (one simple reply, or one structured chunk). For a simple reply to a
     /// successful READ pass the length to read the data too.
     pub fn reply(&mut self, simple_read_length: usize) -> Reply {
-        let magic = self.read_u32();
+        self.reply_or_eof(simple_read_length)
+            .expect("server closed instead of replying")
+    }
+
+    /// Like `reply`, but None when the server closed the connection before a reply started.
+    pub fn reply_or_eof(&mut self, simple_read_length: usize) -> Option<Reply> {
+        let mut first = [0u8; 1];
+        match self.stream.read(&mut first) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+            Err(e) => panic!("reading a reply: {e}"),
+        }
+        let rest = self.read_exact(3);
+        let magic = u32::from_be_bytes([first[0], rest[0], rest[1], rest[2]]);
+        Some(self.reply_after_magic(magic, simple_read_length))
+    }
+
+    fn reply_after_magic(&mut self, magic: u32, simple_read_length: usize) -> Reply {
         if magic == wire::SIMPLE_REPLY_MAGIC {
             let error = self.read_u32();
             let handle = self.read_u64();
