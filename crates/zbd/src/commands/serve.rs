@@ -1,0 +1,267 @@
+//! `zbd serve PATH`: open a volume and serve it over NBD until SIGTERM/SIGINT, then finish the
+//! requests in flight, flush, close the volume cleanly and exit 0.
+//!
+//! While serving, the volume file is locked, so `zbd stat` asks this process instead: it answers
+//! on a small control socket whose path derives from the volume's path
+//! ([`control_socket_path`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
+use zbd_nbd::{ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig};
+
+/// Directory for default sockets (NBD and control) of served volumes.
+pub const RUN_DIR: &str = "/run/zbd";
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Volume to serve (made by `zbd create`).
+    pub path: PathBuf,
+    /// Unix socket to listen on [default: /run/zbd/<volume name>.sock].
+    #[arg(long, conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP instead: HOST:PORT, or just PORT for 127.0.0.1:PORT.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Export name clients may ask for (the empty name always works).
+    #[arg(long, default_value = "")]
+    pub export: String,
+    /// Serve read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Write the server's PID here once clients can connect (removed on exit).
+    #[arg(long)]
+    pub pidfile: Option<PathBuf>,
+    /// Control socket for `zbd stat` [default: derived from the volume path].
+    #[arg(long)]
+    pub control_socket: Option<PathBuf>,
+    /// Threads running requests.
+    #[arg(long)]
+    pub workers: Option<usize>,
+}
+
+/// Serves `zbd_core::Volume` through the NBD server's `Export` trait.
+pub struct VolumeExport {
+    volume: Arc<Volume>,
+    read_only: bool,
+}
+
+fn export_error(error: zbd_core::Error) -> ExportError {
+    let kind = match error.errno() {
+        zbd_core::error::errno::ENOSPC => ErrorKind::NoSpace,
+        zbd_core::error::errno::EINVAL => ErrorKind::Invalid,
+        zbd_core::error::errno::EROFS => ErrorKind::Permission,
+        _ => ErrorKind::Io,
+    };
+    ExportError::new(kind, error.to_string())
+}
+
+impl Export for VolumeExport {
+    fn size(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
+        self.volume.read(offset, buf).map_err(export_error)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
+        self.volume.write(offset, data, fua).map_err(export_error)
+    }
+    fn flush(&self) -> ExportResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.volume.flush().map_err(export_error)
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> ExportResult<()> {
+        self.volume.trim(offset, length).map_err(export_error)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, _may_trim: bool, fua: bool) -> ExportResult<()> {
+        // Zero blocks become a map state with no data either way; block status reports them as
+        // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
+        self.volume.write_zeroes(offset, length).map_err(export_error)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn block_status(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
+        let runs = self.volume.allocation(offset, length).map_err(export_error)?;
+        Ok(runs
+            .into_iter()
+            .map(|(length, state)| match state {
+                AllocState::Data => Extent::data(length),
+                AllocState::Zero => Extent { length, hole: false, zero: true },
+                AllocState::Hole => Extent::hole(length),
+            })
+            .collect())
+    }
+}
+
+/// Control socket of a volume served from `volume`: `/run/zbd/ctl-<hash of its canonical path>`
+/// (a hash keeps it under the 108-byte limit of socket paths).
+pub fn control_socket_path(volume: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(volume).unwrap_or_else(|_| volume.to_path_buf());
+    // FNV-1a: stable across builds and versions, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in canonical.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Path::new(RUN_DIR).join(format!("ctl-{hash:016x}.sock"))
+}
+
+/// Asks the server serving `volume` for its statistics as JSON; None if nobody serves it.
+pub fn query_stats(volume: &Path) -> Option<String> {
+    let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream.write_all(b"stats\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).ok()?;
+    (!line.trim().is_empty()).then(|| line.trim().to_string())
+}
+
+/// Answers `stats` requests on the control socket until the listener is dropped.
+fn spawn_control(listener: UnixListener, volume: Arc<Volume>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("zbd-control".into()).spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut request = String::new();
+            let mut reader = BufReader::new(&stream);
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let reply = match request.trim() {
+                "stats" => serde_json::to_string(&volume.stats())
+                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
+                other => format!("{{\"error\":\"unknown request {other:?}\"}}"),
+            };
+            let mut stream = &stream;
+            let _ = stream.write_all(format!("{reply}\n").as_bytes());
+        }
+    })?;
+    Ok(())
+}
+
+fn listen_address(args: &ServeArgs) -> Result<Listen> {
+    if let Some(text) = &args.listen {
+        let with_host = if text.contains(':') {
+            text.clone()
+        } else {
+            format!("127.0.0.1:{text}")
+        };
+        let address: SocketAddr = with_host
+            .parse()
+            .with_context(|| format!("--listen {text:?}: expected HOST:PORT or PORT"))?;
+        return Ok(Listen::Tcp(address));
+    }
+    let socket = match &args.socket {
+        Some(socket) => socket.clone(),
+        None => {
+            let name = args
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "volume".into());
+            std::fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
+            Path::new(RUN_DIR).join(format!("{name}.sock"))
+        }
+    };
+    Ok(Listen::Unix(socket))
+}
+
+fn uri(listen: &Listen, export: &str) -> String {
+    match listen {
+        Listen::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+        Listen::Tcp(address) => format!("nbd://{address}/{export}"),
+    }
+}
+
+/// Removes a file when dropped (pidfile, control socket), whatever way `run` leaves.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    if !args.path.exists() {
+        bail!("no volume at {} (make one with `zbd create`)", args.path.display());
+    }
+    let listen = listen_address(args)?;
+    let storage = FileStorage::open(&args.path, !args.read_only)
+        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    let options = OpenOptions { read_only: args.read_only, ..OpenOptions::default() };
+    let volume = Arc::new(
+        Volume::open(Box::new(storage), options)
+            .with_context(|| format!("cannot open volume {}", args.path.display()))?,
+    );
+    let export = Arc::new(VolumeExport { volume: Arc::clone(&volume), read_only: args.read_only });
+    let mut config = ServerConfig { export_name: args.export.clone(), ..ServerConfig::default() };
+    if let Some(workers) = args.workers {
+        config.workers = workers.max(1);
+    }
+    let server = Server::bind(&listen, export, config)?;
+    let stop = server.shutdown_handle();
+
+    let control_path = args.control_socket.clone().unwrap_or_else(|| control_socket_path(&args.path));
+    if let Some(parent) = control_path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path)
+        .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
+    let _control_guard = RemoveOnDrop(control_path.clone());
+    spawn_control(control, Arc::clone(&volume))?;
+
+    let mut signals = signal_hook::iterate::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .context("cannot install signal handlers")?;
+    let signal_handle = signals.handle();
+    let signal_stop = stop.clone();
+    let signal_thread = std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            signal_stop.shutdown();
+        }
+    });
+
+    let _pid_guard = match &args.pidfile {
+        Some(pidfile) => {
+            std::fs::write(pidfile, format!("{}\n", std::process::id()))
+                .with_context(|| format!("cannot write --pidfile {}", pidfile.display()))?;
+            Some(RemoveOnDrop(pidfile.clone()))
+        }
+        None => None,
+    };
+    eprintln!(
+        "zbd: serving {} ({} bytes) on {}",
+        args.path.display(),
+        volume.size_bytes(),
+        uri(server.listen(), &args.export)
+    );
+    let served = server.serve();
+    signal_handle.close();
+    let _ = signal_thread.join();
+    let closed = volume.close().context("cannot close the volume cleanly");
+    served.context("NBD server failed")?;
+    closed?;
+    eprintln!("zbd: stopped, volume closed cleanly");
+    Ok(())
+}
