@@ -22,7 +22,6 @@ mod export;
 mod handshake;
 pub mod limits;
 mod mem;
-mod pool;
 mod server;
 mod stream;
 mod transmission;

@@ -27,14 +27,9 @@ pub const HANDSHAKE_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// client cannot hold worker threads (and the socket lock) forever.
 pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Requests of one connection queued or running at once; the reader stops reading past this.
-pub const INFLIGHT_REQUESTS_MAX: usize = 128;
-
-/// Payload bytes of one connection held in memory at once (write data waiting, read buffers).
-pub const INFLIGHT_BYTES_MAX: u64 = 128 << 20;
-
-/// Jobs waiting for a worker, across all connections.
-pub const QUEUE_JOBS_MAX: usize = 256;
+/// Threads serving one connection by default, hence requests in flight per connection (as
+/// nbdkit's default of 16, halved: our requests are CPU-bound compression on few cores).
+pub const THREADS_PER_CONNECTION_DEFAULT: usize = 8;
 
 /// Block status descriptors in one reply (the client asks again for the rest).
 pub const DESCRIPTORS_MAX: usize = 16 << 10;
@@ -42,6 +37,4 @@ pub const DESCRIPTORS_MAX: usize = 16 << 10;
 /// Connections served at once; more are closed right after accept.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 64;
 
-const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT as u64 <= INFLIGHT_BYTES_MAX);
-const _: () = assert!(INFLIGHT_REQUESTS_MAX <= QUEUE_JOBS_MAX);
 const _: () = assert!(STRING_BYTES_MAX < OPTION_BYTES_MAX as usize);

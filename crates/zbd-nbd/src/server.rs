@@ -1,8 +1,8 @@
 //! Listening, accepting, one thread per connection, and graceful shutdown.
 //!
 //! Shutdown order: stop accepting; shut the read side of every client socket so each reader
-//! sees EOF after the request it is reading; wait until every request already accepted has
-//! replied; flush the export; stop the workers; remove the Unix socket.
+//! sees EOF after the request it is reading; wait until every request already read has replied;
+//! flush the export; remove the Unix socket.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader};
@@ -19,7 +19,6 @@ use rustix::event::{poll, PollFd, PollFlags};
 use crate::export::Export;
 use crate::handshake::{self, HandshakeError, Offer};
 use crate::limits;
-use crate::pool::WorkerPool;
 use crate::stream::Stream;
 use crate::transmission::{self, Connection, Context};
 
@@ -44,8 +43,8 @@ pub struct ServerConfig {
     /// Name clients ask for; the empty name always selects this export too.
     pub export_name: String,
     pub description: Option<String>,
-    /// Threads running requests, shared by all connections.
-    pub workers: usize,
+    /// Threads serving each connection, hence its requests in flight at most.
+    pub threads_per_connection: usize,
     /// Largest READ/WRITE payload.
     pub payload_bytes_max: u32,
     pub connections_max: usize,
@@ -53,11 +52,10 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         ServerConfig {
             export_name: String::new(),
             description: None,
-            workers: (cores * 2).max(4),
+            threads_per_connection: limits::THREADS_PER_CONNECTION_DEFAULT,
             payload_bytes_max: limits::PAYLOAD_BYTES_MAX_DEFAULT,
             connections_max: limits::CONNECTIONS_MAX_DEFAULT,
         }
@@ -200,8 +198,6 @@ impl Server {
     /// Serves until [`ShutdownHandle::shutdown`], then finishes in-flight requests, flushes the
     /// export and returns.
     pub fn serve(self) -> Result<(), ServerError> {
-        let pool = WorkerPool::new(self.config.workers, limits::QUEUE_JOBS_MAX)
-            .map_err(io_error("start worker threads"))?;
         let shared = Arc::new(Shared {
             export: Arc::clone(&self.export),
             config: self.config.clone(),
@@ -211,7 +207,7 @@ impl Server {
         });
         tracing::info!(listen = %self.listen, size = self.export.size(), "NBD server listening");
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
-        let accepted = self.accept_loop(&shared, &pool, &mut threads);
+        let accepted = self.accept_loop(&shared, &mut threads);
 
         shared.shutting_down.store(true, Ordering::SeqCst);
         if let Ok(clients) = shared.clients.lock() {
@@ -225,7 +221,6 @@ impl Server {
             }
         }
         let flushed = self.export.flush().map_err(ServerError::Flush);
-        pool.join();
         if let Listen::Unix(path) = &self.listen {
             let _ = std::fs::remove_file(path);
         }
@@ -236,7 +231,6 @@ impl Server {
     fn accept_loop(
         &self,
         shared: &Arc<Shared>,
-        pool: &WorkerPool,
         threads: &mut Vec<JoinHandle<()>>,
     ) -> Result<(), ServerError> {
         while !self.shutdown.is_shutting_down() {
@@ -270,10 +264,7 @@ impl Server {
                 );
                 continue;
             }
-            let Some(jobs) = pool.sender() else {
-                break;
-            };
-            match spawn_connection(shared, stream, jobs) {
+            match spawn_connection(shared, stream) {
                 Ok(thread) => threads.push(thread),
                 Err(error) => tracing::warn!("cannot start a connection thread: {error}"),
             }
@@ -303,11 +294,7 @@ struct Shared {
     next_id: AtomicU64,
 }
 
-fn spawn_connection(
-    shared: &Arc<Shared>,
-    stream: Stream,
-    jobs: crossbeam_channel::Sender<crate::pool::Job>,
-) -> io::Result<JoinHandle<()>> {
+fn spawn_connection(shared: &Arc<Shared>, stream: Stream) -> io::Result<JoinHandle<()>> {
     stream.set_nonblocking(false)?;
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
     let registered = stream.try_clone()?;
@@ -322,19 +309,14 @@ fn spawn_connection(
     std::thread::Builder::new()
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
-            run_connection(&shared, id, stream, jobs);
+            run_connection(&shared, id, stream);
             if let Ok(mut clients) = shared.clients.lock() {
                 clients.remove(&id);
             }
         })
 }
 
-fn run_connection(
-    shared: &Shared,
-    id: u64,
-    stream: Stream,
-    jobs: crossbeam_channel::Sender<crate::pool::Job>,
-) {
+fn run_connection(shared: &Shared, id: u64, stream: Stream) {
     let peer = stream.peer();
     let writer = match stream.try_clone() {
         Ok(writer) => writer,
@@ -385,8 +367,8 @@ fn run_connection(
     let context = Context {
         export: Arc::clone(&shared.export),
         payload_bytes_max: shared.config.payload_bytes_max,
-        jobs,
+        threads: shared.config.threads_per_connection,
     };
-    transmission::serve(&mut reader, &connection, &context);
+    transmission::serve(reader, &connection, &context);
     tracing::info!(conn = id, "client disconnected");
 }

@@ -1,35 +1,24 @@
-//! The transmission phase of one connection: a reader (the connection's own thread) decodes and
-//! checks requests and queues them on the shared worker pool; workers run them against the
-//! export and write the replies, in whatever order they finish, under the socket's lock.
+//! The transmission phase of one connection: a few threads take turns reading a request, then
+//! each checks and runs its own request against the export and writes the reply, in whatever
+//! order they finish, under the socket's write lock.
 
 use std::io::{self, Read};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-
-use crossbeam_channel::Sender;
+use std::sync::{Arc, Mutex};
 
 use crate::export::{Export, ExportError, Extent};
 use crate::handshake::Session;
 use crate::limits;
-use crate::pool::Job;
 use crate::stream::Stream;
 use crate::wire::{self, RequestHeader};
 
-/// State of one connection shared between its reader and the workers running its requests.
+/// State of one connection shared by its threads.
 pub(crate) struct Connection {
     pub id: u64,
     pub session: Session,
     writer: Mutex<Stream>,
     broken: AtomicBool,
-    inflight: Mutex<InFlight>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct InFlight {
-    requests: usize,
-    bytes: u64,
 }
 
 impl Connection {
@@ -39,52 +28,11 @@ impl Connection {
             session,
             writer: Mutex::new(writer),
             broken: AtomicBool::new(false),
-            inflight: Mutex::new(InFlight::default()),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Waits until this connection may hold one more request of `bytes` payload bytes. A single
-    /// request is always admitted when nothing else is in flight, so this cannot wait forever.
-    fn acquire(&self, bytes: u64) {
-        let Ok(mut inflight) = self.inflight.lock() else {
-            return;
-        };
-        while inflight.requests >= limits::INFLIGHT_REQUESTS_MAX
-            || (inflight.requests > 0 && inflight.bytes + bytes > limits::INFLIGHT_BYTES_MAX)
-        {
-            inflight = match self.changed.wait(inflight) {
-                Ok(guard) => guard,
-                Err(_) => return,
-            };
-        }
-        inflight.requests += 1;
-        inflight.bytes += bytes;
-    }
-
-    fn release(&self, bytes: u64) {
-        if let Ok(mut inflight) = self.inflight.lock() {
-            inflight.requests = inflight.requests.saturating_sub(1);
-            inflight.bytes = inflight.bytes.saturating_sub(bytes);
-        }
-        self.changed.notify_all();
-    }
-
-    /// Waits until every queued request of this connection has replied (or failed to).
-    fn wait_idle(&self) {
-        let Ok(mut inflight) = self.inflight.lock() else {
-            return;
-        };
-        while inflight.requests > 0 {
-            inflight = match self.changed.wait(inflight) {
-                Ok(guard) => guard,
-                Err(_) => return,
-            };
         }
     }
 
     /// Writes one complete reply. A failure (client gone, or not reading for the write timeout)
-    /// breaks the connection: later replies are dropped and the reader sees EOF.
+    /// breaks the connection: later replies are dropped and the readers see EOF.
     fn send(&self, reply: &[u8]) {
         if self.broken.load(Ordering::SeqCst) {
             return;
@@ -103,11 +51,11 @@ impl Connection {
     }
 }
 
-/// What every connection's reader needs.
+/// What every connection needs.
 pub(crate) struct Context {
     pub export: Arc<dyn Export>,
     pub payload_bytes_max: u32,
-    pub jobs: Sender<Job>,
+    pub threads: usize,
 }
 
 /// A checked request, ready to run.
@@ -175,115 +123,140 @@ fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool>
 }
 
 /// Runs the transmission phase until the client disconnects (DISC, EOF), breaks the protocol,
-/// or the server shuts the socket's read side. Returns once every accepted request replied.
-pub(crate) fn serve(reader: &mut impl Read, connection: &Arc<Connection>, context: &Context) {
-    read_requests(reader, connection, context);
-    connection.wait_idle();
+/// or the server shuts the socket's read side; returns once every request read has replied.
+///
+/// Up to `context.threads` threads serve the connection, as nbdkit does: each takes the socket's
+/// read side in turn, reads one request, lets go, runs the request and writes its reply under the
+/// write lock. The thread that read a request runs it (no hand-off between threads), replies go
+/// out in completion order, and at most `threads` requests are in flight, which bounds memory.
+pub(crate) fn serve<R: Read + Send>(reader: R, connection: &Arc<Connection>, context: &Context) {
+    // None once the connection is finished: the other threads stop at their next turn.
+    let reader = Mutex::new(Some(reader));
+    std::thread::scope(|scope| {
+        for index in 1..context.threads.max(1) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-{}-{index}", connection.id))
+                .spawn_scoped(scope, || serve_requests(&reader, connection, context));
+            if let Err(error) = spawned {
+                tracing::warn!(
+                    conn = connection.id,
+                    "running with {index} threads: {error}"
+                );
+                break;
+            }
+        }
+        serve_requests(&reader, connection, context);
+    });
     if let Ok(writer) = connection.writer.lock() {
         let _ = writer.shutdown(Shutdown::Both);
     }
 }
 
-fn read_requests(reader: &mut impl Read, connection: &Arc<Connection>, context: &Context) {
-    let id = connection.id;
+fn serve_requests<R: Read>(reader: &Mutex<Option<R>>, connection: &Connection, context: &Context) {
     loop {
-        let mut raw = [0u8; wire::REQUEST_HEADER_BYTES];
-        match read_exact_or_eof(reader, &mut raw) {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::debug!(conn = id, "client closed the connection");
+        let next = {
+            let Ok(mut guard) = reader.lock() else {
                 return;
-            }
-            Err(error) => {
-                tracing::warn!(
-                    conn = id,
-                    "connection lost while reading a request: {error}"
-                );
+            };
+            let Some(stream) = guard.as_mut() else {
                 return;
-            }
-        }
-        let header = RequestHeader::decode(&raw);
-        if header.magic != wire::REQUEST_MAGIC {
-            tracing::warn!(
-                conn = id,
-                "bad request magic {:#x}, dropping connection",
-                header.magic
-            );
-            return;
-        }
-        if header.command == wire::CMD_DISC {
-            tracing::debug!(conn = id, "client sent DISC");
-            return;
-        }
-        let mut payload = None;
-        let mut held_bytes = 0;
-        if header.command == wire::CMD_WRITE {
-            if header.length > context.payload_bytes_max {
-                tracing::warn!(
-                    conn = id,
-                    offset = header.offset,
-                    length = header.length,
-                    "rejected WRITE: payload larger than {} bytes cannot be skipped safely, \
-                     dropping connection",
-                    context.payload_bytes_max
-                );
-                return;
-            }
-            held_bytes = u64::from(header.length);
-            connection.acquire(held_bytes);
-            let mut data = vec![0u8; header.length as usize];
-            if let Err(error) = reader.read_exact(&mut data) {
-                connection.release(held_bytes);
-                tracing::warn!(conn = id, "connection lost inside a WRITE payload: {error}");
-                return;
-            }
-            payload = Some(data);
-        }
-        let op = match check(&header, payload, connection.session, context) {
-            Ok(op) => op,
-            Err(rejection) => {
-                tracing::warn!(
-                    conn = id,
-                    command = wire::command_name(header.command),
-                    offset = header.offset,
-                    length = header.length,
-                    flags = header.flags,
-                    errno = rejection.errno,
-                    "rejected request: {}",
-                    rejection.reason
-                );
-                let reply = error_reply(
-                    connection.session,
-                    header.handle,
-                    rejection.errno,
-                    &rejection.reason,
-                );
-                connection.send(&reply);
-                if header.command == wire::CMD_WRITE {
-                    connection.release(held_bytes);
+            };
+            match read_request(stream, connection, context) {
+                Next::Run(handle, op) => (handle, op),
+                Next::Answered => continue,
+                Next::Stop => {
+                    *guard = None;
+                    return;
                 }
-                continue;
             }
         };
-        if !matches!(op, Op::Write { .. }) {
-            held_bytes = match op {
-                Op::Read { length, .. } => u64::from(length),
-                _ => 0,
-            };
-            connection.acquire(held_bytes);
+        let (handle, op) = next;
+        let reply = run(&*context.export, connection, handle, op);
+        connection.send(&reply);
+    }
+}
+
+enum Next {
+    /// A checked request for the caller to run.
+    Run(u64, Op),
+    /// A request refused and already answered.
+    Answered,
+    /// The connection is over.
+    Stop,
+}
+
+/// Reads and checks one request (with its payload). Rejections are answered right here.
+fn read_request(reader: &mut impl Read, connection: &Connection, context: &Context) -> Next {
+    let id = connection.id;
+    let mut raw = [0u8; wire::REQUEST_HEADER_BYTES];
+    match read_exact_or_eof(reader, &mut raw) {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::debug!(conn = id, "client closed the connection");
+            return Next::Stop;
         }
-        let job_connection = Arc::clone(connection);
-        let export = Arc::clone(&context.export);
-        let handle = header.handle;
-        let job: Job = Box::new(move || {
-            let reply = run(&*export, &job_connection, handle, op);
-            job_connection.send(&reply);
-            job_connection.release(held_bytes);
-        });
-        if context.jobs.send(job).is_err() {
-            tracing::error!(conn = id, "worker pool is gone, dropping connection");
-            connection.release(held_bytes);
-            return;
+        Err(error) => {
+            tracing::warn!(
+                conn = id,
+                "connection lost while reading a request: {error}"
+            );
+            return Next::Stop;
+        }
+    }
+    let header = RequestHeader::decode(&raw);
+    if header.magic != wire::REQUEST_MAGIC {
+        tracing::warn!(
+            conn = id,
+            "bad request magic {:#x}, dropping connection",
+            header.magic
+        );
+        return Next::Stop;
+    }
+    if header.command == wire::CMD_DISC {
+        tracing::debug!(conn = id, "client sent DISC");
+        return Next::Stop;
+    }
+    let mut payload = None;
+    if header.command == wire::CMD_WRITE {
+        if header.length > context.payload_bytes_max {
+            tracing::warn!(
+                conn = id,
+                offset = header.offset,
+                length = header.length,
+                "rejected WRITE: payload larger than {} bytes cannot be skipped safely, \
+                 dropping connection",
+                context.payload_bytes_max
+            );
+            return Next::Stop;
+        }
+        let mut data = vec![0u8; header.length as usize];
+        if let Err(error) = reader.read_exact(&mut data) {
+            tracing::warn!(conn = id, "connection lost inside a WRITE payload: {error}");
+            return Next::Stop;
+        }
+        payload = Some(data);
+    }
+    match check(&header, payload, connection.session, context) {
+        Ok(op) => Next::Run(header.handle, op),
+        Err(rejection) => {
+            tracing::warn!(
+                conn = id,
+                command = wire::command_name(header.command),
+                offset = header.offset,
+                length = header.length,
+                flags = header.flags,
+                errno = rejection.errno,
+                "rejected request: {}",
+                rejection.reason
+            );
+            let reply = error_reply(
+                connection.session,
+                header.handle,
+                rejection.errno,
+                &rejection.reason,
+            );
+            connection.send(&reply);
+            Next::Answered
         }
     }
 }
