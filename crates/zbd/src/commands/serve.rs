@@ -41,9 +41,9 @@ pub struct ServeArgs {
     /// Control socket for `zbd stat` [default: derived from the volume path].
     #[arg(long)]
     pub control_socket: Option<PathBuf>,
-    /// Threads running requests.
+    /// Threads serving each connection (its requests in flight at most).
     #[arg(long)]
-    pub workers: Option<usize>,
+    pub threads: Option<usize>,
 }
 
 /// Serves `zbd_core::Volume` through the NBD server's `Export` trait.
@@ -213,8 +213,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     );
     let export = Arc::new(VolumeExport { volume: Arc::clone(&volume), read_only: args.read_only });
     let mut config = ServerConfig { export_name: args.export.clone(), ..ServerConfig::default() };
-    if let Some(workers) = args.workers {
-        config.workers = workers.max(1);
+    if let Some(threads) = args.threads {
+        config.threads_per_connection = threads.max(1);
     }
     let server = Server::bind(&listen, export, config)?;
     let stop = server.shutdown_handle();
@@ -229,7 +229,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let _control_guard = RemoveOnDrop(control_path.clone());
     spawn_control(control, Arc::clone(&volume))?;
 
-    let mut signals = signal_hook::iterate::Signals::new([
+    let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
     ])
