@@ -268,3 +268,34 @@ fn graceful_stop_flushes_the_export() {
     assert_eq!(export.flush_count(), before + 1);
     assert_eq!(Export::size(&*export), MIB);
 }
+
+#[test]
+fn tcp_listener_serves_on_loopback() {
+    let Some(nbdinfo) = tool("nbdinfo") else {
+        return;
+    };
+    common::init_logging();
+    let export = std::sync::Arc::new(MemExport::new(MIB));
+    let address = "127.0.0.1:0".parse().expect("address");
+    let server = zbd_nbd::Server::bind(
+        &zbd_nbd::Listen::Tcp(address),
+        export,
+        ServerConfig::default(),
+    )
+    .expect("bind");
+    let zbd_nbd::Listen::Tcp(bound) = server.listen().clone() else {
+        panic!("not TCP")
+    };
+    assert_ne!(bound.port(), 0);
+    let stop = server.shutdown_handle();
+    let thread = std::thread::spawn(move || server.serve());
+    let output = Command::new(&nbdinfo)
+        .arg("--size")
+        .arg(format!("nbd://{bound}"))
+        .output()
+        .expect("run nbdinfo");
+    stop.shutdown();
+    thread.join().expect("server thread").expect("clean stop");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout(&output).trim(), MIB.to_string());
+}
