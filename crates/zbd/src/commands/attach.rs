@@ -104,7 +104,8 @@ fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: &AttachArgs) -> Result<()> {
+pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
+    let args = &args;
     if !args.socket.exists() {
         bail!(
             "no NBD server socket at {} (start one with `zbd serve --socket`)",
@@ -125,7 +126,7 @@ pub fn run(args: &AttachArgs) -> Result<()> {
     };
     write_record(&args.state_dir, &attachment)?;
     println!("{}", attachment.device().display());
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 pub(crate) fn which(tool: &str) -> Option<PathBuf> {
@@ -209,7 +210,10 @@ fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
     let nbdfuse_pid = match wait_for_pidfile(&pidfile, &mut child) {
         Ok(pid) => pid,
         Err(error) => {
-            let _ = Command::new("fusermount3").arg("-u").arg(&mountpoint).output();
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&mountpoint)
+                .output();
             let _ = child.kill();
             let _ = child.wait();
             let log = std::fs::read_to_string(work_dir.join("nbdfuse.log")).unwrap_or_default();
@@ -226,7 +230,10 @@ fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
     let device = match run_tool(&mut losetup_command) {
         Ok(out) => PathBuf::from(out.trim()),
         Err(error) => {
-            let _ = Command::new("fusermount3").arg("-u").arg(&mountpoint).output();
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&mountpoint)
+                .output();
             let _ = child.wait();
             let _ = std::fs::remove_dir_all(&work_dir);
             return Err(error);

@@ -22,7 +22,8 @@ pub struct DetachArgs {
     pub state_dir: PathBuf,
 }
 
-pub fn run(args: &DetachArgs) -> Result<()> {
+pub fn run(args: DetachArgs) -> Result<std::process::ExitCode> {
+    let args = &args;
     let attachment = read_record(&args.state_dir, &args.device)?;
     if let Some(target) = mounted_at(attachment.device())? {
         bail!(
@@ -45,7 +46,7 @@ pub fn run(args: &DetachArgs) -> Result<()> {
     }
     let record = record_path(&args.state_dir, &args.device);
     std::fs::remove_file(&record).with_context(|| format!("cannot remove {}", record.display()))?;
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn detach_fuse(device: &Path, mountpoint: &Path, pid: u32, work_dir: &Path) -> Result<()> {

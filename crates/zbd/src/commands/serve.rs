@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,22 +89,37 @@ impl Export for VolumeExport {
         }
         Ok(())
     }
-    fn write_zeroes(&self, offset: u64, length: u64, _may_trim: bool, fua: bool) -> ExportResult<()> {
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        _may_trim: bool,
+        fua: bool,
+    ) -> ExportResult<()> {
         // Zero blocks become a map state with no data either way; block status reports them as
         // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
-        self.volume.write_zeroes(offset, length).map_err(export_error)?;
+        self.volume
+            .write_zeroes(offset, length)
+            .map_err(export_error)?;
         if fua {
             self.flush()?;
         }
         Ok(())
     }
     fn block_status(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
-        let runs = self.volume.allocation(offset, length).map_err(export_error)?;
+        let runs = self
+            .volume
+            .allocation(offset, length)
+            .map_err(export_error)?;
         Ok(runs
             .into_iter()
             .map(|(length, state)| match state {
                 AllocState::Data => Extent::data(length),
-                AllocState::Zero => Extent { length, hole: false, zero: true },
+                AllocState::Zero => Extent {
+                    length,
+                    hole: false,
+                    zero: true,
+                },
                 AllocState::Hole => Extent::hole(length),
             })
             .collect())
@@ -123,36 +139,50 @@ pub fn control_socket_path(volume: &Path) -> PathBuf {
     Path::new(RUN_DIR).join(format!("ctl-{hash:016x}.sock"))
 }
 
-/// Asks the server serving `volume` for its statistics as JSON; None if nobody serves it.
-pub fn query_stats(volume: &Path) -> Option<String> {
+/// Asks the server serving `volume` for `zbd stat`'s output (JSON or text); None if no server
+/// answers for it.
+pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
     let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    stream.write_all(b"stats\n").ok()?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).ok()?;
-    (!line.trim().is_empty()).then(|| line.trim().to_string())
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    stream
+        .write_all(if json {
+            b"stats json\n"
+        } else {
+            b"stats text\n"
+        })
+        .ok()?;
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply).ok()?;
+    (!reply.is_empty()).then_some(reply)
 }
 
-/// Answers `stats` requests on the control socket until the listener is dropped.
-fn spawn_control(listener: UnixListener, volume: Arc<Volume>) -> std::io::Result<()> {
-    std::thread::Builder::new().name("zbd-control".into()).spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-            let mut request = String::new();
-            let mut reader = BufReader::new(&stream);
-            if reader.read_line(&mut request).is_err() {
-                continue;
+/// Answers `stats json` / `stats text` on the control socket (one request per connection, the
+/// reply runs to EOF) until the process exits.
+fn spawn_control(listener: UnixListener, volume: Arc<Volume>, name: String) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("zbd-control".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+                let mut request = String::new();
+                if BufReader::new(&stream).read_line(&mut request).is_err() {
+                    continue;
+                }
+                let reply = match request.trim() {
+                    "stats json" => serde_json::to_string_pretty(&volume.stats())
+                        .map(|text| text + "\n")
+                        .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n")),
+                    "stats text" => super::stat::render(&name, &volume.stats()),
+                    other => format!("unknown control request {other:?}\n"),
+                };
+                let mut stream = &stream;
+                let _ = stream.write_all(reply.as_bytes());
             }
-            let reply = match request.trim() {
-                "stats" => serde_json::to_string(&volume.stats())
-                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
-                other => format!("{{\"error\":\"unknown request {other:?}\"}}"),
-            };
-            let mut stream = &stream;
-            let _ = stream.write_all(format!("{reply}\n").as_bytes());
-        }
-    })?;
+        })?;
     Ok(())
 }
 
@@ -199,35 +229,56 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-pub fn run(args: &ServeArgs) -> Result<()> {
+pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    let args = &args;
     if !args.path.exists() {
-        bail!("no volume at {} (make one with `zbd create`)", args.path.display());
+        bail!(
+            "no volume at {} (make one with `zbd create`)",
+            args.path.display()
+        );
     }
     let listen = listen_address(args)?;
     let storage = FileStorage::open(&args.path, !args.read_only)
         .with_context(|| format!("cannot open volume {}", args.path.display()))?;
-    let options = OpenOptions { read_only: args.read_only, ..OpenOptions::default() };
+    let options = OpenOptions {
+        read_only: args.read_only,
+        ..OpenOptions::default()
+    };
     let volume = Arc::new(
         Volume::open(Box::new(storage), options)
             .with_context(|| format!("cannot open volume {}", args.path.display()))?,
     );
-    let export = Arc::new(VolumeExport { volume: Arc::clone(&volume), read_only: args.read_only });
-    let mut config = ServerConfig { export_name: args.export.clone(), ..ServerConfig::default() };
+    let export = Arc::new(VolumeExport {
+        volume: Arc::clone(&volume),
+        read_only: args.read_only,
+    });
+    let mut config = ServerConfig {
+        export_name: args.export.clone(),
+        ..ServerConfig::default()
+    };
     if let Some(threads) = args.threads {
         config.threads_per_connection = threads.max(1);
     }
     let server = Server::bind(&listen, export, config)?;
     let stop = server.shutdown_handle();
 
-    let control_path = args.control_socket.clone().unwrap_or_else(|| control_socket_path(&args.path));
+    let control_path = args
+        .control_socket
+        .clone()
+        .unwrap_or_else(|| control_socket_path(&args.path));
     if let Some(parent) = control_path.parent() {
-        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let _control_guard = RemoveOnDrop(control_path.clone());
-    spawn_control(control, Arc::clone(&volume))?;
+    spawn_control(
+        control,
+        Arc::clone(&volume),
+        args.path.display().to_string(),
+    )?;
 
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -263,5 +314,5 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     served.context("NBD server failed")?;
     closed?;
     eprintln!("zbd: stopped, volume closed cleanly");
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
