@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# NBD benchmarks (results go in docs/benchmarks.md, "NBD" section):
+#   1. fio's nbd engine against `zbd serve` (lz4 and none) and against `nbdkit file` on a plain
+#      image in the same directory (same disk): 1 MiB sequential write and read, 4 KiB random
+#      read and write at iodepth 16, two jobs (two connections); zbd/nbdkit ratios.
+#   2. Space savings of a real file tree copied onto ext4 on a served, attached volume.
+# Usage: scripts/bench-nbd.sh [--quick]   (env: ZBD_BIN, BENCH_DIR, BENCH_NBD_SIZE, BENCH_NBD_RUNTIME)
+set -euo pipefail
+
+zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
+size=${BENCH_NBD_SIZE:-2G}          # device size; sequential passes cover all of it
+runtime=${BENCH_NBD_RUNTIME:-15}    # seconds per random test
+if [[ "${1:-}" == "--quick" ]]; then
+  size=256M
+  runtime=3
+fi
+for tool in fio nbdkit nbdfuse losetup mkfs.ext4 python3; do
+  command -v "$tool" >/dev/null || { echo "bench-nbd: $tool missing (run scripts/install-deps.sh)" >&2; exit 1; }
+done
+[[ -x "$zbd" ]] || { echo "bench-nbd: no zbd binary at $zbd (cargo build --release)" >&2; exit 1; }
+
+# Same disk for every target: /var/tmp is on disk (not tmpfs) here; override with BENCH_DIR.
+work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/zbd-bench-nbd.XXXXXX")
+pids=()
+mounted=""
+attached=""
+cleanup() {
+  [[ -n "$mounted" ]] && umount "$mounted" 2>/dev/null || true
+  [[ -n "$attached" ]] && "$zbd" detach "$attached" --state-dir "$work/state" >/dev/null 2>&1 || true
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Waits (bounded) for a pidfile to appear.
+wait_pidfile() {
+  for _ in $(seq 1500); do [[ -s "$1" ]] && return 0; sleep 0.02; done
+  echo "bench-nbd: $1 never appeared" >&2
+  exit 1
+}
+
+start_zbd() {  # codec|fs; sets $socket (not a $(...) subshell: the server must be our child)
+  local codec=${1/fs/lz4} dir="$work/zbd-$1"
+  mkdir -p "$dir"
+  "$zbd" create "$dir/vol.zbd" --size "$size" --codec "$codec" >/dev/null
+  "$zbd" serve "$dir/vol.zbd" --socket "$dir/sock" --pidfile "$dir/pid" 2>"$dir/serve.log" &
+  pids+=($!)
+  wait_pidfile "$dir/pid"
+  socket="$dir/sock"
+}
+
+start_nbdkit() {  # sets $socket
+  local dir="$work/nbdkit"
+  mkdir -p "$dir"
+  truncate -s "$size" "$dir/disk.img"
+  nbdkit -f -U "$dir/sock" -P "$dir/pid" file "file=$dir/disk.img" 2>"$dir/nbdkit.log" &
+  pids+=($!)
+  wait_pidfile "$dir/pid"
+  socket="$dir/sock"
+}
+
+stop_last() {
+  local pid=${pids[-1]}
+  kill "$pid"
+  wait "$pid" || { echo "bench-nbd: server $pid did not exit cleanly" >&2; exit 1; }
+  unset 'pids[-1]'
+}
+
+# fio on one socket: prints "MB/s IOPS". Half-compressible, refilled buffers: fio's default
+# buffers compress about 11:1 and would flatter compression.
+fio_run() {  # socket rw bs
+  local socket=$1 rw=$2 bs=$3 out="$work/fio-$RANDOM.json" half
+  half=$(python3 -c "import re,sys; s='$size'; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]]//2 if s[-1] in m else int(s)//2)")
+  local timing=(--size="$half")
+  [[ "$rw" == rand* ]] && timing+=(--time_based --runtime="$runtime")
+  fio --name=bench --ioengine=nbd --uri="nbd+unix:///?socket=$socket" \
+    --rw="$rw" --bs="$bs" --iodepth=16 --numjobs=2 --offset_increment="$half" "${timing[@]}" \
+    --refill_buffers --buffer_compress_percentage=50 --buffer_compress_chunk=4k \
+    --group_reporting --output-format=json --output="$out" >/dev/null
+  python3 - "$out" <<'EOF'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+bw = (job["read"]["bw_bytes"] + job["write"]["bw_bytes"]) / 1e6
+iops = job["read"]["iops"] + job["write"]["iops"]
+print(f"{bw:.0f} {iops:.0f}")
+EOF
+}
+
+declare -A result
+tests=("write 1M" "read 1M" "randread 4k" "randwrite 4k")
+run_target() {  # name socket
+  local name=$1 socket=$2
+  for t in "${tests[@]}"; do
+    set -- $t
+    result["$name/$1"]=$(fio_run "$socket" "$1" "$2")
+    echo "  $name $1 $2: ${result[$name/$1]% *} MB/s, ${result[$name/$1]#* } IOPS" >&2
+  done
+}
+
+echo "bench-nbd: size $size, random tests ${runtime}s, in $work" >&2
+start_nbdkit; run_target nbdkit "$socket"; stop_last
+start_zbd lz4; run_target zbd-lz4 "$socket"
+lz4_stat=$("$zbd" stat --json "$work/zbd-lz4/vol.zbd")
+stop_last
+start_zbd none; run_target zbd-none "$socket"; stop_last
+
+# Filesystem copy: ext4 on an attached lz4 volume.
+start_zbd fs
+fs_volume="$work/zbd-fs/vol.zbd"
+attached=$("$zbd" attach --socket "$socket" --state-dir "$work/state")
+mkfs.ext4 -q -F "$attached"
+mounted="$work/mnt"
+mkdir -p "$mounted"
+mount "$attached" "$mounted"
+sources=(/usr/share/doc)
+for p in /usr/lib/python3.11 /usr/share/perl5; do [[ -d "$p" ]] && sources+=("$p"); done
+copy_start=$(date +%s.%N)
+cp -a "${sources[@]}" "$mounted/"
+sync -f "$mounted"
+copy_end=$(date +%s.%N)
+tree_bytes=$(du -sb --apparent-size "${sources[@]}" | awk '{s+=$1} END {print s}')
+fs_stat=$("$zbd" stat --json "$fs_volume")
+umount "$mounted"; mounted=""
+"$zbd" detach "$attached" --state-dir "$work/state"; attached=""
+stop_last
+
+python3 - "$size" "$runtime" "$tree_bytes" "$copy_start" "$copy_end" "${sources[*]}" "$fs_stat" \
+  "${result[nbdkit/write]}" "${result[nbdkit/read]}" "${result[nbdkit/randread]}" "${result[nbdkit/randwrite]}" \
+  "${result[zbd-lz4/write]}" "${result[zbd-lz4/read]}" "${result[zbd-lz4/randread]}" "${result[zbd-lz4/randwrite]}" \
+  "${result[zbd-none/write]}" "${result[zbd-none/read]}" "${result[zbd-none/randread]}" "${result[zbd-none/randwrite]}" \
+  "$lz4_stat" <<'EOF'
+import json, sys
+a = sys.argv[1:]
+size, runtime, tree, t0, t1, sources, fs = a[0], a[1], int(a[2]), float(a[3]), float(a[4]), a[5], json.loads(a[6])
+vals = [tuple(map(float, v.split())) for v in a[7:19]]
+lz4 = json.loads(a[19])
+names = ["1 MiB seq write", "1 MiB seq read", "4 KiB rand read", "4 KiB rand write"]
+kit, zl, zn = vals[0:4], vals[4:8], vals[8:12]
+print(f"fio `ioengine=nbd`, iodepth 16, 2 jobs, device {size}, random tests {runtime} s, "
+      "half-compressible refilled buffers; servers on files in the same directory.\n")
+print("| test | nbdkit file | zbd lz4 | zbd none | lz4 / nbdkit | none / nbdkit |")
+print("|---|---|---|---|---|---|")
+for i, name in enumerate(names):
+    unit = (lambda v: f"{v[0]:.0f} MB/s") if i < 2 else (lambda v: f"{v[1]/1000:.1f}k IOPS")
+    ratio = (lambda z, k: z[0] / k[0]) if i < 2 else (lambda z, k: z[1] / k[1])
+    print(f"| {name} | {unit(kit[i])} | {unit(zl[i])} | {unit(zn[i])} | "
+          f"{ratio(zl[i], kit[i]):.2f} | {ratio(zn[i], kit[i]):.2f} |")
+print(f"\nzbd lz4 after the fio runs: savings {lz4['savings_pct']:.1f} %, "
+      f"write amplification {lz4['write_amplification']:.2f}.\n")
+print(f"Filesystem copy (ext4 on `zbd attach`, lz4): {sources}, {tree/1e6:.0f} MB of files, "
+      f"copied and synced in {t1-t0:.1f} s; logical in use {fs['logical_bytes_in_use']/1e6:.0f} MB, "
+      f"physical live {fs['physical_bytes_live']/1e6:.0f} MB: savings {fs['savings_pct']:.1f} % "
+      f"(ratio {fs['compression_ratio']:.2f}:1), write amplification {fs['write_amplification']:.2f}.")
+EOF
