@@ -71,22 +71,22 @@ stop_last() {
 
 # fio on one socket: prints "MB/s IOPS". Half-compressible, refilled buffers: fio's default
 # buffers compress about 11:1 and would flatter compression.
-fio_run() {  # socket rw bs
-  local socket=$1 rw=$2 bs=$3 out="$work/fio-$RANDOM.json" half
+fio_run() {  # socket rw bs output.json
+  local socket=$1 rw=$2 bs=$3 out=$4 half
   half=$(python3 -c "import re,sys; s='$size'; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]]//2 if s[-1] in m else int(s)//2)")
   local timing=(--size="$half")
   [[ "$rw" == rand* ]] && timing+=(--time_based --runtime="$runtime")
   fio --name=bench --ioengine=nbd --uri="nbd+unix:///?socket=$socket" \
     --rw="$rw" --bs="$bs" --iodepth=16 --numjobs=2 --offset_increment="$half" "${timing[@]}" \
     --refill_buffers --buffer_compress_percentage=50 --buffer_compress_chunk=4k \
-    --group_reporting --output-format=json --output="$out" >/dev/null
+    --group_reporting --output-format=json --output="$out" >/dev/null 2>"$out.err" || true
   python3 - "$out" <<'EOF'
 import json, sys
 text = open(sys.argv[1]).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]
 bw = (job["read"]["bw_bytes"] + job["write"]["bw_bytes"]) / 1e6
 iops = job["read"]["iops"] + job["write"]["iops"]
-print(f"{bw:.0f} {iops:.0f}")
+print(f"{bw:.0f} {iops:.0f} {job['error']}")
 EOF
 }
 
@@ -96,8 +96,10 @@ run_target() {  # name socket
   local name=$1 socket=$2
   for t in "${tests[@]}"; do
     set -- $t
-    result["$name/$1"]=$(fio_run "$socket" "$1" "$2")
-    echo "  $name $1 $2: ${result[$name/$1]% *} MB/s, ${result[$name/$1]#* } IOPS" >&2
+    result["$name/$1"]=$(fio_run "$socket" "$1" "$2" "$work/fio-$name-$1.json")
+    read -r mbps iops errno <<<"${result[$name/$1]}"
+    echo "  $name $1 $2: $mbps MB/s, $iops IOPS${errno/#0/}" >&2
+    [[ "$errno" == 0 ]] || echo "  (fio error $errno: $(grep -m1 error "$work/fio-$name-$1.json.err"))" >&2
   done
 }
 
@@ -147,7 +149,9 @@ print("|---|---|---|---|---|---|")
 for i, name in enumerate(names):
     unit = (lambda v: f"{v[0]:.0f} MB/s") if i < 2 else (lambda v: f"{v[1]/1000:.1f}k IOPS")
     ratio = (lambda z, k: z[0] / k[0]) if i < 2 else (lambda z, k: z[1] / k[1])
-    print(f"| {name} | {unit(kit[i])} | {unit(zl[i])} | {unit(zn[i])} | "
+    failed = lambda v: f" (fio error {v[2]:.0f})" if v[2] else ""
+    print(f"| {name} | {unit(kit[i])}{failed(kit[i])} | {unit(zl[i])}{failed(zl[i])} | "
+          f"{unit(zn[i])}{failed(zn[i])} | "
           f"{ratio(zl[i], kit[i]):.2f} | {ratio(zn[i], kit[i]):.2f} |")
 print(f"\nzbd lz4 after the fio runs: savings {lz4['savings_pct']:.1f} %, "
       f"write amplification {lz4['write_amplification']:.2f}.\n")
