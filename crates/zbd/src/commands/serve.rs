@@ -39,9 +39,6 @@ pub struct ServeArgs {
     /// Write the server's PID here once clients can connect (removed on exit).
     #[arg(long)]
     pub pidfile: Option<PathBuf>,
-    /// Control socket for `zbd stat` [default: derived from the volume path].
-    #[arg(long)]
-    pub control_socket: Option<PathBuf>,
     /// Threads serving each connection (its requests in flight at most).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -262,10 +259,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let server = Server::bind(&listen, export, config)?;
     let stop = server.shutdown_handle();
 
-    let control_path = args
-        .control_socket
-        .clone()
-        .unwrap_or_else(|| control_socket_path(&args.path));
+    let control_path = control_socket_path(&args.path);
     if let Some(parent) = control_path.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
