@@ -359,3 +359,65 @@ fn many_requests_in_flight_get_out_of_order_replies_matched_by_handle() {
     assert!(seen.iter().all(|&s| s));
     server.stop().expect("clean stop");
 }
+
+#[test]
+fn read_only_export_refuses_writes_and_meta_contexts_list() {
+    let server = TestServer::start_with(
+        zbd_nbd::MemExport::new(SIZE).read_only(),
+        zbd_nbd::ServerConfig::default(),
+    );
+    let mut client = RawClient::connect(&server.socket);
+    client.greeting();
+    client.client_flags(wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES);
+    client.option(wire::OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(client.option_reply().reply, wire::REP_ACK);
+    for queries in [&[][..], &["base:"][..]] {
+        client.option(
+            wire::OPT_LIST_META_CONTEXT,
+            &RawClient::meta_data("", queries),
+        );
+        let replies = client.option_replies();
+        assert_eq!(replies.len(), 2, "{replies:?}");
+        assert_eq!(replies[0].reply, wire::REP_META_CONTEXT);
+        assert_eq!(
+            &replies[0].data[4..],
+            wire::CONTEXT_BASE_ALLOCATION.as_bytes()
+        );
+    }
+    client.option(
+        wire::OPT_SET_META_CONTEXT,
+        &RawClient::meta_data("", &["x-unknown:thing"]),
+    );
+    let replies = client.option_replies();
+    assert_eq!(
+        replies.len(),
+        1,
+        "an unknown context selects nothing: {replies:?}"
+    );
+    client.option(wire::OPT_GO, &RawClient::go_data("", &[]));
+    let mut flags = 0;
+    for reply in client.option_replies() {
+        if reply.reply == wire::REP_INFO && reply.data[0..2] == [0, 0] {
+            flags = u16::from_be_bytes([reply.data[10], reply.data[11]]);
+        }
+    }
+    assert_ne!(flags & wire::FLAG_READ_ONLY, 0);
+    assert_eq!(flags & wire::FLAG_SEND_TRIM, 0);
+
+    client.request(0, wire::CMD_WRITE, 1, 0, 4);
+    client.send(b"data");
+    expect_error(&mut client, 1, wire::EPERM);
+    client.request(0, wire::CMD_TRIM, 2, 0, 4096);
+    expect_error(&mut client, 2, wire::EPERM);
+    client.request(0, wire::CMD_WRITE_ZEROES, 3, 0, 4096);
+    expect_error(&mut client, 3, wire::EPERM);
+    // No context was selected, so BLOCK_STATUS is refused; reads work.
+    client.request(0, wire::CMD_BLOCK_STATUS, 4, 0, 4096);
+    expect_error(&mut client, 4, wire::EINVAL);
+    client.request(0, wire::CMD_READ, 5, 0, 4096);
+    let reply = client.reply(0);
+    assert_eq!((reply.handle, reply.error), (5, 0));
+    assert!(reply.payload[8..].iter().all(|&b| b == 0));
+    client.request(0, wire::CMD_DISC, 0, 0, 0);
+    server.stop().expect("clean stop");
+}
