@@ -76,7 +76,8 @@ def aggregated_stats(analysis: Analysis, attr: str) -> Table:
         for size in _sizes(analysis, op, attr):
             for data in analysis.sets:
                 values = _pooled(
-                    analysis.cells[data.name], lambda c: c.operation == op and getattr(c, attr) == size
+                    analysis.cells[data.name],
+                    lambda c, op=op, size=size: c.operation == op and getattr(c, attr) == size,
                 )
                 if values.size:
                     rows.append([op, size, data.name] + _stat_row(values, analysis.options.confidence))
@@ -147,6 +148,10 @@ def aggregated_comparison(analysis: Analysis, attr: str | None) -> Table:
                 if cells:
                     key = [size] if attr else []
                     rows.append([data.name, op, *key, *_comparison_row(analysis, data.name, cells)])
+        if attr is None:
+            every = [c for c in analysis.common_cells(data.name) if analysis.units.get(c.operation) == "MB/s"]
+            if every:
+                rows.append([data.name, ALL, *_comparison_row(analysis, data.name, every)])
     label = {None: None, "file_size_kb": "file_size_kb", "record_size_kb": "record_size_kb"}[attr]
     columns = ["set", "operation", *([label] if label else []), *COMPARISON_COLUMNS]
     name = {None: "operation_vs_base", "file_size_kb": "file_size_vs_base"}.get(attr, "record_size_vs_base")

@@ -373,3 +373,12 @@ def ratio_interval(analysis: Analysis, set_name: str, cells: list[CellKey]) -> t
         - _log_matrix(analysis.boot[base], cells).mean(axis=1)
     )
     return (float(np.exp(point)), *_interval(draws, analysis.options.confidence))
+
+
+def center_interval(analysis: Analysis, set_name: str, cells: list[CellKey]) -> tuple[float, float, float]:
+    """Geometric mean of per-cell means over `cells` (the set's typical speed), with its interval."""
+    if not cells:
+        return math.nan, math.nan, math.nan
+    point = float(np.exp(np.mean(np.log([analysis.cells[set_name][c].mean() for c in cells]))))
+    draws = np.exp(_log_matrix(analysis.boot[set_name], cells).mean(axis=1))
+    return (point, *_interval(draws, analysis.options.confidence))
