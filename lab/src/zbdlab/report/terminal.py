@@ -52,7 +52,8 @@ def render_terminal(analysis: Analysis) -> str:
     rows: list[list[str]] = []
     ops = analysis.operations
     for op in ops:
-        row = [op]
+        unit = analysis.units.get(op, "MB/s")
+        row = [op if unit == "MB/s" else f"{op} [{unit}]"]
         for data in sets:
             cells = _op_cells(analysis, data.name, op)
             point, low, high = center_interval(analysis, data.name, cells)
@@ -77,7 +78,7 @@ def render_terminal(analysis: Analysis) -> str:
     header_units = [""]
     for data in sets:
         header_names.append(data.name)
-        header_units.append("MB/s" if all(analysis.units.get(o) == "MB/s" for o in ops) else "value")
+        header_units.append("MB/s" if all(analysis.units.get(o) == "MB/s" for o in ops) else "speed")
         if data is not analysis.baseline:
             header_names.append("")
             header_units.append("vs base")
@@ -85,8 +86,9 @@ def render_terminal(analysis: Analysis) -> str:
     conf = round(opts.confidence * 100)
     lines = [
         f"baseline: {analysis.baseline.name}; speed = geomean over cells of per-cell means "
-        f"(IOzone KB/s / 1024 = MB/s) ± {conf}% bootstrap CI; vs base = geomean of per-cell ratios, "
-        f"`~` = no significant difference (margin ±{opts.margin * 100:g}%); n = runs base+set per cell, c = cells",
+        f"(IOzone KB/s / 1024 = MB/s) ± {conf}% bootstrap CI",
+        f"vs base = geomean of per-cell ratios; `~` = no significant difference (margin "
+        f"±{opts.margin * 100:g}%); n = runs base+set per cell, c = cells",
         *table,
     ]
     lines += [f"{_MARKS[i]} {text}" for i, text in enumerate(notes.texts)]
