@@ -82,7 +82,8 @@ def write_iozone_set(
     written = []
     for run in range(runs):
         table = {
-            cell: np.round(s * scale * (1 + noise * rng.standard_normal(s.size))) for cell, s in speeds.items()
+            cell: np.round(s * scale * (1 + noise * rng.standard_normal(s.size)))
+            for cell, s in speeds.items()
         }
         (directory / f"run{run + 1}.iozone").write_text(iozone_text({c: list(v) for c, v in table.items()}))
         written.append(table)
@@ -98,14 +99,21 @@ def fio_document(jobs: list[dict]) -> dict:
     return {"fio version": "fio-3.33", "timestamp": 1, "jobs": jobs}
 
 
-def fio_job(name: str, rw: str, bs: str, size: str, bw_bytes: float, direction: str, p50_ns: int = 2000) -> dict:
+def fio_job(
+    name: str, rw: str, bs: str, size: str, bw_bytes: float, direction: str, p50_ns: int = 2000
+) -> dict:
     idle = {"io_bytes": 0, "bw_bytes": 0, "iops": 0.0, "clat_ns": {"percentile": {}}}
     active = {
         "io_bytes": 64 * 1024 * 1024,
         "bw_bytes": bw_bytes,
         "iops": bw_bytes / 4096,
         "clat_ns": {
-            "percentile": {"50.000000": p50_ns, "95.000000": 2 * p50_ns, "99.000000": 4 * p50_ns, "99.900000": 9 * p50_ns}
+            "percentile": {
+                "50.000000": p50_ns,
+                "95.000000": 2 * p50_ns,
+                "99.000000": 4 * p50_ns,
+                "99.900000": 9 * p50_ns,
+            }
         },
     }
     job = {

@@ -60,7 +60,9 @@ def test_stats_scaled_set_is_slower_with_slope_interval_containing_0_8(generated
         p = analysis.primary("slow", op)
         assert p.verdict == "slower"
         # independent: geometric mean of per-cell mean ratios from the values written to the files
-        ratios = _cell_means(generated["written"]["slow"], op_index) / _cell_means(generated["written"]["base"], op_index)
+        ratios = _cell_means(generated["written"]["slow"], op_index) / _cell_means(
+            generated["written"]["base"], op_index
+        )
         assert p.ratio == pytest.approx(stats.gmean(ratios), rel=1e-9)
         assert p.ratio == pytest.approx(0.8, abs=1e-4)
         assert p.ci_low < p.ratio < p.ci_high
@@ -107,7 +109,12 @@ def test_stats_mismatched_sets_compare_what_matches(tmp_path: Path) -> None:
     for path in (tmp_path / "other").iterdir():
         lines = path.read_text().splitlines()
         kept = [line for line in lines if not line.strip().startswith("512 ")]
-        path.write_text("\n".join(line[:-9] if ("reclen" in line or line.strip()[:1].isdigit()) else line for line in kept) + "\n")
+        path.write_text(
+            "\n".join(
+                line[:-9] if ("reclen" in line or line.strip()[:1].isdigit()) else line for line in kept
+            )
+            + "\n"
+        )
     analysis = analyse([load_set("base", tmp_path / "base"), load_set("other", tmp_path / "other")], OPTIONS)
     text = " | ".join(analysis.mismatches)
     assert "other lacks operations of base: freread" in text

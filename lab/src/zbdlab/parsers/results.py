@@ -117,7 +117,7 @@ def results_to_set(results: ResultsDir, name: str, target: str | None = None) ->
     kept = [r for r in results.records if target is None or r.target == target]
     discarded = sum(1 for r in kept if r.discarded)
     if discarded:
-        data.warnings.append(f"{name}: {discarded} discarded run(s) excluded from statistics")
+        data.warnings.append(f"{discarded} discarded run(s) excluded from statistics")
     many_workloads = len({r.workload for r in results.records}) > 1
     for r in kept:
         if r.discarded:
