@@ -66,7 +66,9 @@ def test_compare_fio_sets_with_welch_and_a_missing_operation(tmp_path: Path) -> 
     tests = {
         (r["set"], r["operation"], r["record_size_kb"]): r for r in _rows(out / "tables" / "cell_tests.csv")
     }
-    expected_p = stats.ttest_ind(base[("write", "4k")], _fio_values(tmp_path / "slow", "write-4k"), equal_var=False)
+    expected_p = stats.ttest_ind(
+        base[("write", "4k")], _fio_values(tmp_path / "slow", "write-4k"), equal_var=False
+    )
     assert float(tests[("slow", "write", "4")]["p"]) == pytest.approx(expected_p.pvalue, rel=1e-9)
     assert float(tests[("slow", "write", "4")]["smallest_reachable_p"]) == 0.0
     assert slow  # generated
@@ -99,7 +101,10 @@ def _fio_values(directory: Path, job: str) -> list[float]:
 def test_compare_user_errors_are_one_line(tmp_path: Path, args: list[str], code: int, message: str) -> None:
     (tmp_path / "empty.iozone").write_text("")
     (tmp_path / "good.iozone").write_text(iozone_text({(64, 4): [1000.0] * 13, (64, 8): [2000.0] * 13}))
-    args = [a.replace("EMPTY", str(tmp_path / "empty.iozone")).replace("GOOD", str(tmp_path / "good.iozone")) for a in args]
+    args = [
+        a.replace("EMPTY", str(tmp_path / "empty.iozone")).replace("GOOD", str(tmp_path / "good.iozone"))
+        for a in args
+    ]
     result = _invoke("compare", *args, "-o", str(tmp_path / "out"))
     assert result.exit_code == code
     assert message in result.output
@@ -112,8 +117,12 @@ def test_compare_truncated_and_empty_files_compare_what_matches(tmp_path: Path) 
     (tmp_path / "base").mkdir()
     (tmp_path / "other").mkdir()
     for i in range(3):
-        (tmp_path / "base" / f"r{i}.iozone").write_text(iozone_text({c: [v * (1 + i / 100) for v in vs] for c, vs in cells.items()}))
-    (tmp_path / "other" / "r0.iozone").write_text(iozone_text(cells, complete=False).rsplit("\n", 2)[0])  # last row cut
+        (tmp_path / "base" / f"r{i}.iozone").write_text(
+            iozone_text({c: [v * (1 + i / 100) for v in vs] for c, vs in cells.items()})
+        )
+    (tmp_path / "other" / "r0.iozone").write_text(
+        iozone_text(cells, complete=False).rsplit("\n", 2)[0]
+    )  # last row cut
     (tmp_path / "other" / "r1.iozone").write_text("")
     result = _invoke(
         "compare", "--set", f"base={tmp_path / 'base'}", "--set", f"other={tmp_path / 'other'}",
@@ -134,8 +143,12 @@ def test_report_one_dir_several_targets_and_several_dirs(tmp_path: Path) -> None
     assert [s["name"] for s in meta["sets"]] == ["ext4", "xfs"]
 
     write_results_dir(tmp_path / "a", {"ext4": 1.0}, runs=3, study_name="kernel-6.1")
-    write_results_dir(tmp_path / "b", {"ext4": 1.0}, runs=3, study_name="kernel-6.6", environment={"kernel": "6.6"})
-    result = _invoke("report", str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "200", "-o", str(tmp_path / "o2"))
+    write_results_dir(
+        tmp_path / "b", {"ext4": 1.0}, runs=3, study_name="kernel-6.6", environment={"kernel": "6.6"}
+    )
+    result = _invoke(
+        "report", str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "200", "-o", str(tmp_path / "o2")
+    )
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "o2" / "comparison.json").read_text())["meta"]
     assert [s["name"] for s in meta["sets"]] == ["kernel-6.1", "kernel-6.6"]
@@ -148,9 +161,12 @@ def test_report_one_dir_several_targets_and_several_dirs(tmp_path: Path) -> None
 def test_compare_fixtures_ext4_against_xfs(tmp_path: Path) -> None:
     xfs, ext4 = iozone_fixture_dir("xfs"), iozone_fixture_dir("ext4")
     out = tmp_path / "out"
-    result = _invoke("compare", "--set", f"xfs={xfs}", "--set", f"ext4={ext4}", "--bootstrap", "300", "-o", str(out))
+    result = _invoke(
+        "compare", "--set", f"xfs={xfs}", "--set", f"ext4={ext4}", "--bootstrap", "300", "-o", str(out)
+    )
     assert result.exit_code == 0, result.output
-    # Seed 001 fig. 5.1: xfs write, file size 4 KiB: mean 187.53, sd 4.57, CI 183.17-191.9; 8 KiB: 307.1, 143.03
+    # Seed 001 fig. 5.1, xfs write by file size: 4 KiB mean 187.53, sd 4.57, CI 183.17-191.9;
+    # 8 KiB mean 307.1, sd 143.03
     by_file = {
         (r["operation"], r["file_size_kb"], r["set"]): r for r in _rows(out / "tables" / "by_file_size.csv")
     }
