@@ -219,55 +219,31 @@ def _log_matrix(boot: dict[CellKey, np.ndarray], cells: list[CellKey]) -> np.nda
     return np.log(np.stack([boot[c] for c in cells], axis=1))
 
 
-def _primary(analysis: Analysis, data: DataSet, operation: str, cells: list[CellKey]) -> Primary:
-    base_cells, set_cells = analysis.cells[analysis.baseline.name], analysis.cells[data.name]
-    log_b = np.log([base_cells[c].mean() for c in cells])
-    log_s = np.log([set_cells[c].mean() for c in cells])
-    boot_b = _log_matrix(analysis.boot[analysis.baseline.name], cells).mean(axis=1)
-    boot_s = _log_matrix(analysis.boot[data.name], cells).mean(axis=1)
-    draws = np.exp(boot_s - boot_b)
-    ratio = float(np.exp(log_s.mean() - log_b.mean()))
-    low, high = _interval(draws, analysis.options.confidence)
-    verdict, qualifier = _verdict(ratio, low, high, analysis.options.margin)
-    n_b = int(np.median([base_cells[c].size for c in cells]))
-    n_s = int(np.median([set_cells[c].size for c in cells]))
-    return Primary(
-        data.name,
-        operation,
-        len(cells),
-        ratio,
-        low,
-        high,
-        _bootstrap_p(draws),
-        verdict,
-        qualifier,
-        float(np.exp(log_b.mean())),
-        float(np.exp(log_s.mean())),
-        _interval(np.exp(boot_s), analysis.options.confidence),
-        _interval(np.exp(boot_b), analysis.options.confidence),
-        f"{n_b}+{n_s}",
-    )
+def _group_logs(analysis: Analysis, set_name: str, groups: list[list[CellKey]]) -> tuple[float, np.ndarray]:
+    """Mean over groups of the mean log cell mean: the point estimate and its bootstrap draws.
+    One group is one operation; several groups weigh operations equally (the geomean row)."""
+    cells, boot = analysis.cells[set_name], analysis.boot[set_name]
+    point = np.mean([np.mean(np.log([cells[c].mean() for c in group])) for group in groups])
+    draws = np.mean([_log_matrix(boot, group).mean(axis=1) for group in groups], axis=0)
+    return float(point), draws
 
 
-def _overall(analysis: Analysis, data: DataSet, per_op: dict[str, list[CellKey]]) -> Primary | None:
-    """The geomean row: operations weighted equally (each op's mean log ratio, then their mean)."""
-    if not per_op:
-        return None
-    base_boot, set_boot = analysis.boot[analysis.baseline.name], analysis.boot[data.name]
-    base_cells, set_cells = analysis.cells[analysis.baseline.name], analysis.cells[data.name]
-    log_b = np.mean([np.mean(np.log([base_cells[c].mean() for c in cs])) for cs in per_op.values()])
-    log_s = np.mean([np.mean(np.log([set_cells[c].mean() for c in cs])) for cs in per_op.values()])
-    boot_b = np.mean([_log_matrix(base_boot, cs).mean(axis=1) for cs in per_op.values()], axis=0)
-    boot_s = np.mean([_log_matrix(set_boot, cs).mean(axis=1) for cs in per_op.values()], axis=0)
+def _primary(analysis: Analysis, data: DataSet, operation: str, groups: list[list[CellKey]]) -> Primary:
+    log_b, boot_b = _group_logs(analysis, analysis.baseline.name, groups)
+    log_s, boot_s = _group_logs(analysis, data.name, groups)
     draws = np.exp(boot_s - boot_b)
     ratio = float(np.exp(log_s - log_b))
     low, high = _interval(draws, analysis.options.confidence)
     verdict, qualifier = _verdict(ratio, low, high, analysis.options.margin)
-    cells = sum(len(cs) for cs in per_op.values())
+    runs = ""
+    if len(groups) == 1:
+        n_b = int(np.median([analysis.cells[analysis.baseline.name][c].size for c in groups[0]]))
+        n_s = int(np.median([analysis.cells[data.name][c].size for c in groups[0]]))
+        runs = f"{n_b}+{n_s}"
     return Primary(
         data.name,
-        ALL,
-        cells,
+        operation,
+        sum(len(group) for group in groups),
         ratio,
         low,
         high,
@@ -278,7 +254,7 @@ def _overall(analysis: Analysis, data: DataSet, per_op: dict[str, list[CellKey]]
         float(np.exp(log_s)),
         _interval(np.exp(boot_s), analysis.options.confidence),
         _interval(np.exp(boot_b), analysis.options.confidence),
-        "",
+        runs,
     )
 
 
@@ -345,14 +321,14 @@ def analyse(sets: list[DataSet], options: Options) -> Analysis:
             if not common:
                 continue
             per_op[op] = common
-            analysis.primaries.append(_primary(analysis, data, op, common))
+            analysis.primaries.append(_primary(analysis, data, op, [common]))
             if (slope := _slope(analysis, data, op, common)) is not None:
                 analysis.slopes.append(slope)
         if not per_op:
             analysis.mismatches.append(f"{data.name}: no cell in common with {analysis.baseline.name}")
         throughput_ops = {op: cs for op, cs in per_op.items() if units.get(op) == "MB/s"}
-        if (overall := _overall(analysis, data, throughput_ops)) is not None:
-            analysis.primaries.append(overall)
+        if throughput_ops:
+            analysis.primaries.append(_primary(analysis, data, ALL, list(throughput_ops.values())))
         all_cells = [c for cs in throughput_ops.values() for c in cs]
         if (slope := _slope(analysis, data, ALL, all_cells)) is not None:
             analysis.slopes.append(slope)
@@ -364,21 +340,14 @@ def ratio_interval(analysis: Analysis, set_name: str, cells: list[CellKey]) -> t
     """Geometric mean of per-cell mean ratios over `cells`, with its bootstrap interval."""
     if not cells:
         return math.nan, math.nan, math.nan
-    base = analysis.baseline.name
-    point = np.mean(
-        [np.log(analysis.cells[set_name][c].mean() / analysis.cells[base][c].mean()) for c in cells]
-    )
-    draws = np.exp(
-        _log_matrix(analysis.boot[set_name], cells).mean(axis=1)
-        - _log_matrix(analysis.boot[base], cells).mean(axis=1)
-    )
-    return (float(np.exp(point)), *_interval(draws, analysis.options.confidence))
+    log_b, boot_b = _group_logs(analysis, analysis.baseline.name, [cells])
+    log_s, boot_s = _group_logs(analysis, set_name, [cells])
+    return (float(np.exp(log_s - log_b)), *_interval(np.exp(boot_s - boot_b), analysis.options.confidence))
 
 
 def center_interval(analysis: Analysis, set_name: str, cells: list[CellKey]) -> tuple[float, float, float]:
     """Geometric mean of per-cell means over `cells` (the set's typical speed), with its interval."""
     if not cells:
         return math.nan, math.nan, math.nan
-    point = float(np.exp(np.mean(np.log([analysis.cells[set_name][c].mean() for c in cells]))))
-    draws = np.exp(_log_matrix(analysis.boot[set_name], cells).mean(axis=1))
-    return (point, *_interval(draws, analysis.options.confidence))
+    point, draws = _group_logs(analysis, set_name, [cells])
+    return (float(np.exp(point)), *_interval(np.exp(draws), analysis.options.confidence))
