@@ -179,3 +179,18 @@ def test_compare_fixtures_ext4_against_xfs(tmp_path: Path) -> None:
     assert primary["write"]["verdict"] == "slower"
     assert primary["random_write"]["verdict"] == "no significant difference"
     assert (out / "index.html").stat().st_size > 100_000
+
+
+def test_compare_results_dir_targets_are_picked_with_at(tmp_path: Path) -> None:
+    write_results_dir(tmp_path / "r", {"ext4": 1.0, "ext4-on-zbd": 0.8}, runs=3)
+    result = _invoke("compare", "--set", f"a={tmp_path / 'r'}", "--set", f"b={tmp_path / 'r'}")
+    assert result.exit_code == 1 and "pick one with NAME=PATH@TARGET" in result.output
+    out = tmp_path / "out"
+    result = _invoke(
+        "compare", "--set", f"ext4={tmp_path / 'r'}@ext4", "--set", f"zbd={tmp_path / 'r'}@ext4-on-zbd",
+        "--bootstrap", "200", "-o", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    primary = {r["operation"]: r for r in _rows(out / "tables" / "primary.csv")}
+    assert primary["write"]["verdict"] == "slower"
+    assert float(primary["write"]["ratio"]) == pytest.approx(0.8, abs=0.02)

@@ -63,6 +63,7 @@ def test_report_html_renders_every_section_and_image_without_console_errors(repo
     # the summary says in words what is real
     assert "ext4-on-zbd-lz4 against ext4: slower in write" in dom
     assert "btrfs-zstd against ext4: faster in write" in dom
+    assert "smallest reachable p 0.029 with 4+4 runs" in dom  # Mann-Whitney 2 / C(8, 4)
     shot = report_dir / "screenshot.png"
     screenshot(_chromium(), page, shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

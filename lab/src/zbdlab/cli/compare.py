@@ -107,13 +107,17 @@ def run_comparison(sets: list[DataSet], output: Path, detail: str | None, **raw:
         click.echo(f"detail: {path}", err=True)
 
 
-def _parse_set(text: str) -> tuple[str, Path]:
+def _parse_set(text: str) -> tuple[str, Path, str | None]:
+    """NAME=PATH, or NAME=PATH@TARGET for one target of a results directory."""
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
         raise click.BadParameter(f"{text!r} is not NAME=PATH", param_hint="--set")
+    target = None
+    if not Path(path).exists() and "@" in path:
+        path, target = path.rsplit("@", 1)
     if not Path(path).exists():
         raise click.BadParameter(f"set {name!r}: {path} does not exist", param_hint="--set")
-    return name, Path(path)
+    return name, Path(path), target
 
 
 @click.command(name="compare")
@@ -130,14 +134,16 @@ def command(set_args: tuple[str, ...], output: Path, detail: str | None, **raw: 
     """Compare result sets: IOzone outputs, fio JSON directories or zbdlab results directories.
 
     Each --set NAME=PATH is one set; a directory of repeated IOzone or fio runs is one set with one run
-    per file. Per operation the verdict comes from the geometric mean of per-cell ratios set/baseline
-    with a bootstrap interval and the equivalence --margin.
+    per file; NAME=RESULTS_DIR@TARGET picks one target of a zbdlab results directory.
+
+    Per operation the verdict comes from the geometric mean of per-cell ratios set/baseline with a
+    bootstrap interval and the equivalence --margin.
     """
     sets = []
     for text in set_args:
-        name, path = _parse_set(text)
+        name, path, target = _parse_set(text)
         try:
-            sets.append(load_set(name, path))
+            sets.append(load_set(name, path, target))
         except InputError as exc:
             if not sets:
                 raise click.ClickException(f"baseline unusable: {exc}") from None

@@ -23,11 +23,22 @@ def _run_files(path: Path) -> list[Path]:
     return files
 
 
-def load_set(name: str, path: Path) -> DataSet:
+def load_set(name: str, path: Path, target: str | None = None) -> DataSet:
+    """One set from `path`; `target` picks one target of a results directory holding several."""
     if not path.exists():
         raise InputError(f"set {name!r}: {path} does not exist")
     if is_results_dir(path):
-        return results_to_set(load_results_dir(path), name)
+        results = load_results_dir(path)
+        if target is not None and target not in results.targets:
+            raise InputError(f"{path}: no target {target!r} (has {', '.join(results.targets)})")
+        if target is None and len(results.targets) > 1:
+            raise InputError(
+                f"{path} holds targets {', '.join(results.targets)}; pick one with NAME=PATH@TARGET "
+                "or compare them all with `zbdlab report`"
+            )
+        return results_to_set(results, name, target)
+    if target is not None:
+        raise InputError(f"set {name!r}: @{target} applies only to a zbdlab results directory")
     files = _run_files(path) if path.is_dir() else [path]
     data = DataSet(name=name, source=str(path), kind="")
     errors: list[str] = []

@@ -232,6 +232,14 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def _floor_text(analysis: Analysis, set_name: str, operation: str) -> str:
+    """The smallest p the per-cell tests of this operation can reach, e.g. "0.0079 with 5+5 runs"."""
+    floors = sorted({(t.n_baseline, t.n_set, t.smallest_p) for t in analysis.tests_for(set_name, operation)})
+    if not floors:
+        return "no cell has 2 runs on both sides"
+    return "; ".join(f"{p:.2g} with {nb}+{ns} runs" for nb, ns, p in floors[:3])
+
+
 def _operation_sections(analysis: Analysis, tables: dict[str, Table]) -> list[dict[str, Any]]:
     sections = []
     for op in analysis.operations:
@@ -265,6 +273,7 @@ def _operation_sections(analysis: Analysis, tables: dict[str, Table]) -> list[di
                 else None,
                 "significant": len(significant),
                 "tested": len(analysis.tests_for(data.name, op)),
+                "floor": _floor_text(analysis, data.name, op),
             }
             section["pairs"].append(pair)
         sections.append(section)
