@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 from scipy import stats
 
-from tests.compare.conftest import fio_document, fio_job, iozone_fixture_dir, iozone_text, write_results_dir
 from zbdlab.cli import main
+
+from .conftest import fio_document, fio_job, iozone_fixture_dir, iozone_text, write_results_dir
 
 FIO_CELLS = [("write", "4k"), ("write", "64k"), ("randwrite", "4k"), ("randwrite", "64k"), ("read", "64k")]
 

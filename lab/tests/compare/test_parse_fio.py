@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.compare.conftest import fio_document, fio_job
 from zbdlab.parsers import InputError, load_set
 from zbdlab.parsers.fio import fio_samples, parse_size_bytes
 from zbdlab.parsers.model import CellKey
+
+from .conftest import fio_document, fio_job
 
 
 def test_parse_fio_sizes() -> None:

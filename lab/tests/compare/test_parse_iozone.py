@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.compare.conftest import DESIGN, iozone_fixture_dir, iozone_text
 from zbdlab.parsers import InputError, load_set
 from zbdlab.parsers.iozone import parse_iozone_text
 from zbdlab.parsers.model import IOZONE_OPERATIONS, CellKey
+
+from .conftest import DESIGN, iozone_fixture_dir, iozone_text
 
 FIXTURE_SETS = ("ext2", "ext3", "ext4", "xfs")
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.compare.conftest import write_results_dir
 from zbdlab.parsers import InputError, load_set
 from zbdlab.parsers.results import load_results_dir, results_to_set
+
+from .conftest import write_results_dir
 
 
 def test_parse_results_dir_targets_in_study_order_and_discarded_excluded(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.compare.chromium import dump_dom, screenshot
-from tests.compare.conftest import CHROMIUM, write_results_dir
 from zbdlab.cli import main
+
+from .chromium import dump_dom, screenshot
+from .conftest import CHROMIUM, write_results_dir
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.compare.conftest import copy_set, write_iozone_set
 from zbdlab.parsers import load_set
 from zbdlab.report.terminal import render_terminal
 from zbdlab.stats.compare import Options, analyse
+
+from .conftest import copy_set, write_iozone_set
 
 GOLDEN = Path(__file__).parent / "golden" / "terminal_iozone_5sets.txt"
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.compare.conftest import DESIGN, copy_set, write_iozone_set
 from zbdlab.parsers import load_set
 from zbdlab.parsers.model import IOZONE_OPERATIONS, CellKey
 from zbdlab.stats.compare import ALL, Options, analyse
 from zbdlab.stats.slope import tls_line, tls_through_origin
+
+from .conftest import DESIGN, copy_set, write_iozone_set
 
 OPTIONS = Options(bootstrap=400, seed=3)
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.compare.conftest import iozone_fixture_dir
 from zbdlab.parsers import load_set
 from zbdlab.stats.describe import describe
+
+from .conftest import iozone_fixture_dir
 
 
 def test_stats_describe_matches_numpy_and_scipy() -> None:
