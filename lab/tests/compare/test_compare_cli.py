@@ -195,3 +195,10 @@ def test_compare_results_dir_targets_are_picked_with_at(tmp_path: Path) -> None:
     primary = {r["operation"]: r for r in _rows(out / "tables" / "primary.csv")}
     assert primary["write"]["verdict"] == "slower"
     assert float(primary["write"]["ratio"]) == pytest.approx(0.8, abs=0.02)
+
+
+def test_compare_cli_offers_exactly_the_tests_the_engine_knows() -> None:
+    from zbdlab.cli.compare import TESTS as offered
+    from zbdlab.stats.tests import TESTS as known
+
+    assert offered == known

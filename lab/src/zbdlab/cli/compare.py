@@ -12,8 +12,9 @@ from pathlib import Path
 import click
 
 from zbdlab.parsers import DataSet, InputError, load_set
-from zbdlab.stats.compare import Options, analyse
-from zbdlab.stats.tests import TESTS
+
+# Kept here (not imported from zbdlab.stats) so `zbdlab --help` does not pay for importing scipy.
+TESTS = ("mwu", "welch")
 
 
 def _fraction(text: str, flag: str) -> float:
@@ -75,7 +76,9 @@ def analysis_options(function):
 
 def run_comparison(sets: list[DataSet], output: Path, detail: str | None, **raw: object) -> None:
     """Analyse, write every output, print the terminal table; user errors become one-line messages."""
-    from zbdlab.report.render import write_all  # matplotlib is slow to import; only load when needed
+    # numpy, scipy and matplotlib take a second to import: only when a comparison really runs.
+    from zbdlab.report.render import write_all
+    from zbdlab.stats.compare import Options, analyse
 
     names = [s.name for s in sets]
     if len(sets) < 2:

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 from scipy import stats
 
-TESTS = ("mwu", "welch")
+TESTS = ("mwu", "welch")  # also spelled out in zbdlab.cli.compare, which must not import scipy
 TEST_LABELS = {"mwu": "Mann-Whitney U", "welch": "Welch's t"}
 
 
