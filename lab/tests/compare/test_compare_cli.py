@@ -55,7 +55,7 @@ def test_compare_fio_sets_with_welch_and_a_missing_operation(tmp_path: Path) -> 
         "--set", f"base={tmp_path / 'base'}",
         "--set", f"slow={tmp_path / 'slow'}",
         "--set", f"same={tmp_path / 'same'}",
-        "--test", "welch", "--bootstrap", "300", "-o", str(out),
+        "--test", "welch", "--bootstrap", "300", "--no-plots", "-o", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "warning: slow lacks operations of base: read" in result.stderr
@@ -127,7 +127,7 @@ def test_compare_truncated_and_empty_files_compare_what_matches(tmp_path: Path) 
     (tmp_path / "other" / "r1.iozone").write_text("")
     result = _invoke(
         "compare", "--set", f"base={tmp_path / 'base'}", "--set", f"other={tmp_path / 'other'}",
-        "--bootstrap", "200", "-o", str(tmp_path / "out"),
+        "--bootstrap", "200", "--no-plots", "-o", str(tmp_path / "out"),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "empty file (file skipped)" in result.stderr
@@ -138,7 +138,9 @@ def test_compare_truncated_and_empty_files_compare_what_matches(tmp_path: Path) 
 
 def test_report_one_dir_several_targets_and_several_dirs(tmp_path: Path) -> None:
     write_results_dir(tmp_path / "one", {"ext4": 1.0, "xfs": 0.9}, runs=3)
-    result = _invoke("report", str(tmp_path / "one"), "--bootstrap", "200", "-o", str(tmp_path / "o1"))
+    result = _invoke(
+        "report", str(tmp_path / "one"), "--bootstrap", "200", "--no-plots", "-o", str(tmp_path / "o1")
+    )
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "o1" / "comparison.json").read_text())["meta"]
     assert [s["name"] for s in meta["sets"]] == ["ext4", "xfs"]
@@ -148,7 +150,14 @@ def test_report_one_dir_several_targets_and_several_dirs(tmp_path: Path) -> None
         tmp_path / "b", {"ext4": 1.0}, runs=3, study_name="kernel-6.6", environment={"kernel": "6.6"}
     )
     result = _invoke(
-        "report", str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "200", "-o", str(tmp_path / "o2")
+        "report",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "--bootstrap",
+        "200",
+        "--no-plots",
+        "-o",
+        str(tmp_path / "o2"),
     )
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "o2" / "comparison.json").read_text())["meta"]
@@ -163,8 +172,9 @@ def test_compare_fixtures_ext4_against_xfs(tmp_path: Path) -> None:
     xfs, ext4 = iozone_fixture_dir("xfs"), iozone_fixture_dir("ext4")
     out = tmp_path / "out"
     result = _invoke(
-        "compare", "--set", f"xfs={xfs}", "--set", f"ext4={ext4}", "--bootstrap", "300", "-o", str(out)
-    )
+        "compare", "--set", f"xfs={xfs}", "--set", f"ext4={ext4}", "--bootstrap", "300", "--no-plots",
+        "--detail", "iwrite", "-o", str(out),
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     # Seed 001 fig. 5.1, xfs write by file size: 4 KiB mean 187.53, sd 4.57, CI 183.17-191.9;
     # 8 KiB mean 307.1, sd 143.03
@@ -179,7 +189,9 @@ def test_compare_fixtures_ext4_against_xfs(tmp_path: Path) -> None:
     primary = {r["operation"]: r for r in _rows(out / "tables" / "primary.csv")}
     assert primary["write"]["verdict"] == "slower"
     assert primary["random_write"]["verdict"] == "no significant difference"
-    assert (out / "index.html").stat().st_size > 100_000
+    page = (out / "index.html").read_text()
+    assert "<img" not in page and 'id="op-freread"' in page  # --no-plots: every section, no figure
+    assert "run 5" in (out / "detail-write-by-record-size.html").read_text()  # original's name iwrite
 
 
 def test_compare_results_dir_targets_are_picked_with_at(tmp_path: Path) -> None:
@@ -189,7 +201,7 @@ def test_compare_results_dir_targets_are_picked_with_at(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = _invoke(
         "compare", "--set", f"ext4={tmp_path / 'r'}@ext4", "--set", f"zbd={tmp_path / 'r'}@ext4-on-zbd",
-        "--bootstrap", "200", "-o", str(out),
+        "--bootstrap", "200", "--no-plots", "-o", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     primary = {r["operation"]: r for r in _rows(out / "tables" / "primary.csv")}

@@ -68,6 +68,7 @@ def analysis_options(function):
             help="Bootstrap replicates.",
         ),
         click.option("--seed", type=int, default=1, show_default=True, help="Bootstrap seed."),
+        click.option("--no-plots", is_flag=True, help="Skip the figures (faster; tables and text only)."),
     ]
     for decorator in reversed(decorators):
         function = decorator(function)
@@ -99,7 +100,7 @@ def run_comparison(sets: list[DataSet], output: Path, detail: str | None, **raw:
     if not analysis.primaries:
         raise click.ClickException("the sets have no cell in common; nothing to compare")
     try:
-        result = write_all(analysis, output, detail)
+        result = write_all(analysis, output, detail, plots=not raw.get("no_plots", False))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:

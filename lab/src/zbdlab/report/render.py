@@ -240,7 +240,7 @@ def _floor_text(analysis: Analysis, set_name: str, operation: str) -> str:
     return "; ".join(f"{p:.2g} with {nb}+{ns} runs" for nb, ns, p in floors[:3])
 
 
-def _operation_sections(analysis: Analysis, tables: dict[str, Table]) -> list[dict[str, Any]]:
+def _operation_sections(analysis: Analysis, tables: dict[str, Table], plots: bool) -> list[dict[str, Any]]:
     sections = []
     for op in analysis.operations:
         unit = analysis.units[op]
@@ -250,7 +250,9 @@ def _operation_sections(analysis: Analysis, tables: dict[str, Table]) -> list[di
             "figures": [
                 figures.quartile_plot(analysis, op, "file_size_kb", unit),
                 figures.quartile_plot(analysis, op, "record_size_kb", unit),
-            ],
+            ]
+            if plots
+            else [],
             "by_file": _wide(analysis, tables, op, "file_size_kb"),
             "by_record": _wide(analysis, tables, op, "record_size_kb"),
             "pairs": [],
@@ -267,9 +269,10 @@ def _operation_sections(analysis: Analysis, tables: dict[str, Table]) -> list[di
                 "name": data.name,
                 "primary": analysis.primary(data.name, op),
                 "slope": slope,
-                "scatter": figures.scatter_plot(analysis, data.name, cells, slope),
+                "scatter": figures.scatter_plot(analysis, data.name, cells, slope) if plots else None,
                 "heatmap": figures.heatmap_plot(analysis, data.name, cells, significant)
-                if len({c.file_size_kb for c in cells}) > 1 or len({c.record_size_kb for c in cells}) > 1
+                if plots
+                and (len({c.file_size_kb for c in cells}) > 1 or len({c.record_size_kb for c in cells}) > 1)
                 else None,
                 "significant": len(significant),
                 "tested": len(analysis.tests_for(data.name, op)),
@@ -280,7 +283,9 @@ def _operation_sections(analysis: Analysis, tables: dict[str, Table]) -> list[di
     return sections
 
 
-def render_html(analysis: Analysis, tables: list[Table], out_dir: Path, detail_pages: list[str]) -> Path:
+def render_html(
+    analysis: Analysis, tables: list[Table], out_dir: Path, detail_pages: list[str], plots: bool = True
+) -> Path:
     by_name = {t.name: t for t in tables}
     o = analysis.options
     throughput_ops = [op for op in analysis.operations if analysis.units.get(op) == "MB/s"]
@@ -297,8 +302,8 @@ def render_html(analysis: Analysis, tables: list[Table], out_dir: Path, detail_p
         "primary": [p for p in analysis.primaries],
         "terminal": render_terminal(analysis),
         "summary": _summary_wide(analysis, by_name),
-        "boxplot": figures.summary_boxplot(analysis, throughput_ops) if throughput_ops else None,
-        "sections": _operation_sections(analysis, by_name),
+        "boxplot": figures.summary_boxplot(analysis, throughput_ops) if plots and throughput_ops else None,
+        "sections": _operation_sections(analysis, by_name, plots),
         "metrics": by_name["metrics"],
         "slopes": by_name["slopes"],
         "tables": tables,
@@ -318,7 +323,7 @@ def find_operation(analysis: Analysis, name: str) -> str:
     raise ValueError(f"--detail {name}: no such operation in the compared sets (known: {known})")
 
 
-def render_detail(analysis: Analysis, operation: str, out_dir: Path) -> list[Path]:
+def render_detail(analysis: Analysis, operation: str, out_dir: Path, plots: bool = True) -> list[Path]:
     """The original's detail mode: one page per fixed record size, one per fixed file size, each
     section with the raw values of every run, the statistics, the per-cell tests and a mean ± CI plot."""
     paths = []
@@ -373,7 +378,9 @@ def render_detail(analysis: Analysis, operation: str, out_dir: Path) -> list[Pat
                     "title": f"{fixed_attr.replace('_kb', '').replace('_', ' ')} {figures.size_label(fixed)}",
                     "figure": figures.detail_plot(
                         analysis, operation, fixed_attr, fixed, analysis.units[operation]
-                    ),
+                    )
+                    if plots
+                    else None,
                     "table": {"sizes": [figures.size_label(o) for o in others], "blocks": blocks},
                 }
             )
@@ -395,7 +402,9 @@ def render_detail(analysis: Analysis, operation: str, out_dir: Path) -> list[Pat
     return paths
 
 
-def write_all(analysis: Analysis, out_dir: Path, detail: str | None = None) -> dict[str, Any]:
+def write_all(
+    analysis: Analysis, out_dir: Path, detail: str | None = None, plots: bool = True
+) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = all_tables(analysis)
     write_tables(tables, out_dir, _meta(analysis))
@@ -403,6 +412,6 @@ def write_all(analysis: Analysis, out_dir: Path, detail: str | None = None) -> d
     (out_dir / "summary.txt").write_text(terminal)
     detail_paths: list[Path] = []
     if detail:
-        detail_paths = render_detail(analysis, find_operation(analysis, detail), out_dir)
-    html = render_html(analysis, tables, out_dir, [p.name for p in detail_paths])
+        detail_paths = render_detail(analysis, find_operation(analysis, detail), out_dir, plots)
+    html = render_html(analysis, tables, out_dir, [p.name for p in detail_paths], plots)
     return {"html": html, "terminal": terminal, "details": detail_paths, "tables": tables}
