@@ -1,0 +1,236 @@
+"""The IOzone matrix and IOzone's throughput mode, run with fio.
+
+IOzone's operations map onto fio job semantics (docs/workloads.md has the table and IOzone's own
+definitions). Operations of one cell run in IOzone's order on the same file(s), with
+`ctx.between_operations()` between them, so the runner's cache policy decides what a re-read sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zbdlab.workloads.base import Cell, Measurement, RunContext, WorkloadConfigError
+from zbdlab.workloads.config import Table, format_size
+from zbdlab.workloads.fio import FIXED_SEED, FioRun, JobFile, data_options, measurement, run_fio
+
+# IOzone's order (-i 0 write/rewrite, 1 read/reread, 2 random read/write, 3 backward read,
+# 4 record rewrite, 5 stride read).
+IOZONE_OPERATIONS = (
+    "write",
+    "rewrite",
+    "read",
+    "reread",
+    "random_read",
+    "random_write",
+    "backward_read",
+    "record_rewrite",
+    "stride_read",
+)
+WRITES = {"write", "rewrite", "random_write", "record_rewrite"}
+IOZONE_STRIDE_RECORDS = 17  # IOzone's default stride (-j): 17 x record size
+
+
+@dataclass
+class FioFileMatrix:
+    """Shared engine: IOzone operations on one file per thread under <mountpoint>/<name>/."""
+
+    name: str
+    operations: list[str]
+    direct: bool = False
+    stride_records: int = IOZONE_STRIDE_RECORDS
+    ioengine: str = "psync"
+    keep_files: bool = False
+    data_kinds: tuple[str, ...] = ("synthetic",)
+
+    def execute(self, cell: Cell, ctx: RunContext) -> list[Measurement]:
+        assert cell.file_size_bytes is not None and cell.record_size_bytes is not None
+        workdir = ctx.mountpoint / self.name
+        workdir.mkdir(parents=True, exist_ok=True)
+        ops = [op for op in IOZONE_OPERATIONS if op in self.operations]
+        results: list[Measurement] = []
+        prepared = ops[0] == "write"
+        if not prepared:  # every other operation needs the file to exist: write it, unmeasured
+            _remove_files(workdir, cell.threads)
+            run_fio(self._job("write", cell, ctx, workdir), f"{cell.key}-prepare", ctx, None)
+            ctx.between_operations()
+        for i, op in enumerate(ops):
+            if i:
+                ctx.between_operations()
+            if op == "write":  # IOzone's write test writes a new file
+                _remove_files(workdir, cell.threads)
+            runs = self._run_operation(op, cell, ctx, workdir)
+            m = measurement(op, runs, ("write",) if op in WRITES else ("read",))
+            m.extra.update({"direct": self.direct, "ioengine": self.ioengine})
+            results.append(m)
+        if not self.keep_files:
+            _remove_files(workdir, cell.threads)
+        return results
+
+    def _run_operation(self, op: str, cell: Cell, ctx: RunContext, workdir: Path) -> list[FioRun]:
+        return [run_fio(self._job(op, cell, ctx, workdir), f"{cell.key}-{op}", ctx, op)]
+
+    def _job(self, op: str, cell: Cell, ctx: RunContext, workdir: Path) -> JobFile:
+        file_size = int(cell.file_size_bytes or 0)
+        record = int(cell.record_size_bytes or 0)
+        common: dict[str, Any] = {
+            "directory": str(workdir),
+            "filename_format": "iozone.$jobnum",
+            "ioengine": self.ioengine,
+            "direct": int(self.direct),
+            "invalidate": 0,  # the runner's cache policy decides what is cached, not fio
+            "thread": True,
+            "numjobs": cell.threads,
+            "group_reporting": True,
+            "bs": format_size(record),
+            "randrepeat": 1,
+            "randseed": FIXED_SEED,
+            **data_options(ctx.data),
+        }
+        job = JobFile(common)
+        size = format_size(file_size)
+        if op in ("write", "rewrite"):
+            job.add(op, {"rw": "write", "size": size, "end_fsync": 1})
+        elif op in ("read", "reread"):
+            job.add(op, {"rw": "read", "size": size})
+        elif op == "random_read":
+            job.add(op, {"rw": "randread", "size": size})
+        elif op == "random_write":
+            job.add(op, {"rw": "randwrite", "size": size, "end_fsync": 1})
+        elif op == "record_rewrite":
+            # The same record (offset 0) rewritten file_size / record_size times.
+            job.add(op, {"rw": "write", "offset": 0, "size": format_size(record), "io_size": size, "end_fsync": 1})
+        elif op == "backward_read":
+            _backward_jobs(job, file_size, record)
+        elif op == "stride_read":
+            _stride_jobs(job, file_size, record, self.stride_records)
+        else:  # pragma: no cover - operations are validated when the workload is built
+            raise AssertionError(op)
+        return job
+
+
+def _backward_jobs(job: JobFile, file_size: int, record: int) -> None:
+    """Read every record once, last to first. fio's backwards mode (rw=read:-2*bs) starts at offset 0
+    and wraps to end-2*bs, so a first job reads the last record and the second job reads record 0,
+    then N-2 down to 1: each record once, in backward order except record 0."""
+    records = file_size // record
+    if records < 2:
+        job.add("backward_read", {"rw": "read", "size": format_size(file_size)})
+        return
+    job.add("backward_read_last", {"rw": "read", "offset": format_size(file_size - record), "size": record})
+    job.add(
+        "backward_read",
+        {
+            "stonewall": True,
+            "rw": f"read:-{format_size(2 * record)}",
+            "offset": 0,
+            "size": format_size(file_size),
+            "io_size": format_size(file_size - record),
+        },
+    )
+
+
+def _stride_jobs(job: JobFile, file_size: int, record: int, stride: int) -> None:
+    """IOzone's strided read: read a record, skip stride-1 records, wrap one record further on at the
+    end, until every record was read once. fio's rw=read:<skip> wraps to the start offset instead, so
+    each pass (start record k = 0..stride-1) is its own stonewalled job."""
+    records = file_size // record
+    skip = format_size((stride - 1) * record)
+    for k in range(min(stride, records)):
+        count = (records - k + stride - 1) // stride
+        options: dict[str, Any] = {
+            "rw": f"read:{skip}" if stride > 1 else "read",
+            "offset": k * record,
+            "size": file_size - k * record,
+            "io_size": count * record,
+        }
+        if k:
+            options = {"stonewall": True, **options}
+        job.add(f"stride_read_{k}", options)
+
+
+def _remove_files(workdir: Path, threads: int) -> None:
+    for n in range(threads):
+        (workdir / f"iozone.{n}").unlink(missing_ok=True)
+
+
+@dataclass
+class IozoneWorkload(FioFileMatrix):
+    """IOzone's automatic matrix: every operation over file sizes x record sizes (x threads)."""
+
+    file_sizes: list[int] = field(default_factory=list)
+    record_sizes: list[int] = field(default_factory=list)
+    threads: list[int] = field(default_factory=lambda: [1])
+
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(file_size_bytes=fs, record_size_bytes=rs, threads=t)
+            for t in self.threads
+            for fs in self.file_sizes
+            for rs in self.record_sizes
+            if rs <= fs
+        ]
+
+
+@dataclass
+class ThroughputWorkload(FioFileMatrix):
+    """IOzone's throughput mode (-l 1 -u N): 1..N concurrent jobs, each on its own file."""
+
+    file_size: int = 0
+    record_size: int = 0
+    threads: list[int] = field(default_factory=lambda: [1])
+
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(file_size_bytes=self.file_size, record_size_bytes=self.record_size, threads=t)
+            for t in self.threads
+        ]
+
+
+def _common(t: Table, default_ops: list[str]) -> dict[str, Any]:
+    return {
+        "operations": t.choices("operations", default_ops, IOZONE_OPERATIONS),
+        "direct": t.boolean("direct", False),
+        "stride_records": t.integer("stride_records", IOZONE_STRIDE_RECORDS, low=1, high=4096),
+        "ioengine": t.choice("ioengine", "psync", ("psync", "sync", "libaio", "io_uring")),
+        "keep_files": t.boolean("keep_files", False),
+    }
+
+
+def iozone_from_config(name: str, table: dict[str, Any]) -> IozoneWorkload:
+    t = Table(table)
+    common = _common(t, list(IOZONE_OPERATIONS))
+    file_sizes = t.sizes("file_sizes", ["64M", "256M"])
+    record_sizes = t.sizes("record_sizes", ["4K", "64K", "1M"])
+    threads = t.integers("threads", [1], high=256)
+    t.done()
+    if not any(rs <= fs for fs in file_sizes for rs in record_sizes):
+        raise WorkloadConfigError("record_sizes", "every record size is larger than every file size")
+    for i, fs in enumerate(file_sizes):
+        if any(fs % rs for rs in record_sizes if rs <= fs):
+            raise WorkloadConfigError(f"file_sizes[{i}]", "must be a multiple of every record size")
+    return IozoneWorkload(
+        name=name, file_sizes=file_sizes, record_sizes=record_sizes, threads=threads, **common
+    )
+
+
+def throughput_from_config(name: str, table: dict[str, Any]) -> ThroughputWorkload:
+    t = Table(table)
+    common = _common(t, ["write", "read", "random_read", "random_write"])
+    file_size = t.size("file_size", "64M")
+    record_size = t.size("record_size", "64K")
+    if t.has("threads"):
+        threads = t.integers("threads", [1], high=256)
+    else:  # IOzone's -l / -u
+        low = t.integer("min_threads", 1, high=256)
+        high = t.integer("max_threads", 5, high=256)
+        if high < low:
+            raise WorkloadConfigError("max_threads", f"must be >= min_threads ({low}), got {high}")
+        threads = list(range(low, high + 1))
+    t.done()
+    if record_size > file_size or file_size % record_size:
+        raise WorkloadConfigError("file_size", "must be a multiple of record_size")
+    return ThroughputWorkload(
+        name=name, file_size=file_size, record_size=record_size, threads=threads, **common
+    )
