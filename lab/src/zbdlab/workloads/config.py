@@ -17,15 +17,15 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size(value: Any, key: str) -> int:
-    """"64M", "4K", "1.5G", "512" or an integer -> bytes (binary units, like IOzone and fio)."""
+    """ "64M", "4K", "1.5G", "512" or an integer -> bytes (binary units, like IOzone and fio)."""
     if isinstance(value, bool):
-        raise WorkloadConfigError(key, f"expected a size like \"64M\", got {value!r}")
+        raise WorkloadConfigError(key, f'expected a size like "64M", got {value!r}')
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
         size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     else:
-        raise WorkloadConfigError(key, f"expected a size like \"64M\" or \"4K\", got {value!r}")
+        raise WorkloadConfigError(key, f'expected a size like "64M" or "4K", got {value!r}')
     if size <= 0:
         raise WorkloadConfigError(key, f"size must be positive, got {value!r}")
     return size

@@ -100,7 +100,9 @@ class FioFileMatrix:
             job.add(op, {"rw": "randwrite", "size": size, "end_fsync": 1})
         elif op == "record_rewrite":
             # The same record (offset 0) rewritten file_size / record_size times.
-            job.add(op, {"rw": "write", "offset": 0, "size": format_size(record), "io_size": size, "end_fsync": 1})
+            job.add(
+                op, {"rw": "write", "offset": 0, "size": format_size(record), "io_size": size, "end_fsync": 1}
+            )
         elif op == "backward_read":
             _backward_jobs(job, file_size, record)
         elif op == "stride_read":

@@ -34,9 +34,15 @@ class Profile:
 
 
 FILEBENCH = {
-    "fileserver": Profile(nfiles=10000, mean_file_size=128 * KIB, threads=50, io_size=1 * MIB, append_size=16 * KIB),
-    "varmail": Profile(nfiles=1000, mean_file_size=16 * KIB, threads=16, io_size=1 * MIB, append_size=16 * KIB),
-    "webserver": Profile(nfiles=1000, mean_file_size=16 * KIB, threads=100, io_size=1 * MIB, append_size=16 * KIB),
+    "fileserver": Profile(
+        nfiles=10000, mean_file_size=128 * KIB, threads=50, io_size=1 * MIB, append_size=16 * KIB
+    ),
+    "varmail": Profile(
+        nfiles=1000, mean_file_size=16 * KIB, threads=16, io_size=1 * MIB, append_size=16 * KIB
+    ),
+    "webserver": Profile(
+        nfiles=1000, mean_file_size=16 * KIB, threads=100, io_size=1 * MIB, append_size=16 * KIB
+    ),
     # oltp: 10 data files of 10m, 1 log file of 10m, 200 readers ("shadows") of 2k, 10 writers of 2k.
     "oltp": Profile(nfiles=10, mean_file_size=10 * MIB, threads=200, io_size=2 * KIB, append_size=256 * KIB),
 }
@@ -135,7 +141,12 @@ class Personality:
         append = format_size(min(FILEBENCH["fileserver"].append_size, low))
         job.add(
             "fileserver",
-            {**fileset, "rw": "randrw", "rwmixread": 33, "bssplit": f"{request}/100,{request}/50:{append}/50"},
+            {
+                **fileset,
+                "rw": "randrw",
+                "rwmixread": 33,
+                "bssplit": f"{request}/100,{request}/50:{append}/50",
+            },
         )
 
     def _varmail(self, job: JobFile, threads: int) -> None:
@@ -173,14 +184,42 @@ class Personality:
         reads = reads_per_thread * threads
         writer_writes = max(1, reads * OLTP_WRITES_PER_1000_READS // 1000 // OLTP_DB_WRITERS)
         log_writes = max(1, reads // OLTP_READS_PER_LOG_WRITE)
-        shared = {"filename": datafiles, "filesize": format_size(file_size), "bs": format_size(profile.io_size)}
-        job.add("oltp_shadow", {**shared, "rw": "randread", "numjobs": threads,
-                                "io_size": format_size(reads_per_thread * profile.io_size)})
-        job.add("oltp_dbwr", {**shared, "rw": "randwrite", "numjobs": OLTP_DB_WRITERS, "sync": "dsync",
-                              "io_size": format_size(writer_writes * profile.io_size)})
-        job.add("oltp_lgwr", {"filename": "oltp.log", "filesize": format_size(file_size), "rw": "randwrite",
-                              "bs": format_size(profile.append_size), "sync": "dsync", "numjobs": 1,
-                              "io_size": format_size(log_writes * profile.append_size)})
+        shared = {
+            "filename": datafiles,
+            "filesize": format_size(file_size),
+            "bs": format_size(profile.io_size),
+        }
+        job.add(
+            "oltp_shadow",
+            {
+                **shared,
+                "rw": "randread",
+                "numjobs": threads,
+                "io_size": format_size(reads_per_thread * profile.io_size),
+            },
+        )
+        job.add(
+            "oltp_dbwr",
+            {
+                **shared,
+                "rw": "randwrite",
+                "numjobs": OLTP_DB_WRITERS,
+                "sync": "dsync",
+                "io_size": format_size(writer_writes * profile.io_size),
+            },
+        )
+        job.add(
+            "oltp_lgwr",
+            {
+                "filename": "oltp.log",
+                "filesize": format_size(file_size),
+                "rw": "randwrite",
+                "bs": format_size(profile.append_size),
+                "sync": "dsync",
+                "numjobs": 1,
+                "io_size": format_size(log_writes * profile.append_size),
+            },
+        )
 
 
 def from_config(name: str, table: dict[str, Any]) -> Personality:
@@ -196,8 +235,16 @@ def from_config(name: str, table: dict[str, Any]) -> Personality:
     keep_files = t.boolean("keep_files", False)
     t.done()
     if personality == "oltp" and int(FILEBENCH["oltp"].mean_file_size * scale) < 256 * KIB:
-        raise WorkloadConfigError("scale", "oltp files would be smaller than 256K (one log write); raise scale")
+        raise WorkloadConfigError(
+            "scale", "oltp files would be smaller than 256K (one log write); raise scale"
+        )
     return Personality(
-        name=name, personality=personality, scale=scale, threads=threads, runtime_s=runtime_s,
-        io_per_thread=io_per_thread, direct=direct, keep_files=keep_files,
+        name=name,
+        personality=personality,
+        scale=scale,
+        threads=threads,
+        runtime_s=runtime_s,
+        io_per_thread=io_per_thread,
+        direct=direct,
+        keep_files=keep_files,
     )
