@@ -132,7 +132,10 @@ class CopyWorkload:
         log = ctx.raw_dir / "copy_tree.out"
         stages = outputs + [(sync.returncode, sync.stderr)]
         log.write_text(
-            "".join(f"$ {' '.join(a)}\n[exit {c}] {e}\n" for a, (c, e) in zip(argvs + [sync_argv], stages))
+            "".join(
+                f"$ {' '.join(a)}\n[exit {c}] {e}\n"
+                for a, (c, e) in zip(argvs + [sync_argv], stages, strict=True)
+            )
         )
         if any(code for code, _ in stages):
             raise WorkloadError(f"copying {source} failed; output in {log}")

@@ -104,7 +104,7 @@ def run_fio(job: JobFile, stem: str, ctx: RunContext, operation: str | None) -> 
         ctx.before_operation(operation)
     started = time.monotonic()
     try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     finally:
         wall_s = time.monotonic() - started
         if operation is not None:
