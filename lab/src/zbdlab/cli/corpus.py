@@ -39,7 +39,8 @@ def build_command(out: Path | None, size: str, cache_dir: Path | None) -> None:
         raise click.ClickException(f"building the corpus in {out} failed: {e}") from e
     total = int(result.manifest["total_bytes"])  # type: ignore[call-overload]
     files = len(result.manifest["files"])  # type: ignore[arg-type]
-    Console().print(
+    # The table needs about 110 columns; a narrow terminal wraps lines rather than eliding ratios.
+    Console(width=max(Console().width, 118)).print(
         ratio_table(result.ratios, f"corpus {out} ({size}): {files} files, {total / (1 << 20):.1f} MiB")
     )
     console.print(f"manifest: {out / 'manifest.json'}; ratios: {out / 'compression.json'}")
