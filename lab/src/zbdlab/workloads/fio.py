@@ -177,7 +177,10 @@ def summarize(doc: dict[str, Any]) -> FioSummary:
     for job in doc["jobs"]:
         try:
             group = int(job.get("groupid", 0))
-            runtime_ms = float(job.get("job_runtime", 0)) or max(float(job[d]["runtime"]) for d in DIRECTIONS)
+            if "job_runtime" in job:
+                runtime_ms = float(job["job_runtime"])
+            else:  # fio before 3.23 has no job_runtime
+                runtime_ms = max(float(job[d]["runtime"]) for d in DIRECTIONS)
             for d in DIRECTIONS:
                 _add_direction(directions[d], job[d])
         except (KeyError, TypeError, ValueError) as e:
