@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zbdlab.corpus import data_dir
 from zbdlab.workloads.base import Cell, Measurement, RunContext, WorkloadConfigError, WorkloadError
 from zbdlab.workloads.config import Table, format_size
 from zbdlab.workloads.fio import JobFile, data_options, run_fio
@@ -105,7 +106,7 @@ class CopyWorkload:
             )
             run_fio(job, f"{cell.key}-copy_dd-stage", ctx, None)
         elif ctx.data.kind == "corpus" and ctx.data.corpus_dir is not None:
-            _concatenate(ctx.data.corpus_dir, source, self.dd_size)
+            _concatenate(data_dir(ctx.data.corpus_dir), source, self.dd_size)
         else:
             raise WorkloadError(f"copy dd needs synthetic or corpus data, not {ctx.data.label!r}")
         return source
@@ -156,7 +157,7 @@ class CopyWorkload:
         if self.tree_source == "corpus":
             if ctx.data.kind != "corpus" or ctx.data.corpus_dir is None:
                 raise WorkloadError(f'copy tree_source="corpus" needs corpus data, not {ctx.data.label!r}')
-            return ctx.data.corpus_dir, None
+            return data_dir(ctx.data.corpus_dir), None
         path = Path(self.tree_source)
         if not path.is_dir():
             raise WorkloadError(f"copy tree_source {path} is not a directory")
