@@ -3,6 +3,7 @@ order, moves the bytes IOzone would, and visits the offsets IOzone's definitions
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -10,8 +11,7 @@ import pytest
 
 from zbdlab.workloads import from_config
 from zbdlab.workloads.base import DataSpec
-from zbdlab.workloads.fio import JobFile
-from zbdlab.workloads.iozone import IOZONE_OPERATIONS, _backward_jobs, _stride_jobs
+from zbdlab.workloads.iozone import IOZONE_OPERATIONS, backward_order, stride_order
 
 MIB = 1 << 20
 
@@ -53,46 +53,33 @@ def test_wl_iozone_reads_need_a_file_so_one_is_written_first(ext4_dir: Path, mak
     assert all(m.logical_bytes_read == 512 * 1024 for m in results)
 
 
-def _offsets(tmp_path: Path, job: JobFile, file_size: int) -> list[int]:
-    """Run `job` (with an I/O log per section) against a file of file_size; the offsets read, in order."""
-    target = tmp_path / "data"
-    target.write_bytes(b"\1" * file_size)
-    logs = []
-    for i, (_, options) in enumerate(job.jobs):
-        options["filename"] = str(target)
-        options["write_iolog"] = str(tmp_path / f"{i}.iolog")
-        logs.append(tmp_path / f"{i}.iolog")
-    path = tmp_path / "offsets.fio"
-    path.write_text(job.render())
-    subprocess.run(["fio", "--output-format=json", str(path)], check=True, capture_output=True)
-    offsets = []
-    for log in logs:
-        for line in log.read_text().splitlines():
-            fields = line.split()
-            if len(fields) >= 4 and fields[-3] == "read":  # [time] file action offset length
-                offsets.append(int(fields[-2]))
-    return offsets
+def _issued_offsets(job_file: Path) -> list[int]:
+    """Run a rendered job file under fio --debug=io: the read offsets fio really issued, in order."""
+    proc = subprocess.run(["fio", "--debug=io", str(job_file)], check=True, capture_output=True, text=True)
+    found = re.findall(r"queue: io_u \S+: off=(0x[0-9a-f]+),len=\S+,ddir=0", proc.stdout + proc.stderr)
+    return [int(offset, 16) for offset in found]
 
 
-def _job() -> JobFile:
-    return JobFile({"ioengine": "psync", "invalidate": 0, "bs": "4k", "thread": True})
+def test_wl_iozone_orders() -> None:
+    assert backward_order(4) == [3, 2, 1, 0]
+    assert stride_order(40, 17) == [0, 17, 34, 1, 18, 35, 2, 19, 36, 3, 20, 37, 4, 21, 38, 5, 22, 39,
+                                    *[x for k in range(6, 17) for x in (k, k + 17)]]  # fmt: skip
+    for records in (1, 5, 17, 40, 1000):
+        assert sorted(stride_order(records, 17)) == list(range(records))
 
 
-@pytest.mark.parametrize("records", [40, 5])
-def test_wl_stride_read_reads_every_record_once_in_iozone_order(tmp_path: Path, records: int) -> None:
-    job = _job()
-    _stride_jobs(job, records * 4096, 4096, 17)
-    got = [o // 4096 for o in _offsets(tmp_path, job, records * 4096)]
-    expected = [r for k in range(17) for r in range(k, records, 17)]  # IOzone: stride 17, wrap +1
-    assert got == expected
-
-
-def test_wl_backward_read_reads_every_record_once_backwards(tmp_path: Path) -> None:
-    job = _job()
-    _backward_jobs(job, 16 * 4096, 4096)
-    got = [o // 4096 for o in _offsets(tmp_path, job, 16 * 4096)]
-    assert sorted(got) == list(range(16))
-    assert got == [15, 0, *range(14, 0, -1)]  # fio's backward mode starts at 0: documented deviation
+@pytest.mark.parametrize("op", ["backward_read", "stride_read"])
+def test_wl_replayed_reads_hit_iozone_offsets(ext4_dir: Path, make_ctx, op: str) -> None:  # type: ignore[no-untyped-def]
+    records = 40
+    table = {"file_sizes": ["160K"], "record_sizes": ["4K"], "operations": ["write", op], "keep_files": True}
+    workload = from_config("iozone", table)
+    (cell,) = workload.cells()
+    ctx, _ = make_ctx(ext4_dir, DataSpec("synthetic", 50))
+    _, m = workload.execute(cell, ctx)
+    assert m.logical_bytes_read == records * 4096 and m.extra["directions"]["read"]["total_ios"] == records
+    expected = backward_order(records) if op == "backward_read" else stride_order(records, 17)
+    issued = _issued_offsets(ctx.raw_dir / f"{cell.key}-{op}.fio")
+    assert [o // 4096 for o in issued] == expected
 
 
 def test_wl_throughput_mode_scales_threads(ext4_dir: Path, make_ctx) -> None:  # type: ignore[no-untyped-def]

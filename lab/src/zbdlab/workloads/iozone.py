@@ -103,53 +103,48 @@ class FioFileMatrix:
             job.add(
                 op, {"rw": "write", "offset": 0, "size": format_size(record), "io_size": size, "end_fsync": 1}
             )
-        elif op == "backward_read":
-            _backward_jobs(job, file_size, record)
-        elif op == "stride_read":
-            _stride_jobs(job, file_size, record, self.stride_records)
+        elif op in ("backward_read", "stride_read"):
+            # fio 3.33 crashes (SIGSEGV) replaying a log under `directory=`; the log has full paths.
+            del job.global_options["directory"], job.global_options["filename_format"]
+            records = file_size // record
+            order = (
+                backward_order(records)
+                if op == "backward_read"
+                else stride_order(records, self.stride_records)
+            )
+            files = [workdir / f"iozone.{n}" for n in range(cell.threads)]
+            _replay_jobs(job, op, order, record, files, ctx.raw_dir / f"{cell.key}-{op}")
         else:  # pragma: no cover - operations are validated when the workload is built
             raise AssertionError(op)
         return job
 
 
-def _backward_jobs(job: JobFile, file_size: int, record: int) -> None:
-    """Read every record once, last to first. fio's backwards mode (rw=read:-2*bs) starts at offset 0
-    and wraps to end-2*bs, so a first job reads the last record and the second job reads record 0,
-    then N-2 down to 1: each record once, in backward order except record 0."""
-    records = file_size // record
-    if records < 2:
-        job.add("backward_read", {"rw": "read", "size": format_size(file_size)})
-        return
-    job.add("backward_read_last", {"rw": "read", "offset": format_size(file_size - record), "size": record})
-    job.add(
-        "backward_read",
-        {
-            "stonewall": True,
-            "rw": f"read:-{format_size(2 * record)}",
-            "offset": 0,
-            "size": format_size(file_size),
-            "io_size": format_size(file_size - record),
-        },
-    )
+def backward_order(records: int) -> list[int]:
+    """IOzone's backward read: every record once, last to first."""
+    return list(range(records - 1, -1, -1))
 
 
-def _stride_jobs(job: JobFile, file_size: int, record: int, stride: int) -> None:
-    """IOzone's strided read: read a record, skip stride-1 records, wrap one record further on at the
-    end, until every record was read once. fio's rw=read:<skip> wraps to the start offset instead, so
-    each pass (start record k = 0..stride-1) is its own stonewalled job."""
-    records = file_size // record
-    skip = format_size((stride - 1) * record)
-    for k in range(min(stride, records)):
-        count = (records - k + stride - 1) // stride
-        options: dict[str, Any] = {
-            "rw": f"read:{skip}" if stride > 1 else "read",
-            "offset": k * record,
-            "size": file_size - k * record,
-            "io_size": count * record,
-        }
-        if k:
-            options = {"stonewall": True, **options}
-        job.add(f"stride_read_{k}", options)
+def stride_order(records: int, stride: int) -> list[int]:
+    """IOzone's strided read: read a record, skip ahead `stride` records; past the end, start again one
+    record further on, until every record was read once."""
+    return [r for start in range(min(stride, records)) for r in range(start, records, stride)]
+
+
+def _replay_jobs(
+    job: JobFile, op: str, order: list[int], record: int, files: list[Path], log_stem: Path
+) -> None:
+    """One job per file replaying an fio I/O log of the records in `order` (all in one group, so they
+    run at once and report together). fio's own backward and skip modes wrap around differently from
+    IOzone, so the exact offsets are written out instead; the logs stay in raw_dir as evidence."""
+    for n, path in enumerate(files):
+        log = log_stem.with_name(f"{log_stem.name}.{n}.iolog")
+        lines = ["fio version 2 iolog", f"{path} add", f"{path} open"]
+        lines += [f"{path} read {r * record} {record}" for r in order]
+        lines.append(f"{path} close")
+        log.write_text("\n".join(lines) + "\n")
+        job.add(
+            f"{op}.{n}", {"filename": str(path), "numjobs": 1, "read_iolog": str(log), "replay_no_stall": 1}
+        )
 
 
 def _remove_files(workdir: Path, threads: int) -> None:
