@@ -125,9 +125,20 @@ def backward_order(records: int) -> list[int]:
 
 
 def stride_order(records: int, stride: int) -> list[int]:
-    """IOzone's strided read: read a record, skip ahead `stride` records; past the end, start again one
-    record further on, until every record was read once."""
-    return [r for start in range(min(stride, records)) for r in range(start, records, stride)]
+    """IOzone's strided read, step for step (read_stride_perf_test in iozone.c): `records` reads; after
+    reading record p, the next is p + stride, unless that passes (records - 2) - then a new pass starts
+    at record w % records, where w counts the passes. Like IOzone it reads some records twice and may
+    skip the last ones; the bytes read equal the file size."""
+    order = []
+    position = wraps = 0
+    for _ in range(records):
+        order.append(position)
+        if position + 1 + stride >= records - 1:
+            wraps += 1
+            position = 0 if records <= stride else wraps % records
+        else:
+            position += stride
+    return order
 
 
 def _replay_jobs(
