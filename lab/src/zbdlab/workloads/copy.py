@@ -22,6 +22,7 @@ from zbdlab.corpus import data_dir
 from zbdlab.workloads.base import Cell, Measurement, RunContext, WorkloadConfigError, WorkloadError
 from zbdlab.workloads.config import Table, format_size
 from zbdlab.workloads.fio import JobFile, data_options, run_fio
+from zbdlab.workloads.tool import run_measured
 
 COPY_OPERATIONS = ("dd", "tree")
 _DD_RE = re.compile(r"^(\d+) bytes .* copied, ([\d.]+) s", re.MULTILINE)
@@ -165,13 +166,7 @@ class CopyWorkload:
 
 
 def _timed(argv: list[str], ctx: RunContext, op: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    ctx.before_operation(op)
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    finally:
-        wall_s = time.monotonic() - started
-        ctx.after_operation(op)
+    proc, wall_s = run_measured(argv, ctx, op)
     if proc.returncode != 0:
         raise WorkloadError(f"{argv[0]} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
     return proc, wall_s

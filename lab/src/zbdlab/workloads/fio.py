@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zbdlab.workloads.base import DataSpec, Measurement, RunContext, WorkloadError
+from zbdlab.workloads.tool import run_measured
 
 FIO = "fio"
 DIRECTIONS = ("read", "write")
@@ -100,15 +99,7 @@ def run_fio(job: JobFile, stem: str, ctx: RunContext, operation: str | None) -> 
     err_path = ctx.raw_dir / f"{stem}.stderr"
     job_path.write_text(text)
     argv = [FIO, "--output-format=json+", f"--output={json_path}", str(job_path)]
-    if operation is not None:
-        ctx.before_operation(operation)
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    finally:
-        wall_s = time.monotonic() - started
-        if operation is not None:
-            ctx.after_operation(operation)
+    proc, wall_s = run_measured(argv, ctx, operation)
     err_path.write_text(proc.stdout + proc.stderr)
     (ctx.raw_dir / f"{stem}.cmd").write_text(" ".join(argv) + "\n")
     raw = [job_path, json_path, err_path]

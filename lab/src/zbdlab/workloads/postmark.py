@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from zbdlab.workloads.base import Cell, Measurement, RunContext, WorkloadConfigError, WorkloadError
 from zbdlab.workloads.config import Table
+from zbdlab.workloads.tool import run_measured
 
 POSTMARK = "postmark"
 DATA_LABEL = "postmark random text, about 1.2:1"
@@ -138,15 +137,7 @@ class PostmarkWorkload:
         output_path = ctx.raw_dir / f"{cell.key}-postmark.out"
         config_path.write_text(self.config.render(str(workdir)))
         argv = [POSTMARK, str(config_path)]
-        ctx.before_operation("postmark")
-        started = time.monotonic()
-        try:
-            proc = subprocess.run(
-                argv, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
-            )
-        finally:
-            wall_s = time.monotonic() - started
-            ctx.after_operation("postmark")
+        proc, wall_s = run_measured(argv, ctx, "postmark", cwd=workdir)
         output_path.write_text(proc.stdout + proc.stderr)
         (ctx.raw_dir / f"{cell.key}-postmark.cmd").write_text(" ".join(argv) + "\n")
         if proc.returncode != 0:
