@@ -70,3 +70,11 @@ def test_wl_good_configs_build_every_type() -> None:
     assert [c.threads for c in from_config("throughput", tables["throughput"]).cells()] == [1, 2, 3]
     named = from_config("mail", {"type": "varmail", "threads": 2})
     assert named.name == "mail" and named.cells()[0].threads == 2
+
+
+def test_wl_runner_keys_are_left_to_the_runner() -> None:
+    table = {"file_sizes": ["1M"], "record_sizes": ["4K"], "repetitions": 3}
+    with pytest.raises(WorkloadConfigError) as caught:
+        from_config("iozone", table)
+    assert caught.value.key == "repetitions"
+    assert from_config("iozone", table, runner_keys={"repetitions"}).cells()

@@ -6,7 +6,7 @@ docs/workloads.md. The table's `type` key picks the kind; without it the workloa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from zbdlab.workloads.base import (
@@ -50,10 +50,12 @@ def _builders() -> dict[str, Callable[[str, dict[str, Any]], Workload]]:
 WORKLOAD_TYPES = ("iozone", "throughput", "postmark", "fileserver", "varmail", "webserver", "oltp", "copy")
 
 
-def from_config(name: str, table: dict[str, Any]) -> Workload:
-    """Build the workload `name` from its study-file table; bad values raise WorkloadConfigError."""
+def from_config(name: str, table: dict[str, Any], runner_keys: Collection[str] = ()) -> Workload:
+    """Build the workload `name` from its study-file table; bad values raise WorkloadConfigError.
+    Unknown keys are refused, except `runner_keys`: keys the runner reads itself from the same table."""
     if not isinstance(table, dict):
         raise WorkloadConfigError("(table)", f"expected a table, got {type(table).__name__}")
+    table = {key: value for key, value in table.items() if key not in runner_keys}
     kind = table.get("type", name)
     builders = _builders()
     if kind not in builders:
