@@ -35,6 +35,9 @@ pub struct CreateOptions {
     pub clean_low_pct: u8,
     /// Cleaner high watermark.
     pub clean_high_pct: u8,
+    /// Allocation queue length (extents recovery may have to read); default from
+    /// `RECOVERY_BYTES_MAX`. Small values make checkpoints frequent (tests).
+    pub queue_len: Option<u32>,
 }
 
 impl CreateOptions {
@@ -47,6 +50,7 @@ impl CreateOptions {
             capacity_bytes: None,
             clean_low_pct: CLEAN_LOW_PCT_DEFAULT,
             clean_high_pct: CLEAN_HIGH_PCT_DEFAULT,
+            queue_len: None,
         }
     }
 }
@@ -87,7 +91,8 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     }
     let extent_count = u32::try_from(extent_count)
         .map_err(|_| Error::Invalid("capacity: more than 2^32 extents; use a larger extent size".into()))?;
-    let queue_len = ((RECOVERY_BYTES_MAX / u64::from(e)) as u32).clamp(QUEUE_LEN_MIN, QUEUE_LEN_MAX).min(extent_count);
+    let queue_default = ((RECOVERY_BYTES_MAX / u64::from(e)) as u32).clamp(QUEUE_LEN_MIN, QUEUE_LEN_MAX);
+    let queue_len = opts.queue_len.unwrap_or(queue_default).clamp(2, QUEUE_LEN_MAX).min(extent_count);
     let map_pages = u32::try_from(logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64))
         .map_err(|_| Error::Invalid("size: volume too large".into()))?;
     let slot = checkpoint_slot_bytes(queue_len, map_pages);

@@ -98,6 +98,11 @@ enum Source {
 impl Volume {
     /// Formats `storage` as a new volume and opens it.
     pub fn create(storage: Box<dyn Storage>, opts: &CreateOptions) -> Result<Volume> {
+        Volume::create_with(storage, opts, OpenOptions::default())
+    }
+
+    /// Formats `storage` as a new volume and opens it with `open_opts`.
+    pub fn create_with(storage: Box<dyn Storage>, opts: &CreateOptions, open_opts: OpenOptions) -> Result<Volume> {
         let mut sb = plan(opts)?;
         sb.uuid = *uuid::Uuid::new_v4().as_bytes();
         sb.created_unix = std::time::SystemTime::now()
@@ -128,7 +133,7 @@ impl Volume {
         };
         storage.write_at(sb.checkpoint_slot_offset(1), &ck.encode(&sb.uuid, sb.checkpoint_slot_bytes))?;
         storage.sync()?;
-        Volume::open(storage, OpenOptions::default())
+        Volume::open(storage, open_opts)
     }
 
     /// Opens a volume read-only.
