@@ -8,11 +8,12 @@ use std::fmt;
 use std::io::{Read, Write};
 
 /// A codec and its level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
 pub enum Codec {
     /// Stored as is (the paper's pass-through mode; still packed, checksummed, zero-detected).
     None,
     /// LZ4 block format (lz4_flex), the default.
+    #[default]
     Lz4,
     /// Zstandard at a level (1..=22, negative = fast modes).
     Zstd(i32),
@@ -37,12 +38,6 @@ pub mod id {
     pub const LZO: u8 = 4;
 }
 
-impl Default for Codec {
-    fn default() -> Self {
-        Codec::Lz4
-    }
-}
-
 impl fmt::Display for Codec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -62,7 +57,11 @@ impl std::str::FromStr for Codec {
             Some((n, l)) => (n, Some(l)),
             None => (s, None),
         };
-        let bad = || Error::Invalid(format!("codec '{s}': expected lz4, zstd[:1..22], zlib[:1..9], lzo or none"));
+        let bad = || {
+            Error::Invalid(format!(
+                "codec '{s}': expected lz4, zstd[:1..22], zlib[:1..9], lzo or none"
+            ))
+        };
         let parse_level = |l: &str| l.parse::<i32>().map_err(|_| bad());
         let codec = match (name.to_ascii_lowercase().as_str(), level) {
             ("none", None) => Codec::None,
@@ -93,7 +92,15 @@ impl std::str::FromStr for Codec {
 impl Codec {
     /// Every codec at its default level, for benchmarks.
     pub fn all_defaults() -> Vec<Codec> {
-        vec![Codec::None, Codec::Lz4, Codec::Lzo, Codec::Zstd(1), Codec::Zstd(3), Codec::Zlib(1), Codec::Zlib(6)]
+        vec![
+            Codec::None,
+            Codec::Lz4,
+            Codec::Lzo,
+            Codec::Zstd(1),
+            Codec::Zstd(3),
+            Codec::Zlib(1),
+            Codec::Zlib(6),
+        ]
     }
 
     /// On-disk id of this codec.
@@ -136,11 +143,16 @@ impl Codec {
             Codec::Lz4 => Some(lz4_flex::block::compress(data)),
             Codec::Zstd(level) => zstd::bulk::compress(data, level).ok(),
             Codec::Zlib(level) => {
-                let mut enc = flate2::write::ZlibEncoder::new(Vec::with_capacity(data.len() / 2), flate2::Compression::new(level));
+                let mut enc = flate2::write::ZlibEncoder::new(
+                    Vec::with_capacity(data.len() / 2),
+                    flate2::Compression::new(level),
+                );
                 enc.write_all(data).ok()?;
                 enc.finish().ok()
             }
-            Codec::Lzo => LZO_DICT.with(|d| lzokay_native::compress_with_dict(data, &mut d.borrow_mut()).ok()),
+            Codec::Lzo => {
+                LZO_DICT.with(|d| lzokay_native::compress_with_dict(data, &mut d.borrow_mut()).ok())
+            }
         }
     }
 }
@@ -209,7 +221,9 @@ mod tests {
 
     #[test]
     fn every_codec_round_trips() {
-        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8 ^ (i / 512) as u8).collect();
+        let data: Vec<u8> = (0..4096u32)
+            .map(|i| (i % 251) as u8 ^ (i / 512) as u8)
+            .collect();
         for c in Codec::all_defaults() {
             let Some(z) = c.compress(&data) else { continue };
             let mut out = vec![0u8; 4096];

@@ -153,11 +153,15 @@ impl Superblock {
             return Err(Error::NotAVolume("no zbd superblock (bad magic)".into()));
         }
         if get_u32(b, 12) != crc_skipping(&b[..SUPERBLOCK_BYTES], 12) {
-            return Err(Error::CorruptMetadata("superblock checksum mismatch".into()));
+            return Err(Error::CorruptMetadata(
+                "superblock checksum mismatch".into(),
+            ));
         }
         let version = get_u32(b, 8);
         if version != FORMAT_VERSION {
-            return Err(Error::NotAVolume(format!("format version {version}, this zbd reads {FORMAT_VERSION}")));
+            return Err(Error::NotAVolume(format!(
+                "format version {version}, this zbd reads {FORMAT_VERSION}"
+            )));
         }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
@@ -186,7 +190,9 @@ impl Superblock {
             || sb.data_offset < sb.map_offset + 2 * u64::from(sb.map_pages) * MAP_PAGE_BYTES as u64
             || sb.queue_len == 0
         {
-            return Err(Error::CorruptMetadata("superblock geometry is inconsistent".into()));
+            return Err(Error::CorruptMetadata(
+                "superblock geometry is inconsistent".into(),
+            ));
         }
         Ok(sb)
     }
@@ -209,7 +215,9 @@ impl Superblock {
 
 /// Checkpoint slot size for a queue of `queue_len` and `map_pages` map pages.
 pub fn checkpoint_slot_bytes(queue_len: u32, map_pages: u32) -> u32 {
-    let body = CHECKPOINT_HEADER_BYTES + queue_len as usize * QUEUE_ENTRY_BYTES + (map_pages as usize).div_ceil(4);
+    let body = CHECKPOINT_HEADER_BYTES
+        + queue_len as usize * QUEUE_ENTRY_BYTES
+        + (map_pages as usize).div_ceil(4);
     align_up(body as u64, BLOCK_BYTES as u64) as u32
 }
 
@@ -284,10 +292,18 @@ impl Checkpoint {
         let used = get_u32(b, 64 + COUNTERS * 8) as usize;
         let queue_len = get_u32(b, 56);
         let pages = get_u32(b, 60);
-        if used > b.len() || queue_len > queue_max || pages != map_pages || get_u32(b, 8) != FORMAT_VERSION {
+        if used > b.len()
+            || queue_len > queue_max
+            || pages != map_pages
+            || get_u32(b, 8) != FORMAT_VERSION
+        {
             return None;
         }
-        if used != CHECKPOINT_HEADER_BYTES + queue_len as usize * QUEUE_ENTRY_BYTES + (pages as usize).div_ceil(4) {
+        if used
+            != CHECKPOINT_HEADER_BYTES
+                + queue_len as usize * QUEUE_ENTRY_BYTES
+                + (pages as usize).div_ceil(4)
+        {
             return None;
         }
         if get_u32(b, 12) != crc_skipping(&b[..used], 12) {
@@ -300,10 +316,15 @@ impl Checkpoint {
         let mut o = CHECKPOINT_HEADER_BYTES;
         let mut queue = Vec::with_capacity(queue_len as usize);
         for _ in 0..queue_len {
-            queue.push(QueueEntry { extent: get_u32(b, o), alloc_seq: get_u64(b, o + 8) });
+            queue.push(QueueEntry {
+                extent: get_u32(b, o),
+                alloc_seq: get_u64(b, o + 8),
+            });
             o += QUEUE_ENTRY_BYTES;
         }
-        let page_slots = (0..pages as usize).map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3).collect();
+        let page_slots = (0..pages as usize)
+            .map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3)
+            .collect();
         Some(Checkpoint {
             seq: get_u64(b, 32),
             write_seq: get_u64(b, 40),
@@ -348,9 +369,23 @@ pub struct MapEntry {
 
 impl MapEntry {
     /// A zero-state entry.
-    pub const ZERO: MapEntry = MapEntry { state: BlockState::Zero, codec: 0, len: 0, extent: 0, offset: 0, crc: 0 };
+    pub const ZERO: MapEntry = MapEntry {
+        state: BlockState::Zero,
+        codec: 0,
+        len: 0,
+        extent: 0,
+        offset: 0,
+        crc: 0,
+    };
     /// An unmapped entry.
-    pub const UNMAPPED: MapEntry = MapEntry { state: BlockState::Unmapped, codec: 0, len: 0, extent: 0, offset: 0, crc: 0 };
+    pub const UNMAPPED: MapEntry = MapEntry {
+        state: BlockState::Unmapped,
+        codec: 0,
+        len: 0,
+        extent: 0,
+        offset: 0,
+        crc: 0,
+    };
 
     fn encode(&self, b: &mut [u8]) {
         b[0] = match self.state {
@@ -372,7 +407,14 @@ impl MapEntry {
             2 => BlockState::Data,
             _ => return None,
         };
-        Some(MapEntry { state, codec: b[1], len: get_u16(b, 2), extent: get_u32(b, 4), offset: get_u32(b, 8), crc: get_u32(b, 12) })
+        Some(MapEntry {
+            state,
+            codec: b[1],
+            len: get_u16(b, 2),
+            extent: get_u32(b, 4),
+            offset: get_u32(b, 8),
+            crc: get_u32(b, 12),
+        })
     }
 }
 
@@ -497,12 +539,20 @@ impl SegmentHeader {
 
 /// Bytes a segment of `payload_len` payload and `records` records takes, padded to a sector.
 pub fn segment_padded_len(payload_len: usize, records: usize) -> u64 {
-    align_up((SEGMENT_HEADER_BYTES + payload_len + records * RECORD_BYTES) as u64, SECTOR_BYTES as u64)
+    align_up(
+        (SEGMENT_HEADER_BYTES + payload_len + records * RECORD_BYTES) as u64,
+        SECTOR_BYTES as u64,
+    )
 }
 
 /// Writes header and record table around the payload already at
 /// `buf[seg_offset + SEGMENT_HEADER_BYTES ..]`; returns the padded segment length.
-pub fn seal_segment(buf: &mut [u8], uuid: &[u8; 16], h: &SegmentHeader, records: &[Record]) -> usize {
+pub fn seal_segment(
+    buf: &mut [u8],
+    uuid: &[u8; 16],
+    h: &SegmentHeader,
+    records: &[Record],
+) -> usize {
     let start = h.seg_offset as usize;
     let table = start + SEGMENT_HEADER_BYTES + h.payload_len as usize;
     let total = segment_padded_len(h.payload_len as usize, records.len()) as usize;
@@ -568,7 +618,10 @@ pub fn parse_segment(
         let r = Record::decode(&tb[i * RECORD_BYTES..(i + 1) * RECORD_BYTES])?;
         if r.kind == RecordKind::Data {
             let end = r.offset as usize + r.len as usize;
-            if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES || end > table || r.len as usize > BLOCK_BYTES {
+            if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES
+                || end > table
+                || r.len as usize > BLOCK_BYTES
+            {
                 return None;
             }
         }
@@ -603,8 +656,14 @@ mod tests {
         let mut b = sb.encode();
         assert_eq!(Superblock::decode(&b).ok(), Some(sb));
         b[33] ^= 1;
-        assert!(matches!(Superblock::decode(&b), Err(Error::CorruptMetadata(_))));
-        assert!(matches!(Superblock::decode(&[0u8; 4096]), Err(Error::NotAVolume(_))));
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(Error::CorruptMetadata(_))
+        ));
+        assert!(matches!(
+            Superblock::decode(&[0u8; 4096]),
+            Err(Error::NotAVolume(_))
+        ));
     }
 
     #[test]
@@ -614,7 +673,10 @@ mod tests {
             write_seq: 100,
             next_alloc_seq: 50,
             counters: [3; COUNTERS],
-            queue: vec![QueueEntry { extent: 4, alloc_seq: 49 }],
+            queue: vec![QueueEntry {
+                extent: 4,
+                alloc_seq: 49,
+            }],
             page_slots: vec![0, 1, 2, 1, 2],
         };
         let slot = checkpoint_slot_bytes(8, 5);
@@ -629,11 +691,29 @@ mod tests {
         let mut ext = vec![0u8; 8192];
         let payload_at = 512 + SEGMENT_HEADER_BYTES;
         ext[payload_at..payload_at + 10].copy_from_slice(b"0123456789");
-        let r = Record { kind: RecordKind::Data, codec: 0, len: 10, lba: 3, count: 1, offset: payload_at as u32, seq: 5, crc: 1 };
-        let h = SegmentHeader { alloc_seq: 77, extent: 2, seg_offset: 512, payload_len: 10, record_count: 1 };
+        let r = Record {
+            kind: RecordKind::Data,
+            codec: 0,
+            len: 10,
+            lba: 3,
+            count: 1,
+            offset: payload_at as u32,
+            seq: 5,
+            crc: 1,
+        };
+        let h = SegmentHeader {
+            alloc_seq: 77,
+            extent: 2,
+            seg_offset: 512,
+            payload_len: 10,
+            record_count: 1,
+        };
         let n = seal_segment(&mut ext, &[9; 16], &h, &[r]);
         assert_eq!(n % SECTOR_BYTES, 0);
-        assert_eq!(parse_segment(&ext, &[9; 16], 2, 77, 512), Some((h, vec![r])));
+        assert_eq!(
+            parse_segment(&ext, &[9; 16], 2, 77, 512),
+            Some((h, vec![r]))
+        );
         assert_eq!(parse_segment(&ext, &[9; 16], 2, 78, 512), None);
         ext[payload_at + 10] ^= 1;
         assert_eq!(parse_segment(&ext, &[9; 16], 2, 77, 512), None);

@@ -3,8 +3,9 @@
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::format::{
-    align_up, checkpoint_slot_bytes, Superblock, BLOCK_BYTES, EXTENT_BYTES_MAX, EXTENT_BYTES_MIN, MAP_ENTRIES_PER_PAGE,
-    MAP_PAGE_BYTES, RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES, SUPERBLOCK_BYTES,
+    align_up, checkpoint_slot_bytes, Superblock, BLOCK_BYTES, EXTENT_BYTES_MAX, EXTENT_BYTES_MIN,
+    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    SUPERBLOCK_BYTES,
 };
 
 /// Default extent size (paper: 32 KiB; 16–64 KiB performed best).
@@ -58,7 +59,10 @@ impl CreateOptions {
 /// Incompressible 4 KiB blocks one extent holds in the worst case: one block per segment (a flush
 /// after every write), each segment paying its header, one record and sector padding.
 pub fn raw_blocks_per_extent(extent_bytes: u32) -> u64 {
-    let per_block = align_up((SEGMENT_HEADER_BYTES + BLOCK_BYTES + RECORD_BYTES) as u64, SECTOR_BYTES as u64);
+    let per_block = align_up(
+        (SEGMENT_HEADER_BYTES + BLOCK_BYTES + RECORD_BYTES) as u64,
+        SECTOR_BYTES as u64,
+    );
     (u64::from(extent_bytes) / per_block).max(1)
 }
 
@@ -73,13 +77,20 @@ pub fn default_extent_count(logical_blocks: u64, extent_bytes: u32) -> u64 {
 pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     let e = opts.extent_bytes;
     if !e.is_power_of_two() || !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&e) {
-        return Err(Error::Invalid(format!("extent size {e}: must be a power of two from 8K to 1M")));
+        return Err(Error::Invalid(format!(
+            "extent size {e}: must be a power of two from 8K to 1M"
+        )));
     }
-    if opts.logical_bytes == 0 || opts.logical_bytes % BLOCK_BYTES as u64 != 0 {
-        return Err(Error::Invalid(format!("size {}: must be a non-zero multiple of 4K", opts.logical_bytes)));
+    if opts.logical_bytes == 0 || !opts.logical_bytes.is_multiple_of(BLOCK_BYTES as u64) {
+        return Err(Error::Invalid(format!(
+            "size {}: must be a non-zero multiple of 4K",
+            opts.logical_bytes
+        )));
     }
     if opts.clean_low_pct >= opts.clean_high_pct || opts.clean_high_pct > 90 {
-        return Err(Error::Invalid("cleaner watermarks: need low < high <= 90 (%)".into()));
+        return Err(Error::Invalid(
+            "cleaner watermarks: need low < high <= 90 (%)".into(),
+        ));
     }
     let logical_blocks = opts.logical_bytes / BLOCK_BYTES as u64;
     let extent_count = match opts.capacity_bytes {
@@ -87,18 +98,30 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         None => default_extent_count(logical_blocks, e),
     };
     if extent_count < 4 {
-        return Err(Error::Invalid(format!("capacity: at least 4 extents ({} bytes) are needed", 4 * u64::from(e))));
+        return Err(Error::Invalid(format!(
+            "capacity: at least 4 extents ({} bytes) are needed",
+            4 * u64::from(e)
+        )));
     }
-    let extent_count = u32::try_from(extent_count)
-        .map_err(|_| Error::Invalid("capacity: more than 2^32 extents; use a larger extent size".into()))?;
-    let queue_default = ((RECOVERY_BYTES_MAX / u64::from(e)) as u32).clamp(QUEUE_LEN_MIN, QUEUE_LEN_MAX);
-    let queue_len = opts.queue_len.unwrap_or(queue_default).clamp(2, QUEUE_LEN_MAX).min(extent_count);
+    let extent_count = u32::try_from(extent_count).map_err(|_| {
+        Error::Invalid("capacity: more than 2^32 extents; use a larger extent size".into())
+    })?;
+    let queue_default =
+        ((RECOVERY_BYTES_MAX / u64::from(e)) as u32).clamp(QUEUE_LEN_MIN, QUEUE_LEN_MAX);
+    let queue_len = opts
+        .queue_len
+        .unwrap_or(queue_default)
+        .clamp(2, QUEUE_LEN_MAX)
+        .min(extent_count);
     let map_pages = u32::try_from(logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64))
         .map_err(|_| Error::Invalid("size: volume too large".into()))?;
     let slot = checkpoint_slot_bytes(queue_len, map_pages);
     let checkpoint_offset = 2 * SUPERBLOCK_BYTES as u64;
     let map_offset = checkpoint_offset + 2 * u64::from(slot);
-    let data_offset = align_up(map_offset + 2 * u64::from(map_pages) * MAP_PAGE_BYTES as u64, u64::from(e));
+    let data_offset = align_up(
+        map_offset + 2 * u64::from(map_pages) * MAP_PAGE_BYTES as u64,
+        u64::from(e),
+    );
     Ok(Superblock {
         uuid: [0; 16],
         logical_blocks,
@@ -154,10 +177,18 @@ mod tests {
     #[test]
     fn default_capacity_holds_incompressible_data() {
         for e in [8192u32, 32768, 1 << 20] {
-            let sb = plan(&CreateOptions { extent_bytes: e, ..CreateOptions::new(64 << 20) }).expect("plan");
+            let sb = plan(&CreateOptions {
+                extent_bytes: e,
+                ..CreateOptions::new(64 << 20)
+            })
+            .expect("plan");
             let raw = u64::from(sb.extent_count) * raw_blocks_per_extent(e);
             assert!(raw >= sb.logical_blocks, "extent {e}");
         }
-        assert!(plan(&CreateOptions { extent_bytes: 3000, ..CreateOptions::new(1 << 20) }).is_err());
+        assert!(plan(&CreateOptions {
+            extent_bytes: 3000,
+            ..CreateOptions::new(1 << 20)
+        })
+        .is_err());
     }
 }

@@ -21,7 +21,9 @@ pub use layout::{parse_size, CreateOptions};
 pub use sim::SimStorage;
 pub use stats::{Counters, Stats};
 pub use storage::{FileStorage, Storage};
-pub use volume::{AllocState, CheckReport, OpenOptions, Volume, AGING_DEFAULT, BUFFER_BYTES_DEFAULT};
+pub use volume::{
+    AllocState, CheckReport, OpenOptions, Volume, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
+};
 
 #[cfg(test)]
 mod send_sync {

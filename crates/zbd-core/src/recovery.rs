@@ -4,17 +4,19 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_map_page, parse_segment, BlockState, Checkpoint, MapEntry, Record, RecordKind, Superblock, BLOCK_BYTES,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SUPERBLOCK_BYTES,
+    decode_map_page, parse_segment, BlockState, Checkpoint, MapEntry, Record, RecordKind,
+    Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SUPERBLOCK_BYTES,
 };
 use crate::state::{ExtentInfo, ExtentState};
 use crate::storage::Storage;
 
 /// Reads the superblock (copy A, else copy B).
 pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
-    let len = storage.len()?;
+    let len = storage.len_bytes()?;
     if len < 2 * SUPERBLOCK_BYTES as u64 {
-        return Err(Error::NotAVolume(format!("only {len} bytes, too small to hold a zbd superblock")));
+        return Err(Error::NotAVolume(format!(
+            "only {len} bytes, too small to hold a zbd superblock"
+        )));
     }
     let mut b = vec![0u8; SUPERBLOCK_BYTES];
     storage.read_at(0, &mut b)?;
@@ -73,7 +75,10 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
     let mut first = 0u32;
     while first < sb.map_pages {
         let n = CHUNK_PAGES.min(sb.map_pages - first);
-        if ck.page_slots[first as usize..(first + n) as usize].iter().all(|&s| s == PAGE_NONE) {
+        if ck.page_slots[first as usize..(first + n) as usize]
+            .iter()
+            .all(|&s| s == PAGE_NONE)
+        {
             first += n;
             continue;
         }
@@ -92,7 +97,10 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
             let valid = ok && map[start..end].iter().all(|e| entry_in_bounds(e, sb));
             if !valid {
                 damaged_pages.push(p);
-                map[start..end].fill(MapEntry { state: BlockState::Corrupt, ..MapEntry::UNMAPPED });
+                map[start..end].fill(MapEntry {
+                    state: BlockState::Corrupt,
+                    ..MapEntry::UNMAPPED
+                });
             }
         }
         first += n;
@@ -110,7 +118,14 @@ fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
 
 /// Live accounting derived from the map.
 pub fn account(map: &[MapEntry], extent_count: u32) -> Vec<ExtentInfo> {
-    let mut extents = vec![ExtentInfo { live_bytes: 0, live_blocks: 0, state: ExtentState::Free }; extent_count as usize];
+    let mut extents = vec![
+        ExtentInfo {
+            live_bytes: 0,
+            live_blocks: 0,
+            state: ExtentState::Free
+        };
+        extent_count as usize
+    ];
     for e in map.iter().filter(|e| e.state == BlockState::Data) {
         let x = &mut extents[e.extent as usize];
         x.live_bytes += u32::from(e.len);
@@ -131,12 +146,19 @@ pub struct Replayed {
 /// Scans the checkpoint's allocation queue and returns every record newer than the checkpoint,
 /// sorted by write sequence. A segment is taken only if its header, table and every payload it
 /// needs verify: the last segment of an extent may be torn or half-written by a crash.
-pub fn roll_forward(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Result<Vec<Replayed>> {
+pub fn roll_forward(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    ck: &Checkpoint,
+) -> Result<Vec<Replayed>> {
     let mut out = Vec::new();
     let mut ext = vec![0u8; sb.extent_bytes as usize];
     for q in &ck.queue {
         if q.extent >= sb.extent_count {
-            return Err(Error::CorruptMetadata(format!("checkpoint queues extent {} past the end", q.extent)));
+            return Err(Error::CorruptMetadata(format!(
+                "checkpoint queues extent {} past the end",
+                q.extent
+            )));
         }
         let base = sb.extent_offset(q.extent);
         // Most queued extents were never used: look at the first sector before reading it all.
@@ -148,8 +170,14 @@ pub fn roll_forward(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> 
         }
         let mut at = 0usize;
         while at < ext.len() {
-            let Some((h, records)) = parse_segment(&ext, &sb.uuid, q.extent, q.alloc_seq, at) else { break };
-            let fresh: Vec<Record> = records.into_iter().filter(|r| r.seq > ck.write_seq).collect();
+            let Some((h, records)) = parse_segment(&ext, &sb.uuid, q.extent, q.alloc_seq, at)
+            else {
+                break;
+            };
+            let fresh: Vec<Record> = records
+                .into_iter()
+                .filter(|r| r.seq > ck.write_seq)
+                .collect();
             let intact = fresh.iter().all(|r| {
                 r.kind != RecordKind::Data
                     || crc32c::crc32c(&ext[r.offset as usize..(r.offset + r.len) as usize]) == r.crc
@@ -157,7 +185,10 @@ pub fn roll_forward(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> 
             if !intact {
                 break;
             }
-            out.extend(fresh.into_iter().map(|record| Replayed { record, extent: q.extent }));
+            out.extend(fresh.into_iter().map(|record| Replayed {
+                record,
+                extent: q.extent,
+            }));
             at += h.padded_len() as usize;
         }
     }

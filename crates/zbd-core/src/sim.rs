@@ -47,8 +47,14 @@ impl SimStorage {
 
     /// A disk whose durable content is `image`.
     pub fn from_image(image: Vec<u8>) -> Self {
-        let state = SimState { current: image.clone(), durable: image, ..SimState::default() };
-        SimStorage { state: Mutex::new(state) }
+        let state = SimState {
+            current: image.clone(),
+            durable: image,
+            ..SimState::default()
+        };
+        SimStorage {
+            state: Mutex::new(state),
+        }
     }
 
     /// Loses power when the `op`-th storage operation (0-based, counting writes, discards and
@@ -128,7 +134,9 @@ impl SimStorage {
     fn record_write(st: &mut SimState, offset: u64, data: Vec<u8>) -> Result<()> {
         let end = offset as usize + data.len();
         if end > st.current.len() {
-            return Err(Error::Io(io::Error::other("write past the end of the simulated disk")));
+            return Err(Error::Io(io::Error::other(
+                "write past the end of the simulated disk",
+            )));
         }
         st.current[offset as usize..end].copy_from_slice(&data);
         st.bytes_written += data.len() as u64;
@@ -158,7 +166,7 @@ fn apply(image: &mut [u8], offset: u64, data: &[u8], torn: Option<&mut dyn rand:
 }
 
 impl Storage for SimStorage {
-    fn len(&self) -> Result<u64> {
+    fn len_bytes(&self) -> Result<u64> {
         Ok(self.state.lock().current.len() as u64)
     }
 
@@ -170,7 +178,9 @@ impl Storage for SimStorage {
         let start = offset as usize;
         let end = start + buf.len();
         if end > st.current.len() {
-            return Err(Error::CorruptMetadata(format!("read past the end of the storage at byte {offset}")));
+            return Err(Error::CorruptMetadata(format!(
+                "read past the end of the storage at byte {offset}"
+            )));
         }
         buf.copy_from_slice(&st.current[start..end]);
         Ok(())

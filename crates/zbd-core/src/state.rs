@@ -5,9 +5,9 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    encode_map_page, seal_segment, segment_padded_len, BlockState, Checkpoint, MapEntry, QueueEntry, Record,
-    RecordKind, SegmentHeader, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, SECTOR_BYTES,
-    SEGMENT_HEADER_BYTES,
+    encode_map_page, seal_segment, segment_padded_len, BlockState, Checkpoint, MapEntry,
+    QueueEntry, Record, RecordKind, SegmentHeader, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE,
+    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::stats::Counters;
 use crate::storage::Storage;
@@ -168,7 +168,8 @@ impl State {
             }
         }
         self.map[i] = new;
-        self.dirty_pages.insert((lba / MAP_ENTRIES_PER_PAGE as u64) as u32);
+        self.dirty_pages
+            .insert((lba / MAP_ENTRIES_PER_PAGE as u64) as u32);
     }
 
     fn take_seq(&mut self) -> u64 {
@@ -206,7 +207,14 @@ impl State {
                 oe.last_used = Instant::now();
                 let extent = oe.extent;
                 let nearly_full = oe.free_bytes(ext_bytes) < SECTOR_BYTES;
-                let entry = MapEntry { state: BlockState::Data, codec, len: bytes.len() as u16, extent, offset: offset as u32, crc };
+                let entry = MapEntry {
+                    state: BlockState::Data,
+                    codec,
+                    len: bytes.len() as u16,
+                    extent,
+                    offset: offset as u32,
+                    crc,
+                };
                 self.set_entry(lba, entry);
                 if nearly_full {
                     self.close_open(cx, slot)?;
@@ -224,7 +232,11 @@ impl State {
             self.append_range(cx, kind, lba + done, n as u32)?;
             done += n;
         }
-        let entry = if kind == RecordKind::Zero { MapEntry::ZERO } else { MapEntry::UNMAPPED };
+        let entry = if kind == RecordKind::Zero {
+            MapEntry::ZERO
+        } else {
+            MapEntry::UNMAPPED
+        };
         for l in lba..lba + count {
             self.set_entry(l, entry);
         }
@@ -247,7 +259,16 @@ impl State {
         let slot = self.place(cx, 0)?;
         let seq = self.take_seq();
         let oe = &mut self.open[slot];
-        oe.records.push(Record { kind, codec: 0, len: 0, lba, count, offset: 0, seq, crc: 0 });
+        oe.records.push(Record {
+            kind,
+            codec: 0,
+            len: 0,
+            lba,
+            count,
+            offset: 0,
+            seq,
+            crc: 0,
+        });
         oe.last_used = Instant::now();
         Ok(())
     }
@@ -267,7 +288,12 @@ impl State {
             return Ok(i);
         }
         if self.open.len() >= self.buffer.max_open.max(1) {
-            let lru = self.open.iter().enumerate().min_by_key(|(_, o)| o.last_used).map(|(i, _)| i);
+            let lru = self
+                .open
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, o)| o.last_used)
+                .map(|(i, _)| i);
             if let Some(i) = lru {
                 self.close_open(cx, i)?;
             }
@@ -314,7 +340,10 @@ impl State {
         };
         let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
         let start = oe.durable_end;
-        cx.storage.write_at(cx.sb.extent_offset(oe.extent) + start as u64, &oe.buf[start..start + n])?;
+        cx.storage.write_at(
+            cx.sb.extent_offset(oe.extent) + start as u64,
+            &oe.buf[start..start + n],
+        )?;
         oe.durable_end += n;
         oe.payload_len = 0;
         oe.records.clear();
@@ -327,14 +356,22 @@ impl State {
         self.write_segment(cx, i)?;
         let oe = self.open.swap_remove(i);
         let x = &mut self.extents[oe.extent as usize];
-        x.state = if x.live_blocks == 0 { ExtentState::PendingFree } else { ExtentState::Closed };
+        x.state = if x.live_blocks == 0 {
+            ExtentState::PendingFree
+        } else {
+            ExtentState::Closed
+        };
         Ok(())
     }
 
     /// Closes extents past the aging timeout.
     pub fn age(&mut self, cx: &Ctx) -> Result<()> {
         let now = Instant::now();
-        while let Some(i) = self.open.iter().position(|o| now.duration_since(o.opened) > self.buffer.aging) {
+        while let Some(i) = self
+            .open
+            .iter()
+            .position(|o| now.duration_since(o.opened) > self.buffer.aging)
+        {
             self.close_open(cx, i)?;
         }
         Ok(())
@@ -376,7 +413,8 @@ impl State {
             let start = p as usize * MAP_ENTRIES_PER_PAGE;
             let end = (start + MAP_ENTRIES_PER_PAGE).min(self.map.len());
             let page = encode_map_page(p, seq, &self.map[start..end]);
-            cx.storage.write_at(cx.sb.map_page_offset(p, slot - 1), &page)?;
+            cx.storage
+                .write_at(cx.sb.map_page_offset(p, slot - 1), &page)?;
             self.counters.metadata_bytes_written += page.len() as u64;
             slots[p as usize] = slot;
         }
@@ -384,14 +422,24 @@ impl State {
         let released: Vec<u32> = (0..self.extents.len() as u32)
             .filter(|&e| self.extents[e as usize].state == ExtentState::PendingFree)
             .collect();
-        let mut queue: Vec<QueueEntry> = self.open.iter().map(|o| QueueEntry { extent: o.extent, alloc_seq: o.alloc_seq }).collect();
+        let mut queue: Vec<QueueEntry> = self
+            .open
+            .iter()
+            .map(|o| QueueEntry {
+                extent: o.extent,
+                alloc_seq: o.alloc_seq,
+            })
+            .collect();
         queue.extend(self.queue.iter().copied());
         let mut free = self.free.clone();
         free.extend(released.iter().copied());
         let mut next_alloc = self.next_alloc_seq;
         while queue.len() < cx.sb.queue_len as usize {
             let Some(e) = free.pop_front() else { break };
-            queue.push(QueueEntry { extent: e, alloc_seq: next_alloc });
+            queue.push(QueueEntry {
+                extent: e,
+                alloc_seq: next_alloc,
+            });
             next_alloc += 1;
         }
         self.counters.checkpoints += 1;
@@ -405,7 +453,8 @@ impl State {
         };
         let bytes = ck.encode(&cx.sb.uuid, cx.sb.checkpoint_slot_bytes);
         cx.storage.sync()?;
-        cx.storage.write_at(cx.sb.checkpoint_slot_offset(seq), &bytes)?;
+        cx.storage
+            .write_at(cx.sb.checkpoint_slot_offset(seq), &bytes)?;
         cx.storage.sync()?;
         self.counters.metadata_bytes_written += bytes.len() as u64;
         // Durable: commit in RAM.
@@ -420,7 +469,8 @@ impl State {
         for &e in &released {
             self.extents[e as usize].state = ExtentState::Free;
             // Give the space back to the host (sparse file) or the device (discard).
-            cx.storage.discard(cx.sb.extent_offset(e), u64::from(cx.sb.extent_bytes))?;
+            cx.storage
+                .discard(cx.sb.extent_offset(e), u64::from(cx.sb.extent_bytes))?;
         }
         Ok(())
     }

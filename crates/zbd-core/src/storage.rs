@@ -14,7 +14,7 @@ use std::path::Path;
 /// `discard` makes a range read back as zeros (or leaves it unchanged until the next sync).
 pub trait Storage: Send + Sync {
     /// Size in bytes.
-    fn len(&self) -> Result<u64>;
+    fn len_bytes(&self) -> Result<u64>;
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     /// Writes all of `data` at `offset`.
@@ -36,22 +36,36 @@ pub struct FileStorage {
 impl FileStorage {
     /// Opens an existing file or block device and takes an exclusive lock on it.
     pub fn open(path: &Path, writable: bool) -> Result<Self> {
-        let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| {
-            Error::Io(io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
-        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(|e| {
+                Error::Io(io::Error::new(
+                    e.kind(),
+                    format!("cannot open {}: {e}", path.display()),
+                ))
+            })?;
         Self::from_file(file, path)
     }
 
     /// Creates (or truncates to `len`) a sparse file; a block device is opened as is.
     pub fn create(path: &Path, len: u64) -> Result<Self> {
-        let is_bdev = std::fs::metadata(path).map(|m| m.file_type().is_block_device()).unwrap_or(false);
+        let is_bdev = std::fs::metadata(path)
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(!is_bdev)
             .truncate(false)
             .open(path)
-            .map_err(|e| Error::Io(io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display()))))?;
+            .map_err(|e| {
+                Error::Io(io::Error::new(
+                    e.kind(),
+                    format!("cannot create {}: {e}", path.display()),
+                ))
+            })?;
         let s = Self::from_file(file, path)?;
         if !s.block_device {
             s.file.set_len(0)?;
@@ -75,7 +89,11 @@ impl FileStorage {
         let block_device = file.metadata()?.file_type().is_block_device();
         // Block devices report length 0 in metadata; seeking to the end gives the real size.
         let len = file.seek(SeekFrom::End(0))?;
-        Ok(FileStorage { file, len, block_device })
+        Ok(FileStorage {
+            file,
+            len,
+            block_device,
+        })
     }
 
     /// Whether this is a block device (discard instead of hole punching).
@@ -85,14 +103,16 @@ impl FileStorage {
 }
 
 impl Storage for FileStorage {
-    fn len(&self) -> Result<u64> {
+    fn len_bytes(&self) -> Result<u64> {
         Ok(self.len)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.file.read_exact_at(buf, offset).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                Error::CorruptMetadata(format!("read past the end of the storage at byte {offset} (truncated volume?)"))
+                Error::CorruptMetadata(format!(
+                    "read past the end of the storage at byte {offset} (truncated volume?)"
+                ))
             } else {
                 Error::Io(e)
             }
@@ -121,8 +141,8 @@ impl Storage for FileStorage {
 }
 
 impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
-    fn len(&self) -> Result<u64> {
-        (**self).len()
+    fn len_bytes(&self) -> Result<u64> {
+        (**self).len_bytes()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         (**self).read_at(offset, buf)

@@ -3,8 +3,8 @@
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES, COUNTERS, MAP_ENTRY_BYTES,
-    PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES, COUNTERS,
+    MAP_ENTRY_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::layout::{plan, CreateOptions};
 use crate::recovery;
@@ -39,7 +39,12 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { read_only: false, codec: None, buffer_bytes: BUFFER_BYTES_DEFAULT, aging: AGING_DEFAULT }
+        OpenOptions {
+            read_only: false,
+            codec: None,
+            buffer_bytes: BUFFER_BYTES_DEFAULT,
+            aging: AGING_DEFAULT,
+        }
     }
 }
 
@@ -87,6 +92,9 @@ pub struct Volume {
     corrupt_reads: AtomicU64,
 }
 
+/// Stored bytes fetched for one block (`None` when it has none).
+type Fetched = Result<Option<Vec<u8>>>;
+
 /// Where the stored bytes of one block are, as seen at lookup time.
 enum Source {
     Zeros,
@@ -102,17 +110,21 @@ impl Volume {
     }
 
     /// Formats `storage` as a new volume and opens it with `open_opts`.
-    pub fn create_with(storage: Box<dyn Storage>, opts: &CreateOptions, open_opts: OpenOptions) -> Result<Volume> {
+    pub fn create_with(
+        storage: Box<dyn Storage>,
+        opts: &CreateOptions,
+        open_opts: OpenOptions,
+    ) -> Result<Volume> {
         let mut sb = plan(opts)?;
         sb.uuid = *uuid::Uuid::new_v4().as_bytes();
         sb.created_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        if storage.len()? < sb.total_bytes() {
+        if storage.len_bytes()? < sb.total_bytes() {
             return Err(Error::Invalid(format!(
                 "storage has {} bytes, the volume needs {}",
-                storage.len()?,
+                storage.len_bytes()?,
                 sb.total_bytes()
             )));
         }
@@ -120,9 +132,16 @@ impl Volume {
         storage.write_at(0, &sbb)?;
         storage.write_at(SUPERBLOCK_BYTES as u64, &sbb)?;
         // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1).
-        storage.write_at(sb.checkpoint_slot_offset(0), &vec![0u8; sb.checkpoint_slot_bytes as usize])?;
-        let queue: Vec<QueueEntry> =
-            (0..sb.queue_len).map(|e| QueueEntry { extent: e, alloc_seq: u64::from(e) + 1 }).collect();
+        storage.write_at(
+            sb.checkpoint_slot_offset(0),
+            &vec![0u8; sb.checkpoint_slot_bytes as usize],
+        )?;
+        let queue: Vec<QueueEntry> = (0..sb.queue_len)
+            .map(|e| QueueEntry {
+                extent: e,
+                alloc_seq: u64::from(e) + 1,
+            })
+            .collect();
         let ck = Checkpoint {
             seq: 1,
             write_seq: 0,
@@ -131,14 +150,23 @@ impl Volume {
             queue,
             page_slots: vec![PAGE_NONE; sb.map_pages as usize],
         };
-        storage.write_at(sb.checkpoint_slot_offset(1), &ck.encode(&sb.uuid, sb.checkpoint_slot_bytes))?;
+        storage.write_at(
+            sb.checkpoint_slot_offset(1),
+            &ck.encode(&sb.uuid, sb.checkpoint_slot_bytes),
+        )?;
         storage.sync()?;
         Volume::open(storage, open_opts)
     }
 
     /// Opens a volume read-only.
     pub fn open_read_only(storage: Box<dyn Storage>) -> Result<Volume> {
-        Volume::open(storage, OpenOptions { read_only: true, ..OpenOptions::default() })
+        Volume::open(
+            storage,
+            OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            },
+        )
     }
 
     /// Opens a volume, recovering from a crash if needed.
@@ -153,7 +181,8 @@ impl Volume {
             Some(c) => c,
             None => Codec::from_id(sb.codec_id, sb.codec_level)?,
         };
-        let max_open = (opts.buffer_bytes / sb.extent_bytes as usize).clamp(1, (sb.queue_len as usize / 2).max(1));
+        let max_open = (opts.buffer_bytes / sb.extent_bytes as usize)
+            .clamp(1, (sb.queue_len as usize / 2).max(1));
         let mut st = State {
             map: Vec::new(),
             page_slots: ck.page_slots.clone(),
@@ -166,12 +195,17 @@ impl Volume {
             ckpt_seq: ck.seq,
             next_alloc_seq: ck.next_alloc_seq,
             counters: Counters::from_array(&ck.counters),
-            buffer: BufferConfig { max_open, aging: opts.aging },
+            buffer: BufferConfig {
+                max_open,
+                aging: opts.aging,
+            },
             replayed: 0,
         };
         std::mem::swap(&mut st.map, &mut map);
         apply_replay(&mut st, &sb, &replay);
-        st.free = (0..sb.extent_count).filter(|&e| st.extents[e as usize].state == ExtentState::Free).collect();
+        st.free = (0..sb.extent_count)
+            .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
+            .collect();
         let counters = st.counters;
         let vol = Volume {
             storage,
@@ -196,7 +230,11 @@ impl Volume {
     }
 
     fn ctx(&self) -> Ctx<'_> {
-        Ctx { storage: &*self.storage, sb: &self.sb, gate: &self.gate }
+        Ctx {
+            storage: &*self.storage,
+            sb: &self.sb,
+            gate: &self.gate,
+        }
     }
 
     /// Logical size in bytes.
@@ -243,12 +281,17 @@ impl Volume {
         for (i, res) in blocks.into_iter().enumerate() {
             let data = res?;
             let lba = first + i as u64;
-            let start = if lba == first { (offset % bs) as usize } else { 0 };
+            let start = if lba == first {
+                (offset % bs) as usize
+            } else {
+                0
+            };
             let n = (BLOCK_BYTES - start).min(buf.len() - pos);
             buf[pos..pos + n].copy_from_slice(&data[start..start + n]);
             pos += n;
         }
-        self.host_bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.host_bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -256,12 +299,14 @@ impl Volume {
     fn read_blocks(&self, first: u64, count: u64) -> Vec<Result<Vec<u8>>> {
         let (sources, _gate) = self.lookup(first, count);
         let fetched = self.fetch(&sources);
-        let decode = |(i, (src, stored)): (usize, (&Source, Result<Option<Vec<u8>>>))| -> Result<Vec<u8>> {
+        let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
             let lba = first + i as u64;
             match (src, stored?) {
                 (Source::Zeros, _) => Ok(vec![0; BLOCK_BYTES]),
                 (Source::Damaged, _) => Err(Error::Corrupt { lba }),
-                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => self.decode_block(lba, entry, &bytes),
+                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
+                    self.decode_block(lba, entry, &bytes)
+                }
                 (_, None) => Err(Error::Corrupt { lba }),
             }
         };
@@ -275,7 +320,11 @@ impl Volume {
 
     /// Map lookup under the state lock; returns with the reuse gate held shared so the extents
     /// named cannot be reused before the caller has read them.
-    fn lookup(&self, first: u64, count: u64) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
+    fn lookup(
+        &self,
+        first: u64,
+        count: u64,
+    ) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
         let st = self.state.lock();
         let mut out = Vec::with_capacity(count as usize);
         for lba in first..first + count {
@@ -286,7 +335,10 @@ impl Volume {
                 BlockState::Data => match st.open.iter().find(|o| o.extent == entry.extent) {
                     Some(o) => {
                         let s = entry.offset as usize;
-                        Source::Bytes { entry, bytes: o.buf[s..s + entry.len as usize].to_vec() }
+                        Source::Bytes {
+                            entry,
+                            bytes: o.buf[s..s + entry.len as usize].to_vec(),
+                        }
                     }
                     None => Source::Disk { entry },
                 },
@@ -299,8 +351,8 @@ impl Volume {
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
     /// same extent.
-    fn fetch(&self, sources: &[Source]) -> Vec<Result<Option<Vec<u8>>>> {
-        let mut out: Vec<Result<Option<Vec<u8>>>> = Vec::with_capacity(sources.len());
+    fn fetch(&self, sources: &[Source]) -> Vec<Fetched> {
+        let mut out: Vec<Fetched> = Vec::with_capacity(sources.len());
         let mut i = 0;
         while i < sources.len() {
             let Source::Disk { entry } = &sources[i] else {
@@ -325,10 +377,16 @@ impl Volume {
                 }
             }
             let mut span = vec![0u8; (hi - lo) as usize];
-            let res = self.storage.read_at(self.sb.extent_offset(entry.extent) + u64::from(lo), &mut span);
-            self.storage_bytes_read.fetch_add(span.len() as u64, Ordering::Relaxed);
+            let res = self.storage.read_at(
+                self.sb.extent_offset(entry.extent) + u64::from(lo),
+                &mut span,
+            );
+            self.storage_bytes_read
+                .fetch_add(span.len() as u64, Ordering::Relaxed);
             for src in &sources[i..j] {
-                let Source::Disk { entry: e } = src else { continue };
+                let Source::Disk { entry: e } = src else {
+                    continue;
+                };
                 out.push(match &res {
                     Ok(()) => {
                         let s = (e.offset - lo) as usize;
@@ -344,7 +402,9 @@ impl Volume {
 
     fn decode_block(&self, lba: u64, entry: &MapEntry, stored: &[u8]) -> Result<Vec<u8>> {
         let mut out = vec![0u8; BLOCK_BYTES];
-        if crc32c::crc32c(stored) != entry.crc || codec::decompress(entry.codec, stored, &mut out).is_none() {
+        if crc32c::crc32c(stored) != entry.crc
+            || codec::decompress(entry.codec, stored, &mut out).is_none()
+        {
             self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Corrupt { lba });
         }
@@ -451,7 +511,8 @@ impl Volume {
             let p = self.prepare(&block);
             let mut st = self.state.lock();
             let now = st.map[lba as usize];
-            let unchanged = now == seen || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
+            let unchanged = now == seen
+                || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
             if !unchanged {
                 continue;
             }
@@ -550,7 +611,8 @@ impl Volume {
     pub fn stats(&self) -> Stats {
         let mut st = self.state.lock();
         self.sync_read_counters(&mut st);
-        let (mut data, mut zero, mut unmapped, mut raw, mut damaged, mut live) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut data, mut zero, mut unmapped, mut raw, mut damaged, mut live) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         for e in &st.map {
             match e.state {
                 BlockState::Data => {
@@ -567,8 +629,12 @@ impl Volume {
         }
         let eb = u64::from(self.sb.extent_bytes);
         let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
-        let (free, open, closed, pending) =
-            (count(ExtentState::Free), count(ExtentState::Open), count(ExtentState::Closed), count(ExtentState::PendingFree));
+        let (free, open, closed, pending) = (
+            count(ExtentState::Free),
+            count(ExtentState::Open),
+            count(ExtentState::Closed),
+            count(ExtentState::PendingFree),
+        );
         let in_use = open + closed;
         let logical_in_use = (data + zero) * BLOCK_BYTES as u64;
         let c = st.counters;
@@ -587,16 +653,29 @@ impl Volume {
             logical_bytes_in_use: logical_in_use,
             physical_bytes_live: live,
             physical_bytes_allocated: (in_use + pending) * eb,
-            savings_pct: if logical_in_use == 0 { 0.0 } else { 100.0 * (1.0 - live as f64 / logical_in_use as f64) },
-            compression_ratio: if live == 0 { 0.0 } else { logical_in_use as f64 / live as f64 },
+            savings_pct: if logical_in_use == 0 {
+                0.0
+            } else {
+                100.0 * (1.0 - live as f64 / logical_in_use as f64)
+            },
+            compression_ratio: if live == 0 {
+                0.0
+            } else {
+                logical_in_use as f64 / live as f64
+            },
             extents_total: u64::from(self.sb.extent_count),
             extents_free: free,
             extents_in_use: in_use,
             extents_pending_free: pending,
             extents_open: open,
             dead_bytes: (in_use + pending) * eb - live,
-            write_amplification: if c.host_bytes_written == 0 { 0.0 } else { written as f64 / c.host_bytes_written as f64 },
-            metadata_ram_bytes: (st.map.len() * MAP_ENTRY_BYTES + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
+            write_amplification: if c.host_bytes_written == 0 {
+                0.0
+            } else {
+                written as f64 / c.host_bytes_written as f64
+            },
+            metadata_ram_bytes: (st.map.len() * MAP_ENTRY_BYTES
+                + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
                 as u64,
             recovery_records_replayed: st.replayed,
             counters: c,
@@ -608,14 +687,18 @@ impl Volume {
     pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
         let mut report = CheckReport::default();
         for p in &self.damaged_pages {
-            report.metadata_problems.push(format!("map page {p} is damaged; its blocks are unreadable"));
+            report.metadata_problems.push(format!(
+                "map page {p} is damaged; its blocks are unreadable"
+            ));
         }
         {
             let st = self.state.lock();
             let fresh = recovery::account(&st.map, self.sb.extent_count);
             for (i, (a, b)) in fresh.iter().zip(st.extents.iter()).enumerate() {
                 if a.live_bytes != b.live_bytes || a.live_blocks != b.live_blocks {
-                    report.metadata_problems.push(format!("extent {i}: live accounting differs from the map"));
+                    report
+                        .metadata_problems
+                        .push(format!("extent {i}: live accounting differs from the map"));
                 }
             }
         }
@@ -626,7 +709,10 @@ impl Volume {
             let n = CHUNK.min(total - lba);
             let mapped = {
                 let st = self.state.lock();
-                st.map[lba as usize..(lba + n) as usize].iter().filter(|e| e.state == BlockState::Data).count() as u64
+                st.map[lba as usize..(lba + n) as usize]
+                    .iter()
+                    .filter(|e| e.state == BlockState::Data)
+                    .count() as u64
             };
             for (i, r) in self.read_blocks(lba, n).into_iter().enumerate() {
                 if r.is_err() {

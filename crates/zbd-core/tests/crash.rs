@@ -26,7 +26,11 @@ struct Expect {
 impl Expect {
     fn new() -> Self {
         let n = SIZE as usize / BS;
-        Expect { durable: vec![vec![0; BS]; n], since: vec![Vec::new(); n], model: vec![0; SIZE as usize] }
+        Expect {
+            durable: vec![vec![0; BS]; n],
+            since: vec![Vec::new(); n],
+            model: vec![0; SIZE as usize],
+        }
     }
 
     /// Records an operation that was started (it may or may not have completed).
@@ -75,9 +79,13 @@ fn run_until_crash(vol: &Volume, ops: &[Op]) -> Expect {
 fn verify(vol: &Volume, exp: &Expect, ctx: &str) {
     let mut buf = vec![0u8; BS];
     for b in 0..exp.durable.len() {
-        vol.read((b * BS) as u64, &mut buf).unwrap_or_else(|e| panic!("{ctx}: block {b} unreadable after recovery: {e}"));
-        let ok = buf == exp.durable[b] || exp.since[b].iter().any(|v| *v == buf);
-        assert!(ok, "{ctx}: block {b} holds data it never held (or lost flushed data)");
+        vol.read((b * BS) as u64, &mut buf)
+            .unwrap_or_else(|e| panic!("{ctx}: block {b} unreadable after recovery: {e}"));
+        let ok = buf == exp.durable[b] || exp.since[b].contains(&buf);
+        assert!(
+            ok,
+            "{ctx}: block {b} holds data it never held (or lost flushed data)"
+        );
     }
     let report = vol.check(&|_, _| {});
     assert!(report.is_clean(), "{ctx}: check after recovery: {report:?}");
@@ -91,7 +99,8 @@ fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
     let (disk, vol) = sim_volume(&opts);
     let start = disk.ops();
     for op in &work {
-        apply_volume(&vol, op).unwrap_or_else(|e| panic!("seed {seed}: workload failed without a crash: {e}"));
+        apply_volume(&vol, op)
+            .unwrap_or_else(|e| panic!("seed {seed}: workload failed without a crash: {e}"));
     }
     let total = disk.ops();
     drop(vol);
@@ -106,14 +115,18 @@ fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
         let image = disk.crash_image(&mut rng);
         let ctx = format!("seed {seed} crash at storage op {c} (extent {extent}, {codec})");
         let disk2 = Arc::new(SimStorage::from_image(image));
-        let vol2 = Volume::open(Box::new(Arc::clone(&disk2)), open_opts()).unwrap_or_else(|e| panic!("{ctx}: reopen failed: {e}"));
+        let vol2 = Volume::open(Box::new(Arc::clone(&disk2)), open_opts())
+            .unwrap_or_else(|e| panic!("{ctx}: reopen failed: {e}"));
         verify(&vol2, &exp, &ctx);
         // The recovered volume keeps working and survives a clean reopen.
         if c % 7 == 0 {
-            vol2.write(0, &vec![0xa5; BS], false).unwrap_or_else(|e| panic!("{ctx}: write after recovery: {e}"));
-            vol2.close().unwrap_or_else(|e| panic!("{ctx}: close after recovery: {e}"));
+            vol2.write(0, &vec![0xa5; BS], false)
+                .unwrap_or_else(|e| panic!("{ctx}: write after recovery: {e}"));
+            vol2.close()
+                .unwrap_or_else(|e| panic!("{ctx}: close after recovery: {e}"));
             drop(vol2);
-            let vol3 = Volume::open(Box::new(disk2), open_opts()).unwrap_or_else(|e| panic!("{ctx}: second reopen: {e}"));
+            let vol3 = Volume::open(Box::new(disk2), open_opts())
+                .unwrap_or_else(|e| panic!("{ctx}: second reopen: {e}"));
             let mut b = vec![0u8; BS];
             vol3.read(0, &mut b).expect("read");
             assert_eq!(b, vec![0xa5; BS], "{ctx}: write after recovery lost");
@@ -127,7 +140,11 @@ fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
 #[test]
 fn crash_at_every_storage_operation() {
     let mut points = 0;
-    for (seed, extent, codec) in [(1u64, 8192u32, Codec::Lz4), (2, 16384, Codec::Zstd(1)), (3, 8192, Codec::None)] {
+    for (seed, extent, codec) in [
+        (1u64, 8192u32, Codec::Lz4),
+        (2, 16384, Codec::Zstd(1)),
+        (3, 8192, Codec::None),
+    ] {
         points += sweep(seed, 160, extent, codec, 1);
     }
     eprintln!("{points} crash points verified");

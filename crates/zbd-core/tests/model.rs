@@ -15,10 +15,24 @@ const SIZE: u64 = 512 * 1024;
 
 #[derive(Clone, Debug)]
 enum MOp {
-    Write { offset: u64, len: u64, seed: u64, kind: u8 },
-    Read { offset: u64, len: u64 },
-    Zero { offset: u64, len: u64 },
-    Trim { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: u64,
+        seed: u64,
+        kind: u8,
+    },
+    Read {
+        offset: u64,
+        len: u64,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
     Flush,
     Reopen,
     /// Flush, then the process dies (no close): reopening must roll the log forward.
@@ -60,27 +74,61 @@ fn run(ops: &[MOp], extent: u32, codec: Codec) -> Result<(), TestCaseError> {
     let mut model = vec![0u8; SIZE as usize];
     for (i, op) in ops.iter().enumerate() {
         match op {
-            MOp::Write { offset, len, seed, kind } => {
+            MOp::Write {
+                offset,
+                len,
+                seed,
+                kind,
+            } => {
                 let mut rng = SmallRng::seed_from_u64(*seed);
                 let k = [Fill::Random, Fill::Text, Fill::Zeros][*kind as usize];
                 let data = fill(&mut rng, k, *len as usize);
-                vol.write(*offset, &data, false).map_err(|e| TestCaseError::fail(format!("op {i} write: {e}")))?;
-                apply_model(&mut model, &Op::Write { offset: *offset, data, fua: false });
+                vol.write(*offset, &data, false)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} write: {e}")))?;
+                apply_model(
+                    &mut model,
+                    &Op::Write {
+                        offset: *offset,
+                        data,
+                        fua: false,
+                    },
+                );
             }
             MOp::Read { offset, len } => {
                 let mut buf = vec![0u8; *len as usize];
-                vol.read(*offset, &mut buf).map_err(|e| TestCaseError::fail(format!("op {i} read: {e}")))?;
-                prop_assert!(buf[..] == model[*offset as usize..(*offset + *len) as usize], "op {} read mismatch", i);
+                vol.read(*offset, &mut buf)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} read: {e}")))?;
+                prop_assert!(
+                    buf[..] == model[*offset as usize..(*offset + *len) as usize],
+                    "op {} read mismatch",
+                    i
+                );
             }
             MOp::Zero { offset, len } => {
-                vol.write_zeroes(*offset, *len).map_err(|e| TestCaseError::fail(format!("op {i} zero: {e}")))?;
-                apply_model(&mut model, &Op::Zero { offset: *offset, len: *len });
+                vol.write_zeroes(*offset, *len)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} zero: {e}")))?;
+                apply_model(
+                    &mut model,
+                    &Op::Zero {
+                        offset: *offset,
+                        len: *len,
+                    },
+                );
             }
             MOp::Trim { offset, len } => {
-                vol.trim(*offset, *len).map_err(|e| TestCaseError::fail(format!("op {i} trim: {e}")))?;
-                apply_model(&mut model, &Op::Trim { offset: *offset, len: *len });
+                vol.trim(*offset, *len)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} trim: {e}")))?;
+                apply_model(
+                    &mut model,
+                    &Op::Trim {
+                        offset: *offset,
+                        len: *len,
+                    },
+                );
             }
-            MOp::Flush => vol.flush().map_err(|e| TestCaseError::fail(format!("op {i} flush: {e}")))?,
+            MOp::Flush => vol
+                .flush()
+                .map_err(|e| TestCaseError::fail(format!("op {i} flush: {e}")))?,
             MOp::Reopen => vol = reopen(&disk, vol),
             MOp::FlushKill => vol = flush_kill(&mut disk, vol),
         }
@@ -88,12 +136,21 @@ fn run(ops: &[MOp], extent: u32, codec: Codec) -> Result<(), TestCaseError> {
     // Full comparison, allocation report consistency, and the same after a reopen.
     for round in 0..2 {
         let mut all = vec![0u8; SIZE as usize];
-        vol.read(0, &mut all).map_err(|e| TestCaseError::fail(format!("final read: {e}")))?;
+        vol.read(0, &mut all)
+            .map_err(|e| TestCaseError::fail(format!("final read: {e}")))?;
         prop_assert!(all == model, "final content differs (round {})", round);
         let mut pos = 0u64;
-        for (len, state) in vol.allocation(0, SIZE).map_err(|e| TestCaseError::fail(e.to_string()))? {
+        for (len, state) in vol
+            .allocation(0, SIZE)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?
+        {
             if state != AllocState::Data {
-                prop_assert!(model[pos as usize..(pos + len) as usize].iter().all(|&b| b == 0), "non-data range holds data");
+                prop_assert!(
+                    model[pos as usize..(pos + len) as usize]
+                        .iter()
+                        .all(|&b| b == 0),
+                    "non-data range holds data"
+                );
             }
             pos += len;
         }
@@ -126,7 +183,12 @@ fn seeded_long_runs() {
                 let offset = rng.random_range(0..SIZE - 1);
                 let len = rng.random_range(1..=(SIZE - offset).min(40_000));
                 match rng.random_range(0..15) {
-                    0..=5 => MOp::Write { offset, len, seed: rng.random(), kind: rng.random_range(0..3) },
+                    0..=5 => MOp::Write {
+                        offset,
+                        len,
+                        seed: rng.random(),
+                        kind: rng.random_range(0..3),
+                    },
                     6..=9 => MOp::Read { offset, len },
                     10 => MOp::Zero { offset, len },
                     11 => MOp::Trim { offset, len },

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "zbd", version, about = "Transparent block-level compression for any Linux filesystem")]
+#[command(
+    name = "zbd",
+    version,
+    about = "Transparent block-level compression for any Linux filesystem"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -5,10 +5,65 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
-    "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you", "were",
-    "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who",
-    "so", "no", "storage", "block", "device", "compression", "extent", "write", "read", "system", "data", "file",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "a",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "had",
+    "they",
+    "you",
+    "were",
+    "their",
+    "one",
+    "all",
+    "we",
+    "can",
+    "her",
+    "has",
+    "there",
+    "been",
+    "if",
+    "more",
+    "when",
+    "will",
+    "would",
+    "who",
+    "so",
+    "no",
+    "storage",
+    "block",
+    "device",
+    "compression",
+    "extent",
+    "write",
+    "read",
+    "system",
+    "data",
+    "file",
 ];
 
 /// `bytes` of mixed data (rounded down to 4 KiB blocks), deterministic.
@@ -21,7 +76,11 @@ pub fn mixed(bytes: usize) -> Vec<u8> {
     while out.len() < quarter {
         let w = WORDS[rng.random_range(0..WORDS.len())];
         out.extend_from_slice(w.as_bytes());
-        out.push(if rng.random_range(0..12) == 0 { b'\n' } else { b' ' });
+        out.push(if rng.random_range(0..12) == 0 {
+            b'\n'
+        } else {
+            b' '
+        });
     }
     out.truncate(quarter);
     // Machine code: this executable, repeated if short.

@@ -39,9 +39,19 @@ pub fn fill(rng: &mut SmallRng, kind: Fill, len: usize) -> Vec<u8> {
 /// One operation of a workload.
 #[derive(Clone, Debug)]
 pub enum Op {
-    Write { offset: u64, data: Vec<u8>, fua: bool },
-    Zero { offset: u64, len: u64 },
-    Trim { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
     Flush,
 }
 
@@ -57,17 +67,33 @@ pub fn workload(seed: u64, size: u64, ops: usize) -> Vec<Op> {
             let nb = rng.random_range(1..=4u64).min(blocks - lba);
             match r {
                 0..=54 => {
-                    let kind = [Fill::Random, Fill::Text, Fill::Text, Fill::Zeros][rng.random_range(0..4)];
+                    let kind =
+                        [Fill::Random, Fill::Text, Fill::Text, Fill::Zeros][rng.random_range(0..4)];
                     let data = fill(&mut rng, kind, nb as usize * BS);
-                    Op::Write { offset: lba * BS as u64, data, fua: rng.random_bool(0.05) }
+                    Op::Write {
+                        offset: lba * BS as u64,
+                        data,
+                        fua: rng.random_bool(0.05),
+                    }
                 }
                 55..=69 => {
                     let offset = rng.random_range(0..size - 1);
                     let len = rng.random_range(1..=(size - offset).min(9000));
-                    let kind = if rng.random_bool(0.5) { Fill::Random } else { Fill::Text };
-                    Op::Write { offset, data: fill(&mut rng, kind, len as usize), fua: false }
+                    let kind = if rng.random_bool(0.5) {
+                        Fill::Random
+                    } else {
+                        Fill::Text
+                    };
+                    Op::Write {
+                        offset,
+                        data: fill(&mut rng, kind, len as usize),
+                        fua: false,
+                    }
                 }
-                70..=76 => Op::Zero { offset: lba * BS as u64, len: nb * BS as u64 },
+                70..=76 => Op::Zero {
+                    offset: lba * BS as u64,
+                    len: nb * BS as u64,
+                },
                 77..=82 => {
                     let offset = rng.random_range(0..size - 1);
                     let len = rng.random_range(1..=(size - offset).min(20000));
@@ -80,7 +106,13 @@ pub fn workload(seed: u64, size: u64, ops: usize) -> Vec<Op> {
 }
 
 /// Volume options for small test volumes: frequent checkpoints, no aging surprises.
-pub fn small_volume(size: u64, extent: u32, codec: Codec, capacity_factor: u64, queue_len: u32) -> CreateOptions {
+pub fn small_volume(
+    size: u64,
+    extent: u32,
+    codec: Codec,
+    capacity_factor: u64,
+    queue_len: u32,
+) -> CreateOptions {
     CreateOptions {
         extent_bytes: extent,
         codec,
@@ -91,14 +123,22 @@ pub fn small_volume(size: u64, extent: u32, codec: Codec, capacity_factor: u64, 
 }
 
 pub fn open_opts() -> OpenOptions {
-    OpenOptions { aging: Duration::from_secs(3600), buffer_bytes: 64 * 1024, ..OpenOptions::default() }
+    OpenOptions {
+        aging: Duration::from_secs(3600),
+        buffer_bytes: 64 * 1024,
+        ..OpenOptions::default()
+    }
 }
 
 /// Applies `op` to a byte-vector model.
 pub fn apply_model(model: &mut [u8], op: &Op) {
     match op {
-        Op::Write { offset, data, .. } => model[*offset as usize..*offset as usize + data.len()].copy_from_slice(data),
-        Op::Zero { offset, len } | Op::Trim { offset, len } => model[*offset as usize..(*offset + *len) as usize].fill(0),
+        Op::Write { offset, data, .. } => {
+            model[*offset as usize..*offset as usize + data.len()].copy_from_slice(data)
+        }
+        Op::Zero { offset, len } | Op::Trim { offset, len } => {
+            model[*offset as usize..(*offset + *len) as usize].fill(0)
+        }
         Op::Flush => {}
     }
 }

@@ -70,7 +70,11 @@ fn load_blocks(data: Option<PathBuf>) -> Result<Vec<Vec<u8>>> {
         Some(p) => std::fs::read(&p).map_err(|e| anyhow!("--data {}: {e}", p.display()))?,
         None => sample::mixed(16 << 20),
     };
-    let blocks: Vec<Vec<u8>> = bytes.chunks_exact(4096).map(|c| c.to_vec()).filter(|b| b.iter().any(|&x| x != 0)).collect();
+    let blocks: Vec<Vec<u8>> = bytes
+        .chunks_exact(4096)
+        .map(|c| c.to_vec())
+        .filter(|b| b.iter().any(|&x| x != 0))
+        .collect();
     if blocks.is_empty() {
         return Err(anyhow!("--data: no non-zero 4 KiB block in the file"));
     }
@@ -95,8 +99,18 @@ fn measure(c: Codec, blocks: &[Vec<u8>]) -> CodecRow {
     let dt = t.elapsed().as_secs_f64();
     let n = blocks.len() as f64;
     let total = n * 4096.0;
-    let comp: f64 = packed.iter().map(|z| z.as_ref().map_or(4096, |z| z.len().min(4096)) as f64).sum();
-    let stored: f64 = packed.iter().map(|z| z.as_ref().filter(|z| z.len() + 512 <= 4096).map_or(4096, |z| z.len()) as f64).sum();
+    let comp: f64 = packed
+        .iter()
+        .map(|z| z.as_ref().map_or(4096, |z| z.len().min(4096)) as f64)
+        .sum();
+    let stored: f64 = packed
+        .iter()
+        .map(|z| {
+            z.as_ref()
+                .filter(|z| z.len() + 512 <= 4096)
+                .map_or(4096, |z| z.len()) as f64
+        })
+        .sum();
     CodecRow {
         codec: c.to_string(),
         compress_us_per_block: ct * 1e6 / n,
@@ -113,7 +127,10 @@ fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result
     let list: Vec<Codec> = if codecs.is_empty() {
         Codec::all_defaults()
     } else {
-        codecs.iter().map(|s| s.parse().map_err(|e| anyhow!("--codecs: {e}"))).collect::<Result<_>>()?
+        codecs
+            .iter()
+            .map(|s| s.parse().map_err(|e| anyhow!("--codecs: {e}")))
+            .collect::<Result<_>>()?
     };
     let rows: Vec<CodecRow> = list.into_iter().map(|c| measure(c, &blocks)).collect();
     if json {
@@ -121,11 +138,20 @@ fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result
         return Ok(ExitCode::SUCCESS);
     }
     println!("{} blocks of 4 KiB, one core", blocks.len());
-    println!("{:<9} {:>12} {:>12} {:>10} {:>10} {:>9} {:>9}", "codec", "comp us/blk", "dec us/blk", "comp MB/s", "dec MB/s", "savings", "stored");
+    println!(
+        "{:<9} {:>12} {:>12} {:>10} {:>10} {:>9} {:>9}",
+        "codec", "comp us/blk", "dec us/blk", "comp MB/s", "dec MB/s", "savings", "stored"
+    );
     for r in &rows {
         println!(
             "{:<9} {:>12.2} {:>12.2} {:>10.0} {:>10.0} {:>8.1}% {:>8.1}%",
-            r.codec, r.compress_us_per_block, r.decompress_us_per_block, r.compress_mb_s, r.decompress_mb_s, r.savings_pct, r.stored_savings_pct
+            r.codec,
+            r.compress_us_per_block,
+            r.decompress_us_per_block,
+            r.compress_mb_s,
+            r.decompress_mb_s,
+            r.savings_pct,
+            r.stored_savings_pct
         );
     }
     println!("paper (Xeon 5400, 2 GHz): lzo 46 / 14 us, 34 %; zlib-1 150 / 60 us, 54 %");
@@ -165,7 +191,10 @@ fn engine(bytes: u64, dir: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         let path = dir.0.join(format!("engine-{threads}.zbd"));
         let opts = CreateOptions::new(bytes);
         let sb = zbd_core::layout::plan(&opts)?;
-        let vol = Arc::new(Volume::create(Box::new(FileStorage::create(&path, sb.total_bytes())?), &opts)?);
+        let vol = Arc::new(Volume::create(
+            Box::new(FileStorage::create(&path, sb.total_bytes())?),
+            &opts,
+        )?);
         let w = timed(&vol, &data, bytes, threads, true)?;
         vol.flush()?;
         let r = timed(&vol, &data, bytes, threads, false)?;
@@ -196,11 +225,31 @@ fn engine(bytes: u64, dir: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     if json {
         println!("{}", serde_json::to_string_pretty(&rep)?);
     } else {
-        println!("lz4, sequential, {} MiB in 128 KiB requests, mixed sample ({:.1} % savings)", bytes >> 20, rep.savings_pct);
-        println!("raw lz4 on one core: compress {:.0} MB/s, decompress {:.0} MB/s", rep.raw_lz4_compress_mb_s, rep.raw_lz4_decompress_mb_s);
-        println!("{:<8} {:>12} {:>14} {:>12} {:>14}", "threads", "write MB/s", "x raw comp", "read MB/s", "x raw decomp");
-        println!("{:<8} {:>12.0} {:>14.2} {:>12.0} {:>14.2}", 1, rep.write_mb_s_1_thread, rep.write_ratio_1, rep.read_mb_s_1_thread, rep.read_ratio_1);
-        println!("{:<8} {:>12.0} {:>14.2} {:>12.0} {:>14.2}", 2, rep.write_mb_s_2_threads, rep.write_ratio_2, rep.read_mb_s_2_threads, rep.read_ratio_2);
+        println!(
+            "lz4, sequential, {} MiB in 128 KiB requests, mixed sample ({:.1} % savings)",
+            bytes >> 20,
+            rep.savings_pct
+        );
+        println!(
+            "raw lz4 on one core: compress {:.0} MB/s, decompress {:.0} MB/s",
+            rep.raw_lz4_compress_mb_s, rep.raw_lz4_decompress_mb_s
+        );
+        println!(
+            "{:<8} {:>12} {:>14} {:>12} {:>14}",
+            "threads", "write MB/s", "x raw comp", "read MB/s", "x raw decomp"
+        );
+        println!(
+            "{:<8} {:>12.0} {:>14.2} {:>12.0} {:>14.2}",
+            1, rep.write_mb_s_1_thread, rep.write_ratio_1, rep.read_mb_s_1_thread, rep.read_ratio_1
+        );
+        println!(
+            "{:<8} {:>12.0} {:>14.2} {:>12.0} {:>14.2}",
+            2,
+            rep.write_mb_s_2_threads,
+            rep.write_ratio_2,
+            rep.read_mb_s_2_threads,
+            rep.read_ratio_2
+        );
         println!(
             "write amplification of 4 KiB write + flush, repeated: {:.2} (mixed data), {:.2} (incompressible)",
             rep.wa_4k_write_flush, rep.wa_4k_write_flush_incompressible
@@ -210,7 +259,13 @@ fn engine(bytes: u64, dir: Option<PathBuf>, json: bool) -> Result<ExitCode> {
 }
 
 /// Seconds to write (or read) `bytes` sequentially with `threads` threads, each owning a slice.
-fn timed(vol: &Arc<Volume>, data: &Arc<Vec<u8>>, bytes: u64, threads: usize, write: bool) -> Result<f64> {
+fn timed(
+    vol: &Arc<Volume>,
+    data: &Arc<Vec<u8>>,
+    bytes: u64,
+    threads: usize,
+    write: bool,
+) -> Result<f64> {
     let t = Instant::now();
     let per = bytes / threads as u64 / REQUEST_BYTES as u64 * REQUEST_BYTES as u64;
     std::thread::scope(|s| -> Result<()> {
@@ -249,7 +304,10 @@ fn wa_small_sync(dir: &std::path::Path, incompressible: bool) -> Result<f64> {
     let path = dir.join("wa.zbd");
     let opts = CreateOptions::new(256 << 20);
     let sb = zbd_core::layout::plan(&opts)?;
-    let vol = Volume::create(Box::new(FileStorage::create(&path, sb.total_bytes())?), &opts)?;
+    let vol = Volume::create(
+        Box::new(FileStorage::create(&path, sb.total_bytes())?),
+        &opts,
+    )?;
     let data = sample::mixed(4 << 20);
     let mut rng = SmallRng::seed_from_u64(4);
     let before = vol.stats().counters;
@@ -269,7 +327,8 @@ fn wa_small_sync(dir: &std::path::Path, incompressible: bool) -> Result<f64> {
     drop(vol);
     std::fs::remove_file(&path)?;
     let _ = OpenOptions::default();
-    let written = (after.data_bytes_written + after.metadata_bytes_written) - (before.data_bytes_written + before.metadata_bytes_written);
+    let written = (after.data_bytes_written + after.metadata_bytes_written)
+        - (before.data_bytes_written + before.metadata_bytes_written);
     Ok(written as f64 / (n * 4096) as f64)
 }
 

@@ -24,7 +24,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let vol = open_read_only(&a.path)?;
     let bar = if std::io::stderr().is_terminal() && !a.json {
         let b = ProgressBar::new(vol.superblock().logical_blocks);
-        b.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} blocks {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} blocks {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         Some(b)
     } else {
         None
@@ -44,21 +47,38 @@ pub fn run(a: Args) -> Result<ExitCode> {
             println!("metadata: {p}");
         }
         if !report.damaged_blocks.is_empty() {
-            let list: Vec<String> = report.damaged_blocks.iter().take(100).map(|b| b.to_string()).collect();
+            let list: Vec<String> = report
+                .damaged_blocks
+                .iter()
+                .take(100)
+                .map(|b| b.to_string())
+                .collect();
             let more = report.damaged_blocks.len().saturating_sub(100);
             println!(
                 "damaged logical blocks (4 KiB): {}{}",
                 list.join(" "),
-                if more > 0 { format!(" ... and {more} more") } else { String::new() }
+                if more > 0 {
+                    format!(" ... and {more} more")
+                } else {
+                    String::new()
+                }
             );
         }
         println!(
             "{}: {} blocks verified, {} damaged, {} metadata problems",
-            if report.is_clean() { "clean" } else { "DAMAGED" },
+            if report.is_clean() {
+                "clean"
+            } else {
+                "DAMAGED"
+            },
             report.blocks_checked,
             report.damaged_blocks.len(),
             report.metadata_problems.len()
         );
     }
-    Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DAMAGED) })
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DAMAGED)
+    })
 }

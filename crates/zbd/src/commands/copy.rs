@@ -22,12 +22,19 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let offset = super::size_arg("--offset", &a.offset)?;
-    let storage = FileStorage::open(&a.volume, true).map_err(|e| anyhow!("{}: {e}", a.volume.display()))?;
-    let vol = Volume::open(Box::new(storage), OpenOptions::default()).map_err(|e| anyhow!("{}: {e}", a.volume.display()))?;
+    let storage =
+        FileStorage::open(&a.volume, true).map_err(|e| anyhow!("{}: {e}", a.volume.display()))?;
+    let vol = Volume::open(Box::new(storage), OpenOptions::default())
+        .map_err(|e| anyhow!("{}: {e}", a.volume.display()))?;
     let mut f = std::fs::File::open(&a.input).map_err(|e| anyhow!("{}: {e}", a.input.display()))?;
     let len = f.metadata()?.len();
     if offset.saturating_add(len) > vol.size_bytes() {
-        bail!("{} ({} bytes) does not fit at --offset {offset} in a {}-byte volume", a.input.display(), len, vol.size_bytes());
+        bail!(
+            "{} ({} bytes) does not fit at --offset {offset} in a {}-byte volume",
+            a.input.display(),
+            len,
+            vol.size_bytes()
+        );
     }
     let t = Instant::now();
     let mut buf = vec![0u8; 1 << 20];
@@ -53,7 +60,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         vol.read(pos, &mut back[..n])?;
         if back[..n] != buf[..n] {
-            bail!("read back differs from {} at volume byte {pos}", a.input.display());
+            bail!(
+                "read back differs from {} at volume byte {pos}",
+                a.input.display()
+            );
         }
         pos += n as u64;
     }

@@ -33,32 +33,59 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let size = size_arg("--size", &a.size)?;
     let extent = size_arg("--extent-size", &a.extent_size)?;
     let codec: Codec = a.codec.parse().map_err(|e| anyhow!("--codec: {e}"))?;
-    let capacity = a.capacity.as_deref().map(|c| size_arg("--capacity", c)).transpose()?;
+    let capacity = a
+        .capacity
+        .as_deref()
+        .map(|c| size_arg("--capacity", c))
+        .transpose()?;
     if size == 0 || size % 4096 != 0 {
         bail!("--size '{}': must be a non-zero multiple of 4K", a.size);
     }
     let extent_bytes = u32::try_from(extent)
         .ok()
         .filter(|e| e.is_power_of_two() && (8192..=1 << 20).contains(e))
-        .ok_or_else(|| anyhow!("--extent-size '{}': must be a power of two from 8K to 1M", a.extent_size))?;
-    let opts = CreateOptions { extent_bytes, codec, capacity_bytes: capacity, ..CreateOptions::new(size) };
+        .ok_or_else(|| {
+            anyhow!(
+                "--extent-size '{}': must be a power of two from 8K to 1M",
+                a.extent_size
+            )
+        })?;
+    let opts = CreateOptions {
+        extent_bytes,
+        codec,
+        capacity_bytes: capacity,
+        ..CreateOptions::new(size)
+    };
     let sb = zbd_core::layout::plan(&opts).map_err(|e| anyhow!("{e}"))?;
     refuse_if_in_use(&a.path, a.force)?;
-    let storage = FileStorage::create(&a.path, sb.total_bytes()).map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
-    let vol = Volume::create(Box::new(storage), &opts).with_context(|| format!("creating {}", a.path.display()))?;
+    let storage = FileStorage::create(&a.path, sb.total_bytes())
+        .map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
+    let vol = Volume::create(Box::new(storage), &opts)
+        .with_context(|| format!("creating {}", a.path.display()))?;
     let sb = vol.superblock().clone();
     vol.close()?;
     println!("created {}", a.path.display());
-    println!("  logical size   {} ({} blocks of 4 KiB)", human(size), sb.logical_blocks);
+    println!(
+        "  logical size   {} ({} blocks of 4 KiB)",
+        human(size),
+        sb.logical_blocks
+    );
     println!("  codec          {codec}");
     println!("  extent size    {}", human(u64::from(sb.extent_bytes)));
     println!(
         "  data area      {} ({} extents{})",
         human(u64::from(sb.extent_count) * u64::from(sb.extent_bytes)),
         sb.extent_count,
-        if capacity.is_none() { ", holds the whole size even if incompressible" } else { "" }
+        if capacity.is_none() {
+            ", holds the whole size even if incompressible"
+        } else {
+            ""
+        }
     );
-    println!("  metadata       {} (superblocks, checkpoints, map), on top of the data area", human(sb.metadata_bytes()));
+    println!(
+        "  metadata       {} (superblocks, checkpoints, map), on top of the data area",
+        human(sb.metadata_bytes())
+    );
     println!("  total          {}", human(sb.total_bytes()));
     Ok(ExitCode::SUCCESS)
 }
@@ -66,7 +93,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
 /// Refuses to overwrite a zbd volume, a mounted device, a filesystem signature or a non-empty
 /// file unless `force`; a mounted device is refused always.
 fn refuse_if_in_use(path: &Path, force: bool) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
     let is_bdev = meta.file_type().is_block_device();
     if is_bdev && is_mounted(path) {
         bail!("{} is mounted; unmount it first", path.display());
@@ -76,33 +105,54 @@ fn refuse_if_in_use(path: &Path, force: bool) -> Result<()> {
     }
     if let Ok(storage) = FileStorage::open(path, false) {
         if Volume::open_read_only(Box::new(storage)).is_ok() {
-            bail!("{} already holds a zbd volume (use --force to overwrite it)", path.display());
+            bail!(
+                "{} already holds a zbd volume (use --force to overwrite it)",
+                path.display()
+            );
         }
     }
     if let Some(sig) = signature(path) {
-        bail!("{} holds a {sig} signature (use --force to overwrite it)", path.display());
+        bail!(
+            "{} holds a {sig} signature (use --force to overwrite it)",
+            path.display()
+        );
     }
     if !is_bdev && meta.len() > 0 {
-        bail!("{} exists and is not empty (use --force to overwrite it)", path.display());
+        bail!(
+            "{} exists and is not empty (use --force to overwrite it)",
+            path.display()
+        );
     }
     Ok(())
 }
 
 /// Filesystem or partition-table signature found by `blkid -p`, if any.
 fn signature(path: &Path) -> Option<String> {
-    let out = Command::new("blkid").args(["-p", "-o", "value", "-s", "TYPE"]).arg(path).output().ok()?;
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(path)
+        .output()
+        .ok()?;
     let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if out.status.success() && !t.is_empty() {
         return Some(t);
     }
-    let out = Command::new("blkid").args(["-p", "-o", "value", "-s", "PTTYPE"]).arg(path).output().ok()?;
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "PTTYPE"])
+        .arg(path)
+        .output()
+        .ok()?;
     let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
     (out.status.success() && !t.is_empty()).then(|| format!("partition table ({t})"))
 }
 
 fn is_mounted(path: &Path) -> bool {
-    let Ok(dev) = std::fs::canonicalize(path) else { return false };
-    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else { return false };
+    let Ok(dev) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
     mounts
         .lines()
         .filter_map(|l| l.split_whitespace().next())

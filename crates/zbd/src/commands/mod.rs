@@ -12,8 +12,11 @@ use zbd_core::{FileStorage, Volume};
 
 /// Parses a size argument (`32K`, `1G`, `4096`), naming the flag on error.
 pub fn size_arg(flag: &str, value: &str) -> Result<u64> {
-    zbd_core::parse_size(value)
-        .ok_or_else(|| anyhow!("{flag} '{value}': expected a byte count with optional K/M/G/T suffix, e.g. 32K or 10G"))
+    zbd_core::parse_size(value).ok_or_else(|| {
+        anyhow!(
+            "{flag} '{value}': expected a byte count with optional K/M/G/T suffix, e.g. 32K or 10G"
+        )
+    })
 }
 
 /// Opens a volume read-only (stat, check).

@@ -34,28 +34,95 @@ pub fn render(name: &str, s: &Stats) -> String {
     let mut line = |k: &str, v: String| o.push_str(&format!("  {k:<22} {v}\n"));
     line("volume", name.to_string());
     line("logical size", human(s.logical_bytes));
-    line("codec / extent", format!("{} / {}", s.codec, human(u64::from(s.extent_bytes))));
-    line("data area", format!("{} ({} extents)", human(s.data_area_bytes), s.extents_total));
-    line("metadata", format!("{} on disk, {} RAM", human(s.metadata_bytes), human(s.metadata_ram_bytes)));
-    line("logical in use", format!("{} ({} data, {} zero blocks; {} raw)", human(s.logical_bytes_in_use), s.data_blocks, s.zero_blocks, s.raw_blocks));
+    line(
+        "codec / extent",
+        format!("{} / {}", s.codec, human(u64::from(s.extent_bytes))),
+    );
+    line(
+        "data area",
+        format!("{} ({} extents)", human(s.data_area_bytes), s.extents_total),
+    );
+    line(
+        "metadata",
+        format!(
+            "{} on disk, {} RAM",
+            human(s.metadata_bytes),
+            human(s.metadata_ram_bytes)
+        ),
+    );
+    line(
+        "logical in use",
+        format!(
+            "{} ({} data, {} zero blocks; {} raw)",
+            human(s.logical_bytes_in_use),
+            s.data_blocks,
+            s.zero_blocks,
+            s.raw_blocks
+        ),
+    );
     line("physical live", human(s.physical_bytes_live));
-    line("physical allocated", format!("{} ({} dead)", human(s.physical_bytes_allocated), human(s.dead_bytes)));
-    line("savings", format!("{:.1} % (ratio {:.2}:1)", s.savings_pct, s.compression_ratio));
+    line(
+        "physical allocated",
+        format!(
+            "{} ({} dead)",
+            human(s.physical_bytes_allocated),
+            human(s.dead_bytes)
+        ),
+    );
+    line(
+        "savings",
+        format!(
+            "{:.1} % (ratio {:.2}:1)",
+            s.savings_pct, s.compression_ratio
+        ),
+    );
     line(
         "extents",
-        format!("{} free, {} in use ({} open), {} awaiting checkpoint", s.extents_free, s.extents_in_use, s.extents_open, s.extents_pending_free),
+        format!(
+            "{} free, {} in use ({} open), {} awaiting checkpoint",
+            s.extents_free, s.extents_in_use, s.extents_open, s.extents_pending_free
+        ),
     );
-    line("host written / read", format!("{} / {}", human(c.host_bytes_written), human(c.host_bytes_read)));
+    line(
+        "host written / read",
+        format!(
+            "{} / {}",
+            human(c.host_bytes_written),
+            human(c.host_bytes_read)
+        ),
+    );
     line(
         "device written",
-        format!("{} data, {} metadata, {} cleaner", human(c.data_bytes_written), human(c.metadata_bytes_written), human(c.cleaner_bytes_written)),
+        format!(
+            "{} data, {} metadata, {} cleaner",
+            human(c.data_bytes_written),
+            human(c.metadata_bytes_written),
+            human(c.cleaner_bytes_written)
+        ),
     );
-    line("write amplification", format!("{:.2}", s.write_amplification));
-    line("cleaner", format!("{} runs, {} extents reclaimed, {} moved", c.cleaner_runs, c.extents_reclaimed, human(c.cleaner_bytes_moved)));
-    line("checkpoints / flushes", format!("{} / {}", c.checkpoints, c.flushes));
+    line(
+        "write amplification",
+        format!("{:.2}", s.write_amplification),
+    );
+    line(
+        "cleaner",
+        format!(
+            "{} runs, {} extents reclaimed, {} moved",
+            c.cleaner_runs,
+            c.extents_reclaimed,
+            human(c.cleaner_bytes_moved)
+        ),
+    );
+    line(
+        "checkpoints / flushes",
+        format!("{} / {}", c.checkpoints, c.flushes),
+    );
     line("corrupt reads", c.corrupt_reads.to_string());
     if s.damaged_blocks > 0 {
-        line("DAMAGED blocks", format!("{} (run zbd check)", s.damaged_blocks));
+        line(
+            "DAMAGED blocks",
+            format!("{} (run zbd check)", s.damaged_blocks),
+        );
     }
     o
 }
