@@ -5,7 +5,6 @@ use crate::error::{Error, Result};
 use serde::Serialize;
 use std::cell::RefCell;
 use std::fmt;
-use std::io::{Read, Write};
 
 /// A codec and its level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
@@ -141,15 +140,29 @@ impl Codec {
         match self {
             Codec::None => None,
             Codec::Lz4 => Some(lz4_flex::block::compress(data)),
-            Codec::Zstd(level) => zstd::bulk::compress(data, level).ok(),
-            Codec::Zlib(level) => {
-                let mut enc = flate2::write::ZlibEncoder::new(
-                    Vec::with_capacity(data.len() / 2),
-                    flate2::Compression::new(level),
-                );
-                enc.write_all(data).ok()?;
-                enc.finish().ok()
-            }
+            Codec::Zstd(level) => ZSTD_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                    *c = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+                }
+                c.as_mut()?.1.compress(data).ok()
+            }),
+            Codec::Zlib(level) => ZLIB_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                    *c = Some((
+                        level,
+                        flate2::Compress::new(flate2::Compression::new(level), true),
+                    ));
+                }
+                let z = &mut c.as_mut()?.1;
+                z.reset();
+                let mut out = Vec::with_capacity(data.len() + 64);
+                let status = z
+                    .compress_vec(data, &mut out, flate2::FlushCompress::Finish)
+                    .ok()?;
+                (status == flate2::Status::StreamEnd).then_some(out)
+            }),
             Codec::Lzo => {
                 LZO_DICT.with(|d| lzokay_native::compress_with_dict(data, &mut d.borrow_mut()).ok())
             }
@@ -158,8 +171,12 @@ impl Codec {
 }
 
 thread_local! {
-    // lzokay's dictionary is large; allocating it per block would dominate the cost.
+    // Codec contexts are large; allocating one per 4 KiB block would dominate the cost.
     static LZO_DICT: RefCell<lzokay_native::Dict> = RefCell::new(lzokay_native::Dict::new());
+    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+    static ZLIB_C: RefCell<Option<(u32, flate2::Compress)>> = const { RefCell::new(None) };
+    static ZLIB_D: RefCell<flate2::Decompress> = RefCell::new(flate2::Decompress::new(true));
 }
 
 /// Decodes a stored block of codec `codec_id` into exactly `out.len()` bytes.
@@ -180,19 +197,28 @@ pub fn decompress(codec_id: u8, stored: &[u8], out: &mut [u8]) -> Option<()> {
             }
         }
         id::ZSTD => {
-            let n = zstd::bulk::decompress_to_buffer(stored, out).ok()?;
+            let n = ZSTD_D.with(|d| {
+                let mut d = d.borrow_mut();
+                if d.is_none() {
+                    *d = Some(zstd::bulk::Decompressor::new().ok()?);
+                }
+                d.as_mut()?.decompress_to_buffer(stored, out).ok()
+            })?;
             if n != out.len() {
                 return None;
             }
         }
         id::ZLIB => {
-            let mut dec = flate2::read::ZlibDecoder::new(stored);
-            dec.read_exact(out).ok()?;
-            // The stream must end exactly here.
-            let mut extra = [0u8; 1];
-            if dec.read(&mut extra).ok()? != 0 {
-                return None;
-            }
+            ZLIB_D.with(|d| {
+                let mut d = d.borrow_mut();
+                d.reset(true);
+                let status = d
+                    .decompress(stored, out, flate2::FlushDecompress::Finish)
+                    .ok()?;
+                // The stream must end exactly at the block's end.
+                (status == flate2::Status::StreamEnd && d.total_out() == out.len() as u64)
+                    .then_some(())
+            })?;
         }
         id::LZO => {
             let v = lzokay_native::decompress_all(stored, Some(out.len())).ok()?;

@@ -311,7 +311,7 @@ fn wa_small_sync(dir: &std::path::Path, incompressible: bool) -> Result<f64> {
     let data = sample::mixed(4 << 20);
     let mut rng = SmallRng::seed_from_u64(4);
     let before = vol.stats().counters;
-    let n = 2000u64;
+    let n = 10_000u64;
     for i in 0..n {
         let lba = rng.random_range(0..(256u64 << 20) / 4096);
         let block: Vec<u8> = if incompressible {
