@@ -4,6 +4,7 @@
 //! ever appended to, and found again through a persistent translation map. See docs/design.md
 //! for the design and docs/format.md for the on-disk format.
 
+mod cleaner;
 pub mod codec;
 pub mod error;
 pub mod format;
@@ -13,6 +14,7 @@ pub mod sim;
 mod state;
 pub mod stats;
 pub mod storage;
+mod handle;
 mod volume;
 
 pub use codec::Codec;
@@ -21,9 +23,9 @@ pub use layout::{parse_size, CreateOptions};
 pub use sim::SimStorage;
 pub use stats::{Counters, Stats};
 pub use storage::{FileStorage, Storage};
-pub use volume::{
-    AllocState, CheckReport, OpenOptions, Volume, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
-};
+pub use cleaner::PassResult;
+pub use handle::Volume;
+pub use volume::{AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT};
 
 #[cfg(test)]
 mod send_sync {

@@ -122,7 +122,8 @@ pub fn account(map: &[MapEntry], extent_count: u32) -> Vec<ExtentInfo> {
         ExtentInfo {
             live_bytes: 0,
             live_blocks: 0,
-            state: ExtentState::Free
+            state: ExtentState::Free,
+            stamp: 0,
         };
         extent_count as usize
     ];

@@ -37,6 +37,8 @@ pub struct ExtentInfo {
     pub live_blocks: u32,
     /// Life cycle state.
     pub state: ExtentState,
+    /// Write sequence when it was last written (cleaner age; 0 after recovery).
+    pub stamp: u64,
 }
 
 /// An extent in the extent buffer.
@@ -101,6 +103,8 @@ pub struct BufferConfig {
     pub max_open: usize,
     /// Maximum time an extent stays open.
     pub aging: Duration,
+    /// Extents host writes leave to the cleaner (they may use them only when cleaning fails).
+    pub reserve: usize,
 }
 
 /// Everything behind the state lock.
@@ -172,7 +176,8 @@ impl State {
             .insert((lba / MAP_ENTRIES_PER_PAGE as u64) as u32);
     }
 
-    fn take_seq(&mut self) -> u64 {
+    /// Hands out the next record write sequence.
+    pub fn take_seq(&mut self) -> u64 {
         let s = self.next_seq;
         self.next_seq += 1;
         s
@@ -303,13 +308,11 @@ impl State {
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
-        if self.queue.is_empty() {
-            // The queue bounds recovery; refill it with a checkpoint.
-            self.checkpoint(cx)?;
+        if self.free_now() <= self.buffer.reserve {
+            // Space is short: host writes wait for the cleaner (run inline, under the lock).
+            crate::cleaner::make_space(self, cx)?;
         }
-        let Some(q) = self.queue.pop_front() else {
-            return Err(Error::NoSpace);
-        };
+        let q = self.alloc(cx)?;
         self.extents[q.extent as usize].state = ExtentState::Open;
         let now = Instant::now();
         self.open.push(OpenExtent {
@@ -323,6 +326,20 @@ impl State {
             last_used: now,
         });
         Ok(())
+    }
+
+    /// Extents free now (queued or free).
+    pub fn free_now(&self) -> usize {
+        self.queue.len() + self.free.len()
+    }
+
+    /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
+    /// (which also releases extents freed since the last one).
+    pub fn alloc(&mut self, cx: &Ctx) -> Result<QueueEntry> {
+        if self.queue.is_empty() {
+            self.checkpoint(cx)?;
+        }
+        self.queue.pop_front().ok_or(Error::NoSpace)
     }
 
     /// Writes the pending segment of open extent `i` (no sync).
@@ -355,12 +372,14 @@ impl State {
     pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
         self.write_segment(cx, i)?;
         let oe = self.open.swap_remove(i);
+        let stamp = self.next_seq;
         let x = &mut self.extents[oe.extent as usize];
         x.state = if x.live_blocks == 0 {
             ExtentState::PendingFree
         } else {
             ExtentState::Closed
         };
+        x.stamp = stamp;
         Ok(())
     }
 

@@ -35,6 +35,10 @@ pub struct OpenOptions {
     pub buffer_bytes: usize,
     /// Aging timeout of open extents.
     pub aging: Duration,
+    /// Run the background cleaner thread (foreground cleaning happens regardless).
+    pub background_cleaner: bool,
+    /// Cleaner watermarks (low, high) in % of free extents; default: those set at create time.
+    pub clean_watermarks: Option<(u8, u8)>,
 }
 
 impl Default for OpenOptions {
@@ -44,6 +48,8 @@ impl Default for OpenOptions {
             codec: None,
             buffer_bytes: BUFFER_BYTES_DEFAULT,
             aging: AGING_DEFAULT,
+            background_cleaner: true,
+            clean_watermarks: None,
         }
     }
 }
@@ -59,7 +65,7 @@ pub enum AllocState {
     Hole,
 }
 
-/// Result of [`Volume::check`].
+/// Result of [`crate::Volume::check`].
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CheckReport {
     /// Data blocks read and verified.
@@ -77,8 +83,8 @@ impl CheckReport {
     }
 }
 
-/// A compressed block volume. `Send + Sync`: share it as `Arc<Volume>`.
-pub struct Volume {
+/// The volume proper; [`crate::Volume`] wraps it with the background cleaner.
+pub(crate) struct Inner {
     storage: Box<dyn Storage>,
     sb: Superblock,
     codec: Codec,
@@ -90,6 +96,16 @@ pub struct Volume {
     host_bytes_read: AtomicU64,
     storage_bytes_read: AtomicU64,
     corrupt_reads: AtomicU64,
+    /// Cleaner watermarks, % of extents free.
+    pub(crate) clean_low_pct: u8,
+    pub(crate) clean_high_pct: u8,
+    /// Write sequence at the last cleaning attempt that made no progress (avoid spinning).
+    clean_idle_seq: AtomicU64,
+}
+
+/// Extents host writes leave to the cleaner: 2 % of the data area, 4..64.
+fn cleaner_reserve(extent_count: u32) -> usize {
+    (extent_count as usize / 50).clamp(4, 64).min(extent_count as usize / 4)
 }
 
 /// Stored bytes fetched for one block (`None` when it has none).
@@ -103,18 +119,13 @@ enum Source {
     Damaged,
 }
 
-impl Volume {
-    /// Formats `storage` as a new volume and opens it.
-    pub fn create(storage: Box<dyn Storage>, opts: &CreateOptions) -> Result<Volume> {
-        Volume::create_with(storage, opts, OpenOptions::default())
-    }
-
+impl Inner {
     /// Formats `storage` as a new volume and opens it with `open_opts`.
     pub fn create_with(
         storage: Box<dyn Storage>,
         opts: &CreateOptions,
         open_opts: OpenOptions,
-    ) -> Result<Volume> {
+    ) -> Result<Inner> {
         let mut sb = plan(opts)?;
         sb.uuid = *uuid::Uuid::new_v4().as_bytes();
         sb.created_unix = std::time::SystemTime::now()
@@ -155,12 +166,12 @@ impl Volume {
             &ck.encode(&sb.uuid, sb.checkpoint_slot_bytes),
         )?;
         storage.sync()?;
-        Volume::open(storage, open_opts)
+        Inner::open(storage, open_opts)
     }
 
     /// Opens a volume read-only.
-    pub fn open_read_only(storage: Box<dyn Storage>) -> Result<Volume> {
-        Volume::open(
+    pub fn open_read_only(storage: Box<dyn Storage>) -> Result<Inner> {
+        Inner::open(
             storage,
             OpenOptions {
                 read_only: true,
@@ -170,7 +181,7 @@ impl Volume {
     }
 
     /// Opens a volume, recovering from a crash if needed.
-    pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Volume> {
+    pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
         let sb = recovery::read_superblock(&*storage)?;
         let ck = recovery::read_checkpoint(&*storage, &sb)?;
         let loaded = recovery::load_map(&*storage, &sb, &ck)?;
@@ -198,6 +209,7 @@ impl Volume {
             buffer: BufferConfig {
                 max_open,
                 aging: opts.aging,
+                reserve: cleaner_reserve(sb.extent_count),
             },
             replayed: 0,
         };
@@ -207,7 +219,11 @@ impl Volume {
             .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
             .collect();
         let counters = st.counters;
-        let vol = Volume {
+        let (low, high) = opts.clean_watermarks.unwrap_or((sb.clean_low_pct, sb.clean_high_pct));
+        if low >= high || high > 90 {
+            return Err(Error::Invalid(format!("cleaner watermarks {low}/{high}: need low < high <= 90 (%)")));
+        }
+        let vol = Inner {
             storage,
             sb,
             codec,
@@ -219,6 +235,9 @@ impl Volume {
             host_bytes_read: AtomicU64::new(counters.host_bytes_read),
             storage_bytes_read: AtomicU64::new(counters.storage_bytes_read),
             corrupt_reads: AtomicU64::new(counters.corrupt_reads),
+            clean_low_pct: low,
+            clean_high_pct: high,
+            clean_idle_seq: AtomicU64::new(u64::MAX),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -726,6 +745,76 @@ impl Volume {
         report
     }
 
+    /// Whether free extents are below the low watermark (cheap; called after writes).
+    pub(crate) fn below_low_watermark(&self) -> bool {
+        let st = self.state.lock();
+        st.free_now() * 100 < self.clean_low_pct as usize * st.extents.len()
+    }
+
+    /// One background cleaning round: passes until free extents reach the high watermark or no
+    /// pass makes progress. Each pass takes the state lock anew, so host I/O interleaves.
+    pub(crate) fn background_round(&self) -> Result<()> {
+        if self.read_only || self.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        {
+            let st = self.state.lock();
+            let total = st.extents.len();
+            let idle = self.clean_idle_seq.load(Ordering::Relaxed) == st.next_seq;
+            if idle || st.free_now() * 100 >= self.clean_low_pct as usize * total {
+                return Ok(());
+            }
+        }
+        loop {
+            let mut st = self.state.lock();
+            let cx = self.ctx();
+            let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Incremental)?;
+            if r.reclaimed > 0 {
+                st.checkpoint(&cx)?;
+            }
+            let total = st.extents.len();
+            if !r.progressed() {
+                self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
+                return Ok(());
+            }
+            if st.free_now() * 100 >= self.clean_high_pct as usize * total {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Offline compaction: cleans every extent with dead space, least live first, until no pass
+    /// frees anything. `progress(done, total)` counts candidate extents.
+    pub(crate) fn compact(&self, progress: &dyn Fn(u64, u64)) -> Result<crate::cleaner::PassResult> {
+        self.check_writable()?;
+        let mut total = crate::cleaner::PassResult::default();
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        let n = st.open.len();
+        for i in (0..n).rev() {
+            st.close_open(&cx, i)?;
+        }
+        st.checkpoint(&cx)?;
+        let candidates = |st: &State| st.extents.iter().filter(|x| x.state == ExtentState::Closed).count() as u64;
+        let first = candidates(&st);
+        loop {
+            let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Compact)?;
+            if r.reclaimed > 0 {
+                st.checkpoint(&cx)?;
+            }
+            total.victims += r.victims;
+            total.reclaimed += r.reclaimed;
+            total.outputs += r.outputs;
+            total.bytes_moved += r.bytes_moved;
+            progress(first.saturating_sub(candidates(&st)).min(first), first);
+            if !r.progressed() {
+                break;
+            }
+        }
+        progress(first, first);
+        Ok(total)
+    }
+
     /// Flushes, writes a final checkpoint and marks the volume closed. Idempotent.
     pub fn close(&self) -> Result<()> {
         if self.read_only || self.closed.swap(true, Ordering::SeqCst) {
@@ -739,13 +828,6 @@ impl Volume {
         }
         self.sync_read_counters(&mut st);
         st.checkpoint(&cx)
-    }
-}
-
-impl Drop for Volume {
-    fn drop(&mut self) {
-        // Best effort: a volume dropped without close() is recovered on the next open anyway.
-        let _ = self.close();
     }
 }
 

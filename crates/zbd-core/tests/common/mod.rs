@@ -126,6 +126,8 @@ pub fn open_opts() -> OpenOptions {
     OpenOptions {
         aging: Duration::from_secs(3600),
         buffer_bytes: 64 * 1024,
+        // Deterministic storage-operation sequences (crash sweeps): cleaning only inline.
+        background_cleaner: false,
         ..OpenOptions::default()
     }
 }
