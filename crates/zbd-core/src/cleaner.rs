@@ -19,8 +19,8 @@
 
 use crate::error::Result;
 use crate::format::{
-    seal_segment, segment_padded_len, BlockState, MapEntry, Record, RecordKind, SegmentHeader, RECORD_BYTES,
-    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    seal_segment, segment_padded_len, BlockState, MapEntry, Record, RecordKind, SegmentHeader,
+    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, ExtentInfo, ExtentState, State};
 use std::collections::HashMap;
@@ -102,7 +102,9 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
         victims.push(v);
         need += add;
         let gain = victims.len().saturating_sub(need.div_ceil(usable));
-        if (mode == Mode::Incremental && gain >= PASS_GAIN_TARGET) || victims.len() >= PASS_VICTIMS_MAX {
+        if (mode == Mode::Incremental && gain >= PASS_GAIN_TARGET)
+            || victims.len() >= PASS_VICTIMS_MAX
+        {
             break;
         }
     }
@@ -113,11 +115,19 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
 /// First-fit decreasing over stored sizes; returns bins of block indices.
 fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..blocks.len()).collect();
-    order.sort_by(|&a, &b| blocks[b].1.len.cmp(&blocks[a].1.len).then(blocks[a].0.cmp(&blocks[b].0)));
+    order.sort_by(|&a, &b| {
+        blocks[b]
+            .1
+            .len
+            .cmp(&blocks[a].1.len)
+            .then(blocks[a].0.cmp(&blocks[b].0))
+    });
     let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
     for i in order {
         let len = blocks[i].1.len as usize;
-        let fits = |payload: usize, n: usize| segment_padded_len(payload + len, n + 1) as usize <= extent_bytes;
+        let fits = |payload: usize, n: usize| {
+            segment_padded_len(payload + len, n + 1) as usize <= extent_bytes
+        };
         match bins.iter_mut().find(|(p, b)| fits(*p, b.len())) {
             Some((p, b)) => {
                 *p += len;
@@ -160,8 +170,15 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
         images.insert(v, buf);
     }
-    let stamp = victims.iter().map(|&v| st.extents[v as usize].stamp).max().unwrap_or(0);
-    let mut result = PassResult { victims: victims.len(), ..PassResult::default() };
+    let stamp = victims
+        .iter()
+        .map(|&v| st.extents[v as usize].stamp)
+        .max()
+        .unwrap_or(0);
+    let mut result = PassResult {
+        victims: victims.len(),
+        ..PassResult::default()
+    };
     for bin in bins {
         let q = st.alloc(cx)?;
         let mut buf = vec![0u8; e];
@@ -174,8 +191,24 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
             buf[at..at + len].copy_from_slice(src);
             let seq = st.take_seq();
-            records.push(Record { kind: RecordKind::Data, codec: old.codec, len: len as u32, lba, count: 1, offset: at as u32, seq, crc: old.crc });
-            moved.push((lba, MapEntry { extent: q.extent, offset: at as u32, ..old }));
+            records.push(Record {
+                kind: RecordKind::Data,
+                codec: old.codec,
+                len: len as u32,
+                lba,
+                count: 1,
+                offset: at as u32,
+                seq,
+                crc: old.crc,
+            });
+            moved.push((
+                lba,
+                MapEntry {
+                    extent: q.extent,
+                    offset: at as u32,
+                    ..old
+                },
+            ));
             at += len;
         }
         let h = SegmentHeader {
@@ -186,7 +219,8 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             record_count: records.len() as u32,
         };
         let n = seal_segment(&mut buf, &cx.sb.uuid, &h, &records);
-        cx.storage.write_at(cx.sb.extent_offset(q.extent), &buf[..n])?;
+        cx.storage
+            .write_at(cx.sb.extent_offset(q.extent), &buf[..n])?;
         st.counters.cleaner_bytes_written += n as u64;
         let x = &mut st.extents[q.extent as usize];
         x.state = ExtentState::Closed;
@@ -197,7 +231,10 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         }
         result.outputs += 1;
     }
-    result.reclaimed = victims.iter().filter(|&&v| st.extents[v as usize].live_blocks == 0).count();
+    result.reclaimed = victims
+        .iter()
+        .filter(|&&v| st.extents[v as usize].live_blocks == 0)
+        .count();
     st.counters.cleaner_runs += 1;
     st.counters.cleaner_bytes_moved += result.bytes_moved;
     st.counters.extents_reclaimed += result.reclaimed as u64;
@@ -207,7 +244,11 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.
 pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
     // Extents without live data only wait for a checkpoint: the cheapest space there is.
-    if st.extents.iter().any(|x| x.state == ExtentState::PendingFree) {
+    if st
+        .extents
+        .iter()
+        .any(|x| x.state == ExtentState::PendingFree)
+    {
         st.checkpoint(cx)?;
     }
     let mut passes = 0;

@@ -41,7 +41,11 @@ impl Volume {
                 .spawn(move || cleaner_loop(&inner, &signal))
                 .ok()
         });
-        Volume { inner, signal, cleaner: cleaner.flatten() }
+        Volume {
+            inner,
+            signal,
+            cleaner: cleaner.flatten(),
+        }
     }
 
     /// Formats `storage` as a new volume and opens it.
@@ -50,9 +54,16 @@ impl Volume {
     }
 
     /// Formats `storage` as a new volume and opens it with `open_opts`.
-    pub fn create_with(storage: Box<dyn Storage>, opts: &CreateOptions, open_opts: OpenOptions) -> Result<Volume> {
+    pub fn create_with(
+        storage: Box<dyn Storage>,
+        opts: &CreateOptions,
+        open_opts: OpenOptions,
+    ) -> Result<Volume> {
         let background = open_opts.background_cleaner;
-        Ok(Volume::wrap(Inner::create_with(storage, opts, open_opts)?, background))
+        Ok(Volume::wrap(
+            Inner::create_with(storage, opts, open_opts)?,
+            background,
+        ))
     }
 
     /// Opens a volume, recovering from a crash if needed.

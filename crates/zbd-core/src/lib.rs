@@ -8,23 +8,23 @@ mod cleaner;
 pub mod codec;
 pub mod error;
 pub mod format;
+mod handle;
 pub mod layout;
 mod recovery;
 pub mod sim;
 mod state;
 pub mod stats;
 pub mod storage;
-mod handle;
 mod volume;
 
+pub use cleaner::PassResult;
 pub use codec::Codec;
 pub use error::{Error, Result};
+pub use handle::Volume;
 pub use layout::{parse_size, CreateOptions};
 pub use sim::SimStorage;
 pub use stats::{Counters, Stats};
 pub use storage::{FileStorage, Storage};
-pub use cleaner::PassResult;
-pub use handle::Volume;
 pub use volume::{AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT};
 
 #[cfg(test)]

@@ -105,7 +105,9 @@ pub(crate) struct Inner {
 
 /// Extents host writes leave to the cleaner: 2 % of the data area, 4..64.
 fn cleaner_reserve(extent_count: u32) -> usize {
-    (extent_count as usize / 50).clamp(4, 64).min(extent_count as usize / 4)
+    (extent_count as usize / 50)
+        .clamp(4, 64)
+        .min(extent_count as usize / 4)
 }
 
 /// Stored bytes fetched for one block (`None` when it has none).
@@ -219,9 +221,13 @@ impl Inner {
             .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
             .collect();
         let counters = st.counters;
-        let (low, high) = opts.clean_watermarks.unwrap_or((sb.clean_low_pct, sb.clean_high_pct));
+        let (low, high) = opts
+            .clean_watermarks
+            .unwrap_or((sb.clean_low_pct, sb.clean_high_pct));
         if low >= high || high > 90 {
-            return Err(Error::Invalid(format!("cleaner watermarks {low}/{high}: need low < high <= 90 (%)")));
+            return Err(Error::Invalid(format!(
+                "cleaner watermarks {low}/{high}: need low < high <= 90 (%)"
+            )));
         }
         let vol = Inner {
             storage,
@@ -785,7 +791,10 @@ impl Inner {
 
     /// Offline compaction: cleans every extent with dead space, least live first, until no pass
     /// frees anything. `progress(done, total)` counts candidate extents.
-    pub(crate) fn compact(&self, progress: &dyn Fn(u64, u64)) -> Result<crate::cleaner::PassResult> {
+    pub(crate) fn compact(
+        &self,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<crate::cleaner::PassResult> {
         self.check_writable()?;
         let mut total = crate::cleaner::PassResult::default();
         let mut st = self.state.lock();
@@ -795,7 +804,12 @@ impl Inner {
             st.close_open(&cx, i)?;
         }
         st.checkpoint(&cx)?;
-        let candidates = |st: &State| st.extents.iter().filter(|x| x.state == ExtentState::Closed).count() as u64;
+        let candidates = |st: &State| {
+            st.extents
+                .iter()
+                .filter(|x| x.state == ExtentState::Closed)
+                .count() as u64
+        };
         let first = candidates(&st);
         loop {
             let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Compact)?;

@@ -93,8 +93,25 @@ fn verify(vol: &Volume, exp: &Expect, ctx: &str) {
 
 /// Crash at every storage operation (from `first_op`, every `step`) of the workload of `seed`.
 fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
-    let opts = small_volume(SIZE, extent, codec, 6, 6);
-    let work = workload(seed, SIZE, ops);
+    sweep_with(seed, ops, extent, codec, step, 6, false)
+}
+
+/// `capacity_factor`: data area as a multiple of the logical size (small = the cleaner must run).
+fn sweep_with(
+    seed: u64,
+    ops: usize,
+    extent: u32,
+    codec: Codec,
+    step: u64,
+    capacity_factor: u64,
+    expect_cleaning: bool,
+) -> u64 {
+    let opts = small_volume(SIZE, extent, codec, capacity_factor, 6);
+    let work = if expect_cleaning {
+        overwrite_workload(seed, SIZE / BS as u64, ops)
+    } else {
+        workload(seed, SIZE, ops)
+    };
     // Dry run: how many storage operations the workload takes.
     let (disk, vol) = sim_volume(&opts);
     let start = disk.ops();
@@ -103,6 +120,14 @@ fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
             .unwrap_or_else(|e| panic!("seed {seed}: workload failed without a crash: {e}"));
     }
     let total = disk.ops();
+    let runs = vol.stats().counters.cleaner_runs;
+    assert!(
+        !expect_cleaning || runs > 0,
+        "seed {seed}: the workload never made the cleaner run"
+    );
+    if expect_cleaning {
+        eprintln!("seed {seed}: {runs} cleaner passes in the workload");
+    }
     drop(vol);
     let mut points = 0;
     let mut c = start;
@@ -152,6 +177,16 @@ fn crash_at_every_storage_operation() {
 }
 
 #[test]
+fn crash_points_inside_cleaning() {
+    let mut points = 0;
+    for (seed, codec) in [(21u64, Codec::Lz4), (22, Codec::Zstd(1))] {
+        points += sweep_with(seed, 1000, 16384, codec, 1, 1, true);
+    }
+    eprintln!("{points} crash points verified with the cleaner running");
+    assert!(points > 500, "only {points} crash points");
+}
+
+#[test]
 #[ignore = "heavy: run by make bench"]
 fn crash_sweep_many_seeds() {
     let mut points = 0;
@@ -159,6 +194,7 @@ fn crash_sweep_many_seeds() {
         let codec = [Codec::Lz4, Codec::Zlib(1), Codec::Lzo, Codec::None][seed as usize % 4];
         let extent = [8192u32, 16384, 32768][seed as usize % 3];
         points += sweep(seed, 250, extent, codec, 1);
+        points += sweep_with(seed + 100, 300, 16384, codec, 1, 1, codec != Codec::None);
     }
     eprintln!("{points} crash points verified");
 }

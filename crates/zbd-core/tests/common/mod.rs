@@ -105,6 +105,29 @@ pub fn workload(seed: u64, size: u64, ops: usize) -> Vec<Op> {
         .collect()
 }
 
+/// Overwrite-heavy workload over the first `blocks` blocks: single-block text writes, a few
+/// trims and flushes (keeps the cleaner busy on a tight data area).
+pub fn overwrite_workload(seed: u64, blocks: u64, ops: usize) -> Vec<Op> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..ops)
+        .map(|_| {
+            let lba = rng.random_range(0..blocks);
+            match rng.random_range(0..100) {
+                0..=84 => Op::Write {
+                    offset: lba * BS as u64,
+                    data: fill(&mut rng, Fill::Text, BS),
+                    fua: false,
+                },
+                85..=89 => Op::Trim {
+                    offset: lba * BS as u64,
+                    len: BS as u64,
+                },
+                _ => Op::Flush,
+            }
+        })
+        .collect()
+}
+
 /// Volume options for small test volumes: frequent checkpoints, no aging surprises.
 pub fn small_volume(
     size: u64,
