@@ -35,7 +35,7 @@ pub enum Mode {
 }
 
 /// Net extents an incremental pass aims to free.
-const PASS_GAIN_TARGET: usize = 4;
+const PASS_GAIN_TARGET: usize = 8;
 /// Victims per pass at most.
 const PASS_VICTIMS_MAX: usize = 128;
 /// Output extents per pass at most.
@@ -242,6 +242,8 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
 }
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.
+/// Cleans until twice the reserve is free (hysteresis), batching passes between checkpoints
+/// (a checkpoint costs three syncs and is what turns victims into free extents).
 pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
     // Extents without live data only wait for a checkpoint: the cheapest space there is.
     if st
@@ -251,17 +253,24 @@ pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
     {
         st.checkpoint(cx)?;
     }
-    let mut passes = 0;
-    while st.free_now() <= st.buffer.reserve && passes < FOREGROUND_PASSES_MAX {
-        let r = pass(st, cx, Mode::Incremental)?;
-        if r.reclaimed == 0 {
+    let goal = st.buffer.reserve * 2;
+    let mut pending = 0usize;
+    for _ in 0..FOREGROUND_PASSES_MAX {
+        if st.free_now() + pending > goal {
             break;
         }
-        st.checkpoint(cx)?;
-        passes += 1;
+        let r = pass(st, cx, Mode::Incremental)?;
+        pending += r.reclaimed;
         if !r.progressed() {
             break;
         }
+        if st.free_now() <= 2 {
+            st.checkpoint(cx)?;
+            pending = 0;
+        }
+    }
+    if pending > 0 {
+        st.checkpoint(cx)?;
     }
     Ok(())
 }

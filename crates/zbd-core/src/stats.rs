@@ -119,6 +119,10 @@ pub struct Stats {
     pub write_amplification: f64,
     /// RAM used by the map and extent table, bytes.
     pub metadata_ram_bytes: u64,
+    /// Cleaner low watermark in force (% free extents).
+    pub clean_low_pct: u8,
+    /// Cleaner high watermark in force.
+    pub clean_high_pct: u8,
     /// Records replayed by the last recovery.
     pub recovery_records_replayed: u64,
     /// Lifetime counters.

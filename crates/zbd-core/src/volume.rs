@@ -194,7 +194,10 @@ impl Inner {
             Some(c) => c,
             None => Codec::from_id(sb.codec_id, sb.codec_level)?,
         };
+        // Open extents are partly empty: keep them a small share of the data area (1/32) so a
+        // nearly full volume is not exhausted by its own buffer, and within the recovery queue.
         let max_open = (opts.buffer_bytes / sb.extent_bytes as usize)
+            .min(sb.extent_count as usize / 32)
             .clamp(1, (sb.queue_len as usize / 2).max(1));
         let mut st = State {
             map: Vec::new(),
@@ -702,6 +705,8 @@ impl Inner {
             metadata_ram_bytes: (st.map.len() * MAP_ENTRY_BYTES
                 + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
                 as u64,
+            clean_low_pct: self.clean_low_pct,
+            clean_high_pct: self.clean_high_pct,
             recovery_records_replayed: st.replayed,
             counters: c,
         }
@@ -771,19 +776,29 @@ impl Inner {
                 return Ok(());
             }
         }
+        // Victims turn into free extents at a checkpoint (three syncs): batch a few passes.
+        const CHECKPOINT_AFTER_RECLAIMED: usize = 32;
+        let mut pending = 0usize;
         loop {
             let mut st = self.state.lock();
             let cx = self.ctx();
             let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Incremental)?;
-            if r.reclaimed > 0 {
-                st.checkpoint(&cx)?;
-            }
+            pending += r.reclaimed;
             let total = st.extents.len();
+            let done = !r.progressed()
+                || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
+            if pending > 0
+                && (done
+                    || pending >= CHECKPOINT_AFTER_RECLAIMED
+                    || st.free_now() <= st.buffer.reserve)
+            {
+                st.checkpoint(&cx)?;
+                pending = 0;
+            }
             if !r.progressed() {
                 self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
-                return Ok(());
             }
-            if st.free_now() * 100 >= self.clean_high_pct as usize * total {
+            if done {
                 return Ok(());
             }
         }

@@ -26,6 +26,8 @@ enum Command {
     Stat(commands::stat::Args),
     /// Verify metadata and every stored block's checksum.
     Check(commands::check::Args),
+    /// Offline cleaning: compact every extent with dead space.
+    Compact(commands::compact::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
     Bench(commands::bench::Args),
     /// Write a file into a volume and read it back (used by scripts/demo.sh).
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Command::Create(a) => commands::create::run(a),
         Command::Stat(a) => commands::stat::run(a),
         Command::Check(a) => commands::check::run(a),
+        Command::Compact(a) => commands::compact::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
     };

@@ -222,3 +222,70 @@ fn bench_codec_prints_table_for_given_data() {
         assert!(r["savings_pct"].as_f64().expect("savings") > 50.0, "{r}");
     }
 }
+
+#[test]
+fn compact_runs_offline_and_keeps_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    let input = dir.path().join("in.txt");
+    write_sample(&input, 2 << 20);
+    zbd()
+        .args([
+            "create",
+            vol.to_str().expect("path"),
+            "--size",
+            "8M",
+            "--clean-low",
+            "5",
+            "--clean-high",
+            "20",
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "copy",
+            vol.to_str().expect("path"),
+            input.to_str().expect("path"),
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "copy",
+            vol.to_str().expect("path"),
+            input.to_str().expect("path"),
+            "--offset",
+            "1M",
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args(["compact", vol.to_str().expect("path")])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("compacted"));
+    zbd()
+        .args(["stat", vol.to_str().expect("path")])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("watermarks 5 % / 20 % free"));
+    zbd()
+        .args(["check", vol.to_str().expect("path")])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "create",
+            dir.path().join("w").to_str().expect("path"),
+            "--size",
+            "1M",
+            "--clean-low",
+            "30",
+            "--clean-high",
+            "20",
+        ])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--clean-low"));
+}

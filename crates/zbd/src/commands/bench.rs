@@ -45,12 +45,37 @@ enum What {
         #[arg(long)]
         json: bool,
     },
+    /// Cleaner: WA and throughput of 4 KiB random overwrites at 50/75/90 % live vs an empty
+    /// volume, and a throughput-over-time series while the cleaner starts and stops.
+    Cleaner {
+        /// Data area size of the test volumes.
+        #[arg(long, default_value = "64M")]
+        capacity: String,
+        /// Overwrites per level, as a multiple of the capacity (stored bytes).
+        #[arg(long, default_value_t = 4)]
+        factor: u64,
+        /// Write the time series here (CSV).
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Directory for the volume files (default: system temp dir).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
     match a.what {
         What::Codec { data, codecs, json } => codec_table(data, codecs, json),
         What::Engine { size, dir, json } => engine(super::size_arg("--size", &size)?, dir, json),
+        What::Cleaner {
+            capacity,
+            factor,
+            csv,
+            dir,
+        } => {
+            let d = tempdir_in(dir)?;
+            super::bench_cleaner::run(super::size_arg("--capacity", &capacity)?, factor, csv, &d.0)
+        }
     }
 }
 

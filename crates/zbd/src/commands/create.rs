@@ -24,6 +24,12 @@ pub struct Args {
     /// Data area size; default holds the whole logical size even if incompressible.
     #[arg(long)]
     capacity: Option<String>,
+    /// Cleaner starts when free extents fall below this % (can be overridden at open time).
+    #[arg(long, default_value_t = 10)]
+    clean_low: u8,
+    /// Cleaner stops when free extents reach this %.
+    #[arg(long, default_value_t = 25)]
+    clean_high: u8,
     /// Overwrite an existing file, volume or filesystem signature.
     #[arg(long)]
     force: bool,
@@ -50,10 +56,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 a.extent_size
             )
         })?;
+    if a.clean_low >= a.clean_high || a.clean_high > 90 {
+        bail!(
+            "--clean-low {} / --clean-high {}: need low < high <= 90 (%)",
+            a.clean_low,
+            a.clean_high
+        );
+    }
     let opts = CreateOptions {
         extent_bytes,
         codec,
         capacity_bytes: capacity,
+        clean_low_pct: a.clean_low,
+        clean_high_pct: a.clean_high,
         ..CreateOptions::new(size)
     };
     let sb = zbd_core::layout::plan(&opts).map_err(|e| anyhow!("{e}"))?;

@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_cleaner;
 pub mod check;
+pub mod compact;
 pub mod copy;
 pub mod create;
 pub mod stat;

@@ -111,6 +111,9 @@ pub fn render(name: &str, s: &Stats) -> String {
             c.cleaner_runs,
             c.extents_reclaimed,
             human(c.cleaner_bytes_moved)
+        ) + &format!(
+            " (watermarks {} % / {} % free)",
+            s.clean_low_pct, s.clean_high_pct
         ),
     );
     line(
