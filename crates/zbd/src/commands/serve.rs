@@ -11,11 +11,15 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
-use zbd_nbd::{ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig};
+use zbd_nbd::{
+    ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig,
+    ShutdownHandle,
+};
 
 /// Directory for default sockets (NBD and control) of served volumes.
 pub const RUN_DIR: &str = "/run/zbd";
@@ -226,25 +230,62 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-pub fn run(args: ServeArgs) -> Result<ExitCode> {
-    let args = &args;
+fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
     if !args.path.exists() {
         bail!(
             "no volume at {} (make one with `zbd create`)",
             args.path.display()
         );
     }
-    let listen = listen_address(args)?;
     let storage = FileStorage::open(&args.path, !args.read_only)
         .with_context(|| format!("cannot open volume {}", args.path.display()))?;
     let options = OpenOptions {
         read_only: args.read_only,
         ..OpenOptions::default()
     };
-    let volume = Arc::new(
-        Volume::open(Box::new(storage), options)
-            .with_context(|| format!("cannot open volume {}", args.path.display()))?,
-    );
+    let volume = Volume::open(Box::new(storage), options)
+        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    Ok(Arc::new(volume))
+}
+
+/// Binds the control socket and starts answering on it; the guard removes the socket.
+fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
+    let control_path = control_socket_path(path);
+    if let Some(parent) = control_path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    // A control socket left by a server that died: the volume lock we hold proves it is stale.
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path)
+        .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
+    let guard = RemoveOnDrop(control_path);
+    spawn_control(control, Arc::clone(volume), path.display().to_string())?;
+    Ok(guard)
+}
+
+/// SIGTERM and SIGINT start a graceful shutdown; returns the handle that stops listening.
+fn stop_on_signals(
+    stop: ShutdownHandle,
+) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>)> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .context("cannot install signal handlers")?;
+    let handle = signals.handle();
+    let thread = std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stop.shutdown();
+        }
+    });
+    Ok((handle, thread))
+}
+
+pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    let args = &args;
+    let listen = listen_address(args)?;
+    let volume = open_volume(args)?;
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
         read_only: args.read_only,
@@ -257,37 +298,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         config.threads_per_connection = threads.max(1);
     }
     let server = Server::bind(&listen, export, config)?;
-    let stop = server.shutdown_handle();
-
-    let control_path = control_socket_path(&args.path);
-    if let Some(parent) = control_path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
-    let _ = std::fs::remove_file(&control_path);
-    let control = UnixListener::bind(&control_path)
-        .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
-    let _control_guard = RemoveOnDrop(control_path.clone());
-    spawn_control(
-        control,
-        Arc::clone(&volume),
-        args.path.display().to_string(),
-    )?;
-
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])
-    .context("cannot install signal handlers")?;
-    let signal_handle = signals.handle();
-    let signal_stop = stop.clone();
-    let signal_thread = std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            signal_stop.shutdown();
-        }
-    });
-
-    let _pid_guard = match &args.pidfile {
+    let _control = start_control(&volume, &args.path)?;
+    let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
+    // Written last: once it exists, clients can connect and signals stop us gracefully.
+    let _pidfile = match &args.pidfile {
         Some(pidfile) => {
             std::fs::write(pidfile, format!("{}\n", std::process::id()))
                 .with_context(|| format!("cannot write --pidfile {}", pidfile.display()))?;
@@ -302,7 +316,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         uri(server.listen(), &args.export)
     );
     let served = server.serve();
-    signal_handle.close();
+    signals.close();
     let _ = signal_thread.join();
     let closed = volume.close().context("cannot close the volume cleanly");
     served.context("NBD server failed")?;
