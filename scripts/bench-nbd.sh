@@ -2,17 +2,21 @@
 # NBD benchmarks (results go in docs/benchmarks.md, "NBD" section):
 #   1. fio's nbd engine against `zbd serve` (lz4 and none) and against `nbdkit file` on a plain
 #      image in the same directory (same disk): 1 MiB sequential write and read, 4 KiB random
-#      read and write at iodepth 16, two jobs (two connections); zbd/nbdkit ratios.
+#      read and write at iodepth 16, two jobs (two connections); zbd/nbdkit ratios. Each test
+#      runs REPS times, the targets interleaved (so background load hits all alike); medians.
 #   2. Space savings of a real file tree copied onto ext4 on a served, attached volume.
-# Usage: scripts/bench-nbd.sh [--quick]   (env: ZBD_BIN, BENCH_DIR, BENCH_NBD_SIZE, BENCH_NBD_RUNTIME)
+# Usage: scripts/bench-nbd.sh [--quick]
+#   env: ZBD_BIN, BENCH_DIR, BENCH_NBD_SIZE, BENCH_NBD_RUNTIME, BENCH_NBD_REPS
 set -euo pipefail
 
 zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
-size=${BENCH_NBD_SIZE:-2G}          # device size; sequential passes cover all of it
-runtime=${BENCH_NBD_RUNTIME:-15}    # seconds per random test
+size=${BENCH_NBD_SIZE:-1G}          # device size; sequential passes cover all of it
+runtime=${BENCH_NBD_RUNTIME:-10}    # seconds per random test
+reps=${BENCH_NBD_REPS:-3}
 if [[ "${1:-}" == "--quick" ]]; then
   size=256M
   runtime=3
+  reps=1
 fi
 for tool in fio nbdkit nbdfuse losetup mkfs.ext4 python3; do
   command -v "$tool" >/dev/null || { echo "bench-nbd: $tool missing (run scripts/install-deps.sh)" >&2; exit 1; }
@@ -90,25 +94,27 @@ print(f"{bw:.0f} {iops:.0f} {job['error']}")
 EOF
 }
 
-declare -A result
 tests=("write 1M" "read 1M" "randread 4k" "randwrite 4k")
-run_target() {  # name socket
-  local name=$1 socket=$2
+declare -A sockets
+echo "bench-nbd: size $size, random tests ${runtime}s, $reps repetitions, in $work" >&2
+start_nbdkit; sockets[nbdkit]=$socket
+start_zbd lz4; sockets[zbd-lz4]=$socket
+start_zbd none; sockets[zbd-none]=$socket
+for rep in $(seq "$reps"); do
   for t in "${tests[@]}"; do
     set -- $t
-    result["$name/$1"]=$(fio_run "$socket" "$1" "$2" "$work/fio-$name-$1.json")
-    read -r mbps iops errno <<<"${result[$name/$1]}"
-    echo "  $name $1 $2: $mbps MB/s, $iops IOPS${errno/#0/}" >&2
-    [[ "$errno" == 0 ]] || echo "  (fio error $errno: $(grep -m1 error "$work/fio-$name-$1.json.err"))" >&2
+    for name in nbdkit zbd-lz4 zbd-none; do
+      out="$work/fio-$name-$1-$rep.json"
+      line=$(fio_run "${sockets[$name]}" "$1" "$2" "$out")
+      echo "$line" >>"$work/result-$name-$1"
+      read -r mbps iops errno <<<"$line"
+      echo "  [$rep] $name $1 $2: $mbps MB/s, $iops IOPS" >&2
+      [[ "$errno" == 0 ]] || echo "  (fio error $errno: $(grep -m1 error "$out.err"))" >&2
+    done
   done
-}
-
-echo "bench-nbd: size $size, random tests ${runtime}s, in $work" >&2
-start_nbdkit; run_target nbdkit "$socket"; stop_last
-start_zbd lz4; run_target zbd-lz4 "$socket"
+done
 lz4_stat=$("$zbd" stat --json "$work/zbd-lz4/vol.zbd")
-stop_last
-start_zbd none; run_target zbd-none "$socket"; stop_last
+stop_last; stop_last; stop_last
 
 # Filesystem copy: ext4 on an attached lz4 volume.
 start_zbd fs
@@ -130,33 +136,41 @@ umount "$mounted"; mounted=""
 "$zbd" detach "$attached" --state-dir "$work/state"; attached=""
 stop_last
 
-python3 - "$size" "$runtime" "$tree_bytes" "$copy_start" "$copy_end" "${sources[*]}" "$fs_stat" \
-  "${result[nbdkit/write]}" "${result[nbdkit/read]}" "${result[nbdkit/randread]}" "${result[nbdkit/randwrite]}" \
-  "${result[zbd-lz4/write]}" "${result[zbd-lz4/read]}" "${result[zbd-lz4/randread]}" "${result[zbd-lz4/randwrite]}" \
-  "${result[zbd-none/write]}" "${result[zbd-none/read]}" "${result[zbd-none/randread]}" "${result[zbd-none/randwrite]}" \
-  "$lz4_stat" <<'EOF'
-import json, sys
-a = sys.argv[1:]
-size, runtime, tree, t0, t1, sources, fs = a[0], a[1], int(a[2]), float(a[3]), float(a[4]), a[5], json.loads(a[6])
-vals = [tuple(map(float, v.split())) for v in a[7:19]]
-lz4 = json.loads(a[19])
-names = ["1 MiB seq write", "1 MiB seq read", "4 KiB rand read", "4 KiB rand write"]
-kit, zl, zn = vals[0:4], vals[4:8], vals[8:12]
+python3 - "$size" "$runtime" "$reps" "$work" "$tree_bytes" "$copy_start" "$copy_end" "${sources[*]}" \
+  "$fs_stat" "$lz4_stat" <<'EOF'
+import json, statistics, sys
+size, runtime, reps, work, tree, t0, t1, sources, fs, lz4 = sys.argv[1:]
+tree, t0, t1, fs, lz4 = int(tree), float(t0), float(t1), json.loads(fs), json.loads(lz4)
+
+
+def median(name, test):
+    rows = [tuple(map(float, line.split())) for line in open(f"{work}/result-{name}-{test}")]
+    errors = sum(1 for row in rows if row[2])
+    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows), errors
+
+
+tests = [("write", "1 MiB seq write"), ("read", "1 MiB seq read"),
+         ("randread", "4 KiB rand read"), ("randwrite", "4 KiB rand write")]
 print(f"fio `ioengine=nbd`, iodepth 16, 2 jobs, device {size}, random tests {runtime} s, "
-      "half-compressible refilled buffers; servers on files in the same directory.\n")
+      f"half-compressible refilled buffers; median of {reps} interleaved runs.\n")
 print("| test | nbdkit file | zbd lz4 | zbd none | lz4 / nbdkit | none / nbdkit |")
 print("|---|---|---|---|---|---|")
-for i, name in enumerate(names):
-    unit = (lambda v: f"{v[0]:.0f} MB/s") if i < 2 else (lambda v: f"{v[1]/1000:.1f}k IOPS")
-    ratio = (lambda z, k: z[0] / k[0]) if i < 2 else (lambda z, k: z[1] / k[1])
-    failed = lambda v: f" (fio error {v[2]:.0f})" if v[2] else ""
-    print(f"| {name} | {unit(kit[i])}{failed(kit[i])} | {unit(zl[i])}{failed(zl[i])} | "
-          f"{unit(zn[i])}{failed(zn[i])} | "
-          f"{ratio(zl[i], kit[i]):.2f} | {ratio(zn[i], kit[i]):.2f} |")
+for i, (test, label) in enumerate(tests):
+    cells = {n: median(n, test) for n in ("nbdkit", "zbd-lz4", "zbd-none")}
+    pick = 0 if i < 2 else 1
+
+    def show(v):
+        text = f"{v[0]:.0f} MB/s" if i < 2 else f"{v[1] / 1000:.1f}k IOPS"
+        return text + (f" ({v[2]} runs failed)" if v[2] else "")
+
+    kit = cells["nbdkit"][pick]
+    print(f"| {label} | {show(cells['nbdkit'])} | {show(cells['zbd-lz4'])} | "
+          f"{show(cells['zbd-none'])} | {cells['zbd-lz4'][pick] / kit:.2f} | "
+          f"{cells['zbd-none'][pick] / kit:.2f} |")
 print(f"\nzbd lz4 after the fio runs: savings {lz4['savings_pct']:.1f} %, "
       f"write amplification {lz4['write_amplification']:.2f}.\n")
-print(f"Filesystem copy (ext4 on `zbd attach`, lz4): {sources}, {tree/1e6:.0f} MB of files, "
-      f"copied and synced in {t1-t0:.1f} s; logical in use {fs['logical_bytes_in_use']/1e6:.0f} MB, "
-      f"physical live {fs['physical_bytes_live']/1e6:.0f} MB: savings {fs['savings_pct']:.1f} % "
+print(f"Filesystem copy (ext4 on `zbd attach`, lz4): {sources}, {tree / 1e6:.0f} MB of files, "
+      f"copied and synced in {t1 - t0:.1f} s; logical in use {fs['logical_bytes_in_use'] / 1e6:.0f} MB, "
+      f"physical live {fs['physical_bytes_live'] / 1e6:.0f} MB: savings {fs['savings_pct']:.1f} % "
       f"(ratio {fs['compression_ratio']:.2f}:1), write amplification {fs['write_amplification']:.2f}.")
 EOF
