@@ -97,10 +97,13 @@ EOF
 tests=("write 1M" "read 1M" "randread 4k" "randwrite 4k")
 declare -A sockets
 echo "bench-nbd: size $size, random tests ${runtime}s, $reps repetitions, in $work" >&2
-start_nbdkit; sockets[nbdkit]=$socket
-start_zbd lz4; sockets[zbd-lz4]=$socket
-start_zbd none; sockets[zbd-none]=$socket
 for rep in $(seq "$reps"); do
+  # Fresh devices every repetition: each sees the same history (empty, filled sequentially, read,
+  # then random reads and writes), so repetitions measure the same thing.
+  rm -rf "$work/nbdkit" "$work/zbd-lz4" "$work/zbd-none"
+  start_nbdkit; sockets[nbdkit]=$socket
+  start_zbd lz4; sockets[zbd-lz4]=$socket
+  start_zbd none; sockets[zbd-none]=$socket
   for t in "${tests[@]}"; do
     set -- $t
     for name in nbdkit zbd-lz4 zbd-none; do
@@ -112,9 +115,9 @@ for rep in $(seq "$reps"); do
       [[ "$errno" == 0 ]] || echo "  (fio error $errno: $(grep -m1 error "$out.err"))" >&2
     done
   done
+  lz4_stat=$("$zbd" stat --json "$work/zbd-lz4/vol.zbd")
+  stop_last; stop_last; stop_last
 done
-lz4_stat=$("$zbd" stat --json "$work/zbd-lz4/vol.zbd")
-stop_last; stop_last; stop_last
 
 # Filesystem copy: ext4 on an attached lz4 volume.
 start_zbd fs
@@ -152,7 +155,7 @@ def median(name, test):
 tests = [("write", "1 MiB seq write"), ("read", "1 MiB seq read"),
          ("randread", "4 KiB rand read"), ("randwrite", "4 KiB rand write")]
 print(f"fio `ioengine=nbd`, iodepth 16, 2 jobs, device {size}, random tests {runtime} s, "
-      f"half-compressible refilled buffers; median of {reps} interleaved runs.\n")
+      f"half-compressible refilled buffers; median of {reps} interleaved runs, each on fresh devices.\n")
 print("| test | nbdkit file | zbd lz4 | zbd none | lz4 / nbdkit | none / nbdkit |")
 print("|---|---|---|---|---|---|")
 for i, (test, label) in enumerate(tests):

@@ -186,7 +186,10 @@ fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
     let nbdfuse = require("nbdfuse", "libnbd-bin")?;
     require("fusermount3", "fuse3")?;
     let losetup = require("losetup", "util-linux")?;
-    let work_dir = unique_dir(&args.state_dir)?;
+    // Absolute, so detach works from any directory.
+    let state_dir = std::fs::canonicalize(&args.state_dir)
+        .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    let work_dir = unique_dir(&state_dir)?;
     let mountpoint = work_dir.join("mnt");
     std::fs::create_dir(&mountpoint)
         .with_context(|| format!("cannot create {}", mountpoint.display()))?;
