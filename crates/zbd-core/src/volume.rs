@@ -756,6 +756,11 @@ impl Inner {
         report
     }
 
+    /// Makes `close` a no-op (see `Volume::abandon`).
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
     /// Whether free extents are below the low watermark (cheap; called after writes).
     pub(crate) fn below_low_watermark(&self) -> bool {
         let st = self.state.lock();

@@ -11,7 +11,7 @@ use zbd_core::{Codec, CreateOptions, Error, FileStorage, SimStorage, Storage, Vo
 
 fn kill_and_reopen(disk: &Arc<SimStorage>, vol: Volume) -> (Arc<SimStorage>, Volume) {
     vol.flush().expect("flush");
-    std::mem::forget(vol);
+    vol.abandon();
     let d = Arc::new(SimStorage::from_image(disk.current_image()));
     let v = Volume::open(Box::new(Arc::clone(&d)), open_opts()).expect("reopen");
     (d, v)
