@@ -172,6 +172,14 @@ fn superblock_damage_and_foreign_or_truncated_files_are_clean_errors() {
     disk.flip_bit(40, 0);
     // Copy B takes over.
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open with copy B");
+    let report = vol.check(&|_, _| {});
+    assert!(
+        report
+            .metadata_problems
+            .iter()
+            .any(|p| p.contains("superblock copy A")),
+        "{report:?}"
+    );
     vol.close().expect("close");
     drop(vol);
     disk.flip_bit(SUPERBLOCK_BYTES as u64 + 40, 0);
