@@ -20,7 +20,7 @@ fn expected_block(lba: u64) -> Vec<u8> {
     }
     (0..4096u64)
         .map(|i| {
-            if lba % 2 == 0 {
+            if lba.is_multiple_of(2) {
                 b"v1 block text "[(i % 14) as usize]
             } else {
                 (i * 7 + lba * 13) as u8
