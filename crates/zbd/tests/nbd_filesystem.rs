@@ -118,3 +118,95 @@ fn xfs_on_zbd_keeps_every_file() {
         &[Path::new("/usr/share/doc")],
     );
 }
+
+/// `zbd detach` refuses a mounted device, and never detaches a loop device that a stale or forged
+/// record names but that is bound to somebody else's file.
+#[test]
+fn detach_refuses_mounted_and_foreign_devices() {
+    if tools(&["nbdfuse", "fusermount3", "losetup", "mkfs.ext4"]).is_none() || !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state_dir = dir.path().join("state");
+    let volume = dir.path().join("vol.zbd");
+    create_volume(&volume, "64M", "lz4");
+    let served = Served::start(&volume, dir.path());
+    let mut attached = Attached::new(&served.socket, &state_dir);
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&attached.device));
+    let mut mounted = Mounted::new(&attached.device, &dir.path().join("mnt"));
+    let refused = Command::new(ZBD)
+        .arg("detach")
+        .arg(&attached.device)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .output()
+        .expect("run zbd detach");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is mounted"),
+        "{refused:?}"
+    );
+    mounted.unmount();
+    let detached = attached.detach();
+    assert!(detached.status.success(), "{detached:?}");
+
+    // A loop device this test made, which a forged record says `zbd attach` made.
+    let backing = dir.path().join("foreign.img");
+    std::fs::File::create(&backing)
+        .and_then(|f| f.set_len(8 << 20))
+        .expect("image");
+    let foreign = Foreign::new(&backing);
+    let record = serde_json::json!({
+        "kind": "fuse",
+        "device": foreign.0,
+        "mountpoint": dir.path().join("nowhere"),
+        "nbdfuse_pid": 1,
+        "work_dir": dir.path().join("nowhere"),
+    });
+    let name = foreign
+        .0
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    std::fs::write(
+        state_dir.join(format!("attach-{name}.json")),
+        record.to_string(),
+    )
+    .expect("record");
+    let refused = Command::new(ZBD)
+        .arg("detach")
+        .arg(&foreign.0)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .output()
+        .expect("run zbd detach");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("leaving it alone"),
+        "{refused:?}"
+    );
+    let still = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .expect("foreign loop device must still be attached");
+    assert_eq!(Path::new(still.trim()), backing);
+}
+
+/// A loop device this test creates itself, detached on drop.
+struct Foreign(PathBuf);
+
+impl Foreign {
+    fn new(backing: &Path) -> Foreign {
+        let output = run(Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(backing));
+        Foreign(PathBuf::from(stdout(&output).trim()))
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
