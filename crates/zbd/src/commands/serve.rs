@@ -6,7 +6,7 @@
 //! ([`control_socket_path`]).
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -195,8 +195,10 @@ fn listen_address(args: &ServeArgs) -> Result<Listen> {
             format!("127.0.0.1:{text}")
         };
         let address: SocketAddr = with_host
-            .parse()
-            .with_context(|| format!("--listen {text:?}: expected HOST:PORT or PORT"))?;
+            .to_socket_addrs()
+            .with_context(|| format!("--listen {text:?}: expected HOST:PORT or PORT"))?
+            .next()
+            .with_context(|| format!("--listen {text:?}: the host has no address"))?;
         return Ok(Listen::Tcp(address));
     }
     let socket = match &args.socket {
