@@ -284,8 +284,21 @@ fn stop_on_signals(
     Ok((handle, thread))
 }
 
+/// The server logs one line per connection and per rejected request; `ZBD_LOG` filters
+/// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ZBD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter)
+        .try_init();
+}
+
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let args = &args;
+    init_logging();
     let listen = listen_address(args)?;
     let volume = open_volume(args)?;
     let export = Arc::new(VolumeExport {
