@@ -136,18 +136,7 @@ fn detach_refuses_mounted_and_foreign_devices() {
         .args(["-q", "-F"])
         .arg(&attached.device));
     let mut mounted = Mounted::new(&attached.device, &dir.path().join("mnt"));
-    let refused = Command::new(ZBD)
-        .arg("detach")
-        .arg(&attached.device)
-        .arg("--state-dir")
-        .arg(&state_dir)
-        .output()
-        .expect("run zbd detach");
-    assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("is mounted"),
-        "{refused:?}"
-    );
+    assert_detach_refused(&attached.device, &state_dir, "is mounted");
     mounted.unmount();
     let detached = attached.detach();
     assert!(detached.status.success(), "{detached:?}");
@@ -176,21 +165,27 @@ fn detach_refuses_mounted_and_foreign_devices() {
         record.to_string(),
     )
     .expect("record");
-    let refused = Command::new(ZBD)
-        .arg("detach")
-        .arg(&foreign.0)
-        .arg("--state-dir")
-        .arg(&state_dir)
-        .output()
-        .expect("run zbd detach");
-    assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("leaving it alone"),
-        "{refused:?}"
-    );
+    assert_detach_refused(&foreign.0, &state_dir, "leaving it alone");
     let still = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
         .expect("foreign loop device must still be attached");
     assert_eq!(Path::new(still.trim()), backing);
+}
+
+fn assert_detach_refused(device: &Path, state_dir: &Path, reason: &str) {
+    let refused = Command::new(ZBD)
+        .arg("detach")
+        .arg(device)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .output()
+        .expect("run zbd detach");
+    assert!(
+        !refused.status.success(),
+        "detach of {} succeeded",
+        device.display()
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains(reason), "expected {reason:?}: {stderr}");
 }
 
 /// A loop device this test creates itself, detached on drop.
