@@ -27,9 +27,19 @@ pub const HANDSHAKE_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// client cannot hold worker threads (and the socket lock) forever.
 pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Threads serving one connection by default, hence requests in flight per connection (as
-/// nbdkit's default of 16, halved: our requests are CPU-bound compression on few cores).
-pub const THREADS_PER_CONNECTION_DEFAULT: usize = 8;
+/// Threads serving one connection by default, hence requests in flight per connection: one per
+/// core, within these bounds. Our requests are CPU-bound (compression), so threads beyond the
+/// cores only add context switches: on 2 cores, 4 threads per connection gave 165k random 4 KiB
+/// reads/s from a zbd volume, 8 gave 131k and 16 gave 117k (fio, iodepth 16, 2 connections).
+pub const THREADS_PER_CONNECTION_MIN: usize = 4;
+pub const THREADS_PER_CONNECTION_MAX: usize = 16;
+
+/// The default number of threads per connection on this machine.
+pub fn threads_per_connection_default() -> usize {
+    std::thread::available_parallelism()
+        .map_or(THREADS_PER_CONNECTION_MIN, |cores| cores.get())
+        .clamp(THREADS_PER_CONNECTION_MIN, THREADS_PER_CONNECTION_MAX)
+}
 
 /// Block status descriptors in one reply (the client asks again for the rest).
 pub const DESCRIPTORS_MAX: usize = 16 << 10;
@@ -38,3 +48,4 @@ pub const DESCRIPTORS_MAX: usize = 16 << 10;
 pub const CONNECTIONS_MAX_DEFAULT: usize = 64;
 
 const _: () = assert!(STRING_BYTES_MAX < OPTION_BYTES_MAX as usize);
+const _: () = assert!(THREADS_PER_CONNECTION_MIN <= THREADS_PER_CONNECTION_MAX);

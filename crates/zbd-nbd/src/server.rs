@@ -55,7 +55,7 @@ impl Default for ServerConfig {
         ServerConfig {
             export_name: String::new(),
             description: None,
-            threads_per_connection: limits::THREADS_PER_CONNECTION_DEFAULT,
+            threads_per_connection: limits::threads_per_connection_default(),
             payload_bytes_max: limits::PAYLOAD_BYTES_MAX_DEFAULT,
             connections_max: limits::CONNECTIONS_MAX_DEFAULT,
         }

@@ -1,5 +1,5 @@
 //! Requests on one connection run concurrently and reply out of order: a read that cannot finish
-//! until a later read has finished must still succeed.
+//! until the client has seen the reply to a later read, and sent a third one, must still succeed.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::raw::RawClient;
 use zbd_nbd::{wire, Export, ExportError, ExportResult, Listen, Server, ServerConfig};
 
-/// Reads at offset 0 wait (up to 10 s) until a read elsewhere has completed.
+/// Reads at offset 0 wait (up to 10 s) for a read at offset 8192, which opens the gate.
 struct GateExport {
     opened: Mutex<bool>,
     changed: Condvar,
@@ -31,7 +31,7 @@ impl Export for GateExport {
                     "the later read never ran: requests are serialised",
                 ));
             }
-        } else {
+        } else if offset == 8192 {
             *self.opened.lock().expect("lock") = true;
             self.changed.notify_all();
         }
@@ -74,8 +74,10 @@ fn a_later_request_can_overtake_an_earlier_one() {
     client.handshake(false, false);
     client.request(0, wire::CMD_READ, 1, 0, 512);
     client.request(0, wire::CMD_READ, 2, 4096, 512);
+    // Read 1 is blocked, so the first reply must be read 2's.
     let first = client.reply(512);
-    let second = client.reply(512);
+    client.request(0, wire::CMD_READ, 3, 8192, 512);
+    let mut rest = [client.reply(512), client.reply(512)];
     client.request(0, wire::CMD_DISC, 0, 0, 0);
     stop.shutdown();
     thread.join().expect("server thread").expect("clean stop");
@@ -83,8 +85,15 @@ fn a_later_request_can_overtake_an_earlier_one() {
     assert_eq!(
         (first.handle, first.error),
         (2, 0),
-        "the later read should reply first"
+        "read 2 should overtake read 1"
     );
-    assert_eq!((second.handle, second.error), (1, 0));
-    assert!(second.payload.iter().all(|&b| b == 1));
+    rest.sort_by_key(|reply| reply.handle);
+    assert_eq!(
+        (rest[0].handle, rest[0].error),
+        (1, 0),
+        "read 1 failed: {:?}",
+        rest[0]
+    );
+    assert_eq!((rest[1].handle, rest[1].error), (3, 0));
+    assert!(rest[0].payload.iter().all(|&b| b == 1));
 }
