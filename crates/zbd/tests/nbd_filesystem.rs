@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nbd_support::{
-    can_mount, create_volume, fingerprint, run, stdout, tools, tree, Attached, Mounted, Served, ZBD,
+    can_mount, control_socket, create_volume, fingerprint, run, stdout, tools, tree, Attached,
+    Mounted, Served, ZBD,
 };
 
 /// Fingerprints of every file under each source, keyed by path relative to the copy's root.
@@ -82,7 +83,14 @@ fn filesystem_round_trip(mkfs: &[&str], fsck: &[&str], sources: &[&Path]) {
     drop(mounted_again);
     let detached = attached.detach();
     assert!(detached.status.success(), "zbd detach: {detached:?}");
+    let control = control_socket(&volume);
+    assert!(
+        control.exists(),
+        "no control socket at {}",
+        control.display()
+    );
     assert!(served.stop(), "zbd serve did not exit cleanly on SIGTERM");
+    assert!(!control.exists(), "a clean stop leaves no control socket");
     run(Command::new(ZBD).arg("check").arg(&volume));
 
     // A new server process on the closed volume: nothing may have lived only in a cache.

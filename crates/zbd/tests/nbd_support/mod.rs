@@ -155,11 +155,13 @@ impl Served {
         }
     }
 
-    /// SIGKILL: a crash.
+    /// SIGKILL: a crash. The dead server's control socket is removed so tests leave nothing in
+    /// /run/zbd (a restarted server on the same path would replace it anyway).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            let _ = std::fs::remove_file(control_socket(&self.volume));
         }
     }
 }
@@ -168,6 +170,18 @@ impl Drop for Served {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The control socket `zbd serve` uses for `volume` (docs/nbd.md: FNV-1a 64 of the canonical
+/// path, in /run/zbd).
+pub fn control_socket(volume: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(volume).unwrap_or_else(|_| volume.to_path_buf());
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in canonical.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    PathBuf::from(format!("/run/zbd/ctl-{hash:016x}.sock"))
 }
 
 /// A block device made by `zbd attach`; dropping it runs `zbd detach`.
