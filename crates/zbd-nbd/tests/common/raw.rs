@@ -43,6 +43,21 @@ impl RawClient {
         self.stream.write_all(bytes).expect("send");
     }
 
+    /// Sends bytes the server is entitled to refuse by closing the connection first (a payload
+    /// after a request that breaks the protocol, a flood from a client that never reads): a
+    /// broken pipe or reset here is the server doing its job, not a failure.
+    pub fn send_may_be_refused(&mut self, bytes: &[u8]) {
+        if let Err(e) = self.stream.write_all(bytes) {
+            assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ),
+                "send failed other than by the server closing: {e}"
+            );
+        }
+    }
+
     pub fn read_exact(&mut self, length: usize) -> Vec<u8> {
         let mut buf = vec![0u8; length];
         self.stream.read_exact(&mut buf).expect("read from server");
