@@ -14,3 +14,5 @@ echo "== zbd bench cleaner (time series in $out/cleaner-series.csv)"
 "$zbd" bench cleaner --capacity 64M --factor 4 --csv "$out/cleaner-series.csv"
 echo "== heavy engine tests (ignored in make test)"
 cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture
+echo "== NBD: zbd serve vs nbdkit file under fio's nbd engine; savings of a filesystem copy"
+bash scripts/bench-nbd.sh
