@@ -1,0 +1,67 @@
+"""What `zbdlab run` prints at the end, and the hook where the comparison report will be generated."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from zbdlab.results.store import ResultStore
+
+
+def summary_table(rows: list[dict[str, Any]]) -> Table:
+    """Median throughput, CV, CPU and compression ratio per target x workload x operation (kept runs)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if not r.get("discarded"):
+            groups[(r["target"], r["workload"], r["operation"])].append(r)
+    table = Table(title="zbdlab run: medians over repetitions (discarded runs excluded)")
+    for name, justify in (
+        ("target", "left"),
+        ("workload", "left"),
+        ("operation", "left"),
+        ("n", "right"),
+        ("MB/s", "right"),
+        ("CV %", "right"),
+        ("CPU s", "right"),
+        ("ratio", "right"),
+        ("warn", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for (target, workload, op), rs in sorted(groups.items()):
+        tput = [r["throughput_bytes_per_s"] for r in rs if r.get("throughput_bytes_per_s") is not None]
+        cpu = [
+            (r.get("cpu_user_s") or 0) + (r.get("cpu_system_s") or 0)
+            for r in rs
+            if r.get("cpu_user_s") is not None
+        ]
+        ratio = [r["compression_ratio"] for r in rs if r.get("compression_ratio") is not None]
+        cv = (
+            statistics.stdev(tput) / statistics.fmean(tput) * 100
+            if len(tput) > 1 and statistics.fmean(tput)
+            else None
+        )
+        table.add_row(
+            target,
+            workload,
+            op,
+            str(len(rs)),
+            f"{statistics.median(tput) / 1e6:.1f}" if tput else "-",
+            f"{cv:.0f}" if cv is not None else "-",
+            f"{statistics.median(cpu):.2f}" if cpu else "-",
+            f"{statistics.median(ratio):.2f}" if ratio else "-",
+            str(len({w for r in rs for w in r.get("warnings") or []})),
+        )
+    return table
+
+
+def generate_report(results_dir: Path, console: Console) -> None:
+    """The hook `zbdlab run` calls when it finishes. Until `zbdlab report` lands it prints the
+    summary table; then it will render the comparison report for `results_dir` here."""
+    rows = ResultStore(results_dir).read_rows()
+    if rows:
+        console.print(summary_table(rows))

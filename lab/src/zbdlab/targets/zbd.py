@@ -1,0 +1,164 @@
+"""A zbd volume: `zbd create` on a loop device of its own, `zbd serve`, `zbd attach` -> /dev/loopN.
+
+The backing store sits on its own loop device so /sys/block/loopX/stat counts zbd's real I/O the same
+way as every other target's. The server runs in the foreground in its own session; it is stopped with
+SIGTERM to the PID zbdlab started, after the filesystem on it is unmounted and the device detached.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from zbdlab.app import HostError, zbd_binary
+from zbdlab.config import ZbdSpec
+from zbdlab.targets.cleanup import CleanupStack, Step
+from zbdlab.targets.commands import Commands, stop_process, wait_for
+
+
+def zbd_problem() -> str | None:
+    """Why zbd targets cannot run here, or None when the binary has the commands the lab uses."""
+    binary = zbd_binary()
+    if binary is None:
+        return "zbd binary not found (set ZBD_BIN, build target/release/zbd, or put zbd on PATH)"
+    try:
+        text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{binary} --help failed: {exc}"
+    missing = [c for c in ("create", "serve", "attach", "detach", "stat") if c not in text]
+    if missing:
+        return f"{binary} lacks the subcommand(s) {', '.join(missing)}"
+    return None
+
+
+def _size_arg(size: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return str(size)
+
+
+class ZbdVolume:
+    def __init__(self, spec: ZbdSpec, backing: str, size_bytes: int, workdir: Path, cmds: Commands) -> None:
+        problem = zbd_problem()
+        if problem:
+            raise HostError(problem)
+        self.binary = zbd_binary() or "zbd"
+        self.spec, self.backing, self.workdir, self.cmds = spec, backing, workdir, cmds
+        self.size_bytes = spec.logical_size_bytes or size_bytes
+        self.socket = workdir / "zbd.sock"
+        self.pidfile = workdir / "zbd.pid"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.device: str | None = None
+        self._steps: list[Step] = []
+
+    def create(self) -> None:
+        self.cmds.run(
+            [
+                self.binary,
+                "create",
+                self.backing,
+                "--size",
+                _size_arg(self.size_bytes),
+                "--codec",
+                self.spec.codec,
+                "--extent-size",
+                _size_arg(self.spec.extent_size_bytes),
+                "--force",
+            ]
+        )
+
+    def start(self, stack: CleanupStack) -> str:
+        """Serve and attach; returns the block device the filesystem goes on."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for stale in (self.socket, self.pidfile):
+            stale.unlink(missing_ok=True)
+        argv = [
+            self.binary,
+            "serve",
+            self.backing,
+            "--socket",
+            str(self.socket),
+            "--pidfile",
+            str(self.pidfile),
+        ]
+        proc = self.cmds.spawn(argv, self.workdir / "zbd-serve.log")
+        self.proc = proc
+        self._steps.append(stack.push(f"stop zbd serve (pid {proc.pid})", self._stop_server))
+
+        def ready() -> bool:
+            return proc.poll() is not None or (self.socket.exists() and self._pidfile_ok())
+
+        wait_for(ready, 30, f"zbd serve socket {self.socket}")
+        if proc.poll() is not None:
+            log = (self.workdir / "zbd-serve.log").read_text(errors="replace").strip()[-300:]
+            raise HostError(f"zbd serve exited at start (exit {proc.returncode}): {log}")
+        out = self.cmds.run([self.binary, "attach", "--socket", str(self.socket)]).stdout
+        devices = [w for w in out.split() if w.startswith("/dev/")]
+        if not devices:
+            raise HostError(f"zbd attach printed no device: {out.strip()!r}")
+        device = devices[-1]
+        self.device = device
+        self._steps.append(stack.push(f"zbd detach {device}", lambda: self._detach(device)))
+        return device
+
+    def _pidfile_ok(self) -> bool:
+        try:
+            return self.pidfile.read_text().strip().isdigit()
+        except OSError:
+            return False
+
+    def _detach(self, device: str) -> None:
+        self.cmds.run([self.binary, "detach", device])
+        self.device = None
+
+    def _stop_server(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+    def stop(self, stack: CleanupStack) -> None:
+        """Detach and stop the server now (cold-cache restart), newest first."""
+        while self._steps:
+            stack.release(self._steps.pop())
+
+    def stat(self) -> tuple[dict[str, Any], str]:
+        text = self.cmds.run([self.binary, "stat", self.backing, "--json"]).stdout
+        try:
+            return json.loads(text), text
+        except json.JSONDecodeError:
+            return {}, text
+
+
+def stat_numbers(stat: dict[str, Any]) -> tuple[int | None, int | None, float | None]:
+    """(logical bytes, physical bytes, ratio) from `zbd stat --json`, tolerant of nesting and naming."""
+    flat: dict[str, Any] = {}
+
+    def walk(obj: Any, prefix: str = "") -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            flat[prefix.rstrip(".")] = obj
+
+    walk(stat)
+
+    def pick(*names: str) -> Any:
+        for key, value in flat.items():
+            leaf = key.rsplit(".", 1)[-1]
+            if leaf in names and isinstance(value, int | float) and not isinstance(value, bool):
+                return value
+        return None
+
+    logical = pick("logical_bytes", "logical_bytes_used", "logical_used_bytes", "logical")
+    physical = pick("physical_bytes", "physical_bytes_used", "physical_used_bytes", "physical")
+    ratio = pick("compression_ratio", "ratio")
+    if ratio is None and logical and physical:
+        ratio = logical / physical
+    return (
+        int(logical) if logical is not None else None,
+        int(physical) if physical is not None else None,
+        ratio,
+    )
