@@ -27,7 +27,9 @@ class TinyFio:
         self.executions = 0
 
     def cells(self) -> list[Cell]:
-        return [Cell(file_size_bytes=self.size * (i + 1), record_size_bytes=self.bs) for i in range(self.n_cells)]
+        return [
+            Cell(file_size_bytes=self.size * (i + 1), record_size_bytes=self.bs) for i in range(self.n_cells)
+        ]
 
     def execute(self, cell: Cell, ctx: RunContext) -> list[Measurement]:
         self.executions += 1

@@ -75,7 +75,8 @@ def test_xfs_provision(scratch: Path) -> None:
 
 def test_btrfs_raid1_zstd_provision(scratch: Path) -> None:
     seen = exercise(
-        target('name = "b"\nfs = "btrfs"\nsize = "256M"\ndevices = 2\nraid = "raid1"\ncompress = "zstd:3"'), scratch
+        target('name = "b"\nfs = "btrfs"\nsize = "256M"\ndevices = 2\nraid = "raid1"\ncompress = "zstd:3"'),
+        scratch,
     )
     assert len(seen["backing"]) == 2
     space = seen["space"]
@@ -84,7 +85,9 @@ def test_btrfs_raid1_zstd_provision(scratch: Path) -> None:
 
 
 def test_zfs_gzip_provision_through_zfs_fuse(scratch: Path) -> None:
-    seen = exercise(target('name = "z"\nfs = "zfs"\nsize = "256M"\ncompression = "gzip"\ndedup = true'), scratch)
+    seen = exercise(
+        target('name = "z"\nfs = "zfs"\nsize = "256M"\ncompression = "gzip"\ndedup = true'), scratch
+    )
     space = seen["space"]
     assert space.extra["ratio_source"] == "zfs compressratio"
     assert space.compression_ratio > 2

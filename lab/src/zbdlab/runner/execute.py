@@ -484,6 +484,8 @@ def _signals_raise() -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted in the main thread, so the finally blocks unwind."""
 
     def handler(signum: int, _frame: Any) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the teardown short
+            signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -43,6 +43,7 @@ class CleanupStack:
         if step in self.steps:
             self.steps.remove(step)
             self._run(step)
+        self._reraise()
 
     def close_scope(self, parent: CleanupStack) -> None:
         parent.release(self._step)  # type: ignore[attr-defined]
@@ -54,11 +55,28 @@ class CleanupStack:
     def close(self) -> None:
         while self.steps:
             self._run(self.steps.pop())
+        self._reraise()
 
     def _run(self, step: Step) -> None:
         try:
             step.undo()
-        except BaseException as exc:  # keep tearing down even after Ctrl-C during teardown
+        except Exception as exc:  # keep tearing down: report and go on with the rest
             message = f"cleanup: {step.label}: {exc}"
             self.failures.append(message)
             self.report(message)
+        except BaseException as exc:
+            # An interrupt during an undo: finish that undo (steps are idempotent) and the rest of
+            # the stack, then let the interrupt go on.
+            self._pending = exc
+            try:
+                step.undo()
+            except Exception as again:
+                self.failures.append(f"cleanup: {step.label}: {again}")
+                self.report(self.failures[-1])
+
+    _pending: BaseException | None = None
+
+    def _reraise(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            raise pending

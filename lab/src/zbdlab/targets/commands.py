@@ -64,7 +64,9 @@ class Commands:
             raise CommandError(argv, proc.returncode, proc.stderr + proc.stdout)
         return proc
 
-    def spawn(self, argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, argv: list[str], log_file: Path, adopt: Callable[[subprocess.Popen[bytes]], None]
+    ) -> subprocess.Popen[bytes]:
         """Start a daemon in its own session, so a terminal's Ctrl-C reaches zbdlab first and zbdlab
         stops it only after unmounting what depends on it."""
         with open(log_file, "ab") as out:
@@ -79,6 +81,7 @@ class Commands:
             except FileNotFoundError:
                 self.record(argv, None, "not found")
                 raise HostError(f"{argv[0]} not found") from None
+            adopt(proc)  # handed over at once, so the undo step pushed before this can stop it
         self.record(argv, None, f"spawned pid {proc.pid}")
         return proc
 

@@ -11,20 +11,24 @@ from zbdlab.targets.commands import CommandError, Commands, wait_for
 
 def create_loop(cmds: Commands, stack: CleanupStack, image: Path, size_bytes: int) -> str:
     """A sparse image of `size_bytes` and a loop device over it; both undone on the stack."""
-    cmds.run(["truncate", "-s", str(size_bytes), str(image)])
+    # Each undo step is pushed before its action and checks what exists, so an interrupt at any
+    # instant (even between the action and its bookkeeping) still leaves nothing behind.
     stack.push(f"remove {image}", lambda: image.unlink(missing_ok=True))
+    cmds.run(["truncate", "-s", str(size_bytes), str(image)])
+    stack.push(f"detach loop devices over {image}", lambda: detach_loops(cmds, image))
     device = cmds.run(["losetup", "--find", "--show", str(image)]).stdout.strip()
     if not device.startswith("/dev/loop"):
         raise CommandError(["losetup", "--find", "--show", str(image)], 0, f"unexpected output {device!r}")
-    stack.push(f"losetup -d {device}", lambda: detach_loop(cmds, device, image))
     return device
 
 
-def detach_loop(cmds: Commands, device: str, image: Path) -> None:
-    """Detach `device` only if it is still the one over our image (never anyone else's)."""
+def detach_loops(cmds: Commands, image: Path) -> None:
+    """Detach the loop devices over our own image file (never anyone else's)."""
     listed = cmds.run(["losetup", "-j", str(image)], check=False).stdout
-    if any(line.split(":", 1)[0] == device for line in listed.splitlines()):
-        cmds.run(["losetup", "-d", device])
+    for line in listed.splitlines():
+        device = line.split(":", 1)[0]
+        if device.startswith("/dev/loop"):
+            cmds.run(["losetup", "-d", device])
 
 
 def loop_name(device: str) -> str:

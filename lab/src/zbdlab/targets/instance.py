@@ -103,9 +103,9 @@ class TargetInstance:
             self.cmds.run(["btrfs", "device", "scan", "--forget", d], check=False)
 
     def _mount(self) -> None:
-        self.mount_argv = dev.mount(self.cmds, self.spec, self.fs_devices, self.mountpoint)
         mnt = self.mountpoint
         self._mount_step = self.stack.push(f"umount {mnt}", lambda: dev.umount(self.cmds, mnt))
+        self.mount_argv = dev.mount(self.cmds, self.spec, self.fs_devices, self.mountpoint)
 
     def remount(self) -> dict[str, Any]:
         """Unmount, restart the user-space parts (zbd server + attach, zfs-fuse), mount again."""

@@ -84,9 +84,9 @@ class ZbdVolume:
             "--pidfile",
             str(self.pidfile),
         ]
-        proc = self.cmds.spawn(argv, self.workdir / "zbd-serve.log")
-        self.proc = proc
-        self._steps.append(stack.push(f"stop zbd serve (pid {proc.pid})", self._stop_server))
+        # undo steps go on the stack before their action (see devices.create_loop)
+        self._steps.append(stack.push("stop zbd serve", self._stop_server))
+        proc = self.cmds.spawn(argv, self.workdir / "zbd-serve.log", self._adopt)
 
         def ready() -> bool:
             return proc.poll() is not None or (self.socket.exists() and self._pidfile_ok())
@@ -95,14 +95,13 @@ class ZbdVolume:
         if proc.poll() is not None:
             log = (self.workdir / "zbd-serve.log").read_text(errors="replace").strip()[-300:]
             raise HostError(f"zbd serve exited at start (exit {proc.returncode}): {log}")
+        self._steps.append(stack.push("zbd detach", self._detach))
         out = self.cmds.run([self.binary, "attach", "--socket", str(self.socket)]).stdout
         devices = [w for w in out.split() if w.startswith("/dev/")]
         if not devices:
             raise HostError(f"zbd attach printed no device: {out.strip()!r}")
-        device = devices[-1]
-        self.device = device
-        self._steps.append(stack.push(f"zbd detach {device}", lambda: self._detach(device)))
-        return device
+        self.device = devices[-1]
+        return self.device
 
     def _pidfile_ok(self) -> bool:
         try:
@@ -110,9 +109,19 @@ class ZbdVolume:
         except OSError:
             return False
 
-    def _detach(self, device: str) -> None:
-        self.cmds.run([self.binary, "detach", device])
-        self.device = None
+    def _adopt(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def _detach(self) -> None:
+        if self.device is None:
+            # interrupted between attach and reading its output: find a loop device over a file in
+            # our volume's directory (where nbdfuse's mount would be), else nothing was attached
+            listed = self.cmds.run(["losetup", "-a"], check=False).stdout
+            found = [ln.split(":", 1)[0] for ln in listed.splitlines() if str(self.workdir) in ln]
+            self.device = found[0] if found else None
+        if self.device is not None:
+            self.cmds.run([self.binary, "detach", self.device])
+            self.device = None
 
     def _stop_server(self) -> None:
         if self.proc is not None:

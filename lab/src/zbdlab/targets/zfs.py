@@ -55,18 +55,20 @@ class ZfsService:
             self.started = True  # someone else's daemon: use it, never stop it
             return
         require_tool("zfs-fuse", "ZFS targets without kernel ZFS")
-        self._start()
-        self.started = True
         self.stack.push("stop zfs-fuse", self._stop)
+        self.started = True
+        self._start()
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = self.cmds.spawn(["zfs-fuse", "--no-daemon"], self.workdir / "zfs-fuse.log")
-        proc = self.proc
+        proc = self.cmds.spawn(["zfs-fuse", "--no-daemon"], self.workdir / "zfs-fuse.log", self._adopt)
         wait_for(lambda: proc.poll() is not None or _socket_alive(ZFS_FUSE_SOCKET), 30, "the zfs-fuse socket")
         if proc.poll() is not None:
             log = (self.workdir / "zfs-fuse.log").read_text(errors="replace")[-300:]
             raise HostError(f"zfs-fuse exited at start (exit {proc.returncode}): {log.strip()}")
+
+    def _adopt(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
 
     def _stop(self) -> None:
         if self.proc is not None:
@@ -110,9 +112,9 @@ def create_pool(
     if spec.recordsize_bytes:
         props += ["-O", f"recordsize={spec.recordsize_bytes}"]
     layout = [] if spec.layout == "single" else [spec.layout]
-    svc.cmds.run(["zpool", "create", "-f", "-m", str(mnt), *props, pool, *layout, *devices])
-    svc.pools[pool] = devdir
     stack.push(f"zpool destroy {pool}", lambda: destroy_pool(svc, pool))
+    svc.pools[pool] = devdir
+    svc.cmds.run(["zpool", "create", "-f", "-m", str(mnt), *props, pool, *layout, *devices])
 
 
 def destroy_pool(svc: ZfsService, pool: str) -> None:
