@@ -342,7 +342,9 @@ def _workload(source: str, name: str, table: Any, data: DataSpec, base_dir: Path
         raise ConfigError(source, key, "workload names use letters, digits, '.', '_' and '-'")
     if not isinstance(table, dict):
         raise ConfigError(source, key, f"expected a table, got {_show(table)}")
-    kind = table.get("kind")
+    kind = table.get("kind", table.get("type"))
+    if "kind" in table and "type" in table and table["kind"] != table["type"]:
+        raise ConfigError(source, f"{key}.type", "differs from kind (type is an alias of kind; give one)")
     allowed = (*WORKLOAD_KINDS, "custom")
     if kind is None:
         raise ConfigError(source, f"{key}.kind", f"missing (expected one of {', '.join(allowed)})")
@@ -350,7 +352,8 @@ def _workload(source: str, name: str, table: Any, data: DataSpec, base_dir: Path
         raise ConfigError(
             source, f"{key}.kind", f"unknown workload kind {kind!r} (expected {', '.join(allowed)})"
         )
-    own = dict(table)
+    own = {k: v for k, v in table.items() if k != "type"}
+    own["kind"] = kind
     data_table = own.pop("data", None)
     if data_table is not None and not isinstance(data_table, dict):
         raise ConfigError(source, f"{key}.data", f"expected a table, got {_show(data_table)}")

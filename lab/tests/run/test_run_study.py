@@ -175,8 +175,9 @@ def test_resume_after_sigterm_skips_recorded_runs(tmp_path: Path, scratch: Path)
 def test_failing_workload_leaves_nothing_behind(tmp_path: Path, scratch: Path) -> None:
     zfs = '[[targets]]\nname = "zfs"\nfs = "zfs"\nsize = "256M"\ncompression = "gzip"'
     raid = '[[targets]]\nname = "btrfs-raid1"\nfs = "btrfs"\nsize = "256M"\ndevices = 2\nraid = "raid1"'
+    # format "once" keeps every target live until its last run: fail in repetition 2, when all are
     study = write_study(
-        tmp_path, scratch, reps=1, fmt="once", more=f"{zfs}\n{raid}", wl="fail_on_execution = 4"
+        tmp_path, scratch, reps=2, fmt="once", more=f"{zfs}\n{raid}", wl="fail_on_execution = 5"
     )
     results = tmp_path / "results"
     proc = subprocess.run(
@@ -185,7 +186,7 @@ def test_failing_workload_leaves_nothing_behind(tmp_path: Path, scratch: Path) -
     assert proc.returncode == 1, proc.stderr + proc.stdout
     assert "run failed" in proc.stderr and "fio read exited" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert len(rows_of(results)) == 3 * 2, "the three runs before the failure stay recorded"
+    assert len(rows_of(results)) == 4 * 2, "the four units before the failure stay recorded"
     argv0 = [json.loads(line)["argv"] for line in (results / "commands.jsonl").read_text().splitlines()]
     assert sum(1 for a in argv0 if a[:2] == ["zpool", "create"]) == 1
     assert sum(1 for a in argv0 if a[0] == "losetup" and "--find" in a) == 5, "all four targets were live"

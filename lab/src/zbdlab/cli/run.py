@@ -8,8 +8,13 @@ from pathlib import Path
 
 import click
 
-from zbdlab.app import EXIT_FAILED, UserError, console, err_console
+from zbdlab.app import EXIT_FAILED, UserError, console
 from zbdlab.config import load_study
+
+
+def _say(message: str) -> None:
+    """Errors go to stderr as plain, unwrapped lines (one problem, one line)."""
+    click.echo(message, err=True)
 
 
 @click.command(name="run")
@@ -39,20 +44,18 @@ def command(study_file: Path, results_dir: Path | None, resume: bool) -> None:
         runner = Runner(study, results_dir, resume=resume, console=console)
         outcome = runner.run()
     except UserError as exc:
-        err_console.print(f"zbdlab run: {exc}", markup=False)
+        _say(f"zbdlab run: {exc}")
         sys.exit(exc.exit_code)
     except RunFailed as exc:
-        err_console.print(f"zbdlab run: run failed: {exc}", markup=False)
-        err_console.print(f"zbdlab run: everything created was torn down; finished runs are in {results_dir}")
+        _say(f"zbdlab run: run failed: {exc}")
+        _say(f"zbdlab run: everything created was torn down; finished runs are in {results_dir}")
         sys.exit(EXIT_FAILED)
     except (Interrupted, KeyboardInterrupt) as exc:
-        err_console.print(
-            f"zbdlab run: interrupted ({exc or 'SIGINT'}); torn down. Continue with:", markup=False
-        )
-        err_console.print(f"  zbdlab run {study_file} -o {results_dir} --resume", markup=False)
+        _say(f"zbdlab run: interrupted ({exc or 'SIGINT'}); torn down. Continue with:")
+        _say(f"  zbdlab run {study_file} -o {results_dir} --resume")
         sys.exit(130)
     except Exception as exc:  # a bug or an unexpected tool failure: one line, cleanup already ran
-        err_console.print(f"zbdlab run: failed: {type(exc).__name__}: {exc}", markup=False)
+        _say(f"zbdlab run: failed: {type(exc).__name__}: {exc}")
         sys.exit(EXIT_FAILED)
     for warning in outcome.warnings:
         console.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)

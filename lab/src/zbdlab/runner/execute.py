@@ -363,6 +363,8 @@ class Runner:
             monitors = {"operation_counters": d, "cache_checks": cache_checks, "space": space.extra}
             self.store.write_json(f"raw/{run_id}/monitors.json", monitors)
             self.store.write_json(f"raw/{run_id}/commands.json", {"workload": m.commands})
+            # a workload may know its data better than the study (postmark writes its own text)
+            label = getattr(m, "data_label", None)
             warnings = list(common)
             if not d:
                 warnings.append(
@@ -395,8 +397,8 @@ class Runner:
                     physical_bytes_used=space.physical_bytes_used,
                     data_bytes_stored=space.data_bytes_stored,
                     compression_ratio=space.compression_ratio,
-                    declared_compressibility=spec.data.declared_ratio,
-                    data_kind=spec.data.label,
+                    declared_compressibility=spec.data.declared_ratio if not label else None,
+                    data_kind=label or spec.data.label,
                     cache_policy=self.study.cache,
                     discarded=unit.discarded,
                     warnings=warnings,

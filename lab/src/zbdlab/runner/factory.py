@@ -53,13 +53,19 @@ def build(source: str, spec: WorkloadSpec) -> Workload:
                 f"{spec.key}.kind",
                 f"workload kind {spec.kind!r} is not available in this zbdlab build",
             )
-        factory, table = builtin, dict(spec.table)
+        # The workloads package picks the kind by a `type` key; the study file says `kind`.
+        table = {k: v for k, v in spec.table.items() if k != "kind"}
+        table["type"] = spec.kind
+        factory = builtin
     try:
         workload = factory(spec.name, table)
     except Exception as exc:
         if type(exc).__name__ == "WorkloadConfigError":
-            key = getattr(exc, "key", "") or ""
+            key = str(getattr(exc, "key", "") or "")
+            if key == "type":
+                key = "kind"
             problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(source, f"{spec.key}.{key}" if key else spec.key, problem) from None
+            named = f"{spec.key}.{key}" if key and not key.startswith("(") else spec.key
+            raise ConfigError(source, named, problem) from None
         raise
     return workload

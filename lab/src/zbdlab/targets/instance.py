@@ -49,7 +49,8 @@ class TargetInstance:
         self.backing: list[str] = []  # devices whose I/O counts as "really read/written"
         self.fs_devices: list[str] = []  # devices the filesystem sits on
         self.zbd: ZbdVolume | None = None
-        self.pool = f"zbdlab_{ident.replace('-', '_').replace('.', '_')}"[:60]
+        # pool names are machine-wide: make ours unique to this scratch directory
+        self.pool = f"zbdlab_{scratch.name[-8:]}_{ident}".replace("-", "_").replace(".", "_")[:60]
         self._mount_step: Step | None = None
         self.mkfs_argv: list[str] = []
         self.mount_argv: list[str] = []

@@ -87,7 +87,7 @@ class ZfsService:
             self._start()
             restarted = True
         for pool in pools:
-            self.cmds.run(["zpool", "import", "-d", str(self.pools[pool]), pool])
+            self.cmds.run(["zpool", "import", "-o", "cachefile=none", "-d", str(self.pools[pool]), pool])
         return restarted
 
 
@@ -114,7 +114,9 @@ def create_pool(
     layout = [] if spec.layout == "single" else [spec.layout]
     stack.push(f"zpool destroy {pool}", lambda: destroy_pool(svc, pool))
     svc.pools[pool] = devdir
-    svc.cmds.run(["zpool", "create", "-f", "-m", str(mnt), *props, pool, *layout, *devices])
+    # cachefile=none: a daemon (re)start never auto-imports our pools, not even after a crash
+    argv = ["zpool", "create", "-f", "-o", "cachefile=none", "-m", str(mnt), *props, pool, *layout, *devices]
+    svc.cmds.run(argv)
 
 
 def destroy_pool(svc: ZfsService, pool: str) -> None:
