@@ -27,7 +27,7 @@ WORKLOAD_KINDS = ("iozone", "throughput", "postmark", "fileserver", "varmail", "
 CACHE_POLICIES = ("cold", "warm")
 FORMAT_POLICIES = ("repetition", "run", "once")
 BTRFS_RAID_MIN_DEVICES = {"single": 1, "dup": 1, "raid0": 2, "raid1": 2, "raid10": 4, "raid5": 3}
-ZFS_LAYOUT_MIN_DEVICES = {"single": 1, "mirror": 2, "raidz": 3}
+ZFS_LAYOUT_MIN_DEVICES = {"single": 1, "mirror": 2, "raidz": 3, "raid10": 4}
 # zfs-fuse is pool version 23: lzjb, gzip[-N], zle; lz4 arrived later (kernel ZFS only).
 ZFS_COMPRESSION = ("off", "on", "lzjb", "gzip", "zle", "lz4") + tuple(f"gzip-{n}" for n in range(1, 10))
 ZFS_DEDUP = ("on", "off", "verify")
@@ -490,6 +490,10 @@ def _zfs(t: _Table, devices: int) -> dict[str, Any]:
     if devices < ZFS_LAYOUT_MIN_DEVICES[layout]:
         raise t.fail(
             "layout", f"{layout} needs at least {ZFS_LAYOUT_MIN_DEVICES[layout]} devices, got {devices}"
+        )
+    if layout == "raid10" and devices % 2:
+        raise t.fail(
+            "layout", f"raid10 (a stripe of two-way mirrors) needs an even number of devices, got {devices}"
         )
     compression = t.string("compression", "off", ZFS_COMPRESSION)
     dedup_raw = t.raw("dedup", "off")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from zbdlab.app import EXIT_FAILED, UserError, console
 from zbdlab.config import load_study
@@ -58,7 +59,7 @@ def command(study_file: Path, results_dir: Path | None, resume: bool) -> None:
         _say(f"zbdlab run: failed: {type(exc).__name__}: {exc}")
         sys.exit(EXIT_FAILED)
     for warning in outcome.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     generate_report(outcome.results_dir, console)
     console.print(
         f"{outcome.done} unit(s) run, {outcome.skipped} skipped as already recorded; "

@@ -29,7 +29,7 @@ from zbdlab.results.store import ResultStore
 from zbdlab.runner import factory, plan, validity
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands
-from zbdlab.targets.instance import TargetInstance, provision
+from zbdlab.targets.instance import Space, TargetInstance, provision
 from zbdlab.targets.zbd import zbd_problem
 from zbdlab.targets.zfs import ZfsService
 from zbdlab.workloads.base import Measurement, RunContext, Workload, WorkloadError
@@ -62,7 +62,8 @@ class _OpSample:
 class Runner:
     def __init__(self, study: Study, results_dir: Path, resume: bool = False, console: Console | None = None):
         self.study, self.resume = study, resume
-        self.store = ResultStore(results_dir)
+        # absolute: workloads run tools from other directories and hand them raw-file paths
+        self.store = ResultStore(results_dir.resolve())
         self.console = console or Console()
         self.workloads: dict[str, Workload] = {}
         self.specs: dict[str, WorkloadSpec] = {w.name: w for w in study.workloads}
@@ -252,6 +253,7 @@ class Runner:
             cache_checks.append(self._make_cold(inst, cmds, workdir, "before the run"))
         samples: dict[str, _OpSample] = {}
         deltas: dict[str, dict[str, Any]] = {}
+        spaces: dict[str, Space] = {}
         devices = inst.counted_devices()
 
         def before(op: str) -> None:
@@ -274,7 +276,10 @@ class Runner:
                 "frontend_bytes_read": f_read if front else None,
                 "frontend_bytes_written": f_written if front else None,
                 "wall_s": time.monotonic() - start.t,
+                "loadavg_1m": os.getloadavg()[0],  # other load on the machine shows up in CPU figures
             }
+            # space now, while the operation's files exist (workloads may delete them at the end)
+            spaces[op] = inst.space()
 
         def between() -> None:
             if cold:
@@ -301,12 +306,8 @@ class Runner:
             # a single-operation workload that does not call the hooks: measure the whole execution
             samples[measurements[0].operation] = whole_before
             after(measurements[0].operation)
-        cmds.context = f"{unit.unit_id} space"
-        space = inst.space()
-        for name, text in space.raw.items():
-            (raw / name).write_text(text, encoding="utf-8")
         records = self._records(
-            unit, target, spec, inst, measurements, deltas, space, cache_checks, raw, index
+            unit, target, spec, inst, measurements, deltas, spaces, cache_checks, raw, index
         )
         shutil.rmtree(workdir, ignore_errors=True)
         return records
@@ -329,7 +330,7 @@ class Runner:
         inst: TargetInstance,
         measurements: list[Measurement],
         deltas: dict[str, dict[str, Any]],
-        space: Any,
+        spaces: dict[str, Space],
         cache_checks: list[dict[str, Any]],
         raw: Path,
         index: int,
@@ -340,11 +341,6 @@ class Runner:
         fit = validity.cache_fit(working_set, self.mem_available, self.study)
         if fit:
             common.append(fit)
-        comp = validity.compressibility(
-            target, space.compression_ratio, spec.data.declared_ratio, self.study.realistic_ratio
-        )
-        if comp:
-            common.append(comp)
         warm_left = [c for c in cache_checks if c.get("resident_bytes_after")]
         if warm_left:
             common.append(
@@ -358,14 +354,23 @@ class Runner:
             suffix = "" if seen[m.operation] == 1 else f"-{seen[m.operation]}"
             run_id = f"{unit.unit_id}.{plan.safe(m.operation)}{suffix}"
             d = deltas.get(m.operation, {})
+            space = spaces.get(m.operation) or Space()
             run_raw = self.store.raw_dir(run_id)
             _link_raw(m.raw_files, raw, run_raw)
+            for name, text in space.raw.items():
+                (run_raw / name).write_text(text, encoding="utf-8")
             monitors = {"operation_counters": d, "cache_checks": cache_checks, "space": space.extra}
             self.store.write_json(f"raw/{run_id}/monitors.json", monitors)
             self.store.write_json(f"raw/{run_id}/commands.json", {"workload": m.commands})
             # a workload may know its data better than the study (postmark writes its own text)
             label = getattr(m, "data_label", None)
             warnings = list(common)
+            declared = spec.data.declared_ratio if not label else None
+            comp = validity.compressibility(
+                target, space.compression_ratio, declared, self.study.realistic_ratio
+            )
+            if comp:
+                warnings.append(comp)
             if not d:
                 warnings.append(
                     "the workload did not report this operation's start/end: no CPU or device I/O"
@@ -397,7 +402,7 @@ class Runner:
                     physical_bytes_used=space.physical_bytes_used,
                     data_bytes_stored=space.data_bytes_stored,
                     compression_ratio=space.compression_ratio,
-                    declared_compressibility=spec.data.declared_ratio if not label else None,
+                    declared_compressibility=declared,
                     data_kind=label or spec.data.label,
                     cache_policy=self.study.cache,
                     discarded=unit.discarded,

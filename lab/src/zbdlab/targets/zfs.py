@@ -111,11 +111,16 @@ def create_pool(
     props = ["-O", f"compression={spec.compression}", "-O", f"dedup={spec.dedup}"]
     if spec.recordsize_bytes:
         props += ["-O", f"recordsize={spec.recordsize_bytes}"]
-    layout = [] if spec.layout == "single" else [spec.layout]
+    if spec.layout == "raid10":  # a stripe of two-way mirrors, ZFS's RAID 10 (seed 004)
+        vdevs = [w for pair in zip(devices[::2], devices[1::2], strict=True) for w in ("mirror", *pair)]
+    elif spec.layout == "single":
+        vdevs = list(devices)
+    else:
+        vdevs = [spec.layout, *devices]
     stack.push(f"zpool destroy {pool}", lambda: destroy_pool(svc, pool))
     svc.pools[pool] = devdir
     # cachefile=none: a daemon (re)start never auto-imports our pools, not even after a crash
-    argv = ["zpool", "create", "-f", "-o", "cachefile=none", "-m", str(mnt), *props, pool, *layout, *devices]
+    argv = ["zpool", "create", "-f", "-o", "cachefile=none", "-m", str(mnt), *props, pool, *vdevs]
     svc.cmds.run(argv)
 
 
