@@ -129,7 +129,8 @@ def test_tiny_study_end_to_end(tmp_path: Path, scratch: Path) -> None:
     assert_nothing_left(results, scratch)
 
 
-def test_resume_after_sigterm_skips_recorded_runs(tmp_path: Path, scratch: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_resume_after_kill_skips_recorded_runs(tmp_path: Path, scratch: Path, sig: signal.Signals) -> None:
     study = write_study(tmp_path, scratch, reps=3, wl="cells = 2")
     results = tmp_path / "results"
     runs = results / "runs.jsonl"
@@ -146,14 +147,18 @@ def test_resume_after_sigterm_skips_recorded_runs(tmp_path: Path, scratch: Path)
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no run recorded in 120 s"
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, sig)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    assert "--resume" in err
-    assert_nothing_left(results, scratch)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130, err
+        assert "--resume" in err
+        assert_nothing_left(results, scratch)
+    else:
+        assert proc.returncode == -signal.SIGKILL  # no cleanup ran: --resume must undo the leftovers
+        assert mounts_under(scratch), "the killed run left its target mounted"
     before = {r["run_id"]: r for r in rows_of(results)}
     assert 2 <= len(before) < 2 * 3 * 2 * 2, "interrupted part-way"
 
@@ -170,6 +175,9 @@ def test_resume_after_sigterm_skips_recorded_runs(tmp_path: Path, scratch: Path)
     for run_id, row in before.items():
         assert next(r for r in lines if r["run_id"] == run_id) == row, "recorded runs were not redone"
     assert f"{len(before) // 2} skipped" in done.stdout
+    if sig == signal.SIGKILL:
+        assert "cleaned up what the interrupted run left" in done.stdout
+    assert_nothing_left(results, scratch)
 
 
 def test_failing_workload_leaves_nothing_behind(tmp_path: Path, scratch: Path) -> None:

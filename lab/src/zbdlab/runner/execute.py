@@ -26,7 +26,7 @@ from zbdlab.config import Study, TargetSpec, WorkloadSpec
 from zbdlab.monitors import cache, counters, environment
 from zbdlab.results.schema import RunRecord
 from zbdlab.results.store import ResultStore
-from zbdlab.runner import factory, plan, validity
+from zbdlab.runner import factory, plan, recover, validity
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands
 from zbdlab.targets.instance import Space, TargetInstance, provision
@@ -137,6 +137,8 @@ class Runner:
                 f"resume: {outcome.skipped} of {len(order)} units already recorded, skipping them"
             )
         cmds = Commands(store.root / "commands.jsonl")
+        if self.resume:
+            self._recover(cmds)
         stack = CleanupStack("zbdlab run", report=lambda m: self.console.print(f"[yellow]{m}[/]"))
         scratch = self._scratch(stack)
         zfs = ZfsService(cmds, stack, scratch / "zfs-fuse")
@@ -217,7 +219,16 @@ class Runner:
         base.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix="zbdlab-", dir=base))
         stack.push(f"remove {scratch}", lambda: shutil.rmtree(scratch, ignore_errors=True))
+        # recorded, so a --resume after a SIGKILL can find and undo what this run leaves behind
+        saved = self.store.read_json("plan.json")
+        saved.setdefault("scratch_dirs", []).append(str(scratch))
+        self.store.write_json("plan.json", saved)
         return scratch
+
+    def _recover(self, cmds: Commands) -> None:
+        for path in self.store.read_json("plan.json").get("scratch_dirs", []):
+            if recover.recover(Path(path), cmds):
+                self.console.print(f"resume: cleaned up what the interrupted run left in {path}")
 
     @contextmanager
     def _progress(self, total: int, done: int) -> Iterator[Progress]:

@@ -80,6 +80,7 @@ class TargetInstance:
             ]
         if spec.zbd:
             self.zbd = ZbdVolume(spec.zbd, self.backing[0], spec.size_bytes, self.dir / "zbd", self.cmds)
+            self.stack.push("remove the zbd socket directory", self.zbd.remove_sockdir)
             self.zbd.create()
             self.fs_devices = [self.zbd.start(self.stack)]
         else:

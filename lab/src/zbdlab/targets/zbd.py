@@ -8,7 +8,10 @@ SIGTERM to the PID zbdlab started, after the filesystem on it is unmounted and t
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,14 @@ def zbd_problem() -> str | None:
     return None
 
 
+def _has_flag(binary: str, command: str, flag: str = "--state-dir") -> bool:
+    try:
+        text = subprocess.run([binary, command, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return flag in text
+
+
 def _size_arg(size: int) -> str:
     for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
         if size % (1 << shift) == 0:
@@ -48,8 +59,14 @@ class ZbdVolume:
         self.binary = zbd_binary() or "zbd"
         self.spec, self.backing, self.workdir, self.cmds = spec, backing, workdir, cmds
         self.size_bytes = spec.logical_size_bytes or size_bytes
-        self.socket = workdir / "zbd.sock"
         self.pidfile = workdir / "zbd.pid"
+        # Unix socket paths must stay under 108 bytes: keep ours in a short directory of its own.
+        self.sockdir = Path(
+            tempfile.mkdtemp(prefix="zbdlab-", dir="/run" if os.access("/run", os.W_OK) else None)
+        )
+        self.socket = self.sockdir / "nbd.sock"
+        # attach/detach records and nbdfuse mounts in our own directory, when zbd lets us say so
+        self.state_args = ["--state-dir", str(workdir / "attach")] if _has_flag(self.binary, "attach") else []
         self.proc: subprocess.Popen[bytes] | None = None
         self.device: str | None = None
         self._steps: list[Step] = []
@@ -96,7 +113,7 @@ class ZbdVolume:
             log = (self.workdir / "zbd-serve.log").read_text(errors="replace").strip()[-300:]
             raise HostError(f"zbd serve exited at start (exit {proc.returncode}): {log}")
         self._steps.append(stack.push("zbd detach", self._detach))
-        out = self.cmds.run([self.binary, "attach", "--socket", str(self.socket)]).stdout
+        out = self.cmds.run([self.binary, "attach", "--socket", str(self.socket), *self.state_args]).stdout
         devices = [w for w in out.split() if w.startswith("/dev/")]
         if not devices:
             raise HostError(f"zbd attach printed no device: {out.strip()!r}")
@@ -109,6 +126,9 @@ class ZbdVolume:
         except OSError:
             return False
 
+    def remove_sockdir(self) -> None:
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+
     def _adopt(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
 
@@ -120,7 +140,7 @@ class ZbdVolume:
             found = [ln.split(":", 1)[0] for ln in listed.splitlines() if str(self.workdir) in ln]
             self.device = found[0] if found else None
         if self.device is not None:
-            self.cmds.run([self.binary, "detach", self.device])
+            self.cmds.run([self.binary, "detach", self.device, *self.state_args])
             self.device = None
 
     def _stop_server(self) -> None:
