@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,20 +18,39 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from zbdlab.app import HostError, UserError
 from zbdlab.config import Study, TargetSpec, WorkloadSpec
 from zbdlab.monitors import cache, counters, environment
 from zbdlab.results.schema import RunRecord
 from zbdlab.results.store import ResultStore
-from zbdlab.runner import factory, plan, recover, validity
+from zbdlab.runner import factory, plan, recover, signals, validity
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands
 from zbdlab.targets.instance import Space, TargetInstance, provision
 from zbdlab.targets.zbd import zbd_problem
 from zbdlab.targets.zfs import ZfsService
 from zbdlab.workloads.base import Measurement, RunContext, Workload, WorkloadError
+
+# what a workload's Measurement and the results row share, copied as they are
+_MEASURED = (
+    "throughput_bytes_per_s",
+    "iops",
+    "latency_p50_us",
+    "latency_p95_us",
+    "latency_p99_us",
+    "latency_p999_us",
+    "logical_bytes_written",
+    "logical_bytes_read",
+)
 
 
 class Interrupted(BaseException):
@@ -147,7 +165,7 @@ class Runner:
         for u in remaining:
             left_per_instance[u.instance_key] = left_per_instance.get(u.instance_key, 0) + 1
         try:
-            with _signals_raise(), self._progress(len(order), outcome.skipped) as progress:
+            with signals.raising(Interrupted), self._progress(len(order), outcome.skipped) as progress:
                 task = progress.add_task("starting", total=len(order), completed=outcome.skipped)
                 for unit in remaining:
                     progress.update(task, description=f"{unit.unit_id}  [dim]({unit.target})[/]")
@@ -173,7 +191,7 @@ class Runner:
         except Interrupted:
             raise
         finally:
-            with _signals_deferred(self.console):
+            with signals.deferred(self.console):
                 cmds.context = "cleanup"
                 stack.close()
                 cmds.close()
@@ -236,8 +254,11 @@ class Runner:
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("units"),
+            TextColumn("units done"),
             TimeElapsedColumn(),
+            TextColumn("elapsed,"),
+            TimeRemainingColumn(),
+            TextColumn("left"),
             console=self.console,
             transient=False,
         )
@@ -254,6 +275,7 @@ class Runner:
         target = self.targets[unit.target]
         cmds.context = unit.unit_id
         raw = self.store.raw_dir(unit.unit_id)
+        self.store.write_json(f"raw/{unit.unit_id}/target.json", inst.describe())
         workdir = inst.workdir / plan.safe(f"{unit.workload}-{unit.repetition}")
         if workdir.exists():
             shutil.rmtree(workdir)
@@ -396,18 +418,11 @@ class Runner:
                     file_size_bytes=cell.file_size_bytes,
                     record_size_bytes=cell.record_size_bytes,
                     threads=cell.threads,
-                    throughput_bytes_per_s=m.throughput_bytes_per_s,
-                    iops=m.iops,
-                    latency_p50_us=m.latency_p50_us,
-                    latency_p95_us=m.latency_p95_us,
-                    latency_p99_us=m.latency_p99_us,
-                    latency_p999_us=m.latency_p999_us,
+                    **{name: getattr(m, name) for name in _MEASURED},
                     cpu_user_s=d.get("cpu_user_s"),
                     cpu_system_s=d.get("cpu_system_s"),
                     cpu_iowait_s=d.get("cpu_iowait_s"),
                     elapsed_s=m.elapsed_s if m.elapsed_s is not None else d.get("wall_s"),
-                    logical_bytes_written=m.logical_bytes_written,
-                    logical_bytes_read=m.logical_bytes_read,
                     backing_bytes_written=d.get("backing_bytes_written"),
                     backing_bytes_read=d.get("backing_bytes_read"),
                     physical_bytes_used=space.physical_bytes_used,
@@ -495,35 +510,3 @@ def _target_options(t: TargetSpec) -> dict[str, Any]:
         ),
         "real_devices": list(t.real_devices),
     }
-
-
-@contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise Interrupted in the main thread, so the finally blocks unwind."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        for s in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the teardown short
-            signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextmanager
-def _signals_deferred(console: Console) -> Iterator[None]:
-    """During teardown a second Ctrl-C must not leave things half undone: note it and carry on."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        console.print(f"[yellow]{signal.Signals(signum).name}: cleaning up, please wait[/]")
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
