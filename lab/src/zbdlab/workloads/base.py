@@ -76,6 +76,9 @@ class Measurement:
     commands: list[list[str]] = field(default_factory=list)  # exact argv of every tool run
     raw_files: list[Path] = field(default_factory=list)  # raw outputs saved under ctx.raw_dir
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the operation really wrote, when the workload knows better than ctx.data (postmark writes
+    # its own text whatever the study declares). None: ctx.data.label applies.
+    data_label: str | None = None
 
 
 @dataclass
@@ -104,3 +107,13 @@ class Workload(Protocol):
 
 class WorkloadError(RuntimeError):
     """A tool failed or its output could not be parsed; the message names the tool and the problem."""
+
+
+class WorkloadConfigError(ValueError):
+    """A workload's study-file table has a bad value. `key` is the table key (dotted for nested
+    keys); the runner prefixes the study path and the workload name."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem

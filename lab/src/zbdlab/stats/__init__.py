@@ -1,0 +1,1 @@
+"""Statistics for `zbdlab compare`: descriptive summaries, per-cell tests, bootstrap, slopes."""
