@@ -126,6 +126,7 @@ def test_tiny_study_end_to_end(tmp_path: Path, scratch: Path) -> None:
     order = json.loads((results / "plan.json").read_text())["order"]
     assert [r["unit_id"] for r in sorted(rows, key=lambda r: r["order_index"])][::2] == order
     assert "medians over repetitions" in proc.stdout
+    assert (results / "report" / "index.html").exists(), "the run ends with zbdlab report on its targets"
     assert_nothing_left(results, scratch)
 
 
@@ -135,7 +136,7 @@ def test_resume_after_kill_skips_recorded_runs(tmp_path: Path, scratch: Path, si
     results = tmp_path / "results"
     runs = results / "runs.jsonl"
     proc = subprocess.Popen(
-        zbdlab_argv("run", str(study), "-o", str(results)),
+        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
         env=zbdlab_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -163,7 +164,7 @@ def test_resume_after_kill_skips_recorded_runs(tmp_path: Path, scratch: Path, si
     assert 2 <= len(before) < 2 * 3 * 2 * 2, "interrupted part-way"
 
     done = subprocess.run(
-        zbdlab_argv("run", str(study), "-o", str(results), "--resume"),
+        zbdlab_argv("run", str(study), "-o", str(results), "--resume", "--no-report"),
         env=zbdlab_env(),
         capture_output=True,
         text=True,

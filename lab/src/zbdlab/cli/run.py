@@ -28,9 +28,14 @@ def _say(message: str) -> None:
     help="Results directory (default: results/<study>-<time>).",
 )
 @click.option(
+    "--report/--no-report",
+    default=True,
+    help="Compare the targets with `zbdlab report` into RESULTS_DIR/report at the end (default: on).",
+)
+@click.option(
     "--resume", is_flag=True, help="Continue an interrupted run in -o RESULTS_DIR, skipping recorded runs."
 )
-def command(study_file: Path, results_dir: Path | None, resume: bool) -> None:
+def command(study_file: Path, results_dir: Path | None, resume: bool, report: bool) -> None:
     """Run the study described in STUDY_FILE and record every run in the results directory."""
     from zbdlab.runner import Runner
     from zbdlab.runner.execute import Interrupted, RunFailed
@@ -60,7 +65,7 @@ def command(study_file: Path, results_dir: Path | None, resume: bool) -> None:
         sys.exit(EXIT_FAILED)
     for warning in outcome.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    generate_report(outcome.results_dir, console)
+    generate_report(outcome.results_dir, console, compare=report)
     console.print(
         f"{outcome.done} unit(s) run, {outcome.skipped} skipped as already recorded; "
         f"results in {outcome.results_dir}"

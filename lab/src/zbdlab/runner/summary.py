@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.table import Table
 
@@ -59,9 +60,24 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def generate_report(results_dir: Path, console: Console) -> None:
-    """The hook `zbdlab run` calls when it finishes. Until `zbdlab report` lands it prints the
-    summary table; then it will render the comparison report for `results_dir` here."""
+def generate_report(results_dir: Path, console: Console, compare: bool = True) -> Path | None:
+    """The hook `zbdlab run` calls when it finishes: the summary table of the runs, then (with two
+    targets or more) `zbdlab report` into RESULTS_DIR/report. Returns the report directory, if any."""
     rows = ResultStore(results_dir).read_rows()
-    if rows:
-        console.print(summary_table(rows))
+    if not rows:
+        return None
+    console.print(summary_table(rows))
+    targets = {r["target"] for r in rows if not r.get("discarded")}
+    if not compare or len(targets) < 2:
+        return None
+    from zbdlab.cli.report import command as report_command
+
+    out = results_dir / "report"
+    try:
+        report_command.main(
+            [str(results_dir), "-o", str(out)], prog_name="zbdlab report", standalone_mode=False
+        )
+    except click.ClickException as exc:
+        console.print(f"report not generated: {exc.format_message()}", markup=False)
+        return None
+    return out
