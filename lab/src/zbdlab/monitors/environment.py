@@ -93,7 +93,9 @@ def collect() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "mem_total_bytes": mem.get("MemTotal"),
-        "mem_available_bytes_at_start": mem.get("MemAvailable"),
+        # what differs from run to run on the same machine sits in a nested object, so comparisons of
+        # environment.json (zbdlab report) do not flag it
+        "at_start": {"mem_available_bytes": mem.get("MemAvailable"), "loadavg": list(os.getloadavg())},
         "tools": tools,
         "packages": _packages(),
         "zfs": zfs,

@@ -146,7 +146,7 @@ class Runner:
         order = self.prepare()
         store = self.store
         store.create()
-        seed = self._record_start(order)
+        self._record_start(order)
         finished = store.finished_units()
         remaining = [u for u in order if u.unit_id not in finished]
         outcome = RunOutcome(store.root, 0, len(order) - len(remaining), len(order))
@@ -178,7 +178,7 @@ class Runner:
                         self.instances[unit.instance_key] = inst
                         progress.update(task, description=f"{unit.unit_id}  [dim]({unit.target})[/]")
                     index = order.index(unit)
-                    records = self._execute(unit, inst, cmds, index, seed)
+                    records = self._execute(unit, inst, cmds, index)
                     store.append(records)
                     store.write_csv()
                     outcome.done += 1
@@ -188,8 +188,6 @@ class Runner:
                         cmds.context = f"teardown {inst.ident}"
                         self.instances.pop(unit.instance_key)
                         inst.teardown()
-        except Interrupted:
-            raise
         finally:
             with signals.deferred(self.console):
                 cmds.context = "cleanup"
@@ -199,14 +197,13 @@ class Runner:
                 outcome.warnings = self._finish_warnings()
         return outcome
 
-    def _record_start(self, order: list[plan.Unit]) -> int:
+    def _record_start(self, order: list[plan.Unit]) -> None:
         store = self.store
         if self.resume:
-            seed = int(store.read_json("plan.json")["seed"])
             env = store.read_json("environment.json") or {}
-            env.setdefault("resumed_at", []).append(time.time())
+            env.setdefault("resume_times", []).append(time.time())
             store.write_json("environment.json", env)
-            return seed
+            return
         seed = self.seed
         store.save_study(self.study.text)
         store.write_json(
@@ -228,9 +225,8 @@ class Runner:
             "seed": seed,
         }
         env["targets"] = {t.name: _target_options(t) for t in self.study.targets}
-        env["started_at"] = time.time()
+        env["start_time"] = time.time()
         store.write_json("environment.json", env)
-        return seed
 
     def _scratch(self, stack: CleanupStack) -> Path:
         base = self.study.scratch_dir or Path("/var/tmp")
@@ -267,9 +263,7 @@ class Runner:
 
     # --- one unit -----------------------------------------------------------------------------------
 
-    def _execute(
-        self, unit: plan.Unit, inst: TargetInstance, cmds: Commands, index: int, seed: int
-    ) -> list[RunRecord]:
+    def _execute(self, unit: plan.Unit, inst: TargetInstance, cmds: Commands, index: int) -> list[RunRecord]:
         spec = self.specs[unit.workload]
         workload = self.workloads[unit.workload]
         target = self.targets[unit.target]
@@ -370,10 +364,7 @@ class Runner:
     ) -> list[RunRecord]:
         cell = unit.cell
         common = validity.static_warnings(self.study, target, inst.fuse_bound)
-        working_set = (cell.file_size_bytes or 0) * max(1, cell.threads) or None
-        fit = validity.cache_fit(working_set, self.mem_available, self.study)
-        if fit:
-            common.append(fit)
+        cell_set = (cell.file_size_bytes or 0) * max(1, cell.threads)
         warm_left = [c for c in cache_checks if c.get("resident_bytes_after")]
         if warm_left:
             common.append(
@@ -398,6 +389,11 @@ class Runner:
             # a workload may know its data better than the study (postmark writes its own text)
             label = getattr(m, "data_label", None)
             warnings = list(common)
+            # working set: the cell's files, else what the operation moved (personalities, postmark)
+            moved = max(m.logical_bytes_written or 0, m.logical_bytes_read or 0)
+            fit = validity.cache_fit(cell_set or moved or None, self.mem_available, self.study)
+            if fit:
+                warnings.append(fit)
             declared = spec.data.declared_ratio if not label else None
             comp = validity.compressibility(
                 target, space.compression_ratio, declared, self.study.realistic_ratio
