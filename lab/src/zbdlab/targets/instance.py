@@ -199,7 +199,10 @@ class TargetInstance:
         stat, text = self.zbd.stat()
         space.raw["zbd-stat.json"] = text
         logical, physical, zratio = stat_numbers(stat)
-        space.extra["zbd_logical_bytes"] = logical
+        space.extra["zbd_logical_bytes_in_use"] = logical
+        for key in ("physical_bytes_live", "savings_pct", "write_amplification", "dead_bytes"):
+            if isinstance(stat.get(key), int | float):
+                space.extra[f"zbd_{key}"] = stat[key]
         space.extra["fs_used_bytes"] = space.physical_bytes_used
         if physical is not None:
             space.physical_bytes_used = physical

@@ -175,15 +175,22 @@ def stat_numbers(stat: dict[str, Any]) -> tuple[int | None, int | None, float | 
     walk(stat)
 
     def pick(*names: str) -> Any:
-        for key, value in flat.items():
-            leaf = key.rsplit(".", 1)[-1]
-            if leaf in names and isinstance(value, int | float) and not isinstance(value, bool):
-                return value
+        """The first of `names` (in that order of preference) present as a number."""
+        for name in names:
+            for key, value in flat.items():
+                if (
+                    key.rsplit(".", 1)[-1] == name
+                    and isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                ):
+                    return value
         return None
 
-    logical = pick("logical_bytes", "logical_bytes_used", "logical_used_bytes", "logical")
-    physical = pick("physical_bytes", "physical_bytes_used", "physical_used_bytes", "physical")
-    ratio = pick("compression_ratio", "ratio")
+    # zbd-core Stats: logical_bytes is the volume size; what is in use is logical_bytes_in_use, and
+    # the space taken on the backing store is physical_bytes_allocated (extents in use).
+    logical = pick("logical_bytes_in_use", "logical_bytes_used")
+    physical = pick("physical_bytes_allocated", "physical_bytes_used", "physical_bytes_live")
+    ratio = pick("compression_ratio")
     if ratio is None and logical and physical:
         ratio = logical / physical
     return (
