@@ -1,4 +1,4 @@
-"""Whole-machine CPU time (/proc/stat) and block-device I/O (/sys/block/<dev>/stat), as deltas.
+"""Whole-machine CPU time (/proc/stat) and block-device I/O (/sys/class/block/<dev>/stat), as deltas.
 
 CPU is the whole machine on purpose: it includes the kernel (filesystem compression, loop, FUSE) and
 user-space servers (zbd, nbdfuse, zfs-fuse), which a per-process figure would miss.
@@ -54,8 +54,9 @@ class IoSample:
 
 
 def read_io(device: str) -> IoSample:
-    """device is a /sys/block name such as loop3."""
-    with open(f"/sys/block/{device}/stat", encoding="ascii") as f:
+    """device is a /sys/class/block name such as loop3 or sdb1."""
+    # /sys/class/block has partitions too (a real device such as sdb1), /sys/block only disks
+    with open(f"/sys/class/block/{device}/stat", encoding="ascii") as f:
         fields = [int(v) for v in f.read().split()]
     return IoSample(
         sectors_read=fields[2], sectors_written=fields[6], ios_read=fields[0], ios_written=fields[4]

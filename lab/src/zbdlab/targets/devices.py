@@ -32,8 +32,8 @@ def detach_loops(cmds: Commands, image: Path) -> None:
 
 
 def loop_name(device: str) -> str:
-    """/dev/loop3 -> loop3 (the /sys/block entry)."""
-    return Path(device).name
+    """/dev/loop3 -> loop3, the /sys/class/block entry (symlinks such as /dev/disk/by-id resolved)."""
+    return Path(device).resolve().name
 
 
 def mkfs_argv(spec: TargetSpec, devices: list[str]) -> list[str]:
