@@ -26,6 +26,8 @@ FILESYSTEMS = ("ext4", "xfs", "btrfs", "zfs")
 WORKLOAD_KINDS = ("iozone", "throughput", "postmark", "fileserver", "varmail", "webserver", "oltp", "copy")
 CACHE_POLICIES = ("cold", "warm")
 FORMAT_POLICIES = ("repetition", "run", "once")
+# smallest device each mkfs accepts (mkfs.xfs refuses < 300M, mkfs.btrfs < 109M, ZFS vdevs < 64M)
+SIZE_MIN_BYTES = {"ext4": 64 << 20, "xfs": 300 << 20, "btrfs": 128 << 20, "zfs": 64 << 20}
 BTRFS_RAID_MIN_DEVICES = {"single": 1, "dup": 1, "raid0": 2, "raid1": 2, "raid10": 4, "raid5": 3}
 ZFS_LAYOUT_MIN_DEVICES = {"single": 1, "mirror": 2, "raidz": 3, "raid10": 4}
 # zfs-fuse is pool version 23: lzjb, gzip[-N], zle; lz4 arrived later (kernel ZFS only).
@@ -394,8 +396,8 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
     if fs not in FILESYSTEMS:
         raise t.fail("fs", f"unknown filesystem {fs!r} (expected {', '.join(FILESYSTEMS)})")
     size = t.size("size", 1 << 30)
-    if size < (64 << 20):
-        raise t.fail("size", f"at least 64M per device, got {size} bytes")
+    if size < SIZE_MIN_BYTES[fs]:
+        raise t.fail("size", f"{fs} needs at least {SIZE_MIN_BYTES[fs] >> 20}M per device, got {size} bytes")
     devices = t.integer("devices", 1, lo=1, hi=16)
     mkfs_options = t.options("mkfs_options")
     mount_options = t.options("mount_options")

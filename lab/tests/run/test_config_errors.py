@@ -91,6 +91,10 @@ CASES = [
     ),
     (study(head="version = 1\nrepetitions = 0"), "study.toml: repetitions: must be at least 1, got 0"),
     (study(body=""), "study.toml: targets: missing"),
+    (
+        study('[[targets]]\nname = "x"\nfs = "xfs"\nsize = "128M"\n'),
+        "study.toml: targets[0].size: xfs needs at least 300M per device",
+    ),
 ]
 
 
@@ -120,3 +124,16 @@ def test_good_study_parses_with_defaults() -> None:
     assert (s.repetitions, s.cache, s.format, s.measures) == (5, "cold", "repetition", "disk")
     assert [t.compression_label for t in s.targets] == ["off", "btrfs:zstd:3"]
     assert s.workloads[0].data.declared_ratio == 2.0
+
+
+def test_zfs_lz4_without_kernel_zfs_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    if Path("/sys/module/zfs").exists():
+        reason = "kernel ZFS present: lz4 is available"
+        print(f"SKIP reason: {reason}")
+        pytest.skip(reason)
+    path = tmp_path / "study.toml"
+    path.write_text(study('[[targets]]\nname = "z"\nfs = "zfs"\ncompression = "lz4"\n'))
+    result = CliRunner().invoke(main, ["run", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "study.toml: targets[0].compression: lz4 needs kernel ZFS" in result.output
+    assert not (tmp_path / "out").exists()

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import loops_over, mounts_under, zbdlab_argv, zbdlab_env
 
+from zbdlab.targets.zbd import zbd_problem
+
 pytestmark = pytest.mark.needs_root
 
 TINY = """
@@ -199,4 +201,33 @@ def test_failing_workload_leaves_nothing_behind(tmp_path: Path, scratch: Path) -
     argv0 = [json.loads(line)["argv"] for line in (results / "commands.jsonl").read_text().splitlines()]
     assert sum(1 for a in argv0 if a[:2] == ["zpool", "create"]) == 1
     assert sum(1 for a in argv0 if a[0] == "losetup" and "--find" in a) == 5, "all four targets were live"
+    assert_nothing_left(results, scratch)
+
+
+def test_ext4_on_zbd_end_to_end(tmp_path: Path, scratch: Path) -> None:
+    problem = zbd_problem()
+    if problem:
+        print(f"SKIP reason: {problem}")
+        pytest.skip(problem)
+    zbd = '[[targets]]\nname = "ext4-zbd"\nfs = "ext4"\nsize = "256M"\n[targets.zbd]\ncodec = "lz4"'
+    study = write_study(tmp_path, scratch, reps=1, more=zbd)
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
+        env=zbdlab_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    rows = [r for r in rows_of(results) if r["target"] == "ext4-zbd"]
+    assert {r["operation"] for r in rows} == {"write", "read"}
+    write = next(r for r in rows if r["operation"] == "write")
+    assert write["compression"] == "zbd:lz4" and write["extra"]["ratio_source"] == "zbd stat"
+    assert write["compression_ratio"] > 1.4, "50 % compressible data compresses under lz4"
+    # the oracle: compression means fewer bytes reach zbd's own loop device than the filesystem wrote
+    front = write["extra"]["frontend_bytes_written"]
+    assert front >= 8 << 20
+    assert write["backing_bytes_written"] < 0.8 * front
+    argv0 = [json.loads(line)["argv"] for line in (results / "commands.jsonl").read_text().splitlines()]
+    assert sum(1 for a in argv0 if a[1:2] == ["serve"]) >= 2, "cold cache restarts the zbd server"
     assert_nothing_left(results, scratch)

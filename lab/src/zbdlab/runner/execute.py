@@ -37,7 +37,7 @@ from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands
 from zbdlab.targets.instance import Space, TargetInstance, provision
 from zbdlab.targets.zbd import zbd_problem
-from zbdlab.targets.zfs import ZfsService
+from zbdlab.targets.zfs import ZfsService, kernel_zfs_present
 from zbdlab.workloads.base import Measurement, RunContext, Workload, WorkloadError
 
 # what a workload's Measurement and the results row share, copied as they are
@@ -115,7 +115,13 @@ class Runner:
             problem = zbd_problem()
             if problem:
                 raise HostError(f"zbd targets cannot run: {problem}")
-        for t in self.study.targets:
+        fuse_only = not kernel_zfs_present()
+        for i, t in enumerate(self.study.targets):
+            if t.fs == "zfs" and t.compression == "lz4" and fuse_only:
+                raise HostError(
+                    f"{self.study.source}: targets[{i}].compression: lz4 needs kernel ZFS; this host has "
+                    "zfs-fuse (pool v23: lzjb, gzip, gzip-N, zle)"
+                )
             for d in t.real_devices:
                 if not Path(d).is_block_device():
                     raise HostError(f"target {t.name}: {d} is not a block device")
