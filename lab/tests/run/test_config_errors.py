@@ -126,6 +126,7 @@ def test_good_study_parses_with_defaults() -> None:
     assert s.workloads[0].data.declared_ratio == 2.0
 
 
+@pytest.mark.needs_root
 def test_zfs_lz4_without_kernel_zfs_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     if Path("/sys/module/zfs").exists():
         reason = "kernel ZFS present: lz4 is available"
