@@ -1,1 +1,37 @@
 //! zbd engine: compressed, log-structured, crash-safe block store.
+//!
+//! Logical 4 KiB blocks are compressed one by one, packed into fixed-size extents that are only
+//! ever appended to, and found again through a persistent translation map. See docs/design.md
+//! for the design and docs/format.md for the on-disk format.
+
+mod cleaner;
+pub mod codec;
+pub mod error;
+pub mod format;
+mod handle;
+pub mod layout;
+mod recovery;
+pub mod sim;
+mod state;
+pub mod stats;
+pub mod storage;
+mod volume;
+
+pub use cleaner::PassResult;
+pub use codec::Codec;
+pub use error::{Error, Result};
+pub use handle::Volume;
+pub use layout::{parse_size, CreateOptions};
+pub use sim::SimStorage;
+pub use stats::{Counters, Stats};
+pub use storage::{FileStorage, Storage};
+pub use volume::{AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT};
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+    #[test]
+    fn volume_is_send_and_sync() {
+        assert_send_sync::<super::Volume>();
+    }
+}

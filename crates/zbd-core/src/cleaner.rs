@@ -1,0 +1,276 @@
+//! The cleaner (paper II-A, Sprite LFS): compacts the live blocks of partly dead extents into new
+//! extents so whole extents become free again.
+//!
+//! - Victims: closed extents with dead space, best cost-benefit first: `(1 - u) * age / (1 + u)`
+//!   with `u` = live bytes / extent size and `age` = write sequences since the extent was written
+//!   (old, mostly dead extents first; hot extents get time to die on their own). An incremental
+//!   pass stops adding victims once it would gain `PASS_GAIN_TARGET` extents; `compact` takes the
+//!   least-live extents first and as many as one pass may.
+//! - Placement: the live blocks of a pass are packed first-fit decreasing (largest first, each into
+//!   the first output extent with room) without recompressing; a pass handles a batch of victims
+//!   together, so blocks of neighbouring victims share output extents, in LBA order among equal
+//!   sizes. The exact packing is computed before anything is written: a pass that would not free
+//!   more extents than it fills is not run.
+//! - Safety: outputs come from the allocation queue like host writes, carry ordinary data records
+//!   (replayed after a crash in write-sequence order), and the map is switched to them only after
+//!   they are written; victims become free only at a checkpoint that no longer references them
+//!   (after the outputs are synced). A pass runs under the state lock, so foreground I/O simply
+//!   interleaves between passes; reads never see a half-moved block.
+
+use crate::error::Result;
+use crate::format::{
+    seal_segment, segment_padded_len, BlockState, MapEntry, Record, RecordKind, SegmentHeader,
+    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+};
+use crate::state::{Ctx, ExtentInfo, ExtentState, State};
+use std::collections::HashMap;
+
+/// How a pass chooses its victims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Background / foreground cleaning: cost-benefit, stop at the gain target.
+    Incremental,
+    /// Offline compaction: least live first, as many as one pass allows.
+    Compact,
+}
+
+/// Net extents an incremental pass aims to free.
+const PASS_GAIN_TARGET: usize = 8;
+/// Victims per pass at most.
+const PASS_VICTIMS_MAX: usize = 128;
+/// Output extents per pass at most.
+const PASS_OUTPUTS_MAX: usize = 64;
+/// Incremental passes one foreground `make_space` call may run.
+const FOREGROUND_PASSES_MAX: usize = 64;
+
+/// What one pass did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassResult {
+    /// Victims cleaned.
+    pub victims: usize,
+    /// Victims left without live data (free after the next checkpoint).
+    pub reclaimed: usize,
+    /// Output extents written.
+    pub outputs: usize,
+    /// Live bytes moved.
+    pub bytes_moved: u64,
+}
+
+impl PassResult {
+    /// Whether the pass freed more extents than it used.
+    pub fn progressed(&self) -> bool {
+        self.reclaimed > self.outputs
+    }
+}
+
+fn cost_benefit(x: &ExtentInfo, extent_bytes: f64, now: u64) -> f64 {
+    let u = f64::from(x.live_bytes) / extent_bytes;
+    let age = (now.saturating_sub(x.stamp) + 1) as f64;
+    (1.0 - u) * age / (1.0 + u)
+}
+
+/// Bytes an extent's live blocks take in an output extent (payload and records).
+fn footprint(x: &ExtentInfo) -> usize {
+    x.live_bytes as usize + x.live_blocks as usize * RECORD_BYTES
+}
+
+/// Chooses the victims of a pass.
+fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usize) -> Vec<u32> {
+    let usable = extent_bytes - SEGMENT_HEADER_BYTES - SECTOR_BYTES;
+    let now = st.next_seq;
+    let mut cands: Vec<(f64, u32)> = st
+        .extents
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.state == ExtentState::Closed && footprint(x) < usable)
+        .map(|(i, x)| {
+            let key = match mode {
+                Mode::Incremental => -cost_benefit(x, extent_bytes as f64, now),
+                Mode::Compact => f64::from(x.live_bytes),
+            };
+            (key, i as u32)
+        })
+        .collect();
+    cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut victims = Vec::new();
+    let mut need = 0usize;
+    for &(_, v) in &cands {
+        let add = footprint(&st.extents[v as usize]);
+        if (need + add).div_ceil(usable) > outputs_max {
+            continue;
+        }
+        victims.push(v);
+        need += add;
+        let gain = victims.len().saturating_sub(need.div_ceil(usable));
+        if (mode == Mode::Incremental && gain >= PASS_GAIN_TARGET)
+            || victims.len() >= PASS_VICTIMS_MAX
+        {
+            break;
+        }
+    }
+    victims.sort_unstable();
+    victims
+}
+
+/// First-fit decreasing over stored sizes; returns bins of block indices.
+fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..blocks.len()).collect();
+    order.sort_by(|&a, &b| {
+        blocks[b]
+            .1
+            .len
+            .cmp(&blocks[a].1.len)
+            .then(blocks[a].0.cmp(&blocks[b].0))
+    });
+    let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
+    for i in order {
+        let len = blocks[i].1.len as usize;
+        let fits = |payload: usize, n: usize| {
+            segment_padded_len(payload + len, n + 1) as usize <= extent_bytes
+        };
+        match bins.iter_mut().find(|(p, b)| fits(*p, b.len())) {
+            Some((p, b)) => {
+                *p += len;
+                b.push(i);
+            }
+            None => bins.push((len, vec![i])),
+        }
+    }
+    bins.into_iter().map(|(_, b)| b).collect()
+}
+
+/// One cleaning pass (state lock held).
+pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
+    let e = cx.sb.extent_bytes as usize;
+    let outputs_max = PASS_OUTPUTS_MAX.min(st.free_now());
+    if outputs_max == 0 {
+        return Ok(PassResult::default());
+    }
+    let victims = choose_victims(st, e, mode, outputs_max);
+    if victims.is_empty() {
+        return Ok(PassResult::default());
+    }
+    let mut is_victim = vec![false; st.extents.len()];
+    victims.iter().for_each(|&v| is_victim[v as usize] = true);
+    let blocks: Vec<(u64, MapEntry)> = st
+        .map
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.state == BlockState::Data && is_victim[m.extent as usize])
+        .map(|(l, m)| (l as u64, *m))
+        .collect();
+    let bins = pack(&blocks, e);
+    if bins.len() >= victims.len() || bins.len() > outputs_max {
+        return Ok(PassResult::default());
+    }
+    // Read the victims whole (paper: extents are read in full).
+    let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
+    for &v in &victims {
+        let mut buf = vec![0u8; e];
+        cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
+        images.insert(v, buf);
+    }
+    let stamp = victims
+        .iter()
+        .map(|&v| st.extents[v as usize].stamp)
+        .max()
+        .unwrap_or(0);
+    let mut result = PassResult {
+        victims: victims.len(),
+        ..PassResult::default()
+    };
+    for bin in bins {
+        let q = st.alloc(cx)?;
+        let mut buf = vec![0u8; e];
+        let mut records = Vec::with_capacity(bin.len());
+        let mut moved = Vec::with_capacity(bin.len());
+        let mut at = SEGMENT_HEADER_BYTES;
+        for i in bin {
+            let (lba, old) = blocks[i];
+            let len = old.len as usize;
+            let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
+            buf[at..at + len].copy_from_slice(src);
+            let seq = st.take_seq();
+            records.push(Record {
+                kind: RecordKind::Data,
+                codec: old.codec,
+                len: len as u32,
+                lba,
+                count: 1,
+                offset: at as u32,
+                seq,
+                crc: old.crc,
+            });
+            moved.push((
+                lba,
+                MapEntry {
+                    extent: q.extent,
+                    offset: at as u32,
+                    ..old
+                },
+            ));
+            at += len;
+        }
+        let h = SegmentHeader {
+            alloc_seq: q.alloc_seq,
+            extent: q.extent,
+            seg_offset: 0,
+            payload_len: (at - SEGMENT_HEADER_BYTES) as u32,
+            record_count: records.len() as u32,
+        };
+        let n = seal_segment(&mut buf, &cx.sb.uuid, &h, &records);
+        cx.storage
+            .write_at(cx.sb.extent_offset(q.extent), &buf[..n])?;
+        st.counters.cleaner_bytes_written += n as u64;
+        let x = &mut st.extents[q.extent as usize];
+        x.state = ExtentState::Closed;
+        x.stamp = stamp;
+        for (lba, entry) in moved {
+            result.bytes_moved += u64::from(entry.len);
+            st.set_entry(lba, entry);
+        }
+        result.outputs += 1;
+    }
+    result.reclaimed = victims
+        .iter()
+        .filter(|&&v| st.extents[v as usize].live_blocks == 0)
+        .count();
+    st.counters.cleaner_runs += 1;
+    st.counters.cleaner_bytes_moved += result.bytes_moved;
+    st.counters.extents_reclaimed += result.reclaimed as u64;
+    Ok(result)
+}
+
+/// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.
+/// Cleans until twice the reserve is free (hysteresis), batching passes between checkpoints
+/// (a checkpoint costs three syncs and is what turns victims into free extents).
+pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
+    // Extents without live data only wait for a checkpoint: the cheapest space there is.
+    if st
+        .extents
+        .iter()
+        .any(|x| x.state == ExtentState::PendingFree)
+    {
+        st.checkpoint(cx)?;
+    }
+    let goal = st.buffer.reserve * 2;
+    let mut pending = 0usize;
+    for _ in 0..FOREGROUND_PASSES_MAX {
+        if st.free_now() + pending > goal {
+            break;
+        }
+        let r = pass(st, cx, Mode::Incremental)?;
+        pending += r.reclaimed;
+        if !r.progressed() {
+            break;
+        }
+        if st.free_now() <= 2 {
+            st.checkpoint(cx)?;
+            pending = 0;
+        }
+    }
+    if pending > 0 {
+        st.checkpoint(cx)?;
+    }
+    Ok(())
+}

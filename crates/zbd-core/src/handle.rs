@@ -1,0 +1,200 @@
+//! The public volume handle: the engine ([`Inner`]) plus its background cleaner thread.
+
+use crate::cleaner::PassResult;
+use crate::error::Result;
+use crate::format::Superblock;
+use crate::layout::CreateOptions;
+use crate::stats::Stats;
+use crate::storage::Storage;
+use crate::volume::{AllocState, CheckReport, Inner, OpenOptions};
+use crate::Codec;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often the cleaner thread looks at the watermarks when nobody wakes it.
+const CLEANER_POLL: Duration = Duration::from_millis(200);
+
+#[derive(Default)]
+struct Signal {
+    stop: bool,
+    kick: bool,
+}
+
+/// A compressed block volume. `Send + Sync`: share it as `Arc<Volume>`.
+pub struct Volume {
+    inner: Arc<Inner>,
+    signal: Arc<(Mutex<Signal>, Condvar)>,
+    cleaner: Option<JoinHandle<()>>,
+}
+
+impl Volume {
+    fn wrap(inner: Inner, background: bool) -> Volume {
+        let inner = Arc::new(inner);
+        let signal = Arc::new((Mutex::new(Signal::default()), Condvar::new()));
+        let cleaner = background.then(|| {
+            let inner = Arc::clone(&inner);
+            let signal = Arc::clone(&signal);
+            std::thread::Builder::new()
+                .name("zbd-cleaner".into())
+                .spawn(move || cleaner_loop(&inner, &signal))
+                .ok()
+        });
+        Volume {
+            inner,
+            signal,
+            cleaner: cleaner.flatten(),
+        }
+    }
+
+    /// Formats `storage` as a new volume and opens it.
+    pub fn create(storage: Box<dyn Storage>, opts: &CreateOptions) -> Result<Volume> {
+        Volume::create_with(storage, opts, OpenOptions::default())
+    }
+
+    /// Formats `storage` as a new volume and opens it with `open_opts`.
+    pub fn create_with(
+        storage: Box<dyn Storage>,
+        opts: &CreateOptions,
+        open_opts: OpenOptions,
+    ) -> Result<Volume> {
+        let background = open_opts.background_cleaner;
+        Ok(Volume::wrap(
+            Inner::create_with(storage, opts, open_opts)?,
+            background,
+        ))
+    }
+
+    /// Opens a volume, recovering from a crash if needed.
+    pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Volume> {
+        let background = opts.background_cleaner && !opts.read_only;
+        Ok(Volume::wrap(Inner::open(storage, opts)?, background))
+    }
+
+    /// Opens a volume read-only.
+    pub fn open_read_only(storage: Box<dyn Storage>) -> Result<Volume> {
+        Ok(Volume::wrap(Inner::open_read_only(storage)?, false))
+    }
+
+    /// Logical size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    /// The superblock (geometry).
+    pub fn superblock(&self) -> &Superblock {
+        self.inner.superblock()
+    }
+
+    /// Codec used for new writes.
+    pub fn codec(&self) -> Codec {
+        self.inner.codec()
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read(offset, buf)
+    }
+
+    /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let r = self.inner.write(offset, data, fua);
+        self.kick_if_low();
+        r
+    }
+
+    /// Writes zeros over a range (whole blocks become zero-state entries, no data stored).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+
+    /// Discards a range; it reads back as zeros and its space is reclaimable at once.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.trim(offset, len)
+    }
+
+    /// Makes everything written so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    /// Writes a checkpoint now.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner.checkpoint()
+    }
+
+    /// Allocation state of a byte range, as runs of (length, state).
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
+        self.inner.allocation(offset, len)
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// Verifies metadata and every stored block.
+    pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        self.inner.check(progress)
+    }
+
+    /// Runs one background-style cleaning round now (if below the low watermark).
+    pub fn clean(&self) -> Result<()> {
+        self.inner.background_round()
+    }
+
+    /// Offline compaction of every extent with dead space.
+    pub fn compact(&self, progress: &dyn Fn(u64, u64)) -> Result<PassResult> {
+        self.inner.compact(progress)
+    }
+
+    /// Stops the cleaner, writes back the extent buffer and writes a final checkpoint.
+    pub fn close(&self) -> Result<()> {
+        self.stop_cleaner();
+        self.inner.close()
+    }
+
+    fn kick_if_low(&self) {
+        if self.cleaner.is_some() && self.inner.below_low_watermark() {
+            let (m, cv) = &*self.signal;
+            m.lock().kick = true;
+            cv.notify_one();
+        }
+    }
+
+    fn stop_cleaner(&self) {
+        let (m, cv) = &*self.signal;
+        m.lock().stop = true;
+        cv.notify_all();
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        self.stop_cleaner();
+        if let Some(t) = self.cleaner.take() {
+            let _ = t.join();
+        }
+        // Best effort: a volume dropped without close() is recovered on the next open anyway.
+        let _ = self.inner.close();
+    }
+}
+
+fn cleaner_loop(inner: &Inner, signal: &(Mutex<Signal>, Condvar)) {
+    let (m, cv) = signal;
+    loop {
+        {
+            let mut s = m.lock();
+            if !s.stop && !s.kick {
+                cv.wait_for(&mut s, CLEANER_POLL);
+            }
+            if s.stop {
+                return;
+            }
+            s.kick = false;
+        }
+        // Errors (e.g. NoSpace while relocating) end this round; host writes see them directly.
+        let _ = inner.background_round();
+    }
+}

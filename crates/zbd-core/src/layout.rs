@@ -1,0 +1,194 @@
+//! Volume geometry: how a logical size, an extent size and a capacity become a superblock.
+
+use crate::codec::Codec;
+use crate::error::{Error, Result};
+use crate::format::{
+    align_up, checkpoint_slot_bytes, Superblock, BLOCK_BYTES, EXTENT_BYTES_MAX, EXTENT_BYTES_MIN,
+    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    SUPERBLOCK_BYTES,
+};
+
+/// Default extent size (paper: 32 KiB; 16–64 KiB performed best).
+pub const EXTENT_BYTES_DEFAULT: u32 = 32 * 1024;
+/// Recovery reads at most this many bytes of extents (sets the allocation queue length).
+pub const RECOVERY_BYTES_MAX: u64 = 32 * 1024 * 1024;
+/// Allocation queue length bounds.
+pub const QUEUE_LEN_MIN: u32 = 16;
+/// Upper bound on the allocation queue length.
+pub const QUEUE_LEN_MAX: u32 = 1024;
+/// Default cleaner watermarks (% of extents free).
+pub const CLEAN_LOW_PCT_DEFAULT: u8 = 10;
+/// Default high watermark.
+pub const CLEAN_HIGH_PCT_DEFAULT: u8 = 25;
+
+/// Parameters of `Volume::create`.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    /// Logical size in bytes (multiple of 4 KiB).
+    pub logical_bytes: u64,
+    /// Extent size (power of two, 8 KiB..1 MiB).
+    pub extent_bytes: u32,
+    /// Codec for new writes.
+    pub codec: Codec,
+    /// Data area size in bytes; default: enough for the whole logical size incompressible.
+    pub capacity_bytes: Option<u64>,
+    /// Cleaner low watermark.
+    pub clean_low_pct: u8,
+    /// Cleaner high watermark.
+    pub clean_high_pct: u8,
+    /// Allocation queue length (extents recovery may have to read); default from
+    /// `RECOVERY_BYTES_MAX`. Small values make checkpoints frequent (tests).
+    pub queue_len: Option<u32>,
+}
+
+impl CreateOptions {
+    /// Defaults for a logical size.
+    pub fn new(logical_bytes: u64) -> Self {
+        CreateOptions {
+            logical_bytes,
+            extent_bytes: EXTENT_BYTES_DEFAULT,
+            codec: Codec::default(),
+            capacity_bytes: None,
+            clean_low_pct: CLEAN_LOW_PCT_DEFAULT,
+            clean_high_pct: CLEAN_HIGH_PCT_DEFAULT,
+            queue_len: None,
+        }
+    }
+}
+
+/// Incompressible 4 KiB blocks one extent holds in the worst case: one block per segment (a flush
+/// after every write), each segment paying its header, one record and sector padding.
+pub fn raw_blocks_per_extent(extent_bytes: u32) -> u64 {
+    let per_block = align_up(
+        (SEGMENT_HEADER_BYTES + BLOCK_BYTES + RECORD_BYTES) as u64,
+        SECTOR_BYTES as u64,
+    );
+    (u64::from(extent_bytes) / per_block).max(1)
+}
+
+/// Extents the default capacity provides for `logical_blocks`: the incompressible worst case plus
+/// a reserve for partly filled extents and the cleaner (5 %, at least 16 extents).
+pub fn default_extent_count(logical_blocks: u64, extent_bytes: u32) -> u64 {
+    let needed = logical_blocks.div_ceil(raw_blocks_per_extent(extent_bytes));
+    needed + (needed / 20).max(16)
+}
+
+/// Computes the superblock for `opts` (uuid and time left for the caller to fill).
+pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
+    let e = opts.extent_bytes;
+    if !e.is_power_of_two() || !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&e) {
+        return Err(Error::Invalid(format!(
+            "extent size {e}: must be a power of two from 8K to 1M"
+        )));
+    }
+    if opts.logical_bytes == 0 || !opts.logical_bytes.is_multiple_of(BLOCK_BYTES as u64) {
+        return Err(Error::Invalid(format!(
+            "size {}: must be a non-zero multiple of 4K",
+            opts.logical_bytes
+        )));
+    }
+    if opts.clean_low_pct >= opts.clean_high_pct || opts.clean_high_pct > 90 {
+        return Err(Error::Invalid(
+            "cleaner watermarks: need low < high <= 90 (%)".into(),
+        ));
+    }
+    let logical_blocks = opts.logical_bytes / BLOCK_BYTES as u64;
+    let extent_count = match opts.capacity_bytes {
+        Some(c) => c / u64::from(e),
+        None => default_extent_count(logical_blocks, e),
+    };
+    if extent_count < 4 {
+        return Err(Error::Invalid(format!(
+            "capacity: at least 4 extents ({} bytes) are needed",
+            4 * u64::from(e)
+        )));
+    }
+    let extent_count = u32::try_from(extent_count).map_err(|_| {
+        Error::Invalid("capacity: more than 2^32 extents; use a larger extent size".into())
+    })?;
+    let queue_default =
+        ((RECOVERY_BYTES_MAX / u64::from(e)) as u32).clamp(QUEUE_LEN_MIN, QUEUE_LEN_MAX);
+    let queue_len = opts
+        .queue_len
+        .unwrap_or(queue_default)
+        .clamp(2, QUEUE_LEN_MAX)
+        .min(extent_count);
+    let map_pages = u32::try_from(logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64))
+        .map_err(|_| Error::Invalid("size: volume too large".into()))?;
+    let slot = checkpoint_slot_bytes(queue_len, map_pages);
+    let checkpoint_offset = 2 * SUPERBLOCK_BYTES as u64;
+    let map_offset = checkpoint_offset + 2 * u64::from(slot);
+    let data_offset = align_up(
+        map_offset + 2 * u64::from(map_pages) * MAP_PAGE_BYTES as u64,
+        u64::from(e),
+    );
+    Ok(Superblock {
+        uuid: [0; 16],
+        logical_blocks,
+        extent_bytes: e,
+        extent_count,
+        codec_id: opts.codec.id(),
+        codec_level: opts.codec.level(),
+        queue_len,
+        map_pages,
+        checkpoint_offset,
+        checkpoint_slot_bytes: slot,
+        map_offset,
+        data_offset,
+        clean_low_pct: opts.clean_low_pct,
+        clean_high_pct: opts.clean_high_pct,
+        created_unix: 0,
+    })
+}
+
+/// Parses a size with an optional K/M/G/T suffix (binary units), e.g. `32K`, `1G`, `4096`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return None,
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let num = num.strip_suffix(['i', 'I']).unwrap_or(num);
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("32K"), Some(32768));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("12Q"), None);
+        assert_eq!(parse_size("-1"), None);
+    }
+
+    #[test]
+    fn default_capacity_holds_incompressible_data() {
+        for e in [8192u32, 32768, 1 << 20] {
+            let sb = plan(&CreateOptions {
+                extent_bytes: e,
+                ..CreateOptions::new(64 << 20)
+            })
+            .expect("plan");
+            let raw = u64::from(sb.extent_count) * raw_blocks_per_extent(e);
+            assert!(raw >= sb.logical_blocks, "extent {e}");
+        }
+        assert!(plan(&CreateOptions {
+            extent_bytes: 3000,
+            ..CreateOptions::new(1 << 20)
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,130 @@
+//! Statistics a user reads at a glance (`zbd stat`), and the lifetime counters behind them.
+
+use crate::format::COUNTERS;
+use serde::Serialize;
+
+/// Lifetime counters, persisted in every checkpoint (positions are part of the format).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Bytes the host asked to write (write, partial writes count their length).
+    pub host_bytes_written: u64,
+    /// Bytes the host read.
+    pub host_bytes_read: u64,
+    /// Bytes of segments written to extents for host writes (payload, headers, records, padding).
+    pub data_bytes_written: u64,
+    /// Bytes of map pages and checkpoints written.
+    pub metadata_bytes_written: u64,
+    /// Bytes written by the cleaner.
+    pub cleaner_bytes_written: u64,
+    /// Bytes read from storage for host reads.
+    pub storage_bytes_read: u64,
+    /// Reads that failed their checksum.
+    pub corrupt_reads: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Flushes completed.
+    pub flushes: u64,
+    /// Cleaner passes.
+    pub cleaner_runs: u64,
+    /// Extents the cleaner freed.
+    pub extents_reclaimed: u64,
+    /// Bytes of live blocks the cleaner moved.
+    pub cleaner_bytes_moved: u64,
+}
+
+impl Counters {
+    /// Packs into the checkpoint's counter array.
+    pub fn to_array(self) -> [u64; COUNTERS] {
+        let mut a = [0u64; COUNTERS];
+        a[0] = self.host_bytes_written;
+        a[1] = self.host_bytes_read;
+        a[2] = self.data_bytes_written;
+        a[3] = self.metadata_bytes_written;
+        a[4] = self.cleaner_bytes_written;
+        a[5] = self.storage_bytes_read;
+        a[6] = self.corrupt_reads;
+        a[7] = self.checkpoints;
+        a[8] = self.flushes;
+        a[9] = self.cleaner_runs;
+        a[10] = self.extents_reclaimed;
+        a[11] = self.cleaner_bytes_moved;
+        a
+    }
+
+    /// Unpacks from a checkpoint.
+    pub fn from_array(a: &[u64; COUNTERS]) -> Self {
+        Counters {
+            host_bytes_written: a[0],
+            host_bytes_read: a[1],
+            data_bytes_written: a[2],
+            metadata_bytes_written: a[3],
+            cleaner_bytes_written: a[4],
+            storage_bytes_read: a[5],
+            corrupt_reads: a[6],
+            checkpoints: a[7],
+            flushes: a[8],
+            cleaner_runs: a[9],
+            extents_reclaimed: a[10],
+            cleaner_bytes_moved: a[11],
+        }
+    }
+}
+
+/// A snapshot of a volume's state and lifetime counters.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stats {
+    /// Logical size in bytes.
+    pub logical_bytes: u64,
+    /// Codec used for new writes.
+    pub codec: String,
+    /// Extent size.
+    pub extent_bytes: u32,
+    /// Data area size in bytes.
+    pub data_area_bytes: u64,
+    /// Metadata area size in bytes (superblocks, checkpoints, map).
+    pub metadata_bytes: u64,
+    /// Blocks holding stored data.
+    pub data_blocks: u64,
+    /// Blocks in the zero state (no data stored).
+    pub zero_blocks: u64,
+    /// Blocks never written or trimmed.
+    pub unmapped_blocks: u64,
+    /// Data blocks stored raw (did not compress enough).
+    pub raw_blocks: u64,
+    /// Blocks whose map page is damaged.
+    pub damaged_blocks: u64,
+    /// Logical bytes in use: data and zero blocks.
+    pub logical_bytes_in_use: u64,
+    /// Bytes of stored (compressed or raw) block data that is live.
+    pub physical_bytes_live: u64,
+    /// Bytes of extents in use (live, partly dead, open).
+    pub physical_bytes_allocated: u64,
+    /// 100 * (1 - physical live / logical in use).
+    pub savings_pct: f64,
+    /// logical in use / physical live.
+    pub compression_ratio: f64,
+    /// Extents in the data area.
+    pub extents_total: u64,
+    /// Extents free (including those queued for allocation).
+    pub extents_free: u64,
+    /// Extents holding live data or open in the extent buffer.
+    pub extents_in_use: u64,
+    /// Extents without live data waiting for a checkpoint before reuse.
+    pub extents_pending_free: u64,
+    /// Extents open in the extent buffer.
+    pub extents_open: u64,
+    /// Bytes of extents that are in use but hold no live data (cleaner's work).
+    pub dead_bytes: u64,
+    /// (data + metadata + cleaner bytes written) / host bytes written.
+    pub write_amplification: f64,
+    /// RAM used by the map and extent table, bytes.
+    pub metadata_ram_bytes: u64,
+    /// Cleaner low watermark in force (% free extents).
+    pub clean_low_pct: u8,
+    /// Cleaner high watermark in force.
+    pub clean_high_pct: u8,
+    /// Records replayed by the last recovery.
+    pub recovery_records_replayed: u64,
+    /// Lifetime counters.
+    pub counters: Counters,
+}

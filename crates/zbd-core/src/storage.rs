@@ -1,0 +1,159 @@
+//! The one trait the engine does I/O through, and its file / block-device implementation.
+//! Tests swap in [`crate::sim::SimStorage`].
+
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::Path;
+
+/// Byte-addressed storage below a volume. Implementations must be usable from many threads.
+///
+/// Assumptions the engine makes (docs/format.md, "medium"): a write that returned may be lost or
+/// torn at 512-byte sector granularity until `sync` returns; after `sync` returns it is durable;
+/// `discard` makes a range read back as zeros (or leaves it unchanged until the next sync).
+pub trait Storage: Send + Sync {
+    /// Size in bytes.
+    fn len_bytes(&self) -> Result<u64>;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Writes all of `data` at `offset`.
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
+    /// Makes every completed write durable.
+    fn sync(&self) -> Result<()>;
+    /// Releases a range (punches a hole in a file, discards on a block device). Best effort.
+    fn discard(&self, offset: u64, len: u64) -> Result<()>;
+}
+
+/// A regular file or a block device, locked exclusively while open.
+#[derive(Debug)]
+pub struct FileStorage {
+    file: File,
+    len: u64,
+    block_device: bool,
+}
+
+impl FileStorage {
+    /// Opens an existing file or block device and takes an exclusive lock on it.
+    pub fn open(path: &Path, writable: bool) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(|e| {
+                Error::Io(io::Error::new(
+                    e.kind(),
+                    format!("cannot open {}: {e}", path.display()),
+                ))
+            })?;
+        Self::from_file(file, path)
+    }
+
+    /// Creates (or truncates to `len`) a sparse file; a block device is opened as is.
+    pub fn create(path: &Path, len: u64) -> Result<Self> {
+        let is_bdev = std::fs::metadata(path)
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(!is_bdev)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| {
+                Error::Io(io::Error::new(
+                    e.kind(),
+                    format!("cannot create {}: {e}", path.display()),
+                ))
+            })?;
+        let s = Self::from_file(file, path)?;
+        if !s.block_device {
+            s.file.set_len(0)?;
+            s.file.set_len(len)?;
+            return Ok(FileStorage { len, ..s });
+        }
+        if s.len < len {
+            return Err(Error::Invalid(format!(
+                "block device {} has {} bytes, the volume needs {len} (lower --size or --capacity)",
+                path.display(),
+                s.len
+            )));
+        }
+        Ok(s)
+    }
+
+    fn from_file(mut file: File, path: &Path) -> Result<Self> {
+        // Exclusive advisory lock: a second zbd on the same volume gets a clear "in use" error.
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| Error::InUse(path.display().to_string()))?;
+        let block_device = file.metadata()?.file_type().is_block_device();
+        // Block devices report length 0 in metadata; seeking to the end gives the real size.
+        let len = file.seek(SeekFrom::End(0))?;
+        Ok(FileStorage {
+            file,
+            len,
+            block_device,
+        })
+    }
+
+    /// Whether this is a block device (discard instead of hole punching).
+    pub fn is_block_device(&self) -> bool {
+        self.block_device
+    }
+}
+
+impl Storage for FileStorage {
+    fn len_bytes(&self) -> Result<u64> {
+        Ok(self.len)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                Error::CorruptMetadata(format!(
+                    "read past the end of the storage at byte {offset} (truncated volume?)"
+                ))
+            } else {
+                Error::Io(e)
+            }
+        })
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        Ok(self.file.write_all_at(data, offset)?)
+    }
+
+    fn sync(&self) -> Result<()> {
+        // Block devices need fsync too (flushes the device cache); fdatasync is enough for both.
+        Ok(self.file.sync_data()?)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        use rustix::fs::FallocateFlags;
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, offset, len) {
+            Ok(()) => Ok(()),
+            // Filesystems or devices without hole punching: space is simply not given back.
+            Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::NOSYS) => Ok(()),
+            Err(e) => Err(Error::Io(e.into())),
+        }
+    }
+}
+
+impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
+    fn len_bytes(&self) -> Result<u64> {
+        (**self).len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        (**self).read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        (**self).write_at(offset, data)
+    }
+    fn sync(&self) -> Result<()> {
+        (**self).sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        (**self).discard(offset, len)
+    }
+}

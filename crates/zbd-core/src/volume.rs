@@ -1,0 +1,896 @@
+//! The public handle: a thread-safe compressed block volume over a [`Storage`].
+
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::format::{
+    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES, COUNTERS,
+    MAP_ENTRY_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+};
+use crate::layout::{plan, CreateOptions};
+use crate::recovery;
+use crate::state::{is_zero, BufferConfig, Ctx, ExtentState, Prepared, State};
+use crate::stats::{Counters, Stats};
+use crate::storage::Storage;
+use parking_lot::{Mutex, RwLock};
+use rayon::prelude::*;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Default extent buffer size (paper: 16 MiB).
+pub const BUFFER_BYTES_DEFAULT: usize = 16 << 20;
+/// Default aging timeout of an open extent.
+pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
+/// Requests with at least this many blocks are compressed / decompressed in parallel.
+const PARALLEL_BLOCKS_MIN: usize = 4;
+
+/// Open-time tunables.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Open read-only (no recovery checkpoint; writes fail with `ReadOnly`).
+    pub read_only: bool,
+    /// Codec for new writes (default: the one recorded at create time).
+    pub codec: Option<Codec>,
+    /// Extent buffer size in bytes.
+    pub buffer_bytes: usize,
+    /// Aging timeout of open extents.
+    pub aging: Duration,
+    /// Run the background cleaner thread (foreground cleaning happens regardless).
+    pub background_cleaner: bool,
+    /// Cleaner watermarks (low, high) in % of free extents; default: those set at create time.
+    pub clean_watermarks: Option<(u8, u8)>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            codec: None,
+            buffer_bytes: BUFFER_BYTES_DEFAULT,
+            aging: AGING_DEFAULT,
+            background_cleaner: true,
+            clean_watermarks: None,
+        }
+    }
+}
+
+/// What a range of the volume holds (for NBD block status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum AllocState {
+    /// Stored data.
+    Data,
+    /// Written with zeros: reads zeros, takes no space.
+    Zero,
+    /// Never written or trimmed: reads zeros, takes no space.
+    Hole,
+}
+
+/// Result of [`crate::Volume::check`].
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CheckReport {
+    /// Data blocks read and verified.
+    pub blocks_checked: u64,
+    /// Logical blocks that cannot be read back correctly.
+    pub damaged_blocks: Vec<u64>,
+    /// Metadata problems found (one line each).
+    pub metadata_problems: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether nothing was found.
+    pub fn is_clean(&self) -> bool {
+        self.damaged_blocks.is_empty() && self.metadata_problems.is_empty()
+    }
+}
+
+/// The volume proper; [`crate::Volume`] wraps it with the background cleaner.
+pub(crate) struct Inner {
+    storage: Box<dyn Storage>,
+    sb: Superblock,
+    codec: Codec,
+    read_only: bool,
+    state: Mutex<State>,
+    gate: RwLock<()>,
+    damaged_pages: Vec<u32>,
+    closed: AtomicBool,
+    host_bytes_read: AtomicU64,
+    storage_bytes_read: AtomicU64,
+    corrupt_reads: AtomicU64,
+    /// Cleaner watermarks, % of extents free.
+    pub(crate) clean_low_pct: u8,
+    pub(crate) clean_high_pct: u8,
+    /// Write sequence at the last cleaning attempt that made no progress (avoid spinning).
+    clean_idle_seq: AtomicU64,
+}
+
+/// Extents host writes leave to the cleaner: 2 % of the data area, 4..64.
+fn cleaner_reserve(extent_count: u32) -> usize {
+    (extent_count as usize / 50)
+        .clamp(4, 64)
+        .min(extent_count as usize / 4)
+}
+
+/// Stored bytes fetched for one block (`None` when it has none).
+type Fetched = Result<Option<Vec<u8>>>;
+
+/// Where the stored bytes of one block are, as seen at lookup time.
+enum Source {
+    Zeros,
+    Bytes { entry: MapEntry, bytes: Vec<u8> },
+    Disk { entry: MapEntry },
+    Damaged,
+}
+
+impl Inner {
+    /// Formats `storage` as a new volume and opens it with `open_opts`.
+    pub fn create_with(
+        storage: Box<dyn Storage>,
+        opts: &CreateOptions,
+        open_opts: OpenOptions,
+    ) -> Result<Inner> {
+        let mut sb = plan(opts)?;
+        sb.uuid = *uuid::Uuid::new_v4().as_bytes();
+        sb.created_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if storage.len_bytes()? < sb.total_bytes() {
+            return Err(Error::Invalid(format!(
+                "storage has {} bytes, the volume needs {}",
+                storage.len_bytes()?,
+                sb.total_bytes()
+            )));
+        }
+        let sbb = sb.encode();
+        storage.write_at(0, &sbb)?;
+        storage.write_at(SUPERBLOCK_BYTES as u64, &sbb)?;
+        // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1).
+        storage.write_at(
+            sb.checkpoint_slot_offset(0),
+            &vec![0u8; sb.checkpoint_slot_bytes as usize],
+        )?;
+        let queue: Vec<QueueEntry> = (0..sb.queue_len)
+            .map(|e| QueueEntry {
+                extent: e,
+                alloc_seq: u64::from(e) + 1,
+            })
+            .collect();
+        let ck = Checkpoint {
+            seq: 1,
+            write_seq: 0,
+            next_alloc_seq: u64::from(sb.queue_len) + 1,
+            counters: [0; COUNTERS],
+            queue,
+            page_slots: vec![PAGE_NONE; sb.map_pages as usize],
+        };
+        storage.write_at(
+            sb.checkpoint_slot_offset(1),
+            &ck.encode(&sb.uuid, sb.checkpoint_slot_bytes),
+        )?;
+        storage.sync()?;
+        Inner::open(storage, open_opts)
+    }
+
+    /// Opens a volume read-only.
+    pub fn open_read_only(storage: Box<dyn Storage>) -> Result<Inner> {
+        Inner::open(
+            storage,
+            OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// Opens a volume, recovering from a crash if needed.
+    pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
+        let sb = recovery::read_superblock(&*storage)?;
+        let ck = recovery::read_checkpoint(&*storage, &sb)?;
+        let loaded = recovery::load_map(&*storage, &sb, &ck)?;
+        let mut map = loaded.map;
+        let extents = recovery::account(&map, sb.extent_count);
+        let replay = recovery::roll_forward(&*storage, &sb, &ck)?;
+        let codec = match opts.codec {
+            Some(c) => c,
+            None => Codec::from_id(sb.codec_id, sb.codec_level)?,
+        };
+        // Open extents are partly empty: keep them a small share of the data area (1/32) so a
+        // nearly full volume is not exhausted by its own buffer, and within the recovery queue.
+        let max_open = (opts.buffer_bytes / sb.extent_bytes as usize)
+            .min(sb.extent_count as usize / 32)
+            .clamp(1, (sb.queue_len as usize / 2).max(1));
+        let mut st = State {
+            map: Vec::new(),
+            page_slots: ck.page_slots.clone(),
+            dirty_pages: BTreeSet::new(),
+            extents,
+            free: VecDeque::new(),
+            queue: VecDeque::new(),
+            open: Vec::new(),
+            next_seq: ck.write_seq + 1,
+            ckpt_seq: ck.seq,
+            next_alloc_seq: ck.next_alloc_seq,
+            counters: Counters::from_array(&ck.counters),
+            buffer: BufferConfig {
+                max_open,
+                aging: opts.aging,
+                reserve: cleaner_reserve(sb.extent_count),
+            },
+            replayed: 0,
+        };
+        std::mem::swap(&mut st.map, &mut map);
+        apply_replay(&mut st, &sb, &replay);
+        st.free = (0..sb.extent_count)
+            .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
+            .collect();
+        let counters = st.counters;
+        let (low, high) = opts
+            .clean_watermarks
+            .unwrap_or((sb.clean_low_pct, sb.clean_high_pct));
+        if low >= high || high > 90 {
+            return Err(Error::Invalid(format!(
+                "cleaner watermarks {low}/{high}: need low < high <= 90 (%)"
+            )));
+        }
+        let vol = Inner {
+            storage,
+            sb,
+            codec,
+            read_only: opts.read_only,
+            state: Mutex::new(st),
+            gate: RwLock::new(()),
+            damaged_pages: loaded.damaged_pages,
+            closed: AtomicBool::new(false),
+            host_bytes_read: AtomicU64::new(counters.host_bytes_read),
+            storage_bytes_read: AtomicU64::new(counters.storage_bytes_read),
+            corrupt_reads: AtomicU64::new(counters.corrupt_reads),
+            clean_low_pct: low,
+            clean_high_pct: high,
+            clean_idle_seq: AtomicU64::new(u64::MAX),
+        };
+        if !vol.read_only {
+            // Make the replayed state durable and start a fresh allocation queue.
+            let mut st = vol.state.lock();
+            let cx = vol.ctx();
+            st.checkpoint(&cx)?;
+        }
+        Ok(vol)
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            storage: &*self.storage,
+            sb: &self.sb,
+            gate: &self.gate,
+        }
+    }
+
+    /// Logical size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.sb.logical_blocks * BLOCK_BYTES as u64
+    }
+
+    /// The superblock (geometry).
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Codec used for new writes.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        let size = self.size_bytes();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange { offset, len, size });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = BLOCK_BYTES as u64;
+        let first = offset / bs;
+        let last = (offset + buf.len() as u64 - 1) / bs;
+        let blocks = self.read_blocks(first, last - first + 1);
+        let mut pos = 0usize;
+        for (i, res) in blocks.into_iter().enumerate() {
+            let data = res?;
+            let lba = first + i as u64;
+            let start = if lba == first {
+                (offset % bs) as usize
+            } else {
+                0
+            };
+            let n = (BLOCK_BYTES - start).min(buf.len() - pos);
+            buf[pos..pos + n].copy_from_slice(&data[start..start + n]);
+            pos += n;
+        }
+        self.host_bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
+    fn read_blocks(&self, first: u64, count: u64) -> Vec<Result<Vec<u8>>> {
+        let (sources, _gate) = self.lookup(first, count);
+        let fetched = self.fetch(&sources);
+        let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
+            let lba = first + i as u64;
+            match (src, stored?) {
+                (Source::Zeros, _) => Ok(vec![0; BLOCK_BYTES]),
+                (Source::Damaged, _) => Err(Error::Corrupt { lba }),
+                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
+                    self.decode_block(lba, entry, &bytes)
+                }
+                (_, None) => Err(Error::Corrupt { lba }),
+            }
+        };
+        let pairs: Vec<_> = sources.iter().zip(fetched).collect();
+        if pairs.len() >= PARALLEL_BLOCKS_MIN {
+            pairs.into_par_iter().enumerate().map(decode).collect()
+        } else {
+            pairs.into_iter().enumerate().map(decode).collect()
+        }
+    }
+
+    /// Map lookup under the state lock; returns with the reuse gate held shared so the extents
+    /// named cannot be reused before the caller has read them.
+    fn lookup(
+        &self,
+        first: u64,
+        count: u64,
+    ) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
+        let st = self.state.lock();
+        let mut out = Vec::with_capacity(count as usize);
+        for lba in first..first + count {
+            let entry = st.map[lba as usize];
+            out.push(match entry.state {
+                BlockState::Unmapped | BlockState::Zero => Source::Zeros,
+                BlockState::Corrupt => Source::Damaged,
+                BlockState::Data => match st.open.iter().find(|o| o.extent == entry.extent) {
+                    Some(o) => {
+                        let s = entry.offset as usize;
+                        Source::Bytes {
+                            entry,
+                            bytes: o.buf[s..s + entry.len as usize].to_vec(),
+                        }
+                    }
+                    None => Source::Disk { entry },
+                },
+            });
+        }
+        let gate = self.gate.read();
+        drop(st);
+        (out, gate)
+    }
+
+    /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
+    /// same extent.
+    fn fetch(&self, sources: &[Source]) -> Vec<Fetched> {
+        let mut out: Vec<Fetched> = Vec::with_capacity(sources.len());
+        let mut i = 0;
+        while i < sources.len() {
+            let Source::Disk { entry } = &sources[i] else {
+                out.push(Ok(match &sources[i] {
+                    Source::Bytes { bytes, .. } => Some(bytes.clone()),
+                    _ => None,
+                }));
+                i += 1;
+                continue;
+            };
+            // Extend the run while the next block sits in the same extent, close by.
+            let mut j = i + 1;
+            let (mut lo, mut hi) = (entry.offset, entry.offset + u32::from(entry.len));
+            while j < sources.len() {
+                match &sources[j] {
+                    Source::Disk { entry: e } if e.extent == entry.extent => {
+                        lo = lo.min(e.offset);
+                        hi = hi.max(e.offset + u32::from(e.len));
+                        j += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let mut span = vec![0u8; (hi - lo) as usize];
+            let res = self.storage.read_at(
+                self.sb.extent_offset(entry.extent) + u64::from(lo),
+                &mut span,
+            );
+            self.storage_bytes_read
+                .fetch_add(span.len() as u64, Ordering::Relaxed);
+            for src in &sources[i..j] {
+                let Source::Disk { entry: e } = src else {
+                    continue;
+                };
+                out.push(match &res {
+                    Ok(()) => {
+                        let s = (e.offset - lo) as usize;
+                        Ok(Some(span[s..s + e.len as usize].to_vec()))
+                    }
+                    Err(err) => Err(Error::Io(std::io::Error::other(err.to_string()))),
+                });
+            }
+            i = j;
+        }
+        out
+    }
+
+    fn decode_block(&self, lba: u64, entry: &MapEntry, stored: &[u8]) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; BLOCK_BYTES];
+        if crc32c::crc32c(stored) != entry.crc
+            || codec::decompress(entry.codec, stored, &mut out).is_none()
+        {
+            self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Corrupt { lba });
+        }
+        Ok(out)
+    }
+
+    /// Compresses one full block (outside any lock).
+    fn prepare(&self, block: &[u8]) -> Prepared {
+        if is_zero(block) {
+            return Prepared::Zero;
+        }
+        // Keep the compressed form only if it saves at least one sector.
+        let (codec, bytes) = match self.codec.compress(block) {
+            Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => (self.codec.id(), z),
+            _ => (codec::id::RAW, block.to_vec()),
+        };
+        let crc = crc32c::crc32c(&bytes);
+        Prepared::Data { codec, bytes, crc }
+    }
+
+    /// Writes `data` at byte `offset`. With `fua`, returns only once the data is durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let bs = BLOCK_BYTES as u64;
+        let end = offset + data.len() as u64;
+        let first_full = offset.div_ceil(bs);
+        let end_full = end / bs;
+        if first_full >= end_full {
+            // Everything inside one or two partial blocks.
+            self.write_partial_range(offset, data)?;
+        } else {
+            let head = (first_full * bs - offset) as usize;
+            let tail_start = (end_full * bs - offset) as usize;
+            if head > 0 {
+                self.write_partial_range(offset, &data[..head])?;
+            }
+            self.write_full_blocks(first_full, &data[head..tail_start])?;
+            if tail_start < data.len() {
+                self.write_partial_range(end_full * bs, &data[tail_start..])?;
+            }
+        }
+        {
+            let mut st = self.state.lock();
+            st.counters.host_bytes_written += data.len() as u64;
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_full_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
+        let blocks: Vec<&[u8]> = data.chunks(BLOCK_BYTES).collect();
+        let prepared: Vec<Prepared> = if blocks.len() >= PARALLEL_BLOCKS_MIN {
+            blocks.par_iter().map(|b| self.prepare(b)).collect()
+        } else {
+            blocks.iter().map(|b| self.prepare(b)).collect()
+        };
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        for (i, p) in prepared.into_iter().enumerate() {
+            st.put_block(&cx, first + i as u64, p)?;
+        }
+        st.age(&cx)
+    }
+
+    /// Writes bytes that lie within partial blocks (read-modify-write per block).
+    fn write_partial_range(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let bs = BLOCK_BYTES as u64;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = offset + pos as u64;
+            let lba = at / bs;
+            let within = (at % bs) as usize;
+            let n = (BLOCK_BYTES - within).min(data.len() - pos);
+            self.rmw_block(lba, within, &data[pos..pos + n])?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write of one block, optimistic: if the block changed between our read and our
+    /// update (a concurrent write to another part of it), start again so neither write is lost.
+    fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
+        loop {
+            let (sources, gate) = self.lookup(lba, 1);
+            let seen = match &sources[0] {
+                Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
+                Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
+            };
+            let stored = self.fetch(&sources).pop().unwrap_or(Ok(None));
+            drop(gate);
+            let mut block = match (&sources[0], stored?) {
+                (Source::Zeros, _) => vec![0u8; BLOCK_BYTES],
+                (Source::Damaged, _) => return Err(Error::Corrupt { lba }),
+                (_, Some(bytes)) => self.decode_block(lba, &seen, &bytes)?,
+                (_, None) => return Err(Error::Corrupt { lba }),
+            };
+            block[within..within + patch.len()].copy_from_slice(patch);
+            let p = self.prepare(&block);
+            let mut st = self.state.lock();
+            let now = st.map[lba as usize];
+            let unchanged = now == seen
+                || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
+            if !unchanged {
+                continue;
+            }
+            let cx = self.ctx();
+            return st.put_block(&cx, lba, p);
+        }
+    }
+
+    /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.range_op(offset, len, RecordKind::Zero)
+    }
+
+    /// Discards a range: whole blocks become holes; partial blocks at the edges are zeroed so the
+    /// whole range reads back as zeros.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.range_op(offset, len, RecordKind::Trim)
+    }
+
+    fn range_op(&self, offset: u64, len: u64, kind: RecordKind) -> Result<()> {
+        self.check_writable()?;
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = BLOCK_BYTES as u64;
+        let end = offset + len;
+        let first_full = offset.div_ceil(bs);
+        let end_full = end / bs;
+        if first_full >= end_full {
+            return self.write_partial_range(offset, &vec![0u8; len as usize]);
+        }
+        if offset < first_full * bs {
+            self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
+        }
+        {
+            let mut st = self.state.lock();
+            let cx = self.ctx();
+            st.put_range(&cx, kind, first_full, end_full - first_full)?;
+        }
+        if end > end_full * bs {
+            self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
+        }
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        st.flush(&cx)
+    }
+
+    /// Writes a checkpoint now (bounded recovery; normally automatic).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        self.sync_read_counters(&mut st);
+        st.checkpoint(&cx)
+    }
+
+    fn sync_read_counters(&self, st: &mut State) {
+        st.counters.host_bytes_read = self.host_bytes_read.load(Ordering::Relaxed);
+        st.counters.storage_bytes_read = self.storage_bytes_read.load(Ordering::Relaxed);
+        st.counters.corrupt_reads = self.corrupt_reads.load(Ordering::Relaxed);
+    }
+
+    /// Allocation state of a byte range, as runs of (length, state).
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
+        self.check_range(offset, len)?;
+        let bs = BLOCK_BYTES as u64;
+        let st = self.state.lock();
+        let mut runs: Vec<(u64, AllocState)> = Vec::new();
+        let mut pos = offset;
+        let end = offset + len;
+        while pos < end {
+            let lba = pos / bs;
+            let n = ((lba + 1) * bs).min(end) - pos;
+            let s = match st.map[lba as usize].state {
+                BlockState::Unmapped => AllocState::Hole,
+                BlockState::Zero => AllocState::Zero,
+                BlockState::Data | BlockState::Corrupt => AllocState::Data,
+            };
+            match runs.last_mut() {
+                Some((l, last)) if *last == s => *l += n,
+                _ => runs.push((n, s)),
+            }
+            pos += n;
+        }
+        Ok(runs)
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        let mut st = self.state.lock();
+        self.sync_read_counters(&mut st);
+        let (mut data, mut zero, mut unmapped, mut raw, mut damaged, mut live) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        for e in &st.map {
+            match e.state {
+                BlockState::Data => {
+                    data += 1;
+                    live += u64::from(e.len);
+                    if e.codec == codec::id::RAW {
+                        raw += 1;
+                    }
+                }
+                BlockState::Zero => zero += 1,
+                BlockState::Unmapped => unmapped += 1,
+                BlockState::Corrupt => damaged += 1,
+            }
+        }
+        let eb = u64::from(self.sb.extent_bytes);
+        let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
+        let (free, open, closed, pending) = (
+            count(ExtentState::Free),
+            count(ExtentState::Open),
+            count(ExtentState::Closed),
+            count(ExtentState::PendingFree),
+        );
+        let in_use = open + closed;
+        let logical_in_use = (data + zero) * BLOCK_BYTES as u64;
+        let c = st.counters;
+        let written = c.data_bytes_written + c.metadata_bytes_written + c.cleaner_bytes_written;
+        Stats {
+            logical_bytes: self.size_bytes(),
+            codec: self.codec.to_string(),
+            extent_bytes: self.sb.extent_bytes,
+            data_area_bytes: u64::from(self.sb.extent_count) * eb,
+            metadata_bytes: self.sb.metadata_bytes(),
+            data_blocks: data,
+            zero_blocks: zero,
+            unmapped_blocks: unmapped,
+            raw_blocks: raw,
+            damaged_blocks: damaged,
+            logical_bytes_in_use: logical_in_use,
+            physical_bytes_live: live,
+            physical_bytes_allocated: (in_use + pending) * eb,
+            savings_pct: if logical_in_use == 0 {
+                0.0
+            } else {
+                100.0 * (1.0 - live as f64 / logical_in_use as f64)
+            },
+            compression_ratio: if live == 0 {
+                0.0
+            } else {
+                logical_in_use as f64 / live as f64
+            },
+            extents_total: u64::from(self.sb.extent_count),
+            extents_free: free,
+            extents_in_use: in_use,
+            extents_pending_free: pending,
+            extents_open: open,
+            dead_bytes: (in_use + pending) * eb - live,
+            write_amplification: if c.host_bytes_written == 0 {
+                0.0
+            } else {
+                written as f64 / c.host_bytes_written as f64
+            },
+            metadata_ram_bytes: (st.map.len() * MAP_ENTRY_BYTES
+                + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
+                as u64,
+            clean_low_pct: self.clean_low_pct,
+            clean_high_pct: self.clean_high_pct,
+            recovery_records_replayed: st.replayed,
+            counters: c,
+        }
+    }
+
+    /// Verifies metadata and the checksum of every stored block. `progress(done, total)` is
+    /// called now and then.
+    pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        let mut report = CheckReport::default();
+        for p in &self.damaged_pages {
+            report.metadata_problems.push(format!(
+                "map page {p} is damaged; its blocks are unreadable"
+            ));
+        }
+        {
+            let st = self.state.lock();
+            let fresh = recovery::account(&st.map, self.sb.extent_count);
+            for (i, (a, b)) in fresh.iter().zip(st.extents.iter()).enumerate() {
+                if a.live_bytes != b.live_bytes || a.live_blocks != b.live_blocks {
+                    report
+                        .metadata_problems
+                        .push(format!("extent {i}: live accounting differs from the map"));
+                }
+            }
+        }
+        let total = self.sb.logical_blocks;
+        const CHUNK: u64 = 256;
+        let mut lba = 0;
+        while lba < total {
+            let n = CHUNK.min(total - lba);
+            let mapped = {
+                let st = self.state.lock();
+                st.map[lba as usize..(lba + n) as usize]
+                    .iter()
+                    .filter(|e| e.state == BlockState::Data)
+                    .count() as u64
+            };
+            for (i, r) in self.read_blocks(lba, n).into_iter().enumerate() {
+                if r.is_err() {
+                    report.damaged_blocks.push(lba + i as u64);
+                }
+            }
+            report.blocks_checked += mapped;
+            lba += n;
+            progress(lba, total);
+        }
+        report
+    }
+
+    /// Whether free extents are below the low watermark (cheap; called after writes).
+    pub(crate) fn below_low_watermark(&self) -> bool {
+        let st = self.state.lock();
+        st.free_now() * 100 < self.clean_low_pct as usize * st.extents.len()
+    }
+
+    /// One background cleaning round: passes until free extents reach the high watermark or no
+    /// pass makes progress. Each pass takes the state lock anew, so host I/O interleaves.
+    pub(crate) fn background_round(&self) -> Result<()> {
+        if self.read_only || self.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        {
+            let st = self.state.lock();
+            let total = st.extents.len();
+            let idle = self.clean_idle_seq.load(Ordering::Relaxed) == st.next_seq;
+            if idle || st.free_now() * 100 >= self.clean_low_pct as usize * total {
+                return Ok(());
+            }
+        }
+        // Victims turn into free extents at a checkpoint (three syncs): batch a few passes.
+        const CHECKPOINT_AFTER_RECLAIMED: usize = 32;
+        let mut pending = 0usize;
+        loop {
+            let mut st = self.state.lock();
+            let cx = self.ctx();
+            let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Incremental)?;
+            pending += r.reclaimed;
+            let total = st.extents.len();
+            let done = !r.progressed()
+                || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
+            if pending > 0
+                && (done
+                    || pending >= CHECKPOINT_AFTER_RECLAIMED
+                    || st.free_now() <= st.buffer.reserve)
+            {
+                st.checkpoint(&cx)?;
+                pending = 0;
+            }
+            if !r.progressed() {
+                self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Offline compaction: cleans every extent with dead space, least live first, until no pass
+    /// frees anything. `progress(done, total)` counts candidate extents.
+    pub(crate) fn compact(
+        &self,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<crate::cleaner::PassResult> {
+        self.check_writable()?;
+        let mut total = crate::cleaner::PassResult::default();
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        let n = st.open.len();
+        for i in (0..n).rev() {
+            st.close_open(&cx, i)?;
+        }
+        st.checkpoint(&cx)?;
+        let candidates = |st: &State| {
+            st.extents
+                .iter()
+                .filter(|x| x.state == ExtentState::Closed)
+                .count() as u64
+        };
+        let first = candidates(&st);
+        loop {
+            let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Compact)?;
+            if r.reclaimed > 0 {
+                st.checkpoint(&cx)?;
+            }
+            total.victims += r.victims;
+            total.reclaimed += r.reclaimed;
+            total.outputs += r.outputs;
+            total.bytes_moved += r.bytes_moved;
+            progress(first.saturating_sub(candidates(&st)).min(first), first);
+            if !r.progressed() {
+                break;
+            }
+        }
+        progress(first, first);
+        Ok(total)
+    }
+
+    /// Flushes, writes a final checkpoint and marks the volume closed. Idempotent.
+    pub fn close(&self) -> Result<()> {
+        if self.read_only || self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        let n = st.open.len();
+        for i in (0..n).rev() {
+            st.close_open(&cx, i)?;
+        }
+        self.sync_read_counters(&mut st);
+        st.checkpoint(&cx)
+    }
+}
+
+/// Applies roll-forward records to the map, in write-sequence order.
+fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) {
+    let blocks = sb.logical_blocks;
+    for r in replay {
+        let rec = &r.record;
+        let end = rec.lba.saturating_add(u64::from(rec.count));
+        if end > blocks {
+            continue;
+        }
+        match rec.kind {
+            RecordKind::Data => {
+                let entry = MapEntry {
+                    state: BlockState::Data,
+                    codec: rec.codec,
+                    len: rec.len as u16,
+                    extent: r.extent,
+                    offset: rec.offset,
+                    crc: rec.crc,
+                };
+                st.set_entry(rec.lba, entry);
+            }
+            RecordKind::Zero => (rec.lba..end).for_each(|l| st.set_entry(l, MapEntry::ZERO)),
+            RecordKind::Trim => (rec.lba..end).for_each(|l| st.set_entry(l, MapEntry::UNMAPPED)),
+        }
+        st.next_seq = st.next_seq.max(rec.seq + 1);
+    }
+    st.replayed = replay.len() as u64;
+    // Extents that lost their last live block during replay are free after the recovery checkpoint.
+    for x in st.extents.iter_mut() {
+        if x.state == ExtentState::PendingFree {
+            x.state = ExtentState::Free;
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Shared test helpers: seeded data and workloads, and a plain byte-vector model of a volume.
+#![allow(dead_code)]
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::time::Duration;
+use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Volume};
+
+pub const BS: usize = 4096;
+
+/// Data of a chosen compressibility.
+#[derive(Clone, Copy, Debug)]
+pub enum Fill {
+    Random,
+    Text,
+    Zeros,
+}
+
+pub fn fill(rng: &mut SmallRng, kind: Fill, len: usize) -> Vec<u8> {
+    match kind {
+        Fill::Random => (0..len).map(|_| rng.random()).collect(),
+        Fill::Zeros => vec![0; len],
+        Fill::Text => {
+            let words: [&[u8]; 6] = [b"block ", b"extent ", b"zbd ", b"compress ", b"the ", b"\n"];
+            let mut v = Vec::with_capacity(len + 16);
+            while v.len() < len {
+                v.extend_from_slice(words[rng.random_range(0..words.len())]);
+                if rng.random_bool(0.05) {
+                    v.push(rng.random());
+                }
+            }
+            v.truncate(len);
+            v
+        }
+    }
+}
+
+/// One operation of a workload.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
+    Flush,
+}
+
+/// A random workload over `size` bytes: mostly block-aligned writes, some unaligned, zero and
+/// trim ranges, and flushes.
+pub fn workload(seed: u64, size: u64, ops: usize) -> Vec<Op> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let blocks = size / BS as u64;
+    (0..ops)
+        .map(|_| {
+            let r = rng.random_range(0..100);
+            let lba = rng.random_range(0..blocks);
+            let nb = rng.random_range(1..=4u64).min(blocks - lba);
+            match r {
+                0..=54 => {
+                    let kind =
+                        [Fill::Random, Fill::Text, Fill::Text, Fill::Zeros][rng.random_range(0..4)];
+                    let data = fill(&mut rng, kind, nb as usize * BS);
+                    Op::Write {
+                        offset: lba * BS as u64,
+                        data,
+                        fua: rng.random_bool(0.05),
+                    }
+                }
+                55..=69 => {
+                    let offset = rng.random_range(0..size - 1);
+                    let len = rng.random_range(1..=(size - offset).min(9000));
+                    let kind = if rng.random_bool(0.5) {
+                        Fill::Random
+                    } else {
+                        Fill::Text
+                    };
+                    Op::Write {
+                        offset,
+                        data: fill(&mut rng, kind, len as usize),
+                        fua: false,
+                    }
+                }
+                70..=76 => Op::Zero {
+                    offset: lba * BS as u64,
+                    len: nb * BS as u64,
+                },
+                77..=82 => {
+                    let offset = rng.random_range(0..size - 1);
+                    let len = rng.random_range(1..=(size - offset).min(20000));
+                    Op::Trim { offset, len }
+                }
+                _ => Op::Flush,
+            }
+        })
+        .collect()
+}
+
+/// Overwrite-heavy workload over the first `blocks` blocks: single-block text writes, a few
+/// trims and flushes (keeps the cleaner busy on a tight data area).
+pub fn overwrite_workload(seed: u64, blocks: u64, ops: usize) -> Vec<Op> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..ops)
+        .map(|_| {
+            let lba = rng.random_range(0..blocks);
+            match rng.random_range(0..100) {
+                0..=84 => Op::Write {
+                    offset: lba * BS as u64,
+                    data: fill(&mut rng, Fill::Text, BS),
+                    fua: false,
+                },
+                85..=89 => Op::Trim {
+                    offset: lba * BS as u64,
+                    len: BS as u64,
+                },
+                _ => Op::Flush,
+            }
+        })
+        .collect()
+}
+
+/// Volume options for small test volumes: frequent checkpoints, no aging surprises.
+pub fn small_volume(
+    size: u64,
+    extent: u32,
+    codec: Codec,
+    capacity_factor: u64,
+    queue_len: u32,
+) -> CreateOptions {
+    CreateOptions {
+        extent_bytes: extent,
+        codec,
+        capacity_bytes: Some(size * capacity_factor),
+        queue_len: Some(queue_len),
+        ..CreateOptions::new(size)
+    }
+}
+
+pub fn open_opts() -> OpenOptions {
+    OpenOptions {
+        aging: Duration::from_secs(3600),
+        buffer_bytes: 64 * 1024,
+        // Deterministic storage-operation sequences (crash sweeps): cleaning only inline.
+        background_cleaner: false,
+        ..OpenOptions::default()
+    }
+}
+
+/// Applies `op` to a byte-vector model.
+pub fn apply_model(model: &mut [u8], op: &Op) {
+    match op {
+        Op::Write { offset, data, .. } => {
+            model[*offset as usize..*offset as usize + data.len()].copy_from_slice(data)
+        }
+        Op::Zero { offset, len } | Op::Trim { offset, len } => {
+            model[*offset as usize..(*offset + *len) as usize].fill(0)
+        }
+        Op::Flush => {}
+    }
+}
+
+/// Applies `op` to a volume.
+pub fn apply_volume(vol: &Volume, op: &Op) -> zbd_core::Result<()> {
+    match op {
+        Op::Write { offset, data, fua } => vol.write(*offset, data, *fua),
+        Op::Zero { offset, len } => vol.write_zeroes(*offset, *len),
+        Op::Trim { offset, len } => vol.trim(*offset, *len),
+        Op::Flush => vol.flush(),
+    }
+}
+
+/// Creates a volume on a fresh simulated disk big enough for `opts`.
+pub fn sim_volume(opts: &CreateOptions) -> (Arc<SimStorage>, Volume) {
+    let sb = zbd_core::layout::plan(opts).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open_opts()).expect("create");
+    (disk, vol)
+}

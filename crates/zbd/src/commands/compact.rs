@@ -1,0 +1,64 @@
+//! `zbd compact`: offline cleaning of every extent with dead space, with progress.
+
+use super::human;
+use anyhow::{anyhow, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use zbd_core::{FileStorage, OpenOptions, Volume};
+
+/// Arguments of `zbd compact`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Volume file or block device (not in use).
+    path: PathBuf,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let storage =
+        FileStorage::open(&a.path, true).map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
+    let opts = OpenOptions {
+        background_cleaner: false,
+        ..OpenOptions::default()
+    };
+    let vol =
+        Volume::open(Box::new(storage), opts).map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
+    let before = vol.stats();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template("compacting {bar:40} {pos}/{len} extents {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let r = vol.compact(&|done, total| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    })?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let after = vol.stats();
+    vol.close()?;
+    println!(
+        "compacted {}: {} victims, {} extents reclaimed, {} output extents, {} moved",
+        a.path.display(),
+        r.victims,
+        r.reclaimed,
+        r.outputs,
+        human(r.bytes_moved)
+    );
+    println!(
+        "  extents in use {} -> {}, physical allocated {} -> {}, write amplification {:.2}",
+        before.extents_in_use,
+        after.extents_in_use,
+        human(before.physical_bytes_allocated),
+        human(after.physical_bytes_allocated),
+        after.write_amplification
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,175 @@
+//! `zbd create`: format a new volume, refusing to destroy anything that looks in use.
+
+use super::{human, size_arg};
+use anyhow::{anyhow, bail, Context, Result};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use zbd_core::{Codec, CreateOptions, FileStorage, Volume};
+
+/// Arguments of `zbd create`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// New sparse file or existing block device.
+    path: PathBuf,
+    /// Logical size (K/M/G/T suffixes), a multiple of 4K.
+    #[arg(long)]
+    size: String,
+    /// Codec: lz4, zstd[:LEVEL], zlib[:LEVEL], lzo or none.
+    #[arg(long, default_value = "lz4")]
+    codec: String,
+    /// Extent size, a power of two from 8K to 1M.
+    #[arg(long, default_value = "32K")]
+    extent_size: String,
+    /// Data area size; default holds the whole logical size even if incompressible.
+    #[arg(long)]
+    capacity: Option<String>,
+    /// Cleaner starts when free extents fall below this % (can be overridden at open time).
+    #[arg(long, default_value_t = 10)]
+    clean_low: u8,
+    /// Cleaner stops when free extents reach this %.
+    #[arg(long, default_value_t = 25)]
+    clean_high: u8,
+    /// Overwrite an existing file, volume or filesystem signature.
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let size = size_arg("--size", &a.size)?;
+    let extent = size_arg("--extent-size", &a.extent_size)?;
+    let codec: Codec = a.codec.parse().map_err(|e| anyhow!("--codec: {e}"))?;
+    let capacity = a
+        .capacity
+        .as_deref()
+        .map(|c| size_arg("--capacity", c))
+        .transpose()?;
+    if size == 0 || size % 4096 != 0 {
+        bail!("--size '{}': must be a non-zero multiple of 4K", a.size);
+    }
+    let extent_bytes = u32::try_from(extent)
+        .ok()
+        .filter(|e| e.is_power_of_two() && (8192..=1 << 20).contains(e))
+        .ok_or_else(|| {
+            anyhow!(
+                "--extent-size '{}': must be a power of two from 8K to 1M",
+                a.extent_size
+            )
+        })?;
+    if a.clean_low >= a.clean_high || a.clean_high > 90 {
+        bail!(
+            "--clean-low {} / --clean-high {}: need low < high <= 90 (%)",
+            a.clean_low,
+            a.clean_high
+        );
+    }
+    let opts = CreateOptions {
+        extent_bytes,
+        codec,
+        capacity_bytes: capacity,
+        clean_low_pct: a.clean_low,
+        clean_high_pct: a.clean_high,
+        ..CreateOptions::new(size)
+    };
+    let sb = zbd_core::layout::plan(&opts).map_err(|e| anyhow!("{e}"))?;
+    refuse_if_in_use(&a.path, a.force)?;
+    let storage = FileStorage::create(&a.path, sb.total_bytes())
+        .map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
+    let vol = Volume::create(Box::new(storage), &opts)
+        .with_context(|| format!("creating {}", a.path.display()))?;
+    let sb = vol.superblock().clone();
+    vol.close()?;
+    println!("created {}", a.path.display());
+    println!(
+        "  logical size   {} ({} blocks of 4 KiB)",
+        human(size),
+        sb.logical_blocks
+    );
+    println!("  codec          {codec}");
+    println!("  extent size    {}", human(u64::from(sb.extent_bytes)));
+    println!(
+        "  data area      {} ({} extents{})",
+        human(u64::from(sb.extent_count) * u64::from(sb.extent_bytes)),
+        sb.extent_count,
+        if capacity.is_none() {
+            ", holds the whole size even if incompressible"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  metadata       {} (superblocks, checkpoints, map), on top of the data area",
+        human(sb.metadata_bytes())
+    );
+    println!("  total          {}", human(sb.total_bytes()));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses to overwrite a zbd volume, a mounted device, a filesystem signature or a non-empty
+/// file unless `force`; a mounted device is refused always.
+fn refuse_if_in_use(path: &Path, force: bool) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let is_bdev = meta.file_type().is_block_device();
+    if is_bdev && is_mounted(path) {
+        bail!("{} is mounted; unmount it first", path.display());
+    }
+    if force {
+        return Ok(());
+    }
+    if let Ok(storage) = FileStorage::open(path, false) {
+        if Volume::open_read_only(Box::new(storage)).is_ok() {
+            bail!(
+                "{} already holds a zbd volume (use --force to overwrite it)",
+                path.display()
+            );
+        }
+    }
+    if let Some(sig) = signature(path) {
+        bail!(
+            "{} holds a {sig} signature (use --force to overwrite it)",
+            path.display()
+        );
+    }
+    if !is_bdev && meta.len() > 0 {
+        bail!(
+            "{} exists and is not empty (use --force to overwrite it)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Filesystem or partition-table signature found by `blkid -p`, if any.
+fn signature(path: &Path) -> Option<String> {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(path)
+        .output()
+        .ok()?;
+    let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && !t.is_empty() {
+        return Some(t);
+    }
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "PTTYPE"])
+        .arg(path)
+        .output()
+        .ok()?;
+    let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !t.is_empty()).then(|| format!("partition table ({t})"))
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let Ok(dev) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
+    mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .any(|src| std::fs::canonicalize(src).is_ok_and(|s| s == dev))
+}

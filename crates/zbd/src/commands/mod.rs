@@ -1,0 +1,44 @@
+//! One module per subcommand.
+
+pub mod bench;
+pub mod bench_cleaner;
+pub mod check;
+pub mod compact;
+pub mod copy;
+pub mod create;
+pub mod stat;
+
+use anyhow::{anyhow, Result};
+use std::path::Path;
+use zbd_core::{FileStorage, Volume};
+
+/// Parses a size argument (`32K`, `1G`, `4096`), naming the flag on error.
+pub fn size_arg(flag: &str, value: &str) -> Result<u64> {
+    zbd_core::parse_size(value).ok_or_else(|| {
+        anyhow!(
+            "{flag} '{value}': expected a byte count with optional K/M/G/T suffix, e.g. 32K or 10G"
+        )
+    })
+}
+
+/// Opens a volume read-only (stat, check).
+pub fn open_read_only(path: &Path) -> Result<Volume> {
+    let storage = FileStorage::open(path, false).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Volume::open_read_only(Box::new(storage)).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+/// Human-readable binary size.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}

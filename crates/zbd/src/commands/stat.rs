@@ -1,0 +1,131 @@
+//! `zbd stat`: space, savings, extents and I/O at a glance.
+
+use super::{human, open_read_only};
+use anyhow::Result;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use zbd_core::Stats;
+
+/// Arguments of `zbd stat`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Volume file or block device.
+    path: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let vol = open_read_only(&a.path)?;
+    let s = vol.stats();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", render(&a.path.display().to_string(), &s));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The human-readable report.
+pub fn render(name: &str, s: &Stats) -> String {
+    let c = &s.counters;
+    let mut o = String::new();
+    let mut line = |k: &str, v: String| o.push_str(&format!("  {k:<22} {v}\n"));
+    line("volume", name.to_string());
+    line("logical size", human(s.logical_bytes));
+    line(
+        "codec / extent",
+        format!("{} / {}", s.codec, human(u64::from(s.extent_bytes))),
+    );
+    line(
+        "data area",
+        format!("{} ({} extents)", human(s.data_area_bytes), s.extents_total),
+    );
+    line(
+        "metadata",
+        format!(
+            "{} on disk, {} RAM",
+            human(s.metadata_bytes),
+            human(s.metadata_ram_bytes)
+        ),
+    );
+    line(
+        "logical in use",
+        format!(
+            "{} ({} data, {} zero blocks; {} raw)",
+            human(s.logical_bytes_in_use),
+            s.data_blocks,
+            s.zero_blocks,
+            s.raw_blocks
+        ),
+    );
+    line("physical live", human(s.physical_bytes_live));
+    line(
+        "physical allocated",
+        format!(
+            "{} ({} dead)",
+            human(s.physical_bytes_allocated),
+            human(s.dead_bytes)
+        ),
+    );
+    line(
+        "savings",
+        format!(
+            "{:.1} % (ratio {:.2}:1)",
+            s.savings_pct, s.compression_ratio
+        ),
+    );
+    line(
+        "extents",
+        format!(
+            "{} free, {} in use ({} open), {} awaiting checkpoint",
+            s.extents_free, s.extents_in_use, s.extents_open, s.extents_pending_free
+        ),
+    );
+    line(
+        "host written / read",
+        format!(
+            "{} / {}",
+            human(c.host_bytes_written),
+            human(c.host_bytes_read)
+        ),
+    );
+    line(
+        "device written",
+        format!(
+            "{} data, {} metadata, {} cleaner",
+            human(c.data_bytes_written),
+            human(c.metadata_bytes_written),
+            human(c.cleaner_bytes_written)
+        ),
+    );
+    line(
+        "write amplification",
+        format!("{:.2}", s.write_amplification),
+    );
+    line(
+        "cleaner",
+        format!(
+            "{} runs, {} extents reclaimed, {} moved",
+            c.cleaner_runs,
+            c.extents_reclaimed,
+            human(c.cleaner_bytes_moved)
+        ) + &format!(
+            " (watermarks {} % / {} % free)",
+            s.clean_low_pct, s.clean_high_pct
+        ),
+    );
+    line(
+        "checkpoints / flushes",
+        format!("{} / {}", c.checkpoints, c.flushes),
+    );
+    line("corrupt reads", c.corrupt_reads.to_string());
+    if s.damaged_blocks > 0 {
+        line(
+            "DAMAGED blocks",
+            format!("{} (run zbd check)", s.damaged_blocks),
+        );
+    }
+    o
+}

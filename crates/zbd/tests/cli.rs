@@ -1,0 +1,291 @@
+//! The `zbd` binary end to end: create, copy, stat, check (clean and damaged), refusals and
+//! argument errors.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+fn zbd() -> Command {
+    Command::cargo_bin("zbd").expect("zbd binary")
+}
+
+fn write_sample(path: &Path, bytes: usize) {
+    let text: Vec<u8> = (0..bytes)
+        .map(|i| b"zbd compresses blocks of text\n"[i % 30] ^ ((i / 4096) as u8 & 1))
+        .collect();
+    std::fs::write(path, text).expect("sample");
+}
+
+#[test]
+fn create_copy_stat_check_round_trip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    let input = dir.path().join("in.txt");
+    write_sample(&input, 3 << 20);
+    zbd()
+        .args([
+            "create",
+            vol.to_str().expect("path"),
+            "--size",
+            "16M",
+            "--codec",
+            "zstd:3",
+            "--extent-size",
+            "64K",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("metadata").and(predicate::str::contains("data area")));
+    zbd()
+        .args([
+            "copy",
+            vol.to_str().expect("path"),
+            input.to_str().expect("path"),
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args(["stat", vol.to_str().expect("path")])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("savings").and(predicate::str::contains("zstd:3")));
+    let out = zbd()
+        .args(["stat", "--json", vol.to_str().expect("path")])
+        .output()
+        .expect("stat");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["data_blocks"], 768);
+    assert!(v["savings_pct"].as_f64().expect("savings") > 50.0);
+    zbd()
+        .args(["check", vol.to_str().expect("path")])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("clean"));
+}
+
+#[test]
+fn check_lists_damaged_blocks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    let input = dir.path().join("in.txt");
+    write_sample(&input, 1 << 20);
+    zbd()
+        .args(["create", vol.to_str().expect("path"), "--size", "4M"])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "copy",
+            vol.to_str().expect("path"),
+            input.to_str().expect("path"),
+        ])
+        .assert()
+        .success();
+    let out = zbd()
+        .args(["stat", "--json", vol.to_str().expect("path")])
+        .output()
+        .expect("stat");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let data_offset = v["metadata_bytes"].as_u64().expect("metadata bytes");
+    // Damage the first stored payload (just past the first segment header).
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&vol)
+        .expect("open");
+    f.seek(SeekFrom::Start(data_offset + 80)).expect("seek");
+    f.write_all(&[0xff, 0x00, 0xff]).expect("damage");
+    drop(f);
+    zbd()
+        .args(["check", vol.to_str().expect("path")])
+        .assert()
+        .code(3)
+        .stdout(
+            predicate::str::contains("damaged logical blocks (4 KiB): 0")
+                .and(predicate::str::contains("DAMAGED")),
+        );
+    let out = zbd()
+        .args(["check", "--json", vol.to_str().expect("path")])
+        .output()
+        .expect("check");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["damaged_blocks"], serde_json::json!([0]));
+}
+
+#[test]
+fn create_refuses_existing_volume_and_signatures() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    zbd()
+        .args(["create", vol.to_str().expect("path"), "--size", "1M"])
+        .assert()
+        .success();
+    zbd()
+        .args(["create", vol.to_str().expect("path"), "--size", "1M"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("already holds a zbd volume"));
+    zbd()
+        .args([
+            "create",
+            vol.to_str().expect("path"),
+            "--size",
+            "2M",
+            "--force",
+        ])
+        .assert()
+        .success();
+    let other = dir.path().join("notes.txt");
+    std::fs::write(&other, "keep me").expect("write");
+    zbd()
+        .args(["create", other.to_str().expect("path"), "--size", "1M"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("not empty"));
+    if Command::new("mkfs.ext4")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let img = dir.path().join("ext4.img");
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(8 << 20))
+            .expect("img");
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", img.to_str().expect("path")])
+            .assert()
+            .success();
+        zbd()
+            .args(["create", img.to_str().expect("path"), "--size", "1M"])
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains("ext4"));
+    } else {
+        eprintln!("mkfs.ext4 not installed: filesystem-signature refusal not exercised");
+    }
+}
+
+#[test]
+fn bad_arguments_name_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    let p = vol.to_str().expect("path");
+    for (args, flag) in [
+        (vec!["--size", "12Q"], "--size"),
+        (vec!["--size", "1000"], "--size"),
+        (vec!["--size", "1M", "--extent-size", "3K"], "--extent-size"),
+        (vec!["--size", "1M", "--codec", "gzip"], "--codec"),
+        (vec!["--size", "1M", "--capacity", "lots"], "--capacity"),
+    ] {
+        zbd()
+            .arg("create")
+            .arg(p)
+            .args(&args)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(flag));
+    }
+    std::fs::write(&vol, vec![7u8; 100_000]).expect("write");
+    zbd()
+        .args(["stat", p])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("not a zbd volume"));
+    zbd()
+        .args(["check", dir.path().join("missing").to_str().expect("path")])
+        .assert()
+        .failure();
+}
+
+#[test]
+fn bench_codec_prints_table_for_given_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in.txt");
+    write_sample(&input, 256 << 10);
+    let out = zbd()
+        .args([
+            "bench",
+            "codec",
+            "--json",
+            "--codecs",
+            "lz4,zlib:1,lzo",
+            "--data",
+            input.to_str().expect("path"),
+        ])
+        .output()
+        .expect("bench");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = v.as_array().expect("rows");
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        assert!(r["savings_pct"].as_f64().expect("savings") > 50.0, "{r}");
+    }
+}
+
+#[test]
+fn compact_runs_offline_and_keeps_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    let input = dir.path().join("in.txt");
+    write_sample(&input, 2 << 20);
+    zbd()
+        .args([
+            "create",
+            vol.to_str().expect("path"),
+            "--size",
+            "8M",
+            "--clean-low",
+            "5",
+            "--clean-high",
+            "20",
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "copy",
+            vol.to_str().expect("path"),
+            input.to_str().expect("path"),
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "copy",
+            vol.to_str().expect("path"),
+            input.to_str().expect("path"),
+            "--offset",
+            "1M",
+        ])
+        .assert()
+        .success();
+    zbd()
+        .args(["compact", vol.to_str().expect("path")])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("compacted"));
+    zbd()
+        .args(["stat", vol.to_str().expect("path")])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("watermarks 5 % / 20 % free"));
+    zbd()
+        .args(["check", vol.to_str().expect("path")])
+        .assert()
+        .success();
+    zbd()
+        .args([
+            "create",
+            dir.path().join("w").to_str().expect("path"),
+            "--size",
+            "1M",
+            "--clean-low",
+            "30",
+            "--clean-high",
+            "20",
+        ])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--clean-low"));
+}
