@@ -74,8 +74,9 @@ class TargetInstance:
         if spec.real_devices:
             self.backing = list(spec.real_devices)
         else:
+            size = backing_bytes(spec)
             self.backing = [
-                dev.create_loop(self.cmds, self.stack, self.dir / f"disk{i}.img", spec.size_bytes)
+                dev.create_loop(self.cmds, self.stack, self.dir / f"disk{i}.img", size)
                 for i in range(spec.devices)
             ]
         if spec.zbd:
@@ -222,6 +223,16 @@ class TargetInstance:
             "zfs_pool": self.pool if self.spec.fs == "zfs" else None,
             "fuse_bound": self.fuse_bound,
         }
+
+
+def backing_bytes(spec: TargetSpec) -> int:
+    """Size of each backing image. A zbd volume of logical size L needs room for L incompressible
+    plus its metadata (zbd create: about 1.21 L for 256M), so its (sparse) image gets 1.5 L + 64M;
+    everything else gets `size`."""
+    if spec.zbd is None:
+        return spec.size_bytes
+    logical = spec.zbd.logical_size_bytes or spec.size_bytes
+    return max(spec.size_bytes, (logical * 3 // 2 + (64 << 20)) // 4096 * 4096)
 
 
 def apparent_bytes(root: Path) -> int:
