@@ -190,7 +190,10 @@ def stat_numbers(stat: dict[str, Any]) -> tuple[int | None, int | None, float | 
     # the space taken on the backing store is physical_bytes_allocated (extents in use).
     logical = pick("logical_bytes_in_use", "logical_bytes_used")
     physical = pick("physical_bytes_allocated", "physical_bytes_used", "physical_bytes_live")
-    ratio = pick("compression_ratio")
+    # The ratio of the data stored, like compsize's or ZFS's: zbd's own compression_ratio counts
+    # all-zero blocks as logical data, and mkfs zeroes inode tables and journals, which inflates it.
+    data_blocks, live = pick("data_blocks"), pick("physical_bytes_live")
+    ratio = data_blocks * 4096 / live if data_blocks and live else pick("compression_ratio")
     if ratio is None and logical and physical:
         ratio = logical / physical
     return (
