@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from rich.console import Console
 
-console = Console(stderr=False, highlight=False)
+# Logs and `make demo` output are not terminals: give tables room instead of rich's 80 columns.
+console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True, highlight=False)
 
 # Exit codes: 0 ok, 1 a run failed or was interrupted, 2 the study file or command line is wrong.
