@@ -155,6 +155,12 @@ impl Volume {
         self.inner.close()
     }
 
+    /// Drops the handle without writing anything more, like a killed process (buffered,
+    /// unflushed writes are lost; the next open recovers). For tests and crash drills.
+    pub fn abandon(self) {
+        self.inner.mark_closed();
+    }
+
     fn kick_if_low(&self) {
         if self.cleaner.is_some() && self.inner.below_low_watermark() {
             let (m, cv) = &*self.signal;

@@ -26,6 +26,7 @@ struct SimState {
     power_loss_at: Option<u64>,
     powered_off: bool,
     bytes_written: u64,
+    bytes_read: u64,
     syncs: u64,
 }
 
@@ -77,6 +78,11 @@ impl SimStorage {
     /// Bytes written so far (writes and discards).
     pub fn bytes_written(&self) -> u64 {
         self.state.lock().bytes_written
+    }
+
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.state.lock().bytes_read
     }
 
     /// Syncs so far.
@@ -171,7 +177,8 @@ impl Storage for SimStorage {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
+        st.bytes_read += buf.len() as u64;
         if st.powered_off {
             return Err(power_lost());
         }

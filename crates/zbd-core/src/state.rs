@@ -151,8 +151,19 @@ pub struct Ctx<'a> {
 impl State {
     /// Sets the map entry of `lba`, keeping extent accounting exact.
     pub fn set_entry(&mut self, lba: u64, new: MapEntry) {
+        if self.replace_entry(lba, new) {
+            self.dirty_pages
+                .insert((lba / MAP_ENTRIES_PER_PAGE as u64) as u32);
+        }
+    }
+
+    /// Replaces an entry with exact accounting; false (and nothing done) if it is unchanged.
+    fn replace_entry(&mut self, lba: u64, new: MapEntry) -> bool {
         let i = lba as usize;
         let old = self.map[i];
+        if old == new {
+            return false;
+        }
         if old.state == BlockState::Data {
             if let Some(x) = self.extents.get_mut(old.extent as usize) {
                 x.live_bytes -= u32::from(old.len);
@@ -172,8 +183,7 @@ impl State {
             }
         }
         self.map[i] = new;
-        self.dirty_pages
-            .insert((lba / MAP_ENTRIES_PER_PAGE as u64) as u32);
+        true
     }
 
     /// Hands out the next record write sequence.
@@ -242,8 +252,15 @@ impl State {
         } else {
             MapEntry::UNMAPPED
         };
+        // Ranges can span the whole volume (mkfs discards everything): one dirty-page insert per
+        // page, none for blocks already in that state.
+        let mut last_page = None;
         for l in lba..lba + count {
-            self.set_entry(l, entry);
+            let page = (l / MAP_ENTRIES_PER_PAGE as u64) as u32;
+            if self.replace_entry(l, entry) && last_page != Some(page) {
+                self.dirty_pages.insert(page);
+                last_page = Some(page);
+            }
         }
         Ok(())
     }

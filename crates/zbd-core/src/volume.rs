@@ -14,7 +14,7 @@ use crate::storage::Storage;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Default extent buffer size (paper: 16 MiB).
@@ -96,6 +96,8 @@ pub(crate) struct Inner {
     host_bytes_read: AtomicU64,
     storage_bytes_read: AtomicU64,
     corrupt_reads: AtomicU64,
+    /// Readers waiting for the state lock; writers and the cleaner let them go first.
+    readers_waiting: AtomicUsize,
     /// Cleaner watermarks, % of extents free.
     pub(crate) clean_low_pct: u8,
     pub(crate) clean_high_pct: u8,
@@ -247,6 +249,7 @@ impl Inner {
             clean_low_pct: low,
             clean_high_pct: high,
             clean_idle_seq: AtomicU64::new(u64::MAX),
+            readers_waiting: AtomicUsize::new(0),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -278,6 +281,19 @@ impl Inner {
     /// Codec used for new writes.
     pub fn codec(&self) -> Codec {
         self.codec
+    }
+
+    /// Takes the state lock for a write or cleaning step, letting waiting readers in first
+    /// (paper II-C: reads ahead of writes). Bounded, so writers cannot starve.
+    fn lock_for_write(&self) -> parking_lot::MutexGuard<'_, State> {
+        const YIELDS_MAX: usize = 32;
+        for _ in 0..YIELDS_MAX {
+            if self.readers_waiting.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        self.state.lock()
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
@@ -353,7 +369,9 @@ impl Inner {
         first: u64,
         count: u64,
     ) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
+        self.readers_waiting.fetch_add(1, Ordering::SeqCst);
         let st = self.state.lock();
+        self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         let mut out = Vec::with_capacity(count as usize);
         for lba in first..first + count {
             let entry = st.map[lba as usize];
@@ -495,7 +513,7 @@ impl Inner {
         } else {
             blocks.iter().map(|b| self.prepare(b)).collect()
         };
-        let mut st = self.state.lock();
+        let mut st = self.lock_for_write();
         let cx = self.ctx();
         for (i, p) in prepared.into_iter().enumerate() {
             st.put_block(&cx, first + i as u64, p)?;
@@ -537,7 +555,7 @@ impl Inner {
             };
             block[within..within + patch.len()].copy_from_slice(patch);
             let p = self.prepare(&block);
-            let mut st = self.state.lock();
+            let mut st = self.lock_for_write();
             let now = st.map[lba as usize];
             let unchanged = now == seen
                 || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
@@ -577,7 +595,7 @@ impl Inner {
             self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
         }
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock_for_write();
             let cx = self.ctx();
             st.put_range(&cx, kind, first_full, end_full - first_full)?;
         }
@@ -590,9 +608,15 @@ impl Inner {
     /// Makes everything written so far durable.
     pub fn flush(&self) -> Result<()> {
         self.check_writable()?;
-        let mut st = self.state.lock();
-        let cx = self.ctx();
-        st.flush(&cx)
+        {
+            let mut st = self.lock_for_write();
+            let cx = self.ctx();
+            st.write_pending(&cx)?;
+            st.counters.flushes += 1;
+        }
+        // Sync outside the lock: reads and writes go on meanwhile. Segments written after this
+        // point belong to later flushes; the ones above are covered by this sync.
+        self.storage.sync()
     }
 
     /// Writes a checkpoint now (bounded recovery; normally automatic).
@@ -721,6 +745,20 @@ impl Inner {
                 "map page {p} is damaged; its blocks are unreadable"
             ));
         }
+        for copy in 0..2u64 {
+            let mut b = vec![0u8; SUPERBLOCK_BYTES];
+            let ok = self
+                .storage
+                .read_at(copy * SUPERBLOCK_BYTES as u64, &mut b)
+                .is_ok()
+                && Superblock::decode(&b).is_ok_and(|sb| sb == self.sb);
+            if !ok {
+                report.metadata_problems.push(format!(
+                    "superblock copy {} is damaged",
+                    ["A", "B"][copy as usize]
+                ));
+            }
+        }
         {
             let st = self.state.lock();
             let fresh = recovery::account(&st.map, self.sb.extent_count);
@@ -756,6 +794,11 @@ impl Inner {
         report
     }
 
+    /// Makes `close` a no-op (see `Volume::abandon`).
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
     /// Whether free extents are below the low watermark (cheap; called after writes).
     pub(crate) fn below_low_watermark(&self) -> bool {
         let st = self.state.lock();
@@ -780,7 +823,7 @@ impl Inner {
         const CHECKPOINT_AFTER_RECLAIMED: usize = 32;
         let mut pending = 0usize;
         loop {
-            let mut st = self.state.lock();
+            let mut st = self.lock_for_write();
             let cx = self.ctx();
             let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Incremental)?;
             pending += r.reclaimed;

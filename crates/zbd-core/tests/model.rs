@@ -63,7 +63,7 @@ fn reopen(disk: &Arc<SimStorage>, vol: Volume) -> Volume {
 
 fn flush_kill(disk: &mut Arc<SimStorage>, vol: Volume) -> Volume {
     vol.flush().expect("flush");
-    std::mem::forget(vol);
+    vol.abandon();
     *disk = Arc::new(SimStorage::from_image(disk.current_image()));
     Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen after kill")
 }

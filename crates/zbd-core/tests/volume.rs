@@ -11,7 +11,7 @@ use zbd_core::{Codec, CreateOptions, Error, FileStorage, SimStorage, Storage, Vo
 
 fn kill_and_reopen(disk: &Arc<SimStorage>, vol: Volume) -> (Arc<SimStorage>, Volume) {
     vol.flush().expect("flush");
-    std::mem::forget(vol);
+    vol.abandon();
     let d = Arc::new(SimStorage::from_image(disk.current_image()));
     let v = Volume::open(Box::new(Arc::clone(&d)), open_opts()).expect("reopen");
     (d, v)
@@ -172,6 +172,14 @@ fn superblock_damage_and_foreign_or_truncated_files_are_clean_errors() {
     disk.flip_bit(40, 0);
     // Copy B takes over.
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open with copy B");
+    let report = vol.check(&|_, _| {});
+    assert!(
+        report
+            .metadata_problems
+            .iter()
+            .any(|p| p.contains("superblock copy A")),
+        "{report:?}"
+    );
     vol.close().expect("close");
     drop(vol);
     disk.flip_bit(SUPERBLOCK_BYTES as u64 + 40, 0);
@@ -308,4 +316,35 @@ fn storage_len_matches_geometry() {
         disk.len_bytes().expect("len"),
         vol.superblock().total_bytes()
     );
+}
+
+#[test]
+fn recovery_reads_are_bounded_by_the_queue_not_the_volume() {
+    // 64 MiB written, then a crash: opening reads the map pages and at most K extents of log.
+    let opts = CreateOptions {
+        queue_len: Some(32),
+        ..CreateOptions::new(64 << 20)
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(11);
+    let chunk = fill(&mut rng, Fill::Text, 1 << 20);
+    for i in 0..64u64 {
+        vol.write(i << 20, &chunk, false).expect("write");
+    }
+    vol.flush().expect("flush");
+    let sb = vol.superblock().clone();
+    vol.abandon();
+    let image = Arc::new(SimStorage::from_image(disk.current_image()));
+    let vol = Volume::open(Box::new(Arc::clone(&image)), open_opts()).expect("recover");
+    let map_bytes = sb.data_offset; // superblocks + checkpoints + map area
+    let log_bytes = u64::from(sb.queue_len) * u64::from(sb.extent_bytes);
+    let read = image.bytes_read();
+    assert!(
+        read <= map_bytes + log_bytes,
+        "recovery read {read} bytes (map {map_bytes} + log {log_bytes})"
+    );
+    assert!(vol.stats().recovery_records_replayed > 0);
+    let mut b = vec![0u8; 1 << 20];
+    vol.read(63 << 20, &mut b).expect("read");
+    assert!(b == chunk);
 }

@@ -17,37 +17,32 @@ fn write_sample(path: &Path, bytes: usize) {
     std::fs::write(path, text).expect("sample");
 }
 
-#[test]
-fn create_copy_stat_check_round_trip() {
+/// A temp dir with a volume path and a sample input file of `bytes`.
+fn fixture(bytes: usize) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let vol = dir.path().join("v.zbd");
     let input = dir.path().join("in.txt");
-    write_sample(&input, 3 << 20);
-    zbd()
-        .args([
-            "create",
-            vol.to_str().expect("path"),
-            "--size",
-            "16M",
-            "--codec",
-            "zstd:3",
-            "--extent-size",
-            "64K",
-        ])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("metadata").and(predicate::str::contains("data area")));
-    zbd()
-        .args([
-            "copy",
-            vol.to_str().expect("path"),
-            input.to_str().expect("path"),
-        ])
-        .assert()
-        .success();
-    zbd()
-        .args(["stat", vol.to_str().expect("path")])
-        .assert()
+    write_sample(&input, bytes);
+    (dir, vol, input)
+}
+
+/// `zbd <sub> <volume> [args]`.
+fn on(sub: &str, vol: &Path, args: &[&str]) -> assert_cmd::assert::Assert {
+    zbd().arg(sub).arg(vol).args(args).assert()
+}
+
+#[test]
+fn create_copy_stat_check_round_trip() {
+    let (_dir, vol, input) = fixture(3 << 20);
+    on(
+        "create",
+        &vol,
+        &["--size", "16M", "--codec", "zstd:3", "--extent-size", "64K"],
+    )
+    .success()
+    .stdout(predicate::str::contains("metadata").and(predicate::str::contains("data area")));
+    on("copy", &vol, &[input.to_str().expect("path")]).success();
+    on("stat", &vol, &[])
         .success()
         .stdout(predicate::str::contains("savings").and(predicate::str::contains("zstd:3")));
     let out = zbd()
@@ -57,31 +52,16 @@ fn create_copy_stat_check_round_trip() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["data_blocks"], 768);
     assert!(v["savings_pct"].as_f64().expect("savings") > 50.0);
-    zbd()
-        .args(["check", vol.to_str().expect("path")])
-        .assert()
+    on("check", &vol, &[])
         .success()
         .stdout(predicate::str::contains("clean"));
 }
 
 #[test]
 fn check_lists_damaged_blocks() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let vol = dir.path().join("v.zbd");
-    let input = dir.path().join("in.txt");
-    write_sample(&input, 1 << 20);
-    zbd()
-        .args(["create", vol.to_str().expect("path"), "--size", "4M"])
-        .assert()
-        .success();
-    zbd()
-        .args([
-            "copy",
-            vol.to_str().expect("path"),
-            input.to_str().expect("path"),
-        ])
-        .assert()
-        .success();
+    let (_dir, vol, input) = fixture(1 << 20);
+    on("create", &vol, &["--size", "4M"]).success();
+    on("copy", &vol, &[input.to_str().expect("path")]).success();
     let out = zbd()
         .args(["stat", "--json", vol.to_str().expect("path")])
         .output()
@@ -96,14 +76,10 @@ fn check_lists_damaged_blocks() {
     f.seek(SeekFrom::Start(data_offset + 80)).expect("seek");
     f.write_all(&[0xff, 0x00, 0xff]).expect("damage");
     drop(f);
-    zbd()
-        .args(["check", vol.to_str().expect("path")])
-        .assert()
-        .code(3)
-        .stdout(
-            predicate::str::contains("damaged logical blocks (4 KiB): 0")
-                .and(predicate::str::contains("DAMAGED")),
-        );
+    on("check", &vol, &[]).code(3).stdout(
+        predicate::str::contains("damaged logical blocks (4 KiB): 0")
+            .and(predicate::str::contains("DAMAGED")),
+    );
     let out = zbd()
         .args(["check", "--json", vol.to_str().expect("path")])
         .output()
@@ -116,25 +92,11 @@ fn check_lists_damaged_blocks() {
 fn create_refuses_existing_volume_and_signatures() {
     let dir = tempfile::tempdir().expect("tempdir");
     let vol = dir.path().join("v.zbd");
-    zbd()
-        .args(["create", vol.to_str().expect("path"), "--size", "1M"])
-        .assert()
-        .success();
-    zbd()
-        .args(["create", vol.to_str().expect("path"), "--size", "1M"])
-        .assert()
+    on("create", &vol, &["--size", "1M"]).success();
+    on("create", &vol, &["--size", "1M"])
         .failure()
         .stderr(predicate::str::contains("already holds a zbd volume"));
-    zbd()
-        .args([
-            "create",
-            vol.to_str().expect("path"),
-            "--size",
-            "2M",
-            "--force",
-        ])
-        .assert()
-        .success();
+    on("create", &vol, &["--size", "2M", "--force"]).success();
     let other = dir.path().join("notes.txt");
     std::fs::write(&other, "keep me").expect("write");
     zbd()
@@ -225,55 +187,27 @@ fn bench_codec_prints_table_for_given_data() {
 
 #[test]
 fn compact_runs_offline_and_keeps_data() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let vol = dir.path().join("v.zbd");
-    let input = dir.path().join("in.txt");
-    write_sample(&input, 2 << 20);
-    zbd()
-        .args([
-            "create",
-            vol.to_str().expect("path"),
-            "--size",
-            "8M",
-            "--clean-low",
-            "5",
-            "--clean-high",
-            "20",
-        ])
-        .assert()
-        .success();
-    zbd()
-        .args([
-            "copy",
-            vol.to_str().expect("path"),
-            input.to_str().expect("path"),
-        ])
-        .assert()
-        .success();
-    zbd()
-        .args([
-            "copy",
-            vol.to_str().expect("path"),
-            input.to_str().expect("path"),
-            "--offset",
-            "1M",
-        ])
-        .assert()
-        .success();
-    zbd()
-        .args(["compact", vol.to_str().expect("path")])
-        .assert()
+    let (dir, vol, input) = fixture(2 << 20);
+    on(
+        "create",
+        &vol,
+        &["--size", "8M", "--clean-low", "5", "--clean-high", "20"],
+    )
+    .success();
+    on("copy", &vol, &[input.to_str().expect("path")]).success();
+    on(
+        "copy",
+        &vol,
+        &[input.to_str().expect("path"), "--offset", "1M"],
+    )
+    .success();
+    on("compact", &vol, &[])
         .success()
         .stdout(predicate::str::contains("compacted"));
-    zbd()
-        .args(["stat", vol.to_str().expect("path")])
-        .assert()
+    on("stat", &vol, &[])
         .success()
         .stdout(predicate::str::contains("watermarks 5 % / 20 % free"));
-    zbd()
-        .args(["check", vol.to_str().expect("path")])
-        .assert()
-        .success();
+    on("check", &vol, &[]).success();
     zbd()
         .args([
             "create",

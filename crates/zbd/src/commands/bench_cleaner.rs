@@ -149,6 +149,50 @@ fn series(dir: &Path, capacity: u64, factor: u64, csv: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Plots the series as SVG: host MB/s (blue, left scale) and free extents % (orange, 0..100 %,
+/// dashed lines at the default 10 % / 25 % watermarks) over seconds.
+fn plot(csv: &Path, svg: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(csv)?;
+    let rows: Vec<Vec<f64>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').filter_map(|v| v.parse().ok()).collect())
+        .filter(|r: &Vec<f64>| r.len() >= 3)
+        .collect();
+    let (w, h, m) = (800.0, 300.0, 40.0);
+    let t_max = rows.iter().map(|r| r[0]).fold(1e-9, f64::max);
+    let mb_max = rows.iter().map(|r| r[1]).fold(1e-9, f64::max);
+    let x = |t: f64| m + t / t_max * (w - 2.0 * m);
+    let y = |v: f64, max: f64| h - m - v / max * (h - 2.0 * m);
+    let line = |col: usize, max: f64| {
+        rows.iter()
+            .map(|r| format!("{:.1},{:.1}", x(r[0]), y(r[col], max)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut o = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
+    o += &format!("<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n");
+    for pct in [10.0, 25.0] {
+        o += &format!("<line x1=\"{m}\" x2=\"{}\" y1=\"{1:.1}\" y2=\"{1:.1}\" stroke=\"orange\" stroke-dasharray=\"4 4\"/>\n", w - m, y(pct, 100.0));
+    }
+    o += &format!(
+        "<polyline fill=\"none\" stroke=\"steelblue\" points=\"{}\"/>\n",
+        line(1, mb_max)
+    );
+    o += &format!(
+        "<polyline fill=\"none\" stroke=\"darkorange\" stroke-width=\"2\" points=\"{}\"/>\n",
+        line(2, 100.0)
+    );
+    o += &format!("<text x=\"{m}\" y=\"20\">host MB/s (blue, max {mb_max:.0}) and free extents % (orange, 0-100 %; dashed: 10 / 25 % watermarks)</text>\n");
+    o += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{t_max:.1} s</text>\n</svg>\n",
+        w - m,
+        h - 10.0
+    );
+    std::fs::write(svg, o).map_err(|e| anyhow!("{}: {e}", svg.display()))?;
+    Ok(())
+}
+
 pub fn run(capacity: u64, factor: u64, csv: Option<PathBuf>, dir: &Path) -> Result<ExitCode> {
     let mut rows = Vec::new();
     for pct in [0u64, 50, 75, 90] {
@@ -172,7 +216,13 @@ pub fn run(capacity: u64, factor: u64, csv: Option<PathBuf>, dir: &Path) -> Resu
     }
     if let Some(csv) = csv {
         series(dir, capacity, factor, &csv)?;
-        println!("time series written to {}", csv.display());
+        let svg = csv.with_extension("svg");
+        plot(&csv, &svg)?;
+        println!(
+            "time series written to {} (plot: {})",
+            csv.display(),
+            svg.display()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -128,7 +128,7 @@ fn refuse_if_in_use(path: &Path, force: bool) -> Result<()> {
     }
     if let Some(sig) = signature(path) {
         bail!(
-            "{} holds a {sig} signature (use --force to overwrite it)",
+            "{} holds a signature: {sig} (use --force to overwrite it)",
             path.display()
         );
     }
