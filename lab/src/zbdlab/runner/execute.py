@@ -53,6 +53,9 @@ _MEASURED = (
 )
 
 
+CSV_INTERVAL_S = 30  # runs.csv is rewritten at most this often during a study, and at its end
+
+
 class Interrupted(BaseException):
     """SIGINT/SIGTERM: unwind everything, keep what is recorded."""
 
@@ -170,6 +173,7 @@ class Runner:
         left_per_instance: dict[str, int] = {}
         for u in remaining:
             left_per_instance[u.instance_key] = left_per_instance.get(u.instance_key, 0) + 1
+        csv_written = time.monotonic()
         try:
             with signals.raising(Interrupted), self._progress(len(order), outcome.skipped) as progress:
                 task = progress.add_task("starting", total=len(order), completed=outcome.skipped)
@@ -186,7 +190,9 @@ class Runner:
                     index = order.index(unit)
                     records = self._execute(unit, inst, cmds, index)
                     store.append(records)
-                    store.write_csv()
+                    if time.monotonic() - csv_written > CSV_INTERVAL_S:  # the table re-reads all runs
+                        store.write_csv()
+                        csv_written = time.monotonic()
                     outcome.done += 1
                     progress.advance(task)
                     left_per_instance[unit.instance_key] -= 1
