@@ -32,6 +32,12 @@ enum Command {
     Bench(commands::bench::Args),
     /// Write a file into a volume and read it back (used by scripts/demo.sh).
     Copy(commands::copy::Args),
+    /// Serve a volume over NBD until SIGTERM/SIGINT.
+    Serve(commands::serve::ServeArgs),
+    /// Make a block device of a served volume (kernel nbd-client, or nbdfuse + loop device).
+    Attach(commands::attach::AttachArgs),
+    /// Undo `zbd attach`.
+    Detach(commands::detach::DetachArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +49,9 @@ fn main() -> ExitCode {
         Command::Compact(a) => commands::compact::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
+        Command::Serve(a) => commands::serve::run(a),
+        Command::Attach(a) => commands::attach::run(a),
+        Command::Detach(a) => commands::detach::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,11 +1,14 @@
 //! One module per subcommand.
 
+pub mod attach;
 pub mod bench;
 pub mod bench_cleaner;
 pub mod check;
 pub mod compact;
 pub mod copy;
 pub mod create;
+pub mod detach;
+pub mod serve;
 pub mod stat;
 
 use anyhow::{anyhow, Result};

@@ -17,7 +17,17 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = open_read_only(&a.path)?;
+    let vol = match open_read_only(&a.path) {
+        Ok(vol) => vol,
+        // Locked by `zbd serve`: ask the server.
+        Err(error) => match super::serve::query_stats(&a.path, a.json) {
+            Some(report) => {
+                print!("{report}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            None => return Err(error),
+        },
+    };
     let s = vol.stats();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);

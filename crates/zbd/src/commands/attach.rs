@@ -1,0 +1,287 @@
+//! `zbd attach --socket SOCK`: turn a served volume into a block device, and record what was done
+//! so `zbd detach` undoes exactly that.
+//!
+//! With the kernel's nbd module (`/dev/nbd*`) and `nbd-client` installed, the kernel client is
+//! used. Otherwise: `nbdfuse` exposes the export as a file in a FUSE mount (we wait for its
+//! pidfile, never sleep), and `losetup --find --show --sector-size 4096` makes a loop device of it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Where attach records go unless `--state-dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/run/zbd";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+#[derive(clap::Args, Debug)]
+pub struct AttachArgs {
+    /// Unix socket of the NBD server (`zbd serve --socket`).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Export name to ask for (empty: the default export).
+    #[arg(long, default_value = "")]
+    pub export: String,
+    /// How to make the block device.
+    #[arg(long, value_enum, default_value_t = Method::Auto)]
+    pub method: Method,
+    /// Attach read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Directory for attach records and nbdfuse mount points.
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// Kernel nbd client if /dev/nbd0 and nbd-client exist, else nbdfuse + loop device.
+    Auto,
+    Kernel,
+    Fuse,
+}
+
+/// What attach did, in the order detach must undo it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Attachment {
+    Kernel {
+        device: PathBuf,
+    },
+    Fuse {
+        /// Loop device we created (`losetup -d` it first).
+        device: PathBuf,
+        /// FUSE mount point of nbdfuse (`fusermount3 -u` it next).
+        mountpoint: PathBuf,
+        /// nbdfuse's PID, from its own pidfile (stopped last, only if unmounting did not).
+        nbdfuse_pid: u32,
+        /// Directory attach created for the mount point, pidfile and log (removed at the end).
+        work_dir: PathBuf,
+    },
+}
+
+impl Attachment {
+    pub fn device(&self) -> &Path {
+        match self {
+            Attachment::Kernel { device } | Attachment::Fuse { device, .. } => device,
+        }
+    }
+}
+
+/// File recording the attachment of `device` (e.g. `/run/zbd/attach-loop3.json`).
+pub fn record_path(state_dir: &Path, device: &Path) -> PathBuf {
+    let name = device
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "device".into());
+    state_dir.join(format!("attach-{name}.json"))
+}
+
+pub fn read_record(state_dir: &Path, device: &Path) -> Result<Attachment> {
+    let path = record_path(state_dir, device);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no attach record {} for {}: zbd detach only undoes what zbd attach did",
+            path.display(),
+            device.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("corrupt attach record {}", path.display()))
+}
+
+fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
+    let path = record_path(state_dir, attachment.device());
+    let temporary = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(attachment)?;
+    std::fs::write(&temporary, text)
+        .with_context(|| format!("cannot write {}", temporary.display()))?;
+    std::fs::rename(&temporary, &path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
+    let args = &args;
+    if !args.socket.exists() {
+        bail!(
+            "no NBD server socket at {} (start one with `zbd serve --socket`)",
+            args.socket.display()
+        );
+    }
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("cannot create --state-dir {}", args.state_dir.display()))?;
+    let kernel = match args.method {
+        Method::Kernel => true,
+        Method::Fuse => false,
+        Method::Auto => Path::new("/dev/nbd0").exists() && which("nbd-client").is_some(),
+    };
+    let attachment = if kernel {
+        attach_kernel(args)?
+    } else {
+        attach_fuse(args)?
+    };
+    write_record(&args.state_dir, &attachment)?;
+    println!("{}", attachment.device().display());
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(tool))
+        .find(|candidate| candidate.is_file())
+}
+
+fn require(tool: &str, package: &str) -> Result<PathBuf> {
+    which(tool).with_context(|| format!("`{tool}` not found: install {package}"))
+}
+
+/// Runs a tool and returns its stdout; its stderr goes in the error.
+pub(crate) fn run_tool(command: &mut Command) -> Result<String> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn attach_kernel(args: &AttachArgs) -> Result<Attachment> {
+    let client = require("nbd-client", "nbd-client")?;
+    let device = (0..256)
+        .map(|n| PathBuf::from(format!("/dev/nbd{n}")))
+        .take_while(|d| d.exists())
+        .find(|d| {
+            let name = d.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| !Path::new(&format!("/sys/block/{n}/pid")).exists())
+        })
+        .context("no free /dev/nbd* device")?;
+    let mut command = Command::new(client);
+    command
+        .arg("-unix")
+        .arg(&args.socket)
+        .arg(&device)
+        .args(["-b", "4096"]);
+    if !args.export.is_empty() {
+        command.arg("-N").arg(&args.export);
+    }
+    if args.read_only {
+        command.arg("-readonly");
+    }
+    run_tool(&mut command)?;
+    Ok(Attachment::Kernel { device })
+}
+
+fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
+    let nbdfuse = require("nbdfuse", "libnbd-bin")?;
+    require("fusermount3", "fuse3")?;
+    let losetup = require("losetup", "util-linux")?;
+    // Absolute, so detach works from any directory.
+    let state_dir = std::fs::canonicalize(&args.state_dir)
+        .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    let work_dir = unique_dir(&state_dir)?;
+    let mountpoint = work_dir.join("mnt");
+    std::fs::create_dir(&mountpoint)
+        .with_context(|| format!("cannot create {}", mountpoint.display()))?;
+    let pidfile = work_dir.join("nbdfuse.pid");
+    let log = std::fs::File::create(work_dir.join("nbdfuse.log"))?;
+    let mut command = Command::new(nbdfuse);
+    command.arg("-P").arg(&pidfile);
+    if args.read_only {
+        command.arg("-r");
+    }
+    command
+        .arg(mountpoint.join("disk"))
+        .arg(uri(&args.socket, &args.export))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // Its own process group, so a Ctrl-C aimed at `zbd attach` later does not reach it.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command.spawn().context("cannot start nbdfuse")?;
+
+    let nbdfuse_pid = match wait_for_pidfile(&pidfile, &mut child) {
+        Ok(pid) => pid,
+        Err(error) => {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&mountpoint)
+                .output();
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(work_dir.join("nbdfuse.log")).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&work_dir);
+            return Err(error.context(format!("nbdfuse did not start: {}", log.trim())));
+        }
+    };
+    let mut losetup_command = Command::new(losetup);
+    losetup_command.args(["--find", "--show", "--sector-size", "4096"]);
+    if args.read_only {
+        losetup_command.arg("--read-only");
+    }
+    losetup_command.arg(mountpoint.join("disk"));
+    let device = match run_tool(&mut losetup_command) {
+        Ok(out) => PathBuf::from(out.trim()),
+        Err(error) => {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&mountpoint)
+                .output();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&work_dir);
+            return Err(error);
+        }
+    };
+    Ok(Attachment::Fuse {
+        device,
+        mountpoint,
+        nbdfuse_pid,
+        work_dir,
+    })
+}
+
+fn uri(socket: &Path, export: &str) -> String {
+    let socket = std::fs::canonicalize(socket).unwrap_or_else(|_| socket.to_path_buf());
+    format!("nbd+unix:///{export}?socket={}", socket.display())
+}
+
+fn unique_dir(state_dir: &Path) -> Result<PathBuf> {
+    for attempt in 0..1000u32 {
+        let dir = state_dir.join(format!("fuse-{}-{attempt}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+        }
+    }
+    bail!("cannot create a work directory in {}", state_dir.display())
+}
+
+/// Waits until nbdfuse writes its pidfile (it does once the FUSE file is ready to serve).
+fn wait_for_pidfile(pidfile: &Path, child: &mut std::process::Child) -> Result<u32> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(pidfile) {
+            if let Ok(pid) = text.trim().parse::<u32>() {
+                return Ok(pid);
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("nbdfuse exited ({status})");
+        }
+        if Instant::now() > deadline {
+            bail!("nbdfuse wrote no pidfile within {READY_TIMEOUT:?}");
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}

@@ -1,0 +1,341 @@
+//! `zbd serve PATH`: open a volume and serve it over NBD until SIGTERM/SIGINT, then finish the
+//! requests in flight, flush, close the volume cleanly and exit 0.
+//!
+//! While serving, the volume file is locked, so `zbd stat` asks this process instead: it answers
+//! on a small control socket whose path derives from the volume's path
+//! ([`control_socket_path`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
+use zbd_nbd::{
+    ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig,
+    ShutdownHandle,
+};
+
+/// Directory for default sockets (NBD and control) of served volumes.
+pub const RUN_DIR: &str = "/run/zbd";
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Volume to serve (made by `zbd create`).
+    pub path: PathBuf,
+    /// Unix socket to listen on [default: /run/zbd/<volume name>.sock].
+    #[arg(long, conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP instead: HOST:PORT, or just PORT for 127.0.0.1:PORT.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Export name clients may ask for (the empty name always works).
+    #[arg(long, default_value = "")]
+    pub export: String,
+    /// Serve read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Write the server's PID here once clients can connect (removed on exit).
+    #[arg(long)]
+    pub pidfile: Option<PathBuf>,
+    /// Threads serving each connection (its requests in flight at most).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Serves `zbd_core::Volume` through the NBD server's `Export` trait.
+pub struct VolumeExport {
+    volume: Arc<Volume>,
+    read_only: bool,
+}
+
+fn export_error(error: zbd_core::Error) -> ExportError {
+    let kind = match error.errno() {
+        zbd_core::error::errno::ENOSPC => ErrorKind::NoSpace,
+        zbd_core::error::errno::EINVAL => ErrorKind::Invalid,
+        zbd_core::error::errno::EROFS => ErrorKind::Permission,
+        _ => ErrorKind::Io,
+    };
+    ExportError::new(kind, error.to_string())
+}
+
+impl Export for VolumeExport {
+    fn size(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
+        self.volume.read(offset, buf).map_err(export_error)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
+        self.volume.write(offset, data, fua).map_err(export_error)
+    }
+    fn flush(&self) -> ExportResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.volume.flush().map_err(export_error)
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> ExportResult<()> {
+        self.volume.trim(offset, length).map_err(export_error)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        _may_trim: bool,
+        fua: bool,
+    ) -> ExportResult<()> {
+        // Zero blocks become a map state with no data either way; block status reports them as
+        // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
+        self.volume
+            .write_zeroes(offset, length)
+            .map_err(export_error)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn block_status(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
+        let runs = self
+            .volume
+            .allocation(offset, length)
+            .map_err(export_error)?;
+        Ok(runs
+            .into_iter()
+            .map(|(length, state)| match state {
+                AllocState::Data => Extent::data(length),
+                AllocState::Zero => Extent {
+                    length,
+                    hole: false,
+                    zero: true,
+                },
+                AllocState::Hole => Extent::hole(length),
+            })
+            .collect())
+    }
+}
+
+/// Control socket of a volume served from `volume`: `/run/zbd/ctl-<hash of its canonical path>`
+/// (a hash keeps it under the 108-byte limit of socket paths).
+pub fn control_socket_path(volume: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(volume).unwrap_or_else(|_| volume.to_path_buf());
+    // FNV-1a: stable across builds and versions, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in canonical.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Path::new(RUN_DIR).join(format!("ctl-{hash:016x}.sock"))
+}
+
+/// Asks the server serving `volume` for `zbd stat`'s output (JSON or text); None if no server
+/// answers for it.
+pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
+    let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    stream
+        .write_all(if json {
+            b"stats json\n"
+        } else {
+            b"stats text\n"
+        })
+        .ok()?;
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply).ok()?;
+    (!reply.is_empty()).then_some(reply)
+}
+
+/// Answers `stats json` / `stats text` on the control socket (one request per connection, the
+/// reply runs to EOF) until the process exits.
+fn spawn_control(listener: UnixListener, volume: Arc<Volume>, name: String) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("zbd-control".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+                let mut request = String::new();
+                if BufReader::new(&stream).read_line(&mut request).is_err() {
+                    continue;
+                }
+                let reply = match request.trim() {
+                    "stats json" => serde_json::to_string_pretty(&volume.stats())
+                        .map(|text| text + "\n")
+                        .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n")),
+                    "stats text" => super::stat::render(&name, &volume.stats()),
+                    other => format!("unknown control request {other:?}\n"),
+                };
+                let mut stream = &stream;
+                let _ = stream.write_all(reply.as_bytes());
+            }
+        })?;
+    Ok(())
+}
+
+fn listen_address(args: &ServeArgs) -> Result<Listen> {
+    if let Some(text) = &args.listen {
+        let with_host = if text.contains(':') {
+            text.clone()
+        } else {
+            format!("127.0.0.1:{text}")
+        };
+        let address: SocketAddr = with_host
+            .to_socket_addrs()
+            .with_context(|| format!("--listen {text:?}: expected HOST:PORT or PORT"))?
+            .next()
+            .with_context(|| format!("--listen {text:?}: the host has no address"))?;
+        return Ok(Listen::Tcp(address));
+    }
+    let socket = match &args.socket {
+        Some(socket) => socket.clone(),
+        None => {
+            let name = args
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "volume".into());
+            std::fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
+            Path::new(RUN_DIR).join(format!("{name}.sock"))
+        }
+    };
+    Ok(Listen::Unix(socket))
+}
+
+fn uri(listen: &Listen, export: &str) -> String {
+    match listen {
+        Listen::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+        Listen::Tcp(address) => format!("nbd://{address}/{export}"),
+    }
+}
+
+/// Removes a file when dropped (pidfile, control socket), whatever way `run` leaves.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
+    if !args.path.exists() {
+        bail!(
+            "no volume at {} (make one with `zbd create`)",
+            args.path.display()
+        );
+    }
+    let storage = FileStorage::open(&args.path, !args.read_only)
+        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    let options = OpenOptions {
+        read_only: args.read_only,
+        ..OpenOptions::default()
+    };
+    let volume = Volume::open(Box::new(storage), options)
+        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    Ok(Arc::new(volume))
+}
+
+/// Binds the control socket and starts answering on it; the guard removes the socket.
+fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
+    let control_path = control_socket_path(path);
+    if let Some(parent) = control_path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    // A control socket left by a server that died: the volume lock we hold proves it is stale.
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path)
+        .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
+    let guard = RemoveOnDrop(control_path);
+    spawn_control(control, Arc::clone(volume), path.display().to_string())?;
+    Ok(guard)
+}
+
+/// SIGTERM and SIGINT start a graceful shutdown; returns the handle that stops listening.
+fn stop_on_signals(
+    stop: ShutdownHandle,
+) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>)> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .context("cannot install signal handlers")?;
+    let handle = signals.handle();
+    let thread = std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stop.shutdown();
+        }
+    });
+    Ok((handle, thread))
+}
+
+/// The server logs one line per connection and per rejected request; `ZBD_LOG` filters
+/// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ZBD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter)
+        .try_init();
+}
+
+pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    let args = &args;
+    init_logging();
+    let listen = listen_address(args)?;
+    let volume = open_volume(args)?;
+    let export = Arc::new(VolumeExport {
+        volume: Arc::clone(&volume),
+        read_only: args.read_only,
+    });
+    let mut config = ServerConfig {
+        export_name: args.export.clone(),
+        ..ServerConfig::default()
+    };
+    if let Some(threads) = args.threads {
+        config.threads_per_connection = threads.max(1);
+    }
+    let server = Server::bind(&listen, export, config)?;
+    let _control = start_control(&volume, &args.path)?;
+    let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
+    // Written last: once it exists, clients can connect and signals stop us gracefully.
+    let _pidfile = match &args.pidfile {
+        Some(pidfile) => {
+            std::fs::write(pidfile, format!("{}\n", std::process::id()))
+                .with_context(|| format!("cannot write --pidfile {}", pidfile.display()))?;
+            Some(RemoveOnDrop(pidfile.clone()))
+        }
+        None => None,
+    };
+    eprintln!(
+        "zbd: serving {} ({} bytes) on {}",
+        args.path.display(),
+        volume.size_bytes(),
+        uri(server.listen(), &args.export)
+    );
+    let served = server.serve();
+    signals.close();
+    let _ = signal_thread.join();
+    let closed = volume.close().context("cannot close the volume cleanly");
+    served.context("NBD server failed")?;
+    closed?;
+    eprintln!("zbd: stopped, volume closed cleanly");
+    Ok(ExitCode::SUCCESS)
+}
