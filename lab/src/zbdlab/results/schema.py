@@ -9,6 +9,9 @@ A results directory holds:
 
 Version history of `schema_version`:
   1  first version
+  2  adds unit_id, target_kind, compression, cpu_iowait_s, fuse_bound, order_index (all optional;
+     a version-1 row reads as version 2 with them unset). Also written: commands.jsonl (every tool
+     argv), plan.json (seed and run order) and warnings.json (study-level validity warnings).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -55,6 +58,13 @@ class RunRecord:
     warnings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    # version 2
+    unit_id: str | None = None  # the cell execution this run belongs to (target/rep/workload/cell)
+    target_kind: str | None = None  # "ext4", "btrfs", "zfs", "ext4-on-zbd", ...
+    compression: str | None = None  # what compresses: "btrfs:zstd:3", "zfs:gzip", "zbd:lz4", "off"
+    cpu_iowait_s: float | None = None
+    fuse_bound: bool = False  # measured through FUSE (zfs-fuse): speed bounded by FUSE, not the fs
+    order_index: int | None = None  # position of the unit in the executed order
 
     @classmethod
     def field_names(cls) -> list[str]:
