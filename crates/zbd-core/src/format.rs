@@ -346,7 +346,9 @@ pub enum BlockState {
     Zero,
     /// Stored in an extent.
     Data,
-    /// The map page holding this entry is damaged (RAM only, never written).
+    /// Its location was lost with a damaged map page: reads fail with `Corrupt` until the block
+    /// is overwritten, zeroed or trimmed. Stored as state 3 so that rewriting the page (after a
+    /// write to another block of it) keeps the damage reported instead of turning it into holes.
     Corrupt,
 }
 
@@ -389,9 +391,10 @@ impl MapEntry {
 
     fn encode(&self, b: &mut [u8]) {
         b[0] = match self.state {
-            BlockState::Unmapped | BlockState::Corrupt => 0,
+            BlockState::Unmapped => 0,
             BlockState::Zero => 1,
             BlockState::Data => 2,
+            BlockState::Corrupt => 3,
         };
         b[1] = self.codec;
         put_u16(b, 2, self.len);
@@ -405,6 +408,7 @@ impl MapEntry {
             0 => BlockState::Unmapped,
             1 => BlockState::Zero,
             2 => BlockState::Data,
+            3 => BlockState::Corrupt,
             _ => return None,
         };
         Some(MapEntry {
