@@ -37,10 +37,14 @@ fn damaged_map_page_stays_damaged_after_the_page_is_rewritten() {
     disk.flip_bit(sb.map_offset + 200, 1);
     disk.flip_bit(sb.map_offset + MAP_PAGE_BYTES as u64 + 200, 1);
     let vol = reopen(&disk);
-    assert!(matches!(read_block(&vol, 3), Err(Error::Corrupt { lba: 3 })));
+    assert!(matches!(
+        read_block(&vol, 3),
+        Err(Error::Corrupt { lba: 3 })
+    ));
     // A new write into the damaged page, then a checkpoint that rewrites the page.
     let fresh = fill(&mut rng, Fill::Text, BS);
-    vol.write(5 * BS as u64, &fresh, false).expect("write into damaged page");
+    vol.write(5 * BS as u64, &fresh, false)
+        .expect("write into damaged page");
     vol.close().expect("close");
     drop(vol);
     let vol = reopen(&disk);
@@ -49,7 +53,11 @@ fn damaged_map_page_stays_damaged_after_the_page_is_rewritten() {
         Err(Error::Corrupt { lba: 3 }) => {}
         Ok(b) => panic!(
             "block 3 lost its location with the damaged page but now reads {} (zeros: {})",
-            if b == data[3 * BS..4 * BS] { "its old data" } else { "other data" },
+            if b == data[3 * BS..4 * BS] {
+                "its old data"
+            } else {
+                "other data"
+            },
             b.iter().all(|&x| x == 0)
         ),
         Err(e) => panic!("block 3: unexpected error {e}"),
@@ -65,7 +73,10 @@ fn damaged_map_page_stays_damaged_after_the_page_is_rewritten() {
     let vol = reopen(&disk);
     assert_eq!(read_block(&vol, 3).expect("repaired"), fresh);
     assert_eq!(read_block(&vol, 4).expect("trimmed"), vec![0u8; BS]);
-    assert!(matches!(read_block(&vol, 6), Err(Error::Corrupt { lba: 6 })));
+    assert!(matches!(
+        read_block(&vol, 6),
+        Err(Error::Corrupt { lba: 6 })
+    ));
 }
 
 /// Everything each block ever held (zeros included: the initial state).
@@ -165,7 +176,10 @@ fn truncated_volume_files_are_refused_cleanly() {
                         matches!(e, Error::NotAVolume(_) | Error::CorruptMetadata(_)),
                         "cut at {cut}: unexpected error kind: {msg}"
                     );
-                    assert!(!msg.contains('\n'), "cut at {cut}: multi-line error {msg:?}");
+                    assert!(
+                        !msg.contains('\n'),
+                        "cut at {cut}: multi-line error {msg:?}"
+                    );
                 }
             }
         }
@@ -234,12 +248,24 @@ fn superblocks_with_absurd_fields_are_refused() {
     let (image, _) = crashed_volume_image(3);
     let good = Superblock::decode(&image[..SUPERBLOCK_BYTES]).expect("superblock");
     let edits: Vec<(&str, Box<dyn Fn(&mut Superblock)>)> = vec![
-        ("checkpoint_offset max", Box::new(|s| s.checkpoint_offset = u64::MAX)),
-        ("checkpoint_offset near max", Box::new(|s| s.checkpoint_offset = u64::MAX - 4096)),
+        (
+            "checkpoint_offset max",
+            Box::new(|s| s.checkpoint_offset = u64::MAX),
+        ),
+        (
+            "checkpoint_offset near max",
+            Box::new(|s| s.checkpoint_offset = u64::MAX - 4096),
+        ),
         ("map_offset max", Box::new(|s| s.map_offset = u64::MAX)),
         ("data_offset max", Box::new(|s| s.data_offset = u64::MAX)),
-        ("data_offset near max", Box::new(|s| s.data_offset = u64::MAX - 8192)),
-        ("slot bytes max", Box::new(|s| s.checkpoint_slot_bytes = u32::MAX)),
+        (
+            "data_offset near max",
+            Box::new(|s| s.data_offset = u64::MAX - 8192),
+        ),
+        (
+            "slot bytes max",
+            Box::new(|s| s.checkpoint_slot_bytes = u32::MAX),
+        ),
         ("slot bytes 0", Box::new(|s| s.checkpoint_slot_bytes = 0)),
         ("extent count max", Box::new(|s| s.extent_count = u32::MAX)),
         ("extent count 0", Box::new(|s| s.extent_count = 0)),
@@ -258,8 +284,14 @@ fn superblocks_with_absurd_fields_are_refused() {
                 s.logical_blocks = u64::from(u32::MAX) * 255;
             }),
         ),
-        ("overlapping map", Box::new(|s| s.map_offset = s.checkpoint_offset)),
-        ("data before map", Box::new(|s| s.data_offset = s.map_offset)),
+        (
+            "overlapping map",
+            Box::new(|s| s.map_offset = s.checkpoint_offset),
+        ),
+        (
+            "data before map",
+            Box::new(|s| s.data_offset = s.map_offset),
+        ),
         ("codec unknown", Box::new(|s| s.codec_id = 200)),
         ("watermarks inverted", Box::new(|s| s.clean_low_pct = 99)),
     ];
@@ -365,7 +397,10 @@ fn request_edges_and_unaligned_ranges_at_the_end() {
         };
         oor(vol.write_zeroes(offset, len), "write_zeroes");
         oor(vol.trim(offset, len), "trim");
-        assert!(vol.allocation(offset, len).is_err(), "allocation {offset}+{len}");
+        assert!(
+            vol.allocation(offset, len).is_err(),
+            "allocation {offset}+{len}"
+        );
         if len <= 2 {
             let mut b = vec![0u8; len as usize];
             oor(vol.read(offset, &mut b), "read");
