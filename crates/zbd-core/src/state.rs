@@ -197,8 +197,11 @@ impl State {
     pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
         match p {
             Prepared::Zero => {
-                self.append_range(cx, RecordKind::Zero, lba, 1)?;
+                let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
                 self.set_entry(lba, MapEntry::ZERO);
+                if !logged {
+                    self.checkpoint(cx)?;
+                }
             }
             Prepared::Data { codec, bytes, crc } => {
                 let slot = self.place(cx, bytes.len())?;
@@ -242,9 +245,10 @@ impl State {
     /// Records a zero or trim range and applies it to the map.
     pub fn put_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u64) -> Result<()> {
         let mut done = 0;
-        while done < count {
+        let mut logged = true;
+        while done < count && logged {
             let n = (count - done).min(u64::from(u32::MAX));
-            self.append_range(cx, kind, lba + done, n as u32)?;
+            logged = self.log_range(cx, kind, lba + done, n as u32)?;
             done += n;
         }
         let entry = if kind == RecordKind::Zero {
@@ -262,7 +266,23 @@ impl State {
                 last_page = Some(page);
             }
         }
+        if !logged {
+            self.checkpoint(cx)?;
+        }
         Ok(())
+    }
+
+    /// Logs a zero or trim range; false when the data area is so full that no extent can take
+    /// even a record. The caller then applies the range to the map and writes a checkpoint,
+    /// which makes it durable without a record (and releases the space it freed): zeroing and
+    /// trimming free space, so they must never fail for lack of it, or a full volume could not
+    /// be emptied again.
+    fn log_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<bool> {
+        match self.append_range(cx, kind, lba, count) {
+            Ok(()) => Ok(true),
+            Err(Error::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn append_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<()> {

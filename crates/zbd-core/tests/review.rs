@@ -436,3 +436,43 @@ fn request_edges_and_unaligned_ranges_at_the_end() {
     assert_eq!(runs.iter().map(|r| r.0).sum::<u64>(), size);
     assert!(vol.check(&|_, _| {}).is_clean());
 }
+
+/// An over-committed volume that ran out of space must still accept trims and zero ranges (they
+/// free space and need none), after which writes fit again: NoSpace only while live data truly
+/// does not fit, and never a dead end the host cannot get out of.
+#[test]
+fn full_volume_still_accepts_trim_and_then_writes() {
+    let opts = zbd_core::CreateOptions {
+        capacity_bytes: Some(256 * 1024),
+        extent_bytes: 8192,
+        ..zbd_core::CreateOptions::new(4 << 20)
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(9);
+    let mut written = 0u64;
+    loop {
+        let d = fill(&mut rng, Fill::Random, BS);
+        match vol.write(written * BS as u64, &d, false) {
+            Ok(()) => written += 1,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+        assert!(written < 1024, "never ran out of space");
+    }
+    vol.flush().expect("flush on a full volume");
+    // Zeroing one block and trimming the rest must not need data space.
+    vol.write_zeroes(0, BS as u64)
+        .expect("write_zeroes on a full volume");
+    vol.trim(BS as u64, (written - 1) * BS as u64)
+        .expect("trim on a full volume");
+    vol.trim(0, 4 << 20).expect("trim everything");
+    for lba in 0..written / 2 {
+        let d = fill(&mut rng, Fill::Random, BS);
+        vol.write(lba * BS as u64, &d, false)
+            .unwrap_or_else(|e| panic!("write {lba} after the trim: {e}"));
+    }
+    vol.close().expect("close");
+    drop(vol);
+    let vol = reopen(&disk);
+    assert!(vol.check(&|_, _| {}).is_clean());
+}
