@@ -15,6 +15,10 @@ use parking_lot::RwLock;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+/// Free extents host writes never take: what the cleaner needs to compact partly dead extents
+/// into (a pass with two outputs gains an extent once victims are about a third dead).
+const CLEANER_EXTENTS_MIN: usize = 2;
+
 /// Life cycle of an extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExtentState {
@@ -348,6 +352,13 @@ impl State {
         if self.free_now() <= self.buffer.reserve {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
             crate::cleaner::make_space(self, cx)?;
+        }
+        // The last free extents belong to the cleaner even when cleaning could not help just
+        // now: with nothing left to compact into, dead space made later (the host trims or
+        // overwrites half of every extent) could never be reclaimed and NoSpace would stick
+        // although the live data fits. Zero and trim ranges need no extent (`log_range`).
+        if self.free_now() <= CLEANER_EXTENTS_MIN {
+            return Err(Error::NoSpace);
         }
         let q = self.alloc(cx)?;
         self.extents[q.extent as usize].state = ExtentState::Open;

@@ -476,3 +476,63 @@ fn full_volume_still_accepts_trim_and_then_writes() {
     let vol = reopen(&disk);
     assert!(vol.check(&|_, _| {}).is_clean());
 }
+
+/// A block that compresses to about 1.2 KiB (several per 8 KiB extent).
+fn part_random(rng: &mut SmallRng) -> Vec<u8> {
+    let mut b = fill(rng, Fill::Random, 1200);
+    b.resize(BS, 0);
+    b
+}
+
+/// A full volume whose host then frees half of every extent (scattered trims, nothing whole)
+/// must take new writes again: the live data is half the capacity. The cleaner needs at least
+/// one free extent to compact into, so host writes must not have used up every last one.
+#[test]
+fn full_volume_with_scattered_trims_takes_writes_again() {
+    let opts = zbd_core::CreateOptions {
+        capacity_bytes: Some(512 * 1024),
+        extent_bytes: 8192,
+        ..zbd_core::CreateOptions::new(4 << 20)
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(10);
+    let mut written = 0u64;
+    loop {
+        let d = part_random(&mut rng);
+        match vol.write(written * BS as u64, &d, false) {
+            Ok(()) => written += 1,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+        assert!(written < 1024, "never ran out of space");
+    }
+    let mut model: Vec<Option<Vec<u8>>> = vec![None; 1024];
+    for lba in (0..written).step_by(2) {
+        vol.trim(lba * BS as u64, BS as u64).expect("trim");
+    }
+    // A third of the written amount again, into fresh blocks.
+    for i in 0..written / 3 {
+        let lba = written + i;
+        let d = part_random(&mut rng);
+        vol.write(lba * BS as u64, &d, false).unwrap_or_else(|e| {
+            panic!(
+                "write {i} of {} after freeing half of {written} blocks: {e}",
+                written / 3
+            )
+        });
+        model[lba as usize] = Some(d);
+    }
+    vol.close().expect("close");
+    drop(vol);
+    let vol = reopen(&disk);
+    for (lba, d) in model.iter().enumerate() {
+        if let Some(d) = d {
+            assert_eq!(
+                &read_block(&vol, lba as u64).expect("read"),
+                d,
+                "block {lba}"
+            );
+        }
+    }
+    assert!(vol.check(&|_, _| {}).is_clean());
+}
