@@ -349,7 +349,7 @@ impl State {
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
-        if self.free_now() <= self.buffer.reserve {
+        if self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
             crate::cleaner::make_space(self, cx)?;
         }

@@ -200,3 +200,101 @@ fn crash_sweep_many_seeds() {
     }
     eprintln!("{points} crash points verified");
 }
+
+/// Single-block writes (some incompressible), trims, zero ranges and flushes on a volume whose
+/// data area is far smaller than its logical size, so writes keep failing with NoSpace and
+/// ranges take the checkpoint path of a full volume. A NoSpace write changes nothing; power is
+/// cut at every storage operation as above.
+fn full_volume_sweep(seed: u64, ops: usize) -> u64 {
+    let opts = zbd_core::CreateOptions {
+        extent_bytes: 8192,
+        codec: Codec::Lz4,
+        capacity_bytes: Some(SIZE / 2),
+        queue_len: Some(6),
+        ..zbd_core::CreateOptions::new(SIZE)
+    };
+    let blocks = SIZE / BS as u64;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let work: Vec<Op> = (0..ops)
+        .map(|_| {
+            let lba = rand::Rng::random_range(&mut rng, 0..blocks);
+            let n = rand::Rng::random_range(&mut rng, 1..=6u64).min(blocks - lba);
+            match rand::Rng::random_range(&mut rng, 0..100) {
+                0..=69 => {
+                    let kind = [Fill::Random, Fill::Text][rand::Rng::random_range(&mut rng, 0..2)];
+                    Op::Write {
+                        offset: lba * BS as u64,
+                        data: fill(&mut rng, kind, BS),
+                        fua: false,
+                    }
+                }
+                70..=79 => Op::Trim {
+                    offset: lba * BS as u64,
+                    len: n * BS as u64,
+                },
+                80..=87 => Op::Zero {
+                    offset: lba * BS as u64,
+                    len: n * BS as u64,
+                },
+                _ => Op::Flush,
+            }
+        })
+        .collect();
+    let run = |vol: &Volume, disk: &SimStorage| -> (Expect, usize) {
+        let mut exp = Expect::new();
+        let mut no_space = 0;
+        for op in &work {
+            let saved = (exp.model.clone(), exp.since.clone());
+            exp.started(op);
+            match apply_volume(vol, op) {
+                Ok(()) if is_durability_point(op) => exp.flushed(),
+                Ok(()) => {}
+                Err(zbd_core::Error::NoSpace) if !disk.powered_off() => {
+                    assert!(
+                        matches!(op, Op::Write { .. }),
+                        "seed {seed}: NoSpace on {op:?}"
+                    );
+                    (exp.model, exp.since) = saved;
+                    no_space += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        (exp, no_space)
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let start = disk.ops();
+    let (_, no_space) = run(&vol, &disk);
+    let total = disk.ops();
+    assert!(no_space > 0, "seed {seed}: the volume never filled up");
+    drop(vol);
+    let mut points = 0;
+    for c in start..total {
+        let (disk, vol) = sim_volume(&opts);
+        disk.set_power_loss_at(c);
+        let (exp, _) = run(&vol, &disk);
+        vol.abandon();
+        let mut rng = SmallRng::seed_from_u64(seed ^ (c << 20));
+        let image = disk.crash_image(&mut rng);
+        let ctx = format!("seed {seed} full-volume crash at storage op {c}");
+        let vol2 = Volume::open(Box::new(SimStorage::from_image(image)), open_opts())
+            .unwrap_or_else(|e| panic!("{ctx}: reopen failed: {e}"));
+        verify(&vol2, &exp, &ctx);
+        points += 1;
+    }
+    points
+}
+
+#[test]
+fn crash_at_every_storage_operation_of_a_full_volume() {
+    let points = full_volume_sweep(31, 300);
+    eprintln!("{points} crash points verified on a full volume");
+    assert!(points > 300, "only {points} crash points");
+}
+
+#[test]
+#[ignore = "heavy: run by make bench"]
+fn crash_sweep_full_volume_many_seeds() {
+    let points: u64 = (40..60u64).map(|seed| full_volume_sweep(seed, 500)).sum();
+    eprintln!("{points} crash points verified on full volumes");
+}
