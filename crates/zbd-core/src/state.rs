@@ -532,12 +532,20 @@ impl State {
         let open_count = self.open.len();
         self.queue = queue.into_iter().skip(open_count).collect();
         self.free = free;
-        let _exclusive = cx.gate.write();
+        // Every released extent is already in the free list (and maybe the new queue): mark them
+        // all free before anything can fail, or a leftover "pending free" one would be released
+        // (and queued) again by the next checkpoint and handed out twice.
         for &e in &released {
             self.extents[e as usize].state = ExtentState::Free;
-            // Give the space back to the host (sparse file) or the device (discard).
-            cx.storage
-                .discard(cx.sb.extent_offset(e), u64::from(cx.sb.extent_bytes))?;
+        }
+        let _exclusive = cx.gate.write();
+        for &e in &released {
+            // Give the space back to the host (sparse file) or the device (discard). Best effort
+            // (format.md: a discard may take effect or not): a device that rejects it only keeps
+            // the space allocated, so its error must not fail the write that led here.
+            let _ = cx
+                .storage
+                .discard(cx.sb.extent_offset(e), u64::from(cx.sb.extent_bytes));
         }
         Ok(())
     }
