@@ -241,13 +241,16 @@ fn damaged_metadata_and_log_never_panic_or_invent_data() {
     assert!(opened > 0 && refused > 0, "damage never hit both outcomes");
 }
 
+/// A change to a superblock's fields.
+type Edit = Box<dyn Fn(&mut Superblock)>;
+
 /// Superblocks with a valid checksum but absurd geometry (a foreign or hostile file) are
 /// refused with an error, never an arithmetic overflow panic or a huge allocation.
 #[test]
 fn superblocks_with_absurd_fields_are_refused() {
     let (image, _) = crashed_volume_image(3);
     let good = Superblock::decode(&image[..SUPERBLOCK_BYTES]).expect("superblock");
-    let edits: Vec<(&str, Box<dyn Fn(&mut Superblock)>)> = vec![
+    let edits: Vec<(&str, Edit)> = vec![
         (
             "checkpoint_offset max",
             Box::new(|s| s.checkpoint_offset = u64::MAX),
