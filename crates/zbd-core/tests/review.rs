@@ -440,28 +440,40 @@ fn request_edges_and_unaligned_ranges_at_the_end() {
     assert!(vol.check(&|_, _| {}).is_clean());
 }
 
+/// A 4 MiB volume with a data area of only `capacity` bytes (8 KiB extents).
+fn overcommitted(capacity: u64) -> zbd_core::CreateOptions {
+    zbd_core::CreateOptions {
+        capacity_bytes: Some(capacity),
+        extent_bytes: 8192,
+        ..zbd_core::CreateOptions::new(4 << 20)
+    }
+}
+
+/// Writes blocks from 0 up until the volume reports NoSpace; returns how many fit.
+fn fill_until_no_space(
+    vol: &Volume,
+    rng: &mut SmallRng,
+    block: &dyn Fn(&mut SmallRng) -> Vec<u8>,
+) -> u64 {
+    let mut written = 0u64;
+    loop {
+        match vol.write(written * BS as u64, &block(rng), false) {
+            Ok(()) => written += 1,
+            Err(Error::NoSpace) => return written,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+        assert!(written < 1024, "never ran out of space");
+    }
+}
+
 /// An over-committed volume that ran out of space must still accept trims and zero ranges (they
 /// free space and need none), after which writes fit again: NoSpace only while live data truly
 /// does not fit, and never a dead end the host cannot get out of.
 #[test]
 fn full_volume_still_accepts_trim_and_then_writes() {
-    let opts = zbd_core::CreateOptions {
-        capacity_bytes: Some(256 * 1024),
-        extent_bytes: 8192,
-        ..zbd_core::CreateOptions::new(4 << 20)
-    };
-    let (disk, vol) = sim_volume(&opts);
+    let (disk, vol) = sim_volume(&overcommitted(256 * 1024));
     let mut rng = SmallRng::seed_from_u64(9);
-    let mut written = 0u64;
-    loop {
-        let d = fill(&mut rng, Fill::Random, BS);
-        match vol.write(written * BS as u64, &d, false) {
-            Ok(()) => written += 1,
-            Err(Error::NoSpace) => break,
-            Err(e) => panic!("unexpected error {e}"),
-        }
-        assert!(written < 1024, "never ran out of space");
-    }
+    let written = fill_until_no_space(&vol, &mut rng, &|rng| fill(rng, Fill::Random, BS));
     vol.flush().expect("flush on a full volume");
     // Zeroing one block and trimming the rest must not need data space.
     vol.write_zeroes(0, BS as u64)
@@ -492,23 +504,9 @@ fn part_random(rng: &mut SmallRng) -> Vec<u8> {
 /// one free extent to compact into, so host writes must not have used up every last one.
 #[test]
 fn full_volume_with_scattered_trims_takes_writes_again() {
-    let opts = zbd_core::CreateOptions {
-        capacity_bytes: Some(512 * 1024),
-        extent_bytes: 8192,
-        ..zbd_core::CreateOptions::new(4 << 20)
-    };
-    let (disk, vol) = sim_volume(&opts);
+    let (disk, vol) = sim_volume(&overcommitted(512 * 1024));
     let mut rng = SmallRng::seed_from_u64(10);
-    let mut written = 0u64;
-    loop {
-        let d = part_random(&mut rng);
-        match vol.write(written * BS as u64, &d, false) {
-            Ok(()) => written += 1,
-            Err(Error::NoSpace) => break,
-            Err(e) => panic!("unexpected error {e}"),
-        }
-        assert!(written < 1024, "never ran out of space");
-    }
+    let written = fill_until_no_space(&vol, &mut rng, &|rng| part_random(rng));
     let mut model: Vec<Option<Vec<u8>>> = vec![None; 1024];
     for lba in (0..written).step_by(2) {
         vol.trim(lba * BS as u64, BS as u64).expect("trim");
