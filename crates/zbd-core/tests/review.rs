@@ -538,28 +538,6 @@ fn full_volume_with_scattered_trims_takes_writes_again() {
     assert!(vol.check(&|_, _| {}).is_clean());
 }
 
-/// A disk whose discard (hole punch / block discard) always fails with EIO, e.g. a device that
-/// rejects the request: discard only gives space back, so the volume must carry on.
-struct NoDiscard(Arc<SimStorage>);
-
-impl zbd_core::Storage for NoDiscard {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.0.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.0.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.0.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.0.sync()
-    }
-    fn discard(&self, _offset: u64, _len: u64) -> zbd_core::Result<()> {
-        Err(Error::Io(std::io::Error::other("discard rejected")))
-    }
-}
-
 /// Released extents must be consistently free even when discarding them fails: before, the
 /// first failing discard aborted the release loop after the free list had taken every released
 /// extent, leaving the rest "pending free" and so released (and queued) again at the next
