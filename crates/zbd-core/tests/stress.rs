@@ -78,6 +78,8 @@ struct Run {
     writers: usize,
     readers: usize,
     ops_per_writer: usize,
+    /// Crash images to take and verify while the writers run (at most).
+    crash_images: u64,
 }
 
 fn stress(run: &Run) {
@@ -204,10 +206,64 @@ fn stress(run: &Run) {
             reads
         }));
     }
+    // Crash images taken while writers and the cleaner run: every version finished before a
+    // completed flush must be there (or a later one).
+    let crashes = {
+        let (vol, slots, failure, disk) = (
+            Arc::clone(&vol),
+            Arc::clone(&slots),
+            Arc::clone(&failure),
+            Arc::clone(&disk),
+        );
+        let open = OpenOptions {
+            background_cleaner: false,
+            ..open.clone()
+        };
+        let writers_done = Arc::clone(&stop);
+        let crash_images = run.crash_images;
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0xc4a5);
+            let mut crashes = 0u64;
+            while !writers_done.load(Ordering::SeqCst) && crashes < crash_images {
+                let acked: Vec<u64> = slots.iter().map(|s| s.lock().done).collect();
+                if let Err(e) = vol.flush() {
+                    *failure.lock() = Some(format!("crasher flush: {e}"));
+                    return crashes;
+                }
+                let image = disk.crash_image(&mut rng);
+                let started: Vec<u64> = slots.iter().map(|s| s.lock().started).collect();
+                let crashed = SimStorage::from_image(image);
+                let vol2 = match Volume::open(Box::new(crashed), open.clone()) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        *failure.lock() = Some(format!("crash image {crashes}: open: {e}"));
+                        return crashes;
+                    }
+                };
+                let mut b = vec![0u8; BS];
+                for lba in 0..blocks {
+                    let r = vol2
+                        .read(lba * BS as u64, &mut b)
+                        .map_err(|e| e.to_string());
+                    let r = r.and_then(|()| {
+                        check_block(&slots, lba, &b, acked[lba as usize], started[lba as usize])
+                    });
+                    if let Err(msg) = r {
+                        *failure.lock() = Some(format!("crash image {crashes}: {msg}"));
+                        return crashes;
+                    }
+                }
+                vol2.abandon();
+                crashes += 1;
+            }
+            crashes
+        })
+    };
     for h in handles {
         h.join().expect("writer thread");
     }
     stop.store(true, Ordering::SeqCst);
+    let crashes = crashes.join().expect("crasher thread");
     let reads: u64 = reader_handles
         .into_iter()
         .map(|h| h.join().expect("reader thread"))
@@ -217,7 +273,8 @@ fn stress(run: &Run) {
     }
     let stats = vol.stats();
     eprintln!(
-        "seed {seed}: {reads} verified reads, {} cleaner passes, {} extents reclaimed",
+        "seed {seed}: {reads} verified reads, {crashes} crash images, {} cleaner passes, \
+         {} extents reclaimed",
         stats.counters.cleaner_runs, stats.counters.extents_reclaimed
     );
     assert!(
@@ -275,6 +332,7 @@ fn threads_with_background_cleaner_match_the_model() {
         writers: 3,
         readers: 2,
         ops_per_writer: 8000,
+        crash_images: 20,
     });
 }
 
@@ -288,6 +346,7 @@ fn threads_with_background_cleaner_many_seeds() {
             writers: 4,
             readers: 3,
             ops_per_writer: 40000,
+            crash_images: 200,
         });
     }
 }
