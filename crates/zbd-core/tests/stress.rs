@@ -73,6 +73,37 @@ fn check_block(
     Ok(())
 }
 
+/// A volume on a simulated disk whose background cleaner starts early (25 % free) and works
+/// up to 45 % free; returns the disk, the shared volume and its open options.
+fn busy_cleaner_volume(
+    opts: &zbd_core::CreateOptions,
+) -> (Arc<SimStorage>, Arc<Volume>, OpenOptions) {
+    let sb = zbd_core::layout::plan(opts).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let open = OpenOptions {
+        background_cleaner: true,
+        clean_watermarks: Some((25, 45)),
+        ..open_opts()
+    };
+    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open.clone()).expect("create");
+    (disk, Arc::new(vol), open)
+}
+
+/// Waits for the writer threads, then tells the readers to stop.
+fn join_writers(writers: Vec<std::thread::JoinHandle<()>>, stop: &AtomicBool) {
+    for w in writers {
+        w.join().expect("writer thread");
+    }
+    stop.store(true, Ordering::SeqCst);
+}
+
+/// Fails the test with the first problem a thread reported.
+fn assert_no_failure(failure: &Mutex<Option<String>>, seed: u64) {
+    if let Some(f) = failure.lock().take() {
+        panic!("seed {seed}: {f}");
+    }
+}
+
 struct Run {
     seed: u64,
     writers: usize,
@@ -88,16 +119,7 @@ fn stress(run: &Run) {
     let size = 2u64 << 20;
     let blocks = size / BS as u64;
     let opts = small_volume(size, 16384, Codec::Lz4, 1, 32);
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
-    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let open = OpenOptions {
-        background_cleaner: true,
-        clean_watermarks: Some((25, 45)),
-        ..open_opts()
-    };
-    let vol = Arc::new(
-        Volume::create_with(Box::new(Arc::clone(&disk)), &opts, open.clone()).expect("create"),
-    );
+    let (disk, vol, open) = busy_cleaner_volume(&opts);
     let slots: Arc<Vec<Mutex<Slot>>> = Arc::new(
         (0..blocks)
             .map(|_| {
@@ -259,18 +281,13 @@ fn stress(run: &Run) {
             crashes
         })
     };
-    for h in handles {
-        h.join().expect("writer thread");
-    }
-    stop.store(true, Ordering::SeqCst);
+    join_writers(handles, &stop);
     let crashes = crashes.join().expect("crasher thread");
     let reads: u64 = reader_handles
         .into_iter()
         .map(|h| h.join().expect("reader thread"))
         .sum();
-    if let Some(f) = failure.lock().take() {
-        panic!("seed {seed}: {f}");
-    }
+    assert_no_failure(&failure, seed);
     let stats = vol.stats();
     eprintln!(
         "seed {seed}: {reads} verified reads, {crashes} crash images, {} cleaner passes, \
@@ -383,14 +400,7 @@ fn racing_sector_writes_with_cleaner_lose_nothing() {
         queue_len: Some(16),
         ..zbd_core::CreateOptions::new(1 << 20)
     };
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
-    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let open = OpenOptions {
-        background_cleaner: true,
-        clean_watermarks: Some((25, 45)),
-        ..open_opts()
-    };
-    let vol = Arc::new(Volume::create_with(Box::new(disk), &opts, open).expect("create"));
+    let (_disk, vol, _) = busy_cleaner_volume(&opts);
     // done[lba * 8 + j]: last finished version of that sector.
     let done: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
         (0..blocks as usize * SECTORS_PER_BLOCK)
@@ -463,14 +473,9 @@ fn racing_sector_writes_with_cleaner_lose_nothing() {
             reads
         })
     };
-    for w in writers {
-        w.join().expect("writer");
-    }
-    stop.store(true, Ordering::SeqCst);
+    join_writers(writers, &stop);
     let reads = reader.join().expect("reader");
-    if let Some(f) = failure.lock().take() {
-        panic!("seed {seed}: {f}");
-    }
+    assert_no_failure(&failure, seed);
     let runs = vol.stats().counters.cleaner_runs;
     eprintln!("seed {seed}: {reads} verified reads, {runs} cleaner passes");
     let mut b = vec![0u8; BS];
