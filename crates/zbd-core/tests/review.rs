@@ -616,3 +616,140 @@ fn random_overwrites_of_raw_blocks_never_run_out_of_space() {
         );
     }
 }
+
+/// A disk on which exactly one storage operation (write, sync or discard, counted from when
+/// the fault is armed) fails with EIO; the process goes on, unlike a power cut.
+struct OneFault {
+    disk: Arc<SimStorage>,
+    countdown: std::sync::atomic::AtomicI64,
+}
+
+impl OneFault {
+    fn hit(&self) -> zbd_core::Result<()> {
+        if self
+            .countdown
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 0
+        {
+            return Err(Error::Io(std::io::Error::other("injected EIO")));
+        }
+        Ok(())
+    }
+}
+
+impl zbd_core::Storage for OneFault {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        self.hit()?;
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.hit()?;
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.hit()?;
+        self.disk.discard(offset, len)
+    }
+}
+
+/// One I/O error injected at each storage operation of a workload in turn (redb's fuzzer does
+/// this): the request that saw it may fail, but the volume carries on, later requests work, and
+/// after a clean close every block holds what a successful request left there, or what a failed
+/// one tried to write, never anything else and never a checksum error.
+#[test]
+fn an_io_error_at_any_operation_corrupts_nothing() {
+    let size = 128 * 1024u64;
+    let blocks = size / BS as u64;
+    // Tight data area, the cleaner busy; then roomy, with unaligned writes, zeroes and trims.
+    let faults = io_fault_sweep(
+        size,
+        &small_volume(size, 8192, Codec::Lz4, 1, 4),
+        &overwrite_workload(17, blocks, 300),
+    ) + io_fault_sweep(
+        size,
+        &small_volume(size, 16384, Codec::Zstd(1), 4, 4),
+        &workload(18, size, 150),
+    );
+    eprintln!("{faults} injected I/O errors survived");
+}
+
+/// Returns how many storage operations the workload made (one run per fault position).
+fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64 {
+    let blocks = (size / BS as u64) as usize;
+    let sb = zbd_core::layout::plan(opts).expect("plan");
+    let mut fault_at = 0i64;
+    loop {
+        let sim = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+        let storage = Arc::new(OneFault {
+            disk: Arc::clone(&sim),
+            countdown: i64::MAX.into(),
+        });
+        let vol =
+            Volume::create_with(Box::new(Arc::clone(&storage)), opts, open_opts()).expect("create");
+        storage
+            .countdown
+            .store(fault_at, std::sync::atomic::Ordering::SeqCst);
+        // Per block: contents it may hold (a failed request may or may not have applied).
+        let mut may: Vec<Vec<Vec<u8>>> = vec![vec![vec![0u8; BS]]; blocks];
+        let mut model = vec![0u8; size as usize];
+        let mut failed = 0;
+        for op in work {
+            let ok = apply_volume(&vol, op).is_ok();
+            apply_model(&mut model, op);
+            let range = match op {
+                Op::Write { offset, data, .. } => Some((*offset, data.len() as u64)),
+                Op::Trim { offset, len } | Op::Zero { offset, len } => Some((*offset, *len)),
+                Op::Flush => None,
+            };
+            if let Some((offset, len)) = range {
+                let first = (offset / BS as u64) as usize;
+                let last = ((offset + len - 1) / BS as u64) as usize;
+                for (b, m) in may.iter_mut().enumerate().take(last + 1).skip(first) {
+                    let now = model[b * BS..(b + 1) * BS].to_vec();
+                    if ok {
+                        *m = vec![now];
+                    } else {
+                        m.push(now);
+                    }
+                }
+            }
+            failed += usize::from(!ok);
+        }
+        // Faults are injected into the workload only (a failed close is a crash, crash.rs).
+        let fired = storage
+            .countdown
+            .swap(i64::MAX, std::sync::atomic::Ordering::SeqCst)
+            < 0;
+        let ctx = format!("EIO at storage op {fault_at}");
+        vol.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+        drop(vol);
+        let vol = Volume::open(Box::new(sim), open_opts())
+            .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
+        for (b, m) in may.iter().enumerate() {
+            let got =
+                read_block(&vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
+            assert!(
+                m.contains(&got),
+                "{ctx}: block {b} holds data no request left there"
+            );
+        }
+        let report = vol.check(&|_, _| {});
+        assert!(report.is_clean(), "{ctx}: {report:?}");
+        if !fired {
+            break;
+        }
+        assert!(failed <= 1, "{ctx}: {failed} requests failed after one EIO");
+        fault_at += 1;
+    }
+    assert!(
+        fault_at > 100,
+        "the workload made only {fault_at} storage operations"
+    );
+    fault_at
+}
