@@ -680,9 +680,19 @@ fn an_io_error_at_any_operation_corrupts_nothing() {
     eprintln!("{faults} injected I/O errors survived");
 }
 
+/// Every block of `vol` reads back exactly as in `model`.
+fn assert_holds(vol: &Volume, model: &[u8], ctx: &str) {
+    for (b, want) in model.chunks(BS).enumerate() {
+        let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
+        assert!(
+            got == want,
+            "{ctx}: block {b} differs from what the requests left"
+        );
+    }
+}
+
 /// Returns how many storage operations the workload made (one run per fault position).
 fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64 {
-    let blocks = (size / BS as u64) as usize;
     let sb = zbd_core::layout::plan(opts).expect("plan");
     let mut fault_at = 0i64;
     loop {
@@ -732,18 +742,21 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
             .swap(i64::MAX, std::sync::atomic::Ordering::SeqCst)
             < 0;
         let ctx = format!("EIO at storage op {fault_at}");
+        // A crash right after a successful flush keeps everything, failed request or not.
+        vol.flush().unwrap_or_else(|e| panic!("{ctx}: flush: {e}"));
+        let mut rng = SmallRng::seed_from_u64(fault_at as u64);
+        let crashed = Volume::open(
+            Box::new(SimStorage::from_image(sim.crash_image(&mut rng))),
+            open_opts(),
+        )
+        .unwrap_or_else(|e| panic!("{ctx}: open after crash: {e}"));
+        assert_holds(&crashed, &model, &format!("{ctx}, crash after flush"));
+        crashed.abandon();
         vol.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
         drop(vol);
         let vol = Volume::open(Box::new(sim), open_opts())
             .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
-        for b in 0..blocks {
-            let got =
-                read_block(&vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
-            assert!(
-                got == model[b * BS..(b + 1) * BS],
-                "{ctx}: block {b} differs from what the requests left"
-            );
-        }
+        assert_holds(&vol, &model, &ctx);
         let report = vol.check(&|_, _| {});
         assert!(report.is_clean(), "{ctx}: {report:?}");
         if !fired {
