@@ -74,7 +74,7 @@ fn footprint(x: &ExtentInfo) -> usize {
     x.live_bytes as usize + x.live_blocks as usize * RECORD_BYTES
 }
 
-/// Chooses the victims of a pass.
+/// Chooses the victims of a pass, best first.
 fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usize) -> Vec<u32> {
     let usable = extent_bytes - SEGMENT_HEADER_BYTES - SECTOR_BYTES;
     let now = st.next_seq;
@@ -108,7 +108,6 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
             break;
         }
     }
-    victims.sort_unstable();
     victims
 }
 
@@ -146,21 +145,39 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     if outputs_max == 0 {
         return Ok(PassResult::default());
     }
-    let victims = choose_victims(st, e, mode, outputs_max);
+    let mut victims = choose_victims(st, e, mode, outputs_max);
     if victims.is_empty() {
         return Ok(PassResult::default());
     }
     let mut is_victim = vec![false; st.extents.len()];
     victims.iter().for_each(|&v| is_victim[v as usize] = true);
-    let blocks: Vec<(u64, MapEntry)> = st
+    let candidates: Vec<(u64, MapEntry)> = st
         .map
         .iter()
         .enumerate()
         .filter(|(_, m)| m.state == BlockState::Data && is_victim[m.extent as usize])
         .map(|(l, m)| (l as u64, *m))
         .collect();
-    let bins = pack(&blocks, e);
-    if bins.len() >= victims.len() || bins.len() > outputs_max {
+    let (blocks, bins) = loop {
+        let blocks: Vec<(u64, MapEntry)> = candidates
+            .iter()
+            .filter(|(_, m)| is_victim[m.extent as usize])
+            .copied()
+            .collect();
+        let bins = pack(&blocks, e);
+        if bins.len() <= outputs_max {
+            break (blocks, bins);
+        }
+        // The footprint estimate ignores sector padding and that blocks do not split across
+        // extents, so the exact packing can need more outputs than there are free extents.
+        // Drop the least beneficial victim and pack again, rather than giving up: when free
+        // extents are scarce, giving up here meant NoSpace with most of the data area dead.
+        let Some(v) = victims.pop() else {
+            return Ok(PassResult::default());
+        };
+        is_victim[v as usize] = false;
+    };
+    if bins.len() >= victims.len() {
         return Ok(PassResult::default());
     }
     // Read the victims whole (paper: extents are read in full).

@@ -186,15 +186,34 @@ impl Superblock {
             || !sb.extent_bytes.is_power_of_two()
             || !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&sb.extent_bytes)
             || u64::from(sb.map_pages) != sb.logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64)
-            || sb.map_offset < sb.checkpoint_offset + 2 * u64::from(sb.checkpoint_slot_bytes)
-            || sb.data_offset < sb.map_offset + 2 * u64::from(sb.map_pages) * MAP_PAGE_BYTES as u64
             || sb.queue_len == 0
+            || !sb.regions_fit()
         {
             return Err(Error::CorruptMetadata(
                 "superblock geometry is inconsistent".into(),
             ));
         }
         Ok(sb)
+    }
+
+    /// Whether the regions lie in order after the superblocks without overlapping, the checkpoint
+    /// slot can hold a full queue, and the total size is representable. Checked arithmetic: a
+    /// superblock with a valid CRC may still come from a foreign or hostile file, and an overflow
+    /// here would panic (debug) or wrap into a bogus geometry (release).
+    fn regions_fit(&self) -> bool {
+        let slot = u64::from(self.checkpoint_slot_bytes);
+        let slot_needed = CHECKPOINT_HEADER_BYTES as u64
+            + u64::from(self.queue_len) * QUEUE_ENTRY_BYTES as u64
+            + u64::from(self.map_pages).div_ceil(4);
+        let map_bytes = 2 * u64::from(self.map_pages) * MAP_PAGE_BYTES as u64;
+        let checkpoints_end = self.checkpoint_offset.checked_add(2 * slot);
+        let map_end = self.map_offset.checked_add(map_bytes);
+        let data_bytes = u64::from(self.extent_count) * u64::from(self.extent_bytes);
+        self.checkpoint_offset >= 2 * SUPERBLOCK_BYTES as u64
+            && slot >= slot_needed
+            && checkpoints_end.is_some_and(|end| self.map_offset >= end)
+            && map_end.is_some_and(|end| self.data_offset >= end)
+            && self.data_offset.checked_add(data_bytes).is_some()
     }
 
     /// Byte offset of extent `e`.
@@ -346,7 +365,9 @@ pub enum BlockState {
     Zero,
     /// Stored in an extent.
     Data,
-    /// The map page holding this entry is damaged (RAM only, never written).
+    /// Its location was lost with a damaged map page: reads fail with `Corrupt` until the block
+    /// is overwritten, zeroed or trimmed. Stored as state 3 so that rewriting the page (after a
+    /// write to another block of it) keeps the damage reported instead of turning it into holes.
     Corrupt,
 }
 
@@ -389,9 +410,10 @@ impl MapEntry {
 
     fn encode(&self, b: &mut [u8]) {
         b[0] = match self.state {
-            BlockState::Unmapped | BlockState::Corrupt => 0,
+            BlockState::Unmapped => 0,
             BlockState::Zero => 1,
             BlockState::Data => 2,
+            BlockState::Corrupt => 3,
         };
         b[1] = self.codec;
         put_u16(b, 2, self.len);
@@ -405,6 +427,7 @@ impl MapEntry {
             0 => BlockState::Unmapped,
             1 => BlockState::Zero,
             2 => BlockState::Data,
+            3 => BlockState::Corrupt,
             _ => return None,
         };
         Some(MapEntry {

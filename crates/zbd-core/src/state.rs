@@ -15,6 +15,10 @@ use parking_lot::RwLock;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+/// Free extents host writes never take: what the cleaner needs to compact partly dead extents
+/// into (a pass with two outputs gains an extent once victims are about a third dead).
+const CLEANER_EXTENTS_MIN: usize = 2;
+
 /// Life cycle of an extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExtentState {
@@ -197,8 +201,11 @@ impl State {
     pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
         match p {
             Prepared::Zero => {
-                self.append_range(cx, RecordKind::Zero, lba, 1)?;
+                let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
                 self.set_entry(lba, MapEntry::ZERO);
+                if !logged {
+                    self.checkpoint(cx)?;
+                }
             }
             Prepared::Data { codec, bytes, crc } => {
                 let slot = self.place(cx, bytes.len())?;
@@ -242,9 +249,10 @@ impl State {
     /// Records a zero or trim range and applies it to the map.
     pub fn put_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u64) -> Result<()> {
         let mut done = 0;
-        while done < count {
+        let mut logged = true;
+        while done < count && logged {
             let n = (count - done).min(u64::from(u32::MAX));
-            self.append_range(cx, kind, lba + done, n as u32)?;
+            logged = self.log_range(cx, kind, lba + done, n as u32)?;
             done += n;
         }
         let entry = if kind == RecordKind::Zero {
@@ -262,7 +270,23 @@ impl State {
                 last_page = Some(page);
             }
         }
+        if !logged {
+            self.checkpoint(cx)?;
+        }
         Ok(())
+    }
+
+    /// Logs a zero or trim range; false when the data area is so full that no extent can take
+    /// even a record. The caller then applies the range to the map and writes a checkpoint,
+    /// which makes it durable without a record (and releases the space it freed): zeroing and
+    /// trimming free space, so they must never fail for lack of it, or a full volume could not
+    /// be emptied again.
+    fn log_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<bool> {
+        match self.append_range(cx, kind, lba, count) {
+            Ok(()) => Ok(true),
+            Err(Error::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn append_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<()> {
@@ -325,9 +349,16 @@ impl State {
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
-        if self.free_now() <= self.buffer.reserve {
+        if self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
             crate::cleaner::make_space(self, cx)?;
+        }
+        // The last free extents belong to the cleaner even when cleaning could not help just
+        // now: with nothing left to compact into, dead space made later (the host trims or
+        // overwrites half of every extent) could never be reclaimed and NoSpace would stick
+        // although the live data fits. Zero and trim ranges need no extent (`log_range`).
+        if self.free_now() <= CLEANER_EXTENTS_MIN {
+            return Err(Error::NoSpace);
         }
         let q = self.alloc(cx)?;
         self.extents[q.extent as usize].state = ExtentState::Open;
@@ -501,12 +532,20 @@ impl State {
         let open_count = self.open.len();
         self.queue = queue.into_iter().skip(open_count).collect();
         self.free = free;
-        let _exclusive = cx.gate.write();
+        // Every released extent is already in the free list (and maybe the new queue): mark them
+        // all free before anything can fail, or a leftover "pending free" one would be released
+        // (and queued) again by the next checkpoint and handed out twice.
         for &e in &released {
             self.extents[e as usize].state = ExtentState::Free;
-            // Give the space back to the host (sparse file) or the device (discard).
-            cx.storage
-                .discard(cx.sb.extent_offset(e), u64::from(cx.sb.extent_bytes))?;
+        }
+        let _exclusive = cx.gate.write();
+        for &e in &released {
+            // Give the space back to the host (sparse file) or the device (discard). Best effort
+            // (format.md: a discard may take effect or not): a device that rejects it only keeps
+            // the space allocated, so its error must not fail the write that led here.
+            let _ = cx
+                .storage
+                .discard(cx.sb.extent_offset(e), u64::from(cx.sb.extent_bytes));
         }
         Ok(())
     }

@@ -591,13 +591,14 @@ impl Inner {
         if first_full >= end_full {
             return self.write_partial_range(offset, &vec![0u8; len as usize]);
         }
-        if offset < first_full * bs {
-            self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
-        }
+        // Whole blocks first: they free space the partial edges may need on a full volume.
         {
             let mut st = self.lock_for_write();
             let cx = self.ctx();
             st.put_range(&cx, kind, first_full, end_full - first_full)?;
+        }
+        if offset < first_full * bs {
+            self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
         }
         if end > end_full * bs {
             self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
