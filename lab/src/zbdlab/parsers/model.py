@@ -11,25 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from zbdlab.results.schema import IOZONE_OPERATIONS
+
 BYTES_PER_MB = 1024 * 1024
 THROUGHPUT_UNIT = "MB/s"
 
-# Canonical operation names (the RunRecord vocabulary) in the order IOzone prints them.
-IOZONE_OPERATIONS = (
-    "write",
-    "rewrite",
-    "read",
-    "reread",
-    "random_read",
-    "random_write",
-    "backward_read",
-    "record_rewrite",
-    "stride_read",
-    "fwrite",
-    "frewrite",
-    "fread",
-    "freread",
-)
 
 # Other spellings users type for `--detail`: the original tool's short names and IOzone's headings.
 _ALIASES = {

@@ -21,6 +21,25 @@ from typing import Any
 
 SCHEMA_VERSION = 2
 
+# The `operation` vocabulary of IOzone-style rows, in the order IOzone prints its columns. The last
+# four are IOzone's stdio variants (fwrite/fread through the C library); raw IOzone outputs carry
+# them, `zbdlab run` does not measure them.
+IOZONE_OPERATIONS = (
+    "write",
+    "rewrite",
+    "read",
+    "reread",
+    "random_read",
+    "random_write",
+    "backward_read",
+    "record_rewrite",
+    "stride_read",
+    "fwrite",
+    "frewrite",
+    "fread",
+    "freread",
+)
+
 
 @dataclass
 class RunRecord:

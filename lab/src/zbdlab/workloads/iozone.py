@@ -11,23 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zbdlab.results.schema import IOZONE_OPERATIONS as ALL_IOZONE_OPERATIONS
 from zbdlab.workloads.base import Cell, Measurement, RunContext, WorkloadConfigError
 from zbdlab.workloads.config import Table, format_size
 from zbdlab.workloads.fio import FIXED_SEED, FioRun, JobFile, data_options, measurement, run_fio
 
 # IOzone's order (-i 0 write/rewrite, 1 read/reread, 2 random read/write, 3 backward read,
 # 4 record rewrite, 5 stride read).
-IOZONE_OPERATIONS = (
-    "write",
-    "rewrite",
-    "read",
-    "reread",
-    "random_read",
-    "random_write",
-    "backward_read",
-    "record_rewrite",
-    "stride_read",
-)
+# The stdio variants (fwrite, ...) measure the C library, not the filesystem, and are not run.
+IOZONE_OPERATIONS = ALL_IOZONE_OPERATIONS[: ALL_IOZONE_OPERATIONS.index("stride_read") + 1]
 WRITES = {"write", "rewrite", "random_write", "record_rewrite"}
 IOZONE_STRIDE_RECORDS = 17  # IOzone's default stride (-j): 17 x record size
 
