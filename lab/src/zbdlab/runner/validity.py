@@ -15,6 +15,7 @@ from zbdlab.config import Study, TargetSpec
 CV_MAX = 0.10
 REPETITIONS_MIN = 5
 COMPRESSIBILITY_TOLERANCE = 0.25
+DEDUP_TOLERANCE = 0.25
 
 
 def _gib(n: float) -> str:
@@ -48,6 +49,21 @@ def compressibility(
     return (
         f"achieved compression ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
         f"{'above' if off > 0 else 'below'} the {what} {reference:.2f}"
+    )
+
+
+def dedup(target: TargetSpec, achieved: float | None, declared: float | None) -> str | None:
+    """The pool's dedup ratio against the data's declared one, on a ZFS target with dedup on. ZFS
+    deduplicates whole records: fio blocks smaller than the recordsize rarely make a whole record
+    repeat, and that is exactly the case this warning is meant to catch."""
+    if target.fs != "zfs" or target.dedup == "off" or achieved is None or not declared:
+        return None
+    off = achieved / declared - 1
+    if abs(off) <= DEDUP_TOLERANCE:
+        return None
+    return (
+        f"achieved dedup ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
+        f"{'above' if off > 0 else 'below'} the declared {declared:.2f}"
     )
 
 
