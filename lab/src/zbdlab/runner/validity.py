@@ -43,13 +43,7 @@ def compressibility(
     if not target.compression_under_test or achieved is None:
         return None
     reference, what = (declared, "declared") if declared else (realistic, "realistic-mix")
-    off = achieved / reference - 1
-    if abs(off) <= COMPRESSIBILITY_TOLERANCE:
-        return None
-    return (
-        f"achieved compression ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
-        f"{'above' if off > 0 else 'below'} the {what} {reference:.2f}"
-    )
+    return _far_off("compression", achieved, reference, what, COMPRESSIBILITY_TOLERANCE)
 
 
 def dedup(target: TargetSpec, achieved: float | None, declared: float | None) -> str | None:
@@ -58,12 +52,16 @@ def dedup(target: TargetSpec, achieved: float | None, declared: float | None) ->
     repeat, and that is exactly the case this warning is meant to catch."""
     if target.fs != "zfs" or target.dedup == "off" or achieved is None or not declared:
         return None
-    off = achieved / declared - 1
-    if abs(off) <= DEDUP_TOLERANCE:
+    return _far_off("dedup", achieved, declared, "declared", DEDUP_TOLERANCE)
+
+
+def _far_off(ratio: str, achieved: float, reference: float, what: str, tolerance: float) -> str | None:
+    off = achieved / reference - 1
+    if abs(off) <= tolerance:
         return None
     return (
-        f"achieved dedup ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
-        f"{'above' if off > 0 else 'below'} the declared {declared:.2f}"
+        f"achieved {ratio} ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
+        f"{'above' if off > 0 else 'below'} the {what} {reference:.2f}"
     )
 
 
