@@ -36,6 +36,12 @@ kind = "iozone"
 file_sizes = ["32M"]
 record_sizes = ["128K"]
 operations = ["write"]
+
+[workloads.dedup2-4k]
+kind = "iozone"
+file_sizes = ["8M"]
+record_sizes = ["4K"]
+operations = ["write"]
 """
 
 
@@ -52,7 +58,8 @@ def test_dedup_warning_only_on_a_dedup_target_far_from_the_declared_ratio() -> N
 @pytest.mark.needs_root
 def test_zfs_dedup_ratio_recorded_next_to_the_declared_one(tmp_path: Path, scratch: Path) -> None:
     """fio blocks of 128 KiB = ZFS records of 128 KiB: about half of the 256 records repeat an earlier
-    one, so the pool's dedupratio is about 2 (binomial spread about 4 %), and no dedup warning."""
+    one, so the pool's dedupratio is about 2 (binomial spread about 4 %), and no dedup warning; with
+    4 KiB fio blocks the same declaration is missed, and warned about."""
     study = tmp_path / "study.toml"
     study.write_text(STUDY.format(scratch=scratch))
     results = tmp_path / "results"
@@ -64,7 +71,9 @@ def test_zfs_dedup_ratio_recorded_next_to_the_declared_one(tmp_path: Path, scrat
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines() if line.strip()]
-    (write,) = rows
+    by_workload = {r["workload"]: r for r in rows}
+    assert sorted(by_workload) == ["dedup2", "dedup2-4k"] and len(rows) == 2
+    write = by_workload["dedup2"]
     assert write["data_kind"] == "synthetic:0:dedup50"
     assert write["declared_dedup_ratio"] == 2.0
     print(f"zpool dedupratio {write['dedup_ratio']} for declared {write['declared_dedup_ratio']}")
@@ -73,3 +82,12 @@ def test_zfs_dedup_ratio_recorded_next_to_the_declared_one(tmp_path: Path, scrat
     assert write["compression_ratio"] == pytest.approx(1.0, abs=0.05), "compression off"
     job = next((results / write["extra"]["raw_dir"]).glob("*.fio")).read_text()
     assert "dedupe_percentage=50" in job
+    # 4 KiB fio blocks in 128 KiB records: a record repeats only if all 32 of its blocks do, so ZFS
+    # finds almost nothing to dedup and the row says the declared 2:1 was missed
+    small = by_workload["dedup2-4k"]
+    print(f"4K blocks: zpool dedupratio {small['dedup_ratio']}, warnings {small['warnings']}")
+    assert small["declared_dedup_ratio"] == 2.0
+    assert small["dedup_ratio"] < 1.2
+    assert any(
+        w.startswith("achieved dedup ratio") and "below the declared 2.00" in w for w in small["warnings"]
+    )
