@@ -330,12 +330,17 @@ def _data_spec(
     t = _Table(source, prefix, table)
     kind = t.string("kind", default.kind, ("synthetic", "corpus", "tool"))
     pct = t.integer("compress_percentage", default.compress_percentage, lo=0, hi=100)
+    dedup = t.integer("dedupe_percentage", default.dedupe_percentage, lo=0, hi=100)
     corpus = t.string("corpus_dir", None)
     t.reject_unknown()
     corpus_dir = (base_dir / corpus) if corpus else default.corpus_dir
     if kind == "corpus" and corpus_dir is None:
         raise t.fail("corpus_dir", "missing (data kind 'corpus' needs corpus_dir, see `zbdlab corpus build`)")
-    return DataSpec(kind=kind, compress_percentage=pct, corpus_dir=corpus_dir)
+    if dedup and kind != "synthetic" and "dedupe_percentage" in table:
+        raise t.fail("dedupe_percentage", f"applies to synthetic data only, not kind {kind!r}")
+    if kind != "synthetic":
+        dedup = 0  # an inherited study-level value means nothing for corpus or tool data
+    return DataSpec(kind=kind, compress_percentage=pct, corpus_dir=corpus_dir, dedupe_percentage=dedup)
 
 
 def _workload(source: str, name: str, table: Any, data: DataSpec, base_dir: Path) -> WorkloadSpec:

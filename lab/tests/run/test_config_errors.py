@@ -95,6 +95,22 @@ CASES = [
         study('[[targets]]\nname = "x"\nfs = "xfs"\nsize = "128M"\n'),
         "study.toml: targets[0].size: xfs needs at least 300M per device",
     ),
+    (
+        study(head="version = 1\n[data]\ndedupe_percentage = 101"),
+        "study.toml: data.dedupe_percentage: must be at most 100, got 101",
+    ),
+    (
+        study(workloads=WORKLOAD + "[workloads.tiny.data]\ndedupe_percentage = -5\n"),
+        "study.toml: workloads.tiny.data.dedupe_percentage: must be at least 0, got -5",
+    ),
+    (
+        study(head='version = 1\n[data]\ndedupe_percentage = "half"'),
+        "study.toml: data.dedupe_percentage: expected an integer, got 'half'",
+    ),
+    (
+        study(head='version = 1\n[data]\nkind = "tool"\ndedupe_percentage = 50'),
+        "study.toml: data.dedupe_percentage: applies to synthetic data only, not kind 'tool'",
+    ),
 ]
 
 
@@ -124,6 +140,20 @@ def test_good_study_parses_with_defaults() -> None:
     assert (s.repetitions, s.cache, s.format, s.measures) == (5, "cold", "repetition", "disk")
     assert [t.compression_label for t in s.targets] == ["off", "btrfs:zstd:3"]
     assert s.workloads[0].data.declared_ratio == 2.0
+    assert (s.workloads[0].data.dedupe_percentage, s.workloads[0].data.declared_dedup_ratio) == (0, 1.0)
+
+
+def test_dedupe_percentage_is_inherited_and_overridden_per_workload() -> None:
+    s = parse_study(
+        study(
+            head="version = 1\n[data]\ncompress_percentage = 50\ndedupe_percentage = 50",
+            workloads=WORKLOAD + "[workloads.four]\nkind = 'custom'\nfactory = 'run_tinyload:make'\n"
+            "[workloads.four.data]\ndedupe_percentage = 75\n",
+        )
+    )
+    tiny, four = s.workloads
+    assert (tiny.data.declared_dedup_ratio, tiny.data.label) == (2.0, "synthetic:50:dedup50")
+    assert (four.data.declared_dedup_ratio, four.data.label) == (4.0, "synthetic:50:dedup75")
 
 
 @pytest.mark.needs_root

@@ -3,6 +3,7 @@ saved during the test, and the data written is as compressible as declared."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -30,6 +31,9 @@ def test_wl_data_options_are_explicit_and_refuse_non_synthetic_data() -> None:
         "buffer_compress_chunk": "4k",
         "fallocate": "none",
     }
+    assert "dedupe_percentage" not in options  # no dedup declared: fio's default (all unique)
+    dedup = data_options(DataSpec("synthetic", 60, dedupe_percentage=25))
+    assert dedup == {**options, "dedupe_percentage": 25, "dedupe_mode": "repeat"}
     with pytest.raises(WorkloadError, match="synthetic data only"):
         data_options(DataSpec("corpus", corpus_dir=Path("/x")))
     job = JobFile({"thread": True, "bs": "4k", **options})
@@ -121,3 +125,33 @@ def test_wl_measurement_sums_sequential_runs(tmp_path: Path, make_ctx) -> None: 
     assert len(m.commands) == 2 and all(c[0] == "fio" for c in m.commands)
     assert all(p.exists() for p in m.raw_files)
     assert hooks.calls == ["before:op0", "after:op0", "before:op1", "after:op1"]
+
+
+@pytest.mark.parametrize(("compress", "dedup", "declared"), [(0, 50, 2.0), (50, 75, 4.0)])
+def test_wl_written_data_deduplicates_as_declared(
+    ext4_dir: Path,
+    make_ctx,
+    compress: int,
+    dedup: int,
+    declared: float,  # type: ignore[no-untyped-def]
+) -> None:
+    """Read back an iozone write of 4 KiB records and hash its 4 KiB blocks: dedupe_percentage=p makes
+    about p % of them repeat an earlier block (ratio 100/(100-p)), and the unique blocks keep the
+    declared compressibility."""
+    workload = from_config("iozone", {"file_sizes": ["8M"], "record_sizes": ["4K"], "operations": ["write"]})
+    workload.keep_files = True  # type: ignore[attr-defined]
+    data = DataSpec("synthetic", compress, dedupe_percentage=dedup)
+    assert data.declared_dedup_ratio == declared
+    ctx, _ = make_ctx(ext4_dir, data)
+    workload.execute(workload.cells()[0], ctx)
+    raw = (ext4_dir / "iozone" / "iozone.0").read_bytes()
+    blocks = [raw[i : i + 4096] for i in range(0, len(raw), 4096)]
+    unique = {hashlib.sha256(b).digest(): b for b in blocks}
+    assert len(blocks) == 2048
+    # binomial over 2048 blocks: the standard deviation of the ratio is about 2 % (2:1) and 4 % (4:1)
+    assert len(blocks) / len(unique) == pytest.approx(declared, rel=0.15)
+    zstd = zstandard.ZstdCompressor(level=3).compress
+    stored = sum(min(4096, len(zstd(b))) for b in unique.values())
+    assert len(unique) * 4096 / stored == pytest.approx(100 / (100 - compress), rel=0.12)
+    text = (ctx.raw_dir / f"{workload.cells()[0].key}-write.fio").read_text()
+    assert f"dedupe_percentage={dedup}" in text and f"buffer_compress_percentage={compress}" in text

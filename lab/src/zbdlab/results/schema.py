@@ -12,6 +12,8 @@ Version history of `schema_version`:
   2  adds unit_id, target_kind, compression, cpu_iowait_s, fuse_bound, order_index (all optional;
      a version-1 row reads as version 2 with them unset). Also written: commands.jsonl (every tool
      argv), plan.json (seed and run order) and warnings.json (study-level validity warnings).
+     Later additions within version 2 (optional, unset in older rows): declared_dedup_ratio and
+     dedup_ratio.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class RunRecord:
     cpu_iowait_s: float | None = None
     fuse_bound: bool = False  # measured through FUSE (zfs-fuse): speed bounded by FUSE, not the fs
     order_index: int | None = None  # position of the unit in the executed order
+    # added within version 2
+    declared_dedup_ratio: float | None = None  # dedup ratio the data was declared to have, if synthetic
+    dedup_ratio: float | None = None  # achieved: ZFS pool dedupratio (None where not measured)
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -412,6 +412,11 @@ class Runner:
             )
             if comp:
                 warnings.append(comp)
+            declared_dedup = spec.data.declared_dedup_ratio if not label else None
+            dedup_ratio = space.extra.get("dedup_ratio")
+            dedup_warning = validity.dedup(target, dedup_ratio, declared_dedup)
+            if dedup_warning:
+                warnings.append(dedup_warning)
             if not d:
                 warnings.append(
                     "the workload did not report this operation's start/end: no CPU or device I/O"
@@ -449,7 +454,6 @@ class Runner:
                         "raw_dir": f"raw/{run_id}",
                         "unit_raw_dir": f"raw/{unit.unit_id}",
                         "ratio_source": space.extra.get("ratio_source"),
-                        "dedup_ratio": space.extra.get("dedup_ratio"),
                         "frontend_bytes_read": d.get("frontend_bytes_read"),
                         "frontend_bytes_written": d.get("frontend_bytes_written"),
                     },
@@ -458,6 +462,8 @@ class Runner:
                     compression=target.compression_label,
                     fuse_bound=inst.fuse_bound,
                     order_index=index,
+                    declared_dedup_ratio=declared_dedup,
+                    dedup_ratio=dedup_ratio,
                 )
             )
         return records

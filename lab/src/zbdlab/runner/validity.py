@@ -15,6 +15,7 @@ from zbdlab.config import Study, TargetSpec
 CV_MAX = 0.10
 REPETITIONS_MIN = 5
 COMPRESSIBILITY_TOLERANCE = 0.25
+DEDUP_TOLERANCE = 0.25
 
 
 def _gib(n: float) -> str:
@@ -42,11 +43,24 @@ def compressibility(
     if not target.compression_under_test or achieved is None:
         return None
     reference, what = (declared, "declared") if declared else (realistic, "realistic-mix")
+    return _far_off("compression", achieved, reference, what, COMPRESSIBILITY_TOLERANCE)
+
+
+def dedup(target: TargetSpec, achieved: float | None, declared: float | None) -> str | None:
+    """The pool's dedup ratio against the data's declared one, on a ZFS target with dedup on. ZFS
+    deduplicates whole records: fio blocks smaller than the recordsize rarely make a whole record
+    repeat, and that is exactly the case this warning is meant to catch."""
+    if target.fs != "zfs" or target.dedup == "off" or achieved is None or not declared:
+        return None
+    return _far_off("dedup", achieved, declared, "declared", DEDUP_TOLERANCE)
+
+
+def _far_off(ratio: str, achieved: float, reference: float, what: str, tolerance: float) -> str | None:
     off = achieved / reference - 1
-    if abs(off) <= COMPRESSIBILITY_TOLERANCE:
+    if abs(off) <= tolerance:
         return None
     return (
-        f"achieved compression ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
+        f"achieved {ratio} ratio {achieved:.2f} is {abs(off) * 100:.0f} % "
         f"{'above' if off > 0 else 'below'} the {what} {reference:.2f}"
     )
 

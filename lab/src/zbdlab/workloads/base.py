@@ -26,11 +26,14 @@ class DataSpec:
     kind: str = "synthetic"
     compress_percentage: int = 50  # synthetic: fio buffer_compress_percentage
     corpus_dir: Path | None = None  # corpus: directory of real files to copy / draw from
+    # synthetic: fio dedupe_percentage, the share of written blocks (fio's bs) that repeat an earlier one
+    dedupe_percentage: int = 0
 
     @property
     def label(self) -> str:
         if self.kind == "synthetic":
-            return f"synthetic:{self.compress_percentage}"
+            dedup = f":dedup{self.dedupe_percentage}" if self.dedupe_percentage else ""
+            return f"synthetic:{self.compress_percentage}{dedup}"
         if self.kind == "corpus":
             return f"corpus:{self.corpus_dir.name if self.corpus_dir else '?'}"
         return self.kind
@@ -40,6 +43,15 @@ class DataSpec:
         """The compression ratio the data was declared to have, when it is synthetic."""
         if self.kind == "synthetic":
             return 100.0 / max(1, 100 - self.compress_percentage)
+        return None
+
+    @property
+    def declared_dedup_ratio(self) -> float | None:
+        """The dedup ratio the data was declared to have, when it is synthetic: 100 / (100 - p).
+        It holds at the granularity of fio's block size; a target deduplicating larger blocks
+        (a ZFS record of several fio blocks) finds fewer duplicates."""
+        if self.kind == "synthetic":
+            return 100.0 / max(1, 100 - self.dedupe_percentage)
         return None
 
 

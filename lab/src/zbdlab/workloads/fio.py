@@ -2,7 +2,8 @@
 
 Data is always set explicitly: fio's default buffers compress about 11:1, and `buffer_pattern` from a
 file repeats a short prefix, so every job carries `refill_buffers=1`, `buffer_compress_percentage=<p>`,
-`buffer_compress_chunk=4k` and `fallocate=none` (see `data_options`).
+`buffer_compress_chunk=4k` and `fallocate=none`, plus `dedupe_percentage=<p>` when the data declares
+duplicates (see `data_options`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,20 @@ def data_options(data: DataSpec) -> dict[str, Any]:
         )
     if not 0 <= data.compress_percentage <= 100:
         raise WorkloadError(f"buffer_compress_percentage {data.compress_percentage} is not in 0..100")
-    return {
+    options: dict[str, Any] = {
         "refill_buffers": 1,
         "buffer_compress_percentage": data.compress_percentage,
         "buffer_compress_chunk": "4k",
         "fallocate": "none",
     }
+    if data.dedupe_percentage:
+        if not 0 < data.dedupe_percentage <= 100:
+            raise WorkloadError(f"dedupe_percentage {data.dedupe_percentage} is not in 0..100")
+        # p % of the buffers (one per fio block, bs) repeat an earlier buffer; `repeat` (fio's default,
+        # set explicitly) keeps the unique blocks' contents and compressibility as without dedup.
+        options["dedupe_percentage"] = data.dedupe_percentage
+        options["dedupe_mode"] = "repeat"
+    return options
 
 
 @dataclass
