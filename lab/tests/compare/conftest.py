@@ -166,6 +166,7 @@ def write_results_dir(
                             backing_bytes_written=int(written * (0.5 if "zbd" in target else 1.0)),
                             physical_bytes_used=written // 2,
                             compression_ratio=2.0 if "zbd" in target else 1.0,
+                            dedup_ratio=1.5 if "zbd" in target else None,
                             latency_p99_us=100.0 / factor,
                             discarded=rep == 0,
                         )

@@ -30,6 +30,7 @@ def test_parse_results_dir_targets_in_study_order_and_discarded_excluded(tmp_pat
     sample = data.samples[0]
     assert sample.metrics["write_amplification"] == pytest.approx(0.5)
     assert sample.metrics["compression_ratio"] == 2.0
+    assert sample.metrics["dedup_ratio"] == 1.5
     moved = kept[0]["logical_bytes_written"]
     assert sample.metrics["cpu_s_per_gb"] == pytest.approx(0.04 / (moved / 1e9))
 

@@ -104,6 +104,8 @@ def _metrics(r: RunRecord) -> dict[str, float]:
         m["physical_mb"] = r.physical_bytes_used / BYTES_PER_MB
     if r.compression_ratio is not None:
         m["compression_ratio"] = float(r.compression_ratio)
+    if r.dedup_ratio is not None:
+        m["dedup_ratio"] = float(r.dedup_ratio)
     for name in ("latency_p50_us", "latency_p95_us", "latency_p99_us", "latency_p999_us"):
         value = getattr(r, name)
         if value is not None:

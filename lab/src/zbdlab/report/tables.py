@@ -23,6 +23,7 @@ METRIC_LABELS = {
     "write_amplification": "backing bytes written per byte written",
     "physical_mb": "physical space used (MB)",
     "compression_ratio": "compression ratio",
+    "dedup_ratio": "dedup ratio (ZFS pool)",
     "latency_p50_us": "latency p50 (us)",
     "latency_p95_us": "latency p95 (us)",
     "latency_p99_us": "latency p99 (us)",
