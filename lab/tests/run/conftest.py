@@ -37,6 +37,11 @@ def zbdlab_argv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from zbdlab.cli import main; main()", *args]
 
 
+def run_zbdlab(*args: str) -> subprocess.CompletedProcess[str]:
+    """`zbdlab ARGS...` in a child process (so signals, exit codes and cleanup are real)."""
+    return subprocess.run(zbdlab_argv(*args), env=zbdlab_env(), capture_output=True, text=True)
+
+
 def mounts_under(path: Path) -> list[str]:
     prefix = str(path)
     with open("/proc/self/mounts", encoding="utf-8") as f:

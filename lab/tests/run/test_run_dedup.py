@@ -4,11 +4,10 @@ dedup on (zfs-fuse here), records the pool's achieved dedup ratio next to the de
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import zbdlab_argv, zbdlab_env
+from conftest import run_zbdlab
 
 from zbdlab.config import TargetSpec
 from zbdlab.runner import validity
@@ -63,12 +62,7 @@ def test_zfs_dedup_ratio_recorded_next_to_the_declared_one(tmp_path: Path, scrat
     study = tmp_path / "study.toml"
     study.write_text(STUDY.format(scratch=scratch))
     results = tmp_path / "results"
-    proc = subprocess.run(
-        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
-        env=zbdlab_env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = run_zbdlab("run", str(study), "-o", str(results), "--no-report")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines() if line.strip()]
     by_workload = {r["workload"]: r for r in rows}

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import loops_over, mounts_under, zbdlab_argv, zbdlab_env
+from conftest import loops_over, mounts_under, run_zbdlab, zbdlab_argv, zbdlab_env
 
 from zbdlab.targets.zbd import zbd_problem
 
@@ -85,9 +85,7 @@ def assert_nothing_left(results: Path, scratch: Path) -> None:
 def test_tiny_study_end_to_end(tmp_path: Path, scratch: Path) -> None:
     study = write_study(tmp_path, scratch)
     results = tmp_path / "results"
-    proc = subprocess.run(
-        zbdlab_argv("run", str(study), "-o", str(results)), env=zbdlab_env(), capture_output=True, text=True
-    )
+    proc = run_zbdlab("run", str(study), "-o", str(results))
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = rows_of(results)
     assert len(rows) == 2 * 2 * 2  # targets x repetitions x operations (write, read)
@@ -167,12 +165,7 @@ def test_resume_after_kill_skips_recorded_runs(tmp_path: Path, scratch: Path, si
     before = {r["run_id"]: r for r in rows_of(results)}
     assert 2 <= len(before) < 2 * 3 * 2 * 2, "interrupted part-way"
 
-    done = subprocess.run(
-        zbdlab_argv("run", str(study), "-o", str(results), "--resume", "--no-report"),
-        env=zbdlab_env(),
-        capture_output=True,
-        text=True,
-    )
+    done = run_zbdlab("run", str(study), "-o", str(results), "--resume", "--no-report")
     assert done.returncode == 0, done.stderr + done.stdout
     lines = [json.loads(line) for line in runs.read_text().splitlines() if line.strip()]
     ids = [r["run_id"] for r in lines]
@@ -193,9 +186,7 @@ def test_failing_workload_leaves_nothing_behind(tmp_path: Path, scratch: Path) -
         tmp_path, scratch, reps=2, fmt="once", more=f"{zfs}\n{raid}", wl="fail_on_execution = 5"
     )
     results = tmp_path / "results"
-    proc = subprocess.run(
-        zbdlab_argv("run", str(study), "-o", str(results)), env=zbdlab_env(), capture_output=True, text=True
-    )
+    proc = run_zbdlab("run", str(study), "-o", str(results))
     assert proc.returncode == 1, proc.stderr + proc.stdout
     assert "run failed" in proc.stderr and "fio read exited" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -214,12 +205,7 @@ def test_ext4_on_zbd_end_to_end(tmp_path: Path, scratch: Path) -> None:
     zbd = '[[targets]]\nname = "ext4-zbd"\nfs = "ext4"\nsize = "256M"\n[targets.zbd]\ncodec = "lz4"'
     study = write_study(tmp_path, scratch, reps=1, more=zbd)
     results = tmp_path / "results"
-    proc = subprocess.run(
-        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
-        env=zbdlab_env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = run_zbdlab("run", str(study), "-o", str(results), "--no-report")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = [r for r in rows_of(results) if r["target"] == "ext4-zbd"]
     assert {r["operation"] for r in rows} == {"write", "read"}
