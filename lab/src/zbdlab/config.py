@@ -15,9 +15,12 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zbdlab.app import UserError
+
+if TYPE_CHECKING:
+    from zbdlab.throttle import Throttle
 from zbdlab.workloads.base import DataSpec
 
 STUDY_VERSION = 1
@@ -75,6 +78,8 @@ class TargetSpec:
     zbd: ZbdSpec | None = None
     # a real device instead of loop images, only with allow_real_device = true
     real_devices: tuple[str, ...] = ()
+    # images on a device limited in bandwidth and latency (zbdlab.throttle)
+    throttle: Throttle | None = None
 
     @property
     def kind(self) -> str:
@@ -446,10 +451,14 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
         real_devices = tuple(paths)
     elif allow_real:
         raise t.fail("allow_real_device", 'set, but no device = "/dev/..." is named')
+    throttle_table = t.table("throttle")
+    throttle = _throttle(source, index, throttle_table) if throttle_table is not None else None
+    if throttle and real_devices:
+        raise t.fail("throttle", "throttles loop images only, not a real device")
     t.reject_unknown(
         (
             "name fs size devices mkfs_options mount_options compress compress_force raid metadata_raid "
-            "layout compression dedup recordsize zbd device allow_real_device"
+            "layout compression dedup recordsize zbd device allow_real_device throttle"
         ).split()
     )
     return TargetSpec(
@@ -461,6 +470,7 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
         mount_options=mount_options,
         zbd=zbd,
         real_devices=real_devices,
+        throttle=throttle,
         **kwargs,
     )
 
@@ -531,3 +541,22 @@ def _zbd(source: str, index: int, table: dict[str, Any], size: int) -> ZbdSpec:
     logical = t.size("logical_size", None)
     t.reject_unknown()
     return ZbdSpec(codec=codec, extent_size_bytes=extent, logical_size_bytes=logical)
+
+
+def _throttle(source: str, index: int, table: dict[str, Any]) -> Throttle:
+    # imported here: zbdlab.throttle imports the targets package, which imports this module
+    from zbdlab.throttle import Throttle as _Throttle
+    from zbdlab.throttle import ThrottleError, parse_latency, parse_rate
+
+    t = _Table(source, f"targets[{index}].throttle", table)
+    try:
+        rate = parse_rate(t.raw("rate"))
+        latency = parse_latency(t.raw("latency"))
+    except ThrottleError as exc:
+        raise t.fail(exc.key, exc.problem) from None
+    t.reject_unknown(("rate", "latency"))
+    if rate is None and not latency:
+        raise ConfigError(
+            source, t.prefix, 'sets neither rate nor latency (e.g. { rate = "100M", latency = "2ms" })'
+        )
+    return _Throttle(rate_bytes=rate, latency_ms=latency)

@@ -102,3 +102,18 @@ def test_ext4_on_zbd_provision(scratch: Path) -> None:
     seen = exercise(target('name = "z"\nfs = "ext4"\nsize = "256M"\n[targets.zbd]\ncodec = "lz4"'), scratch)
     assert seen["remount"]["zbd_restarted"]
     assert seen["space"].compression_ratio > 1.5
+
+
+def test_throttled_ext4_provision(scratch: Path) -> None:
+    from zbdlab.throttle import throttle_problem
+
+    if throttle_problem():
+        pytest.skip(str(throttle_problem()))
+    spec = target('name = "t"\nfs = "ext4"\nsize = "128M"\nthrottle = { rate = "64M", latency = "1ms" }')
+    seen = exercise(spec, scratch)
+    assert seen["remount"]["remounted"]
+    # the device was a loop over nbdfuse's file, in the instance's own directory (found by --resume)
+    assert seen["backing"][0].startswith("/dev/loop")
+    assert not list(scratch.rglob("thr-*")), "the throttled device's directory is removed"
+    leftover = subprocess.run(["pgrep", "-f", f"nbdkit .*{scratch}"], capture_output=True, text=True)
+    assert leftover.stdout == "", "nbdkit stopped"
