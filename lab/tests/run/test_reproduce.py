@@ -139,9 +139,12 @@ def test_quick_only_one_figure_end_to_end(tmp_path: Path) -> None:
     page = (out / "reproduction.md").read_text()
     assert "## 001-compare" in page and "Verdict:" in page
     assert (out / "reproduction.html").read_text().count("<h2") == 1
-    # everything the study made is gone: mounts, loop devices over its images
-    assert not mounts_under(out)
-    assert not loops_over([str(p) for p in out.rglob("*.img")])
+    # everything the study made is gone: its scratch directory (images, mounts), loop devices
+    plan = json.loads((out / "001-compare" / "study" / "plan.json").read_text())
+    for scratch in plan["scratch_dirs"]:
+        assert not Path(scratch).exists(), scratch
+        assert not mounts_under(Path(scratch))
+        assert not loops_over([f"{scratch}/"]), scratch
     # a second run resumes: the stored outcome is kept, nothing runs again
     again = run_zbdlab("reproduce", "--quick", "--only", "001-compare", "-o", str(out))
     assert again.returncode == 0 and "already reproduced" in again.stderr

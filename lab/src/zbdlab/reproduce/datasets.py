@@ -32,6 +32,7 @@ class DataSet:
     bytes: int
     gzip_files_savings: float
     gzip_tar_savings: float
+    tar: Path  # the set as one archive (what block-level compression sees, in order)
 
 
 def _files_with(suffixes: tuple[str, ...], cap: int) -> list[Path]:
@@ -68,14 +69,13 @@ def _changelogs(cap: int) -> bytes:
     return out.getvalue()[:cap]
 
 
-def _gzip_savings(paths: list[Path], root: Path) -> tuple[float, float]:
+def _gzip_savings(paths: list[Path], root: Path, tar_path: Path) -> tuple[float, float]:
     raw = sum(p.stat().st_size for p in paths)
     per_file = sum(len(gzip.compress(p.read_bytes(), compresslevel=6)) for p in paths)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    with tarfile.open(tar_path, mode="w") as tar:
         for p in paths:
             tar.add(p, arcname=str(p.relative_to(root)))
-    archive = len(gzip.compress(buffer.getvalue(), compresslevel=6))
+    archive = len(gzip.compress(tar_path.read_bytes(), compresslevel=6))
     return 100 * (1 - per_file / raw), 100 * (1 - archive / raw)
 
 
@@ -111,8 +111,9 @@ def build(directory: Path, quick: bool) -> list[DataSet]:
         if size < MIN_BYTES:
             shutil.rmtree(dest)
             return
-        per_file, archive = _gzip_savings(paths, dest)
-        sets.append(DataSet(name, label, dest, f"{origin}, {len(paths)} files", size, per_file, archive))
+        tar = directory / f"{name}.tar"
+        per_file, archive = _gzip_savings(paths, dest, tar)
+        sets.append(DataSet(name, label, dest, f"{origin}, {len(paths)} files", size, per_file, archive, tar))
 
     def mail(dest: Path) -> list[Path]:
         # split into "messages" of ~8 KB, like a maildir, so file-level gzip sees files of mail size

@@ -163,7 +163,7 @@ size = "1G"
 
 [workloads.iozone]
 kind = "iozone"
-file_sizes = {'["4M", "64M"]' if quick else '["4M", "16M", "64M", "256M"]'}
+file_sizes = {'["4M", "16M"]' if quick else '["4M", "16M", "64M", "256M"]'}
 record_sizes = {'["64K", "1M"]' if quick else '["16K", "64K", "256K", "1M"]'}
 operations = ["write", "reread"]
 """
