@@ -86,7 +86,7 @@ throttle = {THROTTLE}
     return f"""# zbdlab reproduce 000: ZFS/btrfs compression on vs off, IOzone, throttled disks
 version = 1
 name = "repro-000"
-repetitions = {2 if quick else 6}
+repetitions = {1 if quick else 6}
 cache = "cold"
 seed = 2014
 [data]
@@ -166,7 +166,7 @@ REPRO = Reproduction(
     scaling=lambda quick: (
         "one throttled disk per disk (100 MiB/s, 1 ms per request); data 90 % compressible; "
         + (
-            "files 64 MiB, records 128K and 1M, 2 repetitions, single disk only"
+            "files 64 MiB, records 128K and 1M, 1 repetition, single disk only"
             if quick
             else "files 64 and 256 MiB, records 128K..1M, 6 repetitions, 1..2 threads"
         )

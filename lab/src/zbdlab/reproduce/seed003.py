@@ -33,7 +33,7 @@ def study(quick: bool) -> str:
     workloads = "\n".join(
         f"""[workloads.{name}]
 kind = "iozone"
-file_sizes = ["{"64M" if quick else "256M"}"]
+file_sizes = ["{"32M" if quick else "256M"}"]
 record_sizes = ["128K"]
 operations = ["write"]
 [workloads.{name}.data]
@@ -173,7 +173,7 @@ REPRO = Reproduction(
     seed_setup="vdbench on a ZFS pool (ZFS on Linux, lz4) in a VM; 10 files of 20 MB (dedup), 7 of 500 MB (compression)",
     scaling=lambda quick: (
         "fio writes of "
-        + ("64 MiB" if quick else "256 MiB")
+        + ("32 MiB" if quick else "256 MiB")
         + " per data set, 128 KiB records (= ZFS recordsize, so a repeated block is a repeated record)"
     ),
     measure=measure,

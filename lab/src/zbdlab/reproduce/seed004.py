@@ -28,22 +28,24 @@ def study(quick: bool) -> str:
     def target(name: str, fs: str, extra: str = "", devices: int = 1) -> str:
         return f'[[targets]]\nname = "{name}"\nfs = "{fs}"\nsize = "1G"\ndevices = {devices}\nthrottle = {THROTTLE}\n{extra}\n'
 
-    targets = [target("btrfs", "btrfs"), target("zfs", "zfs"), target("ext4", "ext4"), target("xfs", "xfs")]
+    targets = [target("btrfs", "btrfs"), target("zfs", "zfs")]
     if not quick:
         targets += [
+            target("ext4", "ext4"),
+            target("xfs", "xfs"),
             target("btrfs-raid10", "btrfs", 'raid = "raid10"', 4),
             target("zfs-raid10", "zfs", 'layout = "raid10"', 4),
             target("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 4),
             target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
-        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.02 if quick else 0.05}\nruntime_s = {10 if quick else 30}\n'
+        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.02 if quick else 0.05}\nruntime_s = {5 if quick else 30}\n'
         for p in PERSONALITIES
     )
     return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
 version = 1
 name = "repro-004"
-repetitions = {3 if quick else 20}
+repetitions = {2 if quick else 20}
 cache = "warm"
 seed = 2015
 [data]
@@ -86,7 +88,8 @@ def compare(seed: Table, ours: Measured) -> Verdict:
         ("oltp (MB/s)", "ZFS faster than btrfs"),
     ):
         values = {r[0]: r[ours.table.columns.index(column)] for r in ours.table.rows[:4]}
-        if any(math.isnan(v) for v in values.values()):
+        values = {k: v for k, v in values.items() if not math.isnan(v)}
+        if "btrfs" not in values or "ZFS" not in values:
             verdicts.append(Verdict(DIFFERENT, f"{column}: not all file systems measured"))
             continue
         if column.startswith("fileserver"):
@@ -117,7 +120,7 @@ REPRO = Reproduction(
     scaling=lambda quick: (
         "a throttled disk per disk (100 MiB/s, 4 ms per request); data sets at "
         + (
-            "1/50, 10 s, 3 runs (first discarded), single disk only"
+            "1/50, 5 s, 2 runs (first discarded), btrfs and ZFS on a single disk only"
             if quick
             else "1/20, 30 s, 20 runs (first discarded), with RAID 10 and RAID 5 rows"
         )

@@ -242,8 +242,10 @@ class Runner:
         env["targets"] = {t.name: _target_options(t) for t in self.study.targets}
         if any(t.throttle for t in self.study.targets):
             # what the nbdkit + nbdfuse + loop chain costs by itself, so throttled numbers can be read
-            self.console.print("measuring the throttled devices' own overhead (fio, about 20 s)")
-            env["throttle_overhead"] = throttle.measure_overhead(self.study.scratch_dir or Path("/var/tmp"))
+            self.console.print("measuring the throttled devices' own overhead (fio, about 15 s)")
+            env["throttle_overhead"] = throttle.measure_overhead(
+                self.study.scratch_dir or Path("/var/tmp"), runtime_s=1
+            )
         env["start_time"] = time.time()
         store.write_json("environment.json", env)
 
