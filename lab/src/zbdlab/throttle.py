@@ -38,7 +38,7 @@ from zbdlab.app import HostError
 from zbdlab.config import parse_size
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands, stop_process, wait_for
-from zbdlab.targets.devices import create_loop
+from zbdlab.targets.devices import create_loop, detach_loops
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?(?:/s)?\s*$", re.IGNORECASE)
 _LATENCY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s)\s*$")
@@ -296,14 +296,9 @@ def _is_mountpoint(path: Path) -> bool:
 
 
 def _detach(cmds: Commands, backing_file: Path) -> None:
-    """Detach the loop devices over our own FUSE file (never anyone else's)."""
-    if not backing_file.parent.exists() or not _is_mountpoint(backing_file.parent):
-        return
-    listed = cmds.run(["losetup", "-j", str(backing_file)], check=False).stdout
-    for line in listed.splitlines():
-        device = line.split(":", 1)[0]
-        if device.startswith("/dev/loop"):
-            cmds.run(["losetup", "-d", device])
+    """Detach the loop devices over our own FUSE file, while its mount (and so the file) exists."""
+    if backing_file.parent.exists() and _is_mountpoint(backing_file.parent):
+        detach_loops(cmds, backing_file)
 
 
 # --- measuring the device ---------------------------------------------------------------------------
