@@ -77,7 +77,7 @@ throttle = {THROTTLE}
         ]
     )
     files = '["64M"]' if quick else '["64M", "256M"]'
-    records = '["128K", "1M"]' if quick else '["128K", "256K", "512K", "1M"]'
+    records = '["1M"]' if quick else '["128K", "256K", "512K", "1M"]'
     threads = (
         ""
         if quick
@@ -166,7 +166,7 @@ REPRO = Reproduction(
     scaling=lambda quick: (
         "one throttled disk per disk (100 MiB/s, 1 ms per request); data 90 % compressible; "
         + (
-            "files 64 MiB, records 128K and 1M, 1 repetition, single disk only"
+            "files 64 MiB, record 1M, 1 repetition, single disk only"
             if quick
             else "files 64 and 256 MiB, records 128K..1M, 6 repetitions, 1..2 threads"
         )

@@ -39,7 +39,7 @@ def postmark_study(quick: bool) -> str:
     )
     # thesis: files of 8..16 KiB, 131,072 files, 4 transactions per file, read:append 10:1 (bias_read 9,
     # the nearest in PostMark's tenths), create:delete 5:1 (bias_create 8)
-    number = 8192 if quick else 32768
+    number = 4096 if quick else 32768
     return f"""# zbdlab reproduce 001-postmark: the thesis' PostMark configuration, scaled
 version = 1
 name = "repro-001-postmark"
@@ -124,7 +124,7 @@ POSTMARK = Reproduction(
     "read:append 10:1, create:delete 5:1; medians over several Beaker jobs of 5 runs",
     scaling=lambda quick: (
         (
-            "8,192 files and 32,768 transactions, 2 repetitions"
+            "4,096 files and 16,384 transactions, 2 repetitions"
             if quick
             else "32,768 files and 131,072 transactions, 5 repetitions"
         )
@@ -144,7 +144,7 @@ def iozone_study(quick: bool) -> str:
     return f"""# zbdlab reproduce 001-compare: IOzone on Ext4 and XFS (buffered), for zbdlab compare
 version = 1
 name = "repro-001-iozone"
-repetitions = {3 if quick else 5}
+repetitions = {2 if quick else 5}
 cache = "cold"
 seed = 2011
 [data]
@@ -252,7 +252,7 @@ COMPARE = Reproduction(
     scaling=lambda quick: (
         "files "
         + (
-            "4 and 64 MiB, records 64K and 1M, 3 repetitions"
+            "4 and 16 MiB, records 64K and 1M, 2 repetitions"
             if quick
             else "4..256 MiB, records 16K..1M, 5 repetitions"
         )

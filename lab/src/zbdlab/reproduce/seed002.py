@@ -515,7 +515,7 @@ compress_percentage = 50
 [workloads.fileserver]
 kind = "fileserver"
 scale = {0.02 if quick else 0.1}
-runtime_s = {15 if quick else 60}
+runtime_s = {10 if quick else 60}
 """
 
 
@@ -609,7 +609,7 @@ FIG11 = Reproduction(
     seed_setup=f"SPEC SFS 2008 (CIFS) at 3,400 ops/s; {PLATFORM}",
     scaling=lambda quick: (
         f"{THROTTLE_TEXT}; "
-        + ("15 s at data-set scale 0.02, 1 repetition" if quick else "60 s at scale 0.1, 3 repetitions")
+        + ("10 s at data-set scale 0.02, 1 repetition" if quick else "60 s at scale 0.1, 3 repetitions")
     ),
     measure=fig11_measure,
     compare=fig11_compare,

@@ -39,7 +39,7 @@ def study(quick: bool) -> str:
             target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
-        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.02 if quick else 0.05}\nruntime_s = {5 if quick else 30}\n'
+        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.05}\nruntime_s = {5 if quick else 30}\n'
         for p in PERSONALITIES
     )
     return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
@@ -120,7 +120,7 @@ REPRO = Reproduction(
     scaling=lambda quick: (
         "a throttled disk per disk (100 MiB/s, 4 ms per request); data sets at "
         + (
-            "1/50, 5 s, 2 runs (first discarded), btrfs and ZFS on a single disk only"
+            "3/100, 5 s, 2 runs (first discarded), btrfs and ZFS on a single disk only"
             if quick
             else "1/20, 30 s, 20 runs (first discarded), with RAID 10 and RAID 5 rows"
         )
