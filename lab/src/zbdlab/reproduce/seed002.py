@@ -405,7 +405,7 @@ compress_percentage = 50
 {postmark_table(quick)}
 [workloads.randread]
 kind = "iozone"
-file_sizes = ["{"64M" if quick else "256M"}"]
+file_sizes = ["{"16M" if quick else "256M"}"]
 record_sizes = ["4K"]
 operations = ["write", "random_read"]
 direct = true
@@ -472,7 +472,8 @@ FIG10 = Reproduction(
     scaling=lambda quick: (
         f"{THROTTLE_TEXT}; extents "
         + ", ".join(EXTENTS_QUICK if quick else EXTENTS_FULL)
-        + "; PostMark as in 002-fig2"
+        + "; PostMark as in 002-fig2; random reads over a "
+        + ("16 MiB file, 1 repetition" if quick else "256 MiB file, 3 repetitions")
     ),
     measure=fig10_measure,
     compare=fig10_compare,
