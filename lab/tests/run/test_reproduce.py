@@ -157,3 +157,27 @@ def test_unknown_only_is_a_one_line_error(tmp_path: Path) -> None:
         proc.stderr.strip().splitlines() == [proc.stderr.strip()]
         and "no reproduction named 'nope'" in proc.stderr
     )
+
+
+def test_every_generated_study_is_valid_at_both_sizes() -> None:
+    """Each entry's study files parse and their workloads build (what `zbdlab run` checks before it
+    touches a device), quick and full: a mistake shows here, not 20 minutes into a reproduction."""
+    from zbdlab.config import parse_study
+    from zbdlab.reproduce import seed000, seed001, seed002, seed003, seed004
+    from zbdlab.runner import factory
+
+    makers = [
+        seed002.fig2_study,
+        seed002.fig10_study,
+        seed002.fig11_study,
+        seed000.study,
+        seed001.postmark_study,
+        seed001.iozone_study,
+        seed003.study,
+        seed004.study,
+    ]
+    for make in makers:
+        for quick in (True, False):
+            study = parse_study(make(quick), source=f"{make.__module__}.{make.__name__}")
+            for spec in study.workloads:
+                assert list(factory.build(study.source, spec).cells()), (make.__name__, spec.name)

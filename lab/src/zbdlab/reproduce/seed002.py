@@ -275,16 +275,10 @@ bias_read = 4
 """
 
 
-def fig2_study(quick: bool) -> str:
-    size = "2G" if quick else "8G"
-    reps = 1 if quick else 5
-    targets = "\n".join(
-        f"""[[targets]]
-name = "{name}"
-fs = "xfs"
-size = "{size}"
-throttle = {THROTTLE}
-{zbd}"""
+def native_and_zbd_targets(size: str) -> str:
+    """XFS on the throttled disk, and XFS on a zbd volume with lzo, zlib-1 and no compression on it."""
+    return "\n".join(
+        f'[[targets]]\nname = "{name}"\nfs = "xfs"\nsize = "{size}"\nthrottle = {THROTTLE}\n{zbd}'
         for name, zbd in (
             ("native", ""),
             ("zbd-lzo", '[targets.zbd]\ncodec = "lzo"\n'),
@@ -292,6 +286,12 @@ throttle = {THROTTLE}
             ("zbd-none", '[targets.zbd]\ncodec = "none"\n'),
         )
     )
+
+
+def fig2_study(quick: bool) -> str:
+    size = "2G" if quick else "8G"
+    reps = 1 if quick else 5
+    targets = native_and_zbd_targets(size)
     return f"""# zbdlab reproduce 002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk
 version = 1
 name = "repro-002-fig2"
@@ -488,20 +488,7 @@ FIG10 = Reproduction(
 
 
 def fig11_study(quick: bool) -> str:
-    targets = "\n".join(
-        f"""[[targets]]
-name = "{name}"
-fs = "xfs"
-size = "{"1G" if quick else "4G"}"
-throttle = {THROTTLE}
-{zbd}"""
-        for name, zbd in (
-            ("native", ""),
-            ("zbd-lzo", '[targets.zbd]\ncodec = "lzo"\n'),
-            ("zbd-zlib", '[targets.zbd]\ncodec = "zlib:1"\n'),
-            ("zbd-none", '[targets.zbd]\ncodec = "none"\n'),
-        )
-    )
+    targets = native_and_zbd_targets("1G" if quick else "4G")
     return f"""# zbdlab reproduce 002-fig11: I/O volume of a file-server mix, native vs ZBD
 version = 1
 name = "repro-002-fig11"
