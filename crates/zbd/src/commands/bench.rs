@@ -26,6 +26,9 @@ enum What {
         /// Data file to cut into 4 KiB blocks (default: built-in mixed sample).
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Units and dictionaries (bench_codec.rs).
+        #[command(flatten)]
+        units: super::bench_codec::UnitArgs,
         /// Codecs to measure (default: all).
         #[arg(long, value_delimiter = ',')]
         codecs: Vec<String>,
@@ -65,7 +68,12 @@ enum What {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     match a.what {
-        What::Codec { data, codecs, json } => codec_table(data, codecs, json),
+        What::Codec {
+            data,
+            units,
+            codecs,
+            json,
+        } => codec_table(data, &units, codecs, json),
         What::Engine { size, dir, json } => engine(super::size_arg("--size", &size)?, dir, json),
         What::Cleaner {
             capacity,
@@ -147,7 +155,12 @@ fn measure(c: Codec, blocks: &[Vec<u8>]) -> CodecRow {
     }
 }
 
-fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result<ExitCode> {
+fn codec_table(
+    data: Option<PathBuf>,
+    units: &super::bench_codec::UnitArgs,
+    codecs: Vec<String>,
+    json: bool,
+) -> Result<ExitCode> {
     let blocks = load_blocks(data)?;
     let list: Vec<Codec> = if codecs.is_empty() {
         Codec::all_defaults()
@@ -158,8 +171,14 @@ fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result
             .collect::<Result<_>>()?
     };
     let rows: Vec<CodecRow> = list.into_iter().map(|c| measure(c, &blocks)).collect();
+    let unit_report = if super::bench_codec::enabled(units) {
+        Some(super::bench_codec::run(units)?)
+    } else {
+        None
+    };
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let out = serde_json::json!({ "blocks": rows, "units": unit_report });
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("{} blocks of 4 KiB, one core", blocks.len());
@@ -181,6 +200,9 @@ fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result
     }
     println!("paper (Xeon 5400, 2 GHz): lzo 46 / 14 us, 34 %; zlib-1 150 / 60 us, 54 %");
     println!("savings = codec output capped at 4 KiB; stored = engine rule (kept compressed only if it saves a sector)");
+    if let Some(r) = &unit_report {
+        super::bench_codec::print(r);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
