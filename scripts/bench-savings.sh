@@ -6,7 +6,8 @@
 #   scripts/bench-savings.sh OUTDIR [NAME=DIR ...]
 #
 # Default trees: "corpus" (zbdlab corpus build --size small) and "mixed" (this machine's docs,
-# Python sources, headers, shared libraries and SQLite databases, about 50 MiB of each kind).
+# Python sources, headers, shared libraries, about 50 MiB of each kind, and databases: man-db's
+# index and any *.sqlite* over 64 KiB under /var/lib, /root, /home).
 # For each tree: `zbd bench codec --dir` (ratio, speed, 4 KiB read cost, engine projection per
 # scheme), then the same files copied onto each filesystem on a sparse loop image of its own:
 # bytes allocated by the image after sync + fstrim (metadata included). ext4 on zbd is measured
@@ -82,7 +83,7 @@ for kind, roots in kinds.items():
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(p, target)
         total += size
-# SQLite databases found on this machine (skipped when there are none).
+# Databases: man-db's index (gdbm) here; SQLite files found below are added by the caller.
 os.makedirs(os.path.join(dst, "sqlite"), exist_ok=True)
 for cand in ["/var/cache/man/index.db"]:
     if os.path.isfile(cand):
