@@ -1,6 +1,6 @@
 //! `zbd bench codec` (the paper's Table I on 4 KiB blocks) and `zbd bench engine` (in-process
 //! throughput as a fraction of the raw codec speed, and the write amplification of small
-//! synchronous writes).
+//! synchronous writes). The unit/dictionary part of `bench codec` lives in bench_codec.rs.
 
 use crate::sample;
 use anyhow::{anyhow, Result};
