@@ -177,7 +177,11 @@ fn codec_table(
         None
     };
     if json {
-        let out = serde_json::json!({ "blocks": rows, "units": unit_report });
+        // Table I alone keeps its array (zbdlab reproduce reads it); with units, an object.
+        let out = match &unit_report {
+            Some(u) => serde_json::json!({ "blocks": rows, "units": u }),
+            None => serde_json::to_value(&rows)?,
+        };
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -200,8 +204,9 @@ fn codec_table(
     }
     println!("paper (Xeon 5400, 2 GHz): lzo 46 / 14 us, 34 %; zlib-1 150 / 60 us, 54 %");
     println!("savings = codec output capped at 4 KiB; stored = engine rule (kept compressed only if it saves a sector)");
-    if let Some(r) = &unit_report {
-        super::bench_codec::print(r);
+    match &unit_report {
+        Some(r) => super::bench_codec::print(r),
+        None => println!("per unit size and dictionary: add --units 4K,16K,64K and/or --dir PATH"),
     }
     Ok(ExitCode::SUCCESS)
 }

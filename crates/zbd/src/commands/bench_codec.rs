@@ -23,9 +23,10 @@ pub struct UnitArgs {
     /// filesystem stores it; default: the built-in mixed sample).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Unit sizes to measure ("none" skips this part).
-    #[arg(long, value_delimiter = ',', default_value = "4K,8K,16K,32K,64K,128K")]
-    units: Vec<String>,
+    /// Unit sizes to measure (default with --dir: 4K,8K,16K,32K,64K,128K). Without --units and
+    /// --dir, only Table I runs and --json prints its array as before.
+    #[arg(long, value_delimiter = ',')]
+    units: Option<Vec<String>>,
     /// Dictionary sizes to train (0 = no dictionary).
     #[arg(long, value_delimiter = ',', default_value = "0,16K,64K,112K")]
     dict_sizes: Vec<String>,
@@ -79,14 +80,20 @@ struct File {
     blocks: Vec<Vec<u8>>,
 }
 
+const UNITS_DEFAULT: [&str; 6] = ["4K", "8K", "16K", "32K", "64K", "128K"];
+
+/// Whether the unit/dictionary part was asked for (`--units` or `--dir`).
 pub fn enabled(a: &UnitArgs) -> bool {
-    !(a.units.len() == 1 && a.units[0] == "none")
+    a.units.is_some() || a.dir.is_some()
 }
 
 pub fn run(a: &UnitArgs) -> Result<UnitReport> {
     let size = |flag: &str, v: &str| super::size_arg(flag, v).map(|x| x as usize);
+    let default_units = UNITS_DEFAULT.map(String::from).to_vec();
     let units: Vec<usize> = a
         .units
+        .as_ref()
+        .unwrap_or(&default_units)
         .iter()
         .map(|u| size("--units", u))
         .collect::<Result<_>>()?;
