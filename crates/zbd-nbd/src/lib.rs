@@ -18,6 +18,7 @@
 //! # Ok::<(), zbd_nbd::ServerError>(())
 //! ```
 
+mod budget;
 mod export;
 mod handshake;
 pub mod limits;
@@ -27,6 +28,7 @@ mod stream;
 mod transmission;
 pub mod wire;
 
+pub use budget::{Grant, InflightBudget};
 pub use export::{BlockSizes, ErrorKind, Export, ExportError, ExportResult, Extent};
 pub use mem::{MemExport, MEM_CHUNK_BYTES};
 pub use server::{Listen, Server, ServerConfig, ServerError, ShutdownHandle};
