@@ -20,6 +20,8 @@
 
 mod budget;
 mod export;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod handshake;
 pub mod limits;
 mod mem;

@@ -262,10 +262,10 @@ fn read_request<'a>(
         grant = context.budget.acquire(u64::from(header.length));
         let mut data = vec![0u8; header.length as usize];
         if let Err(error) = reader.read_exact(&mut data) {
+            // A timeout here means the client stalled mid-payload while holding budget.
             tracing::warn!(
                 conn = id,
-                "connection lost inside a WRITE payload (or it stalled for {:?}): {error}",
-                limits::CLIENT_READ_TIMEOUT
+                "connection lost or stalled inside a WRITE payload: {error}"
             );
             return Next::Stop;
         }
