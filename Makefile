@@ -7,7 +7,7 @@ CARGO ?= cargo
 ZBD := target/release/zbd
 export ZBD_BIN := $(abspath $(ZBD))
 
-.PHONY: all deps build test test-rust test-lab demo bench check fmt clean
+.PHONY: all deps build test test-rust test-lab demo bench check fmt clean fuzz fuzz-seeds
 
 all: build
 
@@ -38,6 +38,14 @@ demo: deps build
 
 bench: deps build
 	bash scripts/bench.sh
+
+# Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.
+fuzz:
+	bash scripts/fuzz.sh
+
+# Regenerates the committed seed corpus (fuzz/corpus) from real encodings.
+fuzz-seeds:
+	$(CARGO) run -q --manifest-path fuzz/Cargo.toml -p zbd-fuzz-seeds -- fuzz/corpus
 
 check:
 	$(CARGO) fmt --all -- --check

@@ -292,18 +292,14 @@ impl Server {
             }
             full_logged = full;
             let listener_fd = self.listener.as_fd();
-            // While full, the listener is left out of the poll: newcomers wait in the backlog.
-            let listen_events = if full {
-                PollFlags::empty()
-            } else {
-                PollFlags::IN
-            };
             let mut fds = [
                 PollFd::new(&self.woken, PollFlags::IN),
                 PollFd::new(slot_freed, PollFlags::IN),
-                PollFd::new(&listener_fd, listen_events),
+                PollFd::new(&listener_fd, PollFlags::IN),
             ];
-            match poll(&mut fds, None) {
+            // While full, the listener is left out of the poll: newcomers wait in the backlog.
+            let watched = if full { 2 } else { 3 };
+            match poll(&mut fds[..watched], None) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(error) => return Err(io_error("poll listener")(error.into())),
