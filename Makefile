@@ -49,12 +49,14 @@ fuzz-seeds:
 
 check:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check lab
 	$(VENV)/bin/ruff format --check lab
 
 fmt:
 	$(CARGO) fmt --all
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all
 	$(VENV)/bin/ruff format lab
 
 clean:
