@@ -7,7 +7,7 @@ CARGO ?= cargo
 ZBD := target/release/zbd
 export ZBD_BIN := $(abspath $(ZBD))
 
-.PHONY: all deps build test test-rust test-lab demo bench check fmt clean
+.PHONY: all deps build test test-rust test-lab demo bench check fmt clean fuzz fuzz-seeds
 
 all: build
 
@@ -39,14 +39,24 @@ demo: deps build
 bench: deps build
 	bash scripts/bench.sh
 
+# Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.
+fuzz:
+	bash scripts/fuzz.sh
+
+# Regenerates the committed seed corpus (fuzz/corpus) from real encodings.
+fuzz-seeds:
+	$(CARGO) run -q --manifest-path fuzz/Cargo.toml -p zbd-fuzz-seeds -- fuzz/corpus
+
 check:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check lab
 	$(VENV)/bin/ruff format --check lab
 
 fmt:
 	$(CARGO) fmt --all
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all
 	$(VENV)/bin/ruff format lab
 
 clean:

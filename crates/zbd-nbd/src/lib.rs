@@ -18,7 +18,10 @@
 //! # Ok::<(), zbd_nbd::ServerError>(())
 //! ```
 
+mod budget;
 mod export;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod handshake;
 pub mod limits;
 mod mem;
@@ -27,6 +30,7 @@ mod stream;
 mod transmission;
 pub mod wire;
 
+pub use budget::{Grant, InflightBudget};
 pub use export::{BlockSizes, ErrorKind, Export, ExportError, ExportResult, Extent};
 pub use mem::{MemExport, MEM_CHUNK_BYTES};
 pub use server::{Listen, Server, ServerConfig, ServerError, ShutdownHandle};

@@ -2,10 +2,23 @@
 
 use std::time::Duration;
 
-/// Largest READ/WRITE payload by default (also the `maximum` block size we advertise). A WRITE
-/// longer than the cap cannot be skipped safely, so it drops the connection; a longer READ gets
-/// EINVAL. TRIM and WRITE_ZEROES carry no payload and are never capped.
+/// Largest READ/WRITE payload by default (also the `maximum` block size we advertise; lowered to
+/// the in-flight budget if that is smaller). A longer READ gets EINVAL; a longer WRITE has its
+/// payload read and discarded, then EINVAL, up to [`WRITE_SKIP_BYTES_MAX`]. TRIM and WRITE_ZEROES
+/// carry no payload and are never capped.
 pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 32 << 20;
+
+/// An oversized WRITE payload up to this long is skipped (read in small pieces, never held) and
+/// answered EINVAL; a longer one drops the connection: 4 GiB of garbage is more likely a client
+/// out of step than data, and reading it would take the connection minutes.
+pub const WRITE_SKIP_BYTES_MAX: u32 = 64 << 20;
+
+/// Bytes that requests in flight on all connections together may hold by default (WRITE payloads
+/// and READ replies): eight requests of the largest size, or thousands of typical ones.
+pub const INFLIGHT_BYTES_DEFAULT: u64 = 256 << 20;
+
+/// BLOCK_STATUS reply bytes counted against the in-flight budget (the largest such reply).
+pub const BLOCK_STATUS_REPLY_BYTES_MAX: u64 = 4 + 8 * DESCRIPTORS_MAX as u64;
 
 /// Largest option payload accepted during the handshake; a bigger one drops the connection
 /// (the longest legitimate option is a few strings of at most 4096 bytes).
@@ -20,8 +33,10 @@ pub const STRING_BYTES_MAX: usize = 4096;
 /// Longest error message we send in a structured error chunk.
 pub const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
 
-/// A client must finish each handshake read within this time.
-pub const HANDSHAKE_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A client must finish each handshake read, and send a WRITE's payload once its header has
+/// arrived, within this time; a payload holds budget, so a stalled sender cannot keep it.
+/// Between requests a connection may stay idle for ever.
+pub const CLIENT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A reply that the client does not read within this time breaks the connection, so a stuck
 /// client cannot hold worker threads (and the socket lock) forever.
@@ -44,8 +59,10 @@ pub fn threads_per_connection_default() -> usize {
 /// Block status descriptors in one reply (the client asks again for the rest).
 pub const DESCRIPTORS_MAX: usize = 16 << 10;
 
-/// Connections served at once; more are closed right after accept.
+/// Connections served at once; more wait in the listen backlog until one ends.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 64;
 
 const _: () = assert!(STRING_BYTES_MAX < OPTION_BYTES_MAX as usize);
 const _: () = assert!(THREADS_PER_CONNECTION_MIN <= THREADS_PER_CONNECTION_MAX);
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= WRITE_SKIP_BYTES_MAX);
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT as u64 <= INFLIGHT_BYTES_DEFAULT);

@@ -1,5 +1,9 @@
 //! Listening, accepting, one thread per connection, and graceful shutdown.
 //!
+//! At most `connections_max` connections are served; while that many are open the accept loop
+//! stops accepting, so newcomers wait in the listen backlog (their connect succeeds, the greeting
+//! comes once a slot frees) instead of being closed.
+//!
 //! Shutdown order: stop accepting; shut the read side of every client socket so each reader
 //! sees EOF after the request it is reading; wait until every request already read has replied;
 //! flush the export; remove the Unix socket.
@@ -10,12 +14,15 @@ use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags};
+use rustix::pipe::PipeFlags;
 
+use crate::budget::InflightBudget;
 use crate::export::Export;
 use crate::handshake::{self, HandshakeError, Offer};
 use crate::limits;
@@ -43,11 +50,25 @@ pub struct ServerConfig {
     /// Name clients ask for; the empty name always selects this export too.
     pub export_name: String,
     pub description: Option<String>,
-    /// Threads serving each connection, hence its requests in flight at most.
+    /// Threads serving each connection, hence its requests in flight at most (the
+    /// per-connection request cap; more requests wait in the socket).
     pub threads_per_connection: usize,
-    /// Largest READ/WRITE payload.
+    /// Largest READ/WRITE payload (lowered to `inflight_bytes_max` if that is smaller).
     pub payload_bytes_max: u32,
+    /// Connections served at once; more wait to be accepted.
     pub connections_max: usize,
+    /// Bytes all requests in flight on all connections may hold together.
+    pub inflight_bytes_max: u64,
+    /// See [`limits::CLIENT_READ_TIMEOUT`].
+    pub client_read_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// The payload cap actually enforced and advertised: a request must fit the budget.
+    fn effective_payload_bytes_max(&self) -> u32 {
+        let budget = u32::try_from(self.inflight_bytes_max).unwrap_or(u32::MAX);
+        self.payload_bytes_max.min(budget).max(1)
+    }
 }
 
 impl Default for ServerConfig {
@@ -58,6 +79,8 @@ impl Default for ServerConfig {
             threads_per_connection: limits::threads_per_connection_default(),
             payload_bytes_max: limits::PAYLOAD_BYTES_MAX_DEFAULT,
             connections_max: limits::CONNECTIONS_MAX_DEFAULT,
+            inflight_bytes_max: limits::INFLIGHT_BYTES_DEFAULT,
+            client_read_timeout: limits::CLIENT_READ_TIMEOUT,
         }
     }
 }
@@ -137,6 +160,7 @@ pub struct Server {
     config: ServerConfig,
     shutdown: ShutdownHandle,
     woken: OwnedFd,
+    budget: Arc<InflightBudget>,
 }
 
 impl Server {
@@ -175,7 +199,6 @@ impl Server {
             listener,
             listen,
             export,
-            config,
             shutdown: ShutdownHandle {
                 inner: Arc::new(ShutdownInner {
                     requested: AtomicBool::new(false),
@@ -183,7 +206,14 @@ impl Server {
                 }),
             },
             woken,
+            budget: Arc::new(InflightBudget::new(config.inflight_bytes_max)),
+            config,
         })
+    }
+
+    /// The server-wide in-flight memory budget (to watch it; the server manages it).
+    pub fn inflight_budget(&self) -> Arc<InflightBudget> {
+        Arc::clone(&self.budget)
     }
 
     /// The address actually bound (for TCP port 0, the chosen port).
@@ -198,16 +228,29 @@ impl Server {
     /// Serves until [`ShutdownHandle::shutdown`], then finishes in-flight requests, flushes the
     /// export and returns.
     pub fn serve(self) -> Result<(), ServerError> {
+        let (slot_freed, free_signal) =
+            rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)
+                .map_err(io::Error::from)
+                .map_err(io_error("create connection-slot pipe"))?;
         let shared = Arc::new(Shared {
             export: Arc::clone(&self.export),
             config: self.config.clone(),
+            budget: Arc::clone(&self.budget),
             shutting_down: AtomicBool::new(false),
             clients: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            active: AtomicUsize::new(0),
+            free_signal,
         });
-        tracing::info!(listen = %self.listen, size = self.export.size(), "NBD server listening");
+        tracing::info!(
+            listen = %self.listen,
+            size = self.export.size(),
+            connections_max = self.config.connections_max,
+            inflight_bytes_max = self.config.inflight_bytes_max,
+            "NBD server listening"
+        );
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
-        let accepted = self.accept_loop(&shared, &mut threads);
+        let accepted = self.accept_loop(&shared, &mut threads, &slot_freed);
 
         shared.shutting_down.store(true, Ordering::SeqCst);
         if let Ok(clients) = shared.clients.lock() {
@@ -232,20 +275,40 @@ impl Server {
         &self,
         shared: &Arc<Shared>,
         threads: &mut Vec<JoinHandle<()>>,
+        slot_freed: &OwnedFd,
     ) -> Result<(), ServerError> {
+        let mut full_logged = false;
         while !self.shutdown.is_shutting_down() {
+            // Drain before counting: a connection decrements `active`, then signals, so a slot
+            // freed after this point still wakes the poll below.
+            let mut drain = [0u8; 64];
+            while matches!(rustix::io::read(slot_freed, &mut drain), Ok(n) if n > 0) {}
+            let full = shared.active.load(Ordering::SeqCst) >= self.config.connections_max;
+            if full && !full_logged {
+                tracing::info!(
+                    "serving {} connections (the limit): new clients wait to be accepted",
+                    self.config.connections_max
+                );
+            }
+            full_logged = full;
             let listener_fd = self.listener.as_fd();
             let mut fds = [
-                PollFd::new(&listener_fd, PollFlags::IN),
                 PollFd::new(&self.woken, PollFlags::IN),
+                PollFd::new(slot_freed, PollFlags::IN),
+                PollFd::new(&listener_fd, PollFlags::IN),
             ];
-            match poll(&mut fds, None) {
+            // While full, the listener is left out of the poll: newcomers wait in the backlog.
+            let watched = if full { 2 } else { 3 };
+            match poll(&mut fds[..watched], None) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(error) => return Err(io_error("poll listener")(error.into())),
             }
             if self.shutdown.is_shutting_down() {
                 break;
+            }
+            if full {
+                continue;
             }
             let stream = match self.listener.accept() {
                 Ok(stream) => stream,
@@ -257,16 +320,13 @@ impl Server {
                 }
             };
             threads.retain(|thread| !thread.is_finished());
-            if threads.len() >= self.config.connections_max {
-                tracing::warn!(
-                    "refused connection: already serving {} (the limit)",
-                    threads.len()
-                );
-                continue;
-            }
+            shared.active.fetch_add(1, Ordering::SeqCst);
             match spawn_connection(shared, stream) {
                 Ok(thread) => threads.push(thread),
-                Err(error) => tracing::warn!("cannot start a connection thread: {error}"),
+                Err(error) => {
+                    shared.active.fetch_sub(1, Ordering::SeqCst);
+                    tracing::warn!("cannot start a connection thread: {error}");
+                }
             }
         }
         Ok(())
@@ -288,10 +348,15 @@ fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
 struct Shared {
     export: Arc<dyn Export>,
     config: ServerConfig,
+    budget: Arc<InflightBudget>,
     shutting_down: AtomicBool,
     /// A clone of every open client socket, so shutdown can end their readers.
     clients: Mutex<HashMap<u64, Stream>>,
     next_id: AtomicU64,
+    /// Connections accepted and not yet finished.
+    active: AtomicUsize,
+    /// Write end of the pipe that wakes the accept loop when a connection ends.
+    free_signal: OwnedFd,
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: Stream) -> io::Result<JoinHandle<()>> {
@@ -313,6 +378,9 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream) -> io::Result<JoinHand
             if let Ok(mut clients) = shared.clients.lock() {
                 clients.remove(&id);
             }
+            shared.active.fetch_sub(1, Ordering::SeqCst);
+            // Non-blocking: a full pipe already holds a wake-up.
+            let _ = rustix::io::write(&shared.free_signal, &[1]);
         })
 }
 
@@ -325,7 +393,9 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
             return;
         }
     };
-    let _ = stream.set_read_timeout(Some(limits::HANDSHAKE_READ_TIMEOUT));
+    // Kept for the whole connection: transmission ignores it between requests, and enforces it
+    // inside a WRITE payload.
+    let _ = stream.set_read_timeout(Some(shared.config.client_read_timeout));
     let _ = writer.set_write_timeout(Some(limits::REPLY_WRITE_TIMEOUT));
     let mut reader = BufReader::with_capacity(64 << 10, stream);
     let mut handshake_writer = match writer.try_clone() {
@@ -339,7 +409,7 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
         export: &*shared.export,
         name: &shared.config.export_name,
         description: shared.config.description.as_deref(),
-        payload_bytes_max: shared.config.payload_bytes_max,
+        payload_bytes_max: shared.config.effective_payload_bytes_max(),
         shutting_down: &shared.shutting_down,
     };
     let session = match handshake::negotiate(&mut reader, &mut handshake_writer, &offer) {
@@ -354,8 +424,6 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
             return;
         }
     };
-    // Idle clients are normal in transmission (a mounted filesystem may say nothing for hours).
-    let _ = reader.get_ref().set_read_timeout(None);
     tracing::info!(
         conn = id,
         %peer,
@@ -363,11 +431,12 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
         block_status = session.allocation_context.is_some(),
         "client connected"
     );
-    let connection = Arc::new(Connection::new(id, session, writer));
+    let connection = Arc::new(Connection::new(id, session, Box::new(writer)));
     let context = Context {
         export: Arc::clone(&shared.export),
-        payload_bytes_max: shared.config.payload_bytes_max,
+        payload_bytes_max: shared.config.effective_payload_bytes_max(),
         threads: shared.config.threads_per_connection,
+        budget: Arc::clone(&shared.budget),
     };
     transmission::serve(reader, &connection, &context);
     tracing::info!(conn = id, "client disconnected");

@@ -2,27 +2,44 @@
 //! each checks and runs its own request against the export and writes the reply, in whatever
 //! order they finish, under the socket's write lock.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::budget::{Grant, InflightBudget};
 use crate::export::{Export, ExportError, Extent};
 use crate::handshake::Session;
 use crate::limits;
 use crate::stream::Stream;
 use crate::wire::{self, RequestHeader};
 
+/// Where replies go: the client socket, or a sink when fuzzing.
+pub(crate) trait ReplySink: Write + Send {
+    /// Ends the connection in both directions (the readers then see EOF).
+    fn close(&mut self);
+}
+
+impl ReplySink for Stream {
+    fn close(&mut self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+impl ReplySink for io::Sink {
+    fn close(&mut self) {}
+}
+
 /// State of one connection shared by its threads.
 pub(crate) struct Connection {
     pub id: u64,
     pub session: Session,
-    writer: Mutex<Stream>,
+    writer: Mutex<Box<dyn ReplySink>>,
     broken: AtomicBool,
 }
 
 impl Connection {
-    pub(crate) fn new(id: u64, session: Session, writer: Stream) -> Self {
+    pub(crate) fn new(id: u64, session: Session, writer: Box<dyn ReplySink>) -> Self {
         Connection {
             id,
             session,
@@ -40,13 +57,13 @@ impl Connection {
         let Ok(mut writer) = self.writer.lock() else {
             return;
         };
-        if let Err(error) = std::io::Write::write_all(&mut *writer, reply) {
+        if let Err(error) = writer.write_all(reply) {
             tracing::warn!(
                 conn = self.id,
                 "cannot send reply, closing connection: {error}"
             );
             self.broken.store(true, Ordering::SeqCst);
-            let _ = writer.shutdown(Shutdown::Both);
+            writer.close();
         }
     }
 }
@@ -54,8 +71,11 @@ impl Connection {
 /// What every connection needs.
 pub(crate) struct Context {
     pub export: Arc<dyn Export>,
+    /// Never more than the budget's limit, so a request within it can always be granted.
     pub payload_bytes_max: u32,
     pub threads: usize,
+    /// Shared by every connection of the server.
+    pub budget: Arc<InflightBudget>,
 }
 
 /// A checked request, ready to run.
@@ -103,10 +123,17 @@ fn reject(errno: u32, reason: impl Into<String>) -> Rejection {
 }
 
 /// Reads exactly `buf.len()` bytes; `Ok(false)` if the stream ended cleanly before the first.
+/// The socket's read timeout is ignored here: a request header holds nothing, and a client may
+/// stay idle between requests as long as it likes.
 fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
     let mut filled = 0;
     while filled < buf.len() {
         match reader.read(&mut buf[filled..]) {
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
             Ok(0) if filled == 0 => return Ok(false),
             Ok(0) => {
                 return Err(io::Error::new(
@@ -128,7 +155,9 @@ fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool>
 /// Up to `context.threads` threads serve the connection, as nbdkit does: each takes the socket's
 /// read side in turn, reads one request, lets go, runs the request and writes its reply under the
 /// write lock. The thread that read a request runs it (no hand-off between threads), replies go
-/// out in completion order, and at most `threads` requests are in flight, which bounds memory.
+/// out in completion order, and at most `threads` requests are in flight. Their buffers come out
+/// of the server-wide budget, taken while holding the read side, so a connection that must wait
+/// for memory stops reading its socket.
 pub(crate) fn serve<R: Read + Send>(reader: R, connection: &Arc<Connection>, context: &Context) {
     // None once the connection is finished: the other threads stop at their next turn.
     let reader = Mutex::new(Some(reader));
@@ -147,8 +176,8 @@ pub(crate) fn serve<R: Read + Send>(reader: R, connection: &Arc<Connection>, con
         }
         serve_requests(&reader, connection, context);
     });
-    if let Ok(writer) = connection.writer.lock() {
-        let _ = writer.shutdown(Shutdown::Both);
+    if let Ok(mut writer) = connection.writer.lock() {
+        writer.close();
     }
 }
 
@@ -162,7 +191,7 @@ fn serve_requests<R: Read>(reader: &Mutex<Option<R>>, connection: &Connection, c
                 return;
             };
             match read_request(stream, connection, context) {
-                Next::Run(handle, op) => (handle, op),
+                Next::Run(handle, op, grant) => (handle, op, grant),
                 Next::Answered => continue,
                 Next::Stop => {
                     *guard = None;
@@ -170,15 +199,18 @@ fn serve_requests<R: Read>(reader: &Mutex<Option<R>>, connection: &Connection, c
                 }
             }
         };
-        let (handle, op) = next;
+        let (handle, op, grant) = next;
         let reply = run(&*context.export, connection, handle, op);
         connection.send(&reply);
+        // Only now is the request's memory free: the reply buffer lived until it was sent.
+        drop(reply);
+        drop(grant);
     }
 }
 
-enum Next {
-    /// A checked request for the caller to run.
-    Run(u64, Op),
+enum Next<'a> {
+    /// A checked request for the caller to run, with the budget its buffers hold.
+    Run(u64, Op, Option<Grant<'a>>),
     /// A request refused and already answered.
     Answered,
     /// The connection is over.
@@ -186,7 +218,11 @@ enum Next {
 }
 
 /// Reads and checks one request (with its payload). Rejections are answered right here.
-fn read_request(reader: &mut impl Read, connection: &Connection, context: &Context) -> Next {
+fn read_request<'a>(
+    reader: &mut impl Read,
+    connection: &Connection,
+    context: &'a Context,
+) -> Next<'a> {
     let id = connection.id;
     let mut raw = [0u8; wire::REQUEST_HEADER_BYTES];
     match read_exact_or_eof(reader, &mut raw) {
@@ -217,27 +253,39 @@ fn read_request(reader: &mut impl Read, connection: &Connection, context: &Conte
         return Next::Stop;
     }
     let mut payload = None;
+    let mut grant = None;
     if header.command == wire::CMD_WRITE {
         if header.length > context.payload_bytes_max {
-            tracing::warn!(
-                conn = id,
-                offset = header.offset,
-                length = header.length,
-                "rejected WRITE: payload larger than {} bytes cannot be skipped safely, \
-                 dropping connection",
-                context.payload_bytes_max
-            );
-            return Next::Stop;
+            return skip_oversized_write(reader, connection, context, &header);
         }
+        // Waits while the budget is spent: this connection reads nothing more meanwhile.
+        grant = context.budget.acquire(u64::from(header.length));
         let mut data = vec![0u8; header.length as usize];
         if let Err(error) = reader.read_exact(&mut data) {
-            tracing::warn!(conn = id, "connection lost inside a WRITE payload: {error}");
+            // A timeout here means the client stalled mid-payload while holding budget.
+            tracing::warn!(
+                conn = id,
+                "connection lost or stalled inside a WRITE payload: {error}"
+            );
             return Next::Stop;
         }
         payload = Some(data);
     }
     match check(&header, payload, connection.session, context) {
-        Ok(op) => Next::Run(header.handle, op),
+        Ok(op) => {
+            let reply_bytes = match op {
+                Op::Read { length, .. } => u64::from(length),
+                Op::BlockStatus { .. } => limits::BLOCK_STATUS_REPLY_BYTES_MAX,
+                _ => 0,
+            };
+            if reply_bytes > 0 {
+                // Capped at the whole budget so a tiny budget still serves BLOCK_STATUS.
+                grant = context
+                    .budget
+                    .acquire(reply_bytes.min(context.budget.limit_bytes()));
+            }
+            Next::Run(header.handle, op, grant)
+        }
         Err(rejection) => {
             tracing::warn!(
                 conn = id,
@@ -259,6 +307,56 @@ fn read_request(reader: &mut impl Read, connection: &Connection, context: &Conte
             Next::Answered
         }
     }
+}
+
+/// A WRITE longer than the payload cap: reads its payload in small pieces and throws it away
+/// (holding no budget), then answers EINVAL, so the client learns what went wrong and the
+/// connection stays in step. Beyond `WRITE_SKIP_BYTES_MAX` the connection is dropped instead.
+fn skip_oversized_write<'a>(
+    reader: &mut impl Read,
+    connection: &Connection,
+    context: &Context,
+    header: &RequestHeader,
+) -> Next<'a> {
+    let id = connection.id;
+    if header.length > limits::WRITE_SKIP_BYTES_MAX {
+        tracing::warn!(
+            conn = id,
+            offset = header.offset,
+            length = header.length,
+            "rejected WRITE: payload larger than {} bytes is not worth skipping, \
+             dropping connection",
+            limits::WRITE_SKIP_BYTES_MAX
+        );
+        return Next::Stop;
+    }
+    let mut left = u64::from(header.length);
+    let mut scratch = [0u8; 16 << 10];
+    while left > 0 {
+        let take = left.min(scratch.len() as u64) as usize;
+        if let Err(error) = reader.read_exact(&mut scratch[..take]) {
+            tracing::warn!(conn = id, "connection lost inside a WRITE payload: {error}");
+            return Next::Stop;
+        }
+        left -= take as u64;
+    }
+    let reason = format!(
+        "WRITE longer than the {} bytes this server accepts (the advertised maximum block size)",
+        context.payload_bytes_max
+    );
+    tracing::warn!(
+        conn = id,
+        offset = header.offset,
+        length = header.length,
+        "rejected request: {reason}"
+    );
+    connection.send(&error_reply(
+        connection.session,
+        header.handle,
+        wire::EINVAL,
+        &reason,
+    ));
+    Next::Answered
 }
 
 /// Checks a request against the protocol, the negotiated session and the export; never touches

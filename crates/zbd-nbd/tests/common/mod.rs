@@ -9,7 +9,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use zbd_nbd::{Listen, MemExport, Server, ServerConfig, ServerError, ShutdownHandle};
+use zbd_nbd::{
+    InflightBudget, Listen, MemExport, Server, ServerConfig, ServerError, ShutdownHandle,
+};
 
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
@@ -25,6 +27,7 @@ pub struct TestServer {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub export: Arc<MemExport>,
+    pub budget: Arc<InflightBudget>,
     stop: ShutdownHandle,
     thread: Option<JoinHandle<Result<(), ServerError>>>,
 }
@@ -42,11 +45,13 @@ impl TestServer {
         let server = Server::bind(&Listen::Unix(socket.clone()), export.clone(), config)
             .expect("bind server");
         let stop = server.shutdown_handle();
+        let budget = server.inflight_budget();
         let thread = std::thread::spawn(move || server.serve());
         TestServer {
             dir,
             socket,
             export,
+            budget,
             stop,
             thread: Some(thread),
         }

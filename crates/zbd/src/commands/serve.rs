@@ -43,9 +43,43 @@ pub struct ServeArgs {
     /// Write the server's PID here once clients can connect (removed on exit).
     #[arg(long)]
     pub pidfile: Option<PathBuf>,
-    /// Threads serving each connection (its requests in flight at most).
+    /// Threads serving each connection: also the most requests one client has in flight
+    /// (more wait in its socket).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Memory that requests in flight on all connections together may hold (K/M/G suffixes);
+    /// a client over it waits. Also caps the largest request (at most 32M).
+    #[arg(long, default_value = "256M")]
+    pub inflight_mem: String,
+    /// Connections served at once; more wait to be accepted.
+    #[arg(long, default_value_t = zbd_nbd::limits::CONNECTIONS_MAX_DEFAULT)]
+    pub max_connections: usize,
+}
+
+/// Smallest `--inflight-mem`: one 1 MiB request, or a full BLOCK_STATUS reply, must fit.
+const INFLIGHT_MEM_MIN: u64 = 1 << 20;
+
+fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
+    let inflight = super::size_arg("--inflight-mem", &args.inflight_mem)?;
+    if inflight < INFLIGHT_MEM_MIN {
+        bail!(
+            "--inflight-mem '{}': must be at least 1M",
+            args.inflight_mem
+        );
+    }
+    if args.max_connections == 0 {
+        bail!("--max-connections 0: must be at least 1");
+    }
+    let mut config = ServerConfig {
+        export_name: args.export.clone(),
+        inflight_bytes_max: inflight,
+        connections_max: args.max_connections,
+        ..ServerConfig::default()
+    };
+    if let Some(threads) = args.threads {
+        config.threads_per_connection = threads.max(1);
+    }
+    Ok(config)
 }
 
 /// Serves `zbd_core::Volume` through the NBD server's `Export` trait.
@@ -299,19 +333,13 @@ fn init_logging() {
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let args = &args;
     init_logging();
+    let config = server_config(args)?;
     let listen = listen_address(args)?;
     let volume = open_volume(args)?;
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
         read_only: args.read_only,
     });
-    let mut config = ServerConfig {
-        export_name: args.export.clone(),
-        ..ServerConfig::default()
-    };
-    if let Some(threads) = args.threads {
-        config.threads_per_connection = threads.max(1);
-    }
     let server = Server::bind(&listen, export, config)?;
     let _control = start_control(&volume, &args.path)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;

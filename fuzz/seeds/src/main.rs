@@ -1,0 +1,265 @@
+//! Writes the seed corpus of every fuzz target: real, valid encodings made by the code under
+//! test (so seeds follow the format when it changes), plus a few NBD conversations.
+//!
+//! `cargo run --manifest-path fuzz/Cargo.toml -p zbd-fuzz-seeds -- fuzz/corpus`
+
+use std::path::Path;
+
+use zbd_core::format::{
+    checkpoint_slot_bytes, encode_map_page, seal_segment, BlockState, Checkpoint, MapEntry,
+    QueueEntry, Record, RecordKind, SegmentHeader, COUNTERS, MAP_ENTRIES_PER_PAGE,
+    SEGMENT_HEADER_BYTES,
+};
+use zbd_core::layout::plan;
+use zbd_core::CreateOptions;
+use zbd_nbd::wire;
+
+fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
+    let target_dir = dir.join(target);
+    std::fs::create_dir_all(&target_dir).expect("create corpus dir");
+    std::fs::write(target_dir.join(name), bytes).expect("write seed");
+}
+
+fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+    out.extend_from_slice(&wire::IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+fn string32(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(&(text.len() as u32).to_be_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut data = Vec::new();
+    string32(&mut data, name);
+    data.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for info in infos {
+        data.extend_from_slice(&info.to_be_bytes());
+    }
+    data
+}
+
+fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut data = Vec::new();
+    string32(&mut data, name);
+    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        string32(&mut data, query);
+    }
+    data
+}
+
+fn handshakes(dir: &Path) {
+    let flags = (wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES).to_be_bytes();
+    let mut full = flags.to_vec();
+    option(&mut full, wire::OPT_STRUCTURED_REPLY, &[]);
+    option(
+        &mut full,
+        wire::OPT_LIST_META_CONTEXT,
+        &meta_data("", &["base:"]),
+    );
+    option(
+        &mut full,
+        wire::OPT_SET_META_CONTEXT,
+        &meta_data("fuzz", &[wire::CONTEXT_BASE_ALLOCATION]),
+    );
+    option(
+        &mut full,
+        wire::OPT_INFO,
+        &go_data("fuzz", &[wire::INFO_NAME, wire::INFO_DESCRIPTION]),
+    );
+    option(
+        &mut full,
+        wire::OPT_GO,
+        &go_data("", &[wire::INFO_BLOCK_SIZE]),
+    );
+    write(dir, "nbd_handshake", "structured-go", &full);
+
+    let mut old = wire::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    option(&mut old, wire::OPT_LIST, &[]);
+    option(&mut old, wire::OPT_EXPORT_NAME, b"fuzz");
+    write(dir, "nbd_handshake", "list-export-name", &old);
+
+    let mut odd = flags.to_vec();
+    option(&mut odd, wire::OPT_STARTTLS, &[]);
+    option(&mut odd, 99, b"unknown");
+    option(&mut odd, wire::OPT_ABORT, &[]);
+    write(dir, "nbd_handshake", "unsupported-abort", &odd);
+}
+
+fn request(out: &mut Vec<u8>, flags: u16, command: u16, handle: u64, offset: u64, length: u32) {
+    let header = wire::RequestHeader {
+        magic: wire::REQUEST_MAGIC,
+        flags,
+        command,
+        handle,
+        offset,
+        length,
+    };
+    out.extend_from_slice(&header.encode());
+}
+
+fn requests(dir: &Path) {
+    // Byte 0: bit 0 structured replies, bit 1 base:allocation, bit 2 read-only.
+    let mut mixed = vec![0b011];
+    request(
+        &mut mixed,
+        wire::CMD_FLAG_FUA,
+        wire::CMD_WRITE,
+        1,
+        4096,
+        5000,
+    );
+    mixed.extend((0..5000u32).map(|i| (i % 251) as u8));
+    request(&mut mixed, wire::CMD_FLAG_DF, wire::CMD_READ, 2, 4000, 9000);
+    request(&mut mixed, 0, wire::CMD_FLUSH, 3, 0, 0);
+    request(&mut mixed, 0, wire::CMD_TRIM, 4, 0, 8192);
+    request(
+        &mut mixed,
+        wire::CMD_FLAG_NO_HOLE,
+        wire::CMD_WRITE_ZEROES,
+        5,
+        8192,
+        4096,
+    );
+    request(
+        &mut mixed,
+        wire::CMD_FLAG_REQ_ONE,
+        wire::CMD_BLOCK_STATUS,
+        6,
+        0,
+        1 << 16,
+    );
+    request(&mut mixed, 0, wire::CMD_BLOCK_STATUS, 7, 0, 1 << 20);
+    request(&mut mixed, 0, wire::CMD_DISC, 8, 0, 0);
+    write(dir, "nbd_requests", "structured-mixed", &mixed);
+
+    let mut simple = vec![0b000];
+    request(&mut simple, 0, wire::CMD_WRITE, 1, 0, 512);
+    simple.extend(std::iter::repeat(0xa5).take(512));
+    request(&mut simple, 0, wire::CMD_READ, 2, 0, 512);
+    request(&mut simple, 0, wire::CMD_READ, 3, u64::MAX - 10, 100);
+    request(&mut simple, 0, wire::CMD_CACHE, 4, 0, 4096);
+    write(dir, "nbd_requests", "simple-edges", &simple);
+
+    let mut read_only = vec![0b101];
+    request(&mut read_only, 0, wire::CMD_WRITE, 1, 0, 16);
+    read_only.extend([7u8; 16]);
+    request(&mut read_only, 0, wire::CMD_READ, 2, 0, 16);
+    write(dir, "nbd_requests", "read-only", &read_only);
+}
+
+fn on_disk(dir: &Path) {
+    let sb = plan(&CreateOptions::new(64 << 20)).expect("plan a 64 MiB volume");
+    write(dir, "superblock", "64mib-default", &sb.encode());
+    let mut big = CreateOptions::new(1 << 40);
+    big.extent_bytes = 1 << 20;
+    let sb_big = plan(&big).expect("plan a 1 TiB volume");
+    write(dir, "superblock", "1tib-1mib-extents", &sb_big.encode());
+
+    let checkpoint = Checkpoint {
+        seq: 7,
+        write_seq: 1234,
+        next_alloc_seq: 99,
+        counters: [5; COUNTERS],
+        queue: (0..3)
+            .map(|i| QueueEntry {
+                extent: i * 2,
+                alloc_seq: 90 + u64::from(i),
+            })
+            .collect(),
+        page_slots: vec![0, 1, 2, 1, 2, 0, 1],
+    };
+    let slot = checkpoint_slot_bytes(sb.queue_len, 7);
+    write(
+        dir,
+        "checkpoint",
+        "three-queued",
+        &checkpoint.encode(&sb.uuid, slot),
+    );
+
+    let entry = |state, extent, offset| MapEntry {
+        state,
+        codec: 1,
+        len: 1800,
+        extent,
+        offset,
+        crc: 0xdead_beef,
+    };
+    let mut entries = vec![MapEntry::UNMAPPED; MAP_ENTRIES_PER_PAGE];
+    entries[0] = entry(BlockState::Data, 3, 64);
+    entries[1] = MapEntry::ZERO;
+    entries[2] = entry(BlockState::Corrupt, 0, 0);
+    entries[MAP_ENTRIES_PER_PAGE - 1] = entry(BlockState::Data, 9, 4096);
+    write(
+        dir,
+        "map_page",
+        "full-page",
+        &encode_map_page(2, 17, &entries),
+    );
+    write(
+        dir,
+        "map_page",
+        "short-last-page",
+        &encode_map_page(0, 1, &entries[..5]),
+    );
+
+    let mut extent = vec![0u8; 8192];
+    let payload_at = SEGMENT_HEADER_BYTES;
+    extent[payload_at..payload_at + 300].fill(0x3c);
+    let records = [
+        Record {
+            kind: RecordKind::Data,
+            codec: 1,
+            len: 300,
+            lba: 42,
+            count: 1,
+            offset: payload_at as u32,
+            seq: 1000,
+            crc: 0x1234_5678,
+        },
+        Record {
+            kind: RecordKind::Zero,
+            codec: 0,
+            len: 0,
+            lba: 50,
+            count: 8,
+            offset: 0,
+            seq: 1001,
+            crc: 0,
+        },
+        Record {
+            kind: RecordKind::Trim,
+            codec: 0,
+            len: 0,
+            lba: 100,
+            count: 1000,
+            offset: 0,
+            seq: 1002,
+            crc: 0,
+        },
+    ];
+    let header = SegmentHeader {
+        alloc_seq: 55,
+        extent: 3,
+        seg_offset: 0,
+        payload_len: 300,
+        record_count: records.len() as u32,
+    };
+    let total = seal_segment(&mut extent, &sb.uuid, &header, &records);
+    write(dir, "segment", "three-records", &extent[..total]);
+}
+
+fn main() {
+    let dir = std::env::args_os()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "corpus".into());
+    handshakes(&dir);
+    requests(&dir);
+    on_disk(&dir);
+    eprintln!("seeds written under {}", dir.display());
+}
