@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::target::{CephArgs, Target};
 use anyhow::{bail, Context, Result};
-use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
+use zbd_core::{AllocState, OpenOptions, Volume};
 use zbd_nbd::{
     ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig,
     ShutdownHandle,
@@ -26,8 +27,10 @@ pub const RUN_DIR: &str = "/run/zbd";
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Volume to serve (made by `zbd create`).
+    /// Volume to serve (made by `zbd create`): file, block device or rados:POOL/NAME.
     pub path: PathBuf,
+    #[command(flatten)]
+    pub ceph: CephArgs,
     /// Unix socket to listen on [default: /run/zbd/<volume name>.sock].
     #[arg(long, conflicts_with = "listen")]
     pub socket: Option<PathBuf>,
@@ -233,20 +236,19 @@ impl Drop for RemoveOnDrop {
 }
 
 fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
-    if !args.path.exists() {
-        bail!(
-            "no volume at {} (make one with `zbd create`)",
-            args.path.display()
-        );
+    let target = Target::parse(&args.path)?;
+    if target.file().is_some_and(|path| !path.exists()) {
+        bail!("no volume at {target} (make one with `zbd create`)");
     }
-    let storage = FileStorage::open(&args.path, !args.read_only)
-        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    let storage = target
+        .open(&args.ceph, !args.read_only)
+        .with_context(|| format!("cannot open volume {target}"))?;
     let options = OpenOptions {
         read_only: args.read_only,
         ..OpenOptions::default()
     };
-    let volume = Volume::open(Box::new(storage), options)
-        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    let volume =
+        Volume::open(storage, options).with_context(|| format!("cannot open volume {target}"))?;
     Ok(Arc::new(volume))
 }
 
