@@ -26,13 +26,14 @@ cli() { ceph -c "$conf" --connect-timeout 5 "$@"; }
 
 pid_of() { cat "$dir/run/$1.pid" 2>/dev/null || true; }
 
-# Stops one daemon by its pid file; waits until it has exited (SIGKILL after 10 s).
+# Stops one daemon by its pid file; waits until it has exited (SIGKILL after 60 s: an OSD
+# saving its memstore takes a while).
 stop_daemon() {
   local pid
   pid=$(pid_of "$1")
   [[ -n "$pid" ]] || return 0
   kill "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do
+  for _ in $(seq 600); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
@@ -104,6 +105,8 @@ admin socket = $dir/run/\$name.asok
 log file = $dir/log/\$name.log
 # A test cluster must answer fast when a daemon is gone.
 osd heartbeat grace = 5
+# A stopped OSD must find its data again: memstore saves it only on a full shutdown.
+osd fast shutdown = false
 mon osd down out interval = 0
 [mon.a]
 mon data = $dir/mon
@@ -119,8 +122,9 @@ EOF
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null
   ceph-mon -c "$conf" -i a
   wait_for "the monitor" 150 cli mon stat
-  cli osd create >/dev/null
-  cli osd crush add osd.0 1 root=default >/dev/null 2>&1
+  # Right after the election the monitor may still refuse commands (EPERM): retry.
+  wait_for "the monitor to accept commands" 150 cli osd create
+  wait_for "osd.0 in the crush map" 150 cli osd crush add osd.0 1 root=default
   ceph-osd -c "$conf" -i 0 --mkfs --mkkey >/dev/null 2>&1
   start_osd
   if $with_mgr; then

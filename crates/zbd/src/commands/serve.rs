@@ -164,7 +164,13 @@ pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
 
 /// Answers `stats json` / `stats text` on the control socket (one request per connection, the
 /// reply runs to EOF) until the process exits.
-fn spawn_control(listener: UnixListener, volume: Arc<Volume>, name: String) -> std::io::Result<()> {
+/// The thread holds the volume weakly: once `run` drops its handles the volume is dropped, which
+/// releases its storage (and a RADOS volume's lock) before the process exits.
+fn spawn_control(
+    listener: UnixListener,
+    volume: std::sync::Weak<Volume>,
+    name: String,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("zbd-control".into())
         .spawn(move || {
@@ -176,6 +182,9 @@ fn spawn_control(listener: UnixListener, volume: Arc<Volume>, name: String) -> s
                 if BufReader::new(&stream).read_line(&mut request).is_err() {
                     continue;
                 }
+                let Some(volume) = volume.upgrade() else {
+                    break;
+                };
                 let reply = match request.trim() {
                     "stats json" => serde_json::to_string_pretty(&volume.stats())
                         .map(|text| text + "\n")
@@ -264,7 +273,7 @@ fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(control, Arc::clone(volume), path.display().to_string())?;
+    spawn_control(control, Arc::downgrade(volume), path.display().to_string())?;
     Ok(guard)
 }
 
@@ -336,6 +345,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     signals.close();
     let _ = signal_thread.join();
     let closed = volume.close().context("cannot close the volume cleanly");
+    // The last handle: dropping it releases the storage (a RADOS volume's lock) now.
+    drop(volume);
     served.context("NBD server failed")?;
     closed?;
     eprintln!("zbd: stopped, volume closed cleanly");
