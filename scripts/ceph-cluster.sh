@@ -123,9 +123,11 @@ EOF
   ceph-mon -c "$conf" -i a
   wait_for "the monitor" 150 cli mon stat
   # Right after the election the monitor may still refuse commands (EPERM): retry.
-  wait_for "the monitor to accept commands" 150 cli osd create
+  # The OSD's uuid is given to both, so that a restarted OSD is recognised as osd.0.
+  osd_uuid=$(cat /proc/sys/kernel/random/uuid)
+  wait_for "the monitor to accept commands" 150 cli osd create "$osd_uuid" 0
   wait_for "osd.0 in the crush map" 150 cli osd crush add osd.0 1 root=default
-  ceph-osd -c "$conf" -i 0 --mkfs --mkkey >/dev/null 2>&1
+  ceph-osd -c "$conf" -i 0 --mkfs --mkkey --osd-uuid "$osd_uuid" >/dev/null 2>&1
   start_osd
   if $with_mgr; then
     mkdir -p "$dir/mgr"
