@@ -56,7 +56,7 @@ start_zbd() {  # sets $socket
 start_rbd() {  # sets $socket
   rbd rm rbdpool/img >/dev/null 2>&1 || true
   rbd create --size "$size" rbdpool/img
-  qemu-nbd -f raw --cache=writeback --discard=unmap -k "$work/rbd.sock" --pid-file "$work/rbd.pid" \
+  qemu-nbd -f raw --persistent --cache=writeback --discard=unmap -k "$work/rbd.sock" --pid-file "$work/rbd.pid" \
     "rbd:rbdpool/img:conf=$conf" 2>"$work/rbd.log" &
   pids+=($!)
   wait_pidfile "$work/rbd.pid"
@@ -65,7 +65,7 @@ start_rbd() {  # sets $socket
 
 stop_last() {
   local pid=${pids[-1]}
-  kill "$pid"
+  kill "$pid" 2>/dev/null || true
   wait "$pid" || true
   unset 'pids[-1]'
 }

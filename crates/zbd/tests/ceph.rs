@@ -461,9 +461,7 @@ fn osd_outage_waits_then_fails_past_timeout(cluster: &Cluster) {
         let result = writer.join().expect("writer");
         assert!(waited, "the flush returned while the OSD was down");
         result.expect("writes and flush after the OSD came back");
-        for block in 256..512 {
-            durable[block] = 1;
-        }
+        durable[256..512].fill(1);
         let sent = durable.clone();
         drop(client);
         check_blocks(&served.socket, &durable, &sent);
@@ -496,9 +494,7 @@ fn osd_outage_waits_then_fails_past_timeout(cluster: &Cluster) {
     served.kill();
     run(cluster.zbd().arg("unlock").arg(&volume));
     let mut sent = durable.clone();
-    for block in 512..768 {
-        sent[block] = 1;
-    }
+    sent[512..768].fill(1);
     let served = cluster.serve(&volume, dir.path(), &[]);
     check_blocks(&served.socket, &durable, &sent);
 }
