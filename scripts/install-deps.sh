@@ -15,9 +15,9 @@ packages=(
 for flag in "$@"; do
   case $flag in
   --with-browser) packages+=(chromium) ;;
-  # A throwaway one-node cluster for tests and benchmarks (scripts/ceph-cluster.sh); rbd-fuse
-  # exposes an RBD image as a file for the RBD side of scripts/bench-ceph.sh.
-  --with-ceph) packages+=(ceph-mon ceph-mgr ceph-osd ceph-common rbd-fuse) ;;
+  # A throwaway one-node cluster for tests and benchmarks (scripts/ceph-cluster.sh); qemu's rbd
+  # driver serves the RBD image that scripts/bench-ceph.sh compares with (qemu-nbd rbd:...).
+  --with-ceph) packages+=(ceph-mon ceph-mgr ceph-osd ceph-common qemu-block-extra) ;;
   *) echo "install-deps: unknown option $flag" >&2; exit 2 ;;
   esac
 done
