@@ -75,7 +75,7 @@ stop_last() {
 pool_bytes() {
   local previous=-1 now
   for _ in $(seq 20); do
-    now=$(rados df -f json | python3 -c "import json,sys; print(next(p['size_bytes'] for p in json.load(sys.stdin)['pools'] if p['name']=='$1'))")
+    now=$(rados df -f json | python3 -c "import json,sys; print(next((p['size_bytes'] for p in json.load(sys.stdin)['pools'] if p['name']=='$1'), 0))")
     [[ "$now" == "$previous" ]] && { echo "$now"; return; }
     previous=$now
     sleep 6
