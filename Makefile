@@ -5,15 +5,21 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 CARGO ?= cargo
 ZBD := target/release/zbd
+# Volumes in Ceph RADOS pools (`rados:POOL/NAME`): built and tested with librados.
+FEATURES := --features zbd/ceph
 export ZBD_BIN := $(abspath $(ZBD))
 
-.PHONY: all deps build test test-rust test-lab demo bench check fmt clean fuzz fuzz-seeds
+.PHONY: all deps deps-ceph build test test-rust test-lab demo bench check fmt clean fuzz fuzz-seeds
 
 all: build
 
 # System packages (fio, nbdkit, libnbd tools, qemu-utils, mkfs.*, zfs-fuse, chromium), idempotent.
 deps: $(VENV)/.stamp
 	@bash scripts/install-deps.sh --with-browser
+
+# A throwaway Ceph cluster for the RADOS tests and benchmarks (scripts/ceph-cluster.sh).
+deps-ceph:
+	@bash scripts/install-deps.sh --with-ceph
 
 $(VENV)/.stamp: lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +28,13 @@ $(VENV)/.stamp: lab/pyproject.toml
 	touch $@
 
 build:
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release --workspace $(FEATURES)
 
-test: deps build
+test: deps deps-ceph build
 	$(MAKE) test-rust test-lab
 
 test-rust:
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace $(FEATURES)
 
 test-lab:
 	cd lab && ../$(VPY) -m pytest -q
@@ -36,8 +42,9 @@ test-lab:
 demo: deps build
 	bash scripts/demo.sh
 
-bench: deps build
+bench: deps deps-ceph build
 	bash scripts/bench.sh
+	bash scripts/bench-ceph.sh
 
 # Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.
 fuzz:
@@ -51,6 +58,7 @@ check:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(FEATURES) -- -D warnings
 	$(VENV)/bin/ruff check lab
 	$(VENV)/bin/ruff format --check lab
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system packages zbd and zbdlab need. Idempotent: does nothing when all are present.
-# Usage: scripts/install-deps.sh [--with-browser]
+# Usage: scripts/install-deps.sh [--with-browser] [--with-ceph]
 set -euo pipefail
 
 packages=(
@@ -10,10 +10,17 @@ packages=(
   qemu-utils                        # qemu-img, qemu-io
   e2fsprogs xfsprogs btrfs-progs btrfs-compsize zfs-fuse
   util-linux procps psmisc sysstat
+  librados-dev                      # builds zbd's `ceph` feature (rados:POOL/NAME volumes)
 )
-if [[ "${1:-}" == "--with-browser" ]]; then
-  packages+=(chromium)
-fi
+for flag in "$@"; do
+  case $flag in
+  --with-browser) packages+=(chromium) ;;
+  # A throwaway one-node cluster for tests and benchmarks (scripts/ceph-cluster.sh); qemu's rbd
+  # driver serves the RBD image that scripts/bench-ceph.sh compares with (qemu-nbd rbd:...).
+  --with-ceph) packages+=(ceph-mon ceph-mgr ceph-osd ceph-common qemu-block-extra) ;;
+  *) echo "install-deps: unknown option $flag" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -3,6 +3,7 @@
 
 mod commands;
 mod sample;
+mod target;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -38,6 +39,8 @@ enum Command {
     Attach(commands::attach::AttachArgs),
     /// Undo `zbd attach`.
     Detach(commands::detach::DetachArgs),
+    /// Break the lock a crashed server left on a rados:POOL/NAME volume (fences it first).
+    Unlock(commands::unlock::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Attach(a) => commands::attach::run(a),
         Command::Detach(a) => commands::detach::run(a),
+        Command::Unlock(a) => commands::unlock::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,7 @@
 //! `zbd check`: verify metadata and every block checksum; non-zero exit lists the damage.
 
 use super::open_read_only;
+use crate::target::CephArgs;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -10,8 +11,10 @@ use std::process::ExitCode;
 /// Arguments of `zbd check`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Volume file or block device.
+    /// Volume file, block device or rados:POOL/NAME.
     path: PathBuf,
+    #[command(flatten)]
+    ceph: CephArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -21,7 +24,7 @@ pub struct Args {
 const EXIT_DAMAGED: u8 = 3;
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = open_read_only(&a.path)?;
+    let vol = open_read_only(&a.path, &a.ceph)?;
     let bar = if std::io::stderr().is_terminal() && !a.json {
         let b = ProgressBar::new(vol.superblock().logical_blocks);
         b.set_style(

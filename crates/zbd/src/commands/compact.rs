@@ -1,29 +1,31 @@
 //! `zbd compact`: offline cleaning of every extent with dead space, with progress.
 
 use super::human;
+use crate::target::{CephArgs, Target};
 use anyhow::{anyhow, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use zbd_core::{FileStorage, OpenOptions, Volume};
+use zbd_core::{OpenOptions, Volume};
 
 /// Arguments of `zbd compact`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Volume file or block device (not in use).
+    /// Volume file, block device or rados:POOL/NAME (not in use).
     path: PathBuf,
+    #[command(flatten)]
+    ceph: CephArgs,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let storage =
-        FileStorage::open(&a.path, true).map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
+    let target = Target::parse(&a.path)?;
+    let storage = target.open(&a.ceph, true)?;
     let opts = OpenOptions {
         background_cleaner: false,
         ..OpenOptions::default()
     };
-    let vol =
-        Volume::open(Box::new(storage), opts).map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
+    let vol = Volume::open(storage, opts).map_err(|e| anyhow!("{target}: {e}"))?;
     let before = vol.stats();
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);
@@ -46,7 +48,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     vol.close()?;
     println!(
         "compacted {}: {} victims, {} extents reclaimed, {} output extents, {} moved",
-        a.path.display(),
+        target,
         r.victims,
         r.reclaimed,
         r.outputs,

@@ -1,6 +1,7 @@
 //! `zbd create`: format a new volume, refusing to destroy anything that looks in use.
 
 use super::{human, size_arg};
+use crate::target::{CephArgs, Target};
 use anyhow::{anyhow, bail, Context, Result};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -10,7 +11,7 @@ use zbd_core::{Codec, CreateOptions, FileStorage, Volume};
 /// Arguments of `zbd create`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// New sparse file or existing block device.
+    /// New sparse file, existing block device, or rados:POOL/NAME (objects in a Ceph pool).
     path: PathBuf,
     /// Logical size (K/M/G/T suffixes), a multiple of 4K.
     #[arg(long)]
@@ -33,6 +34,12 @@ pub struct Args {
     /// Overwrite an existing file, volume or filesystem signature.
     #[arg(long)]
     force: bool,
+    /// rados:POOL/NAME only: size of the RADOS objects the volume is striped over, a power of
+    /// two from 64K to 32M [default: 4M].
+    #[arg(long)]
+    object_size: Option<String>,
+    #[command(flatten)]
+    ceph: CephArgs,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -72,14 +79,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
         ..CreateOptions::new(size)
     };
     let sb = zbd_core::layout::plan(&opts).map_err(|e| anyhow!("{e}"))?;
-    refuse_if_in_use(&a.path, a.force)?;
-    let storage = FileStorage::create(&a.path, sb.total_bytes())
-        .map_err(|e| anyhow!("{}: {e}", a.path.display()))?;
-    let vol = Volume::create(Box::new(storage), &opts)
-        .with_context(|| format!("creating {}", a.path.display()))?;
+    let object_size = a
+        .object_size
+        .as_deref()
+        .map(|s| size_arg("--object-size", s))
+        .transpose()?;
+    let target = Target::parse(&a.path)?;
+    if let Some(path) = target.file() {
+        refuse_if_in_use(path, a.force)?;
+    }
+    let storage = target.create(&a.ceph, sb.total_bytes(), object_size, a.force)?;
+    let vol = Volume::create(storage, &opts).with_context(|| format!("creating {target}"))?;
     let sb = vol.superblock().clone();
     vol.close()?;
-    println!("created {}", a.path.display());
+    println!("created {target}");
     println!(
         "  logical size   {} ({} blocks of 4 KiB)",
         human(size),

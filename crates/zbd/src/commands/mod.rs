@@ -11,10 +11,12 @@ pub mod create;
 pub mod detach;
 pub mod serve;
 pub mod stat;
+pub mod unlock;
 
+use crate::target::{CephArgs, Target};
 use anyhow::{anyhow, Result};
 use std::path::Path;
-use zbd_core::{FileStorage, Volume};
+use zbd_core::Volume;
 
 /// Parses a size argument (`32K`, `1G`, `4096`), naming the flag on error.
 pub fn size_arg(flag: &str, value: &str) -> Result<u64> {
@@ -26,9 +28,10 @@ pub fn size_arg(flag: &str, value: &str) -> Result<u64> {
 }
 
 /// Opens a volume read-only (stat, check).
-pub fn open_read_only(path: &Path) -> Result<Volume> {
-    let storage = FileStorage::open(path, false).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    Volume::open_read_only(Box::new(storage)).map_err(|e| anyhow!("{}: {e}", path.display()))
+pub fn open_read_only(path: &Path, ceph: &CephArgs) -> Result<Volume> {
+    let target = Target::parse(path)?;
+    let storage = target.open(ceph, false)?;
+    Volume::open_read_only(storage).map_err(|e| anyhow!("{target}: {e}"))
 }
 
 /// Human-readable binary size.

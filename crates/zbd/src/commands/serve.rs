@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::target::{CephArgs, Target};
 use anyhow::{bail, Context, Result};
-use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
+use zbd_core::{AllocState, OpenOptions, Volume};
 use zbd_nbd::{
     ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig,
     ShutdownHandle,
@@ -26,8 +27,10 @@ pub const RUN_DIR: &str = "/run/zbd";
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Volume to serve (made by `zbd create`).
+    /// Volume to serve (made by `zbd create`): file, block device or rados:POOL/NAME.
     pub path: PathBuf,
+    #[command(flatten)]
+    pub ceph: CephArgs,
     /// Unix socket to listen on [default: /run/zbd/<volume name>.sock].
     #[arg(long, conflicts_with = "listen")]
     pub socket: Option<PathBuf>,
@@ -195,7 +198,13 @@ pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
 
 /// Answers `stats json` / `stats text` on the control socket (one request per connection, the
 /// reply runs to EOF) until the process exits.
-fn spawn_control(listener: UnixListener, volume: Arc<Volume>, name: String) -> std::io::Result<()> {
+/// The thread holds the volume weakly: once `run` drops its handles the volume is dropped, which
+/// releases its storage (and a RADOS volume's lock) before the process exits.
+fn spawn_control(
+    listener: UnixListener,
+    volume: std::sync::Weak<Volume>,
+    name: String,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("zbd-control".into())
         .spawn(move || {
@@ -207,6 +216,9 @@ fn spawn_control(listener: UnixListener, volume: Arc<Volume>, name: String) -> s
                 if BufReader::new(&stream).read_line(&mut request).is_err() {
                     continue;
                 }
+                let Some(volume) = volume.upgrade() else {
+                    break;
+                };
                 let reply = match request.trim() {
                     "stats json" => serde_json::to_string_pretty(&volume.stats())
                         .map(|text| text + "\n")
@@ -267,20 +279,19 @@ impl Drop for RemoveOnDrop {
 }
 
 fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
-    if !args.path.exists() {
-        bail!(
-            "no volume at {} (make one with `zbd create`)",
-            args.path.display()
-        );
+    let target = Target::parse(&args.path)?;
+    if target.file().is_some_and(|path| !path.exists()) {
+        bail!("no volume at {target} (make one with `zbd create`)");
     }
-    let storage = FileStorage::open(&args.path, !args.read_only)
-        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    let storage = target
+        .open(&args.ceph, !args.read_only)
+        .with_context(|| format!("cannot open volume {target}"))?;
     let options = OpenOptions {
         read_only: args.read_only,
         ..OpenOptions::default()
     };
-    let volume = Volume::open(Box::new(storage), options)
-        .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    let volume =
+        Volume::open(storage, options).with_context(|| format!("cannot open volume {target}"))?;
     Ok(Arc::new(volume))
 }
 
@@ -296,7 +307,7 @@ fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(control, Arc::clone(volume), path.display().to_string())?;
+    spawn_control(control, Arc::downgrade(volume), path.display().to_string())?;
     Ok(guard)
 }
 
@@ -362,6 +373,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     signals.close();
     let _ = signal_thread.join();
     let closed = volume.close().context("cannot close the volume cleanly");
+    // The last handle: dropping it releases the storage (a RADOS volume's lock) now.
+    drop(volume);
     served.context("NBD server failed")?;
     closed?;
     eprintln!("zbd: stopped, volume closed cleanly");

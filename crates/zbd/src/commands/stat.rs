@@ -1,6 +1,7 @@
 //! `zbd stat`: space, savings, extents and I/O at a glance.
 
 use super::{human, open_read_only};
+use crate::target::CephArgs;
 use anyhow::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,15 +10,17 @@ use zbd_core::Stats;
 /// Arguments of `zbd stat`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Volume file or block device.
+    /// Volume file, block device or rados:POOL/NAME.
     path: PathBuf,
+    #[command(flatten)]
+    ceph: CephArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = match open_read_only(&a.path) {
+    let vol = match open_read_only(&a.path, &a.ceph) {
         Ok(vol) => vol,
         // Locked by `zbd serve`: ask the server.
         Err(error) => match super::serve::query_stats(&a.path, a.json) {

@@ -1,0 +1,552 @@
+//! A small safe layer over the librados C API (declarations from the `ceph` crate): connect with
+//! timeouts, pool I/O contexts, object reads and writes (synchronous and asynchronous), and the
+//! `cls_lock` advisory locks.
+//!
+//! Every `unsafe` block here calls librados with pointers that outlive the call: `CString`s and
+//! slices owned by the caller, or buffers owned by a [`Completion`] until librados is done with
+//! them. librados is thread-safe: one cluster handle and its I/O contexts may be used from many
+//! threads at once (librados.h, "thread safety"), which is what makes the `Send`/`Sync` impls
+//! below sound.
+#![allow(unsafe_code)]
+
+use crate::error::{errno_text, RadosError};
+use ceph::rados as ffi;
+use std::ffi::{CStr, CString};
+use std::os::raw::c_char;
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to reach a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Ceph config file; `None`: `CEPH_CONF`, then Ceph's default search path.
+    pub conf: Option<PathBuf>,
+    /// Ceph user without the `client.` prefix; `None`: librados' default (`admin`).
+    pub id: Option<String>,
+    /// Give up connecting (and monitor requests) after this long.
+    pub connect_timeout: Duration,
+    /// An OSD request that is not answered within this long fails with ETIMEDOUT (reported as
+    /// an I/O error); zero waits forever, like RBD by default.
+    pub op_timeout: Duration,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            conf: None,
+            id: None,
+            connect_timeout: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+fn cstring(what: &str, text: &str) -> Result<CString, RadosError> {
+    CString::new(text).map_err(|_| RadosError::Invalid(format!("{what} {text:?} contains a NUL")))
+}
+
+/// A connected cluster handle.
+pub struct Cluster {
+    handle: ffi::rados_t,
+    user: String,
+}
+
+// SAFETY: a `rados_t` may be used from any thread, concurrently (librados is thread-safe); the
+// handle is only shut down in `Drop`, when no other reference exists.
+unsafe impl Send for Cluster {}
+unsafe impl Sync for Cluster {}
+
+impl Cluster {
+    /// Reads the config, applies the timeouts and connects.
+    pub fn connect(options: &ClusterOptions) -> Result<Arc<Cluster>, RadosError> {
+        let id = options
+            .id
+            .as_deref()
+            .map(|id| cstring("--ceph-id", id))
+            .transpose()?;
+        let user = format!("client.{}", options.id.as_deref().unwrap_or("admin"));
+        let mut handle: ffi::rados_t = ptr::null_mut();
+        // SAFETY: `handle` is a valid out pointer; `id` is NUL-terminated or null (default id).
+        let rc = unsafe {
+            ffi::rados_create(&mut handle, id.as_ref().map_or(ptr::null(), |i| i.as_ptr()))
+        };
+        if rc < 0 {
+            return Err(RadosError::Connect(errno_text(rc)));
+        }
+        // From here on `Drop` shuts the handle down on every error path.
+        let cluster = Cluster { handle, user };
+        cluster.read_config(options)?;
+        let seconds = |d: Duration| d.as_secs().max(u64::from(d.subsec_nanos() > 0)).to_string();
+        let connect = seconds(options.connect_timeout);
+        cluster.set("client_mount_timeout", &connect)?;
+        cluster.set("rados_mon_op_timeout", &connect)?;
+        cluster.set("rados_osd_op_timeout", &seconds(options.op_timeout))?;
+        // SAFETY: the handle is created and configured, not yet connected.
+        let rc = unsafe { ffi::rados_connect(cluster.handle) };
+        if rc < 0 {
+            let conf = options
+                .conf
+                .as_ref()
+                .map(|c| format!(" of {}", c.display()))
+                .unwrap_or_default();
+            return Err(match -rc {
+                libc::ETIMEDOUT | libc::ENOTCONN | libc::ECONNREFUSED => RadosError::Unreachable {
+                    conf,
+                    seconds: options.connect_timeout.as_secs(),
+                },
+                libc::EACCES | libc::EPERM => RadosError::Permission {
+                    user: cluster.user.clone(),
+                    what: "connecting".into(),
+                },
+                _ => RadosError::Connect(errno_text(rc)),
+            });
+        }
+        Ok(Arc::new(cluster))
+    }
+
+    fn read_config(&self, options: &ClusterOptions) -> Result<(), RadosError> {
+        let path = match &options.conf {
+            Some(path) => {
+                // librados only says ENOENT or EINVAL: name the file and the reason ourselves.
+                std::fs::File::open(path).map_err(|e| RadosError::Config {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                Some(cstring("--ceph-conf", &path.to_string_lossy())?)
+            }
+            None => None,
+        };
+        // SAFETY: the handle is valid; `path` is NUL-terminated or null (= CEPH_CONF, then the
+        // default search path).
+        let rc = unsafe {
+            ffi::rados_conf_read_file(
+                self.handle,
+                path.as_ref().map_or(ptr::null(), |p| p.as_ptr()),
+            )
+        };
+        if rc < 0 {
+            return Err(match &options.conf {
+                Some(path) => RadosError::Config {
+                    path: path.display().to_string(),
+                    reason: format!("not a valid Ceph config ({})", errno_text(rc)),
+                },
+                None => RadosError::NoConfig,
+            });
+        }
+        // SAFETY: null selects the CEPH_ARGS environment variable.
+        let rc = unsafe { ffi::rados_conf_parse_env(self.handle, ptr::null()) };
+        if rc < 0 {
+            return Err(RadosError::Connect(format!(
+                "CEPH_ARGS: {}",
+                errno_text(rc)
+            )));
+        }
+        Ok(())
+    }
+
+    fn set(&self, option: &str, value: &str) -> Result<(), RadosError> {
+        let (o, v) = (cstring("option", option)?, cstring("value", value)?);
+        // SAFETY: valid handle and NUL-terminated strings.
+        let rc = unsafe { ffi::rados_conf_set(self.handle, o.as_ptr(), v.as_ptr()) };
+        if rc < 0 {
+            return Err(RadosError::Connect(format!(
+                "setting {option}={value}: {}",
+                errno_text(rc)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The Ceph user this handle authenticated as (`client.NAME`).
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// Opens an I/O context on `pool`.
+    pub fn pool(self: &Arc<Self>, pool: &str) -> Result<IoCtx, RadosError> {
+        let name = cstring("pool", pool)?;
+        let mut io: ffi::rados_ioctx_t = ptr::null_mut();
+        // SAFETY: connected handle, NUL-terminated name, valid out pointer.
+        let rc = unsafe { ffi::rados_ioctx_create(self.handle, name.as_ptr(), &mut io) };
+        if rc < 0 {
+            return Err(match -rc {
+                libc::ENOENT => RadosError::NoPool(pool.to_string()),
+                libc::EACCES | libc::EPERM => RadosError::Permission {
+                    user: self.user.clone(),
+                    what: format!("pool {pool}"),
+                },
+                _ => RadosError::Op {
+                    what: format!("opening pool {pool}"),
+                    reason: errno_text(rc),
+                },
+            });
+        }
+        Ok(IoCtx {
+            io,
+            cluster: Arc::clone(self),
+        })
+    }
+
+    /// Adds a client address (`IP:PORT/NONCE`) to the OSD blocklist for `expire` seconds (0: the
+    /// cluster's default, one hour): its in-flight and future requests are refused.
+    pub fn blocklist(&self, address: &str, expire: u32) -> Result<(), RadosError> {
+        let address = cstring("address", address)?;
+        // SAFETY: valid handle; librados takes a mutable pointer but only reads the string.
+        let rc = unsafe {
+            ffi::rados_blacklist_add(self.handle, address.as_ptr() as *mut c_char, expire)
+        };
+        check(rc, "adding to the blocklist")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rados_create; every IoCtx holds an Arc to us, so none is
+        // left, and this is the only shutdown.
+        unsafe { ffi::rados_shutdown(self.handle) }
+    }
+}
+
+fn check(rc: i32, what: &str) -> Result<(), RadosError> {
+    if rc < 0 {
+        return Err(RadosError::Op {
+            what: what.to_string(),
+            reason: errno_text(rc),
+        });
+    }
+    Ok(())
+}
+
+/// One holder of a `cls_lock` lock.
+#[derive(Clone, Debug)]
+pub struct Locker {
+    /// `client.<instance id>`.
+    pub client: String,
+    /// The cookie the holder chose (zbd puts its host and PID in it).
+    pub cookie: String,
+    /// The holder's address, `IP:PORT/NONCE` (what `ceph osd blocklist add` takes).
+    pub address: String,
+}
+
+/// An I/O context on one pool. Negative errno values are returned raw (`Err(-errno)`) so the
+/// storage layer can decide what each one means.
+pub struct IoCtx {
+    io: ffi::rados_ioctx_t,
+    cluster: Arc<Cluster>,
+}
+
+// SAFETY: as for `Cluster`: librados I/O contexts may be shared between threads.
+unsafe impl Send for IoCtx {}
+unsafe impl Sync for IoCtx {}
+
+impl Drop for IoCtx {
+    fn drop(&mut self) {
+        // SAFETY: created by rados_ioctx_create; every Completion borrows the IoCtx's owner
+        // (RadosStorage waits for all of them before dropping it).
+        unsafe { ffi::rados_ioctx_destroy(self.io) }
+    }
+}
+
+fn oid(name: &str) -> CString {
+    // Object names are built by this crate from validated volume names (no NUL).
+    CString::new(name).unwrap_or_default()
+}
+
+impl IoCtx {
+    /// The cluster this context belongs to.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` of `object`; returns how many it read (0 for a
+    /// missing object).
+    pub fn read(&self, object: &str, offset: u64, buf: &mut [u8]) -> Result<usize, i32> {
+        let o = oid(object);
+        // SAFETY: `buf` is valid for writes of buf.len() bytes for the whole (synchronous) call.
+        let rc = unsafe {
+            ffi::rados_read(
+                self.io,
+                o.as_ptr(),
+                buf.as_mut_ptr() as *mut c_char,
+                buf.len(),
+                offset,
+            )
+        };
+        match rc {
+            n if n >= 0 => Ok(n as usize),
+            n if n == -libc::ENOENT => Ok(0),
+            n => Err(n),
+        }
+    }
+
+    /// Replaces `object`'s content with `data` (synchronously).
+    pub fn write_full(&self, object: &str, data: &[u8]) -> Result<(), i32> {
+        let o = oid(object);
+        // SAFETY: `data` is valid for reads for the whole call.
+        let rc = unsafe {
+            ffi::rados_write_full(
+                self.io,
+                o.as_ptr(),
+                data.as_ptr() as *const c_char,
+                data.len(),
+            )
+        };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// Starts writing `data` at `offset` of `object`.
+    pub fn aio_write(&self, object: &str, offset: u64, data: Vec<u8>) -> Result<Completion, i32> {
+        let mut c = Completion::new(object)?;
+        // SAFETY: the completion, the object name and the data buffer are owned by `c`, which
+        // waits for the operation before freeing any of them (Completion::drop).
+        let rc = unsafe {
+            ffi::rados_aio_write(
+                self.io,
+                c.oid.as_ptr(),
+                c.handle,
+                data.as_ptr() as *const c_char,
+                data.len(),
+                offset,
+            )
+        };
+        c.data = data;
+        if rc < 0 {
+            c.started = false;
+            return Err(rc);
+        }
+        Ok(c)
+    }
+
+    /// Starts removing `object` (ENOENT when it did not exist).
+    pub fn aio_remove(&self, object: &str) -> Result<Completion, i32> {
+        let mut c = Completion::new(object)?;
+        // SAFETY: as in aio_write; no data buffer.
+        let rc = unsafe { ffi::rados_aio_remove(self.io, c.oid.as_ptr(), c.handle) };
+        if rc < 0 {
+            c.started = false;
+            return Err(rc);
+        }
+        Ok(c)
+    }
+
+    /// Starts zeroing `len` bytes at `offset` of `object` (the OSD frees the space).
+    pub fn aio_zero(&self, object: &str, offset: u64, len: u64) -> Result<Completion, i32> {
+        let mut c = Completion::new(object)?;
+        // SAFETY: rados_create_write_op returns a fresh op (null on allocation failure, checked);
+        // the op is owned by `c`, released after the operation completed.
+        unsafe {
+            c.write_op = ffi::rados_create_write_op();
+            if c.write_op.is_null() {
+                c.started = false;
+                return Err(-libc::ENOMEM);
+            }
+            ffi::rados_write_op_zero(c.write_op, offset, len);
+        }
+        // SAFETY: op, completion and object name live in `c` until it has waited.
+        let rc = unsafe {
+            ffi::rados_aio_write_op_operate(
+                c.write_op,
+                self.io,
+                c.handle,
+                c.oid.as_ptr(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if rc < 0 {
+            c.started = false;
+            return Err(rc);
+        }
+        Ok(c)
+    }
+
+    /// Takes the exclusive lock `name` on `object` (creating the object if needed), with no
+    /// expiry. EBUSY: someone else holds it.
+    pub fn lock_exclusive(&self, object: &str, name: &str, cookie: &str) -> Result<(), i32> {
+        let (o, n, c) = (oid(object), oid(name), oid(cookie));
+        let description = oid("zbd volume");
+        // SAFETY: NUL-terminated strings; a null duration means no expiry.
+        let rc = unsafe {
+            ffi::rados_lock_exclusive(
+                self.io,
+                o.as_ptr(),
+                n.as_ptr(),
+                c.as_ptr(),
+                description.as_ptr(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// Releases our own lock.
+    pub fn unlock(&self, object: &str, name: &str, cookie: &str) -> Result<(), i32> {
+        let (o, n, c) = (oid(object), oid(name), oid(cookie));
+        // SAFETY: NUL-terminated strings.
+        let rc = unsafe { ffi::rados_unlock(self.io, o.as_ptr(), n.as_ptr(), c.as_ptr()) };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// Breaks another client's lock.
+    pub fn break_lock(&self, object: &str, name: &str, locker: &Locker) -> Result<(), i32> {
+        let (o, n) = (oid(object), oid(name));
+        let (client, cookie) = (oid(&locker.client), oid(&locker.cookie));
+        // SAFETY: NUL-terminated strings.
+        let rc = unsafe {
+            ffi::rados_break_lock(
+                self.io,
+                o.as_ptr(),
+                n.as_ptr(),
+                client.as_ptr(),
+                cookie.as_ptr(),
+            )
+        };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// Who holds lock `name` on `object`.
+    pub fn lockers(&self, object: &str, name: &str) -> Result<Vec<Locker>, i32> {
+        let (o, n) = (oid(object), oid(name));
+        let mut sizes = [256usize; 4];
+        loop {
+            let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+            let mut lens = sizes;
+            let mut exclusive = 0i32;
+            let [tag, clients, cookies, addrs] = &mut bufs[..] else {
+                unreachable!("four buffers")
+            };
+            // SAFETY: each buffer is valid for writes of the length passed with it; librados
+            // writes at most that many bytes, or returns -ERANGE with the sizes it needs.
+            let rc = unsafe {
+                ffi::rados_list_lockers(
+                    self.io,
+                    o.as_ptr(),
+                    n.as_ptr(),
+                    &mut exclusive,
+                    tag.as_mut_ptr() as *mut c_char,
+                    &mut lens[0],
+                    clients.as_mut_ptr() as *mut c_char,
+                    &mut lens[1],
+                    cookies.as_mut_ptr() as *mut c_char,
+                    &mut lens[2],
+                    addrs.as_mut_ptr() as *mut c_char,
+                    &mut lens[3],
+                )
+            };
+            if rc == -libc::ERANGE as isize {
+                for (size, len) in sizes.iter_mut().zip(lens) {
+                    *size = (*size).max(len) * 2;
+                }
+                continue;
+            }
+            if rc == -libc::ENOENT as isize {
+                return Ok(Vec::new());
+            }
+            if rc < 0 {
+                return Err(rc as i32);
+            }
+            let split = |buf: &[u8], len: usize| -> Vec<String> {
+                buf[..len.min(buf.len())]
+                    .split(|&b| b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            };
+            let clients = split(clients, lens[1]);
+            let cookies = split(cookies, lens[2]);
+            let addrs = split(addrs, lens[3]);
+            return Ok(clients
+                .into_iter()
+                .zip(cookies)
+                .zip(addrs)
+                .map(|((client, cookie), address)| Locker {
+                    client,
+                    cookie,
+                    address,
+                })
+                .collect());
+        }
+    }
+}
+
+/// An asynchronous operation in flight; owns everything librados may still read.
+pub struct Completion {
+    handle: ffi::rados_completion_t,
+    oid: CString,
+    data: Vec<u8>,
+    write_op: ffi::rados_write_op_t,
+    /// False when librados refused to start the operation: nothing to wait for.
+    started: bool,
+}
+
+// SAFETY: a librados completion is internally synchronised: it may be waited on from several
+// threads at once and released from any thread once complete.
+unsafe impl Send for Completion {}
+unsafe impl Sync for Completion {}
+
+impl Completion {
+    fn new(object: &str) -> Result<Completion, i32> {
+        let mut handle: ffi::rados_completion_t = ptr::null_mut();
+        // SAFETY: no callbacks (we wait instead); valid out pointer.
+        let rc =
+            unsafe { ffi::rados_aio_create_completion(ptr::null_mut(), None, None, &mut handle) };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(Completion {
+            handle,
+            oid: oid(object),
+            data: Vec::new(),
+            write_op: ptr::null_mut(),
+            started: true,
+        })
+    }
+
+    /// Waits until the OSDs acknowledged the operation (a write is then durable on every
+    /// replica) and returns its result: 0 or a negative errno.
+    pub fn wait(&self) -> i32 {
+        if !self.started {
+            return -libc::ECANCELED;
+        }
+        // SAFETY: the handle is valid until Drop; waiting concurrently is allowed.
+        unsafe {
+            ffi::rados_aio_wait_for_complete(self.handle);
+            ffi::rados_aio_get_return_value(self.handle)
+        }
+    }
+
+    /// The object this operation is on.
+    pub fn object(&self) -> &CStr {
+        &self.oid
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        // Never free what librados may still use: wait first (immediate when already done).
+        self.wait();
+        // SAFETY: the operation is complete; handle and op are released exactly once.
+        unsafe {
+            if !self.write_op.is_null() {
+                ffi::rados_release_write_op(self.write_op);
+            }
+            ffi::rados_aio_release(self.handle);
+        }
+        self.data.clear();
+    }
+}

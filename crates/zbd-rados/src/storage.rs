@@ -1,0 +1,516 @@
+//! [`RadosStorage`]: the engine's byte space striped over fixed-size RADOS objects, with many
+//! writes in flight and `sync` waiting for their acknowledgements.
+
+use crate::client::{Cluster, ClusterOptions, Completion, IoCtx, Locker};
+use crate::error::{errno_text, RadosError};
+use crate::RadosTarget;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use zbd_core::{Error, Result, Storage};
+
+/// Object size when `zbd create` is not told otherwise (RBD's default too).
+pub const DEFAULT_OBJECT_SIZE: u64 = 4 << 20;
+/// Smallest and largest object sizes accepted at create time.
+pub const OBJECT_SIZE_RANGE: (u64, u64) = (64 << 10, 32 << 20);
+/// Writes (bytes) in flight before `write_at` waits for the oldest: bounds the memory that
+/// buffers wait in while the OSDs are slow or down.
+const MAX_INFLIGHT_BYTES: u64 = 64 << 20;
+/// Name of the `cls_lock` lock on the header object.
+const LOCK_NAME: &str = "zbd";
+const HEADER_MAGIC: &str = "zbd-rados-volume 1";
+
+/// A volume's header: what `create` chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    size: u64,
+    object_size: u64,
+}
+
+impl Header {
+    fn encode(&self) -> String {
+        format!(
+            "{HEADER_MAGIC}\nsize {}\nobject_size {}\n",
+            self.size, self.object_size
+        )
+    }
+
+    fn decode(text: &[u8]) -> std::result::Result<Header, String> {
+        let text = std::str::from_utf8(text).map_err(|_| "not text".to_string())?;
+        let mut lines = text.lines();
+        if lines.next() != Some(HEADER_MAGIC) {
+            return Err(format!("does not start with {HEADER_MAGIC:?}"));
+        }
+        let mut field = |key: &str| -> std::result::Result<u64, String> {
+            lines
+                .next()
+                .and_then(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| format!("missing or bad {key:?}"))
+        };
+        let header = Header {
+            size: field("size ")?,
+            object_size: field("object_size ")?,
+        };
+        if !header.object_size.is_power_of_two() || header.size == 0 {
+            return Err("impossible size or object size".into());
+        }
+        Ok(header)
+    }
+}
+
+/// One asynchronous write, zero or remove in flight, over volume bytes `start..end`.
+struct Op {
+    start: u64,
+    end: u64,
+    bytes: u64,
+    /// A missing object is fine for removes and zeroes (discard of never-written space).
+    missing_ok: bool,
+    completion: Completion,
+}
+
+#[derive(Default)]
+struct Inflight {
+    next_seq: u64,
+    ops: BTreeMap<u64, Arc<Op>>,
+    bytes: u64,
+    /// The first failed write: every later `sync` fails with it (a lost write cannot be made
+    /// durable again by retrying).
+    first_error: Option<String>,
+}
+
+/// A zbd volume's storage in a RADOS pool, holding the volume's exclusive lock while open.
+pub struct RadosStorage {
+    io: IoCtx,
+    target: RadosTarget,
+    header: Header,
+    cookie: String,
+    inflight: Mutex<Inflight>,
+}
+
+fn io_error(message: String) -> Error {
+    Error::Io(std::io::Error::other(message))
+}
+
+impl RadosStorage {
+    /// Opens an existing volume and locks it.
+    pub fn open(
+        options: &ClusterOptions,
+        target: &RadosTarget,
+    ) -> std::result::Result<Self, RadosError> {
+        let io = Cluster::connect(options)?.pool(&target.pool)?;
+        let header =
+            read_header(&io, target)?.ok_or_else(|| RadosError::NoVolume(target.to_string()))?;
+        let cookie = lock(&io, target)?;
+        Ok(Self::new(io, target, header, cookie))
+    }
+
+    /// Creates a volume of `size` bytes striped over objects of `object_size` bytes, and locks
+    /// it. An existing volume of that name is refused unless `force`, which removes its objects.
+    pub fn create(
+        options: &ClusterOptions,
+        target: &RadosTarget,
+        size: u64,
+        object_size: u64,
+        force: bool,
+    ) -> std::result::Result<Self, RadosError> {
+        let (lo, hi) = OBJECT_SIZE_RANGE;
+        if !object_size.is_power_of_two() || !(lo..=hi).contains(&object_size) {
+            return Err(RadosError::Invalid(format!(
+                "--object-size {object_size}: must be a power of two from 64K to 32M"
+            )));
+        }
+        let io = Cluster::connect(options)?.pool(&target.pool)?;
+        // Lock first (this creates an empty header object): nobody else may use or create the
+        // volume while we look at it. An empty header means "no volume".
+        let cookie = lock(&io, target)?;
+        let new = Header { size, object_size };
+        let storage = Self::new(io, target, new, cookie);
+        match read_header(&storage.io, target) {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(RadosError::BadHeader { .. }) if !force => {
+                return Err(RadosError::Exists(target.to_string()))
+            }
+            Ok(Some(old)) => storage.remove_objects(old)?,
+            Err(RadosError::BadHeader { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        storage
+            .io
+            .write_full(&target.header_object(), new.encode().as_bytes())
+            .map_err(|rc| op_error(&storage.io, target, "writing the volume header", rc))?;
+        Ok(storage)
+    }
+
+    fn new(io: IoCtx, target: &RadosTarget, header: Header, cookie: String) -> Self {
+        RadosStorage {
+            io,
+            target: target.clone(),
+            header,
+            cookie,
+            inflight: Mutex::new(Inflight::default()),
+        }
+    }
+
+    /// Object size of this volume.
+    pub fn object_size(&self) -> u64 {
+        self.header.object_size
+    }
+
+    /// Removes every data object an old volume of this name may have written.
+    fn remove_objects(&self, old: Header) -> std::result::Result<(), RadosError> {
+        let count = old.size.div_ceil(old.object_size);
+        let indexes: Vec<u64> = (0..count).collect();
+        for batch in indexes.chunks(128) {
+            let started: Vec<_> = batch
+                .iter()
+                .map(|&i| self.io.aio_remove(&self.target.data_object(i)))
+                .collect();
+            for c in started {
+                let rc = c.and_then(|c| match c.wait() {
+                    rc if rc < 0 && rc != -libc::ENOENT => Err(rc),
+                    _ => Ok(()),
+                });
+                rc.map_err(|rc| op_error(&self.io, &self.target, "removing old data objects", rc))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits volume bytes `offset..offset+len` at object boundaries: (object index, offset in
+    /// the object, length).
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+        let object = self.header.object_size;
+        let end = offset + len;
+        let mut pos = offset;
+        std::iter::from_fn(move || {
+            (pos < end).then(|| {
+                let index = pos / object;
+                let within = pos % object;
+                let n = (object - within).min(end - pos);
+                pos += n;
+                (index, within, n)
+            })
+        })
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.header.size => Ok(()),
+            _ => Err(Error::CorruptMetadata(format!(
+                "access {offset}+{len} past the end of {} ({} bytes)",
+                self.target, self.header.size
+            ))),
+        }
+    }
+
+    /// Registers a started operation; waits for the oldest ones while too many bytes are in
+    /// flight.
+    fn track(&self, start: u64, len: u64, missing_ok: bool, completion: Completion) {
+        let bytes = len.max(1);
+        let op = Arc::new(Op {
+            start,
+            end: start + len,
+            bytes,
+            missing_ok,
+            completion,
+        });
+        let mut inflight = self.inflight.lock();
+        let seq = inflight.next_seq;
+        inflight.next_seq += 1;
+        inflight.ops.insert(seq, op);
+        inflight.bytes += bytes;
+        while inflight.bytes > MAX_INFLIGHT_BYTES {
+            let oldest: Vec<_> = inflight
+                .ops
+                .iter()
+                .take(16)
+                .map(|(s, o)| (*s, Arc::clone(o)))
+                .collect();
+            drop(inflight);
+            self.retire(oldest);
+            inflight = self.inflight.lock();
+        }
+    }
+
+    /// Waits for `ops` (without holding the lock), then forgets them, keeping the first error.
+    fn retire(&self, ops: Vec<(u64, Arc<Op>)>) {
+        let results: Vec<i32> = ops.iter().map(|(_, op)| op.completion.wait()).collect();
+        let mut inflight = self.inflight.lock();
+        for ((seq, op), rc) in ops.into_iter().zip(results) {
+            if inflight.ops.remove(&seq).is_none() {
+                continue; // another thread retired it (and recorded its result)
+            }
+            inflight.bytes -= op.bytes;
+            let failed = rc < 0 && !(op.missing_ok && rc == -libc::ENOENT);
+            if failed && inflight.first_error.is_none() {
+                inflight.first_error = Some(format!(
+                    "{}: writing object {} failed: {}",
+                    self.target,
+                    op.completion.object().to_string_lossy(),
+                    errno_text(rc)
+                ));
+            }
+        }
+    }
+
+    /// Waits for the operations issued so far that `select` picks.
+    fn wait_for(&self, select: impl Fn(&Op) -> bool) {
+        let ops: Vec<_> = {
+            let inflight = self.inflight.lock();
+            inflight
+                .ops
+                .iter()
+                .filter(|(_, op)| select(op))
+                .map(|(s, o)| (*s, Arc::clone(o)))
+                .collect()
+        };
+        if !ops.is_empty() {
+            self.retire(ops);
+        }
+    }
+
+    fn started(&self, what: &str, rc: i32) -> Error {
+        let message = format!("{}: {what}: {}", self.target, errno_text(rc));
+        let mut inflight = self.inflight.lock();
+        inflight.first_error.get_or_insert_with(|| message.clone());
+        io_error(message)
+    }
+}
+
+impl Storage for RadosStorage {
+    fn len_bytes(&self) -> Result<u64> {
+        Ok(self.header.size)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        self.check_range(offset, len)?;
+        // A read must see every write issued before it.
+        let end = offset + len;
+        self.wait_for(|op| op.start < end && offset < op.end);
+        let mut at = 0usize;
+        for (index, within, n) in self.pieces(offset, len) {
+            let piece = &mut buf[at..at + n as usize];
+            at += n as usize;
+            let object = self.target.data_object(index);
+            let mut done = 0usize;
+            while done < piece.len() {
+                let got = self
+                    .io
+                    .read(&object, within + done as u64, &mut piece[done..])
+                    .map_err(|rc| {
+                        io_error(format!(
+                            "{}: reading object {object}: {}",
+                            self.target,
+                            errno_text(rc)
+                        ))
+                    })?;
+                if got == 0 {
+                    // Past the object's end, or never written: zeros.
+                    piece[done..].fill(0);
+                    break;
+                }
+                done += got;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        let mut at = 0usize;
+        for (index, within, n) in self.pieces(offset, data.len() as u64) {
+            let piece = data[at..at + n as usize].to_vec();
+            let start = offset + at as u64;
+            at += n as usize;
+            let c = self
+                .io
+                .aio_write(&self.target.data_object(index), within, piece)
+                .map_err(|rc| self.started("starting a write", rc))?;
+            self.track(start, n, false, c);
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        let issued = self.inflight.lock().next_seq;
+        let ops: Vec<_> = {
+            let inflight = self.inflight.lock();
+            inflight
+                .ops
+                .range(..issued)
+                .map(|(s, o)| (*s, Arc::clone(o)))
+                .collect()
+        };
+        self.retire(ops);
+        match &self.inflight.lock().first_error {
+            Some(message) => Err(io_error(message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        let mut at = offset;
+        for (index, within, n) in self.pieces(offset, len) {
+            let object = self.target.data_object(index);
+            let c = if n == self.header.object_size {
+                self.io.aio_remove(&object)
+            } else {
+                self.io.aio_zero(&object, within, n)
+            }
+            .map_err(|rc| self.started("starting a discard", rc))?;
+            self.track(at, n, true, c);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RadosStorage {
+    fn drop(&mut self) {
+        // Completions wait for their operations when dropped; then give the volume back.
+        self.wait_for(|_| true);
+        let _ = self
+            .io
+            .unlock(&self.target.header_object(), LOCK_NAME, &self.cookie);
+    }
+}
+
+fn op_error(io: &IoCtx, target: &RadosTarget, what: &str, rc: i32) -> RadosError {
+    if rc == -libc::EACCES || rc == -libc::EPERM {
+        return RadosError::Permission {
+            user: io.cluster().user().to_string(),
+            what: format!("{what} of {target}"),
+        };
+    }
+    RadosError::Op {
+        what: format!("{target}: {what}"),
+        reason: errno_text(rc),
+    }
+}
+
+/// The header, `None` if the volume does not exist (no header object, or an empty one left by
+/// a `create` that did not finish).
+fn read_header(
+    io: &IoCtx,
+    target: &RadosTarget,
+) -> std::result::Result<Option<Header>, RadosError> {
+    let object = target.header_object();
+    let mut buf = vec![0u8; 4096];
+    let n = io
+        .read(&object, 0, &mut buf)
+        .map_err(|rc| op_error(io, target, "reading the volume header", rc))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    Header::decode(&buf[..n])
+        .map(Some)
+        .map_err(|reason| RadosError::BadHeader {
+            volume: target.to_string(),
+            reason,
+        })
+}
+
+/// Takes the volume's exclusive lock; the cookie names this host and process so that a second
+/// opener can say who holds it.
+fn lock(io: &IoCtx, target: &RadosTarget) -> std::result::Result<String, RadosError> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let cookie = format!("zbd:{}:{}:{nanos:08x}", host.trim(), std::process::id());
+    match io.lock_exclusive(&target.header_object(), LOCK_NAME, &cookie) {
+        Ok(()) => Ok(cookie),
+        Err(rc) if rc == -libc::EBUSY || rc == -libc::EEXIST => {
+            let holder = lockers(io, target)?
+                .first()
+                .map(describe)
+                .unwrap_or_else(|| "another client (it just let go: retry)".into());
+            Err(RadosError::InUse {
+                volume: target.to_string(),
+                holder,
+            })
+        }
+        Err(rc) => Err(op_error(io, target, "locking the volume", rc)),
+    }
+}
+
+fn lockers(io: &IoCtx, target: &RadosTarget) -> std::result::Result<Vec<Locker>, RadosError> {
+    io.lockers(&target.header_object(), LOCK_NAME)
+        .map_err(|rc| op_error(io, target, "listing the volume's lock", rc))
+}
+
+/// "client.4151 at 127.0.0.1:0/2215 (zbd PID 812 on host web1)".
+pub fn describe(locker: &Locker) -> String {
+    let mut text = format!("{} at {}", locker.client, locker.address);
+    let parts: Vec<&str> = locker.cookie.split(':').collect();
+    if let ["zbd", host, pid, _] = parts[..] {
+        text.push_str(&format!(" (zbd PID {pid} on host {host})"));
+    }
+    text
+}
+
+/// Breaks the lock of a volume whose holder died. With `blocklist`, first adds the holder's
+/// address to the OSD blocklist (for `blocklist_seconds`, 0: the cluster's default) so that it
+/// can never write again, even if it was only cut off and comes back. Returns the holders.
+pub fn break_lock(
+    options: &ClusterOptions,
+    target: &RadosTarget,
+    blocklist: bool,
+    blocklist_seconds: u32,
+) -> std::result::Result<Vec<Locker>, RadosError> {
+    let io = Cluster::connect(options)?.pool(&target.pool)?;
+    if read_header(&io, target)?.is_none() {
+        return Err(RadosError::NoVolume(target.to_string()));
+    }
+    let holders = lockers(&io, target)?;
+    for holder in &holders {
+        if blocklist {
+            io.cluster()
+                .blocklist(&holder.address, blocklist_seconds)
+                .map_err(|e| match e {
+                    RadosError::Op { reason, .. } => RadosError::Op {
+                        what: format!("blocklisting {} (its lock is left as is)", holder.address),
+                        reason,
+                    },
+                    e => e,
+                })?;
+        }
+        io.break_lock(&target.header_object(), LOCK_NAME, holder)
+            .map_err(|rc| op_error(&io, target, "breaking the lock", rc))?;
+    }
+    Ok(holders)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_rejects() {
+        let h = Header {
+            size: 123 << 20,
+            object_size: 4 << 20,
+        };
+        assert_eq!(Header::decode(h.encode().as_bytes()), Ok(h));
+        assert!(Header::decode(b"zbd-rados-volume 2\nsize 1\nobject_size 4096\n").is_err());
+        assert!(Header::decode(b"zbd-rados-volume 1\nsize 1\nobject_size 3000\n").is_err());
+        assert!(Header::decode(b"zbd-rados-volume 1\nsize 1\n").is_err());
+    }
+
+    #[test]
+    fn holder_description_names_host_and_pid() {
+        let l = Locker {
+            client: "client.4151".into(),
+            cookie: "zbd:web1:812:0badcafe".into(),
+            address: "127.0.0.1:0/2215".into(),
+        };
+        assert_eq!(
+            describe(&l),
+            "client.4151 at 127.0.0.1:0/2215 (zbd PID 812 on host web1)"
+        );
+    }
+}
