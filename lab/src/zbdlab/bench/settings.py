@@ -1,0 +1,41 @@
+"""How long and how often `zbdlab bench` measures: full (`make bench`) or `--quick`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
+
+
+@dataclass
+class Settings:
+    rounds: int = 5
+    engine_size: str = "256M"
+    nbd_size: str = "1G"  # device size; sequential passes cover all of it
+    nbd_runtime_s: int = 10  # per random test
+    fs_size: str = "1G"
+    fs_file: str = "256M"
+    # On disk, not tmpfs, for every target alike (override: --work-dir)
+    work_dir: Path = Path("/var/tmp")
+    confidence: float = 0.90
+    progress: Callable[[str], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def quick(cls) -> Settings:
+        # Fewer rounds (3: intervals stay wide) on smaller devices: a smoke run while developing.
+        return cls(rounds=3, engine_size="128M", nbd_size="256M", nbd_runtime_s=3, fs_file="64M")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "engine_size": self.engine_size,
+            "nbd_size": self.nbd_size,
+            "nbd_runtime_s": self.nbd_runtime_s,
+            "fs_size": self.fs_size,
+            "fs_file": self.fs_file,
+            "work_dir": str(self.work_dir),
+            "confidence": self.confidence,
+        }
