@@ -17,10 +17,16 @@ from zbdlab.stats.compare import Options
 def test_engine_figures_compare_with_codec_times_threads_and_one_thread() -> None:
     rounds = Rounds(["lz4/1t", "lz4/2t"])
     for r in range(5):
-        rounds.add(r, "lz4/1t", {"write_mb_s": 400, "read_mb_s": 1000, "codec_compress_mb_s": 500,
-                                 "codec_decompress_mb_s": 2000})  # fmt: skip
-        rounds.add(r, "lz4/2t", {"write_mb_s": 720, "read_mb_s": 1500, "codec_compress_mb_s": 500,
-                                 "codec_decompress_mb_s": 2000})  # fmt: skip
+        rounds.add(
+            r,
+            "lz4/1t",
+            {"write_mb_s": 400, "read_mb_s": 1000, "codec_compress_mb_s": 500, "codec_decompress_mb_s": 2000},
+        )
+        rounds.add(
+            r,
+            "lz4/2t",
+            {"write_mb_s": 720, "read_mb_s": 1500, "codec_compress_mb_s": 500, "codec_decompress_mb_s": 2000},
+        )
     figs = {f.name: f.compute(Options()) for f in engine.figures(rounds)}
     two = figs["lz4 write, 2 thread(s) / (lz4 alone x 2)"]
     assert two.ratio == 720 / 1000 and two.verdict == "miss"
@@ -32,8 +38,16 @@ def test_engine_figures_compare_with_codec_times_threads_and_one_thread() -> Non
 def test_fio_jobs_set_data_flush_and_halves() -> None:
     target = {"ioengine": "nbd", "uri": "nbd+unix:///?socket=/s"}
     write = nbd.fio_job(nbd.TEST_BY_KEY["seq_write"], 1 << 30, 5, target).render()
-    for line in ("end_fsync=1", "refill_buffers=1", "buffer_compress_percentage=50", "buffer_compress_chunk=4k",
-                 "numjobs=2", f"size={1 << 29}", f"offset_increment={1 << 29}", "ioengine=nbd"):  # fmt: skip
+    for line in (
+        "end_fsync=1",
+        "refill_buffers=1",
+        "buffer_compress_percentage=50",
+        "buffer_compress_chunk=4k",
+        "numjobs=2",
+        f"size={1 << 29}",
+        f"offset_increment={1 << 29}",
+        "ioengine=nbd",
+    ):
         assert line in write.splitlines()
     assert "time_based" not in write
     rand = nbd.fio_job(nbd.TEST_BY_KEY["randread_qd16"], 1 << 30, 5, target).render().splitlines()
@@ -107,8 +121,15 @@ def test_results_directory_holds_summary_figures_and_environment(tmp_path: Path)
     ]
     for f in figs:
         f.compute(Options())
-    env = {"cpu_model": "Test CPU", "cpu_count": 2, "mem_total_bytes": 2**34, "kernel": "6.1",
-           "tools": {"zbd": "zbd 0.1", "fio": "fio-3.33"}, "date": "2026-01-01", "repo_commit": "abc1234"}  # fmt: skip
+    env = {
+        "cpu_model": "Test CPU",
+        "cpu_count": 2,
+        "mem_total_bytes": 2**34,
+        "kernel": "6.1",
+        "tools": {"zbd": "zbd 0.1", "fio": "fio-3.33"},
+        "date": "2026-01-01",
+        "repo_commit": "abc1234",
+    }
     summary = write_results(tmp_path, figs, env, {"rounds": 5}, ["a note"], {"engine": ["| a table |"]})
     text = summary.read_text()
     assert "Test CPU, 2 cores, 16.0 GiB RAM, kernel 6.1" in text
