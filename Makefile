@@ -36,8 +36,9 @@ test-lab:
 demo: deps build
 	bash scripts/demo.sh
 
+# Same-run ratios under bench/results/ (docs/benchmarks.md); BENCH_ARGS=--quick for a short run.
 bench: deps build
-	bash scripts/bench.sh
+	bash scripts/bench.sh $(BENCH_ARGS)
 
 check:
 	$(CARGO) fmt --all -- --check

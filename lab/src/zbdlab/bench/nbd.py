@@ -168,6 +168,16 @@ class Server:
             stop_process(self.proc)
             self.proc = None
 
+    def drop_cache(self) -> None:
+        """Evict the backing file from the page cache, so every server reads from the disk (qemu-nbd
+        --cache=none always does); a server's own cache still counts."""
+        fd = os.open(self.image, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
     def uri(self) -> str:
         return f"nbd+unix:///?socket={self.socket}"
 
@@ -197,9 +207,11 @@ def attached(zbd: str, server: Server, cmds: Commands, stack: CleanupStack) -> I
 
 
 def measure_arm(
-    arm: str, zbd: str, disk: Path, settings: Settings, raw: Path, tag: str, cmds: Commands
+    arm: str, zbd: str, disk: Path, settings: Settings, raw: Path, tag: str, cmds: Commands, slow: bool
 ) -> Metrics:
     size = parse_size(settings.nbd_size) or 1 << 30
+    if slow:
+        size = parse_size(settings.slow_size) or 1 << 29
     stack = CleanupStack(f"bench {arm}")
     metrics: Metrics = {}
     try:
@@ -211,6 +223,8 @@ def measure_arm(
             else:
                 target = {"ioengine": "nbd", "uri": server.uri()}
             for test in TESTS:
+                if "read" in test.rw:
+                    server.drop_cache()
                 got = run_fio(
                     fio_job(test, size, settings.nbd_runtime_s, target), raw / f"{tag}-{test.key}", cmds
                 )
@@ -322,9 +336,38 @@ def run(
             arms.append(TRANSPORT)
 
         def one(arm: str, r: int) -> Metrics:
-            return measure_arm(arm, zbd, disk, settings, raw, f"{arm}-r{r + 1}", cmds)
+            return measure_arm(arm, zbd, disk, settings, raw, f"{arm}-r{r + 1}", cmds, profile == "nbd-slow")
 
         rounds = run_rounds(arms, settings.rounds, one, progress)
     finally:
         cmds.close()
     return figures(profile, rounds, arms)
+
+
+SLOW_RATE, SLOW_LATENCY = "100M", "2ms"
+
+
+@contextmanager
+def slow_disk(settings: Settings, raw: Path) -> Iterator[Path]:
+    """A directory on a slow disk: ext4 on the lab's throttled device (nbdkit rate + delay filters,
+    nbdfuse, loop), its image in the work directory."""
+    from zbdlab.targets.devices import umount
+    from zbdlab.throttle import ThrottledDevice
+
+    cmds = Commands(raw / "slow-disk-commands.jsonl")
+    size = 4 * (parse_size(settings.slow_size) or 1 << 29) + (512 << 20)
+    with (
+        tempfile.TemporaryDirectory(prefix="zbd-bench-slow-", dir=settings.work_dir) as base,
+        ThrottledDevice(
+            Path(base) / "slow.img", size, rate=SLOW_RATE, latency=SLOW_LATENCY, cmds=cmds
+        ) as dev,
+    ):
+        mnt = Path(base) / "mnt"
+        mnt.mkdir()
+        cmds.run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", dev])
+        cmds.run(["mount", dev, str(mnt)])
+        try:
+            yield mnt
+        finally:
+            umount(cmds, mnt)
+            cmds.close()

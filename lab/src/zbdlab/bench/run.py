@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import tempfile
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,11 +13,6 @@ from zbdlab.bench.core import Figure
 from zbdlab.bench.report import machine, results_dir, short_commit, write_results
 from zbdlab.bench.settings import GROUPS, Settings
 from zbdlab.stats.compare import Options
-
-
-def slow_disk_available() -> bool:
-    """The slow disk comes from the repro branch's reusable throttle (zbdlab.throttle)."""
-    return importlib.util.find_spec("zbdlab.throttle") is not None
 
 
 def run_bench(
@@ -38,29 +32,22 @@ def run_bench(
     notes: list[str] = []
     tables: dict[str, list[str]] = {}
     settings.progress = settings.progress or (lambda message: say(f"  {message}"))
+    os.environ["ZBD_BIN"] = zbd  # the lab's targets (group fs) serve with the same binary
     for group in GROUPS:
         if group not in groups:
             continue
         say(f"== {group}")
         graw = raw / group
         graw.mkdir(exist_ok=True)
-        if group == "engine":
-            figures += engine.run(zbd, settings, graw)
-        elif group == "nbd-fast":
-            with tempfile.TemporaryDirectory(prefix="zbd-bench-", dir=settings.work_dir) as disk:
-                figures += nbd.run(group, zbd, settings, graw, Path(disk), notes, settings.progress)
-        elif group == "nbd-slow":
-            if not slow_disk_available():
-                notes.append("nbd-slow: not run: the slow disk (zbdlab.throttle) is not in this tree yet")
-                say("  skipped: zbdlab.throttle not available")
-                continue
-            with ExitStack() as stack:
-                disk = slow_disk(stack, settings)
-                figures += nbd.run(group, zbd, settings, graw, disk, notes, settings.progress)
-        elif group == "fs":
-            got, table = fs.run(settings, graw, settings.progress)
-            figures += got
-            tables["fs"] = table
+        try:
+            got, table = run_group(group, zbd, settings, graw, notes)
+        except Exception as exc:  # one group failing (and cleaned up) leaves the others' figures
+            notes.append(f"{group}: FAILED: {type(exc).__name__}: {exc}")
+            say(f"  {group} failed: {exc}")
+            continue
+        figures += got
+        if table:
+            tables[group] = table
     options = Options(confidence=settings.confidence)
     for f in figures:
         f.compute(options)
@@ -69,5 +56,22 @@ def run_bench(
     return summary
 
 
-def slow_disk(stack: ExitStack, settings: Settings) -> Path:  # pragma: no cover - needs throttle
-    raise NotImplementedError("wired once zbdlab.throttle lands")
+def run_group(
+    group: str, zbd: str, settings: Settings, graw: Path, notes: list[str]
+) -> tuple[list[Figure], list[str]]:
+    """One group's figures, and a Markdown table of its own (fs) or none."""
+    if group == "engine":
+        return engine.run(zbd, settings, graw), []
+    if group == "nbd-fast":
+        with tempfile.TemporaryDirectory(prefix="zbd-bench-", dir=settings.work_dir) as disk:
+            return nbd.run(group, zbd, settings, graw, Path(disk), notes, settings.progress), []
+    if group == "nbd-slow":
+        with nbd.slow_disk(settings, graw) as disk:
+            notes.append(
+                f"nbd-slow: ext4 on a throttled device, {nbd.SLOW_RATE}iB/s and {nbd.SLOW_LATENCY} "
+                "per request"
+            )
+            return nbd.run(group, zbd, settings, graw, disk, notes, settings.progress), []
+    if group == "fs":
+        return fs.run(settings, graw, settings.progress)
+    raise ValueError(f"unknown group {group}")

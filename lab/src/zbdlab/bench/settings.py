@@ -16,6 +16,7 @@ class Settings:
     engine_size: str = "256M"
     nbd_size: str = "1G"  # device size; sequential passes cover all of it
     nbd_runtime_s: int = 10  # per random test
+    slow_size: str = "512M"  # device size on the slow disk (100 MB/s: a 1 MiB pass takes ~5 s)
     fs_size: str = "1G"
     fs_file: str = "256M"
     # On disk, not tmpfs, for every target alike (override: --work-dir)
@@ -26,7 +27,9 @@ class Settings:
     @classmethod
     def quick(cls) -> Settings:
         # Fewer rounds (3: intervals stay wide) on smaller devices: a smoke run while developing.
-        return cls(rounds=3, engine_size="128M", nbd_size="256M", nbd_runtime_s=3, fs_file="64M")
+        return cls(
+            rounds=3, engine_size="128M", nbd_size="256M", nbd_runtime_s=3, slow_size="128M", fs_file="64M"
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -34,6 +37,7 @@ class Settings:
             "engine_size": self.engine_size,
             "nbd_size": self.nbd_size,
             "nbd_runtime_s": self.nbd_runtime_s,
+            "slow_size": self.slow_size,
             "fs_size": self.fs_size,
             "fs_file": self.fs_file,
             "work_dir": str(self.work_dir),
