@@ -133,7 +133,7 @@ def test_results_directory_holds_summary_figures_and_environment(tmp_path: Path)
     summary = write_results(tmp_path, figs, env, {"rounds": 5}, ["a note"], {"engine": ["| a table |"]})
     text = summary.read_text()
     assert "Test CPU, 2 cores, 16.0 GiB RAM, kernel 6.1" in text
-    assert "1 pass, 1 miss" in text
+    assert "1 pass, 1 miss (each also in its group below)" in text
     assert "| lz4 read | 0.50 | 0.50-0.50 | >= 0.8 | **miss** |" in text
     assert "| a table |" in text and "- a note" in text
     doc = json.loads((tmp_path / "figures.json").read_text())

@@ -168,15 +168,21 @@ class Server:
             stop_process(self.proc)
             self.proc = None
 
-    def drop_cache(self) -> None:
+    def drop_cache(self, device: str | None = None) -> None:
         """Evict the backing file from the page cache, so every server reads from the disk (qemu-nbd
-        --cache=none always does); a server's own cache still counts."""
-        fd = os.open(self.image, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        --cache=none always does); a server's own cache still counts. Through the transport, also
+        the loop device's backing file (nbdfuse's FUSE file, which the kernel caches too)."""
+        files = [self.image]
+        if device:
+            back = self.cmds.run(["losetup", "-n", "-O", "BACK-FILE", device]).stdout.strip()
+            files.append(Path(back))
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
     def uri(self) -> str:
         return f"nbd+unix:///?socket={self.socket}"
@@ -224,7 +230,7 @@ def measure_arm(
                 target = {"ioengine": "nbd", "uri": server.uri()}
             for test in TESTS:
                 if "read" in test.rw:
-                    server.drop_cache()
+                    server.drop_cache(device)
                 got = run_fio(
                     fio_job(test, size, settings.nbd_runtime_s, target), raw / f"{tag}-{test.key}", cmds
                 )

@@ -120,7 +120,9 @@ def summary_markdown(
         lines += [
             "## Targets",
             "",
-            ", ".join(f"{n} {v}" for v, n in counts.items() if n),
+            ", ".join(f"{n} {v}" for v, n in counts.items() if n) + " (each also in its group below)",
+            "",
+            *figure_table(goals, settings.get("confidence", 0.9)),
             "",
         ]
     tables = tables or {}
