@@ -100,11 +100,11 @@ def _row(target: str, rep: int, op: str, mb_s: float, allocated: int) -> dict[st
 def test_fs_runs_become_rounds_and_figures() -> None:
     rows = []
     for rep in (1, 2, 3):
-        rows.append(_row("ext4-on-nbdkit", rep, "tree", 100, 4000))
-        rows.append(_row("ext4-on-zbd-lz4", rep, "tree", 90, 2000))
-        rows.append(_row("btrfs-lzo", rep, "tree", 150, 2500))
+        rows.append(_row("ext4-on-nbdkit", rep, "copy_tree", 100, 4000))
+        rows.append(_row("ext4-on-zbd-lz4", rep, "copy_tree", 90, 2000))
+        rows.append(_row("btrfs-lzo", rep, "copy_tree", 150, 2500))
     rounds = fs.rounds_from_runs(rows)
-    assert rounds.get("ext4-on-zbd-lz4", "tree_cpu_s") == [1.5, 1.5, 1.5]
+    assert rounds.get("ext4-on-zbd-lz4", "copy_tree_cpu_s") == [1.5, 1.5, 1.5]
     figs = {f.name: f.compute(Options()) for f in fs.figures(rounds)}
     speed = figs["tree copy (through sync), speed: ext4-on-zbd-lz4 / ext4-on-nbdkit"]
     assert speed.ratio == 0.9 and speed.verdict == "pass"

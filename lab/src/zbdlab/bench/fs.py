@@ -20,9 +20,9 @@ from zbdlab.bench.settings import Settings
 from zbdlab.config import load_study
 
 TREE_SOURCE = "/usr/lib/python3.11"
-OPERATIONS = ("tree", "write", "read", "random_write", "random_read")
+OPERATIONS = ("copy_tree", "write", "read", "random_write", "random_read")
 OP_LABELS = {
-    "tree": "tree copy (through sync)",
+    "copy_tree": "tree copy (through sync)",
     "write": "1 MiB seq write",
     "read": "1 MiB seq read",
     "random_write": "4 KiB rand write",
@@ -36,7 +36,7 @@ BTRFS = {
     "ext4-on-zbd-zstd1": ("btrfs-zstd1", "btrfs-force-zstd1"),
 }
 GOAL_TRANSPORT = Goal(at_least=0.8)  # ext4-on-zbd / ext4-on-transport-baseline
-GOAL_TRANSPORT_OPS = ("tree", "write", "read")
+GOAL_TRANSPORT_OPS = ("copy_tree", "write", "read")
 
 
 def study_text(settings: Settings, tree_source: str = TREE_SOURCE) -> str:
@@ -140,11 +140,11 @@ def figures(rounds: Rounds) -> list[Figure]:
     # like with like: zbd beside btrfs with the same kind of codec, speed, CPU and space
     for zbd, others in BTRFS.items():
         for other in others:
-            for op in ("tree", "write"):
+            for op in ("copy_tree", "write"):
                 add(zbd, other, op, "mb_s", "speed", "MB/s")
                 add(zbd, other, op, "cpu_s", "CPU seconds", "s")
                 add(zbd, other, op, "written", "bytes written to the backing device", "B")
-            add(zbd, other, "tree", "allocated", "space after fstrim", "B")
+            add(zbd, other, "copy_tree", "allocated", "space after fstrim", "B")
     return out
 
 
@@ -170,9 +170,10 @@ def space_table(rounds: Rounds) -> list[str]:
             return "-" if not math.isfinite(value) else fmt.format(value / scale)
 
         lines.append(
-            f"| {arm} | {m('tree_allocated', 1e6)} | {m('tree_ratio', fmt='{:.2f}')} | {m('tree_mb_s')} | "
+            f"| {arm} | {m('copy_tree_allocated', 1e6)} | {m('copy_tree_ratio', fmt='{:.2f}')} | "
+            f"{m('copy_tree_mb_s')} | "
             f"{m('write_mb_s')} | {m('read_mb_s')} | {m('random_write_mb_s', fmt='{:.1f}')} | "
-            f"{m('random_read_mb_s', fmt='{:.1f}')} | {m('tree_cpu_s', fmt='{:.1f}')} |"
+            f"{m('random_read_mb_s', fmt='{:.1f}')} | {m('copy_tree_cpu_s', fmt='{:.1f}')} |"
         )
     return lines
 

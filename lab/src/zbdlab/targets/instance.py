@@ -153,9 +153,10 @@ class TargetInstance:
     def space(self) -> Space:
         """Physical space used and the compression ratio achieved, from the tool that knows best; and
         what the backing images really hold after fstrim (freed blocks handed back down the stack)."""
+        self.cmds.run(["sync"])  # first: btrfs frees extents only when its transaction commits
         if self.spec.fs != "zfs":
             self.cmds.run(["fstrim", str(self.mountpoint)], check=False)
-        self.cmds.run(["sync"])
+            self.cmds.run(["sync"])
         space = Space(data_bytes_stored=apparent_bytes(self.workdir))
         used = self._statvfs_used()
         df = self.cmds.run(["df", "-B1", str(self.mountpoint)], check=False).stdout
