@@ -64,7 +64,9 @@ def _speed(values: Sequence[float], unit: str) -> str:
     m = median(values)
     if not math.isfinite(m):
         return "-"
-    return f"{m / 1000:.1f}k" if unit == "IOPS" else f"{m:.0f}"
+    if unit == "B":
+        return f"{m / 1e6:.1f} M"
+    return f"{m / 1000:.1f}k" if unit == "IOPS" else f"{m:.3g}" if m < 100 else f"{m:.0f}"
 
 
 def figure_table(figures: Sequence[Figure], confidence: float) -> list[str]:
