@@ -140,3 +140,23 @@ def test_results_directory_holds_summary_figures_and_environment(tmp_path: Path)
     assert [f["verdict"] for f in doc["figures"]] == ["pass", "miss"]
     assert doc["figures"][0]["numerator"] == [90.0] * 5
     assert json.loads((tmp_path / "environment.json").read_text())["repo_commit"] == "abc1234"
+
+
+def test_a_base_binary_adds_this_over_base_figures() -> None:
+    arms = ["lz4/1t", "lz4/1t@base"]
+    rounds = Rounds(arms)
+    for r in range(5):
+        rounds.add(r, "lz4/1t", {"write_mb_s": 300, "read_mb_s": 900})
+        rounds.add(r, "lz4/1t@base", {"write_mb_s": 200, "read_mb_s": 900})
+    figs = {f.name: f.compute(Options()) for f in engine.figures(rounds)}
+    assert figs["lz4 write, 1 thread(s): this zbd / base zbd"].ratio == 1.5
+    assert figs["lz4 read, 1 thread(s): this zbd / base zbd"].ratio == 1.0
+
+    arms = ["zbd-lz4", "zbd-lz4@base"]
+    rounds = Rounds(arms)
+    for r in range(5):
+        rounds.add(r, "zbd-lz4", {t.key: 200.0 for t in nbd.TESTS})
+        rounds.add(r, "zbd-lz4@base", {t.key: 100.0 for t in nbd.TESTS})
+    figs = {f.name: f.compute(Options()) for f in nbd.figures("nbd-fast", rounds, arms)}
+    assert figs["1 MiB seq write: zbd-lz4 this zbd / base zbd"].ratio == 2.0
+    assert len(figs) == len(nbd.TESTS)  # no baseline server ran: only the binary comparison

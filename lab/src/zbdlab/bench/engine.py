@@ -13,7 +13,7 @@ from pathlib import Path
 
 from zbdlab.app import HostError
 from zbdlab.bench.core import Figure, Goal, Metrics, Rounds, run_rounds
-from zbdlab.bench.settings import Settings
+from zbdlab.bench.settings import BASE, Settings
 
 CODECS = ("lz4", "zstd:1")
 THREADS = (1, 2)
@@ -60,6 +60,16 @@ def figures(rounds: Rounds) -> list[Figure]:
                         goal=GOAL_CODEC,
                     )
                 )
+            if arm + BASE in rounds.arms:
+                for op in ("write", "read"):
+                    out.append(
+                        Figure(
+                            "engine",
+                            f"{codec} {op}, {threads} thread(s): this zbd / base zbd",
+                            rounds.get(arm, f"{op}_mb_s"),
+                            rounds.get(arm + BASE, f"{op}_mb_s"),
+                        )
+                    )
         one, two = arm_name(codec, 1), arm_name(codec, 2)
         for op in ("write", "read"):
             out.append(
@@ -75,11 +85,13 @@ def figures(rounds: Rounds) -> list[Figure]:
 
 
 def run(zbd: str, settings: Settings, raw: Path) -> list[Figure]:
-    arms = {arm_name(c, t): (c, t) for c in CODECS for t in THREADS}
+    arms = {arm_name(c, t): (zbd, c, t) for c in CODECS for t in THREADS}
+    if settings.base_zbd:
+        arms |= {arm + BASE: (settings.base_zbd, c, t) for arm, (_, c, t) in list(arms.items())}
 
     def one(arm: str, r: int) -> Metrics:
-        codec, threads = arms[arm]
-        return measure(zbd, codec, threads, settings.engine_size, raw, f"{arm.replace('/', '-')}-r{r + 1}")
+        binary, codec, threads = arms[arm]
+        return measure(binary, codec, threads, settings.engine_size, raw, f"{arm.replace('/', '-')}-r{r + 1}")
 
     rounds = run_rounds(list(arms), settings.rounds, one, settings.progress)
     return figures(rounds)

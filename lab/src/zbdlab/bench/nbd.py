@@ -24,7 +24,7 @@ from pathlib import Path
 
 from zbdlab.app import HostError
 from zbdlab.bench.core import Figure, Goal, Metrics, Rounds, median, run_rounds
-from zbdlab.bench.settings import Settings
+from zbdlab.bench.settings import BASE, Settings
 from zbdlab.config import parse_size
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands, stop_process, wait_for
@@ -127,12 +127,13 @@ class Server:
         stack.push(f"remove {self.sockdir}", lambda: shutil.rmtree(self.sockdir, ignore_errors=True))
         self.socket = self.sockdir / "nbd.sock"
         self.pidfile = self.dir / "pid"
-        self.image = self.dir / ("vol.zbd" if arm in ZBD_CODECS else "disk.img")
+        self.codec = ZBD_CODECS.get(arm.removesuffix(BASE))  # None: not a zbd arm
+        self.image = self.dir / ("vol.zbd" if self.codec else "disk.img")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         sock, img = str(self.socket), str(self.image)
-        if self.arm in ZBD_CODECS:
+        if self.codec:
             return [self.zbd, "serve", img, "--socket", sock, "--pidfile", str(self.pidfile)]
         if self.arm in ("nbdkit", TRANSPORT):
             return ["nbdkit", "-f", "-U", sock, "-P", str(self.pidfile), "file", f"file={img}"]
@@ -144,11 +145,9 @@ class Server:
         raise ValueError(f"unknown arm {self.arm}")
 
     def start(self) -> None:
-        if self.arm in ZBD_CODECS:
+        if self.codec:
             size = f"{self.size >> 20}M"
-            self.cmds.run(
-                [self.zbd, "create", str(self.image), "--size", size, "--codec", ZBD_CODECS[self.arm]]
-            )
+            self.cmds.run([self.zbd, "create", str(self.image), "--size", size, "--codec", self.codec])
         else:
             self.cmds.run(["truncate", "-s", str(self.size), str(self.image)])
         self.stack.push(f"stop {self.arm}", self.stop)
@@ -189,7 +188,7 @@ class Server:
 
     def zbd_ratio(self) -> float:
         """The compression ratio zbd achieved on the data it holds (`zbd stat --json`, served)."""
-        if self.arm not in ZBD_CODECS:
+        if not self.codec:
             return math.nan
         proc = self.cmds.run([self.zbd, "stat", "--json", str(self.image)], check=False)
         try:
@@ -307,6 +306,18 @@ def figures(profile: str, rounds: Rounds, arms: list[str]) -> list[Figure]:
                     note=f"zbd ratio {ratio:.2f}:1" if math.isfinite(ratio) else "",
                 )
             )
+    for test in TESTS:
+        for arm in ZBD_CODECS:
+            if arm + BASE in arms:
+                out.append(
+                    Figure(
+                        profile,
+                        f"{test.label}: {arm} this zbd / base zbd",
+                        rounds.get(arm, test.key),
+                        rounds.get(arm + BASE, test.key),
+                        unit=test.unit,
+                    )
+                )
     if TRANSPORT in arms and "nbdkit" in arms:
         for test in TESTS:
             out.append(
@@ -338,11 +349,15 @@ def run(
         if profile == "nbd-fast":
             notes.append(check_flush(cmds, raw))
         arms = [*ZBD_CODECS, *BASELINES]
+        if settings.base_zbd:
+            arms += [arm + BASE for arm in ZBD_CODECS]
         if profile == "nbd-fast":
             arms.append(TRANSPORT)
 
         def one(arm: str, r: int) -> Metrics:
-            return measure_arm(arm, zbd, disk, settings, raw, f"{arm}-r{r + 1}", cmds, profile == "nbd-slow")
+            binary = settings.base_zbd if arm.endswith(BASE) and settings.base_zbd else zbd
+            tag = f"{arm.replace(BASE, '-base')}-r{r + 1}"
+            return measure_arm(arm, binary, disk, settings, raw, tag, cmds, profile == "nbd-slow")
 
         rounds = run_rounds(arms, settings.rounds, one, progress)
     finally:

@@ -34,24 +34,14 @@ def results_dir(root: Path, commit: str, when: datetime) -> Path:
     return root / f"{when:%Y-%m-%d}-{commit}"
 
 
-def _first_line(argv: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = (proc.stdout or proc.stderr).strip()
-    return text.splitlines()[0] if text else None
-
-
 def machine(zbd: str, repo: Path) -> dict[str, Any]:
-    """The lab's environment record plus what the bench adds: nbdkit, qemu-nbd, zbd's commit."""
+    """The lab's environment record (zbd as $ZBD_BIN) plus the commit and the date."""
+    os.environ["ZBD_BIN"] = zbd
     env = environment.collect()
-    tools = env["tools"]
-    tools["zbd_path"] = zbd
-    tools["zbd"] = _first_line([zbd, "--version"])
-    tools["nbdkit"] = _first_line(["nbdkit", "--version"])
-    tools["qemu-nbd"] = _first_line(["qemu-nbd", "--version"])
     env["repo_commit"] = short_commit(repo)
+    # the commit the binary was built from, when it sits in a checkout's target/<profile>/
+    built_in = Path(zbd).resolve().parents[2] if len(Path(zbd).resolve().parents) > 2 else None
+    env["zbd_commit"] = short_commit(built_in) if built_in and (built_in / ".git").exists() else None
     env["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     return env
 
@@ -104,7 +94,8 @@ def summary_markdown(
         f"{mem / 2**30:.1f} GiB RAM, kernel {env.get('kernel')}"
         if mem
         else f"- machine: {env.get('cpu_model')}, {env.get('cpu_count')} cores, kernel {env.get('kernel')}",
-        f"- zbd: {tools.get('zbd')} ({tools.get('zbd_path')}); fio {tools.get('fio')}; "
+        f"- zbd: {tools.get('zbd')}, commit {env.get('zbd_commit') or '?'} ({tools.get('zbd_path')}); "
+        f"fio {tools.get('fio')}; "
         f"{tools.get('nbdkit')}; {tools.get('qemu-nbd')}",
         f"- load average at start: {', '.join(f'{v:.1f}' for v in load)}; at end: "
         f"{', '.join(f'{v:.1f}' for v in settings.get('loadavg_end', []))}",

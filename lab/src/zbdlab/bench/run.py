@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -27,12 +26,11 @@ def run_bench(
     out = out or results_dir(repo / "bench" / "results", short_commit(repo), when)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    env = machine(zbd, repo)
+    env = machine(zbd, repo)  # sets $ZBD_BIN: the lab's targets (group fs) serve with the same binary
     figures: list[Figure] = []
     notes: list[str] = []
     tables: dict[str, list[str]] = {}
     settings.progress = settings.progress or (lambda message: say(f"  {message}"))
-    os.environ["ZBD_BIN"] = zbd  # the lab's targets (group fs) serve with the same binary
     for group in GROUPS:
         if group not in groups:
             continue

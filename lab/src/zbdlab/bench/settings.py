@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
+BASE = "@base"  # suffix of the arms served by Settings.base_zbd
 
 
 @dataclass
@@ -22,6 +23,8 @@ class Settings:
     # On disk, not tmpfs, for every target alike (override: --work-dir)
     work_dir: Path = Path("/var/tmp")
     confidence: float = 0.90
+    # a second zbd binary (e.g. main's) measured in the same rounds: engine and NBD figures "this / base"
+    base_zbd: str | None = None
     progress: Callable[[str], None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -42,4 +45,5 @@ class Settings:
             "fs_file": self.fs_file,
             "work_dir": str(self.work_dir),
             "confidence": self.confidence,
+            "base_zbd": self.base_zbd,
         }

@@ -36,6 +36,12 @@ GROUP_NAMES = ("engine", "nbd-fast", "nbd-slow", "fs")  # zbdlab.bench.settings.
     help="The zbd binary to measure (default: $ZBD_BIN, else target/release/zbd).",
 )
 @click.option(
+    "--base-zbd",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="A second zbd binary (e.g. main's) measured in the same rounds: engine and NBD figures "
+    "'this / base'.",
+)
+@click.option(
     "--work-dir",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
     help="Directory on the disk to measure (default: /var/tmp).",
@@ -46,6 +52,7 @@ def command(
     rounds: int | None,
     output: Path | None,
     zbd: Path | None,
+    base_zbd: Path | None,
     work_dir: Path | None,
 ) -> None:
     """Measure zbd as same-run ratios in alternating rounds, check the targets, write the results."""
@@ -57,6 +64,8 @@ def command(
         settings.rounds = rounds
     if work_dir:
         settings.work_dir = work_dir
+    if base_zbd:
+        settings.base_zbd = str(base_zbd.resolve())
     binary = str(zbd.resolve()) if zbd else zbd_binary()
     try:
         if binary is None:
