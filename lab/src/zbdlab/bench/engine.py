@@ -91,7 +91,14 @@ def run(zbd: str, settings: Settings, raw: Path) -> list[Figure]:
 
     def one(arm: str, r: int) -> Metrics:
         binary, codec, threads = arms[arm]
-        return measure(binary, codec, threads, settings.engine_size, raw, f"{arm.replace('/', '-')}-r{r + 1}")
+        return measure(
+            binary,
+            codec,
+            threads,
+            settings.engine_size,
+            raw,
+            f"{arm.replace('/', '-').replace(':', '')}-r{r + 1}",
+        )
 
     rounds = run_rounds(list(arms), settings.rounds, one, settings.progress)
     return figures(rounds)
