@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zbdlab.bench import engine, fs, nbd
+from zbdlab.bench import engine, fs, nbd, report
 from zbdlab.bench.core import Figure, Goal, Rounds
 from zbdlab.bench.report import write_results
 from zbdlab.bench.settings import Settings
@@ -160,3 +160,18 @@ def test_a_base_binary_adds_this_over_base_figures() -> None:
     figs = {f.name: f.compute(Options()) for f in nbd.figures("nbd-fast", rounds, arms)}
     assert figs["1 MiB seq write: zbd-lz4 this zbd / base zbd"].ratio == 2.0
     assert len(figs) == len(nbd.TESTS)  # no baseline server ran: only the binary comparison
+
+
+def test_summary_renders_again_from_figures_json(tmp_path: Path) -> None:
+    figs = [
+        Figure("nbd-slow", "w", [2.0, 2.2, 1.9, 2.1, 2.0], [1.0] * 5, goal=Goal(at_least=1.6), note="n"),
+        Figure("fs", "space", [50.0] * 5, [100.0] * 5, unit="B", goal=Goal(at_most=0.85)),
+    ]
+    for f in figs:
+        f.compute(Options())
+    env = {"cpu_model": "c", "cpu_count": 2, "kernel": "k", "tools": {}}
+    first = write_results(tmp_path, figs, env, {"rounds": 5}, [], {"fs": ["| t |"]}).read_text()
+    (tmp_path / "summary.md").unlink()
+    again = report.rerender(tmp_path, 0.9).read_text()
+    assert again == first  # same figures, same seed: the same intervals
+    assert "| nbd-slow: w | 2.00 |" in again  # the targets table names the group

@@ -56,6 +56,9 @@ def study_text(settings: Settings, tree_source: str = TREE_SOURCE) -> str:
         'name = "bench-fs"',
         f"repetitions = {settings.rounds}",
         'cache = "cold"',
+        # a fresh filesystem per workload: space after the tree copy must not hold what earlier
+        # workloads of the same repetition left behind (freed, but not every layer gives it back)
+        'format = "run"',
         "seed = 1",
         "",
         "[data]",

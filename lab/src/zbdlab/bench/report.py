@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from zbdlab.bench.core import Figure, median
+from zbdlab.bench.core import Figure, Goal, median
 from zbdlab.monitors import environment
+from zbdlab.stats.compare import Options
 
 GROUP_TITLES = {
     "engine": "Engine in-process (`zbd bench engine`, over the codec alone on the same data)",
@@ -59,18 +60,22 @@ def _speed(values: Sequence[float], unit: str) -> str:
     return f"{m / 1000:.1f}k" if unit == "IOPS" else f"{m:.3g}" if m < 100 else f"{m:.0f}"
 
 
-def figure_table(figures: Sequence[Figure], confidence: float) -> list[str]:
+def figure_table(figures: Sequence[Figure], confidence: float, with_group: bool = False) -> list[str]:
     pct = round(confidence * 100)
     lines = [
         f"| figure | ratio | {pct} % CI | target | verdict | A (median) | B (median) | rounds | note |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def label(f: Figure) -> str:
+        return f"{f.group}: {f.name}" if with_group else f.name
+
     for f in figures:
         target = f.goal.label if f.goal else ""
         verdict = f"**{f.verdict}**" if f.verdict in ("miss", "unsure") else f.verdict
         scale = f" x{f.scale:g}" if f.scale != 1 else ""
         lines.append(
-            f"| {f.name} | {_fmt(f.ratio)} | {_fmt(f.low)}-{_fmt(f.high)} | {target} | {verdict} | "
+            f"| {label(f)} | {_fmt(f.ratio)} | {_fmt(f.low)}-{_fmt(f.high)} | {target} | {verdict} | "
             f"{_speed(f.numerator, f.unit)} {f.unit} | {_speed(f.denominator, f.unit)} {f.unit}{scale} | "
             f"{f.rounds} | {f.note} |"
         )
@@ -115,7 +120,7 @@ def summary_markdown(
             "",
             ", ".join(f"{n} {v}" for v, n in counts.items() if n) + " (each also in its group below)",
             "",
-            *figure_table(goals, settings.get("confidence", 0.9)),
+            *figure_table(goals, settings.get("confidence", 0.9), with_group=True),
             "",
         ]
     tables = tables or {}
@@ -129,6 +134,36 @@ def summary_markdown(
     if notes:
         lines += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     return "\n".join(lines)
+
+
+def figure_from_dict(d: dict[str, Any]) -> Figure:
+    """A figure as figures.json holds it (its ratio and interval are computed again, same seed)."""
+    goal = None
+    if target := d.get("target"):
+        op, value = target.split()
+        goal = Goal(at_least=float(value)) if op == ">=" else Goal(at_most=float(value))
+    nan = math.nan
+    return Figure(
+        d["group"],
+        d["name"],
+        [nan if v is None else float(v) for v in d["numerator"]],
+        [nan if v is None else float(v) for v in d["denominator"]],
+        scale=d.get("scale", 1.0),
+        unit=d.get("unit", "MB/s"),
+        goal=goal,
+        note=d.get("note", ""),
+    )
+
+
+def rerender(out: Path, confidence: float) -> Path:
+    """summary.md again from figures.json and environment.json (after the report's code changed)."""
+    doc = json.loads((out / "figures.json").read_text())
+    env = json.loads((out / "environment.json").read_text())
+    options = Options(confidence=confidence)
+    figures = [figure_from_dict(d).compute(options) for d in doc["figures"]]
+    summary = out / "summary.md"
+    summary.write_text(summary_markdown(figures, env, doc["settings"], doc["notes"], doc.get("tables")))
+    return summary
 
 
 def write_results(

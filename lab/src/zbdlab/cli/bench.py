@@ -42,6 +42,11 @@ GROUP_NAMES = ("engine", "nbd-fast", "nbd-slow", "fs")  # zbdlab.bench.settings.
     "'this / base'.",
 )
 @click.option(
+    "--rerender",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Measure nothing: write RERENDER/summary.md again from its figures.json.",
+)
+@click.option(
     "--work-dir",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
     help="Directory on the disk to measure (default: /var/tmp).",
@@ -53,12 +58,17 @@ def command(
     output: Path | None,
     zbd: Path | None,
     base_zbd: Path | None,
+    rerender: Path | None,
     work_dir: Path | None,
 ) -> None:
     """Measure zbd as same-run ratios in alternating rounds, check the targets, write the results."""
+    from zbdlab.bench.report import rerender as render_again
     from zbdlab.bench.run import run_bench
     from zbdlab.bench.settings import Settings
 
+    if rerender:
+        click.echo(render_again(rerender, Settings().confidence).read_text())
+        return
     settings = Settings.quick() if quick else Settings()
     if rounds:
         settings.rounds = rounds
