@@ -117,7 +117,7 @@ def summary_sentences(analysis: Analysis) -> list[str]:
         lead = []
         if ratios:
             ratio = float(np.median(ratios))
-            lead.append(f"saves {(1 - 1 / ratio) * 100:.0f} % of space (ratio {ratio:.2f}:1)")
+            lead.append(f"saves {round((1 - 1 / ratio) * 100)} % of space (ratio {ratio:.2f}:1)")
         if overall is not None:
             lead.append(
                 f"at {overall.ratio * 100:.0f} % of the speed over all operations "
