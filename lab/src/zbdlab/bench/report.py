@@ -56,7 +56,7 @@ def _speed(values: Sequence[float], unit: str) -> str:
     if not math.isfinite(m):
         return "-"
     if unit == "B":
-        return f"{m / 1e6:.1f} M"
+        return f"{m / 1e6:.1f}"
     return f"{m / 1000:.1f}k" if unit == "IOPS" else f"{m:.3g}" if m < 100 else f"{m:.0f}"
 
 
@@ -74,9 +74,10 @@ def figure_table(figures: Sequence[Figure], confidence: float, with_group: bool 
         target = f.goal.label if f.goal else ""
         verdict = f"**{f.verdict}**" if f.verdict in ("miss", "unsure") else f.verdict
         scale = f" x{f.scale:g}" if f.scale != 1 else ""
+        unit = "MB" if f.unit == "B" else f.unit
         lines.append(
             f"| {label(f)} | {_fmt(f.ratio)} | {_fmt(f.low)}-{_fmt(f.high)} | {target} | {verdict} | "
-            f"{_speed(f.numerator, f.unit)} {f.unit} | {_speed(f.denominator, f.unit)} {f.unit}{scale} | "
+            f"{_speed(f.numerator, f.unit)} {unit} | {_speed(f.denominator, f.unit)} {unit}{scale} | "
             f"{f.rounds} | {f.note} |"
         )
     return lines
