@@ -101,3 +101,11 @@ def test_goal_needs_exactly_one_bound() -> None:
         Goal()
     with pytest.raises(ValueError):
         Goal(at_least=1.0, at_most=2.0)
+
+
+def test_too_few_rounds_never_pass_or_miss() -> None:
+    one = Figure("engine", "x", [200.0], [100.0], goal=Goal(at_least=1.5)).compute(Options())
+    assert one.low == one.high == 2.0  # a degenerate interval...
+    assert one.verdict == "unsure"  # ...is not evidence
+    three = Figure("engine", "x", [200.0] * 3, [100.0] * 3, goal=Goal(at_least=1.5)).compute(Options())
+    assert three.verdict == "pass"

@@ -15,6 +15,7 @@ from typing import Any
 from zbdlab.stats.compare import Options, median_ratio_interval
 
 Metrics = dict[str, float]
+MIN_ROUNDS = 3  # fewer rounds than this never pass or miss a target
 
 
 def round_order(arms: Sequence[str], round_index: int) -> list[str]:
@@ -127,7 +128,11 @@ class Figure:
 
     @property
     def verdict(self) -> str:
-        return self.goal.verdict(self.low, self.high) if self.goal else ""
+        if not self.goal:
+            return ""
+        if 0 < self.rounds < MIN_ROUNDS:  # an interval from one or two rounds has no width to trust
+            return "unsure"
+        return self.goal.verdict(self.low, self.high)
 
     @property
     def rounds(self) -> int:
