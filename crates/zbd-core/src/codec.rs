@@ -1,6 +1,9 @@
 //! Block codecs. Each stored block records its codec, so a volume can mix codecs (e.g. after a
 //! codec change on open); only the writer's choice is a volume setting.
 
+pub mod dict;
+pub mod unit;
+
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::cell::RefCell;

@@ -185,6 +185,51 @@ fn bench_codec_prints_table_for_given_data() {
     }
 }
 
+/// The unit/dictionary table on real files (this repository's sources): every unit size and
+/// dictionary asked for gets a row, and bigger units store less than 4 KiB ones.
+#[test]
+fn bench_codec_units_on_a_directory() {
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = zbd()
+        .args([
+            "bench", "codec", "--json", "--codecs", "none", "--units", "4K,16K",
+        ])
+        .args([
+            "--dict-sizes",
+            "0,16K",
+            "--unit-codecs",
+            "zstd:1,zlib:1",
+            "--dir",
+        ])
+        .arg(&sources)
+        .output()
+        .expect("bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["blocks"].as_array().map(Vec::len), Some(1));
+    let rows = v["units"]["rows"].as_array().expect("rows");
+    // zstd: 2 units x 2 dictionary sizes; zlib takes no dictionary: 2 units.
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    let saved = |codec: &str, unit: u64, dict: u64| {
+        rows.iter()
+            .find(|r| r["codec"] == codec && r["unit_bytes"] == unit && r["dict_bytes"] == dict)
+            .and_then(|r| r["stored_bytes"].as_u64())
+            .expect("row")
+    };
+    assert!(saved("zstd:1", 16384, 0) < saved("zstd:1", 4096, 0));
+    assert!(saved("zlib:1", 16384, 0) < saved("zlib:1", 4096, 0));
+    zbd()
+        .args(["bench", "codec", "--units", "5K", "--dir"])
+        .arg(&sources)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--units"));
+}
+
 #[test]
 fn bench_engine_takes_codec_and_thread_counts() {
     let out = zbd()

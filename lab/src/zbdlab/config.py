@@ -15,9 +15,12 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zbdlab.app import UserError
+
+if TYPE_CHECKING:
+    from zbdlab.throttle import Throttle
 from zbdlab.workloads.base import DataSpec
 
 STUDY_VERSION = 1
@@ -79,6 +82,8 @@ class TargetSpec:
     transport: str | None = None  # "nbdkit"
     # a real device instead of loop images, only with allow_real_device = true
     real_devices: tuple[str, ...] = ()
+    # images on a device limited in bandwidth and latency (zbdlab.throttle)
+    throttle: Throttle | None = None
 
     @property
     def kind(self) -> str:
@@ -457,10 +462,14 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
         real_devices = tuple(paths)
     elif allow_real:
         raise t.fail("allow_real_device", 'set, but no device = "/dev/..." is named')
+    throttle_table = t.table("throttle")
+    throttle = _throttle(source, index, throttle_table) if throttle_table is not None else None
+    if throttle and real_devices:
+        raise t.fail("throttle", "throttles loop images only, not a real device")
     t.reject_unknown(
         (
             "name fs size devices mkfs_options mount_options compress compress_force raid metadata_raid "
-            "layout compression dedup recordsize zbd transport device allow_real_device"
+            "layout compression dedup recordsize zbd transport device allow_real_device throttle"
         ).split()
     )
     return TargetSpec(
@@ -473,6 +482,7 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
         zbd=zbd,
         transport=transport,
         real_devices=real_devices,
+        throttle=throttle,
         **kwargs,
     )
 
@@ -543,3 +553,22 @@ def _zbd(source: str, index: int, table: dict[str, Any], size: int) -> ZbdSpec:
     logical = t.size("logical_size", None)
     t.reject_unknown()
     return ZbdSpec(codec=codec, extent_size_bytes=extent, logical_size_bytes=logical)
+
+
+def _throttle(source: str, index: int, table: dict[str, Any]) -> Throttle:
+    # imported here: zbdlab.throttle imports the targets package, which imports this module
+    from zbdlab.throttle import Throttle as _Throttle
+    from zbdlab.throttle import ThrottleError, parse_latency, parse_rate
+
+    t = _Table(source, f"targets[{index}].throttle", table)
+    try:
+        rate = parse_rate(t.raw("rate"))
+        latency = parse_latency(t.raw("latency"))
+    except ThrottleError as exc:
+        raise t.fail(exc.key, exc.problem) from None
+    t.reject_unknown(("rate", "latency"))
+    if rate is None and not latency:
+        raise ConfigError(
+            source, t.prefix, 'sets neither rate nor latency (e.g. { rate = "100M", latency = "2ms" })'
+        )
+    return _Throttle(rate_bytes=rate, latency_ms=latency)

@@ -38,7 +38,7 @@ from zbdlab.app import HostError
 from zbdlab.config import parse_size
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands, stop_process, wait_for
-from zbdlab.targets.devices import detach_loops
+from zbdlab.targets.devices import create_loop, detach_loops
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?(?:/s)?\s*$", re.IGNORECASE)
 _LATENCY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s)\s*$")
@@ -48,7 +48,11 @@ MAX_LATENCY_MS = 10_000
 
 
 class ThrottleError(ValueError):
-    """A rate or latency that cannot be used; the message is one line naming the value."""
+    """A rate or latency that cannot be used: `key` ("rate", "latency") and a one-line problem."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+        super().__init__(f"{key}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -80,16 +84,16 @@ def parse_rate(value: Any) -> int | None:
     if value is None or value == "off":
         return None
     if isinstance(value, bool):
-        raise ThrottleError(f"rate: expected bytes per second such as '100M', got {value!r}")
+        raise ThrottleError("rate", f"expected bytes per second such as '100M', got {value!r}")
     if isinstance(value, int):
         rate = value
     else:
         m = _RATE_RE.match(value) if isinstance(value, str) else None
         if not m:
-            raise ThrottleError(f"rate: expected bytes per second such as '100M', got {value!r}")
+            raise ThrottleError("rate", f"expected bytes per second such as '100M', got {value!r}")
         rate = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if rate < 64 << 10:
-        raise ThrottleError(f"rate: at least 64K (bytes per second), got {value!r}")
+        raise ThrottleError("rate", f"at least 64K (bytes per second), got {value!r}")
     return rate
 
 
@@ -99,13 +103,13 @@ def parse_latency(value: Any) -> int:
         return 0
     m = _LATENCY_RE.match(value) if isinstance(value, str) else None
     if not m:
-        raise ThrottleError(f"latency: expected a duration such as '2ms', got {value!r}")
+        raise ThrottleError("latency", f"expected a duration such as '2ms', got {value!r}")
     number, unit = float(m.group(1)), m.group(2)
     ms = number * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
     if ms != int(ms):
-        raise ThrottleError(f"latency: nbdkit delays by whole milliseconds, got {value!r}")
+        raise ThrottleError("latency", f"nbdkit delays by whole milliseconds, got {value!r}")
     if ms > MAX_LATENCY_MS:
-        raise ThrottleError(f"latency: at most {MAX_LATENCY_MS // 1000}s, got {value!r}")
+        raise ThrottleError("latency", f"at most {MAX_LATENCY_MS // 1000}s, got {value!r}")
     return int(ms)
 
 
@@ -181,11 +185,7 @@ class ThrottledDevice:
             image = self.backing
             stack.push(f"remove {image}", lambda: image.unlink(missing_ok=True))
             self.cmds.run(["truncate", "-s", str(self.size), str(image)])
-        # Unix socket paths must stay under 108 bytes: a short directory of our own under /run.
-        base = self._workdir_given
-        if base is not None:
-            base.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="zbdlab-thr-", dir=base or _short_tmp()))
+        workdir = Path(tempfile.mkdtemp(prefix="thr-", dir=_socket_parent(self._workdir_given)))
         self.workdir = workdir
         stack.push(f"remove {workdir}", lambda: shutil.rmtree(workdir, ignore_errors=True))
         socket, mnt = workdir / "nbd.sock", workdir / "mnt"
@@ -276,12 +276,17 @@ def _size_bytes(size: int | str | None) -> int | None:
         return size
     parsed = parse_size(size)
     if parsed is None:
-        raise ThrottleError(f"size: expected e.g. '1G' or a byte count, got {size!r}")
+        raise ThrottleError("size", f"expected e.g. '1G' or a byte count, got {size!r}")
     return parsed
 
 
-def _short_tmp() -> str | None:
-    return "/run" if os.access("/run", os.W_OK) else None
+def _socket_parent(wanted: Path | None) -> Path | None:
+    """Where the device's own directory goes: `wanted` (a run's scratch directory, where `--resume`
+    finds leftovers) unless its socket path would pass the 108-byte limit of Unix sockets; then /run."""
+    if wanted is not None and len(str(wanted.resolve())) + len("/thr-xxxxxxxx/nbd.sock") < 100:
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+    return Path("/run") if os.access("/run", os.W_OK) else None
 
 
 def _is_mountpoint(path: Path) -> bool:
@@ -291,14 +296,9 @@ def _is_mountpoint(path: Path) -> bool:
 
 
 def _detach(cmds: Commands, backing_file: Path) -> None:
-    """Detach the loop devices over our own FUSE file (never anyone else's)."""
-    if not backing_file.parent.exists() or not _is_mountpoint(backing_file.parent):
-        return
-    listed = cmds.run(["losetup", "-j", str(backing_file)], check=False).stdout
-    for line in listed.splitlines():
-        device = line.split(":", 1)[0]
-        if device.startswith("/dev/loop"):
-            cmds.run(["losetup", "-d", device])
+    """Detach the loop devices over our own FUSE file, while its mount (and so the file) exists."""
+    if backing_file.parent.exists() and _is_mountpoint(backing_file.parent):
+        detach_loops(cmds, backing_file)
 
 
 # --- measuring the device ---------------------------------------------------------------------------
@@ -350,25 +350,27 @@ def fio_probe(
     }
 
 
-def measure_overhead(workdir: Path, runtime_s: float = 3, size_bytes: int = 256 << 20) -> dict[str, Any]:
+def measure_overhead(parent: Path, runtime_s: float = 3, size_bytes: int = 256 << 20) -> dict[str, Any]:
     """What the nbdkit + nbdfuse + loop chain costs by itself: the same fio probes on a plain loop
-    device over an image and on an unthrottled ThrottledDevice over the same image.
+    device over an image (as unthrottled targets have) and on an unthrottled ThrottledDevice over the
+    same image.
 
-    Returns {"plain": {probe: value}, "passthrough": {...}, "overhead_pct": {...}, "command": ...};
+    Returns {"plain": {probe: value}, "passthrough": {...}, "overhead_pct": {...}, "probe": ...};
     overhead_pct is how much slower the chain is (positive: slower)."""
     cmds = Commands()
-    workdir.mkdir(parents=True, exist_ok=True)
+    parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="overhead-", dir=parent))
     image = workdir / "overhead.img"
     stack = CleanupStack("throttle overhead")
     results: dict[str, dict[str, float]] = {}
     try:
-        stack.push(f"remove {image}", lambda: image.unlink(missing_ok=True))
-        cmds.run(["truncate", "-s", str(size_bytes), str(image)])
-        plain_step = stack.push(f"detach loops over {image}", lambda: detach_loops(cmds, image))
-        plain = cmds.run(["losetup", "--find", "--show", "--direct-io=on", str(image)]).stdout.strip()
+        stack.push(f"remove {workdir}", lambda: shutil.rmtree(workdir, ignore_errors=True))
+        # a plain loop device made the way every unthrottled target's is (buffered, over the image)
+        plain_scope = stack.scope(f"plain loop over {image}")
+        plain = create_loop(cmds, plain_scope, image, size_bytes)
         results["plain"] = _probe_all(plain, runtime_s)
-        stack.release(plain_step)
-        with ThrottledDevice(image, throttle=Throttle(), cmds=cmds) as dev:
+        plain_scope.close_scope(stack)
+        with ThrottledDevice(image, size_bytes, throttle=Throttle(), workdir=workdir, cmds=cmds) as dev:
             results["passthrough"] = _probe_all(dev, runtime_s)
     finally:
         stack.close()

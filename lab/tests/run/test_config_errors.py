@@ -35,6 +35,22 @@ def study(body: str = GOOD_TARGETS, head: str = "version = 1", workloads: str = 
 
 CASES = [
     (
+        study('[[targets]]\nname = "t"\nfs = "ext4"\nthrottle = { rate = "fast" }\n'),
+        "study.toml: targets[0].throttle.rate: expected bytes per second such as '100M', got 'fast'",
+    ),
+    (
+        study('[[targets]]\nname = "t"\nfs = "ext4"\nthrottle = { latency = "0.5ms" }\n'),
+        "study.toml: targets[0].throttle.latency: nbdkit delays by whole milliseconds, got '0.5ms'",
+    ),
+    (
+        study('[[targets]]\nname = "t"\nfs = "ext4"\nthrottle = { rate = "1M", burst = 2 }\n'),
+        "study.toml: targets[0].throttle.burst: unknown key (expected one of latency, rate)",
+    ),
+    (
+        study('[[targets]]\nname = "t"\nfs = "ext4"\nthrottle = {}\n'),
+        "study.toml: targets[0].throttle: sets neither rate nor latency",
+    ),
+    (
         study(GOOD_TARGETS + '[[targets]]\nname = "bad"\nfs = "ext5"\n'),
         "study.toml: targets[2].fs: unknown filesystem 'ext5' (expected ext4, xfs, btrfs, zfs)",
     ),

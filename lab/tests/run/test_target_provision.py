@@ -115,3 +115,18 @@ def test_ext4_on_nbdkit_transport_baseline_provision(scratch: Path) -> None:
     assert space.compression_ratio is None or space.extra.get("ratio_source") == "df"  # nothing compresses
     # the 4 MiB file reached the backing image through nbdkit; fstrim left the rest sparse
     assert 4 << 20 <= space.extra["backing_allocated_bytes"] < 128 << 20
+
+
+def test_throttled_ext4_provision(scratch: Path) -> None:
+    from zbdlab.throttle import throttle_problem
+
+    if throttle_problem():
+        pytest.skip(str(throttle_problem()))
+    spec = target('name = "t"\nfs = "ext4"\nsize = "128M"\nthrottle = { rate = "64M", latency = "1ms" }')
+    seen = exercise(spec, scratch)
+    assert seen["remount"]["remounted"]
+    # the device was a loop over nbdfuse's file, in the instance's own directory (found by --resume)
+    assert seen["backing"][0].startswith("/dev/loop")
+    assert not list(scratch.rglob("thr-*")), "the throttled device's directory is removed"
+    leftover = subprocess.run(["pgrep", "-f", f"nbdkit .*{scratch}"], capture_output=True, text=True)
+    assert leftover.stdout == "", "nbdkit stopped"

@@ -99,3 +99,19 @@ def test_failed_start_leaves_nothing(scratch: Path) -> None:
         pass
     assert list((scratch / "work").iterdir()) == []
     assert backing.exists()  # not ours to remove
+
+
+def test_report_notes_name_the_throttle_and_its_overhead() -> None:
+    from zbdlab.parsers.results import throttle_notes
+
+    env = {
+        "targets": {"slow": {"throttle": Throttle(100 << 20, 2).as_dict()}, "fast": {"throttle": None}},
+        "throttle_overhead": {"overhead_pct": {"seq_write_MiBps": 49.0, "rand_read_4k_iops": 76.7}},
+    }
+    notes = throttle_notes(env, ["fast", "slow"])
+    assert notes == [
+        "slow: on a throttled disk (100 MiB/s, 2 ms/request)",
+        "throttle chain overhead when unthrottled, vs a plain loop device: seq_write_MiBps +49 %, "
+        "rand_read_4k_iops +77 %",
+    ]
+    assert throttle_notes(env, ["fast"]) == []

@@ -1,6 +1,6 @@
 //! `zbd bench codec` (the paper's Table I on 4 KiB blocks) and `zbd bench engine` (in-process
 //! throughput as a fraction of the raw codec speed, and the write amplification of small
-//! synchronous writes).
+//! synchronous writes). The unit/dictionary part of `bench codec` lives in bench_codec.rs.
 
 use crate::sample;
 use anyhow::{anyhow, Result};
@@ -26,6 +26,9 @@ enum What {
         /// Data file to cut into 4 KiB blocks (default: built-in mixed sample).
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Units and dictionaries (bench_codec.rs).
+        #[command(flatten)]
+        units: super::bench_codec::UnitArgs,
         /// Codecs to measure (default: all).
         #[arg(long, value_delimiter = ',')]
         codecs: Vec<String>,
@@ -75,7 +78,12 @@ enum What {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     match a.what {
-        What::Codec { data, codecs, json } => codec_table(data, codecs, json),
+        What::Codec {
+            data,
+            units,
+            codecs,
+            json,
+        } => codec_table(data, &units, codecs, json),
         What::Engine {
             size,
             dir,
@@ -176,7 +184,12 @@ fn measure(c: Codec, blocks: &[Vec<u8>]) -> CodecRow {
     }
 }
 
-fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result<ExitCode> {
+fn codec_table(
+    data: Option<PathBuf>,
+    units: &super::bench_codec::UnitArgs,
+    codecs: Vec<String>,
+    json: bool,
+) -> Result<ExitCode> {
     let blocks = load_blocks(data)?;
     let list: Vec<Codec> = if codecs.is_empty() {
         Codec::all_defaults()
@@ -187,8 +200,18 @@ fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result
             .collect::<Result<_>>()?
     };
     let rows: Vec<CodecRow> = list.into_iter().map(|c| measure(c, &blocks)).collect();
+    let unit_report = if super::bench_codec::enabled(units) {
+        Some(super::bench_codec::run(units)?)
+    } else {
+        None
+    };
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        // Table I alone keeps its array (zbdlab reproduce reads it); with units, an object.
+        let out = match &unit_report {
+            Some(u) => serde_json::json!({ "blocks": rows, "units": u }),
+            None => serde_json::to_value(&rows)?,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("{} blocks of 4 KiB, one core", blocks.len());
@@ -210,6 +233,10 @@ fn codec_table(data: Option<PathBuf>, codecs: Vec<String>, json: bool) -> Result
     }
     println!("paper (Xeon 5400, 2 GHz): lzo 46 / 14 us, 34 %; zlib-1 150 / 60 us, 54 %");
     println!("savings = codec output capped at 4 KiB; stored = engine rule (kept compressed only if it saves a sector)");
+    match &unit_report {
+        Some(r) => super::bench_codec::print(r),
+        None => println!("per unit size and dictionary: add --units 4K,16K,64K and/or --dir PATH"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod bench;
 pub mod bench_cleaner;
+pub mod bench_codec;
 pub mod check;
 pub mod compact;
 pub mod copy;

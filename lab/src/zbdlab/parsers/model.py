@@ -94,6 +94,7 @@ class DataSet:
     samples: list[Sample] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how it was measured (e.g. a throttled disk)
 
     def operations(self) -> list[str]:
         return sorted({s.cell.operation for s in self.samples}, key=operation_order)

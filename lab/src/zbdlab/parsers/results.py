@@ -140,6 +140,23 @@ def results_to_set(results: ResultsDir, name: str, target: str | None = None) ->
             Sample(cell=cell, run=f"rep{r.repetition}", value=value, unit=unit, metrics=_metrics(r))
         )
     data.runs = sorted({s.run for s in data.samples})
+    data.notes = throttle_notes(results.environment, [target] if target else results.targets)
     if not data.samples:
         raise InputError(f"{results.path}: no usable (non-discarded) runs for set {name!r}")
     return data
+
+
+def throttle_notes(environment: dict[str, Any], targets: list[str]) -> list[str]:
+    """One line per throttled target, and the measured overhead of the throttling chain."""
+    notes = []
+    options = environment.get("targets") or {}
+    for name in targets:
+        throttle = (options.get(name) or {}).get("throttle")
+        if throttle:
+            notes.append(f"{name}: on a throttled disk ({throttle.get('label')})")
+    overhead = environment.get("throttle_overhead")
+    if notes and overhead:
+        pct = overhead.get("overhead_pct") or {}
+        parts = ", ".join(f"{k} {v:+.0f} %" for k, v in pct.items())
+        notes.append(f"throttle chain overhead when unthrottled, vs a plain loop device: {parts}")
+    return notes

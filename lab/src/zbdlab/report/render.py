@@ -229,10 +229,11 @@ def _summary_wide(analysis: Analysis, tables: dict[str, Table]) -> dict[str, Any
 
 
 def _environment(analysis: Analysis) -> list[str]:
-    return [
+    lines = [
         f"{d.name}: {d.kind} input from {d.source}, {len(d.runs)} run(s), {len(d.samples)} values"
         for d in analysis.sets
     ]
+    return lines + list(dict.fromkeys(n for d in analysis.sets for n in d.notes))
 
 
 def _env() -> jinja2.Environment:

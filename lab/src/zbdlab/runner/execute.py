@@ -27,6 +27,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from zbdlab import throttle
 from zbdlab.app import HostError, UserError
 from zbdlab.config import Study, TargetSpec, WorkloadSpec
 from zbdlab.monitors import cache, counters, environment
@@ -125,6 +126,8 @@ class Runner:
                     f"{self.study.source}: targets[{i}].compression: lz4 needs kernel ZFS; this host has "
                     "zfs-fuse (pool v23: lzjb, gzip, gzip-N, zle)"
                 )
+            if t.throttle and throttle.throttle_problem():
+                raise HostError(f"target {t.name}: {throttle.throttle_problem()}")
             for d in t.real_devices:
                 if not Path(d).is_block_device():
                     raise HostError(f"target {t.name}: {d} is not a block device")
@@ -237,6 +240,12 @@ class Runner:
             "seed": seed,
         }
         env["targets"] = {t.name: _target_options(t) for t in self.study.targets}
+        if any(t.throttle for t in self.study.targets):
+            # what the nbdkit + nbdfuse + loop chain costs by itself, so throttled numbers can be read
+            self.console.print("measuring the throttled devices' own overhead (fio, about 15 s)")
+            env["throttle_overhead"] = throttle.measure_overhead(
+                self.study.scratch_dir or Path("/var/tmp"), runtime_s=1
+            )
         env["start_time"] = time.time()
         store.write_json("environment.json", env)
 
@@ -526,4 +535,5 @@ def _target_options(t: TargetSpec) -> dict[str, Any]:
         ),
         "transport": t.transport,
         "real_devices": list(t.real_devices),
+        "throttle": t.throttle.as_dict() if t.throttle else None,
     }

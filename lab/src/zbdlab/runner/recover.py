@@ -2,8 +2,8 @@
 
 `--resume` calls this for every scratch directory the interrupted run recorded in plan.json. Only
 things that provably belong to that directory are touched: mounts under it, loop devices whose
-backing file lies under it, ZFS pools named after it, zbd servers whose command line names its
-pidfile. Never `losetup -D`, never anyone else's daemon.
+backing file lies under it, ZFS pools named after it, zbd and nbdkit servers whose command
+line names a pidfile under it. Never `losetup -D`, never anyone else's daemon.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def _loops_under(root: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _stop_zbd_servers(root: Path, cmds: Commands) -> None:
-    for pidfile in root.glob("*/zbd/zbd.pid"):
+def _stop_servers(root: Path, cmds: Commands) -> None:
+    """zbd servers, and the nbdkit servers of throttled devices (zbdlab.throttle)."""
+    for pidfile in [*root.glob("*/zbd/zbd.pid"), *root.glob("*/thr-*/nbdkit.pid")]:
         try:
             pid = int(pidfile.read_text().strip())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -52,10 +53,10 @@ def _stop_zbd_servers(root: Path, cmds: Commands) -> None:
             continue
         if str(pidfile) not in cmdline:
             continue  # the PID was reused by something that is not our server
-        cmds.record(["kill", "-TERM", str(pid)], 0, "recover: zbd serve of an interrupted run")
+        cmds.record(["kill", "-TERM", str(pid)], 0, f"recover: {pidfile.name} of an interrupted run")
         os.kill(pid, signal.SIGTERM)
         try:
-            wait_for(lambda p=pid: not Path(f"/proc/{p}").exists(), 20, f"zbd serve pid {pid} to exit")
+            wait_for(lambda p=pid: not Path(f"/proc/{p}").exists(), 20, f"pid {pid} to exit")
         except TimeoutError:
             os.kill(pid, signal.SIGKILL)
 
@@ -84,7 +85,7 @@ def recover(root: Path, cmds: Commands) -> bool:
             cmds.run(["losetup", "-d", device], check=False)
     for mnt, _fstype in _mounts_under(root):
         umount(cmds, Path(mnt))
-    _stop_zbd_servers(root, cmds)
+    _stop_servers(root, cmds)
     for device, _backing in _loops_under(root):
         cmds.run(["btrfs", "device", "scan", "--forget", device], check=False)
         cmds.run(["losetup", "-d", device], check=False)

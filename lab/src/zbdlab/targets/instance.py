@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zbdlab import throttle as thr
 from zbdlab.config import TargetSpec
 from zbdlab.targets import devices as dev
 from zbdlab.targets.cleanup import CleanupStack, Step
@@ -73,6 +74,14 @@ class TargetInstance:
         spec = self.spec
         if spec.real_devices:
             self.backing = list(spec.real_devices)
+        elif spec.throttle:
+            size = backing_bytes(spec)
+            self.backing = [
+                thr.ThrottledDevice(
+                    self.dir / f"disk{i}.img", size, throttle=spec.throttle, workdir=self.dir, cmds=self.cmds
+                ).start(self.stack)
+                for i in range(spec.devices)
+            ]
         else:
             size = backing_bytes(spec)
             self.backing = [
@@ -232,6 +241,7 @@ class TargetInstance:
             "mount_argv": self.mount_argv,
             "zfs_pool": self.pool if self.spec.fs == "zfs" else None,
             "fuse_bound": self.fuse_bound,
+            "throttle": self.spec.throttle.as_dict() if self.spec.throttle else None,
         }
 
 

@@ -1,0 +1,44 @@
+"""`zbdlab reproduce [--quick] [--only NAME] -o DIR`: the seeds' headline figures, ours beside theirs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from zbdlab.app import EXIT_FAILED, UserError
+
+
+@click.command(name="reproduce")
+@click.option(
+    "-o",
+    "--output",
+    "directory",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="Directory for the runs and DIR/reproduction.md + .html; rerunning continues where it stopped.",
+)
+@click.option("--quick", is_flag=True, help="Reduced sizes: the whole set in about 15 minutes.")
+@click.option(
+    "--only", multiple=True, metavar="NAME", help="Run only this reproduction (repeatable), e.g. 002-table1."
+)
+@click.option("--list", "list_only", is_flag=True, help="List the reproductions and exit.")
+def command(directory: Path, quick: bool, only: tuple[str, ...], list_only: bool) -> None:
+    """Regenerate every headline figure of the seeds and set ours beside the published numbers."""
+    from zbdlab.reproduce import pipeline
+
+    if list_only:
+        for entry in pipeline.ENTRIES:
+            click.echo(f"{entry.name:18} {entry.title}")
+        return
+    try:
+        md, page, outcomes = pipeline.reproduce(
+            directory, quick, only, pipeline.command_line(sys.argv[1:]), say=lambda m: click.echo(m, err=True)
+        )
+    except UserError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(exc.exit_code)
+    click.echo(f"{md}\n{page}")
+    if any(o.error for o in outcomes):
+        sys.exit(EXIT_FAILED)

@@ -1,0 +1,124 @@
+"""What a reproduction's `measure` gets: a directory of its own, the size (quick or full), and ways to
+run the project's own tools, each recorded, so the page can say exactly what produced every number.
+
+Studies run as `zbdlab run` in a child process (optionally pinned to N CPUs with taskset, which its
+children inherit: zbd serve, nbdkit, PostMark, fio), with `--resume` when an earlier, interrupted
+reproduction left a results directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from zbdlab.app import HostError, zbd_binary
+from zbdlab.parsers.results import ResultsDir, load_results_dir
+from zbdlab.results.schema import RunRecord
+
+
+class StepFailed(RuntimeError):
+    """A tool a reproduction ran failed; the message names it and the log to read."""
+
+
+class Context:
+    def __init__(self, directory: Path, quick: bool, say: Callable[[str], None] = print) -> None:
+        self.dir = directory
+        self.quick = quick
+        self.say = say
+        self.commands: list[str] = []
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def pick(self, quick: Any, full: Any) -> Any:
+        return quick if self.quick else full
+
+    @property
+    def zbd(self) -> str:
+        binary = zbd_binary()
+        if binary is None:
+            raise HostError("zbd binary not found (set ZBD_BIN or run `cargo build --release`)")
+        return binary
+
+    def tool(self, argv: list[str], label: str, timeout_s: float = 1800) -> str:
+        """Run a tool, keep its output in <label>.out, return its stdout."""
+        self.commands.append(shlex.join(argv))
+        log = self.dir / f"{label}.out"
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except FileNotFoundError:
+            raise HostError(f"{argv[0]} not found") from None
+        except subprocess.TimeoutExpired:
+            raise StepFailed(f"{shlex.join(argv[:3])} ... timed out after {timeout_s:.0f}s") from None
+        log.write_text(proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else ""))
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise StepFailed(
+                f"{shlex.join(argv[:3])} ... failed (exit {proc.returncode}): {tail} (see {log})"
+            )
+        return proc.stdout
+
+    def study(self, name: str, toml: str, cpus: int | None = None) -> ResultsDir:
+        """Run a study (resuming an interrupted one) and load its results."""
+        study_file = self.dir / f"{name}.toml"
+        results = self.dir / name
+        # the scratch directory stays zbdlab run's default (/var/tmp/zbdlab-*, recorded in plan.json):
+        # PostMark overflows on longer paths than that
+        if study_file.exists() and study_file.read_text() != toml and results.exists():
+            raise StepFailed(
+                f"{study_file} changed since the interrupted run; remove {results} to start over"
+            )
+        # images, mounts and servers under DIR too, so a reader (and --resume's recovery) finds them there
+        study_file.write_text(toml)
+        args = ["run", str(study_file), "-o", str(results), "--no-report"]
+        if (results / "plan.json").exists():
+            args.append("--resume")
+        pin: list[str] = []
+        if cpus is not None:
+            available = sorted(os.sched_getaffinity(0))
+            if len(available) < cpus:
+                raise HostError(f"{name}: needs {cpus} CPUs, this machine lets us use {len(available)}")
+            pin = ["taskset", "-c", ",".join(str(c) for c in available[:cpus])]
+        self.commands.append(shlex.join([*pin, "zbdlab", *args]))
+        argv = [*pin, sys.executable, "-c", "from zbdlab.cli import main; main()", *args]
+        log = self.dir / f"{name}.log"
+        self.say(f"  running study {name} ({'quick' if self.quick else 'full'}), log {log}")
+        with open(log, "a", encoding="utf-8") as out:
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+        if proc.returncode != 0:
+            tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["?"]
+            raise StepFailed(f"zbdlab run {study_file.name} failed (exit {proc.returncode}): {tail[0]}")
+        return load_results_dir(results)
+
+    def environment(self, name: str) -> dict[str, Any]:
+        path = self.dir / name / "environment.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+# --- reading results ------------------------------------------------------------------------------
+
+Key = tuple[str, ...]
+
+
+def medians(
+    records: Iterable[RunRecord], key: Callable[[RunRecord], Key], value: Callable[[RunRecord], float | None]
+) -> dict[Key, float]:
+    """Median of `value` over the non-discarded runs of each `key` (the seeds report medians or means
+    of repetitions; medians are the robust choice on a shared, noisy machine)."""
+    groups: dict[Key, list[float]] = defaultdict(list)
+    for r in records:
+        v = value(r)
+        if not r.discarded and v is not None:
+            groups[key(r)].append(float(v))
+    return {k: statistics.median(vs) for k, vs in groups.items() if vs}
+
+
+def mb_s(r: RunRecord) -> float | None:
+    """Throughput in MB/s as the seeds print it (2^20 bytes, like IOzone's KB/1024)."""
+    return r.throughput_bytes_per_s / (1 << 20) if r.throughput_bytes_per_s else None
