@@ -42,8 +42,9 @@ test-lab:
 demo: deps build
 	bash scripts/demo.sh
 
+# Same-run ratios under bench/results/ (docs/benchmarks.md); BENCH_ARGS=--quick for a short run.
 bench: deps deps-ceph build
-	bash scripts/bench.sh
+	bash scripts/bench.sh $(BENCH_ARGS)
 	bash scripts/bench-ceph.sh
 
 # Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.

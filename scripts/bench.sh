@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# `make bench`: benchmarks whose results are written down in docs/benchmarks.md.
+# `make bench` (as root): `zbdlab bench`, the same-run ratios in alternating rounds with their
+# intervals and targets (engine, NBD fast and slow disk, filesystems), written with raw fio JSON
+# under bench/results/<date>-<commit>/; then what is not a ratio (codec table, write amplification,
+# cleaner, the heavy engine tests), kept in the same directory under raw/other/.
+# Usage: scripts/bench.sh [--quick] [--only GROUP]... (any `zbdlab bench` option; --quick and
+#   --only run the ratios alone). env: ZBD_BIN (the binary measured), BENCH_OUT (results dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-zbd=${ZBD_BIN:-target/release/zbd}
-out=target/bench
-mkdir -p "$out"
-
+zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
+[[ -x "$zbd" ]] || { echo "bench: no zbd binary at $zbd (cargo build --release)" >&2; exit 1; }
+out=${BENCH_OUT:-bench/results/$(date -u +%F)-$(git rev-parse --short HEAD)}
+.venv/bin/zbdlab bench --zbd "$zbd" -o "$out" "$@"
+for arg in "$@"; do
+  [[ "$arg" == --quick || "$arg" == --only* ]] && exit 0
+done
+other=$out/raw/other
+mkdir -p "$other"
 echo "== zbd bench codec (built-in mixed sample)"
-"$zbd" bench codec
-echo "== zbd bench engine"
-"$zbd" bench engine --size 256M
-echo "== zbd bench cleaner (time series in $out/cleaner-series.csv)"
-"$zbd" bench cleaner --capacity 64M --factor 4 --csv "$out/cleaner-series.csv"
+"$zbd" bench codec | tee "$other/codec.txt"
+echo "== zbd bench engine (write amplification of 4 KiB write + flush)"
+"$zbd" bench engine --size 256M | tee "$other/engine.txt"
+echo "== zbd bench cleaner"
+"$zbd" bench cleaner --capacity 64M --factor 4 --csv "$other/cleaner-series.csv" | tee "$other/cleaner.txt"
 echo "== heavy engine tests (ignored in make test)"
-cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture
-echo "== NBD: zbd serve vs nbdkit file under fio's nbd engine; savings of a filesystem copy"
-bash scripts/bench-nbd.sh
+cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture 2>&1 | tee "$other/heavy-tests.txt"

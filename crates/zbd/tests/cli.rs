@@ -231,6 +231,56 @@ fn bench_codec_units_on_a_directory() {
 }
 
 #[test]
+fn bench_engine_takes_codec_and_thread_counts() {
+    let out = zbd()
+        .args([
+            "bench",
+            "engine",
+            "--codec",
+            "zstd:1",
+            "--threads",
+            "1,2",
+            "--no-wa",
+            "--json",
+            "--size",
+            "2M",
+        ])
+        .output()
+        .expect("bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["codec"], "zstd:1");
+    let runs = v["runs"].as_array().expect("runs");
+    let threads: Vec<u64> = runs
+        .iter()
+        .map(|r| r["threads"].as_u64().expect("n"))
+        .collect();
+    assert_eq!(threads, [1, 2]);
+    assert!(runs
+        .iter()
+        .all(|r| r["write_mb_s"].as_f64().expect("w") > 0.0));
+    assert!(v["raw_compress_mb_s"].as_f64().expect("raw") > 0.0);
+    assert!(
+        v["wa_4k_write_flush"].is_null(),
+        "--no-wa skips the WA runs"
+    );
+    zbd()
+        .args(["bench", "engine", "--threads", "0"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--threads"));
+    zbd()
+        .args(["bench", "engine", "--codec", "brotli"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--codec"));
+}
+
+#[test]
 fn compact_runs_offline_and_keeps_data() {
     let (dir, vol, input) = fixture(2 << 20);
     on(

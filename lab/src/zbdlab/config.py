@@ -26,6 +26,7 @@ from zbdlab.workloads.base import DataSpec
 STUDY_VERSION = 1
 
 FILESYSTEMS = ("ext4", "xfs", "btrfs", "zfs")
+TRANSPORTS = ("nbdkit",)
 WORKLOAD_KINDS = ("iozone", "throughput", "postmark", "fileserver", "varmail", "webserver", "oltp", "copy")
 CACHE_POLICIES = ("cold", "warm")
 FORMAT_POLICIES = ("repetition", "run", "once")
@@ -76,6 +77,9 @@ class TargetSpec:
     recordsize_bytes: int | None = None
     # any fs on a zbd volume
     zbd: ZbdSpec | None = None
+    # any fs on `nbdkit file` through the same NBD transport as zbd (`zbd attach`: nbdfuse + loop on a
+    # machine without the nbd module): the transport baseline, which shows what zbd's path costs
+    transport: str | None = None  # "nbdkit"
     # a real device instead of loop images, only with allow_real_device = true
     real_devices: tuple[str, ...] = ()
     # images on a device limited in bandwidth and latency (zbdlab.throttle)
@@ -83,6 +87,8 @@ class TargetSpec:
 
     @property
     def kind(self) -> str:
+        if self.transport:
+            return f"{self.fs}-on-{self.transport}"
         return f"{self.fs}-on-zbd" if self.zbd else self.fs
 
     @property
@@ -432,6 +438,11 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
     zbd = _zbd(source, index, zbd_table, size) if zbd_table is not None else None
     if zbd and devices > 1:
         raise t.fail("devices", "a zbd target is one volume (one backing device)")
+    transport = t.string("transport", None, TRANSPORTS)
+    if transport and (zbd or fs == "zfs" or devices > 1):
+        raise t.fail(
+            "transport", "a transport baseline is one kernel filesystem on one plain NBD export (no zbd)"
+        )
 
     real = t.raw("device")
     allow_real = t.boolean("allow_real_device", False)
@@ -458,7 +469,7 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
     t.reject_unknown(
         (
             "name fs size devices mkfs_options mount_options compress compress_force raid metadata_raid "
-            "layout compression dedup recordsize zbd device allow_real_device throttle"
+            "layout compression dedup recordsize zbd transport device allow_real_device throttle"
         ).split()
     )
     return TargetSpec(
@@ -469,6 +480,7 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
         mkfs_options=mkfs_options,
         mount_options=mount_options,
         zbd=zbd,
+        transport=transport,
         real_devices=real_devices,
         throttle=throttle,
         **kwargs,

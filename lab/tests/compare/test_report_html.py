@@ -62,8 +62,11 @@ def test_report_html_renders_every_section_and_image_without_console_errors(repo
     assert ids == expected
     assert sections == len(expected)
     # the summary says in words what is real
-    assert "ext4-on-zbd-lz4 against ext4: slower in write" in dom
-    assert "btrfs-zstd against ext4: faster in write" in dom
+    # the summary leads with space saved and speed together
+    assert "ext4-on-zbd-lz4 against ext4: saves 50 % of space (ratio 2.00:1) at 80 % of the speed" in dom
+    assert "slower in write" in dom
+    assert "btrfs-zstd against ext4: saves 0 % of space (ratio 1.00:1) at 110 % of the speed" in dom
+    assert "faster in write" in dom
     assert "smallest reachable p 0.029 with 4+4 runs" in dom  # Mann-Whitney 2 / C(8, 4)
     shot = report_dir / "screenshot.png"
     screenshot(_chromium(), page, shot)

@@ -127,6 +127,15 @@ CASES = [
         study(head='version = 1\n[data]\nkind = "tool"\ndedupe_percentage = 50'),
         "study.toml: data.dedupe_percentage: applies to synthetic data only, not kind 'tool'",
     ),
+    (
+        study(GOOD_TARGETS + '[[targets]]\nname = "t"\nfs = "ext4"\ntransport = "qemu"\n'),
+        "study.toml: targets[2].transport: unknown value 'qemu' (expected nbdkit)",
+    ),
+    (
+        study(GOOD_TARGETS + '[[targets]]\nname = "t"\nfs = "ext4"\ntransport = "nbdkit"\n[targets.zbd]\n'),
+        "study.toml: targets[2].transport: a transport baseline is one kernel filesystem on one plain NBD "
+        "export (no zbd)",
+    ),
 ]
 
 

@@ -37,4 +37,14 @@ def test_shipped_study_workloads_build(path: Path) -> None:
 def test_quick_study_is_what_make_demo_expects() -> None:
     study = load_study(next(p for p in STUDIES if p.stem == "quick"))
     labels = {t.name: t.compression_label for t in study.targets}
-    assert labels == {"ext4": "off", "btrfs-zstd": "btrfs:zstd:1 force", "ext4-on-zbd-lz4": "zbd:lz4"}
+    assert labels == {
+        "ext4": "off",
+        "ext4-on-nbdkit": "off",
+        "btrfs-lzo": "btrfs:lzo force",
+        "ext4-on-zbd-lz4": "zbd:lz4",
+        "btrfs-zstd1": "btrfs:zstd:1 force",
+        "ext4-on-zbd-zstd1": "zbd:zstd:1",
+    }
+    # like with like: each zbd codec beside btrfs's codec of the same kind, and the transport
+    # baseline on the same NBD path as zbd
+    assert next(t for t in study.targets if t.name == "ext4-on-nbdkit").kind == "ext4-on-nbdkit"

@@ -104,6 +104,19 @@ def test_ext4_on_zbd_provision(scratch: Path) -> None:
     assert seen["space"].compression_ratio > 1.5
 
 
+def test_ext4_on_nbdkit_transport_baseline_provision(scratch: Path) -> None:
+    problem = zbd_problem()  # `zbd attach` puts the export on a block device
+    if problem:
+        print(f"SKIP reason: {problem}")
+        pytest.skip(problem)
+    seen = exercise(target('name = "n"\nfs = "ext4"\nsize = "256M"\ntransport = "nbdkit"'), scratch)
+    assert seen["remount"]["zbd_restarted"]  # the nbdkit server restarted like a zbd one
+    space = seen["space"]
+    assert space.compression_ratio is None or space.extra.get("ratio_source") == "df"  # nothing compresses
+    # the 4 MiB file reached the backing image through nbdkit; fstrim left the rest sparse
+    assert 4 << 20 <= space.extra["backing_allocated_bytes"] < 128 << 20
+
+
 def test_throttled_ext4_provision(scratch: Path) -> None:
     from zbdlab.throttle import throttle_problem
 

@@ -36,7 +36,8 @@ enum What {
         #[arg(long)]
         json: bool,
     },
-    /// Engine throughput (lz4) vs the raw codec, and write amplification of 4K write + flush.
+    /// Engine throughput vs the raw codec on the same data, and write amplification of 4K
+    /// write + flush.
     Engine {
         /// Bytes written sequentially per run.
         #[arg(long, default_value = "256M")]
@@ -44,6 +45,15 @@ enum What {
         /// Directory for the volume file (default: system temp dir).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Codec of the volume (and of the raw codec speed it is compared with).
+        #[arg(long, default_value = "lz4")]
+        codec: String,
+        /// Client thread counts to measure, one volume each.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+        /// Skip the write-amplification runs (throughput only, as `make bench` repeats it).
+        #[arg(long)]
+        no_wa: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -74,7 +84,26 @@ pub fn run(a: Args) -> Result<ExitCode> {
             codecs,
             json,
         } => codec_table(data, &units, codecs, json),
-        What::Engine { size, dir, json } => engine(super::size_arg("--size", &size)?, dir, json),
+        What::Engine {
+            size,
+            dir,
+            codec,
+            threads,
+            no_wa,
+            json,
+        } => {
+            let codec: Codec = codec.parse().map_err(|e| anyhow!("--codec: {e}"))?;
+            if threads.is_empty() || threads.contains(&0) {
+                return Err(anyhow!("--threads: give counts of at least 1, e.g. 1,2"));
+            }
+            let opts = EngineOpts {
+                codec,
+                threads,
+                wa: !no_wa,
+                json,
+            };
+            engine(super::size_arg("--size", &size)?, dir, opts)
+        }
         What::Cleaner {
             capacity,
             factor,
@@ -214,34 +243,47 @@ fn codec_table(
 #[derive(serde::Serialize)]
 struct EngineReport {
     bytes: u64,
-    raw_lz4_compress_mb_s: f64,
-    raw_lz4_decompress_mb_s: f64,
-    write_mb_s_1_thread: f64,
-    write_mb_s_2_threads: f64,
-    read_mb_s_1_thread: f64,
-    read_mb_s_2_threads: f64,
-    write_ratio_1: f64,
-    write_ratio_2: f64,
-    read_ratio_1: f64,
-    read_ratio_2: f64,
+    codec: String,
+    /// The codec alone on one core, on the same data, in the same process.
+    raw_compress_mb_s: f64,
+    raw_decompress_mb_s: f64,
+    runs: Vec<EngineRun>,
     savings_pct: f64,
-    wa_4k_write_flush: f64,
-    wa_4k_write_flush_incompressible: f64,
+    wa_4k_write_flush: Option<f64>,
+    wa_4k_write_flush_incompressible: Option<f64>,
+}
+
+#[derive(serde::Serialize)]
+struct EngineRun {
+    threads: usize,
+    write_mb_s: f64,
+    read_mb_s: f64,
+    /// Engine speed over the single-core raw codec speed.
+    write_ratio: f64,
+    read_ratio: f64,
+}
+
+struct EngineOpts {
+    codec: Codec,
+    threads: Vec<usize>,
+    wa: bool,
+    json: bool,
 }
 
 const REQUEST_BYTES: usize = 128 * 1024;
 
-fn engine(bytes: u64, dir: Option<PathBuf>, json: bool) -> Result<ExitCode> {
+fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     let dir = tempdir_in(dir)?;
     let data = Arc::new(sample::mixed(32 << 20));
     let blocks: Vec<Vec<u8>> = data.chunks_exact(4096).map(|c| c.to_vec()).collect();
-    let raw = measure(Codec::Lz4, &blocks);
+    let raw = measure(o.codec, &blocks);
     let bytes = bytes / REQUEST_BYTES as u64 * REQUEST_BYTES as u64;
-    let mut mb = [0f64; 4];
+    let mut runs = Vec::new();
     let mut savings = 0.0;
-    for (k, threads) in [1usize, 2].into_iter().enumerate() {
+    for &threads in &o.threads {
         let path = dir.0.join(format!("engine-{threads}.zbd"));
-        let opts = CreateOptions::new(bytes);
+        let mut opts = CreateOptions::new(bytes);
+        opts.codec = o.codec;
         let sb = zbd_core::layout::plan(&opts)?;
         let vol = Arc::new(Volume::create(
             Box::new(FileStorage::create(&path, sb.total_bytes())?),
@@ -251,60 +293,62 @@ fn engine(bytes: u64, dir: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         vol.flush()?;
         let r = timed(&vol, &data, bytes, threads, false)?;
         savings = vol.stats().savings_pct;
-        mb[k] = bytes as f64 / w / 1e6;
-        mb[2 + k] = bytes as f64 / r / 1e6;
+        let (write_mb_s, read_mb_s) = (bytes as f64 / w / 1e6, bytes as f64 / r / 1e6);
+        runs.push(EngineRun {
+            threads,
+            write_mb_s,
+            read_mb_s,
+            write_ratio: write_mb_s / raw.compress_mb_s,
+            read_ratio: read_mb_s / raw.decompress_mb_s,
+        });
         drop(vol);
         std::fs::remove_file(&path)?;
     }
-    let wa_mixed = wa_small_sync(&dir.0, false)?;
-    let wa_rand = wa_small_sync(&dir.0, true)?;
+    let (wa_mixed, wa_rand) = if o.wa {
+        (
+            Some(wa_small_sync(&dir.0, false)?),
+            Some(wa_small_sync(&dir.0, true)?),
+        )
+    } else {
+        (None, None)
+    };
     let rep = EngineReport {
         bytes,
-        raw_lz4_compress_mb_s: raw.compress_mb_s,
-        raw_lz4_decompress_mb_s: raw.decompress_mb_s,
-        write_mb_s_1_thread: mb[0],
-        write_mb_s_2_threads: mb[1],
-        read_mb_s_1_thread: mb[2],
-        read_mb_s_2_threads: mb[3],
-        write_ratio_1: mb[0] / raw.compress_mb_s,
-        write_ratio_2: mb[1] / raw.compress_mb_s,
-        read_ratio_1: mb[2] / raw.decompress_mb_s,
-        read_ratio_2: mb[3] / raw.decompress_mb_s,
+        codec: o.codec.to_string(),
+        raw_compress_mb_s: raw.compress_mb_s,
+        raw_decompress_mb_s: raw.decompress_mb_s,
+        runs,
         savings_pct: savings,
         wa_4k_write_flush: wa_mixed,
         wa_4k_write_flush_incompressible: wa_rand,
     };
-    if json {
+    if o.json {
         println!("{}", serde_json::to_string_pretty(&rep)?);
-    } else {
-        println!(
-            "lz4, sequential, {} MiB in 128 KiB requests, mixed sample ({:.1} % savings)",
-            bytes >> 20,
-            rep.savings_pct
-        );
-        println!(
-            "raw lz4 on one core: compress {:.0} MB/s, decompress {:.0} MB/s",
-            rep.raw_lz4_compress_mb_s, rep.raw_lz4_decompress_mb_s
-        );
-        println!(
-            "{:<8} {:>12} {:>14} {:>12} {:>14}",
-            "threads", "write MB/s", "x raw comp", "read MB/s", "x raw decomp"
-        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{}, sequential, {} MiB in 128 KiB requests, mixed sample ({:.1} % savings)",
+        rep.codec,
+        bytes >> 20,
+        rep.savings_pct
+    );
+    println!(
+        "raw {} on one core: compress {:.0} MB/s, decompress {:.0} MB/s",
+        rep.codec, rep.raw_compress_mb_s, rep.raw_decompress_mb_s
+    );
+    println!(
+        "{:<8} {:>12} {:>14} {:>12} {:>14}",
+        "threads", "write MB/s", "x raw comp", "read MB/s", "x raw decomp"
+    );
+    for r in &rep.runs {
         println!(
             "{:<8} {:>12.0} {:>14.2} {:>12.0} {:>14.2}",
-            1, rep.write_mb_s_1_thread, rep.write_ratio_1, rep.read_mb_s_1_thread, rep.read_ratio_1
+            r.threads, r.write_mb_s, r.write_ratio, r.read_mb_s, r.read_ratio
         );
+    }
+    if let (Some(mixed), Some(rand)) = (wa_mixed, wa_rand) {
         println!(
-            "{:<8} {:>12.0} {:>14.2} {:>12.0} {:>14.2}",
-            2,
-            rep.write_mb_s_2_threads,
-            rep.write_ratio_2,
-            rep.read_mb_s_2_threads,
-            rep.read_ratio_2
-        );
-        println!(
-            "write amplification of 4 KiB write + flush, repeated: {:.2} (mixed data), {:.2} (incompressible)",
-            rep.wa_4k_write_flush, rep.wa_4k_write_flush_incompressible
+            "write amplification of 4 KiB write + flush, repeated: {mixed:.2} (mixed data), {rand:.2} (incompressible)"
         );
     }
     Ok(ExitCode::SUCCESS)

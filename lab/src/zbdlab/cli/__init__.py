@@ -15,9 +15,9 @@ def main() -> None:
 
 def _register() -> None:
     # Each subcommand lives in its own module and is attached here, so adding one never edits another.
-    from zbdlab.cli import compare, corpus, report, reproduce, run
+    from zbdlab.cli import bench, compare, corpus, report, reproduce, run
 
-    for module in (run, compare, report, corpus, reproduce):
+    for module in (run, compare, report, corpus, reproduce, bench):
         main.add_command(module.command)
 
 

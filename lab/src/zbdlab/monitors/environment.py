@@ -21,6 +21,8 @@ _VERSION_COMMANDS: list[tuple[str, list[str]]] = [
     ("mkfs.xfs", ["mkfs.xfs", "-V"]),
     ("btrfs-progs", ["btrfs", "--version"]),
     ("nbdfuse", ["nbdfuse", "--version"]),
+    ("nbdkit", ["nbdkit", "--version"]),
+    ("qemu-nbd", ["qemu-nbd", "--version"]),
     ("util-linux", ["losetup", "--version"]),
 ]
 _PACKAGES = [

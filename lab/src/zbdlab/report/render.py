@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 
 from zbdlab.parsers.model import CellKey, canonical_operation
 from zbdlab.plots import figures
@@ -94,10 +95,12 @@ def _meta(analysis: Analysis) -> dict[str, Any]:
 
 
 def summary_sentences(analysis: Analysis) -> list[str]:
-    """The words on top of the page: which differences are real."""
+    """The words on top of the page: space saved and speed together first, then which differences
+    are real."""
     o = analysis.options
     out = []
     for data in analysis.others:
+        ratios = [s.metrics["compression_ratio"] for s in data.samples if "compression_ratio" in s.metrics]
         primaries = [p for p in analysis.primaries if p.set_name == data.name and p.operation != ALL]
         faster = [p for p in primaries if p.verdict == "faster"]
         slower = [p for p in primaries if p.verdict == "slower"]
@@ -110,7 +113,19 @@ def summary_sentences(analysis: Analysis) -> list[str]:
                 for p in items
             )
 
+        overall = analysis.primary(data.name, ALL)
+        lead = []
+        if ratios:
+            ratio = float(np.median(ratios))
+            lead.append(f"saves {round((1 - 1 / ratio) * 100)} % of space (ratio {ratio:.2f}:1)")
+        if overall is not None:
+            lead.append(
+                f"at {overall.ratio * 100:.0f} % of the speed over all operations "
+                f"(CI {overall.ci_low * 100:.0f} to {overall.ci_high * 100:.0f} %, {overall.verdict})"
+            )
         parts = [f"{data.name} against {analysis.baseline.name}:"]
+        if lead:
+            parts.append(" ".join(lead) + ";")
         if faster:
             parts.append(f"faster in {describe_list(faster)}.")
         if slower:
@@ -123,9 +138,6 @@ def summary_sentences(analysis: Analysis) -> list[str]:
                 )
                 + "."
             )
-        overall = analysis.primary(data.name, ALL)
-        if overall is not None:
-            parts.append(f"Over all operations: {overall.verdict} ({(overall.ratio - 1) * 100:+.1f} %).")
         tests = analysis.tests_for(data.name)
         differ = sum(1 for t in tests if t.significant(o.alpha))
         parts.append(

@@ -115,7 +115,7 @@ class Runner:
     def _check_host(self) -> None:
         if os.geteuid() != 0:
             raise HostError("zbdlab run needs root (loop devices, mkfs, mount, drop_caches)")
-        if any(t.zbd for t in self.study.targets):
+        if any(t.zbd or t.transport for t in self.study.targets):
             problem = zbd_problem()
             if problem:
                 raise HostError(f"zbd targets cannot run: {problem}")
@@ -463,6 +463,8 @@ class Runner:
                         "raw_dir": f"raw/{run_id}",
                         "unit_raw_dir": f"raw/{unit.unit_id}",
                         "ratio_source": space.extra.get("ratio_source"),
+                        # what the backing images hold after fstrim, metadata included
+                        "backing_allocated_bytes": space.extra.get("backing_allocated_bytes"),
                         "frontend_bytes_read": d.get("frontend_bytes_read"),
                         "frontend_bytes_written": d.get("frontend_bytes_written"),
                     },
@@ -531,6 +533,7 @@ def _target_options(t: TargetSpec) -> dict[str, Any]:
             if t.zbd
             else None
         ),
+        "transport": t.transport,
         "real_devices": list(t.real_devices),
         "throttle": t.throttle.as_dict() if t.throttle else None,
     }

@@ -351,3 +351,25 @@ def center_interval(analysis: Analysis, set_name: str, cells: list[CellKey]) -> 
         return math.nan, math.nan, math.nan
     point, draws = _group_logs(analysis, set_name, [cells])
     return (float(np.exp(point)), *_interval(np.exp(draws), analysis.options.confidence))
+
+
+def median_ratio_interval(
+    numerator: np.ndarray | list[float],
+    denominator: np.ndarray | list[float],
+    options: Options | None = None,
+) -> tuple[float, float, float]:
+    """median(numerator) / median(denominator) with a percentile-bootstrap interval (`zbdlab bench`).
+
+    When both sides have one value per round (equal lengths), rounds are resampled in pairs, so load
+    that slowed both sides of one round stays paired; otherwise each side is resampled on its own."""
+    options = options or Options()
+    num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if num.size == 0 or den.size == 0 or np.median(den) <= 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(options.seed)
+    idx_n = rng.integers(0, num.size, size=(options.bootstrap, num.size))
+    idx_d = idx_n if num.size == den.size else rng.integers(0, den.size, size=(options.bootstrap, den.size))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        draws = np.median(num[idx_n], axis=1) / np.median(den[idx_d], axis=1)
+    draws[~np.isfinite(draws)] = np.nan
+    return (float(np.median(num) / np.median(den)), *_interval(draws, options.confidence))

@@ -17,7 +17,7 @@ from zbdlab.config import TargetSpec
 from zbdlab.targets import devices as dev
 from zbdlab.targets.cleanup import CleanupStack, Step
 from zbdlab.targets.commands import Commands
-from zbdlab.targets.zbd import ZbdVolume, stat_numbers
+from zbdlab.targets.zbd import NbdkitExport, ZbdVolume, stat_numbers
 from zbdlab.targets.zfs import ZfsService, create_pool, pool_space, ratio, zfs_size
 
 
@@ -88,8 +88,11 @@ class TargetInstance:
                 dev.create_loop(self.cmds, self.stack, self.dir / f"disk{i}.img", size)
                 for i in range(spec.devices)
             ]
-        if spec.zbd:
-            self.zbd = ZbdVolume(spec.zbd, self.backing[0], spec.size_bytes, self.dir / "zbd", self.cmds)
+        if spec.zbd or spec.transport:
+            if spec.zbd:
+                self.zbd = ZbdVolume(spec.zbd, self.backing[0], spec.size_bytes, self.dir / "zbd", self.cmds)
+            else:
+                self.zbd = NbdkitExport(self.backing[0], spec.size_bytes, self.dir / "nbd", self.cmds)
             self.stack.push("remove the zbd socket directory", self.zbd.remove_sockdir)
             self.zbd.create()
             self.fs_devices = [self.zbd.start(self.stack)]
@@ -157,8 +160,12 @@ class TargetInstance:
         return (st.f_blocks - st.f_bfree) * st.f_frsize
 
     def space(self) -> Space:
-        """Physical space used and the compression ratio achieved, from the tool that knows best."""
-        self.cmds.run(["sync"])
+        """Physical space used and the compression ratio achieved, from the tool that knows best; and
+        what the backing images really hold after fstrim (freed blocks handed back down the stack)."""
+        self.cmds.run(["sync"])  # first: btrfs frees extents only when its transaction commits
+        if self.spec.fs != "zfs":
+            self.cmds.run(["fstrim", str(self.mountpoint)], check=False)
+            self.cmds.run(["sync"])
         space = Space(data_bytes_stored=apparent_bytes(self.workdir))
         used = self._statvfs_used()
         df = self.cmds.run(["df", "-B1", str(self.mountpoint)], check=False).stdout
@@ -171,8 +178,11 @@ class TargetInstance:
             self._btrfs_space(space)
         elif self.spec.fs == "zfs":
             self._zfs_space(space)
-        if self.zbd:
+        if self.zbd and self.zbd.has_stats:
             self._zbd_space(space)
+        if not self.spec.real_devices:
+            images = [self.dir / f"disk{i}.img" for i in range(self.spec.devices)]
+            space.extra["backing_allocated_bytes"] = sum(allocated_bytes(p) for p in images)
         if space.compression_ratio is None and space.data_bytes_stored and used is not None:
             grown = used - (self.baseline_used_bytes or 0)
             if grown > 0:
@@ -243,6 +253,14 @@ def backing_bytes(spec: TargetSpec) -> int:
         return spec.size_bytes
     logical = spec.zbd.logical_size_bytes or spec.size_bytes
     return max(spec.size_bytes, (logical * 3 // 2 + (64 << 20)) // 4096 * 4096)
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes a (sparse) file really occupies on its filesystem."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
 
 
 def apparent_bytes(root: Path) -> int:

@@ -52,6 +52,8 @@ def _size_arg(size: int) -> str:
 
 
 class ZbdVolume:
+    has_stats = True  # `zbd stat` answers for the volume
+
     def __init__(self, spec: ZbdSpec, backing: str, size_bytes: int, workdir: Path, cmds: Commands) -> None:
         problem = zbd_problem()
         if problem:
@@ -92,15 +94,7 @@ class ZbdVolume:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for stale in (self.socket, self.pidfile):
             stale.unlink(missing_ok=True)
-        argv = [
-            self.binary,
-            "serve",
-            self.backing,
-            "--socket",
-            str(self.socket),
-            "--pidfile",
-            str(self.pidfile),
-        ]
+        argv = self.server_argv()
         # undo steps go on the stack before their action (see devices.create_loop)
         self._steps.append(stack.push("stop zbd serve", self._stop_server))
         proc = self.cmds.spawn(argv, self.workdir / "zbd-serve.log", self._adopt)
@@ -111,7 +105,7 @@ class ZbdVolume:
         wait_for(ready, 30, f"zbd serve socket {self.socket}")
         if proc.poll() is not None:
             log = (self.workdir / "zbd-serve.log").read_text(errors="replace").strip()[-300:]
-            raise HostError(f"zbd serve exited at start (exit {proc.returncode}): {log}")
+            raise HostError(f"{argv[0]} {argv[1]} exited at start (exit {proc.returncode}): {log}")
         self._steps.append(stack.push("zbd detach", self._detach))
         out = self.cmds.run([self.binary, "attach", "--socket", str(self.socket), *self.state_args]).stdout
         devices = [w for w in out.split() if w.startswith("/dev/")]
@@ -119,6 +113,10 @@ class ZbdVolume:
             raise HostError(f"zbd attach printed no device: {out.strip()!r}")
         self.device = devices[-1]
         return self.device
+
+    def server_argv(self) -> list[str]:
+        sock, pid = str(self.socket), str(self.pidfile)
+        return [self.binary, "serve", self.backing, "--socket", sock, "--pidfile", pid]
 
     def _pidfile_ok(self) -> bool:
         try:
@@ -201,3 +199,26 @@ def stat_numbers(stat: dict[str, Any]) -> tuple[int | None, int | None, float | 
         int(physical) if physical is not None else None,
         ratio,
     )
+
+
+class NbdkitExport(ZbdVolume):
+    """The transport baseline: `nbdkit file` serving the backing device, attached with `zbd attach`
+    exactly like a zbd volume (nbdfuse + loop here), so the two differ only in the server."""
+
+    has_stats = False
+
+    def __init__(self, backing: str, size_bytes: int, workdir: Path, cmds: Commands) -> None:
+        super().__init__(ZbdSpec(codec="none"), backing, size_bytes, workdir, cmds)
+
+    def create(self) -> None:
+        if shutil.which("nbdkit") is None:
+            raise HostError(
+                "nbdkit not found (needed for the transport baseline; run scripts/install-deps.sh)"
+            )
+
+    def server_argv(self) -> list[str]:
+        sock, pid = str(self.socket), str(self.pidfile)
+        return ["nbdkit", "-f", "-U", sock, "-P", pid, "file", f"file={self.backing}"]
+
+    def stat(self) -> tuple[dict[str, Any], str]:
+        return {}, ""

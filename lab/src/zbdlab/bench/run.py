@@ -1,0 +1,75 @@
+"""One `zbdlab bench`: the groups asked for, in order, then the results directory."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from zbdlab.bench import engine, fs, nbd
+from zbdlab.bench.core import Figure
+from zbdlab.bench.report import machine, results_dir, short_commit, write_results
+from zbdlab.bench.settings import GROUPS, Settings
+from zbdlab.stats.compare import Options
+
+
+def run_bench(
+    zbd: str,
+    settings: Settings,
+    groups: Sequence[str],
+    repo: Path,
+    out: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
+    when = datetime.now(UTC)
+    out = out or results_dir(repo / "bench" / "results", short_commit(repo), when)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    env = machine(zbd, repo)  # sets $ZBD_BIN: the lab's targets (group fs) serve with the same binary
+    figures: list[Figure] = []
+    notes: list[str] = []
+    tables: dict[str, list[str]] = {}
+    settings.progress = settings.progress or (lambda message: say(f"  {message}"))
+    for group in GROUPS:
+        if group not in groups:
+            continue
+        say(f"== {group}")
+        graw = raw / group
+        graw.mkdir(exist_ok=True)
+        try:
+            got, table = run_group(group, zbd, settings, graw, notes)
+        except Exception as exc:  # one group failing (and cleaned up) leaves the others' figures
+            notes.append(f"{group}: FAILED: {type(exc).__name__}: {exc}")
+            say(f"  {group} failed: {exc}")
+            continue
+        figures += got
+        if table:
+            tables[group] = table
+    options = Options(confidence=settings.confidence)
+    for f in figures:
+        f.compute(options)
+    described = {**settings.describe(), "groups": list(groups), "zbd": zbd}
+    summary = write_results(out, figures, env, described, notes, tables)
+    return summary
+
+
+def run_group(
+    group: str, zbd: str, settings: Settings, graw: Path, notes: list[str]
+) -> tuple[list[Figure], list[str]]:
+    """One group's figures, and a Markdown table of its own (fs) or none."""
+    if group == "engine":
+        return engine.run(zbd, settings, graw), []
+    if group == "nbd-fast":
+        with tempfile.TemporaryDirectory(prefix="zbd-bench-", dir=settings.work_dir) as disk:
+            return nbd.run(group, zbd, settings, graw, Path(disk), notes, settings.progress), []
+    if group == "nbd-slow":
+        with nbd.slow_disk(settings, graw) as disk:
+            notes.append(
+                f"nbd-slow: ext4 on a throttled device, {nbd.SLOW_RATE}iB/s and {nbd.SLOW_LATENCY} "
+                "per request"
+            )
+            return nbd.run(group, zbd, settings, graw, disk, notes, settings.progress), []
+    if group == "fs":
+        return fs.run(settings, graw, settings.progress)
+    raise ValueError(f"unknown group {group}")

@@ -1,0 +1,93 @@
+"""`zbdlab bench [--quick] [--only GROUP]... [-o DIR]`: the ratios of `make bench`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from zbdlab.app import EXIT_FAILED, UserError, repo_root, zbd_binary
+
+GROUP_NAMES = ("engine", "nbd-fast", "nbd-slow", "fs")  # zbdlab.bench.settings.GROUPS (no numpy here)
+
+
+@click.command(name="bench")
+@click.option("--quick", is_flag=True, help="Fewer rounds on smaller devices (a smoke run while developing).")
+@click.option(
+    "--only",
+    "only",
+    multiple=True,
+    type=click.Choice(GROUP_NAMES),
+    help="Run only this group (repeatable; default: all).",
+)
+@click.option("--rounds", type=click.IntRange(1, 100), help="Rounds per group (default 5; --quick 3).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Results directory (default: bench/results/<date>-<commit>).",
+)
+@click.option(
+    "--zbd",
+    "zbd",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="The zbd binary to measure (default: $ZBD_BIN, else target/release/zbd).",
+)
+@click.option(
+    "--base-zbd",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="A second zbd binary (e.g. main's) measured in the same rounds: engine and NBD figures "
+    "'this / base'.",
+)
+@click.option(
+    "--rerender",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Measure nothing: write RERENDER/summary.md again from its figures.json.",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Directory on the disk to measure (default: /var/tmp).",
+)
+def command(
+    quick: bool,
+    only: tuple[str, ...],
+    rounds: int | None,
+    output: Path | None,
+    zbd: Path | None,
+    base_zbd: Path | None,
+    rerender: Path | None,
+    work_dir: Path | None,
+) -> None:
+    """Measure zbd as same-run ratios in alternating rounds, check the targets, write the results."""
+    from zbdlab.bench.report import rerender as render_again
+    from zbdlab.bench.run import run_bench
+    from zbdlab.bench.settings import Settings
+
+    if rerender:
+        click.echo(render_again(rerender, Settings().confidence).read_text())
+        return
+    settings = Settings.quick() if quick else Settings()
+    if rounds:
+        settings.rounds = rounds
+    if work_dir:
+        settings.work_dir = work_dir
+    if base_zbd:
+        settings.base_zbd = str(base_zbd.resolve())
+    binary = str(zbd.resolve()) if zbd else zbd_binary()
+    try:
+        if binary is None:
+            raise UserError("no zbd binary (build it with `cargo build --release` or pass --zbd)")
+        if os.geteuid() != 0 and set(only or GROUP_NAMES) - {"engine"}:
+            raise UserError("the nbd and fs groups need root (loop devices, mounts); try --only engine")
+        summary = run_bench(binary, settings, list(only or GROUP_NAMES), repo_root(), output, click.echo)
+    except UserError as exc:
+        click.echo(f"zbdlab bench: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a tool failed mid-run: one line; every group cleaned up after itself
+        click.echo(f"zbdlab bench: failed: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(summary.read_text())
+    click.echo(f"results: {summary.parent}")

@@ -1,0 +1,177 @@
+"""What the groups build from measurements (no tool runs): figures, fio jobs, the fs study file,
+and the results directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zbdlab.bench import engine, fs, nbd, report
+from zbdlab.bench.core import Figure, Goal, Rounds
+from zbdlab.bench.report import write_results
+from zbdlab.bench.settings import Settings
+from zbdlab.config import parse_study
+from zbdlab.stats.compare import Options
+
+
+def test_engine_figures_compare_with_codec_times_threads_and_one_thread() -> None:
+    rounds = Rounds(["lz4/1t", "lz4/2t"])
+    for r in range(5):
+        rounds.add(
+            r,
+            "lz4/1t",
+            {"write_mb_s": 400, "read_mb_s": 1000, "codec_compress_mb_s": 500, "codec_decompress_mb_s": 2000},
+        )
+        rounds.add(
+            r,
+            "lz4/2t",
+            {"write_mb_s": 720, "read_mb_s": 1500, "codec_compress_mb_s": 500, "codec_decompress_mb_s": 2000},
+        )
+    figs = {f.name: f.compute(Options()) for f in engine.figures(rounds)}
+    two = figs["lz4 write, 2 thread(s) / (lz4 alone x 2)"]
+    assert two.ratio == 720 / 1000 and two.verdict == "miss"
+    assert figs["lz4 write, 2 threads / 1 thread"].ratio == 720 / 400
+    assert figs["lz4 write, 2 threads / 1 thread"].verdict == "pass"
+    assert figs["lz4 read, 2 threads / 1 thread"].verdict == "miss"  # 1.5 < 1.7
+
+
+def test_fio_jobs_set_data_flush_and_halves() -> None:
+    target = {"ioengine": "nbd", "uri": "nbd+unix:///?socket=/s"}
+    write = nbd.fio_job(nbd.TEST_BY_KEY["seq_write"], 1 << 30, 5, target).render()
+    for line in (
+        "end_fsync=1",
+        "refill_buffers=1",
+        "buffer_compress_percentage=50",
+        "buffer_compress_chunk=4k",
+        "numjobs=2",
+        f"size={1 << 29}",
+        f"offset_increment={1 << 29}",
+        "ioengine=nbd",
+    ):
+        assert line in write.splitlines()
+    assert "time_based" not in write
+    rand = nbd.fio_job(nbd.TEST_BY_KEY["randread_qd16"], 1 << 30, 5, target).render().splitlines()
+    assert "time_based" in rand and "runtime=5" in rand and "iodepth=16" in rand
+    assert "end_fsync=1" not in rand
+
+
+def test_nbd_figures_attach_goals_and_zbd_ratio() -> None:
+    rounds = Rounds([*nbd.ZBD_CODECS, *nbd.BASELINES])
+    for r in range(5):
+        for arm in rounds.arms:
+            metrics = {t.key: 100.0 for t in nbd.TESTS}
+            metrics["zbd_ratio"] = 2.0 if arm.startswith("zbd") else float("nan")
+            rounds.add(r, arm, metrics)
+    figs = {f.name: f for f in nbd.figures("nbd-fast", rounds, rounds.arms)}
+    fig = figs["1 MiB seq write: zbd-lz4 / zbd-none"]
+    assert fig.goal == Goal(at_least=0.8) and fig.note == "zbd ratio 2.00:1"
+    assert figs["1 MiB seq read: nbdkit / qemu-nbd"].goal is None
+
+
+def test_fs_study_parses_and_has_the_like_for_like_targets() -> None:
+    study = parse_study(fs.study_text(Settings.quick(), tree_source="/usr"))
+    kinds = {t.name: t.kind for t in study.targets}
+    assert kinds["ext4-on-nbdkit"] == "ext4-on-nbdkit"
+    assert kinds["ext4-on-zbd-zstd1"] == "ext4-on-zbd"
+    btrfs = {t.name: (t.compress, t.compress_force) for t in study.targets if t.fs == "btrfs"}
+    assert btrfs == {
+        "btrfs-lzo": ("lzo", False),
+        "btrfs-force-lzo": ("lzo", True),
+        "btrfs-zstd1": ("zstd:1", False),
+        "btrfs-force-zstd1": ("zstd:1", True),
+    }
+    assert study.repetitions == Settings.quick().rounds and study.cache == "cold"
+
+
+def _row(target: str, rep: int, op: str, mb_s: float, allocated: int) -> dict[str, object]:
+    return {
+        "target": target,
+        "repetition": rep,
+        "operation": op,
+        "throughput_bytes_per_s": mb_s * 1e6,
+        "cpu_user_s": 1.0,
+        "cpu_system_s": 0.5,
+        "backing_bytes_written": 1000,
+        "compression_ratio": 2.0,
+        "extra": {"backing_allocated_bytes": allocated},
+    }
+
+
+def test_fs_runs_become_rounds_and_figures() -> None:
+    rows = []
+    for rep in (1, 2, 3):
+        rows.append(_row("ext4-on-nbdkit", rep, "copy_tree", 100, 4000))
+        rows.append(_row("ext4-on-zbd-lz4", rep, "copy_tree", 90, 2000))
+        rows.append(_row("btrfs-lzo", rep, "copy_tree", 150, 2500))
+    rounds = fs.rounds_from_runs(rows)
+    assert rounds.get("ext4-on-zbd-lz4", "copy_tree_cpu_s") == [1.5, 1.5, 1.5]
+    figs = {f.name: f.compute(Options()) for f in fs.figures(rounds)}
+    speed = figs["tree copy (through sync), speed: ext4-on-zbd-lz4 / ext4-on-nbdkit"]
+    assert speed.ratio == 0.9 and speed.verdict == "pass"
+    space = figs["tree copy (through sync), space after fstrim: ext4-on-zbd-lz4 / btrfs-lzo"]
+    assert space.ratio == 0.8
+    table = fs.space_table(rounds)
+    assert any(line.startswith("| ext4-on-zbd-lz4 | 0 | 2.00 | 90 |") for line in table)
+
+
+def test_results_directory_holds_summary_figures_and_environment(tmp_path: Path) -> None:
+    figs = [
+        Figure("engine", "lz4 write", [90.0] * 5, [100.0] * 5, goal=Goal(at_least=0.8)),
+        Figure("engine", "lz4 read", [50.0] * 5, [100.0] * 5, goal=Goal(at_least=0.8)),
+    ]
+    for f in figs:
+        f.compute(Options())
+    env = {
+        "cpu_model": "Test CPU",
+        "cpu_count": 2,
+        "mem_total_bytes": 2**34,
+        "kernel": "6.1",
+        "tools": {"zbd": "zbd 0.1", "fio": "fio-3.33"},
+        "date": "2026-01-01",
+        "repo_commit": "abc1234",
+    }
+    summary = write_results(tmp_path, figs, env, {"rounds": 5}, ["a note"], {"engine": ["| a table |"]})
+    text = summary.read_text()
+    assert "Test CPU, 2 cores, 16.0 GiB RAM, kernel 6.1" in text
+    assert "1 pass, 1 miss (each also in its group below)" in text
+    assert "| lz4 read | 0.50 | 0.50-0.50 | >= 0.8 | **miss** |" in text
+    assert "| a table |" in text and "- a note" in text
+    doc = json.loads((tmp_path / "figures.json").read_text())
+    assert [f["verdict"] for f in doc["figures"]] == ["pass", "miss"]
+    assert doc["figures"][0]["numerator"] == [90.0] * 5
+    assert json.loads((tmp_path / "environment.json").read_text())["repo_commit"] == "abc1234"
+
+
+def test_a_base_binary_adds_this_over_base_figures() -> None:
+    arms = ["lz4/1t", "lz4/1t@base"]
+    rounds = Rounds(arms)
+    for r in range(5):
+        rounds.add(r, "lz4/1t", {"write_mb_s": 300, "read_mb_s": 900})
+        rounds.add(r, "lz4/1t@base", {"write_mb_s": 200, "read_mb_s": 900})
+    figs = {f.name: f.compute(Options()) for f in engine.figures(rounds)}
+    assert figs["lz4 write, 1 thread(s): this zbd / base zbd"].ratio == 1.5
+    assert figs["lz4 read, 1 thread(s): this zbd / base zbd"].ratio == 1.0
+
+    arms = ["zbd-lz4", "zbd-lz4@base"]
+    rounds = Rounds(arms)
+    for r in range(5):
+        rounds.add(r, "zbd-lz4", {t.key: 200.0 for t in nbd.TESTS})
+        rounds.add(r, "zbd-lz4@base", {t.key: 100.0 for t in nbd.TESTS})
+    figs = {f.name: f.compute(Options()) for f in nbd.figures("nbd-fast", rounds, arms)}
+    assert figs["1 MiB seq write: zbd-lz4 this zbd / base zbd"].ratio == 2.0
+    assert len(figs) == len(nbd.TESTS)  # no baseline server ran: only the binary comparison
+
+
+def test_summary_renders_again_from_figures_json(tmp_path: Path) -> None:
+    figs = [
+        Figure("nbd-slow", "w", [2.0, 2.2, 1.9, 2.1, 2.0], [1.0] * 5, goal=Goal(at_least=1.6), note="n"),
+        Figure("fs", "space", [50.0] * 5, [100.0] * 5, unit="B", goal=Goal(at_most=0.85)),
+    ]
+    for f in figs:
+        f.compute(Options())
+    env = {"cpu_model": "c", "cpu_count": 2, "kernel": "k", "tools": {}}
+    first = write_results(tmp_path, figs, env, {"rounds": 5}, [], {"fs": ["| t |"]}).read_text()
+    (tmp_path / "summary.md").unlink()
+    again = report.rerender(tmp_path, 0.9).read_text()
+    assert again == first  # same figures, same seed: the same intervals
+    assert "| nbd-slow: w | 2.00 |" in again  # the targets table names the group
