@@ -68,7 +68,7 @@ pub enum AllocState {
 }
 
 /// Result of [`crate::Volume::check`].
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CheckReport {
     /// Data blocks read and verified.
     pub blocks_checked: u64,
@@ -563,8 +563,11 @@ impl Inner {
 
     /// Read-modify-write of one block, optimistic: if the block changed between our read and our
     /// update (a concurrent write to another part of it), start again so neither write is lost.
+    /// Bounded: after `RMW_OPTIMISTIC_MAX` lost races the block is read, patched and stored
+    /// under the state lock, which no other write can overtake.
     fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
-        loop {
+        const RMW_OPTIMISTIC_MAX: usize = 8;
+        for _ in 0..RMW_OPTIMISTIC_MAX {
             let (sources, gate) = self.lookup(lba, 1);
             let seen = match &sources[0] {
                 Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
@@ -590,6 +593,36 @@ impl Inner {
             let cx = self.ctx();
             return st.put_block(&cx, lba, p);
         }
+        self.rmw_block_locked(lba, within, patch)
+    }
+
+    /// The pessimistic read-modify-write: everything under the state lock (rare: only after
+    /// repeated races on one block). Holding the lock also keeps any extent from being reused,
+    /// so the storage read needs no reuse gate.
+    fn rmw_block_locked(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
+        let mut st = self.lock_for_write();
+        let entry = st.map[lba as usize];
+        let mut block = match entry.state {
+            BlockState::Unmapped | BlockState::Zero => vec![0u8; BLOCK_BYTES],
+            BlockState::Corrupt => return Err(Error::Corrupt { lba }),
+            BlockState::Data => {
+                let (s, n) = (entry.offset as usize, entry.len as usize);
+                let stored = match st.open.iter().find(|o| o.extent == entry.extent) {
+                    Some(o) => o.buf[s..s + n].to_vec(),
+                    None => {
+                        let mut b = vec![0u8; n];
+                        self.storage
+                            .read_at(self.sb.extent_offset(entry.extent) + s as u64, &mut b)?;
+                        b
+                    }
+                };
+                self.decode_block(lba, &entry, &stored)?
+            }
+        };
+        block[within..within + patch.len()].copy_from_slice(patch);
+        let p = self.prepare(&block);
+        let cx = self.ctx();
+        st.put_block(&cx, lba, p)
     }
 
     /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).
@@ -771,6 +804,25 @@ impl Inner {
     /// Verifies metadata and the checksum of every stored block. `progress(done, total)` is
     /// called now and then.
     pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        self.verify(progress, None)
+    }
+
+    /// A check of a volume in use (`zbd scrub`): reads at most `rate` stored bytes per second
+    /// (unbounded if `None`) so host I/O goes on, and records when it ended and what it found
+    /// (`zbd stat`, persisted with the next checkpoint).
+    pub fn scrub(&self, rate: Option<u64>, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        let report = self.verify(progress, rate.filter(|&r| r > 0));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut st = self.state.lock();
+        st.counters.last_scrub_unix = now;
+        st.counters.last_scrub_damaged = report.damaged_blocks.len() as u64;
+        report
+    }
+
+    fn verify(&self, progress: &dyn Fn(u64, u64), rate: Option<u64>) -> CheckReport {
         let mut report = CheckReport::default();
         for p in &self.damaged_pages {
             report.metadata_problems.push(format!(
@@ -809,16 +861,27 @@ impl Inner {
         }
         let total = self.sb.logical_blocks;
         const CHUNK: u64 = 256;
+        let started = std::time::Instant::now();
+        let mut bytes_read = 0u64;
         let mut lba = 0;
         while lba < total {
             let n = CHUNK.min(total - lba);
-            let mapped = {
+            let (mapped, bytes) = {
                 let st = self.state.lock();
                 st.map[lba as usize..(lba + n) as usize]
                     .iter()
                     .filter(|e| e.state == BlockState::Data)
-                    .count() as u64
+                    .fold((0u64, 0u64), |(m, b), e| (m + 1, b + u64::from(e.len)))
             };
+            if let Some(rate) = rate {
+                // Pace the reads: this chunk may start once the bytes read so far took their
+                // share of time at `rate`.
+                bytes_read += bytes;
+                let due = Duration::from_secs_f64(bytes_read as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
             for (i, r) in self.read_blocks(lba, n).into_iter().enumerate() {
                 if r.is_err() {
                     report.damaged_blocks.push(lba + i as u64);
