@@ -129,10 +129,16 @@ fn v1_volume_stays_writable_under_its_own_rules() {
 }
 
 /// Writes the fixture of the current format version (once per version; older fixtures are
-/// never regenerated): `cargo test -p zbd-core --test compat -- --ignored make_fixture`
+/// never regenerated):
+/// `ZBD_WRITE_FIXTURE=1 cargo test -p zbd-core --test compat -- --ignored make_fixture`
+/// (the variable keeps `make bench`, which runs every ignored test, from rewriting it).
 #[test]
 #[ignore = "writes the committed fixture"]
 fn make_fixture() {
+    if std::env::var_os("ZBD_WRITE_FIXTURE").is_none() {
+        eprintln!("not writing the fixture: set ZBD_WRITE_FIXTURE=1");
+        return;
+    }
     let opts = CreateOptions {
         extent_bytes: 8192,
         codec: Codec::Lz4,
