@@ -71,12 +71,13 @@ fn cost_benefit(x: &ExtentInfo, extent_bytes: f64, now: u64) -> f64 {
 
 /// Bytes an extent's live blocks take in an output extent (payload and records).
 fn footprint(x: &ExtentInfo) -> usize {
-    x.live_bytes as usize + x.live_blocks as usize * RECORD_BYTES
+    // v2 segments carry their record table twice (v1 once: the estimate errs on the safe side).
+    x.live_bytes as usize + x.live_blocks as usize * 2 * RECORD_BYTES
 }
 
 /// Chooses the victims of a pass, best first.
 fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usize) -> Vec<u32> {
-    let usable = extent_bytes - SEGMENT_HEADER_BYTES - SECTOR_BYTES;
+    let usable = extent_bytes - 2 * SEGMENT_HEADER_BYTES - SECTOR_BYTES;
     let now = st.next_seq;
     let mut cands: Vec<(f64, u32)> = st
         .extents
@@ -112,7 +113,7 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
 }
 
 /// First-fit decreasing over stored sizes; returns bins of block indices.
-fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize) -> Vec<Vec<usize>> {
+fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..blocks.len()).collect();
     order.sort_by(|&a, &b| {
         blocks[b]
@@ -125,7 +126,7 @@ fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize) -> Vec<Vec<usize>> {
     for i in order {
         let len = blocks[i].1.len as usize;
         let fits = |payload: usize, n: usize| {
-            segment_padded_len(payload + len, n + 1) as usize <= extent_bytes
+            segment_padded_len(version, payload + len, n + 1) as usize <= extent_bytes
         };
         match bins.iter_mut().find(|(p, b)| fits(*p, b.len())) {
             Some((p, b)) => {
@@ -164,7 +165,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             .filter(|(_, m)| is_victim[m.extent as usize])
             .copied()
             .collect();
-        let bins = pack(&blocks, e);
+        let bins = pack(&blocks, e, cx.sb.version);
         if bins.len() <= outputs_max {
             break (blocks, bins);
         }
@@ -209,14 +210,11 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             buf[at..at + len].copy_from_slice(src);
             let seq = st.take_seq();
             records.push(Record {
-                kind: RecordKind::Data,
                 codec: old.codec,
                 len: len as u32,
-                lba,
-                count: 1,
                 offset: at as u32,
-                seq,
                 crc: old.crc,
+                ..Record::new(RecordKind::Data, lba, 1, seq)
             });
             moved.push((
                 lba,
@@ -229,11 +227,13 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             at += len;
         }
         let h = SegmentHeader {
+            version: cx.sb.version,
             alloc_seq: q.alloc_seq,
             extent: q.extent,
             seg_offset: 0,
             payload_len: (at - SEGMENT_HEADER_BYTES) as u32,
             record_count: records.len() as u32,
+            durable_seq: cx.durable_seq.load(std::sync::atomic::Ordering::SeqCst),
         };
         let n = seal_segment(&mut buf, &cx.sb.uuid, &h, &records);
         cx.storage

@@ -44,6 +44,10 @@ pub enum Error {
     /// Another process holds the volume open.
     #[error("volume is in use by another process (could not lock {0})")]
     InUse(String),
+    /// The volume stopped writing after a failed write or sync; reopening it recovers from what
+    /// is on disk.
+    #[error("volume stopped writing after {0}; reopen it to recover")]
+    Failed(String),
     /// A parameter given by the caller is invalid (extent size, codec name, sizes).
     #[error("invalid parameter: {0}")]
     Invalid(String),
@@ -67,7 +71,9 @@ impl Error {
     /// The errno a block-device client should see for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io(_) | Error::Corrupt { .. } | Error::CorruptMetadata(_) => errno::EIO,
+            Error::Io(_) | Error::Corrupt { .. } | Error::CorruptMetadata(_) | Error::Failed(_) => {
+                errno::EIO
+            }
             Error::NotAVolume(_) | Error::Invalid(_) | Error::OutOfRange { .. } => errno::EINVAL,
             Error::NoSpace => errno::ENOSPC,
             Error::ReadOnly => errno::EROFS,

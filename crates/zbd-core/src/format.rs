@@ -1,5 +1,12 @@
 //! On-disk structures (docs/format.md is the specification; keep both in step).
-//! Pure encode/decode: no I/O here.
+//! Pure encode/decode: no I/O here. Every decoder takes `&[u8]`, returns a `Result` and never
+//! panics, whatever the input (they are fuzzed).
+//!
+//! Two versions are read and written: 1 (the first format) and 2 (the current one: two copies
+//! of checkpoints and map pages, segments with a trailing copy of their header and record table
+//! and the durable write-sequence watermark, room reserved for an extent table, dictionaries,
+//! per-page summaries, volume counters and compression units). A volume keeps the version it
+//! was created with; `Superblock::version` selects the rules.
 
 use crate::error::{Error, Result};
 
@@ -7,11 +14,13 @@ use crate::error::{Error, Result};
 pub const BLOCK_BYTES: usize = 4096;
 /// Sector size: segments start on sector boundaries so a torn tail never damages durable bytes.
 pub const SECTOR_BYTES: usize = 512;
-/// On-disk format version (docs/format.md, "Version changes").
-pub const FORMAT_VERSION: u32 = 1;
+/// Format version of new volumes (docs/format.md, "Version changes").
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest format version this build still opens (and writes, keeping its rules).
+pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Bytes per superblock copy; two copies at offsets 0 and 4096.
 pub const SUPERBLOCK_BYTES: usize = 4096;
-/// Segment header size.
+/// Segment header size (the v2 footer has the same size).
 pub const SEGMENT_HEADER_BYTES: usize = 64;
 /// Block record size.
 pub const RECORD_BYTES: usize = 40;
@@ -23,26 +32,55 @@ pub const MAP_PAGE_HEADER_BYTES: usize = 16;
 pub const MAP_ENTRY_BYTES: usize = 16;
 /// Map entries per map page.
 pub const MAP_ENTRIES_PER_PAGE: usize = (MAP_PAGE_BYTES - MAP_PAGE_HEADER_BYTES) / MAP_ENTRY_BYTES;
-/// Fixed part of a checkpoint before the allocation queue.
+/// Fixed part of a v1 checkpoint before the allocation queue.
 pub const CHECKPOINT_HEADER_BYTES: usize = 256;
+/// Fixed part of a v2 checkpoint before the allocation queue (header, volume counters,
+/// dictionary directory).
+pub const CHECKPOINT_V2_HEADER_BYTES: usize = 896;
 /// Bytes per allocation queue entry in a checkpoint.
 pub const QUEUE_ENTRY_BYTES: usize = 16;
 /// Persistent counters carried in each checkpoint.
 pub const COUNTERS: usize = 16;
+/// Volume counters (v2, reserved for incrementally maintained totals).
+pub const VOLUME_COUNTERS: usize = 16;
+/// Dictionary directory entries in a v2 checkpoint.
+pub const DICT_ENTRIES: usize = 16;
+/// Bytes per dictionary directory entry.
+pub const DICT_ENTRY_BYTES: usize = 32;
+/// Extent-table page: 16-byte header then 8-byte entries (v2, reserved).
+pub const EXTENT_TABLE_ENTRIES_PER_PAGE: usize = (MAP_PAGE_BYTES - 16) / 8;
 /// Smallest and largest extent sizes.
 pub const EXTENT_BYTES_MIN: u32 = 8 * 1024;
 /// Largest extent size.
 pub const EXTENT_BYTES_MAX: u32 = 1024 * 1024;
+/// Checkpoint flag: the volume counters are maintained and valid (v2).
+pub const CKPT_FLAG_VOLUME_COUNTERS: u32 = 1;
+/// Checkpoint flag: the extent table is maintained and valid (v2).
+pub const CKPT_FLAG_EXTENT_TABLE: u32 = 2;
+/// Checkpoint flag (incompatible): records and map entries may use multi-block compression
+/// units. A build that does not know a bit of `CKPT_FLAGS_INCOMPAT` refuses to open the volume.
+pub const CKPT_FLAG_COMPRESSION_UNITS: u32 = 1 << 8;
+/// Checkpoint flag (incompatible): blocks may need a trained dictionary.
+pub const CKPT_FLAG_DICTIONARIES: u32 = 1 << 9;
+/// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
+/// compatible: a writer that does not maintain what they announce clears them.
+pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
 
 const SUPER_MAGIC: &[u8; 8] = b"ZBDSUPER";
 const CKPT_MAGIC: &[u8; 8] = b"ZBDCKPT1";
 const SEG_MAGIC: &[u8; 8] = b"ZBDSEGM1";
+const SEG_FOOTER_MAGIC: &[u8; 8] = b"ZBDSEGFT";
 
 /// Rounds `v` up to a multiple of `a` (a power of two).
 pub fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
+fn corrupt(what: &str) -> Error {
+    Error::CorruptMetadata(what.to_string())
+}
+
+// Callers check lengths first; these never index out of bounds for in-range offsets.
 fn get_u16(b: &[u8], o: usize) -> u16 {
     let mut a = [0u8; 2];
     a.copy_from_slice(&b[o..o + 2]);
@@ -78,6 +116,8 @@ fn crc_skipping(data: &[u8], crc_at: usize) -> u32 {
 /// Static description of a volume, written once at create time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// Format version the volume was created with (1 or 2); selects the layout rules.
+    pub version: u32,
     /// Volume identity; every segment carries it so foreign data is never replayed.
     pub uuid: [u8; 16],
     /// Logical size in 4 KiB blocks.
@@ -92,13 +132,13 @@ pub struct Superblock {
     pub codec_level: i32,
     /// Allocation queue length K (extents replayed at most by recovery).
     pub queue_len: u32,
-    /// Map pages (each stored twice, copy-on-write).
+    /// Map pages (each stored in two slots, copy-on-write; v2: each slot twice).
     pub map_pages: u32,
-    /// Byte offset of checkpoint slot A (slot B follows).
+    /// Byte offset of checkpoint slot A of copy 0 (slot B follows).
     pub checkpoint_offset: u64,
     /// Bytes per checkpoint slot.
     pub checkpoint_slot_bytes: u32,
-    /// Byte offset of the map area.
+    /// Byte offset of the map area, copy 0.
     pub map_offset: u64,
     /// Byte offset of extent 0.
     pub data_offset: u64,
@@ -108,6 +148,18 @@ pub struct Superblock {
     pub clean_high_pct: u8,
     /// Creation time, seconds since the epoch.
     pub created_unix: u64,
+    /// v2: byte offset of checkpoint copy 1 (v1: same as copy 0, there is one copy).
+    pub checkpoint_offset1: u64,
+    /// v2: byte offset of map copy 1 (v1: same as copy 0).
+    pub map_offset1: u64,
+    /// v2 (reserved for the paged map): extent-table pages per slot; 0 in v1.
+    pub extent_table_pages: u32,
+    /// v2: byte offsets of the two extent-table copies (each 2 slots x pages x 4 KiB).
+    pub extent_table_offset: [u64; 2],
+    /// v2 (reserved for trained dictionaries): bytes of each dictionary region copy; 0 in v1.
+    pub dict_bytes: u32,
+    /// v2: byte offsets of the two dictionary region copies.
+    pub dict_offset: [u64; 2],
 }
 
 impl Superblock {
@@ -121,11 +173,20 @@ impl Superblock {
         self.data_offset
     }
 
+    /// Copies of the checkpoint and of each map page (1 in v1, 2 in v2).
+    pub fn metadata_copies(&self) -> u8 {
+        if self.version >= 2 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Encodes into one superblock copy.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         b[0..8].copy_from_slice(SUPER_MAGIC);
-        put_u32(&mut b, 8, FORMAT_VERSION);
+        put_u32(&mut b, 8, self.version);
         b[16..32].copy_from_slice(&self.uuid);
         put_u64(&mut b, 32, self.logical_blocks);
         put_u32(&mut b, 40, self.extent_bytes);
@@ -142,6 +203,16 @@ impl Superblock {
         put_u64(&mut b, 80, self.map_offset);
         put_u64(&mut b, 88, self.data_offset);
         put_u64(&mut b, 96, self.created_unix);
+        if self.version >= 2 {
+            put_u64(&mut b, 104, self.checkpoint_offset1);
+            put_u64(&mut b, 112, self.map_offset1);
+            put_u64(&mut b, 120, self.extent_table_offset[0]);
+            put_u64(&mut b, 128, self.extent_table_offset[1]);
+            put_u32(&mut b, 136, self.extent_table_pages);
+            put_u32(&mut b, 140, self.dict_bytes);
+            put_u64(&mut b, 144, self.dict_offset[0]);
+            put_u64(&mut b, 152, self.dict_offset[1]);
+        }
         let crc = crc_skipping(&b, 12);
         put_u32(&mut b, 12, crc);
         b
@@ -153,19 +224,22 @@ impl Superblock {
             return Err(Error::NotAVolume("no zbd superblock (bad magic)".into()));
         }
         if get_u32(b, 12) != crc_skipping(&b[..SUPERBLOCK_BYTES], 12) {
-            return Err(Error::CorruptMetadata(
-                "superblock checksum mismatch".into(),
-            ));
+            return Err(corrupt("superblock checksum mismatch"));
         }
         let version = get_u32(b, 8);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
             return Err(Error::NotAVolume(format!(
-                "format version {version}, this zbd reads {FORMAT_VERSION}"
+                "format version {version}, this zbd reads {FORMAT_VERSION_MIN} to \
+                 {FORMAT_VERSION}: use a newer zbd"
             )));
         }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
+        let checkpoint_offset = get_u64(b, 64);
+        let map_offset = get_u64(b, 80);
+        let v2 = version >= 2;
         let sb = Superblock {
+            version,
             uuid,
             logical_blocks: get_u64(b, 32),
             extent_bytes: get_u32(b, 40),
@@ -176,24 +250,64 @@ impl Superblock {
             codec_level: get_u32(b, 52) as i32,
             queue_len: get_u32(b, 56),
             map_pages: get_u32(b, 60),
-            checkpoint_offset: get_u64(b, 64),
+            checkpoint_offset,
             checkpoint_slot_bytes: get_u32(b, 72),
-            map_offset: get_u64(b, 80),
+            map_offset,
             data_offset: get_u64(b, 88),
             created_unix: get_u64(b, 96),
+            checkpoint_offset1: if v2 {
+                get_u64(b, 104)
+            } else {
+                checkpoint_offset
+            },
+            map_offset1: if v2 { get_u64(b, 112) } else { map_offset },
+            extent_table_offset: if v2 {
+                [get_u64(b, 120), get_u64(b, 128)]
+            } else {
+                [0, 0]
+            },
+            extent_table_pages: if v2 { get_u32(b, 136) } else { 0 },
+            dict_bytes: if v2 { get_u32(b, 140) } else { 0 },
+            dict_offset: if v2 {
+                [get_u64(b, 144), get_u64(b, 152)]
+            } else {
+                [0, 0]
+            },
         };
         if get_u32(b, 76) as usize != BLOCK_BYTES
             || !sb.extent_bytes.is_power_of_two()
             || !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&sb.extent_bytes)
             || u64::from(sb.map_pages) != sb.logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64)
             || sb.queue_len == 0
+            || (v2
+                && u64::from(sb.extent_table_pages)
+                    != u64::from(sb.extent_count).div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u64))
             || !sb.regions_fit()
         {
-            return Err(Error::CorruptMetadata(
-                "superblock geometry is inconsistent".into(),
-            ));
+            return Err(corrupt("superblock geometry is inconsistent"));
         }
         Ok(sb)
+    }
+
+    /// The metadata regions in on-disk order, as (offset, length).
+    fn regions(&self) -> Vec<(u64, u64)> {
+        let slots = 2 * u64::from(self.checkpoint_slot_bytes);
+        let map = 2 * u64::from(self.map_pages) * MAP_PAGE_BYTES as u64;
+        if self.version < 2 {
+            return vec![(self.checkpoint_offset, slots), (self.map_offset, map)];
+        }
+        let et = 2 * u64::from(self.extent_table_pages) * MAP_PAGE_BYTES as u64;
+        let dict = u64::from(self.dict_bytes);
+        vec![
+            (self.checkpoint_offset, slots),
+            (self.map_offset, map),
+            (self.extent_table_offset[0], et),
+            (self.dict_offset[0], dict),
+            (self.checkpoint_offset1, slots),
+            (self.map_offset1, map),
+            (self.extent_table_offset[1], et),
+            (self.dict_offset[1], dict),
+        ]
     }
 
     /// Whether the regions lie in order after the superblocks without overlapping, the checkpoint
@@ -201,19 +315,27 @@ impl Superblock {
     /// superblock with a valid CRC may still come from a foreign or hostile file, and an overflow
     /// here would panic (debug) or wrap into a bogus geometry (release).
     fn regions_fit(&self) -> bool {
-        let slot = u64::from(self.checkpoint_slot_bytes);
-        let slot_needed = CHECKPOINT_HEADER_BYTES as u64
-            + u64::from(self.queue_len) * QUEUE_ENTRY_BYTES as u64
-            + u64::from(self.map_pages).div_ceil(4);
-        let map_bytes = 2 * u64::from(self.map_pages) * MAP_PAGE_BYTES as u64;
-        let checkpoints_end = self.checkpoint_offset.checked_add(2 * slot);
-        let map_end = self.map_offset.checked_add(map_bytes);
+        let slot_needed = checkpoint_body_bytes(
+            self.version,
+            self.queue_len,
+            self.map_pages,
+            self.extent_table_pages,
+        );
+        if u64::from(self.checkpoint_slot_bytes) < slot_needed {
+            return false;
+        }
+        let mut end = 2 * SUPERBLOCK_BYTES as u64;
+        for (off, len) in self.regions() {
+            let Some(e) = off.checked_add(len) else {
+                return false;
+            };
+            if off < end {
+                return false;
+            }
+            end = e;
+        }
         let data_bytes = u64::from(self.extent_count) * u64::from(self.extent_bytes);
-        self.checkpoint_offset >= 2 * SUPERBLOCK_BYTES as u64
-            && slot >= slot_needed
-            && checkpoints_end.is_some_and(|end| self.map_offset >= end)
-            && map_end.is_some_and(|end| self.data_offset >= end)
-            && self.data_offset.checked_add(data_bytes).is_some()
+        self.data_offset >= end && self.data_offset.checked_add(data_bytes).is_some()
     }
 
     /// Byte offset of extent `e`.
@@ -221,23 +343,44 @@ impl Superblock {
         self.data_offset + u64::from(e) * u64::from(self.extent_bytes)
     }
 
-    /// Byte offset of map page `page` in slot `slot` (0 = A, 1 = B).
-    pub fn map_page_offset(&self, page: u32, slot: u8) -> u64 {
-        self.map_offset + (u64::from(page) * 2 + u64::from(slot)) * MAP_PAGE_BYTES as u64
+    /// Byte offset of map page `page` in slot `slot` (0 = A, 1 = B) of copy `copy` (0 or 1).
+    pub fn map_page_offset(&self, page: u32, slot: u8, copy: u8) -> u64 {
+        let base = if copy == 0 {
+            self.map_offset
+        } else {
+            self.map_offset1
+        };
+        base + (u64::from(page) * 2 + u64::from(slot)) * MAP_PAGE_BYTES as u64
     }
 
-    /// Byte offset of checkpoint slot `slot`.
-    pub fn checkpoint_slot_offset(&self, slot: u64) -> u64 {
-        self.checkpoint_offset + (slot % 2) * u64::from(self.checkpoint_slot_bytes)
+    /// Byte offset of the checkpoint slot for sequence `seq` (slot = seq mod 2) of copy `copy`.
+    pub fn checkpoint_slot_offset(&self, seq: u64, copy: u8) -> u64 {
+        let base = if copy == 0 {
+            self.checkpoint_offset
+        } else {
+            self.checkpoint_offset1
+        };
+        base + (seq % 2) * u64::from(self.checkpoint_slot_bytes)
     }
 }
 
-/// Checkpoint slot size for a queue of `queue_len` and `map_pages` map pages.
-pub fn checkpoint_slot_bytes(queue_len: u32, map_pages: u32) -> u32 {
-    let body = CHECKPOINT_HEADER_BYTES
-        + queue_len as usize * QUEUE_ENTRY_BYTES
-        + (map_pages as usize).div_ceil(4);
-    align_up(body as u64, BLOCK_BYTES as u64) as u32
+/// Bytes a checkpoint body uses (before rounding to a slot).
+fn checkpoint_body_bytes(version: u32, queue_len: u32, map_pages: u32, et_pages: u32) -> u64 {
+    let q = u64::from(queue_len) * QUEUE_ENTRY_BYTES as u64;
+    if version < 2 {
+        CHECKPOINT_HEADER_BYTES as u64 + q + u64::from(map_pages).div_ceil(4)
+    } else {
+        CHECKPOINT_V2_HEADER_BYTES as u64
+            + q
+            + u64::from(map_pages).div_ceil(2)
+            + u64::from(et_pages).div_ceil(4)
+    }
+}
+
+/// Checkpoint slot size of a version-`FORMAT_VERSION` volume.
+pub fn checkpoint_slot_bytes(queue_len: u32, map_pages: u32, extent_table_pages: u32) -> u32 {
+    let body = checkpoint_body_bytes(FORMAT_VERSION, queue_len, map_pages, extent_table_pages);
+    align_up(body, BLOCK_BYTES as u64) as u32
 }
 
 /// One extent that may receive segments after a checkpoint, with the allocation sequence its
@@ -250,10 +393,31 @@ pub struct QueueEntry {
     pub alloc_seq: u64,
 }
 
-/// Which copy of a map page is current: none yet (all unmapped), slot A or slot B.
+/// Which slot of a map page is current: none yet (all unmapped), slot A (1) or slot B (2).
 pub type PageSlot = u8;
 /// Map page never written: every entry unmapped.
 pub const PAGE_NONE: PageSlot = 0;
+
+/// v2, reserved for trained dictionaries (issue 10): one entry of the checkpoint's dictionary
+/// directory. The dictionary's bytes lie at `region_offset` in both dictionary region copies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DictEntry {
+    /// Dictionary id as records carry it (1..; 0 = no dictionary). Ids are never reused while a
+    /// live block needs them.
+    pub id: u16,
+    /// Codec the dictionary is for.
+    pub codec: u8,
+    /// Bit 0: entry in use.
+    pub flags: u8,
+    /// Byte offset inside each dictionary region copy.
+    pub region_offset: u32,
+    /// Dictionary length in bytes.
+    pub len: u32,
+    /// CRC32C of the dictionary bytes (each copy is checked on its own).
+    pub crc: u32,
+    /// Write sequence when it was trained.
+    pub created_seq: u64,
+}
 
 /// A checkpoint: the root of all metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -270,15 +434,49 @@ pub struct Checkpoint {
     pub queue: Vec<QueueEntry>,
     /// Current slot per map page (PAGE_NONE, 1 = A, 2 = B).
     pub page_slots: Vec<PageSlot>,
+    /// v2: per map page summary (0 = mixed or unknown, 1 = all unmapped, 2 = all zero);
+    /// reserved for the paged map, written as 0 until it is maintained.
+    pub page_summaries: Vec<u8>,
+    /// v2: `CKPT_FLAG_*` bits.
+    pub flags: u32,
+    /// v2: volume counters, valid when `CKPT_FLAG_VOLUME_COUNTERS` is set (docs/format.md).
+    pub volume_counters: [u64; VOLUME_COUNTERS],
+    /// v2: dictionary directory (entries not in use are all zero).
+    pub dicts: [DictEntry; DICT_ENTRIES],
+    /// v2: current slot per extent-table page (like `page_slots`), valid with
+    /// `CKPT_FLAG_EXTENT_TABLE`.
+    pub extent_table_slots: Vec<PageSlot>,
 }
 
 impl Checkpoint {
-    /// Encodes into a checkpoint slot of `slot_bytes`.
-    pub fn encode(&self, uuid: &[u8; 16], slot_bytes: u32) -> Vec<u8> {
-        let mut b = vec![0u8; slot_bytes as usize];
+    /// An empty checkpoint for `sb`'s geometry.
+    pub fn empty(sb: &Superblock) -> Checkpoint {
+        let v2 = sb.version >= 2;
+        Checkpoint {
+            seq: 0,
+            write_seq: 0,
+            next_alloc_seq: 0,
+            counters: [0; COUNTERS],
+            queue: Vec::new(),
+            page_slots: vec![PAGE_NONE; sb.map_pages as usize],
+            page_summaries: if v2 {
+                vec![0; sb.map_pages as usize]
+            } else {
+                Vec::new()
+            },
+            flags: 0,
+            volume_counters: [0; VOLUME_COUNTERS],
+            dicts: [DictEntry::default(); DICT_ENTRIES],
+            extent_table_slots: vec![PAGE_NONE; sb.extent_table_pages as usize],
+        }
+    }
+
+    /// Encodes into a checkpoint slot of `sb`'s size and version.
+    pub fn encode(&self, sb: &Superblock) -> Vec<u8> {
+        let mut b = vec![0u8; sb.checkpoint_slot_bytes as usize];
         b[0..8].copy_from_slice(CKPT_MAGIC);
-        put_u32(&mut b, 8, FORMAT_VERSION);
-        b[16..32].copy_from_slice(uuid);
+        put_u32(&mut b, 8, sb.version);
+        b[16..32].copy_from_slice(&sb.uuid);
         put_u64(&mut b, 32, self.seq);
         put_u64(&mut b, 40, self.write_seq);
         put_u64(&mut b, 48, self.next_alloc_seq);
@@ -287,71 +485,137 @@ impl Checkpoint {
         for (i, c) in self.counters.iter().enumerate() {
             put_u64(&mut b, 64 + i * 8, *c);
         }
-        let mut o = CHECKPOINT_HEADER_BYTES;
+        let v2 = sb.version >= 2;
+        let mut o = if v2 {
+            put_u32(&mut b, 196, self.flags);
+            put_u32(&mut b, 200, self.extent_table_slots.len() as u32);
+            for (i, c) in self.volume_counters.iter().enumerate() {
+                put_u64(&mut b, 256 + i * 8, *c);
+            }
+            for (i, d) in self.dicts.iter().enumerate() {
+                let o = 384 + i * DICT_ENTRY_BYTES;
+                put_u16(&mut b, o, d.id);
+                b[o + 2] = d.codec;
+                b[o + 3] = d.flags;
+                put_u32(&mut b, o + 4, d.region_offset);
+                put_u32(&mut b, o + 8, d.len);
+                put_u32(&mut b, o + 12, d.crc);
+                put_u64(&mut b, o + 16, d.created_seq);
+            }
+            CHECKPOINT_V2_HEADER_BYTES
+        } else {
+            CHECKPOINT_HEADER_BYTES
+        };
         for q in &self.queue {
             put_u32(&mut b, o, q.extent);
             put_u64(&mut b, o + 8, q.alloc_seq);
             o += QUEUE_ENTRY_BYTES;
         }
-        for (i, s) in self.page_slots.iter().enumerate() {
-            b[o + i / 4] |= (s & 3) << ((i % 4) * 2);
+        if v2 {
+            for (i, s) in self.page_slots.iter().enumerate() {
+                let sum = self.page_summaries.get(i).copied().unwrap_or(0);
+                b[o + i / 2] |= ((s & 3) | ((sum & 3) << 2)) << ((i % 2) * 4);
+            }
+            o += self.page_slots.len().div_ceil(2);
+            for (i, s) in self.extent_table_slots.iter().enumerate() {
+                b[o + i / 4] |= (s & 3) << ((i % 4) * 2);
+            }
+            o += self.extent_table_slots.len().div_ceil(4);
+        } else {
+            for (i, s) in self.page_slots.iter().enumerate() {
+                b[o + i / 4] |= (s & 3) << ((i % 4) * 2);
+            }
+            o += self.page_slots.len().div_ceil(4);
         }
-        let used = o + self.page_slots.len().div_ceil(4);
-        put_u32(&mut b, 64 + COUNTERS * 8, used as u32);
-        let crc = crc_skipping(&b[..used], 12);
+        put_u32(&mut b, 64 + COUNTERS * 8, o as u32);
+        let crc = crc_skipping(&b[..o], 12);
         put_u32(&mut b, 12, crc);
         b
     }
 
-    /// Decodes a checkpoint slot; `None` when it is empty, torn or foreign.
-    pub fn decode(b: &[u8], uuid: &[u8; 16], queue_max: u32, map_pages: u32) -> Option<Checkpoint> {
-        if b.len() < CHECKPOINT_HEADER_BYTES || &b[0..8] != CKPT_MAGIC || &b[16..32] != uuid {
-            return None;
+    /// Decodes a checkpoint slot of volume `sb`; an error when it is empty, torn, damaged or
+    /// foreign.
+    pub fn decode(b: &[u8], sb: &Superblock) -> Result<Checkpoint> {
+        if b.len() < CHECKPOINT_V2_HEADER_BYTES.max(CHECKPOINT_HEADER_BYTES) {
+            return Err(corrupt("checkpoint slot too short"));
+        }
+        if &b[0..8] != CKPT_MAGIC || b[16..32] != sb.uuid {
+            return Err(corrupt("no checkpoint of this volume"));
+        }
+        if get_u32(b, 8) != sb.version {
+            return Err(corrupt("checkpoint of another format version"));
         }
         let used = get_u32(b, 64 + COUNTERS * 8) as usize;
         let queue_len = get_u32(b, 56);
         let pages = get_u32(b, 60);
+        let v2 = sb.version >= 2;
+        let et_pages = if v2 { get_u32(b, 200) } else { 0 };
         if used > b.len()
-            || queue_len > queue_max
-            || pages != map_pages
-            || get_u32(b, 8) != FORMAT_VERSION
+            || queue_len > sb.queue_len
+            || pages != sb.map_pages
+            || et_pages != sb.extent_table_pages
+            || used as u64 != checkpoint_body_bytes(sb.version, queue_len, pages, et_pages)
         {
-            return None;
-        }
-        if used
-            != CHECKPOINT_HEADER_BYTES
-                + queue_len as usize * QUEUE_ENTRY_BYTES
-                + (pages as usize).div_ceil(4)
-        {
-            return None;
+            return Err(corrupt("checkpoint sizes are inconsistent"));
         }
         if get_u32(b, 12) != crc_skipping(&b[..used], 12) {
-            return None;
+            return Err(corrupt("checkpoint checksum mismatch"));
         }
-        let mut counters = [0u64; COUNTERS];
-        for (i, c) in counters.iter_mut().enumerate() {
+        let mut ck = Checkpoint::empty(sb);
+        ck.seq = get_u64(b, 32);
+        ck.write_seq = get_u64(b, 40);
+        ck.next_alloc_seq = get_u64(b, 48);
+        for (i, c) in ck.counters.iter_mut().enumerate() {
             *c = get_u64(b, 64 + i * 8);
         }
-        let mut o = CHECKPOINT_HEADER_BYTES;
-        let mut queue = Vec::with_capacity(queue_len as usize);
-        for _ in 0..queue_len {
-            queue.push(QueueEntry {
-                extent: get_u32(b, o),
-                alloc_seq: get_u64(b, o + 8),
-            });
-            o += QUEUE_ENTRY_BYTES;
-        }
-        let page_slots = (0..pages as usize)
-            .map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3)
+        let mut o = if v2 {
+            ck.flags = get_u32(b, 196);
+            for (i, c) in ck.volume_counters.iter_mut().enumerate() {
+                *c = get_u64(b, 256 + i * 8);
+            }
+            for (i, d) in ck.dicts.iter_mut().enumerate() {
+                let o = 384 + i * DICT_ENTRY_BYTES;
+                *d = DictEntry {
+                    id: get_u16(b, o),
+                    codec: b[o + 2],
+                    flags: b[o + 3],
+                    region_offset: get_u32(b, o + 4),
+                    len: get_u32(b, o + 8),
+                    crc: get_u32(b, o + 12),
+                    created_seq: get_u64(b, o + 16),
+                };
+            }
+            CHECKPOINT_V2_HEADER_BYTES
+        } else {
+            CHECKPOINT_HEADER_BYTES
+        };
+        ck.queue = (0..queue_len as usize)
+            .map(|i| QueueEntry {
+                extent: get_u32(b, o + i * QUEUE_ENTRY_BYTES),
+                alloc_seq: get_u64(b, o + i * QUEUE_ENTRY_BYTES + 8),
+            })
             .collect();
-        Some(Checkpoint {
-            seq: get_u64(b, 32),
-            write_seq: get_u64(b, 40),
-            next_alloc_seq: get_u64(b, 48),
-            counters,
-            queue,
-            page_slots,
-        })
+        o += queue_len as usize * QUEUE_ENTRY_BYTES;
+        let pages = pages as usize;
+        if v2 {
+            let nibble = |i: usize| (b[o + i / 2] >> ((i % 2) * 4)) & 15;
+            ck.page_slots = (0..pages).map(|i| nibble(i) & 3).collect();
+            ck.page_summaries = (0..pages).map(|i| nibble(i) >> 2).collect();
+            o += pages.div_ceil(2);
+            ck.extent_table_slots = (0..et_pages as usize)
+                .map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3)
+                .collect();
+        } else {
+            ck.page_slots = (0..pages)
+                .map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3)
+                .collect();
+        }
+        if ck.page_slots.iter().any(|&s| s > 2) {
+            return Err(corrupt(
+                "checkpoint names a map page slot that does not exist",
+            ));
+        }
+        Ok(ck)
     }
 }
 
@@ -455,16 +719,21 @@ pub fn encode_map_page(page: u32, gen: u64, entries: &[MapEntry]) -> Vec<u8> {
     b
 }
 
-/// Decodes a map page into `out`; `None` if it is damaged or belongs to another page.
-pub fn decode_map_page(b: &[u8], page: u32, max_gen: u64, out: &mut [MapEntry]) -> Option<()> {
+/// Decodes a map page into `out` (at most `MAP_ENTRIES_PER_PAGE` entries); an error if it is
+/// damaged, belongs to another page or is newer than the checkpoint `max_gen`.
+pub fn decode_map_page(b: &[u8], page: u32, max_gen: u64, out: &mut [MapEntry]) -> Result<()> {
+    if b.len() != MAP_PAGE_BYTES || out.len() > MAP_ENTRIES_PER_PAGE {
+        return Err(corrupt("map page has the wrong size"));
+    }
     if get_u32(b, 0) != page || get_u32(b, 4) != crc_skipping(b, 4) || get_u64(b, 8) > max_gen {
-        return None;
+        return Err(corrupt("map page damaged or stale"));
     }
     for (i, e) in out.iter_mut().enumerate() {
         let o = MAP_PAGE_HEADER_BYTES + i * MAP_ENTRY_BYTES;
-        *e = MapEntry::decode(&b[o..o + MAP_ENTRY_BYTES])?;
+        *e = MapEntry::decode(&b[o..o + MAP_ENTRY_BYTES])
+            .ok_or_else(|| corrupt("map entry with an unknown state"))?;
     }
-    Some(())
+    Ok(())
 }
 
 /// Kind of a block record.
@@ -485,21 +754,50 @@ pub struct Record {
     pub kind: RecordKind,
     /// Codec id (data records).
     pub codec: u8,
-    /// Stored length (data records).
+    /// Stored length (data records; of the whole compression unit).
     pub len: u32,
     /// First logical block.
     pub lba: u64,
     /// Blocks covered (1 for data records).
     pub count: u32,
-    /// Byte offset of the stored bytes inside the extent (data records).
+    /// Byte offset of the stored bytes inside the extent (data records; of the unit).
     pub offset: u32,
     /// Global write sequence: replay applies records in this order.
     pub seq: u64,
-    /// CRC32C of the stored bytes (data records).
+    /// CRC32C of the stored bytes (data records; of the unit).
     pub crc: u32,
+    /// v2, reserved: index of this block inside its compression unit (0).
+    pub unit_index: u8,
+    /// Reserved: blocks in the compression unit (1).
+    pub unit_blocks: u16,
+    /// Reserved: dictionary id (0 = none).
+    pub dict: u16,
 }
 
 impl Record {
+    /// A record with the reserved fields at their defaults.
+    pub fn new(kind: RecordKind, lba: u64, count: u32, seq: u64) -> Record {
+        Record {
+            kind,
+            codec: 0,
+            len: 0,
+            lba,
+            count,
+            offset: 0,
+            seq,
+            crc: 0,
+            unit_index: 0,
+            unit_blocks: 1,
+            dict: 0,
+        }
+    }
+
+    /// Whether it uses compression units or dictionaries, which this build cannot read.
+    pub fn uses_unsupported_features(&self) -> bool {
+        self.kind == RecordKind::Data
+            && (self.unit_index != 0 || self.unit_blocks != 1 || self.dict != 0)
+    }
+
     fn encode(&self, b: &mut [u8]) {
         b[0] = match self.kind {
             RecordKind::Data => 1,
@@ -507,14 +805,15 @@ impl Record {
             RecordKind::Trim => 3,
         };
         b[1] = self.codec;
+        b[2] = self.unit_index;
         put_u32(b, 4, self.len);
         put_u64(b, 8, self.lba);
         put_u32(b, 16, self.count);
         put_u32(b, 20, self.offset);
         put_u64(b, 24, self.seq);
         put_u32(b, 32, self.crc);
-        // 36..38 compression-unit blocks (reserved, 1), 38..40 dictionary id (reserved, 0).
-        put_u16(b, 36, 1);
+        put_u16(b, 36, self.unit_blocks);
+        put_u16(b, 38, self.dict);
     }
 
     fn decode(b: &[u8]) -> Option<Record> {
@@ -533,14 +832,21 @@ impl Record {
             offset: get_u32(b, 20),
             seq: get_u64(b, 24),
             crc: get_u32(b, 32),
+            unit_index: b[2],
+            unit_blocks: get_u16(b, 36),
+            dict: get_u16(b, 38),
         })
     }
 }
 
-/// Header of a segment: `SEGMENT_HEADER_BYTES` at the segment start, payloads follow, then the
-/// record table, then zero padding to a sector boundary.
+/// Header of a segment. v1: header, payloads, record table, zero padding to a sector. v2: the
+/// same followed by a second copy of the record table and a footer (a copy of the header with
+/// its own magic) that end exactly at the segment's last sector, so that a damaged header is
+/// recovered from the footer and a reader can find the segment by scanning sector ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// Format version of the segment (the volume's).
+    pub version: u32,
     /// Allocation sequence of the extent when this segment was written.
     pub alloc_seq: u64,
     /// Extent index.
@@ -551,24 +857,60 @@ pub struct SegmentHeader {
     pub payload_len: u32,
     /// Records in the table.
     pub record_count: u32,
+    /// v2: every record with a write sequence up to this was covered by a completed sync when
+    /// the segment was written (v1: 0). Recovery uses it to tell damage from a torn write.
+    pub durable_seq: u64,
 }
 
 impl SegmentHeader {
     /// Total bytes of the segment including sector padding.
     pub fn padded_len(&self) -> u64 {
-        segment_padded_len(self.payload_len as usize, self.record_count as usize)
+        segment_padded_len(
+            self.version,
+            self.payload_len as usize,
+            self.record_count as usize,
+        )
     }
 }
 
-/// Bytes a segment of `payload_len` payload and `records` records takes, padded to a sector.
-pub fn segment_padded_len(payload_len: usize, records: usize) -> u64 {
-    align_up(
-        (SEGMENT_HEADER_BYTES + payload_len + records * RECORD_BYTES) as u64,
-        SECTOR_BYTES as u64,
-    )
+/// Bytes a segment of `payload_len` payload and `records` records takes in format `version`,
+/// padded to a sector. A v2 segment takes at least two sectors, so that its header and footer
+/// never share one.
+pub fn segment_padded_len(version: u32, payload_len: usize, records: usize) -> u64 {
+    let table = records * RECORD_BYTES;
+    if version < 2 {
+        return align_up(
+            (SEGMENT_HEADER_BYTES + payload_len + table) as u64,
+            SECTOR_BYTES as u64,
+        );
+    }
+    let raw = 2 * SEGMENT_HEADER_BYTES + payload_len + 2 * table;
+    align_up(raw as u64, SECTOR_BYTES as u64).max(2 * SECTOR_BYTES as u64)
 }
 
-/// Writes header and record table around the payload already at
+fn encode_seg_block(hb: &mut [u8], magic: &[u8; 8], uuid: &[u8; 16], h: &SegmentHeader) {
+    hb.fill(0);
+    hb[0..8].copy_from_slice(magic);
+    hb[8..24].copy_from_slice(uuid);
+    put_u64(hb, 24, h.alloc_seq);
+    put_u32(hb, 32, h.extent);
+    put_u32(hb, 36, h.seg_offset);
+    put_u32(hb, 40, h.payload_len);
+    put_u32(hb, 44, h.record_count);
+    put_u16(hb, 48, h.version as u16);
+    if h.version >= 2 {
+        put_u64(hb, 56, h.durable_seq);
+    }
+}
+
+fn seg_block_crc(hb: &[u8], table: &[u8]) -> u32 {
+    let mut zeroed = [0u8; SEGMENT_HEADER_BYTES];
+    zeroed.copy_from_slice(&hb[..SEGMENT_HEADER_BYTES]);
+    zeroed[52..56].fill(0);
+    crc32c::crc32c_append(crc32c::crc32c(&zeroed), table)
+}
+
+/// Writes header, record table(s) and (v2) footer around the payload already at
 /// `buf[seg_offset + SEGMENT_HEADER_BYTES ..]`; returns the padded segment length.
 pub fn seal_segment(
     buf: &mut [u8],
@@ -576,90 +918,166 @@ pub fn seal_segment(
     h: &SegmentHeader,
     records: &[Record],
 ) -> usize {
+    let h = SegmentHeader {
+        record_count: records.len() as u32,
+        ..*h
+    };
     let start = h.seg_offset as usize;
     let table = start + SEGMENT_HEADER_BYTES + h.payload_len as usize;
-    let total = segment_padded_len(h.payload_len as usize, records.len()) as usize;
+    let tlen = records.len() * RECORD_BYTES;
+    let total = h.padded_len() as usize;
     for (i, r) in records.iter().enumerate() {
         let o = table + i * RECORD_BYTES;
         buf[o..o + RECORD_BYTES].fill(0);
         r.encode(&mut buf[o..o + RECORD_BYTES]);
     }
-    let table_end = table + records.len() * RECORD_BYTES;
-    buf[table_end..start + total].fill(0);
-    let hb = &mut buf[start..start + SEGMENT_HEADER_BYTES];
-    hb.fill(0);
-    hb[0..8].copy_from_slice(SEG_MAGIC);
-    hb[8..24].copy_from_slice(uuid);
-    put_u64(hb, 24, h.alloc_seq);
-    put_u32(hb, 32, h.extent);
-    put_u32(hb, 36, h.seg_offset);
-    put_u32(hb, 40, h.payload_len);
-    put_u32(hb, 44, records.len() as u32);
-    put_u16(hb, 48, FORMAT_VERSION as u16);
-    let crc = crc32c::crc32c(&buf[start..start + SEGMENT_HEADER_BYTES]);
-    let crc = crc32c::crc32c_append(crc, &buf[table..table_end]);
+    buf[table + tlen..start + total].fill(0);
+    encode_seg_block(
+        &mut buf[start..start + SEGMENT_HEADER_BYTES],
+        SEG_MAGIC,
+        uuid,
+        &h,
+    );
+    let crc = seg_block_crc(&buf[start..], &buf[table..table + tlen]);
     put_u32(&mut buf[start..], 52, crc);
+    if h.version >= 2 {
+        let footer = start + total - SEGMENT_HEADER_BYTES;
+        let table2 = footer - tlen;
+        buf.copy_within(table..table + tlen, table2);
+        encode_seg_block(
+            &mut buf[footer..footer + SEGMENT_HEADER_BYTES],
+            SEG_FOOTER_MAGIC,
+            uuid,
+            &h,
+        );
+        let crc = seg_block_crc(&buf[footer..], &buf[table2..footer]);
+        put_u32(&mut buf[footer..], 52, crc);
+    }
     total
 }
 
-/// Parses the segment at `seg_offset` of an extent image. Returns `None` when there is no valid
-/// segment there (end of the chain, torn, foreign, or from an older allocation of the extent).
-/// Payload checksums are verified by the caller.
-pub fn parse_segment(
+/// What a segment must carry to belong to an extent's current allocation.
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentOwner<'a> {
+    /// Volume uuid.
+    pub uuid: &'a [u8; 16],
+    /// Format version of the volume.
+    pub version: u32,
+    /// Extent index.
+    pub extent: u32,
+    /// Allocation sequence of the extent.
+    pub alloc_seq: u64,
+}
+
+/// Checks one header or footer block and its record table.
+fn parse_seg_block(
+    hb: &[u8],
+    magic: &[u8; 8],
     ext: &[u8],
-    uuid: &[u8; 16],
-    extent: u32,
-    alloc_seq: u64,
-    seg_offset: usize,
-) -> Option<(SegmentHeader, Vec<Record>)> {
-    let hb = ext.get(seg_offset..seg_offset + SEGMENT_HEADER_BYTES)?;
-    if &hb[0..8] != SEG_MAGIC || &hb[8..24] != uuid {
-        return None;
+    owner: &SegmentOwner,
+    table_at: impl Fn(&SegmentHeader) -> Option<usize>,
+) -> Result<(SegmentHeader, Vec<Record>)> {
+    let bad = || corrupt("no valid segment here");
+    if hb.len() < SEGMENT_HEADER_BYTES || &hb[0..8] != magic || &hb[8..24] != owner.uuid {
+        return Err(bad());
     }
     let h = SegmentHeader {
+        version: u32::from(get_u16(hb, 48)),
         alloc_seq: get_u64(hb, 24),
         extent: get_u32(hb, 32),
         seg_offset: get_u32(hb, 36),
         payload_len: get_u32(hb, 40),
         record_count: get_u32(hb, 44),
+        durable_seq: if owner.version >= 2 {
+            get_u64(hb, 56)
+        } else {
+            0
+        },
     };
-    if h.alloc_seq != alloc_seq || h.extent != extent || h.seg_offset as usize != seg_offset {
-        return None;
+    if h.alloc_seq != owner.alloc_seq || h.extent != owner.extent || h.version != owner.version {
+        return Err(bad());
     }
-    let table = seg_offset + SEGMENT_HEADER_BYTES + h.payload_len as usize;
-    let table_end = table.checked_add((h.record_count as usize).checked_mul(RECORD_BYTES)?)?;
-    let tb = ext.get(table..table_end)?;
-    let mut zeroed = [0u8; SEGMENT_HEADER_BYTES];
-    zeroed.copy_from_slice(hb);
-    zeroed[52..56].fill(0);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&zeroed), tb);
-    if crc != get_u32(hb, 52) {
-        return None;
+    let seg_offset = h.seg_offset as usize;
+    let end = (h.record_count as usize)
+        .checked_mul(RECORD_BYTES)
+        .and_then(|t| seg_offset.checked_add(SEGMENT_HEADER_BYTES)?.checked_add(t))
+        .and_then(|e| e.checked_add(h.payload_len as usize));
+    let Some(end) = end else { return Err(bad()) };
+    if end > ext.len() || seg_offset as u64 + h.padded_len() > ext.len() as u64 {
+        return Err(bad());
     }
+    let table = table_at(&h).ok_or_else(bad)?;
+    let tlen = h.record_count as usize * RECORD_BYTES;
+    let tb = ext.get(table..table + tlen).ok_or_else(bad)?;
+    if seg_block_crc(hb, tb) != get_u32(hb, 52) {
+        return Err(bad());
+    }
+    let payload_end = seg_offset + SEGMENT_HEADER_BYTES + h.payload_len as usize;
     let mut records = Vec::with_capacity(h.record_count as usize);
     for i in 0..h.record_count as usize {
-        let r = Record::decode(&tb[i * RECORD_BYTES..(i + 1) * RECORD_BYTES])?;
+        let r = Record::decode(&tb[i * RECORD_BYTES..(i + 1) * RECORD_BYTES]).ok_or_else(bad)?;
         if r.kind == RecordKind::Data {
             let end = r.offset as usize + r.len as usize;
             if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES
-                || end > table
+                || end > payload_end
                 || r.len as usize > BLOCK_BYTES
             {
-                return None;
+                return Err(bad());
             }
         }
         records.push(r);
     }
-    Some((h, records))
+    Ok((h, records))
+}
+
+/// Parses the segment whose header is at `seg_offset` of an extent image. An error when there
+/// is no valid header there (end of the chain, torn, damaged, foreign, or from an older
+/// allocation of the extent). Payload checksums are verified by the caller.
+pub fn parse_segment(
+    ext: &[u8],
+    owner: &SegmentOwner,
+    seg_offset: usize,
+) -> Result<(SegmentHeader, Vec<Record>)> {
+    let hb = ext
+        .get(seg_offset..seg_offset + SEGMENT_HEADER_BYTES)
+        .ok_or_else(|| corrupt("segment offset past the extent"))?;
+    let (h, r) = parse_seg_block(hb, SEG_MAGIC, ext, owner, |h| {
+        Some(h.seg_offset as usize + SEGMENT_HEADER_BYTES + h.payload_len as usize)
+    })?;
+    if h.seg_offset as usize != seg_offset {
+        return Err(corrupt("segment header names another offset"));
+    }
+    Ok((h, r))
+}
+
+/// Parses the v2 segment whose footer ends at `end` (a sector boundary) of an extent image:
+/// how a segment with a damaged header is still read, and how recovery finds the segments after
+/// one that is damaged beyond repair.
+pub fn parse_segment_footer(
+    ext: &[u8],
+    owner: &SegmentOwner,
+    end: usize,
+) -> Result<(SegmentHeader, Vec<Record>)> {
+    if owner.version < 2 || end < SEGMENT_HEADER_BYTES || end > ext.len() {
+        return Err(corrupt("no segment footer here"));
+    }
+    let footer = end - SEGMENT_HEADER_BYTES;
+    let (h, r) = parse_seg_block(&ext[footer..end], SEG_FOOTER_MAGIC, ext, owner, |h| {
+        footer.checked_sub(h.record_count as usize * RECORD_BYTES)
+    })?;
+    if h.seg_offset as u64 + h.padded_len() != end as u64 {
+        return Err(corrupt("segment footer names another extent range"));
+    }
+    Ok((h, r))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn superblock_round_trip_and_damage() {
-        let sb = Superblock {
+    fn sb(version: u32) -> Superblock {
+        let mut sb = Superblock {
+            version,
             uuid: [7; 16],
             logical_blocks: 1000,
             extent_bytes: 32768,
@@ -671,18 +1089,44 @@ mod tests {
             checkpoint_offset: 8192,
             checkpoint_slot_bytes: 4096,
             map_offset: 16384,
-            data_offset: 65536,
+            data_offset: 0,
             clean_low_pct: 10,
             clean_high_pct: 25,
             created_unix: 1,
+            checkpoint_offset1: 8192,
+            map_offset1: 16384,
+            extent_table_pages: 0,
+            extent_table_offset: [0, 0],
+            dict_bytes: 0,
+            dict_offset: [0, 0],
         };
-        let mut b = sb.encode();
-        assert_eq!(Superblock::decode(&b).ok(), Some(sb));
-        b[33] ^= 1;
-        assert!(matches!(
-            Superblock::decode(&b),
-            Err(Error::CorruptMetadata(_))
-        ));
+        if version >= 2 {
+            sb.extent_table_pages = 1;
+            sb.extent_table_offset = [16384 + 8 * 4096, 0];
+            sb.dict_offset = [16384 + 10 * 4096, 0];
+            sb.checkpoint_offset1 = 16384 + 10 * 4096;
+            sb.map_offset1 = sb.checkpoint_offset1 + 8192;
+            sb.extent_table_offset[1] = sb.map_offset1 + 8 * 4096;
+            sb.dict_offset[1] = sb.extent_table_offset[1] + 2 * 4096;
+            sb.data_offset = sb.dict_offset[1];
+        } else {
+            sb.data_offset = 65536;
+        }
+        sb
+    }
+
+    #[test]
+    fn superblock_round_trip_and_damage() {
+        for v in [1, 2] {
+            let sb = sb(v);
+            let mut b = sb.encode();
+            assert_eq!(Superblock::decode(&b).ok(), Some(sb));
+            b[33] ^= 1;
+            assert!(matches!(
+                Superblock::decode(&b),
+                Err(Error::CorruptMetadata(_))
+            ));
+        }
         assert!(matches!(
             Superblock::decode(&[0u8; 4096]),
             Err(Error::NotAVolume(_))
@@ -691,54 +1135,90 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trip() {
-        let c = Checkpoint {
-            seq: 9,
-            write_seq: 100,
-            next_alloc_seq: 50,
-            counters: [3; COUNTERS],
-            queue: vec![QueueEntry {
+        for v in [1, 2] {
+            let sb = sb(v);
+            let mut c = Checkpoint::empty(&sb);
+            c.seq = 9;
+            c.write_seq = 100;
+            c.next_alloc_seq = 50;
+            c.counters = [3; COUNTERS];
+            c.queue = vec![QueueEntry {
                 extent: 4,
                 alloc_seq: 49,
-            }],
-            page_slots: vec![0, 1, 2, 1, 2],
-        };
-        let slot = checkpoint_slot_bytes(8, 5);
-        let mut b = c.encode(&[1; 16], slot);
-        assert_eq!(Checkpoint::decode(&b, &[1; 16], 8, 5), Some(c));
-        b[CHECKPOINT_HEADER_BYTES] ^= 4;
-        assert_eq!(Checkpoint::decode(&b, &[1; 16], 8, 5), None);
+            }];
+            c.page_slots = vec![0, 1, 2, 1];
+            let mut b = c.encode(&sb);
+            assert_eq!(Checkpoint::decode(&b, &sb).ok(), Some(c));
+            let at = if v == 1 {
+                CHECKPOINT_HEADER_BYTES
+            } else {
+                CHECKPOINT_V2_HEADER_BYTES
+            };
+            b[at] ^= 4;
+            assert!(Checkpoint::decode(&b, &sb).is_err());
+        }
     }
 
     #[test]
-    fn segment_round_trip_rejects_other_generation() {
-        let mut ext = vec![0u8; 8192];
-        let payload_at = 512 + SEGMENT_HEADER_BYTES;
-        ext[payload_at..payload_at + 10].copy_from_slice(b"0123456789");
-        let r = Record {
-            kind: RecordKind::Data,
-            codec: 0,
-            len: 10,
-            lba: 3,
-            count: 1,
-            offset: payload_at as u32,
-            seq: 5,
-            crc: 1,
-        };
-        let h = SegmentHeader {
-            alloc_seq: 77,
-            extent: 2,
-            seg_offset: 512,
-            payload_len: 10,
-            record_count: 1,
-        };
-        let n = seal_segment(&mut ext, &[9; 16], &h, &[r]);
-        assert_eq!(n % SECTOR_BYTES, 0);
-        assert_eq!(
-            parse_segment(&ext, &[9; 16], 2, 77, 512),
-            Some((h, vec![r]))
-        );
-        assert_eq!(parse_segment(&ext, &[9; 16], 2, 78, 512), None);
-        ext[payload_at + 10] ^= 1;
-        assert_eq!(parse_segment(&ext, &[9; 16], 2, 77, 512), None);
+    fn segment_round_trip_rejects_other_generation_and_survives_header_damage() {
+        for version in [1u32, 2] {
+            let mut ext = vec![0u8; 8192];
+            let payload_at = 512 + SEGMENT_HEADER_BYTES;
+            ext[payload_at..payload_at + 10].copy_from_slice(b"0123456789");
+            let r = Record {
+                len: 10,
+                offset: payload_at as u32,
+                crc: 1,
+                ..Record::new(RecordKind::Data, 3, 1, 5)
+            };
+            let h = SegmentHeader {
+                version,
+                alloc_seq: 77,
+                extent: 2,
+                seg_offset: 512,
+                payload_len: 10,
+                record_count: 1,
+                durable_seq: if version >= 2 { 4 } else { 0 },
+            };
+            let n = seal_segment(&mut ext, &[9; 16], &h, &[r]);
+            assert_eq!(n % SECTOR_BYTES, 0);
+            let owner = SegmentOwner {
+                uuid: &[9; 16],
+                version,
+                extent: 2,
+                alloc_seq: 77,
+            };
+            assert_eq!(parse_segment(&ext, &owner, 512).ok(), Some((h, vec![r])));
+            let other = SegmentOwner {
+                alloc_seq: 78,
+                ..owner
+            };
+            assert!(parse_segment(&ext, &other, 512).is_err());
+            // One bit of the record count: the header fails, the footer (v2) still reads.
+            ext[512 + 44] ^= 1;
+            assert!(parse_segment(&ext, &owner, 512).is_err());
+            let footer = parse_segment_footer(&ext, &owner, 512 + n);
+            assert_eq!(footer.ok(), (version >= 2).then(|| (h, vec![r])));
+        }
+    }
+
+    #[test]
+    fn decoders_reject_short_and_garbage_input() {
+        let sb = sb(2);
+        for len in [0usize, 1, 63, 64, 100, 4095] {
+            let b = vec![0xffu8; len];
+            assert!(Superblock::decode(&b).is_err());
+            assert!(Checkpoint::decode(&b, &sb).is_err());
+            let mut out = [MapEntry::default(); 4];
+            assert!(decode_map_page(&b, 0, 1, &mut out).is_err());
+            let owner = SegmentOwner {
+                uuid: &[0xff; 16],
+                version: 2,
+                extent: u32::MAX,
+                alloc_seq: u64::MAX,
+            };
+            assert!(parse_segment(&b, &owner, 0).is_err());
+            assert!(parse_segment_footer(&b, &owner, len).is_err());
+        }
     }
 }

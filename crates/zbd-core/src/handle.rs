@@ -139,6 +139,12 @@ impl Volume {
         self.inner.check(progress)
     }
 
+    /// Verifies every stored block of a volume in use at a bounded rate (bytes per second of
+    /// stored data read; `None` = unbounded) and records when it ran and what it found.
+    pub fn scrub(&self, rate: Option<u64>, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        self.inner.scrub(rate, progress)
+    }
+
     /// Runs one background-style cleaning round now (if below the low watermark).
     pub fn clean(&self) -> Result<()> {
         self.inner.background_round()

@@ -3,9 +3,9 @@
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::format::{
-    align_up, checkpoint_slot_bytes, Superblock, BLOCK_BYTES, EXTENT_BYTES_MAX, EXTENT_BYTES_MIN,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
-    SUPERBLOCK_BYTES,
+    align_up, checkpoint_slot_bytes, segment_padded_len, Superblock, BLOCK_BYTES, EXTENT_BYTES_MAX,
+    EXTENT_BYTES_MIN, EXTENT_TABLE_ENTRIES_PER_PAGE, FORMAT_VERSION, MAP_ENTRIES_PER_PAGE,
+    MAP_PAGE_BYTES, SUPERBLOCK_BYTES,
 };
 
 /// Default extent size (paper: 32 KiB; 16–64 KiB performed best).
@@ -59,10 +59,7 @@ impl CreateOptions {
 /// Incompressible 4 KiB blocks one extent holds in the worst case: one block per segment (a flush
 /// after every write), each segment paying its header, one record and sector padding.
 pub fn raw_blocks_per_extent(extent_bytes: u32) -> u64 {
-    let per_block = align_up(
-        (SEGMENT_HEADER_BYTES + BLOCK_BYTES + RECORD_BYTES) as u64,
-        SECTOR_BYTES as u64,
-    );
+    let per_block = segment_padded_len(FORMAT_VERSION, BLOCK_BYTES, 1);
     (u64::from(extent_bytes) / per_block).max(1)
 }
 
@@ -115,14 +112,34 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         .min(extent_count);
     let map_pages = u32::try_from(logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64))
         .map_err(|_| Error::Invalid("size: volume too large".into()))?;
-    let slot = checkpoint_slot_bytes(queue_len, map_pages);
+    let extent_table_pages = extent_count.div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u32);
+    let slot = checkpoint_slot_bytes(queue_len, map_pages, extent_table_pages);
+    let dict_bytes = dictionary_region_bytes(opts.logical_bytes);
+    // Copy 0 of every metadata region, then copy 1: the two copies of anything lie a whole
+    // metadata half apart, so no single bad sector (or small run of them) holds both.
+    let page = MAP_PAGE_BYTES as u64;
+    let half = 2 * u64::from(slot)
+        + 2 * u64::from(map_pages) * page
+        + 2 * u64::from(extent_table_pages) * page
+        + u64::from(dict_bytes);
     let checkpoint_offset = 2 * SUPERBLOCK_BYTES as u64;
-    let map_offset = checkpoint_offset + 2 * u64::from(slot);
-    let data_offset = align_up(
-        map_offset + 2 * u64::from(map_pages) * MAP_PAGE_BYTES as u64,
-        u64::from(e),
-    );
+    let starts = |base: u64| {
+        let map = base + 2 * u64::from(slot);
+        let et = map + 2 * u64::from(map_pages) * page;
+        let dict = et + 2 * u64::from(extent_table_pages) * page;
+        (base, map, et, dict)
+    };
+    let (ck0, map0, et0, dict0) = starts(checkpoint_offset);
+    let (ck1, map1, et1, dict1) = starts(checkpoint_offset + half);
+    let data_offset = align_up(checkpoint_offset + 2 * half, u64::from(e));
     Ok(Superblock {
+        version: FORMAT_VERSION,
+        checkpoint_offset1: ck1,
+        map_offset1: map1,
+        extent_table_pages,
+        extent_table_offset: [et0, et1],
+        dict_bytes,
+        dict_offset: [dict0, dict1],
         uuid: [0; 16],
         logical_blocks,
         extent_bytes: e,
@@ -131,14 +148,21 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         codec_level: opts.codec.level(),
         queue_len,
         map_pages,
-        checkpoint_offset,
+        checkpoint_offset: ck0,
         checkpoint_slot_bytes: slot,
-        map_offset,
+        map_offset: map0,
         data_offset,
         clean_low_pct: opts.clean_low_pct,
         clean_high_pct: opts.clean_high_pct,
         created_unix: 0,
     })
+}
+
+/// Bytes of each dictionary region copy (reserved for trained dictionaries, issue 10): 1/1024
+/// of the logical size, at most 1 MiB, in whole 4 KiB pages (none below 4 MiB).
+pub fn dictionary_region_bytes(logical_bytes: u64) -> u32 {
+    let b = (logical_bytes / 1024).min(1 << 20);
+    (b - b % BLOCK_BYTES as u64) as u32
 }
 
 /// Parses a size with an optional K/M/G/T suffix (binary units), e.g. `32K`, `1G`, `4096`.

@@ -7,6 +7,7 @@
 mod cleaner;
 pub mod codec;
 pub mod error;
+mod fence;
 pub mod format;
 mod handle;
 pub mod layout;

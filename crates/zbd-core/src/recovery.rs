@@ -1,14 +1,21 @@
 //! Opening a volume: superblock, newest valid checkpoint, map pages, and roll-forward of the
 //! segments written to the checkpoint's allocation queue since. Recovery reads at most
 //! `queue_len` extents, whatever the volume size.
+//!
+//! Metadata that matters (checkpoints, map pages) has two copies in format v2: a damaged copy is
+//! replaced by the other one, never by an older version. Roll-forward tells a segment torn by
+//! the crash from a damaged durable one by the durable write-sequence watermark that every v2
+//! segment header carries (docs/design.md, "Torn or damaged").
 
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_map_page, parse_segment, BlockState, Checkpoint, MapEntry, Record, RecordKind,
-    Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SUPERBLOCK_BYTES,
+    decode_map_page, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
+    RecordKind, SegmentHeader, SegmentOwner, Superblock, BLOCK_BYTES, CKPT_FLAGS_INCOMPAT,
+    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::state::{ExtentInfo, ExtentState};
 use crate::storage::Storage;
+use std::collections::{BTreeMap, HashSet};
 
 /// Reads the superblock (copy A, else copy B).
 pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
@@ -41,27 +48,75 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
     Ok(sb)
 }
 
-/// Reads both checkpoint slots and returns the newest valid one.
-pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<Checkpoint> {
-    let mut best: Option<Checkpoint> = None;
+/// The checkpoint recovery starts from, and what was noticed on the way.
+pub struct FoundCheckpoint {
+    /// The newest checkpoint with at least one intact copy.
+    pub checkpoint: Checkpoint,
+    /// Damaged copies of it (they are superseded by the next checkpoint).
+    pub damaged_copies: Vec<String>,
+}
+
+/// Reads every copy of both checkpoint slots and returns the newest valid checkpoint. A damaged
+/// copy of the newest checkpoint is replaced by its other copy, not by the previous checkpoint.
+pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCheckpoint> {
+    let mut found: Vec<(u64, u8, Option<Checkpoint>)> = Vec::new();
     let mut b = vec![0u8; sb.checkpoint_slot_bytes as usize];
-    for slot in 0..2 {
-        storage.read_at(sb.checkpoint_slot_offset(slot), &mut b)?;
-        if let Some(c) = Checkpoint::decode(&b, &sb.uuid, sb.queue_len, sb.map_pages) {
-            if c.seq % 2 == slot && best.as_ref().is_none_or(|x| c.seq > x.seq) {
-                best = Some(c);
-            }
+    for copy in 0..sb.metadata_copies() {
+        for slot in 0..2u64 {
+            storage.read_at(sb.checkpoint_slot_offset(slot, copy), &mut b)?;
+            let c = Checkpoint::decode(&b, sb)
+                .ok()
+                .filter(|c| c.seq % 2 == slot);
+            found.push((slot, copy, c));
         }
     }
-    best.ok_or_else(|| Error::CorruptMetadata("no valid checkpoint in either slot".into()))
+    let best = found
+        .iter()
+        .filter_map(|(_, _, c)| c.as_ref())
+        .max_by_key(|c| c.seq)
+        .cloned()
+        .ok_or_else(|| Error::CorruptMetadata("no valid checkpoint in any slot".into()))?;
+    if best.flags & CKPT_FLAGS_INCOMPAT != 0 {
+        return Err(Error::NotAVolume(format!(
+            "the volume uses features this zbd does not have (checkpoint flags {:#x}: \
+             compression units or trained dictionaries); use a newer zbd",
+            best.flags & CKPT_FLAGS_INCOMPAT
+        )));
+    }
+    let damaged_copies = found
+        .iter()
+        .filter(|(slot, _, c)| {
+            *slot == best.seq % 2 && c.as_ref().is_none_or(|c| c.seq != best.seq)
+        })
+        .map(|(_, copy, _)| format!("checkpoint {} copy {copy} is damaged", best.seq))
+        .collect();
+    Ok(FoundCheckpoint {
+        checkpoint: best,
+        damaged_copies,
+    })
 }
 
 /// The map loaded from a checkpoint; damaged pages are reported, their entries marked corrupt.
 pub struct LoadedMap {
     /// Entries.
     pub map: Vec<MapEntry>,
-    /// Pages whose current copy failed validation.
+    /// Pages with no intact copy.
     pub damaged_pages: Vec<u32>,
+    /// Pages read from their second copy because the first was damaged (rewritten, both
+    /// copies, by the next checkpoint).
+    pub repaired_pages: Vec<u32>,
+}
+
+/// Decodes the map page at `page` of `buf` into `out`, checking every entry's bounds.
+fn decode_page(
+    page_bytes: &[u8],
+    p: u32,
+    sb: &Superblock,
+    max_gen: u64,
+    out: &mut [MapEntry],
+) -> bool {
+    decode_map_page(page_bytes, p, max_gen, out).is_ok()
+        && out.iter().all(|e| entry_in_bounds(e, sb))
 }
 
 /// Loads every map page the checkpoint names.
@@ -69,9 +124,11 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
     let blocks = sb.logical_blocks as usize;
     let mut map = vec![MapEntry::UNMAPPED; blocks];
     let mut damaged_pages = Vec::new();
+    let mut repaired_pages = Vec::new();
     // Read the map area in large chunks: both slots of up to 128 pages at a time.
     const CHUNK_PAGES: u32 = 128;
     let mut buf = vec![0u8; 2 * CHUNK_PAGES as usize * MAP_PAGE_BYTES];
+    let mut one = vec![0u8; MAP_PAGE_BYTES];
     let mut first = 0u32;
     while first < sb.map_pages {
         let n = CHUNK_PAGES.min(sb.map_pages - first);
@@ -83,7 +140,7 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
             continue;
         }
         let bytes = 2 * n as usize * MAP_PAGE_BYTES;
-        storage.read_at(sb.map_page_offset(first, 0), &mut buf[..bytes])?;
+        storage.read_at(sb.map_page_offset(first, 0, 0), &mut buf[..bytes])?;
         for p in first..first + n {
             let slot = ck.page_slots[p as usize];
             if slot == PAGE_NONE {
@@ -93,9 +150,17 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
             let start = p as usize * MAP_ENTRIES_PER_PAGE;
             let end = (start + MAP_ENTRIES_PER_PAGE).min(blocks);
             let page = &buf[at..at + MAP_PAGE_BYTES];
-            let ok = slot <= 2 && decode_map_page(page, p, ck.seq, &mut map[start..end]).is_some();
-            let valid = ok && map[start..end].iter().all(|e| entry_in_bounds(e, sb));
-            if !valid {
+            if decode_page(page, p, sb, ck.seq, &mut map[start..end]) {
+                continue;
+            }
+            let mut ok = false;
+            for copy in 1..sb.metadata_copies() {
+                storage.read_at(sb.map_page_offset(p, slot - 1, copy), &mut one)?;
+                ok |= decode_page(&one, p, sb, ck.seq, &mut map[start..end]);
+            }
+            if ok {
+                repaired_pages.push(p);
+            } else {
                 damaged_pages.push(p);
                 map[start..end].fill(MapEntry {
                     state: BlockState::Corrupt,
@@ -105,10 +170,16 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
         }
         first += n;
     }
-    Ok(LoadedMap { map, damaged_pages })
+    Ok(LoadedMap {
+        map,
+        damaged_pages,
+        repaired_pages,
+    })
 }
 
-fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
+/// Whether a map entry points inside the data area (v2: offsets above 1 MiB would mean
+/// compression-unit or dictionary bits, which need a newer build: treated as damage).
+pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
     e.state != BlockState::Data
         || (e.extent < sb.extent_count
             && e.len as usize <= BLOCK_BYTES
@@ -142,17 +213,59 @@ pub struct Replayed {
     pub record: Record,
     /// Extent holding its data.
     pub extent: u32,
+    /// Its stored bytes fail their checksum although a sync covered them: the block takes the
+    /// damaged state (unless an identical copy is still mapped).
+    pub damaged: bool,
+}
+
+/// What roll-forward found.
+pub struct RollForward {
+    /// Records newer than the checkpoint, in write-sequence order.
+    pub replay: Vec<Replayed>,
+    /// Highest write sequence known to have been covered by a completed sync.
+    pub durable_seq: u64,
+    /// Damage that could not be attributed to blocks (one line each).
+    pub problems: Vec<String>,
+}
+
+/// All valid segments of one extent image, by offset: headers found at sector starts, and (v2)
+/// segments whose header is damaged, found by their footer at sector ends.
+fn index_segments(
+    ext: &[u8],
+    owner: &SegmentOwner,
+) -> BTreeMap<usize, (SegmentHeader, Vec<Record>)> {
+    let mut index = BTreeMap::new();
+    for s in (0..ext.len()).step_by(SECTOR_BYTES) {
+        if let Ok(seg) = parse_segment(ext, owner, s) {
+            index.insert(s, seg);
+        }
+    }
+    if owner.version >= 2 {
+        for end in (SECTOR_BYTES..=ext.len()).step_by(SECTOR_BYTES) {
+            if let Ok(seg) = parse_segment_footer(ext, owner, end) {
+                index.entry(seg.0.seg_offset as usize).or_insert(seg);
+            }
+        }
+    }
+    index
 }
 
 /// Scans the checkpoint's allocation queue and returns every record newer than the checkpoint,
-/// sorted by write sequence. A segment is taken only if its header, table and every payload it
-/// needs verify: the last segment of an extent may be torn or half-written by a crash.
+/// sorted by write sequence.
+///
+/// Each extent's segments are found by scanning sector boundaries for headers and (v2) footers
+/// that carry the volume uuid, the extent and its allocation sequence, so a damaged segment
+/// does not hide the ones after it. A data record whose payload fails its checksum is damage if
+/// a sync covered it (its sequence is at most the highest durable watermark any valid segment
+/// carries), else it was torn by the crash and is dropped (the block keeps its flushed value).
 pub fn roll_forward(
     storage: &dyn Storage,
     sb: &Superblock,
     ck: &Checkpoint,
-) -> Result<Vec<Replayed>> {
-    let mut out = Vec::new();
+) -> Result<RollForward> {
+    let mut found: Vec<Replayed> = Vec::new();
+    let mut durable_seq = ck.write_seq;
+    let mut gaps: Vec<(u32, usize, usize)> = Vec::new();
     let mut ext = vec![0u8; sb.extent_bytes as usize];
     for q in &ck.queue {
         if q.extent >= sb.extent_count {
@@ -163,40 +276,88 @@ pub fn roll_forward(
         }
         let base = sb.extent_offset(q.extent);
         // Most queued extents were never used: look at the first sector before reading it all.
-        storage.read_at(base, &mut ext[..512])?;
-        if parse_header_magic(&ext) {
-            storage.read_at(base, &mut ext)?;
+        // (v2 reads any extent whose first sector is not blank, so a damaged first header does
+        // not hide the extent.)
+        storage.read_at(base, &mut ext[..SECTOR_BYTES])?;
+        let used = if sb.version >= 2 {
+            ext[..SECTOR_BYTES].iter().any(|&b| b != 0)
         } else {
+            &ext[0..8] == b"ZBDSEGM1"
+        };
+        if !used {
             continue;
         }
+        storage.read_at(base, &mut ext)?;
+        let owner = SegmentOwner {
+            uuid: &sb.uuid,
+            version: sb.version,
+            extent: q.extent,
+            alloc_seq: q.alloc_seq,
+        };
+        let index = index_segments(&ext, &owner);
         let mut at = 0usize;
-        while at < ext.len() {
-            let Some((h, records)) = parse_segment(&ext, &sb.uuid, q.extent, q.alloc_seq, at)
-            else {
-                break;
+        loop {
+            let (h, records) = match index.get(&at) {
+                Some(seg) => seg,
+                None => match index.range(at + 1..).next() {
+                    Some((&next, _)) => {
+                        gaps.push((q.extent, at, next));
+                        at = next;
+                        continue;
+                    }
+                    None => break,
+                },
             };
-            let fresh: Vec<Record> = records
-                .into_iter()
-                .filter(|r| r.seq > ck.write_seq)
-                .collect();
-            let intact = fresh.iter().all(|r| {
-                r.kind != RecordKind::Data
-                    || crc32c::crc32c(&ext[r.offset as usize..(r.offset + r.len) as usize]) == r.crc
-            });
-            if !intact {
-                break;
+            durable_seq = durable_seq.max(h.durable_seq);
+            for r in records.iter().filter(|r| r.seq > ck.write_seq) {
+                if r.uses_unsupported_features() {
+                    return Err(Error::NotAVolume(format!(
+                        "extent {} holds a record with compression units or a dictionary; \
+                         use a newer zbd",
+                        q.extent
+                    )));
+                }
+                let intact = r.kind != RecordKind::Data
+                    || crc32c::crc32c(&ext[r.offset as usize..(r.offset + r.len) as usize])
+                        == r.crc;
+                found.push(Replayed {
+                    record: *r,
+                    extent: q.extent,
+                    damaged: !intact,
+                });
             }
-            out.extend(fresh.into_iter().map(|record| Replayed {
-                record,
-                extent: q.extent,
-            }));
             at += h.padded_len() as usize;
         }
     }
-    out.sort_by_key(|r| r.record.seq);
-    Ok(out)
-}
-
-fn parse_header_magic(ext: &[u8]) -> bool {
-    &ext[0..8] == b"ZBDSEGM1"
+    // Torn (not covered by a sync): drop. Covered: damage.
+    found.retain(|r| !r.damaged || r.record.seq <= durable_seq);
+    found.sort_by_key(|r| r.record.seq);
+    let mut problems = Vec::new();
+    // Every write sequence up to the durable watermark belongs to a record that was written
+    // before a completed sync. One that no valid segment holds was lost with a segment damaged
+    // beyond repair (both copies of its header and record table): its blocks are unknown.
+    let seen: HashSet<u64> = found.iter().map(|r| r.record.seq).collect();
+    let lost = (ck.write_seq + 1..=durable_seq)
+        .filter(|s| !seen.contains(s))
+        .count();
+    if lost > 0 {
+        let places: Vec<String> = gaps
+            .iter()
+            .map(|(e, a, b)| format!("extent {e} bytes {a}..{b}"))
+            .collect();
+        problems.push(format!(
+            "{lost} durable log records are unreadable (segment header and its copy damaged: \
+             {}); the blocks they wrote may read older data",
+            if places.is_empty() {
+                "no readable trace".to_string()
+            } else {
+                places.join(", ")
+            }
+        ));
+    }
+    Ok(RollForward {
+        replay: found,
+        durable_seq,
+        problems,
+    })
 }

@@ -1,12 +1,14 @@
 //! A simulated disk for crash and fault tests: it forgets unflushed writes, tears writes at
-//! 512-byte sector granularity, reorders them, and flips bits, all driven by a caller's seeded RNG
-//! so any failure replays from its seed.
+//! 512-byte sector granularity, reorders them, fails syncs the way Linux does (the unsynced
+//! writes are dropped, some or all, the error is reported once and the next sync succeeds), and
+//! flips bits, all driven by a caller's seeded RNG so any failure replays from its seed.
 
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use parking_lot::Mutex;
+use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use std::io;
 
 /// Sector size at which the simulated medium tears writes.
@@ -25,6 +27,11 @@ struct SimState {
     /// Operation number at which power is lost.
     power_loss_at: Option<u64>,
     powered_off: bool,
+    /// The first sync at or after this operation number fails (and drops pending writes).
+    fail_sync_at: Option<u64>,
+    /// Decides which dropped writes reach the medium anyway (seeded).
+    sync_fail_rng: Option<SmallRng>,
+    sync_failures: u64,
     bytes_written: u64,
     bytes_read: u64,
     syncs: u64,
@@ -63,6 +70,21 @@ impl SimStorage {
     /// torn or whole), and every later operation fails.
     pub fn set_power_loss_at(&self, op: u64) {
         self.state.lock().power_loss_at = Some(op);
+    }
+
+    /// Makes the first sync at or after storage operation `op` fail like a Linux fsync that hit a
+    /// writeback error: each write since the last sync reaches the medium whole, torn or not at
+    /// all (chosen by an RNG seeded with `seed`), the pages count as clean (reads still see the
+    /// written data), the sync reports EIO, and the next sync succeeds.
+    pub fn fail_sync_at(&self, op: u64, seed: u64) {
+        let mut st = self.state.lock();
+        st.fail_sync_at = Some(op);
+        st.sync_fail_rng = Some(SmallRng::seed_from_u64(seed));
+    }
+
+    /// Syncs that failed so far.
+    pub fn sync_failures(&self) -> u64 {
+        self.state.lock().sync_failures
     }
 
     /// Whether power was lost.
@@ -205,10 +227,30 @@ impl Storage for SimStorage {
 
     fn sync(&self) -> Result<()> {
         let mut st = self.state.lock();
+        let n = st.ops;
         if Self::tick(&mut st)? {
             return Err(power_lost());
         }
         let pending = std::mem::take(&mut st.pending);
+        if st.fail_sync_at.is_some_and(|at| n >= at) {
+            st.fail_sync_at = None;
+            st.sync_failures += 1;
+            let mut rng = st
+                .sync_fail_rng
+                .take()
+                .unwrap_or_else(|| SmallRng::seed_from_u64(n));
+            let SimState { durable, .. } = &mut *st;
+            for (offset, data) in &pending {
+                match rng.random_range(0..3) {
+                    0 => {}
+                    1 => apply(durable, *offset, data, None),
+                    _ => apply(durable, *offset, data, Some(&mut rng)),
+                }
+            }
+            return Err(Error::Io(io::Error::other(
+                "simulated sync failure (EIO): unsynced writes dropped",
+            )));
+        }
         for (offset, data) in pending {
             let start = offset as usize;
             st.durable[start..start + data.len()].copy_from_slice(&data);

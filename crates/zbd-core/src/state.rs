@@ -5,14 +5,15 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    encode_map_page, seal_segment, segment_padded_len, BlockState, Checkpoint, MapEntry,
-    QueueEntry, Record, RecordKind, SegmentHeader, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE,
-    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    encode_map_page, seal_segment, segment_padded_len, BlockState, Checkpoint, DictEntry, MapEntry,
+    QueueEntry, Record, RecordKind, SegmentHeader, Superblock, BLOCK_BYTES, DICT_ENTRIES,
+    MAP_ENTRIES_PER_PAGE, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::stats::Counters;
 use crate::storage::Storage;
 use parking_lot::RwLock;
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Free extents host writes never take: what the cleaner needs to compact partly dead extents
@@ -51,6 +52,8 @@ pub struct OpenExtent {
     pub extent: u32,
     /// Allocation sequence its segments carry.
     pub alloc_seq: u64,
+    /// Format version of its segments (the volume's).
+    pub version: u32,
     /// The extent's bytes (durable part and pending segment).
     pub buf: Vec<u8>,
     /// Bytes already written to storage (sector aligned).
@@ -72,7 +75,7 @@ impl OpenExtent {
         if n == 0 {
             return self.durable_end;
         }
-        self.durable_end + segment_padded_len(self.payload_len + payload, n) as usize
+        self.durable_end + segment_padded_len(self.version, self.payload_len + payload, n) as usize
     }
 
     fn fits(&self, payload: usize, extent_bytes: usize) -> bool {
@@ -139,6 +142,8 @@ pub struct State {
     pub buffer: BufferConfig,
     /// Records replayed at open.
     pub replayed: u64,
+    /// Dictionary directory of the checkpoint, carried through unchanged (reserved, v2).
+    pub dicts: [DictEntry; DICT_ENTRIES],
 }
 
 /// Read-only context the state operations need.
@@ -150,6 +155,9 @@ pub struct Ctx<'a> {
     pub gate: &'a RwLock<()>,
     /// Geometry.
     pub sb: &'a Superblock,
+    /// Highest write sequence covered by a completed sync; every segment carries it (v2), so
+    /// recovery can tell a damaged durable segment from one torn by the crash.
+    pub durable_seq: &'a AtomicU64,
 }
 
 impl State {
@@ -216,14 +224,11 @@ impl State {
                 oe.buf[offset..offset + bytes.len()].copy_from_slice(&bytes);
                 oe.payload_len += bytes.len();
                 let rec = Record {
-                    kind: RecordKind::Data,
                     codec,
                     len: bytes.len() as u32,
-                    lba,
-                    count: 1,
                     offset: offset as u32,
-                    seq,
                     crc,
+                    ..Record::new(RecordKind::Data, lba, 1, seq)
                 };
                 oe.records.push(rec);
                 oe.last_used = Instant::now();
@@ -305,16 +310,7 @@ impl State {
         let slot = self.place(cx, 0)?;
         let seq = self.take_seq();
         let oe = &mut self.open[slot];
-        oe.records.push(Record {
-            kind,
-            codec: 0,
-            len: 0,
-            lba,
-            count,
-            offset: 0,
-            seq,
-            crc: 0,
-        });
+        oe.records.push(Record::new(kind, lba, count, seq));
         oe.last_used = Instant::now();
         Ok(())
     }
@@ -366,6 +362,7 @@ impl State {
         self.open.push(OpenExtent {
             extent: q.extent,
             alloc_seq: q.alloc_seq,
+            version: cx.sb.version,
             buf: vec![0; cx.sb.extent_bytes as usize],
             durable_end: 0,
             payload_len: 0,
@@ -397,11 +394,13 @@ impl State {
             return Ok(());
         }
         let h = SegmentHeader {
+            version: cx.sb.version,
             alloc_seq: oe.alloc_seq,
             extent: oe.extent,
             seg_offset: oe.durable_end as u32,
             payload_len: oe.payload_len as u32,
             record_count: oe.records.len() as u32,
+            durable_seq: cx.durable_seq.load(Ordering::SeqCst),
         };
         let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
         let start = oe.durable_end;
@@ -462,7 +461,9 @@ impl State {
     /// Makes every write so far durable.
     pub fn flush(&mut self, cx: &Ctx) -> Result<()> {
         self.write_pending(cx)?;
+        let covered = self.next_seq - 1;
         cx.storage.sync()?;
+        cx.durable_seq.fetch_max(covered, Ordering::SeqCst);
         self.counters.flushes += 1;
         Ok(())
     }
@@ -480,9 +481,12 @@ impl State {
             let start = p as usize * MAP_ENTRIES_PER_PAGE;
             let end = (start + MAP_ENTRIES_PER_PAGE).min(self.map.len());
             let page = encode_map_page(p, seq, &self.map[start..end]);
-            cx.storage
-                .write_at(cx.sb.map_page_offset(p, slot - 1), &page)?;
-            self.counters.metadata_bytes_written += page.len() as u64;
+            // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
+            for copy in 0..cx.sb.metadata_copies() {
+                cx.storage
+                    .write_at(cx.sb.map_page_offset(p, slot - 1, copy), &page)?;
+                self.counters.metadata_bytes_written += page.len() as u64;
+            }
             slots[p as usize] = slot;
         }
         // Extents free once this checkpoint is durable: no map entry references them.
@@ -517,13 +521,17 @@ impl State {
             counters: self.counters.to_array(),
             queue: queue.clone(),
             page_slots: slots.clone(),
+            dicts: self.dicts,
+            ..Checkpoint::empty(cx.sb)
         };
-        let bytes = ck.encode(&cx.sb.uuid, cx.sb.checkpoint_slot_bytes);
+        let bytes = ck.encode(cx.sb);
         cx.storage.sync()?;
-        cx.storage
-            .write_at(cx.sb.checkpoint_slot_offset(seq), &bytes)?;
+        for copy in 0..cx.sb.metadata_copies() {
+            cx.storage
+                .write_at(cx.sb.checkpoint_slot_offset(seq, copy), &bytes)?;
+            self.counters.metadata_bytes_written += bytes.len() as u64;
+        }
         cx.storage.sync()?;
-        self.counters.metadata_bytes_written += bytes.len() as u64;
         // Durable: commit in RAM.
         self.ckpt_seq = seq;
         self.page_slots = slots;

@@ -30,6 +30,10 @@ pub struct Counters {
     pub extents_reclaimed: u64,
     /// Bytes of live blocks the cleaner moved.
     pub cleaner_bytes_moved: u64,
+    /// When the last complete scrub (or check of the served volume) ended, Unix seconds; 0 never.
+    pub last_scrub_unix: u64,
+    /// Damaged blocks the last complete scrub found.
+    pub last_scrub_damaged: u64,
 }
 
 impl Counters {
@@ -48,6 +52,8 @@ impl Counters {
         a[9] = self.cleaner_runs;
         a[10] = self.extents_reclaimed;
         a[11] = self.cleaner_bytes_moved;
+        a[12] = self.last_scrub_unix;
+        a[13] = self.last_scrub_damaged;
         a
     }
 
@@ -66,6 +72,8 @@ impl Counters {
             cleaner_runs: a[9],
             extents_reclaimed: a[10],
             cleaner_bytes_moved: a[11],
+            last_scrub_unix: a[12],
+            last_scrub_damaged: a[13],
         }
     }
 }
@@ -125,6 +133,11 @@ pub struct Stats {
     pub clean_high_pct: u8,
     /// Records replayed by the last recovery.
     pub recovery_records_replayed: u64,
+    /// On-disk format version of the volume.
+    pub format_version: u32,
+    /// Set when the volume stopped writing after a failed write or sync (docs/design.md,
+    /// "Failed syncs"): writes fail with EIO until it is reopened; reads go on.
+    pub failed: Option<String>,
     /// Lifetime counters.
     pub counters: Counters,
 }

@@ -2,9 +2,11 @@
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
+use crate::fence::Fenced;
 use crate::format::{
-    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES, COUNTERS,
-    MAP_ENTRY_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
+    BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_ENTRY_BYTES, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::layout::{plan, CreateOptions};
 use crate::recovery;
@@ -66,7 +68,7 @@ pub enum AllocState {
 }
 
 /// Result of [`crate::Volume::check`].
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CheckReport {
     /// Data blocks read and verified.
     pub blocks_checked: u64,
@@ -74,6 +76,9 @@ pub struct CheckReport {
     pub damaged_blocks: Vec<u64>,
     /// Metadata problems found (one line each).
     pub metadata_problems: Vec<String>,
+    /// Damaged metadata copies whose other copy is intact: nothing is lost, and the next
+    /// checkpoint of a writable volume rewrites both copies (one line each).
+    pub repaired: Vec<String>,
 }
 
 impl CheckReport {
@@ -85,13 +90,18 @@ impl CheckReport {
 
 /// The volume proper; [`crate::Volume`] wraps it with the background cleaner.
 pub(crate) struct Inner {
-    storage: Box<dyn Storage>,
+    storage: Fenced,
     sb: Superblock,
     codec: Codec,
     read_only: bool,
     state: Mutex<State>,
     gate: RwLock<()>,
     damaged_pages: Vec<u32>,
+    /// Problems found at open: damaged checkpoint copies, unattributable log damage.
+    open_problems: Vec<String>,
+    open_repaired: Vec<String>,
+    /// Highest write sequence covered by a completed sync (see `Ctx::durable_seq`).
+    durable_seq: AtomicU64,
     closed: AtomicBool,
     host_bytes_read: AtomicU64,
     storage_bytes_read: AtomicU64,
@@ -146,11 +156,6 @@ impl Inner {
         let sbb = sb.encode();
         storage.write_at(0, &sbb)?;
         storage.write_at(SUPERBLOCK_BYTES as u64, &sbb)?;
-        // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1).
-        storage.write_at(
-            sb.checkpoint_slot_offset(0),
-            &vec![0u8; sb.checkpoint_slot_bytes as usize],
-        )?;
         let queue: Vec<QueueEntry> = (0..sb.queue_len)
             .map(|e| QueueEntry {
                 extent: e,
@@ -159,16 +164,19 @@ impl Inner {
             .collect();
         let ck = Checkpoint {
             seq: 1,
-            write_seq: 0,
             next_alloc_seq: u64::from(sb.queue_len) + 1,
-            counters: [0; COUNTERS],
             queue,
-            page_slots: vec![PAGE_NONE; sb.map_pages as usize],
+            ..Checkpoint::empty(&sb)
         };
-        storage.write_at(
-            sb.checkpoint_slot_offset(1),
-            &ck.encode(&sb.uuid, sb.checkpoint_slot_bytes),
-        )?;
+        let ckb = ck.encode(&sb);
+        for copy in 0..sb.metadata_copies() {
+            // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1).
+            storage.write_at(
+                sb.checkpoint_slot_offset(0, copy),
+                &vec![0u8; sb.checkpoint_slot_bytes as usize],
+            )?;
+            storage.write_at(sb.checkpoint_slot_offset(1, copy), &ckb)?;
+        }
         storage.sync()?;
         Inner::open(storage, open_opts)
     }
@@ -186,12 +194,21 @@ impl Inner {
 
     /// Opens a volume, recovering from a crash if needed.
     pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
-        let sb = recovery::read_superblock(&*storage)?;
-        let ck = recovery::read_checkpoint(&*storage, &sb)?;
-        let loaded = recovery::load_map(&*storage, &sb, &ck)?;
+        let storage = Fenced::new(storage);
+        let sb = recovery::read_superblock(&storage)?;
+        let found = recovery::read_checkpoint(&storage, &sb)?;
+        let ck = found.checkpoint;
+        let loaded = recovery::load_map(&storage, &sb, &ck)?;
         let mut map = loaded.map;
         let extents = recovery::account(&map, sb.extent_count);
-        let replay = recovery::roll_forward(&*storage, &sb, &ck)?;
+        let rolled = recovery::roll_forward(&storage, &sb, &ck)?;
+        let mut open_repaired = found.damaged_copies;
+        open_repaired.extend(
+            loaded
+                .repaired_pages
+                .iter()
+                .map(|p| format!("map page {p}: one copy is damaged, the other is intact")),
+        );
         let codec = match opts.codec {
             Some(c) => c,
             None => Codec::from_id(sb.codec_id, sb.codec_level)?,
@@ -219,9 +236,13 @@ impl Inner {
                 reserve: cleaner_reserve(sb.extent_count),
             },
             replayed: 0,
+            dicts: ck.dicts,
         };
         std::mem::swap(&mut st.map, &mut map);
-        apply_replay(&mut st, &sb, &replay);
+        // Pages read from their second copy are rewritten (both copies) by the next checkpoint.
+        st.dirty_pages.extend(loaded.repaired_pages.iter().copied());
+        apply_replay(&mut st, &sb, &rolled.replay);
+        st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
             .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
             .collect();
@@ -242,6 +263,9 @@ impl Inner {
             state: Mutex::new(st),
             gate: RwLock::new(()),
             damaged_pages: loaded.damaged_pages,
+            open_problems: rolled.problems,
+            open_repaired,
+            durable_seq: AtomicU64::new(rolled.durable_seq),
             closed: AtomicBool::new(false),
             host_bytes_read: AtomicU64::new(counters.host_bytes_read),
             storage_bytes_read: AtomicU64::new(counters.storage_bytes_read),
@@ -262,9 +286,10 @@ impl Inner {
 
     fn ctx(&self) -> Ctx<'_> {
         Ctx {
-            storage: &*self.storage,
+            storage: &self.storage,
             sb: &self.sb,
             gate: &self.gate,
+            durable_seq: &self.durable_seq,
         }
     }
 
@@ -308,7 +333,7 @@ impl Inner {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        Ok(())
+        self.storage.check()
     }
 
     /// Reads `buf.len()` bytes at byte `offset`.
@@ -538,8 +563,11 @@ impl Inner {
 
     /// Read-modify-write of one block, optimistic: if the block changed between our read and our
     /// update (a concurrent write to another part of it), start again so neither write is lost.
+    /// Bounded: after `RMW_OPTIMISTIC_MAX` lost races the block is read, patched and stored
+    /// under the state lock, which no other write can overtake.
     fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
-        loop {
+        const RMW_OPTIMISTIC_MAX: usize = 8;
+        for _ in 0..RMW_OPTIMISTIC_MAX {
             let (sources, gate) = self.lookup(lba, 1);
             let seen = match &sources[0] {
                 Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
@@ -565,6 +593,36 @@ impl Inner {
             let cx = self.ctx();
             return st.put_block(&cx, lba, p);
         }
+        self.rmw_block_locked(lba, within, patch)
+    }
+
+    /// The pessimistic read-modify-write: everything under the state lock (rare: only after
+    /// repeated races on one block). Holding the lock also keeps any extent from being reused,
+    /// so the storage read needs no reuse gate.
+    fn rmw_block_locked(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
+        let mut st = self.lock_for_write();
+        let entry = st.map[lba as usize];
+        let mut block = match entry.state {
+            BlockState::Unmapped | BlockState::Zero => vec![0u8; BLOCK_BYTES],
+            BlockState::Corrupt => return Err(Error::Corrupt { lba }),
+            BlockState::Data => {
+                let (s, n) = (entry.offset as usize, entry.len as usize);
+                let stored = match st.open.iter().find(|o| o.extent == entry.extent) {
+                    Some(o) => o.buf[s..s + n].to_vec(),
+                    None => {
+                        let mut b = vec![0u8; n];
+                        self.storage
+                            .read_at(self.sb.extent_offset(entry.extent) + s as u64, &mut b)?;
+                        b
+                    }
+                };
+                self.decode_block(lba, &entry, &stored)?
+            }
+        };
+        block[within..within + patch.len()].copy_from_slice(patch);
+        let p = self.prepare(&block);
+        let cx = self.ctx();
+        st.put_block(&cx, lba, p)
     }
 
     /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).
@@ -609,15 +667,19 @@ impl Inner {
     /// Makes everything written so far durable.
     pub fn flush(&self) -> Result<()> {
         self.check_writable()?;
-        {
+        let covered = {
             let mut st = self.lock_for_write();
             let cx = self.ctx();
             st.write_pending(&cx)?;
             st.counters.flushes += 1;
-        }
+            st.next_seq - 1
+        };
         // Sync outside the lock: reads and writes go on meanwhile. Segments written after this
-        // point belong to later flushes; the ones above are covered by this sync.
-        self.storage.sync()
+        // point belong to later flushes; the ones above are covered by this sync. Only once it
+        // succeeded do they count as durable (a failed sync stops the volume: fence.rs).
+        self.storage.sync()?;
+        self.durable_seq.fetch_max(covered, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Writes a checkpoint now (bounded recovery; normally automatic).
@@ -733,6 +795,8 @@ impl Inner {
             clean_low_pct: self.clean_low_pct,
             clean_high_pct: self.clean_high_pct,
             recovery_records_replayed: st.replayed,
+            format_version: self.sb.version,
+            failed: self.storage.failure(),
             counters: c,
         }
     }
@@ -740,12 +804,36 @@ impl Inner {
     /// Verifies metadata and the checksum of every stored block. `progress(done, total)` is
     /// called now and then.
     pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        self.verify(progress, None)
+    }
+
+    /// A check of a volume in use (`zbd scrub`): reads at most `rate` stored bytes per second
+    /// (unbounded if `None`) so host I/O goes on, and records when it ended and what it found
+    /// (`zbd stat`, persisted with the next checkpoint).
+    pub fn scrub(&self, rate: Option<u64>, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        let report = self.verify(progress, rate.filter(|&r| r > 0));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut st = self.state.lock();
+        st.counters.last_scrub_unix = now;
+        st.counters.last_scrub_damaged = report.damaged_blocks.len() as u64;
+        report
+    }
+
+    fn verify(&self, progress: &dyn Fn(u64, u64), rate: Option<u64>) -> CheckReport {
         let mut report = CheckReport::default();
         for p in &self.damaged_pages {
             report.metadata_problems.push(format!(
                 "map page {p} is damaged; its blocks are unreadable"
             ));
         }
+        report
+            .metadata_problems
+            .extend(self.open_problems.iter().cloned());
+        report.repaired.extend(self.open_repaired.iter().cloned());
+        self.check_map_copies(&mut report);
         for copy in 0..2u64 {
             let mut b = vec![0u8; SUPERBLOCK_BYTES];
             let ok = self
@@ -773,16 +861,27 @@ impl Inner {
         }
         let total = self.sb.logical_blocks;
         const CHUNK: u64 = 256;
+        let started = std::time::Instant::now();
+        let mut bytes_read = 0u64;
         let mut lba = 0;
         while lba < total {
             let n = CHUNK.min(total - lba);
-            let mapped = {
+            let (mapped, bytes) = {
                 let st = self.state.lock();
                 st.map[lba as usize..(lba + n) as usize]
                     .iter()
                     .filter(|e| e.state == BlockState::Data)
-                    .count() as u64
+                    .fold((0u64, 0u64), |(m, b), e| (m + 1, b + u64::from(e.len)))
             };
+            if let Some(rate) = rate {
+                // Pace the reads: this chunk may start once the bytes read so far took their
+                // share of time at `rate`.
+                bytes_read += bytes;
+                let due = Duration::from_secs_f64(bytes_read as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
             for (i, r) in self.read_blocks(lba, n).into_iter().enumerate() {
                 if r.is_err() {
                     report.damaged_blocks.push(lba + i as u64);
@@ -793,6 +892,45 @@ impl Inner {
             progress(lba, total);
         }
         report
+    }
+
+    /// Reads every copy of every current map page: a damaged copy is reported and, on a writable
+    /// volume, the page is rewritten (both copies, into the other slot) by the next checkpoint.
+    fn check_map_copies(&self, report: &mut CheckReport) {
+        let (slots, gen) = {
+            let st = self.state.lock();
+            (st.page_slots.clone(), st.ckpt_seq)
+        };
+        let mut buf = vec![0u8; MAP_PAGE_BYTES];
+        let mut entries = vec![MapEntry::UNMAPPED; MAP_ENTRIES_PER_PAGE];
+        let mut rewrite = Vec::new();
+        for (p, &slot) in slots.iter().enumerate() {
+            if slot == PAGE_NONE || self.damaged_pages.contains(&(p as u32)) {
+                continue;
+            }
+            let start = p * MAP_ENTRIES_PER_PAGE;
+            let n = MAP_ENTRIES_PER_PAGE.min(self.sb.logical_blocks as usize - start);
+            for copy in 0..self.sb.metadata_copies() {
+                let off = self.sb.map_page_offset(p as u32, slot - 1, copy);
+                let ok = self.storage.read_at(off, &mut buf).is_ok()
+                    && decode_map_page(&buf, p as u32, gen, &mut entries[..n]).is_ok();
+                if !ok && self.state.lock().ckpt_seq != gen {
+                    // A checkpoint moved the page meanwhile: what was read may be its new copy
+                    // being written. The next scrub looks again.
+                    continue;
+                }
+                if !ok {
+                    let line = format!("map page {p}: copy {copy} is damaged");
+                    if !report.repaired.iter().any(|l| l.starts_with(&line)) {
+                        report.repaired.push(format!("{line}, the other is intact"));
+                    }
+                    rewrite.push(p as u32);
+                }
+            }
+        }
+        if !self.read_only && !rewrite.is_empty() {
+            self.state.lock().dirty_pages.extend(rewrite);
+        }
     }
 
     /// Makes `close` a no-op (see `Volume::abandon`).
@@ -893,6 +1031,8 @@ impl Inner {
         if self.read_only || self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        // A failed volume writes nothing more; the next open recovers from the disk.
+        self.storage.check()?;
         let mut st = self.state.lock();
         let cx = self.ctx();
         let n = st.open.len();
@@ -914,6 +1054,26 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
             continue;
         }
         match rec.kind {
+            RecordKind::Data if r.damaged => {
+                // The cleaner copies stored bytes verbatim: if the block still maps to bytes
+                // with the same checksum (the victim's copy, kept until a checkpoint), those are
+                // the same data. Otherwise the newest version is lost: the block reads as an
+                // error, never as its older version.
+                let now = st.map[rec.lba as usize];
+                let same = now.state == BlockState::Data
+                    && now.crc == rec.crc
+                    && u32::from(now.len) == rec.len
+                    && now.codec == rec.codec;
+                if !same {
+                    st.set_entry(
+                        rec.lba,
+                        MapEntry {
+                            state: BlockState::Corrupt,
+                            ..MapEntry::UNMAPPED
+                        },
+                    );
+                }
+            }
             RecordKind::Data => {
                 let entry = MapEntry {
                     state: BlockState::Data,

@@ -1,16 +1,30 @@
-//! Format compatibility: a committed version-1 volume (made by `make_v1_fixture`, gzip'd) must keep
-//! opening and reading back its known content, and damage to it must be reported, not returned.
-//! A format change bumps FORMAT_VERSION and adds a new fixture next to this one.
+//! Format compatibility: the committed volumes of every format version (made by `make_fixture`,
+//! gzip'd) must keep opening and reading back their known content, and damage to them must be
+//! reported, not returned. A format change bumps FORMAT_VERSION and adds a new fixture next to
+//! these. Version-1 volumes stay writable under their own rules.
 
 use flate2::read::GzDecoder;
+use rand::SeedableRng;
 use std::io::Read;
 use std::sync::Arc;
 use zbd_core::{Codec, CreateOptions, Error, OpenOptions, SimStorage, Volume};
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/v1-small.zbd.gz"
-);
+const FIXTURES: [(u32, &str); 2] = [
+    (
+        1,
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/v1-small.zbd.gz"
+        ),
+    ),
+    (
+        2,
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/v2-small.zbd.gz"
+        ),
+    ),
+];
 const SIZE: u64 = 256 * 1024;
 
 /// Content of block `lba`: text-like for even blocks, a zero block every 5th, bytes otherwise.
@@ -29,9 +43,9 @@ fn expected_block(lba: u64) -> Vec<u8> {
         .collect()
 }
 
-fn load() -> Vec<u8> {
+fn load(path: &str) -> Vec<u8> {
     let mut gz = Vec::new();
-    std::fs::File::open(FIXTURE)
+    std::fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut gz))
         .expect("fixture");
     let mut img = Vec::new();
@@ -49,44 +63,82 @@ fn opts() -> OpenOptions {
 }
 
 #[test]
-fn v1_fixture_opens_and_reads_back() {
-    let vol = Volume::open_read_only(Box::new(SimStorage::from_image(load()))).expect("open v1");
-    for lba in 0..SIZE / 4096 {
+fn fixtures_open_and_read_back() {
+    for (version, path) in FIXTURES {
+        let vol = Volume::open_read_only(Box::new(SimStorage::from_image(load(path))))
+            .unwrap_or_else(|e| panic!("open v{version}: {e}"));
+        assert_eq!(vol.stats().format_version, version);
+        for lba in 0..SIZE / 4096 {
+            let mut b = vec![0u8; 4096];
+            vol.read(lba * 4096, &mut b).expect("read");
+            assert!(b == expected_block(lba), "v{version} block {lba}");
+        }
+        assert!(vol.check(&|_, _| {}).is_clean());
+        // The tail of the fixture was written after its last checkpoint: recovery replays it.
+        assert!(vol.stats().recovery_records_replayed > 0);
+    }
+}
+
+#[test]
+fn fixture_damage_is_reported() {
+    for (version, path) in FIXTURES {
+        let mut img = load(path);
+        let disk = SimStorage::from_image(img.clone());
+        let data_offset = Volume::open_read_only(Box::new(disk))
+            .expect("open")
+            .superblock()
+            .data_offset as usize;
+        img[data_offset + 100] ^= 0x10;
+        let vol = Volume::open(Box::new(Arc::new(SimStorage::from_image(img))), opts())
+            .expect("open damaged");
+        let report = vol.check(&|_, _| {});
+        assert_eq!(report.damaged_blocks.len(), 1, "v{version}: {report:?}");
         let mut b = vec![0u8; 4096];
+        let lba = report.damaged_blocks[0];
+        assert!(matches!(
+            vol.read(lba * 4096, &mut b),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}
+
+/// A version-1 volume stays writable, keeps version 1 (its own segment and checkpoint rules),
+/// and survives a crash like any other.
+#[test]
+fn v1_volume_stays_writable_under_its_own_rules() {
+    let disk = Arc::new(SimStorage::from_image(load(FIXTURES[0].1)));
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), opts()).expect("open v1 writable");
+    let fresh = vec![0x5a; 4096];
+    vol.write(3 * 4096, &fresh, false).expect("write");
+    vol.flush().expect("flush");
+    vol.abandon();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+    let vol = Volume::open(
+        Box::new(SimStorage::from_image(disk.crash_image(&mut rng))),
+        opts(),
+    )
+    .expect("reopen after crash");
+    assert_eq!(vol.stats().format_version, 1);
+    let mut b = vec![0u8; 4096];
+    vol.read(3 * 4096, &mut b).expect("read");
+    assert_eq!(b, fresh);
+    for lba in (0..SIZE / 4096).filter(|&l| l != 3) {
         vol.read(lba * 4096, &mut b).expect("read");
         assert!(b == expected_block(lba), "block {lba}");
     }
-    assert!(vol.check(&|_, _| {}).is_clean());
-    // The tail of the fixture was written after its last checkpoint: recovery replays it.
-    assert!(vol.stats().recovery_records_replayed > 0);
 }
 
-#[test]
-fn v1_fixture_damage_is_reported() {
-    let mut img = load();
-    let disk = SimStorage::from_image(img.clone());
-    let data_offset = Volume::open_read_only(Box::new(disk))
-        .expect("open")
-        .superblock()
-        .data_offset as usize;
-    img[data_offset + 100] ^= 0x10;
-    let vol = Volume::open(Box::new(Arc::new(SimStorage::from_image(img))), opts())
-        .expect("open damaged");
-    let report = vol.check(&|_, _| {});
-    assert_eq!(report.damaged_blocks.len(), 1, "{report:?}");
-    let mut b = vec![0u8; 4096];
-    let lba = report.damaged_blocks[0];
-    assert!(matches!(
-        vol.read(lba * 4096, &mut b),
-        Err(Error::Corrupt { .. })
-    ));
-}
-
-/// Regenerates the fixture (only when the format version changes):
-/// `cargo test -p zbd-core --test compat -- --ignored make_v1_fixture`
+/// Writes the fixture of the current format version (once per version; older fixtures are
+/// never regenerated):
+/// `ZBD_WRITE_FIXTURE=1 cargo test -p zbd-core --test compat -- --ignored make_fixture`
+/// (the variable keeps `make bench`, which runs every ignored test, from rewriting it).
 #[test]
 #[ignore = "writes the committed fixture"]
-fn make_v1_fixture() {
+fn make_fixture() {
+    if std::env::var_os("ZBD_WRITE_FIXTURE").is_none() {
+        eprintln!("not writing the fixture: set ZBD_WRITE_FIXTURE=1");
+        return;
+    }
     let opts = CreateOptions {
         extent_bytes: 8192,
         codec: Codec::Lz4,
@@ -110,7 +162,11 @@ fn make_v1_fixture() {
     vol.flush().expect("flush");
     vol.abandon();
     let img = disk.current_image();
-    let f = std::fs::File::create(FIXTURE).expect("create fixture");
+    let (_, path) = FIXTURES
+        .iter()
+        .find(|(v, _)| *v == zbd_core::format::FORMAT_VERSION)
+        .expect("a fixture path for the current version");
+    let f = std::fs::File::create(path).expect("create fixture");
     let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::best());
     std::io::Write::write_all(&mut gz, &img).expect("write");
     gz.finish().expect("finish");

@@ -8,7 +8,7 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use zbd_core::format::{Superblock, MAP_PAGE_BYTES, SUPERBLOCK_BYTES};
+use zbd_core::format::{Superblock, SUPERBLOCK_BYTES};
 use zbd_core::{Codec, Error, OpenOptions, SimStorage, Volume};
 
 fn read_block(vol: &Volume, lba: u64) -> zbd_core::Result<Vec<u8>> {
@@ -34,8 +34,7 @@ fn damaged_map_page_stays_damaged_after_the_page_is_rewritten() {
     vol.close().expect("close");
     let sb = vol.superblock().clone();
     drop(vol);
-    disk.flip_bit(sb.map_offset + 200, 1);
-    disk.flip_bit(sb.map_offset + MAP_PAGE_BYTES as u64 + 200, 1);
+    damage_map_page_everywhere(&disk, &sb, 0);
     let vol = reopen(&disk);
     assert!(matches!(
         read_block(&vol, 3),
@@ -660,9 +659,11 @@ impl zbd_core::Storage for OneFault {
 }
 
 /// One I/O error injected at each storage operation of a workload in turn (redb's fuzzer does
-/// this): the request that saw it may fail (each of its blocks then holds the old or the new
-/// data), but the volume carries on, later requests work, and after a clean close and reopen
-/// every block holds exactly what the requests left there, never a checksum error.
+/// this). A failed read fails that request only (each of its blocks then holds the old or the
+/// new data) and the volume carries on. A failed write or sync stops the volume (the failed
+/// state, docs/design.md): every later write and flush fails with EIO, reads are still served,
+/// and after reopening every block holds its last flushed value or one written after it,
+/// never a checksum error.
 #[test]
 fn an_io_error_at_any_operation_corrupts_nothing() {
     let size = 128 * 1024u64;
@@ -691,10 +692,31 @@ fn assert_holds(vol: &Volume, model: &[u8], ctx: &str) {
     }
 }
 
+/// Per-block contents at the last completed flush and written since (any may survive).
+struct Flushed {
+    durable: Vec<u8>,
+    since: Vec<Vec<Vec<u8>>>,
+}
+
+impl Flushed {
+    /// Every block of `vol` holds its last flushed value or one written since.
+    fn check(&self, vol: &Volume, ctx: &str) {
+        for b in 0..self.since.len() {
+            let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
+            assert!(
+                got == self.durable[b * BS..(b + 1) * BS] || self.since[b].contains(&got),
+                "{ctx}: block {b} lost flushed data"
+            );
+        }
+    }
+}
+
 /// Returns how many storage operations the workload made (one run per fault position).
 fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64 {
     let sb = zbd_core::layout::plan(opts).expect("plan");
+    let blocks = size as usize / BS;
     let mut fault_at = 0i64;
+    let mut stopped_runs = 0;
     loop {
         let sim = Arc::new(SimStorage::new(sb.total_bytes() as usize));
         let storage = Arc::new(OneFault {
@@ -707,33 +729,65 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
             .countdown
             .store(fault_at, std::sync::atomic::Ordering::SeqCst);
         let mut model = vec![0u8; size as usize];
+        let mut flushed = Flushed {
+            durable: model.clone(),
+            since: vec![Vec::new(); blocks],
+        };
         let mut failed = 0;
+        let ctx = format!("EIO at storage op {fault_at}");
         for (i, op) in work.iter().enumerate() {
             let before = model.clone();
             apply_model(&mut model, op);
-            if apply_volume(&vol, op).is_ok() {
+            let (offset, len) = match op {
+                Op::Write { offset, data, .. } => (*offset, data.len() as u64),
+                Op::Trim { offset, len } | Op::Zero { offset, len } => (*offset, *len),
+                Op::Flush => (0, 0),
+            };
+            let range_blocks = if len == 0 {
+                0..=0usize
+            } else {
+                (offset / BS as u64) as usize..=((offset + len - 1) / BS as u64) as usize
+            };
+            if len > 0 {
+                for b in range_blocks.clone() {
+                    flushed.since[b].push(model[b * BS..(b + 1) * BS].to_vec());
+                }
+            }
+            let r = apply_volume(&vol, op);
+            if r.is_ok() {
+                if matches!(op, Op::Flush | Op::Write { fua: true, .. }) {
+                    flushed.durable.copy_from_slice(&model);
+                    flushed.since.iter_mut().for_each(|s| s.clear());
+                }
                 continue;
             }
             failed += 1;
             // A failed request may have changed some of its blocks and not others (never part
             // of one block): read them back (the fault has fired, reads work) and go on from
             // what the volume holds.
-            let (offset, len) = match op {
-                Op::Write { offset, data, .. } => (*offset, data.len() as u64),
-                Op::Trim { offset, len } | Op::Zero { offset, len } => (*offset, *len),
-                Op::Flush => continue,
-            };
-            let first = (offset / BS as u64) as usize;
-            let last = ((offset + len - 1) / BS as u64) as usize;
-            for b in first..=last {
-                let got = read_block(&vol, b as u64)
-                    .unwrap_or_else(|e| panic!("EIO at {fault_at}, op {i}: block {b}: {e}"));
-                let range = b * BS..(b + 1) * BS;
-                assert!(
-                    got == before[range.clone()] || got == model[range.clone()],
-                    "EIO at {fault_at}, op {i} failed: block {b} is neither old nor new"
+            if len > 0 {
+                for b in range_blocks {
+                    let got = read_block(&vol, b as u64)
+                        .unwrap_or_else(|e| panic!("{ctx}, op {i}: block {b}: {e}"));
+                    let range = b * BS..(b + 1) * BS;
+                    assert!(
+                        got == before[range.clone()] || got == model[range.clone()],
+                        "{ctx}, op {i} failed: block {b} is neither old nor new"
+                    );
+                    model[range].copy_from_slice(&got);
+                }
+            }
+            if vol.stats().failed.is_some() {
+                // Stopped: nothing is written any more, and it says so.
+                let again = vol.write(0, &vec![1u8; BS], false);
+                assert!(matches!(again, Err(Error::Failed(_))), "{ctx}: {again:?}");
+                assert!(matches!(vol.flush(), Err(Error::Failed(_))), "{ctx}");
+                assert_eq!(
+                    again.err().map(|e| e.errno()),
+                    Some(zbd_core::error::errno::EIO)
                 );
-                model[range].copy_from_slice(&got);
+                stopped_runs += 1;
+                break;
             }
         }
         // Faults are injected into the workload only (a failed close is a crash, crash.rs).
@@ -741,22 +795,31 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
             .countdown
             .swap(i64::MAX, std::sync::atomic::Ordering::SeqCst)
             < 0;
-        let ctx = format!("EIO at storage op {fault_at}");
-        // A crash right after a successful flush keeps everything, failed request or not.
-        vol.flush().unwrap_or_else(|e| panic!("{ctx}: flush: {e}"));
+        let stopped = vol.stats().failed.is_some();
+        if !stopped {
+            // A crash right after a successful flush keeps everything, failed request or not.
+            vol.flush().unwrap_or_else(|e| panic!("{ctx}: flush: {e}"));
+            flushed.durable.copy_from_slice(&model);
+            flushed.since.iter_mut().for_each(|s| s.clear());
+        }
         let mut rng = SmallRng::seed_from_u64(fault_at as u64);
         let crashed = Volume::open(
             Box::new(SimStorage::from_image(sim.crash_image(&mut rng))),
             open_opts(),
         )
         .unwrap_or_else(|e| panic!("{ctx}: open after crash: {e}"));
-        assert_holds(&crashed, &model, &format!("{ctx}, crash after flush"));
+        flushed.check(&crashed, &format!("{ctx}, crash"));
         crashed.abandon();
-        vol.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+        let closed = vol.close();
+        assert_eq!(closed.is_err(), stopped, "{ctx}: close: {closed:?}");
         drop(vol);
         let vol = Volume::open(Box::new(sim), open_opts())
             .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
-        assert_holds(&vol, &model, &ctx);
+        if stopped {
+            flushed.check(&vol, &format!("{ctx}, reopen"));
+        } else {
+            assert_holds(&vol, &model, &ctx);
+        }
         let report = vol.check(&|_, _| {});
         assert!(report.is_clean(), "{ctx}: {report:?}");
         if !fired {
@@ -769,5 +832,6 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
         fault_at > 100,
         "the workload made only {fault_at} storage operations"
     );
+    assert!(stopped_runs > 0, "no fault ever stopped the volume");
     fault_at
 }

@@ -6,7 +6,7 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::sync::Arc;
-use zbd_core::format::{MAP_PAGE_BYTES, SUPERBLOCK_BYTES};
+use zbd_core::format::SUPERBLOCK_BYTES;
 use zbd_core::{Codec, CreateOptions, Error, FileStorage, SimStorage, Storage, Volume};
 
 fn kill_and_reopen(disk: &Arc<SimStorage>, vol: Volume) -> (Arc<SimStorage>, Volume) {
@@ -149,8 +149,7 @@ fn map_page_corruption_is_reported_not_returned() {
     let sb = vol.superblock().clone();
     drop(vol);
     // Damage both copies of map page 0 (whichever is current).
-    disk.flip_bit(sb.map_offset + 200, 1);
-    disk.flip_bit(sb.map_offset + MAP_PAGE_BYTES as u64 + 200, 1);
+    damage_map_page_everywhere(&disk, &sb, 0);
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
     assert!(matches!(
         read_block(&vol, 3),

@@ -27,6 +27,8 @@ enum Command {
     Stat(commands::stat::Args),
     /// Verify metadata and every stored block's checksum.
     Check(commands::check::Args),
+    /// Verify every stored block at a bounded rate, through the server if the volume is served.
+    Scrub(commands::scrub::Args),
     /// Offline cleaning: compact every extent with dead space.
     Compact(commands::compact::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Create(a) => commands::create::run(a),
         Command::Stat(a) => commands::stat::run(a),
         Command::Check(a) => commands::check::run(a),
+        Command::Scrub(a) => commands::scrub::run(a),
         Command::Compact(a) => commands::compact::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),

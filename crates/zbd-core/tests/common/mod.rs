@@ -210,3 +210,19 @@ impl zbd_core::Storage for NoDiscard {
         )))
     }
 }
+
+/// Flips a bit in every slot and copy of map page `page`: the page has no intact copy left.
+pub fn damage_map_page_everywhere(disk: &SimStorage, sb: &zbd_core::format::Superblock, page: u32) {
+    for copy in 0..sb.metadata_copies() {
+        for slot in 0..2 {
+            disk.flip_bit(sb.map_page_offset(page, slot, copy) + 200, 1);
+        }
+    }
+}
+
+/// Reads logical block `lba`.
+pub fn read_block(vol: &Volume, lba: u64) -> zbd_core::Result<Vec<u8>> {
+    let mut b = vec![0u8; BS];
+    vol.read(lba * BS as u64, &mut b)?;
+    Ok(b)
+}

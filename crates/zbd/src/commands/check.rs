@@ -24,26 +24,61 @@ pub struct Args {
 const EXIT_DAMAGED: u8 = 3;
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = open_read_only(&a.path, &a.ceph)?;
-    let bar = if std::io::stderr().is_terminal() && !a.json {
-        let b = ProgressBar::new(vol.superblock().logical_blocks);
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {pos}/{len} blocks {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        Some(b)
-    } else {
-        None
+    let vol = match open_read_only(&a.path, &a.ceph) {
+        Ok(vol) => vol,
+        // Held by `zbd serve`: the server checks it without stopping (a scrub at full speed).
+        Err(error) => {
+            let bar = Progress::new(!a.json);
+            return match super::serve::remote_scrub(&a.path, 0, |d, t| bar.set(d, t)) {
+                Some(report) => {
+                    bar.finish();
+                    print_report(&report?, a.json)
+                }
+                None => Err(error),
+            };
+        }
     };
-    let report = vol.check(&|done, _total| {
-        if let Some(b) = &bar {
+    let bar = Progress::new(!a.json);
+    let report = vol.check(&|done, total| bar.set(done, total));
+    bar.finish();
+    print_report(&report, a.json)
+}
+
+/// A progress bar on a terminal (stderr), nothing otherwise.
+pub struct Progress(Option<ProgressBar>);
+
+impl Progress {
+    pub fn new(wanted: bool) -> Progress {
+        Progress((wanted && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::new(0);
+            b.set_style(
+                ProgressStyle::with_template("{bar:40} {pos}/{len} blocks {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b
+        }))
+    }
+
+    pub fn set(&self, done: u64, total: u64) {
+        if let Some(b) = &self.0 {
+            b.set_length(total);
             b.set_position(done);
         }
-    });
-    if let Some(b) = &bar {
-        b.finish_and_clear();
     }
-    if a.json {
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Prints a check or scrub report; exit code 3 when damage was found.
+pub fn print_report(report: &zbd_core::CheckReport, json: bool) -> Result<ExitCode> {
+    for line in &report.repaired {
+        eprintln!("note: {line}");
+    }
+    if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for p in &report.metadata_problems {

@@ -9,6 +9,7 @@ pub mod compact;
 pub mod copy;
 pub mod create;
 pub mod detach;
+pub mod scrub;
 pub mod serve;
 pub mod stat;
 pub mod unlock;

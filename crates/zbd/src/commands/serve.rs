@@ -196,8 +196,78 @@ pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
     (!reply.is_empty()).then_some(reply)
 }
 
-/// Answers `stats json` / `stats text` on the control socket (one request per connection, the
-/// reply runs to EOF) until the process exits.
+/// Asks the server serving `volume` to scrub it at `rate` bytes per second (0: unbounded);
+/// `progress(done, total)` follows it. None if no server answers for the volume.
+pub fn remote_scrub(
+    volume: &Path,
+    rate: u64,
+    mut progress: impl FnMut(u64, u64),
+) -> Option<Result<zbd_core::CheckReport>> {
+    let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
+    if stream
+        .write_all(format!("scrub {rate}\n").as_bytes())
+        .is_err()
+    {
+        return None;
+    }
+    let mut lines = BufReader::new(stream).lines();
+    let result = loop {
+        let line = match lines.next() {
+            Some(Ok(line)) => line,
+            Some(Err(e)) => break Err(anyhow::anyhow!("scrub: lost the server: {e}")),
+            None => break Err(anyhow::anyhow!("scrub: the server closed the connection")),
+        };
+        if let Some(rest) = line.strip_prefix("progress ") {
+            let mut it = rest.split(' ').filter_map(|v| v.parse::<u64>().ok());
+            if let (Some(done), Some(total)) = (it.next(), it.next()) {
+                progress(done, total);
+            }
+        } else if let Some(json) = line.strip_prefix("report ") {
+            break serde_json::from_str(json).context("scrub: unreadable report from the server");
+        } else {
+            break Err(anyhow::anyhow!("scrub: the server says: {line}"));
+        }
+    };
+    Some(result)
+}
+
+/// Runs a scrub for a control connection: progress lines while it runs, then the report as
+/// one JSON line. Its own thread, so `zbd stat` keeps answering meanwhile.
+fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
+    let Ok(rate) = rate.parse::<u64>() else {
+        let mut s = &stream;
+        let _ = s.write_all(format!("bad scrub rate {rate:?}\n").as_bytes());
+        return;
+    };
+    let _ = stream.set_write_timeout(None);
+    let _ = std::thread::Builder::new()
+        .name("zbd-scrub".into())
+        .spawn(move || {
+            let last = std::sync::Mutex::new(std::time::Instant::now());
+            let report = volume.scrub((rate > 0).then_some(rate), &|done, total| {
+                let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+                if done == total || last.elapsed() >= Duration::from_millis(200) {
+                    *last = std::time::Instant::now();
+                    let mut s = &stream;
+                    let _ = s.write_all(format!("progress {done} {total}\n").as_bytes());
+                }
+            });
+            eprintln!(
+                "zbd: scrub finished: {} blocks verified, {} damaged, {} metadata problems",
+                report.blocks_checked,
+                report.damaged_blocks.len(),
+                report.metadata_problems.len()
+            );
+            let reply = serde_json::to_string(&report)
+                .map(|json| format!("report {json}\n"))
+                .unwrap_or_else(|e| format!("cannot encode the report: {e}\n"));
+            let mut s = &stream;
+            let _ = s.write_all(reply.as_bytes());
+        });
+}
+
+/// Answers `stats json` / `stats text` (the reply runs to EOF) and `scrub RATE` on the control
+/// socket, one request per connection, until the process exits.
 /// The thread holds the volume weakly: once `run` drops its handles the volume is dropped, which
 /// releases its storage (and a RADOS volume's lock) before the process exits.
 fn spawn_control(
@@ -219,6 +289,10 @@ fn spawn_control(
                 let Some(volume) = volume.upgrade() else {
                     break;
                 };
+                if let Some(rate) = request.trim().strip_prefix("scrub ") {
+                    serve_scrub(stream, volume, rate);
+                    continue;
+                }
                 let reply = match request.trim() {
                     "stats json" => serde_json::to_string_pretty(&volume.stats())
                         .map(|text| text + "\n")

@@ -46,6 +46,13 @@ pub fn render(name: &str, s: &Stats) -> String {
     let mut o = String::new();
     let mut line = |k: &str, v: String| o.push_str(&format!("  {k:<22} {v}\n"));
     line("volume", name.to_string());
+    if let Some(why) = &s.failed {
+        line(
+            "FAILED",
+            format!("stopped writing after {why}; reads go on, reopen (restart) to recover"),
+        );
+    }
+    line("format version", s.format_version.to_string());
     line("logical size", human(s.logical_bytes));
     line(
         "codec / extent",
@@ -134,11 +141,32 @@ pub fn render(name: &str, s: &Stats) -> String {
         format!("{} / {}", c.checkpoints, c.flushes),
     );
     line("corrupt reads", c.corrupt_reads.to_string());
-    if s.damaged_blocks > 0 {
-        line(
-            "DAMAGED blocks",
-            format!("{} (run zbd check)", s.damaged_blocks),
-        );
-    }
+    line(
+        "last scrub",
+        if c.last_scrub_unix == 0 {
+            "never (zbd scrub VOLUME)".to_string()
+        } else {
+            format!(
+                "{} s ago, {} damaged blocks found",
+                now_unix().saturating_sub(c.last_scrub_unix),
+                c.last_scrub_damaged
+            )
+        },
+    );
+    line(
+        "known damaged blocks",
+        if s.damaged_blocks > 0 {
+            format!("{} (zbd check lists them)", s.damaged_blocks)
+        } else {
+            "0".to_string()
+        },
+    );
     o
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
