@@ -16,7 +16,7 @@ libfuzzer_sys::fuzz_target!(|input: &[u8]| {
     let mut out = vec![MapEntry::UNMAPPED; entries];
     let _ = decode_map_page(&page, number, u64::MAX, &mut out);
     fix_crc(&mut page, 4);
-    if decode_map_page(&page, number, gen, &mut out).is_some() {
+    if decode_map_page(&page, number, gen, &mut out).is_ok() {
         let encoded = encode_map_page(number, gen, &out);
         let mut again = vec![MapEntry::UNMAPPED; entries];
         decode_map_page(&encoded, number, gen, &mut again).expect("re-encoded page decodes");

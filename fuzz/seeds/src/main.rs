@@ -6,9 +6,10 @@
 use std::path::Path;
 
 use zbd_core::format::{
-    checkpoint_slot_bytes, encode_map_page, seal_segment, BlockState, Checkpoint, MapEntry,
-    QueueEntry, Record, RecordKind, SegmentHeader, COUNTERS, MAP_ENTRIES_PER_PAGE,
-    SEGMENT_HEADER_BYTES,
+    checkpoint_slot_bytes, encode_map_page, parse_segment, parse_segment_footer, seal_segment,
+    BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, SegmentHeader,
+    SegmentOwner, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, COUNTERS, FORMAT_VERSION,
+    FORMAT_VERSION_MIN, MAP_ENTRIES_PER_PAGE, SEGMENT_HEADER_BYTES, VOLUME_COUNTERS,
 };
 use zbd_core::layout::plan;
 use zbd_core::CreateOptions;
@@ -160,26 +161,44 @@ fn on_disk(dir: &Path) {
     let sb_big = plan(&big).expect("plan a 1 TiB volume");
     write(dir, "superblock", "1tib-1mib-extents", &sb_big.encode());
 
-    let checkpoint = Checkpoint {
-        seq: 7,
-        write_seq: 1234,
-        next_alloc_seq: 99,
-        counters: [5; COUNTERS],
-        queue: (0..3)
-            .map(|i| QueueEntry {
-                extent: i * 2,
-                alloc_seq: 90 + u64::from(i),
-            })
-            .collect(),
-        page_slots: vec![0, 1, 2, 1, 2, 0, 1],
+    // A small geometry of its own so the seed stays short: 7 map pages, 2 extent-table pages.
+    let mut ck_sb = sb.clone();
+    ck_sb.map_pages = 7;
+    ck_sb.extent_table_pages = 2;
+    ck_sb.checkpoint_slot_bytes = checkpoint_slot_bytes(sb.queue_len, 7, 2);
+    let mut checkpoint = Checkpoint::empty(&ck_sb);
+    checkpoint.seq = 7;
+    checkpoint.write_seq = 1234;
+    checkpoint.next_alloc_seq = 99;
+    checkpoint.counters = [5; COUNTERS];
+    checkpoint.queue = (0..3)
+        .map(|i| QueueEntry {
+            extent: i * 2,
+            alloc_seq: 90 + u64::from(i),
+        })
+        .collect();
+    checkpoint.page_slots = vec![0, 1, 2, 1, 2, 0, 1];
+    checkpoint.page_summaries = vec![1, 0, 2, 0, 0, 1, 0];
+    checkpoint.flags = CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE;
+    checkpoint.volume_counters = [3; VOLUME_COUNTERS];
+    checkpoint.dicts[0] = DictEntry {
+        id: 1,
+        codec: 1,
+        flags: 1,
+        region_offset: 0,
+        len: 4096,
+        crc: 0x0bad_cafe,
+        created_seq: 1000,
     };
-    let slot = checkpoint_slot_bytes(sb.queue_len, 7);
-    write(
-        dir,
-        "checkpoint",
-        "three-queued",
-        &checkpoint.encode(&sb.uuid, slot),
+    checkpoint.extent_table_slots = vec![1, 2];
+    assert!(
+        ck_sb.version >= 2,
+        "seeds are written for the current format"
     );
+    let slot = checkpoint.encode(&ck_sb);
+    // A seed the decoder refuses would only teach the fuzzer the first check.
+    assert_eq!(Checkpoint::decode(&slot, &ck_sb).ok(), Some(checkpoint));
+    write(dir, "checkpoint", "three-queued-v2", &slot);
 
     let entry = |state, extent, offset| MapEntry {
         state,
@@ -207,50 +226,50 @@ fn on_disk(dir: &Path) {
         &encode_map_page(0, 1, &entries[..5]),
     );
 
-    let mut extent = vec![0u8; 8192];
     let payload_at = SEGMENT_HEADER_BYTES;
-    extent[payload_at..payload_at + 300].fill(0x3c);
     let records = [
         Record {
-            kind: RecordKind::Data,
             codec: 1,
             len: 300,
-            lba: 42,
-            count: 1,
             offset: payload_at as u32,
-            seq: 1000,
             crc: 0x1234_5678,
+            ..Record::new(RecordKind::Data, 42, 1, 1000)
         },
-        Record {
-            kind: RecordKind::Zero,
-            codec: 0,
-            len: 0,
-            lba: 50,
-            count: 8,
-            offset: 0,
-            seq: 1001,
-            crc: 0,
-        },
-        Record {
-            kind: RecordKind::Trim,
-            codec: 0,
-            len: 0,
-            lba: 100,
-            count: 1000,
-            offset: 0,
-            seq: 1002,
-            crc: 0,
-        },
+        Record::new(RecordKind::Zero, 50, 8, 1001),
+        Record::new(RecordKind::Trim, 100, 1000, 1002),
     ];
-    let header = SegmentHeader {
-        alloc_seq: 55,
-        extent: 3,
-        seg_offset: 0,
-        payload_len: 300,
-        record_count: records.len() as u32,
-    };
-    let total = seal_segment(&mut extent, &sb.uuid, &header, &records);
-    write(dir, "segment", "three-records", &extent[..total]);
+    for version in [FORMAT_VERSION_MIN, FORMAT_VERSION] {
+        let header = SegmentHeader {
+            version,
+            alloc_seq: 55,
+            extent: 3,
+            seg_offset: 0,
+            payload_len: 300,
+            record_count: records.len() as u32,
+            durable_seq: if version >= 2 { 999 } else { 0 },
+        };
+        let mut extent = vec![0u8; 8192];
+        extent[payload_at..payload_at + 300].fill(0x3c);
+        let total = seal_segment(&mut extent, &sb.uuid, &header, &records);
+        let owner = SegmentOwner {
+            uuid: &sb.uuid,
+            version,
+            extent: 3,
+            alloc_seq: 55,
+        };
+        let parsed = parse_segment(&extent, &owner, 0).expect("seed segment parses");
+        assert_eq!(parsed.1, records);
+        if version >= 2 {
+            let from_footer = parse_segment_footer(&extent, &owner, total);
+            assert_eq!(from_footer.ok(), Some(parsed));
+        }
+        let name = format!("three-records-v{version}");
+        write(dir, "segment", &name, &extent[..total]);
+        if version >= 2 {
+            // The footer target reads the footer that ends the image's last sector.
+            write(dir, "segment_footer", &name, &extent[..total]);
+        }
+    }
 }
 
 fn main() {
