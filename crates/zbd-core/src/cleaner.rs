@@ -10,7 +10,8 @@
 //!   the first output extent with room) without recompressing; a pass handles a batch of victims
 //!   together, so blocks of neighbouring victims share output extents, in LBA order among equal
 //!   sizes. The exact packing is computed before anything is written: a pass that would not free
-//!   more extents than it fills is not run.
+//!   more extents than it fills is not run. With fewer free extents than the packing needs
+//!   (small data areas), the pass streams instead (`stream`): outputs reuse drained victims.
 //! - Safety: outputs come from the allocation queue like host writes, carry ordinary data records
 //!   (replayed after a crash in write-sequence order), and the map is switched to them only after
 //!   they are written; victims become free only at a checkpoint that no longer references them
@@ -139,14 +140,62 @@ fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize, version: u32) -> Vec<Ve
     bins.into_iter().map(|(_, b)| b).collect()
 }
 
+/// Next-fit packing in victim order, emptiest victim first, for a pass whose outputs outnumber
+/// the free extents: each output drains victims in turn, and a drained victim is free again after
+/// the checkpoint `alloc` writes when the queue runs dry, so it can take a later output (4 partly
+/// dead extents into 3 with 1 free). Reorders `blocks` to match the returned bins; `None` when
+/// some output would find no free extent or the pass would not gain.
+fn stream(
+    st: &State,
+    blocks: &mut [(u64, MapEntry)],
+    victims: &[u32],
+    extent_bytes: usize,
+    version: u32,
+    free: usize,
+) -> Option<Vec<Vec<usize>>> {
+    let mut order = victims.to_vec();
+    order.sort_by_key(|&v| (st.extents[v as usize].live_bytes, v));
+    let rank: HashMap<u32, usize> = order.iter().enumerate().map(|(r, &v)| (v, r)).collect();
+    blocks.sort_by_key(|(lba, m)| (rank[&m.extent], *lba));
+    let mut bins: Vec<Vec<usize>> = Vec::new();
+    let mut payload = 0usize;
+    // Per victim (by rank): the bin holding its last block.
+    let mut last_bin = vec![0usize; order.len()];
+    for (i, (_, m)) in blocks.iter().enumerate() {
+        let len = m.len as usize;
+        let fits = bins.last().is_some_and(|b| {
+            segment_padded_len(version, payload + len, b.len() + 1) as usize <= extent_bytes
+        });
+        if !fits {
+            bins.push(Vec::new());
+            payload = 0;
+        }
+        payload += len;
+        bins.last_mut()?.push(i);
+        last_bin[rank[&m.extent]] = bins.len() - 1;
+    }
+    if bins.len() >= victims.len() || bins.len() > PASS_OUTPUTS_MAX {
+        return None;
+    }
+    // Output k needs a free extent: `free` minus the k taken, plus the victims drained before.
+    for k in 0..bins.len() {
+        let drained = last_bin.iter().filter(|&&b| b < k).count();
+        if free + drained <= k {
+            return None;
+        }
+    }
+    Some(bins)
+}
+
 /// One cleaning pass (state lock held).
 pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     let e = cx.sb.extent_bytes as usize;
-    let outputs_max = PASS_OUTPUTS_MAX.min(st.free_now());
-    if outputs_max == 0 {
+    let free = st.free_now();
+    if free == 0 {
         return Ok(PassResult::default());
     }
-    let mut victims = choose_victims(st, e, mode, outputs_max);
+    // Victims may need more outputs than are free: `stream` then reuses drained victims.
+    let mut victims = choose_victims(st, e, mode, PASS_OUTPUTS_MAX);
     if victims.is_empty() {
         return Ok(PassResult::default());
     }
@@ -160,27 +209,27 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         .map(|(l, m)| (l as u64, *m))
         .collect();
     let (blocks, bins) = loop {
-        let blocks: Vec<(u64, MapEntry)> = candidates
+        let mut blocks: Vec<(u64, MapEntry)> = candidates
             .iter()
             .filter(|(_, m)| is_victim[m.extent as usize])
             .copied()
             .collect();
         let bins = pack(&blocks, e, cx.sb.version);
-        if bins.len() <= outputs_max {
+        if bins.len() <= free.min(PASS_OUTPUTS_MAX) && bins.len() < victims.len() {
             break (blocks, bins);
         }
-        // The footprint estimate ignores sector padding and that blocks do not split across
-        // extents, so the exact packing can need more outputs than there are free extents.
-        // Drop the least beneficial victim and pack again, rather than giving up: when free
+        // Too few free extents for the whole packing (small data areas): fill the outputs
+        // victim by victim instead, so drained victims are free again for the later outputs.
+        if let Some(bins) = stream(st, &mut blocks, &victims, e, cx.sb.version, free) {
+            break (blocks, bins);
+        }
+        // Drop the least beneficial victim and try again rather than giving up: when free
         // extents are scarce, giving up here meant NoSpace with most of the data area dead.
         let Some(v) = victims.pop() else {
             return Ok(PassResult::default());
         };
         is_victim[v as usize] = false;
     };
-    if bins.len() >= victims.len() {
-        return Ok(PassResult::default());
-    }
     // Read the victims whole (paper: extents are read in full).
     let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
     for &v in &victims {
@@ -197,8 +246,12 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         victims: victims.len(),
         ..PassResult::default()
     };
+    let mut outputs = Vec::with_capacity(bins.len());
     for bin in bins {
+        // When the queue runs dry, `alloc` checkpoints (syncing the outputs written so far),
+        // which releases the victims they drained: crash safety as for separate passes.
         let q = st.alloc(cx)?;
+        outputs.push(q.extent);
         let mut buf = vec![0u8; e];
         let mut records = Vec::with_capacity(bin.len());
         let mut moved = Vec::with_capacity(bin.len());
@@ -250,7 +303,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     }
     result.reclaimed = victims
         .iter()
-        .filter(|&&v| st.extents[v as usize].live_blocks == 0)
+        .filter(|&&v| st.extents[v as usize].live_blocks == 0 || outputs.contains(&v))
         .count();
     st.counters.cleaner_runs += 1;
     st.counters.cleaner_bytes_moved += result.bytes_moved;
@@ -271,22 +324,25 @@ pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
         st.checkpoint(cx)?;
     }
     let goal = st.buffer.reserve * 2;
-    let mut pending = 0usize;
+    let pending = |st: &State| {
+        st.extents
+            .iter()
+            .filter(|x| x.state == ExtentState::PendingFree)
+            .count()
+    };
     for _ in 0..FOREGROUND_PASSES_MAX {
-        if st.free_now() + pending > goal {
+        if st.free_now() + pending(st) > goal {
             break;
         }
         let r = pass(st, cx, Mode::Incremental)?;
-        pending += r.reclaimed;
         if !r.progressed() {
             break;
         }
         if st.free_now() <= 2 {
             st.checkpoint(cx)?;
-            pending = 0;
         }
     }
-    if pending > 0 {
+    if pending(st) > 0 {
         st.checkpoint(cx)?;
     }
     Ok(())

@@ -16,9 +16,9 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Free extents host writes never take: what the cleaner needs to compact partly dead extents
-/// into (a pass with two outputs gains an extent once victims are about a third dead).
-const CLEANER_EXTENTS_MIN: usize = 2;
+/// Free extents host writes never take: what the cleaner compacts partly dead extents into (one
+/// is enough: a pass reuses the victims it drains, see `cleaner::stream`).
+const CLEANER_EXTENTS_MIN: usize = 1;
 
 /// Life cycle of an extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
