@@ -150,6 +150,8 @@ pub struct Ctx<'a> {
     pub gate: &'a RwLock<()>,
     /// Geometry.
     pub sb: &'a Superblock,
+    /// Stored bytes recently read; reused extents must be forgotten (under the gate).
+    pub cache: &'a crate::readcache::ReadCache,
 }
 
 impl State {
@@ -539,6 +541,7 @@ impl State {
             self.extents[e as usize].state = ExtentState::Free;
         }
         let _exclusive = cx.gate.write();
+        cx.cache.forget(&released);
         // `released` is in ascending extent order: neighbouring extents go back in one call, so
         // an overwrite that frees a thousand adjacent extents costs one discard, not a thousand,
         // while the gate is held.

@@ -6,7 +6,9 @@ use crate::format::{
     BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES, COUNTERS,
     MAP_ENTRY_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
+use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
+use crate::readcache::ReadCache;
 use crate::recovery;
 use crate::state::{is_zero, BufferConfig, Ctx, ExtentState, Prepared, State};
 use crate::stats::{Counters, Stats};
@@ -15,12 +17,15 @@ use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default extent buffer size (paper: 16 MiB).
 pub const BUFFER_BYTES_DEFAULT: usize = 16 << 20;
 /// Default aging timeout of an open extent.
 pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
+/// Default budget of the read cache.
+pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
 /// Requests with at least this many blocks are compressed / decompressed in parallel.
 const PARALLEL_BLOCKS_MIN: usize = 4;
 
@@ -39,6 +44,10 @@ pub struct OpenOptions {
     pub background_cleaner: bool,
     /// Cleaner watermarks (low, high) in % of free extents; default: those set at create time.
     pub clean_watermarks: Option<(u8, u8)>,
+    /// How storage writes are issued (queued to I/O threads by default; see `io.rs`).
+    pub io: IoOptions,
+    /// Budget of the cache of stored block bytes recently read (0: none; see `readcache.rs`).
+    pub read_cache_bytes: usize,
 }
 
 impl Default for OpenOptions {
@@ -50,6 +59,8 @@ impl Default for OpenOptions {
             aging: AGING_DEFAULT,
             background_cleaner: true,
             clean_watermarks: None,
+            io: IoOptions::default(),
+            read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -91,6 +102,7 @@ pub(crate) struct Inner {
     read_only: bool,
     state: Mutex<State>,
     gate: RwLock<()>,
+    cache: ReadCache,
     damaged_pages: Vec<u32>,
     closed: AtomicBool,
     host_bytes_read: AtomicU64,
@@ -186,6 +198,11 @@ impl Inner {
 
     /// Opens a volume, recovering from a crash if needed.
     pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
+        let storage: Box<dyn Storage> = if opts.io.queues() && !opts.read_only {
+            Box::new(QueuedStorage::new(storage, &opts.io)?)
+        } else {
+            storage
+        };
         let sb = recovery::read_superblock(&*storage)?;
         let ck = recovery::read_checkpoint(&*storage, &sb)?;
         let loaded = recovery::load_map(&*storage, &sb, &ck)?;
@@ -241,6 +258,7 @@ impl Inner {
             read_only: opts.read_only,
             state: Mutex::new(st),
             gate: RwLock::new(()),
+            cache: ReadCache::new(opts.read_cache_bytes),
             damaged_pages: loaded.damaged_pages,
             closed: AtomicBool::new(false),
             host_bytes_read: AtomicU64::new(counters.host_bytes_read),
@@ -265,6 +283,7 @@ impl Inner {
             storage: &*self.storage,
             sb: &self.sb,
             gate: &self.gate,
+            cache: &self.cache,
         }
     }
 
@@ -422,6 +441,21 @@ impl Inner {
                     _ => break,
                 }
             }
+            // Every block of the run cached: no device read.
+            let cached: Vec<Arc<[u8]>> = sources[i..j]
+                .iter()
+                .map_while(|src| match src {
+                    Source::Disk { entry: e } => {
+                        self.cache.get(e.extent, e.offset, usize::from(e.len))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if cached.len() == j - i {
+                out.extend(cached.into_iter().map(|b| Ok(Some(b.to_vec()))));
+                i = j;
+                continue;
+            }
             let mut span = vec![0u8; (hi - lo) as usize];
             let res = self.storage.read_at(
                 self.sb.extent_offset(entry.extent) + u64::from(lo),
@@ -436,7 +470,10 @@ impl Inner {
                 out.push(match &res {
                     Ok(()) => {
                         let s = (e.offset - lo) as usize;
-                        Ok(Some(span[s..s + e.len as usize].to_vec()))
+                        let bytes = &span[s..s + e.len as usize];
+                        // Under the reuse gate (held by our caller): see readcache.rs.
+                        self.cache.put(e.extent, e.offset, bytes);
+                        Ok(Some(bytes.to_vec()))
                     }
                     Err(err) => Err(Error::Io(std::io::Error::other(err.to_string()))),
                 });

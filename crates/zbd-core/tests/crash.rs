@@ -3,6 +3,9 @@
 //! subset of the unsynced writes, in any order, torn at sector granularity. After reopening,
 //! every block acknowledged before the last completed flush must read back exactly, and no block
 //! may hold data it never held. Replay a failure with the printed seed and crash point.
+//! The I/O layer runs in its reordered mode (io.rs): writes are held and completed in a seeded
+//! random order at the next sync, so reads (host RMW, cleaner) must find recent writes in its
+//! queue and a crash loses whatever had not been issued; one sweep runs with synchronous writes.
 
 mod common;
 
@@ -10,7 +13,7 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::sync::Arc;
-use zbd_core::{Codec, SimStorage, Volume};
+use zbd_core::{Codec, IoOptions, SimStorage, Volume};
 
 const SIZE: u64 = 256 * 1024;
 
@@ -93,10 +96,22 @@ fn verify(vol: &Volume, exp: &Expect, ctx: &str) {
 
 /// Crash at every storage operation (from `first_op`, every `step`) of the workload of `seed`.
 fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
-    sweep_with(seed, ops, extent, codec, step, 6, false)
+    sweep_with(
+        seed,
+        ops,
+        extent,
+        codec,
+        step,
+        6,
+        false,
+        IoOptions::reordered(seed),
+    )
 }
 
 /// `capacity_factor`: data area as a multiple of the logical size (small = the cleaner must run).
+/// `io`: how writes reach the simulated disk (reordered: held by the I/O layer and completed in a
+/// seeded random order, so reads and the cleaner must find them in its queue).
+#[allow(clippy::too_many_arguments)]
 fn sweep_with(
     seed: u64,
     ops: usize,
@@ -105,7 +120,9 @@ fn sweep_with(
     step: u64,
     capacity_factor: u64,
     expect_cleaning: bool,
+    io: IoOptions,
 ) -> u64 {
+    let open = open_opts_with(io);
     let opts = small_volume(SIZE, extent, codec, capacity_factor, 6);
     let work = if expect_cleaning {
         overwrite_workload(seed, SIZE / BS as u64, ops)
@@ -113,7 +130,7 @@ fn sweep_with(
         workload(seed, SIZE, ops)
     };
     // Dry run: how many storage operations the workload takes.
-    let (disk, vol) = sim_volume(&opts);
+    let (disk, vol) = sim_volume_with(&opts, open.clone());
     let start = disk.ops();
     for op in &work {
         apply_volume(&vol, op)
@@ -132,7 +149,7 @@ fn sweep_with(
     let mut points = 0;
     let mut c = start;
     while c < total {
-        let (disk, vol) = sim_volume(&opts);
+        let (disk, vol) = sim_volume_with(&opts, open.clone());
         disk.set_power_loss_at(c);
         let exp = run_until_crash(&vol, &work);
         vol.abandon(); // a crashed process writes nothing more
@@ -172,6 +189,17 @@ fn crash_at_every_storage_operation() {
     ] {
         points += sweep(seed, 160, extent, codec, 1);
     }
+    // The same with every write done in order by the caller.
+    points += sweep_with(
+        4,
+        160,
+        8192,
+        Codec::Lz4,
+        1,
+        6,
+        false,
+        IoOptions::synchronous(),
+    );
     eprintln!("{points} crash points verified");
     assert!(points > 1000, "only {points} crash points");
 }
@@ -180,7 +208,16 @@ fn crash_at_every_storage_operation() {
 fn crash_points_inside_cleaning() {
     let mut points = 0;
     for (seed, codec) in [(21u64, Codec::Lz4), (22, Codec::Zstd(1))] {
-        points += sweep_with(seed, 1000, 16384, codec, 1, 1, true);
+        points += sweep_with(
+            seed,
+            1000,
+            16384,
+            codec,
+            1,
+            1,
+            true,
+            IoOptions::reordered(seed),
+        );
     }
     eprintln!("{points} crash points verified with the cleaner running");
     assert!(points > 500, "only {points} crash points");
@@ -195,7 +232,16 @@ fn crash_sweep_many_seeds() {
         let extent = [8192u32, 16384, 32768][seed as usize % 3];
         points += sweep(seed, 250, extent, codec, 1);
         if codec != Codec::None {
-            points += sweep_with(seed + 100, 300, 16384, codec, 1, 1, true);
+            points += sweep_with(
+                seed + 100,
+                300,
+                16384,
+                codec,
+                1,
+                1,
+                true,
+                IoOptions::reordered(seed),
+            );
         }
     }
     eprintln!("{points} crash points verified");

@@ -660,7 +660,8 @@ impl zbd_core::Storage for OneFault {
 }
 
 /// One I/O error injected at each storage operation of a workload in turn (redb's fuzzer does
-/// this): the request that saw it may fail (each of its blocks then holds the old or the new
+/// this), with synchronous writes so that the request that issued the failing write sees it
+/// (queued writes report it at the next sync: io.rs tests): the request that saw it may fail (each of its blocks then holds the old or the new
 /// data), but the volume carries on, later requests work, and after a clean close and reopen
 /// every block holds exactly what the requests left there, never a checksum error.
 #[test]
@@ -701,8 +702,8 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
             disk: Arc::clone(&sim),
             countdown: i64::MAX.into(),
         });
-        let vol =
-            Volume::create_with(Box::new(Arc::clone(&storage)), opts, open_opts()).expect("create");
+        let vol = Volume::create_with(Box::new(Arc::clone(&storage)), opts, open_opts_sync())
+            .expect("create");
         storage
             .countdown
             .store(fault_at, std::sync::atomic::Ordering::SeqCst);
@@ -747,14 +748,14 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
         let mut rng = SmallRng::seed_from_u64(fault_at as u64);
         let crashed = Volume::open(
             Box::new(SimStorage::from_image(sim.crash_image(&mut rng))),
-            open_opts(),
+            open_opts_sync(),
         )
         .unwrap_or_else(|e| panic!("{ctx}: open after crash: {e}"));
         assert_holds(&crashed, &model, &format!("{ctx}, crash after flush"));
         crashed.abandon();
         vol.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
         drop(vol);
-        let vol = Volume::open(Box::new(sim), open_opts())
+        let vol = Volume::open(Box::new(sim), open_opts_sync())
             .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
         assert_holds(&vol, &model, &ctx);
         let report = vol.check(&|_, _| {});
