@@ -192,7 +192,7 @@ fn crash_at_every_storage_operation() {
     // The same with every write done in order by the caller.
     points += sweep_with(
         4,
-        160,
+        80,
         8192,
         Codec::Lz4,
         1,
