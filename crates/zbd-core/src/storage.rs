@@ -295,21 +295,3 @@ impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
         (**self).discard(offset, len)
     }
 }
-
-impl<S: Storage + ?Sized> Storage for Box<S> {
-    fn len_bytes(&self) -> Result<u64> {
-        (**self).len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        (**self).read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        (**self).write_at(offset, data)
-    }
-    fn sync(&self) -> Result<()> {
-        (**self).sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        (**self).discard(offset, len)
-    }
-}

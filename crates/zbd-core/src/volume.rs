@@ -199,7 +199,10 @@ impl Inner {
     /// Opens a volume, recovering from a crash if needed.
     pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
         let storage: Box<dyn Storage> = if opts.io.queues() && !opts.read_only {
-            Box::new(QueuedStorage::new(storage, &opts.io)?)
+            Box::new(QueuedStorage::new(
+                Arc::<dyn Storage>::from(storage),
+                &opts.io,
+            )?)
         } else {
             storage
         };
