@@ -342,7 +342,7 @@ impl Inner {
         let bs = BLOCK_BYTES as u64;
         let first = offset / bs;
         let last = (offset + buf.len() as u64 - 1) / bs;
-        let blocks = self.read_blocks(first, last - first + 1);
+        let blocks = self.read_blocks(first, last - first + 1, true);
         let mut pos = 0usize;
         for (i, res) in blocks.into_iter().enumerate() {
             let data = res?;
@@ -362,9 +362,10 @@ impl Inner {
     }
 
     /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
-    fn read_blocks(&self, first: u64, count: u64) -> Vec<Result<Vec<u8>>> {
+    /// `use_cache: false` reads every stored byte from the device (check must see the medium).
+    fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Vec<Result<Vec<u8>>> {
         let (sources, _gate) = self.lookup(first, count);
-        let fetched = self.fetch(&sources);
+        let fetched = self.fetch(&sources, use_cache);
         let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
             let lba = first + i as u64;
             match (src, stored?) {
@@ -419,7 +420,7 @@ impl Inner {
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
     /// same extent.
-    fn fetch(&self, sources: &[Source]) -> Vec<Fetched> {
+    fn fetch(&self, sources: &[Source], use_cache: bool) -> Vec<Fetched> {
         let mut out: Vec<Fetched> = Vec::with_capacity(sources.len());
         let mut i = 0;
         while i < sources.len() {
@@ -448,7 +449,7 @@ impl Inner {
             let cached: Vec<Arc<[u8]>> = sources[i..j]
                 .iter()
                 .map_while(|src| match src {
-                    Source::Disk { entry: e } => {
+                    Source::Disk { entry: e } if use_cache => {
                         self.cache.get(e.extent, e.offset, usize::from(e.len))
                     }
                     _ => None,
@@ -585,7 +586,7 @@ impl Inner {
                 Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
             };
-            let stored = self.fetch(&sources).pop().unwrap_or(Ok(None));
+            let stored = self.fetch(&sources, true).pop().unwrap_or(Ok(None));
             drop(gate);
             let mut block = match (&sources[0], stored?) {
                 (Source::Zeros, _) => vec![0u8; BLOCK_BYTES],
@@ -823,7 +824,7 @@ impl Inner {
                     .filter(|e| e.state == BlockState::Data)
                     .count() as u64
             };
-            for (i, r) in self.read_blocks(lba, n).into_iter().enumerate() {
+            for (i, r) in self.read_blocks(lba, n, false).into_iter().enumerate() {
                 if r.is_err() {
                     report.damaged_blocks.push(lba + i as u64);
                 }
