@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Serve read-only.
     #[arg(long)]
     pub read_only: bool,
+    /// Open the backing file or device with O_DIRECT (no page cache; see docs/design.md).
+    #[arg(long)]
+    pub direct: bool,
     /// Write the server's PID here once clients can connect (removed on exit).
     #[arg(long)]
     pub pidfile: Option<PathBuf>,
@@ -313,8 +316,11 @@ fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
             args.path.display()
         );
     }
-    let storage = FileStorage::open(&args.path, !args.read_only)
+    let mut storage = FileStorage::open(&args.path, !args.read_only)
         .with_context(|| format!("cannot open volume {}", args.path.display()))?;
+    if args.direct {
+        storage = storage.into_direct(&args.path)?;
+    }
     let options = OpenOptions {
         read_only: args.read_only,
         ..OpenOptions::default()
