@@ -391,7 +391,7 @@ impl Inner {
     /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
     /// `use_cache: false` reads every stored byte from the device (check must see the medium).
     fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Vec<Result<Vec<u8>>> {
-        let (sources, _gate) = self.lookup(first, count);
+        let (sources, _gate) = self.lookup(first, count, !use_cache);
         let fetched = self.fetch(&sources, use_cache);
         let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
             let lba = first + i as u64;
@@ -414,10 +414,13 @@ impl Inner {
 
     /// Map lookup under the state lock; returns with the reuse gate held shared so the extents
     /// named cannot be reused before the caller has read them.
+    /// `medium`: blocks of open extents already written to storage are read from it too, not
+    /// from the extent's buffer in RAM (check and scrub must see what is on the medium).
     fn lookup(
         &self,
         first: u64,
         count: u64,
+        medium: bool,
     ) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
         self.readers_waiting.fetch_add(1, Ordering::SeqCst);
         let st = self.state.lock();
@@ -429,14 +432,17 @@ impl Inner {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
                 BlockState::Corrupt => Source::Damaged,
                 BlockState::Data => match st.open.iter().find(|o| o.extent == entry.extent) {
-                    Some(o) => {
+                    Some(o)
+                        if !medium
+                            || entry.offset as usize + entry.len as usize > o.durable_end =>
+                    {
                         let s = entry.offset as usize;
                         Source::Bytes {
                             entry,
                             bytes: o.buf[s..s + entry.len as usize].to_vec(),
                         }
                     }
-                    None => Source::Disk { entry },
+                    _ => Source::Disk { entry },
                 },
             });
         }
@@ -611,7 +617,7 @@ impl Inner {
     fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
         const RMW_OPTIMISTIC_MAX: usize = 8;
         for _ in 0..RMW_OPTIMISTIC_MAX {
-            let (sources, gate) = self.lookup(lba, 1);
+            let (sources, gate) = self.lookup(lba, 1, false);
             let seen = match &sources[0] {
                 Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
