@@ -10,7 +10,9 @@ pub mod error;
 mod fence;
 pub mod format;
 mod handle;
+pub mod io;
 pub mod layout;
+mod readcache;
 mod recovery;
 pub mod sim;
 mod state;
@@ -22,11 +24,15 @@ pub use cleaner::PassResult;
 pub use codec::Codec;
 pub use error::{Error, Result};
 pub use handle::Volume;
+pub use io::{IoOptions, QueuedStorage};
 pub use layout::{parse_size, CreateOptions};
 pub use sim::SimStorage;
 pub use stats::{Counters, Stats};
 pub use storage::{FileStorage, Storage};
-pub use volume::{AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT};
+pub use volume::{
+    AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
+    READ_CACHE_BYTES_DEFAULT,
+};
 
 #[cfg(test)]
 mod send_sync {

@@ -158,6 +158,8 @@ pub struct Ctx<'a> {
     /// Highest write sequence covered by a completed sync; every segment carries it (v2), so
     /// recovery can tell a damaged durable segment from one torn by the crash.
     pub durable_seq: &'a AtomicU64,
+    /// Stored bytes recently read; reused extents must be forgotten (under the gate).
+    pub cache: &'a crate::readcache::ReadCache,
 }
 
 impl State {
@@ -547,6 +549,7 @@ impl State {
             self.extents[e as usize].state = ExtentState::Free;
         }
         let _exclusive = cx.gate.write();
+        cx.cache.forget(&released);
         // `released` is in ascending extent order: neighbouring extents go back in one call, so
         // an overwrite that frees a thousand adjacent extents costs one discard, not a thousand,
         // while the gate is held.

@@ -8,7 +8,9 @@ use crate::format::{
     BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_ENTRY_BYTES, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
     SUPERBLOCK_BYTES,
 };
+use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
+use crate::readcache::ReadCache;
 use crate::recovery;
 use crate::state::{is_zero, BufferConfig, Ctx, ExtentState, Prepared, State};
 use crate::stats::{Counters, Stats};
@@ -17,12 +19,15 @@ use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default extent buffer size (paper: 16 MiB).
 pub const BUFFER_BYTES_DEFAULT: usize = 16 << 20;
 /// Default aging timeout of an open extent.
 pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
+/// Default budget of the read cache.
+pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
 /// Requests with at least this many blocks are compressed / decompressed in parallel.
 const PARALLEL_BLOCKS_MIN: usize = 4;
 
@@ -41,6 +46,10 @@ pub struct OpenOptions {
     pub background_cleaner: bool,
     /// Cleaner watermarks (low, high) in % of free extents; default: those set at create time.
     pub clean_watermarks: Option<(u8, u8)>,
+    /// How storage writes are issued (queued to I/O threads by default; see `io.rs`).
+    pub io: IoOptions,
+    /// Budget of the cache of stored block bytes recently read (0: none; see `readcache.rs`).
+    pub read_cache_bytes: usize,
 }
 
 impl Default for OpenOptions {
@@ -52,6 +61,8 @@ impl Default for OpenOptions {
             aging: AGING_DEFAULT,
             background_cleaner: true,
             clean_watermarks: None,
+            io: IoOptions::default(),
+            read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -96,6 +107,7 @@ pub(crate) struct Inner {
     read_only: bool,
     state: Mutex<State>,
     gate: RwLock<()>,
+    cache: ReadCache,
     damaged_pages: Vec<u32>,
     /// Problems found at open: damaged checkpoint copies, unattributable log damage.
     open_problems: Vec<String>,
@@ -194,6 +206,16 @@ impl Inner {
 
     /// Opens a volume, recovering from a crash if needed.
     pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
+        // The fence sits above the queue: a queued write that failed fails the next sync, and
+        // that failed sync fails the volume (the queue's retries never get to vouch for it).
+        let storage: Box<dyn Storage> = if opts.io.queues() && !opts.read_only {
+            Box::new(QueuedStorage::new(
+                Arc::<dyn Storage>::from(storage),
+                &opts.io,
+            )?)
+        } else {
+            storage
+        };
         let storage = Fenced::new(storage);
         let sb = recovery::read_superblock(&storage)?;
         let found = recovery::read_checkpoint(&storage, &sb)?;
@@ -262,6 +284,7 @@ impl Inner {
             read_only: opts.read_only,
             state: Mutex::new(st),
             gate: RwLock::new(()),
+            cache: ReadCache::new(opts.read_cache_bytes),
             damaged_pages: loaded.damaged_pages,
             open_problems: rolled.problems,
             open_repaired,
@@ -290,6 +313,7 @@ impl Inner {
             sb: &self.sb,
             gate: &self.gate,
             durable_seq: &self.durable_seq,
+            cache: &self.cache,
         }
     }
 
@@ -345,7 +369,7 @@ impl Inner {
         let bs = BLOCK_BYTES as u64;
         let first = offset / bs;
         let last = (offset + buf.len() as u64 - 1) / bs;
-        let blocks = self.read_blocks(first, last - first + 1);
+        let blocks = self.read_blocks(first, last - first + 1, true);
         let mut pos = 0usize;
         for (i, res) in blocks.into_iter().enumerate() {
             let data = res?;
@@ -365,9 +389,10 @@ impl Inner {
     }
 
     /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
-    fn read_blocks(&self, first: u64, count: u64) -> Vec<Result<Vec<u8>>> {
-        let (sources, _gate) = self.lookup(first, count);
-        let fetched = self.fetch(&sources);
+    /// `use_cache: false` reads every stored byte from the device (check must see the medium).
+    fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Vec<Result<Vec<u8>>> {
+        let (sources, _gate) = self.lookup(first, count, !use_cache);
+        let fetched = self.fetch(&sources, use_cache);
         let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
             let lba = first + i as u64;
             match (src, stored?) {
@@ -389,10 +414,13 @@ impl Inner {
 
     /// Map lookup under the state lock; returns with the reuse gate held shared so the extents
     /// named cannot be reused before the caller has read them.
+    /// `medium`: blocks of open extents already written to storage are read from it too, not
+    /// from the extent's buffer in RAM (check and scrub must see what is on the medium).
     fn lookup(
         &self,
         first: u64,
         count: u64,
+        medium: bool,
     ) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
         self.readers_waiting.fetch_add(1, Ordering::SeqCst);
         let st = self.state.lock();
@@ -404,14 +432,17 @@ impl Inner {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
                 BlockState::Corrupt => Source::Damaged,
                 BlockState::Data => match st.open.iter().find(|o| o.extent == entry.extent) {
-                    Some(o) => {
+                    Some(o)
+                        if !medium
+                            || entry.offset as usize + entry.len as usize > o.durable_end =>
+                    {
                         let s = entry.offset as usize;
                         Source::Bytes {
                             entry,
                             bytes: o.buf[s..s + entry.len as usize].to_vec(),
                         }
                     }
-                    None => Source::Disk { entry },
+                    _ => Source::Disk { entry },
                 },
             });
         }
@@ -422,7 +453,7 @@ impl Inner {
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
     /// same extent.
-    fn fetch(&self, sources: &[Source]) -> Vec<Fetched> {
+    fn fetch(&self, sources: &[Source], use_cache: bool) -> Vec<Fetched> {
         let mut out: Vec<Fetched> = Vec::with_capacity(sources.len());
         let mut i = 0;
         while i < sources.len() {
@@ -447,6 +478,21 @@ impl Inner {
                     _ => break,
                 }
             }
+            // Every block of the run cached: no device read.
+            let cached: Vec<Arc<[u8]>> = sources[i..j]
+                .iter()
+                .map_while(|src| match src {
+                    Source::Disk { entry: e } if use_cache => {
+                        self.cache.get(e.extent, e.offset, usize::from(e.len))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if cached.len() == j - i {
+                out.extend(cached.into_iter().map(|b| Ok(Some(b.to_vec()))));
+                i = j;
+                continue;
+            }
             let mut span = vec![0u8; (hi - lo) as usize];
             let res = self.storage.read_at(
                 self.sb.extent_offset(entry.extent) + u64::from(lo),
@@ -461,7 +507,10 @@ impl Inner {
                 out.push(match &res {
                     Ok(()) => {
                         let s = (e.offset - lo) as usize;
-                        Ok(Some(span[s..s + e.len as usize].to_vec()))
+                        let bytes = &span[s..s + e.len as usize];
+                        // Under the reuse gate (held by our caller): see readcache.rs.
+                        self.cache.put(e.extent, e.offset, bytes);
+                        Ok(Some(bytes.to_vec()))
                     }
                     Err(err) => Err(Error::Io(std::io::Error::other(err.to_string()))),
                 });
@@ -568,12 +617,12 @@ impl Inner {
     fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
         const RMW_OPTIMISTIC_MAX: usize = 8;
         for _ in 0..RMW_OPTIMISTIC_MAX {
-            let (sources, gate) = self.lookup(lba, 1);
+            let (sources, gate) = self.lookup(lba, 1, false);
             let seen = match &sources[0] {
                 Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
             };
-            let stored = self.fetch(&sources).pop().unwrap_or(Ok(None));
+            let stored = self.fetch(&sources, true).pop().unwrap_or(Ok(None));
             drop(gate);
             let mut block = match (&sources[0], stored?) {
                 (Source::Zeros, _) => vec![0u8; BLOCK_BYTES],
@@ -882,7 +931,7 @@ impl Inner {
                     std::thread::sleep(wait);
                 }
             }
-            for (i, r) in self.read_blocks(lba, n).into_iter().enumerate() {
+            for (i, r) in self.read_blocks(lba, n, false).into_iter().enumerate() {
                 if r.is_err() {
                     report.damaged_blocks.push(lba + i as u64);
                 }

@@ -3,6 +3,9 @@
 //! subset of the unsynced writes, in any order, torn at sector granularity. After reopening,
 //! every block acknowledged before the last completed flush must read back exactly, and no block
 //! may hold data it never held. Replay a failure with the printed seed and crash point.
+//! The I/O layer runs in its reordered mode (io.rs): writes are held and completed in a seeded
+//! random order at the next sync, so reads (host RMW, cleaner) must find recent writes in its
+//! queue and a crash loses whatever had not been issued; one sweep runs with synchronous writes.
 
 mod common;
 
@@ -11,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use zbd_core::format::{Checkpoint, Superblock};
-use zbd_core::{Codec, SimStorage, Volume};
+use zbd_core::{Codec, IoOptions, SimStorage, Volume};
 
 const SIZE: u64 = 256 * 1024;
 
@@ -111,10 +114,22 @@ fn verify(vol: &Volume, exp: &Expect, ctx: &str) {
 
 /// Crash at every storage operation (from `first_op`, every `step`) of the workload of `seed`.
 fn sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> u64 {
-    sweep_with(seed, ops, extent, codec, step, 6, false)
+    sweep_with(
+        seed,
+        ops,
+        extent,
+        codec,
+        step,
+        6,
+        false,
+        IoOptions::reordered(seed),
+    )
 }
 
 /// `capacity_factor`: data area as a multiple of the logical size (small = the cleaner must run).
+/// `io`: how writes reach the simulated disk (reordered: held by the I/O layer and completed in a
+/// seeded random order, so reads and the cleaner must find them in its queue).
+#[allow(clippy::too_many_arguments)]
 fn sweep_with(
     seed: u64,
     ops: usize,
@@ -123,7 +138,9 @@ fn sweep_with(
     step: u64,
     capacity_factor: u64,
     expect_cleaning: bool,
+    io: IoOptions,
 ) -> u64 {
+    let open = open_opts_with(io);
     let opts = small_volume(SIZE, extent, codec, capacity_factor, 6);
     let work = if expect_cleaning {
         overwrite_workload(seed, SIZE / BS as u64, ops)
@@ -131,7 +148,7 @@ fn sweep_with(
         workload(seed, SIZE, ops)
     };
     // Dry run: how many storage operations the workload takes.
-    let (disk, vol) = sim_volume(&opts);
+    let (disk, vol) = sim_volume_with(&opts, open.clone());
     let start = disk.ops();
     for op in &work {
         apply_volume(&vol, op)
@@ -150,7 +167,7 @@ fn sweep_with(
     let mut points = 0;
     let mut c = start;
     while c < total {
-        let (disk, vol) = sim_volume(&opts);
+        let (disk, vol) = sim_volume_with(&opts, open.clone());
         disk.set_power_loss_at(c);
         let exp = run_until_crash(&vol, &work);
         vol.abandon(); // a crashed process writes nothing more
@@ -190,6 +207,17 @@ fn crash_at_every_storage_operation() {
     ] {
         points += sweep(seed, 160, extent, codec, 1);
     }
+    // The same with every write done in order by the caller.
+    points += sweep_with(
+        4,
+        80,
+        8192,
+        Codec::Lz4,
+        1,
+        6,
+        false,
+        IoOptions::synchronous(),
+    );
     eprintln!("{points} crash points verified");
     assert!(points > 1000, "only {points} crash points");
 }
@@ -198,7 +226,16 @@ fn crash_at_every_storage_operation() {
 fn crash_points_inside_cleaning() {
     let mut points = 0;
     for (seed, codec) in [(21u64, Codec::Lz4), (22, Codec::Zstd(1))] {
-        points += sweep_with(seed, 1000, 16384, codec, 1, 1, true);
+        points += sweep_with(
+            seed,
+            1000,
+            16384,
+            codec,
+            1,
+            1,
+            true,
+            IoOptions::reordered(seed),
+        );
     }
     eprintln!("{points} crash points verified with the cleaner running");
     assert!(points > 500, "only {points} crash points");
@@ -213,7 +250,16 @@ fn crash_sweep_many_seeds() {
         let extent = [8192u32, 16384, 32768][seed as usize % 3];
         points += sweep(seed, 250, extent, codec, 1);
         if codec != Codec::None {
-            points += sweep_with(seed + 100, 300, 16384, codec, 1, 1, true);
+            points += sweep_with(
+                seed + 100,
+                300,
+                16384,
+                codec,
+                1,
+                1,
+                true,
+                IoOptions::reordered(seed),
+            );
         }
     }
     eprintln!("{points} crash points verified");
@@ -502,9 +548,10 @@ fn fault_run(
     work: &[Op],
     opts: &zbd_core::CreateOptions,
     fault: Fault,
+    io: &IoOptions,
 ) -> (bool, usize) {
-    let ctx = format!("seed {seed} {fault:?}");
-    let (disk, vol) = sim_volume(opts);
+    let ctx = format!("seed {seed} {fault:?} {io:?}");
+    let (disk, vol) = sim_volume_with(opts, open_opts_with(io.clone()));
     let sb = vol.superblock().clone();
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
     let mut exp = Expect::new();
@@ -592,11 +639,20 @@ fn fault_run(
 
 /// The fault model of issue 14 over one workload: a failed sync at every `step`-th storage
 /// operation, power loss plus a flipped metadata bit at as many points, and a flipped log bit
-/// after each flush. Returns (runs with the fault in effect, blocks that read EIO).
-fn fault_sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> (u64, usize) {
+/// after each flush. Returns (runs with the fault in effect, blocks that read EIO). `io` is how
+/// the volume issues writes: synchronously, or queued and completed in a seeded order (a queued
+/// write dropped by the failed sync must fail the volume just the same).
+fn fault_sweep(
+    seed: u64,
+    ops: usize,
+    extent: u32,
+    codec: Codec,
+    step: u64,
+    io: IoOptions,
+) -> (u64, usize) {
     let opts = small_volume(SIZE, extent, codec, 6, 6);
     let work = workload(seed, SIZE, ops);
-    let (disk, vol) = sim_volume(&opts);
+    let (disk, vol) = sim_volume_with(&opts, open_opts_with(io.clone()));
     let start = disk.ops();
     for op in &work {
         apply_volume(&vol, op).expect("dry run");
@@ -608,14 +664,14 @@ fn fault_sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> (
     let mut c = 0;
     while c < total {
         for fault in [Fault::FailedSync(c), Fault::MetadataFlip(c)] {
-            let (hit, e) = fault_run(seed, &work, &opts, fault);
+            let (hit, e) = fault_run(seed, &work, &opts, fault, &io);
             runs += u64::from(hit);
             eio += e;
         }
         c += step;
     }
     for n in 1..=flushes {
-        let (hit, e) = fault_run(seed, &work, &opts, Fault::LogFlip(n));
+        let (hit, e) = fault_run(seed, &work, &opts, Fault::LogFlip(n), &io);
         runs += u64::from(hit);
         eio += e;
     }
@@ -626,8 +682,12 @@ fn fault_sweep(seed: u64, ops: usize, extent: u32, codec: Codec, step: u64) -> (
 fn fault_model_failed_syncs_and_bit_flips() {
     let mut runs = 0;
     let mut eio = 0;
-    for (seed, extent, codec) in [(91u64, 8192u32, Codec::Lz4), (92, 16384, Codec::None)] {
-        let (r, e) = fault_sweep(seed, 120, extent, codec, 3);
+    // One seed with the I/O queue in reordered mode, one with synchronous writes.
+    for (seed, extent, codec, io) in [
+        (91u64, 8192u32, Codec::Lz4, IoOptions::reordered(91)),
+        (92, 16384, Codec::None, IoOptions::synchronous()),
+    ] {
+        let (r, e) = fault_sweep(seed, 120, extent, codec, 3, io);
         runs += r;
         eio += e;
     }
@@ -643,7 +703,12 @@ fn fault_model_many_seeds() {
     for seed in 200..230u64 {
         let codec = [Codec::Lz4, Codec::Zstd(1), Codec::None][seed as usize % 3];
         let extent = [8192u32, 16384, 32768][seed as usize % 3];
-        let (r, e) = fault_sweep(seed, 250, extent, codec, 1);
+        let io = if seed % 2 == 0 {
+            IoOptions::reordered(seed)
+        } else {
+            IoOptions::synchronous()
+        };
+        let (r, e) = fault_sweep(seed, 250, extent, codec, 1, io);
         runs += r;
         eio += e;
     }

@@ -248,3 +248,103 @@ fn damage_to_one_metadata_copy_loses_nothing() {
         assert!(report.repaired.is_empty(), "copy {copy}: {report:?}");
     }
 }
+
+/// Fails the first write it is given after `armed` is set, once; everything else passes through.
+struct FailOneWrite {
+    disk: Arc<SimStorage>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl zbd_core::Storage for FailOneWrite {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(errno::EIO)));
+        }
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// With writes queued to I/O threads, a segment write that fails once (a transient EIO) is
+/// reported by the next flush, which fails the volume; the I/O layer would retry the write at a
+/// later sync and succeed, but that must not make the volume writable again before reopening,
+/// and nothing after the last good flush may count as durable.
+#[test]
+fn a_failed_queued_write_fails_the_volume_until_reopened() {
+    for io in [
+        zbd_core::IoOptions::default(),
+        zbd_core::IoOptions::reordered(11),
+    ] {
+        let ctx = format!("{io:?}");
+        let opts = small_volume(SIZE, 32768, Codec::Lz4, 4, 16);
+        let sb = zbd_core::layout::plan(&opts).expect("plan");
+        let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+        let storage = Arc::new(FailOneWrite {
+            disk: Arc::clone(&disk),
+            armed: false.into(),
+        });
+        let vol = Volume::create_with(
+            Box::new(Arc::clone(&storage)),
+            &opts,
+            open_opts_with(io.clone()),
+        )
+        .expect("create");
+        let (a, b) = (block(21), block(22));
+        vol.write(BS as u64, &a, false).expect("write block 1");
+        vol.flush().expect("flush block 1");
+        storage
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // The write request itself returns before the device write (queued).
+        let w = vol.write(2 * BS as u64, &b, false);
+        let f = vol.flush();
+        assert!(
+            w.is_err() || f.is_err(),
+            "{ctx}: a flush succeeded over a failed write"
+        );
+        assert!(
+            !storage.armed.load(std::sync::atomic::Ordering::SeqCst),
+            "{ctx}: the fault never fired"
+        );
+        // The storage works again now; the volume still refuses to write until reopened.
+        for _ in 0..2 {
+            assert!(
+                matches!(vol.flush(), Err(Error::Failed(_))),
+                "{ctx}: flush after a failed write"
+            );
+        }
+        let w3 = vol.write(3 * BS as u64, &b, false);
+        assert!(matches!(w3, Err(Error::Failed(_))), "{ctx}: {w3:?}");
+        assert_eq!(read_block(&vol, 1).expect("reads go on"), a, "{ctx}");
+        assert!(vol.stats().failed.is_some(), "{ctx}");
+        assert!(
+            vol.close().is_err(),
+            "{ctx}: a failed volume closed cleanly"
+        );
+        drop(vol);
+        let (_, vol) = reopen(disk.crash_image(&mut SmallRng::seed_from_u64(6)));
+        assert_eq!(
+            read_block(&vol, 1).expect("block 1"),
+            a,
+            "{ctx}: flushed block lost"
+        );
+        let got = read_block(&vol, 2).expect("block 2");
+        assert!(
+            got == b || got == vec![0; BS],
+            "{ctx}: block 2 foreign data"
+        );
+        assert_eq!(read_block(&vol, 3).expect("block 3"), vec![0; BS], "{ctx}");
+        assert!(vol.check(&|_, _| {}).is_clean(), "{ctx}");
+    }
+}

@@ -9,7 +9,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use zbd_core::format::{Superblock, SUPERBLOCK_BYTES};
-use zbd_core::{Codec, Error, OpenOptions, SimStorage, Volume};
+use zbd_core::{Codec, Error, IoOptions, OpenOptions, SimStorage, Volume};
 
 fn read_block(vol: &Volume, lba: u64) -> zbd_core::Result<Vec<u8>> {
     let mut b = vec![0u8; BS];
@@ -663,21 +663,24 @@ impl zbd_core::Storage for OneFault {
 /// new data) and the volume carries on. A failed write or sync stops the volume (the failed
 /// state, docs/design.md): every later write and flush fails with EIO, reads are still served,
 /// and after reopening every block holds its last flushed value or one written after it,
-/// never a checksum error.
+/// never a checksum error. Runs with synchronous writes (the request that issued the failing
+/// write sees it) and with the I/O queue in reordered mode (a queued write's error fails the
+/// next sync, or a later write that has to wait for it: io.rs), which must stop the volume too.
 #[test]
 fn an_io_error_at_any_operation_corrupts_nothing() {
     let size = 128 * 1024u64;
     let blocks = size / BS as u64;
     // Tight data area, the cleaner busy; then roomy, with unaligned writes, zeroes and trims.
-    let faults = io_fault_sweep(
-        size,
-        &small_volume(size, 8192, Codec::Lz4, 1, 4),
-        &overwrite_workload(17, blocks, 300),
-    ) + io_fault_sweep(
-        size,
-        &small_volume(size, 16384, Codec::Zstd(1), 4, 4),
-        &workload(18, size, 150),
-    );
+    let tight = small_volume(size, 8192, Codec::Lz4, 1, 4);
+    let overwrites = overwrite_workload(17, blocks, 300);
+    let faults = io_fault_sweep(size, &tight, &overwrites, IoOptions::synchronous())
+        + io_fault_sweep(size, &tight, &overwrites, IoOptions::reordered(17))
+        + io_fault_sweep(
+            size,
+            &small_volume(size, 16384, Codec::Zstd(1), 4, 4),
+            &workload(18, size, 150),
+            IoOptions::synchronous(),
+        );
     eprintln!("{faults} injected I/O errors survived");
 }
 
@@ -712,7 +715,7 @@ impl Flushed {
 }
 
 /// Returns how many storage operations the workload made (one run per fault position).
-fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64 {
+fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op], io: IoOptions) -> i64 {
     let sb = zbd_core::layout::plan(opts).expect("plan");
     let blocks = size as usize / BS;
     let mut fault_at = 0i64;
@@ -723,8 +726,12 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
             disk: Arc::clone(&sim),
             countdown: i64::MAX.into(),
         });
-        let vol =
-            Volume::create_with(Box::new(Arc::clone(&storage)), opts, open_opts()).expect("create");
+        let vol = Volume::create_with(
+            Box::new(Arc::clone(&storage)),
+            opts,
+            open_opts_with(io.clone()),
+        )
+        .expect("create");
         storage
             .countdown
             .store(fault_at, std::sync::atomic::Ordering::SeqCst);
@@ -734,7 +741,7 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
             since: vec![Vec::new(); blocks],
         };
         let mut failed = 0;
-        let ctx = format!("EIO at storage op {fault_at}");
+        let ctx = format!("EIO at storage op {fault_at} ({io:?})");
         for (i, op) in work.iter().enumerate() {
             let before = model.clone();
             apply_model(&mut model, op);
@@ -805,7 +812,7 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
         let mut rng = SmallRng::seed_from_u64(fault_at as u64);
         let crashed = Volume::open(
             Box::new(SimStorage::from_image(sim.crash_image(&mut rng))),
-            open_opts(),
+            open_opts_sync(),
         )
         .unwrap_or_else(|e| panic!("{ctx}: open after crash: {e}"));
         flushed.check(&crashed, &format!("{ctx}, crash"));
@@ -813,7 +820,7 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op]) -> i64
         let closed = vol.close();
         assert_eq!(closed.is_err(), stopped, "{ctx}: close: {closed:?}");
         drop(vol);
-        let vol = Volume::open(Box::new(sim), open_opts())
+        let vol = Volume::open(Box::new(sim), open_opts_sync())
             .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
         if stopped {
             flushed.check(&vol, &format!("{ctx}, reopen"));

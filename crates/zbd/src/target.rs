@@ -80,6 +80,20 @@ impl Target {
         }
     }
 
+    /// Opens a file or block device with O_DIRECT (`zbd serve --direct`).
+    pub fn open_direct(&self, writable: bool) -> Result<Box<dyn Storage>> {
+        match self {
+            Target::File(path) => {
+                let storage = FileStorage::open(path, writable)
+                    .and_then(|s| s.into_direct(path))
+                    .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+                Ok(Box::new(storage))
+            }
+            #[cfg(feature = "ceph")]
+            Target::Rados(_) => bail!("--direct applies to files and block devices only"),
+        }
+    }
+
     /// Creates storage of `total_bytes` for a new volume. For RADOS, `object_size` (default
     /// 4 MiB) stripes it and `force` replaces an existing volume of that name.
     pub fn create(

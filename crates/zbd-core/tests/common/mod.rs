@@ -5,7 +5,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
-use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Volume};
+use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Volume};
 
 pub const BS: usize = 4096;
 
@@ -146,11 +146,23 @@ pub fn small_volume(
 }
 
 pub fn open_opts() -> OpenOptions {
+    // Writes held by the I/O layer and completed in a seeded random order: deterministic, and
+    // reads must find them in the queue.
+    open_opts_with(IoOptions::reordered(0x5eed))
+}
+
+/// `open_opts` with every write done in order by the caller (errors seen by the request).
+pub fn open_opts_sync() -> OpenOptions {
+    open_opts_with(IoOptions::synchronous())
+}
+
+pub fn open_opts_with(io: IoOptions) -> OpenOptions {
     OpenOptions {
         aging: Duration::from_secs(3600),
         buffer_bytes: 64 * 1024,
         // Deterministic storage-operation sequences (crash sweeps): cleaning only inline.
         background_cleaner: false,
+        io,
         ..OpenOptions::default()
     }
 }
@@ -180,9 +192,14 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> zbd_core::Result<()> {
 
 /// Creates a volume on a fresh simulated disk big enough for `opts`.
 pub fn sim_volume(opts: &CreateOptions) -> (Arc<SimStorage>, Volume) {
+    sim_volume_with(opts, open_opts())
+}
+
+/// `sim_volume` opened with `open`.
+pub fn sim_volume_with(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimStorage>, Volume) {
     let sb = zbd_core::layout::plan(opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open_opts()).expect("create");
+    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open).expect("create");
     (disk, vol)
 }
 

@@ -43,6 +43,9 @@ pub struct ServeArgs {
     /// Serve read-only.
     #[arg(long)]
     pub read_only: bool,
+    /// Open the backing file or device with O_DIRECT (no page cache; see docs/design.md).
+    #[arg(long)]
+    pub direct: bool,
     /// Write the server's PID here once clients can connect (removed on exit).
     #[arg(long)]
     pub pidfile: Option<PathBuf>,
@@ -357,9 +360,12 @@ fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
     if target.file().is_some_and(|path| !path.exists()) {
         bail!("no volume at {target} (make one with `zbd create`)");
     }
-    let storage = target
-        .open(&args.ceph, !args.read_only)
-        .with_context(|| format!("cannot open volume {target}"))?;
+    let storage = if args.direct {
+        target.open_direct(!args.read_only)
+    } else {
+        target.open(&args.ceph, !args.read_only)
+    }
+    .with_context(|| format!("cannot open volume {target}"))?;
     let options = OpenOptions {
         read_only: args.read_only,
         ..OpenOptions::default()

@@ -1,0 +1,549 @@
+//! The I/O layer below the engine: a [`Storage`] wrapper that queues writes and discards to a
+//! small pool of I/O threads, so that the engine's writes return at once (the bytes are copied)
+//! and several device writes are in flight at a time, while reads go straight to the device.
+//!
+//! Rules it keeps (docs/design.md, "I/O layer"):
+//! - `sync` waits for every write and discard issued before it, then syncs the storage below.
+//! - An error is never lost: the first write error since the last sync fails the next `sync`.
+//!   The failed write stays queued (reads still see it) and every later `sync` retries it
+//!   first, failing for as long as it fails, so no sync claims durability of a write that did
+//!   not reach the storage. The engine puts its fence (`fence.rs`) above this layer: the first
+//!   failed sync fails the volume and no later sync gets here, so a retry that succeeds never
+//!   un-fails it (the volume stays failed until reopened).
+//! - A read sees every write queued before it: it reads the device, then lays the queued bytes of
+//!   the range over what it read (so it never waits for a write).
+//! - Operations on overlapping ranges run in issue order: the later one waits for the earlier.
+//! - The bytes queued are bounded: a writer waits when the queue is full.
+//!
+//! A test mode ([`IoOptions::reorder_seed`]) uses no threads: it holds writes and discards and
+//! issues them, in a seeded random order, when a sync, a full queue or an overlapping operation
+//! needs them, so crash tests replay exactly while writes complete out of issue order.
+
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+use parking_lot::{Condvar, Mutex};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Default I/O threads: writes of different extents overlap on the device; most of their time is
+/// spent waiting, so a few more threads than cores are cheap.
+pub const IO_THREADS_DEFAULT: usize = 4;
+/// Default bound on bytes queued and not yet written.
+pub const QUEUE_BYTES_DEFAULT: usize = 32 << 20;
+
+/// How the engine issues storage writes.
+#[derive(Clone, Debug)]
+pub struct IoOptions {
+    /// I/O threads; 0 with no `reorder_seed` means every write is done by the caller, in order.
+    pub threads: usize,
+    /// Bytes queued before writers wait.
+    pub queue_bytes: usize,
+    /// Tests: no threads; hold writes and issue them in a random order from this seed.
+    pub reorder_seed: Option<u64>,
+}
+
+impl Default for IoOptions {
+    fn default() -> Self {
+        IoOptions {
+            threads: IO_THREADS_DEFAULT,
+            queue_bytes: QUEUE_BYTES_DEFAULT,
+            reorder_seed: None,
+        }
+    }
+}
+
+impl IoOptions {
+    /// Every write done by the caller, in order, before `write_at` returns.
+    pub fn synchronous() -> Self {
+        IoOptions {
+            threads: 0,
+            ..IoOptions::default()
+        }
+    }
+
+    /// Test mode: writes held and issued in a random order from `seed` (see module doc).
+    pub fn reordered(seed: u64) -> Self {
+        IoOptions {
+            threads: 0,
+            reorder_seed: Some(seed),
+            ..IoOptions::default()
+        }
+    }
+
+    /// Whether these options queue at all.
+    pub fn queues(&self) -> bool {
+        self.threads > 0 || self.reorder_seed.is_some()
+    }
+}
+
+/// One queued operation.
+struct Op {
+    offset: u64,
+    len: u64,
+    /// Bytes to write; `None` for a discard.
+    data: Option<Vec<u8>>,
+}
+
+impl Op {
+    fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    next_id: u64,
+    /// Every operation not yet completed, by issue id.
+    pending: BTreeMap<u64, Arc<Op>>,
+    /// Pending operations by offset (they never overlap each other): id.
+    by_offset: BTreeMap<u64, u64>,
+    /// Ids not yet taken by a worker (threads) or not yet issued (reorder mode), in issue order.
+    waiting: VecDeque<u64>,
+    /// Bytes of data pending.
+    bytes: usize,
+    /// Pending writes that failed, to be retried by the next sync (ids, issue order).
+    failed: Vec<u64>,
+    /// First write error (kind, message) not yet reported by a sync.
+    error: Option<(io::ErrorKind, String)>,
+    stop: bool,
+    rng: Option<SmallRng>,
+}
+
+impl Queue {
+    /// Ids of pending operations overlapping `[offset, end)`, in issue order.
+    fn overlapping(&self, offset: u64, end: u64) -> Vec<u64> {
+        let mut ids: Vec<u64> = Vec::new();
+        if let Some((_, &id)) = self.by_offset.range(..offset).next_back() {
+            if self.pending[&id].end() > offset {
+                ids.push(id);
+            }
+        }
+        ids.extend(self.by_offset.range(offset..end).map(|(_, &id)| id));
+        ids.sort_unstable();
+        ids
+    }
+
+    fn complete(&mut self, id: u64, result: Result<()>) {
+        let Some(op) = self.pending.get(&id) else {
+            return;
+        };
+        // Discards are best effort (docs/format.md): their errors are dropped.
+        if let (Err(e), Some(_)) = (&result, &op.data) {
+            if self.error.is_none() {
+                self.error = Some((kind_of(e), e.to_string()));
+            }
+            self.failed.push(id);
+            return;
+        }
+        if let Some(op) = self.pending.remove(&id) {
+            self.by_offset.remove(&op.offset);
+            self.bytes -= op.data.as_ref().map_or(0, Vec::len);
+        }
+    }
+
+    /// Whether an operation issued before `mark` is still running or waiting (failed ones are
+    /// done until retried).
+    fn busy_before(&self, mark: u64) -> bool {
+        self.pending
+            .range(..mark)
+            .any(|(id, _)| !self.failed.contains(id))
+    }
+
+    /// The unreported error, as the error of the sync that reports it.
+    fn take_error(&mut self) -> Result<()> {
+        match self.error.take() {
+            None => Ok(()),
+            Some((kind, msg)) => Err(Error::Io(io::Error::new(
+                kind,
+                format!("a queued write failed: {msg}"),
+            ))),
+        }
+    }
+}
+
+fn kind_of(e: &Error) -> io::ErrorKind {
+    match e {
+        Error::Io(e) => e.kind(),
+        _ => io::ErrorKind::Other,
+    }
+}
+
+struct Shared<S> {
+    storage: S,
+    queue: Mutex<Queue>,
+    /// Workers wait here for work.
+    work: Condvar,
+    /// Writers, syncs and reorder-mode issuers wait here for completions.
+    done: Condvar,
+    queue_bytes: usize,
+    reorder: bool,
+}
+
+impl<S: Storage> Shared<S> {
+    /// Reorder mode: issues every held operation, in a random order, from the calling thread.
+    fn issue_held(&self, q: &mut parking_lot::MutexGuard<'_, Queue>) {
+        let mut ids: Vec<u64> = q.waiting.drain(..).collect();
+        if ids.is_empty() {
+            return;
+        }
+        if let Some(rng) = q.rng.as_mut() {
+            ids.shuffle(rng);
+        }
+        let ops: Vec<(u64, Arc<Op>)> = ids
+            .iter()
+            .map(|id| (*id, Arc::clone(&q.pending[id])))
+            .collect();
+        for (id, op) in ops {
+            let r = parking_lot::MutexGuard::unlocked(q, || self.run(&op));
+            q.complete(id, r);
+        }
+        self.done.notify_all();
+    }
+
+    /// Retries failed writes, in issue order, from the calling thread; the first that fails
+    /// again stops the retry and is returned (it stays failed).
+    fn retry_failed(&self, q: &mut parking_lot::MutexGuard<'_, Queue>) -> Result<()> {
+        while !q.failed.is_empty() {
+            let id = q.failed.remove(0);
+            let Some(op) = q.pending.get(&id).map(Arc::clone) else {
+                continue;
+            };
+            let r = parking_lot::MutexGuard::unlocked(q, || self.run(&op));
+            if let Err(e) = r {
+                q.failed.insert(0, id);
+                return Err(e);
+            }
+            q.complete(id, Ok(()));
+            self.done.notify_all();
+        }
+        Ok(())
+    }
+
+    fn run(&self, op: &Op) -> Result<()> {
+        match &op.data {
+            Some(d) => self.storage.write_at(op.offset, d),
+            None => self.storage.discard(op.offset, op.len),
+        }
+    }
+
+    fn worker(&self) {
+        let mut q = self.queue.lock();
+        loop {
+            if q.waiting.is_empty() {
+                if q.stop {
+                    return;
+                }
+                self.work.wait(&mut q);
+                continue;
+            }
+            let Some(id) = q.waiting.pop_front() else {
+                continue;
+            };
+            let op = Arc::clone(&q.pending[&id]);
+            let r = parking_lot::MutexGuard::unlocked(&mut q, || self.run(&op));
+            q.complete(id, r);
+            self.done.notify_all();
+        }
+    }
+
+    /// Queues `op` after every overlapping operation has completed and there is room.
+    fn enqueue(&self, op: Op) -> Result<()> {
+        let mut q = self.queue.lock();
+        let bytes = op.data.as_ref().map_or(0, Vec::len);
+        loop {
+            let overlap = q.overlapping(op.offset, op.end());
+            let full = q.bytes > 0 && q.bytes + bytes > self.queue_bytes;
+            if overlap.is_empty() && !full {
+                break;
+            }
+            // Failed writes wait for a retry that only a sync (or we) would make.
+            if !q.failed.is_empty() && (full || overlap.iter().any(|id| q.failed.contains(id))) {
+                self.retry_failed(&mut q)?;
+                continue;
+            }
+            // Reorder mode issues what it holds; what another thread is issuing it waits for.
+            if self.reorder && !q.waiting.is_empty() {
+                self.issue_held(&mut q);
+            } else {
+                self.done.wait(&mut q);
+            }
+        }
+        let id = q.next_id;
+        q.next_id += 1;
+        q.bytes += bytes;
+        q.by_offset.insert(op.offset, id);
+        q.pending.insert(id, Arc::new(op));
+        q.waiting.push_back(id);
+        if !self.reorder {
+            self.work.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// A [`Storage`] whose writes and discards are queued to I/O threads (see module doc).
+pub struct QueuedStorage<S: Storage + 'static> {
+    shared: Arc<Shared<S>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<S: Storage + 'static> QueuedStorage<S> {
+    /// Wraps `storage`; `opts.queues()` must hold (else use `storage` directly).
+    pub fn new(storage: S, opts: &IoOptions) -> Result<Self> {
+        let reorder = opts.reorder_seed.is_some();
+        let shared = Arc::new(Shared {
+            storage,
+            queue: Mutex::new(Queue {
+                rng: opts.reorder_seed.map(SmallRng::seed_from_u64),
+                ..Queue::default()
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            queue_bytes: opts.queue_bytes.max(1),
+            reorder,
+        });
+        let threads = if reorder { 0 } else { opts.threads.max(1) };
+        let mut workers = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let s = Arc::clone(&shared);
+            let h = std::thread::Builder::new()
+                .name(format!("zbd-io-{i}"))
+                .spawn(move || s.worker())
+                .map_err(Error::Io)?;
+            workers.push(h);
+        }
+        Ok(QueuedStorage { shared, workers })
+    }
+
+    /// The storage below.
+    pub fn inner(&self) -> &S {
+        &self.shared.storage
+    }
+
+    /// Waits until every operation issued so far has completed.
+    fn drain(&self) {
+        let s = &self.shared;
+        let mut q = s.queue.lock();
+        let mark = q.next_id;
+        if s.reorder {
+            s.issue_held(&mut q);
+        }
+        while q.busy_before(mark) {
+            s.done.wait(&mut q);
+        }
+    }
+}
+
+impl<S: Storage + 'static> Storage for QueuedStorage<S> {
+    fn len_bytes(&self) -> Result<u64> {
+        self.shared.storage.len_bytes()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset + buf.len() as u64;
+        let queued: Vec<Arc<Op>> = {
+            let q = self.shared.queue.lock();
+            q.overlapping(offset, end)
+                .into_iter()
+                .map(|id| Arc::clone(&q.pending[&id]))
+                .collect()
+        };
+        self.shared.storage.read_at(offset, buf)?;
+        // The queued bytes are newer than anything the device may return for the range (whether
+        // or not they reached it during our read). Pending operations never overlap each other.
+        for op in queued {
+            let Some(data) = &op.data else { continue };
+            let from = op.offset.max(offset);
+            let to = op.end().min(end);
+            buf[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - op.offset) as usize..(to - op.offset) as usize]);
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.shared.enqueue(Op {
+            offset,
+            len: data.len() as u64,
+            data: Some(data.to_vec()),
+        })
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.drain();
+        {
+            let s = &self.shared;
+            let mut q = s.queue.lock();
+            let reported = q.take_error();
+            let retried = s.retry_failed(&mut q);
+            reported?;
+            retried?;
+        }
+        self.shared.storage.sync()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.shared.enqueue(Op {
+            offset,
+            len,
+            data: None,
+        })
+    }
+}
+
+impl<S: Storage + 'static> Drop for QueuedStorage<S> {
+    fn drop(&mut self) {
+        // Queued writes still reach the storage, as a page cache's would after the process died;
+        // errors no longer matter to anyone.
+        self.drain();
+        self.shared.queue.lock().stop = true;
+        self.shared.work.notify_all();
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimStorage;
+
+    fn opts(threads: usize, queue_bytes: usize) -> IoOptions {
+        IoOptions {
+            threads,
+            queue_bytes,
+            reorder_seed: None,
+        }
+    }
+
+    #[test]
+    fn reads_see_queued_writes_and_sync_makes_them_durable() {
+        for o in [opts(3, 1 << 20), IoOptions::reordered(7)] {
+            let disk = Arc::new(SimStorage::new(1 << 16));
+            let q = QueuedStorage::new(Arc::clone(&disk), &o).expect("new");
+            for i in 0..16u64 {
+                q.write_at(i * 1024, &[i as u8 + 1; 1024]).expect("write");
+            }
+            let mut b = vec![0u8; 3000];
+            q.read_at(1500, &mut b).expect("read");
+            assert!(b[..548].iter().all(|&x| x == 2));
+            assert!(b[548..1572].iter().all(|&x| x == 3));
+            assert!(b[1572..2596].iter().all(|&x| x == 4));
+            assert!(b[2596..].iter().all(|&x| x == 5));
+            q.sync().expect("sync");
+            let img = disk.crash_image(&mut SmallRng::seed_from_u64(1));
+            for i in 0..16usize {
+                assert!(img[i * 1024..(i + 1) * 1024]
+                    .iter()
+                    .all(|&x| x == i as u8 + 1));
+            }
+        }
+    }
+
+    #[test]
+    fn overlapping_writes_land_in_issue_order() {
+        for o in [opts(4, 4096), IoOptions::reordered(3)] {
+            let disk = Arc::new(SimStorage::new(1 << 14));
+            let q = QueuedStorage::new(Arc::clone(&disk), &o).expect("new");
+            for v in 1..=50u8 {
+                q.write_at(512 * u64::from(v % 3), &[v; 2048])
+                    .expect("write");
+            }
+            q.sync().expect("sync");
+            let mut expect = vec![0u8; 1 << 14];
+            for v in 1..=50u8 {
+                let s = 512 * usize::from(v % 3);
+                expect[s..s + 2048].fill(v);
+            }
+            assert_eq!(disk.current_image(), expect);
+        }
+    }
+
+    #[test]
+    fn a_failed_write_fails_every_sync_until_it_is_written() {
+        for o in [opts(2, 1 << 20), IoOptions::reordered(5)] {
+            let disk = Arc::new(SimStorage::new(1 << 14));
+            let q = QueuedStorage::new(Arc::clone(&disk), &o).expect("new");
+            // Past the end: the simulated disk rejects it, every time.
+            q.write_at(1 << 14, &[1; 512]).expect("queued");
+            q.write_at(0, &[2; 512]).expect("queued");
+            assert!(q.sync().is_err(), "sync after a failed write succeeded");
+            assert!(q.sync().is_err(), "the failed write was forgotten");
+            // Everything else still reached the disk and reads see it.
+            let mut b = [0u8; 512];
+            q.read_at(0, &mut b).expect("read");
+            assert_eq!(b, [2; 512]);
+        }
+    }
+
+    /// Fails the first write only.
+    struct FailOnce(SimStorage, std::sync::atomic::AtomicBool);
+
+    impl Storage for FailOnce {
+        fn len_bytes(&self) -> Result<u64> {
+            self.0.len_bytes()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::Io(io::Error::other("injected")));
+            }
+            self.0.write_at(offset, data)
+        }
+        fn sync(&self) -> Result<()> {
+            self.0.sync()
+        }
+        fn discard(&self, offset: u64, len: u64) -> Result<()> {
+            self.0.discard(offset, len)
+        }
+    }
+
+    #[test]
+    fn a_transient_write_error_fails_one_sync_then_the_write_is_retried() {
+        for o in [opts(2, 1 << 20), IoOptions::reordered(9)] {
+            let disk = Arc::new(FailOnce(SimStorage::new(1 << 14), false.into()));
+            let q = QueuedStorage::new(Arc::clone(&disk), &o).expect("new");
+            q.write_at(4096, &[7; 1024]).expect("queued");
+            let mut b = [0u8; 1024];
+            q.read_at(4096, &mut b).expect("read");
+            assert_eq!(b, [7; 1024], "a failed write vanished from reads");
+            assert!(q.sync().is_err(), "the error was lost");
+            q.sync().expect("second sync");
+            let img = disk.0.crash_image(&mut SmallRng::seed_from_u64(2));
+            assert!(
+                img[4096..5120].iter().all(|&x| x == 7),
+                "retried write not durable"
+            );
+        }
+    }
+
+    #[test]
+    fn queue_is_bounded() {
+        // A queue of one byte still makes progress (one operation at a time) and loses nothing.
+        let disk = Arc::new(SimStorage::new(1 << 16));
+        let q = QueuedStorage::new(Arc::clone(&disk), &opts(2, 1)).expect("new");
+        for i in 0..64u64 {
+            q.write_at(i * 1024, &[i as u8; 1024]).expect("write");
+            assert!(q.shared.queue.lock().bytes <= 1024);
+        }
+        q.sync().expect("sync");
+        let img = disk.current_image();
+        for i in 0..64usize {
+            assert!(img[i * 1024..(i + 1) * 1024].iter().all(|&x| x == i as u8));
+        }
+    }
+}

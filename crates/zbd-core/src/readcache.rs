@@ -1,0 +1,131 @@
+//! A bounded cache of stored (compressed) block bytes recently read from extents, keyed by their
+//! place (extent, offset). An extent is append-only between two reuses, so bytes at a place never
+//! change until the extent is reused; reuse forgets them (`forget`, called with the reuse gate
+//! held exclusively, so no reader that looked the old extent up can insert after it). Cached
+//! bytes are verified (CRC) and decoded on every read like bytes from the device, so a cache hit
+//! never skips integrity checks.
+//!
+//! Eviction is by two generations (a cheap approximation of LRU): entries go into `hot`; when
+//! `hot` holds half the budget it becomes `cold` (dropping the old `cold`); a hit in `cold` moves
+//! the entry back to `hot`.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+type Key = (u32, u32);
+
+#[derive(Default)]
+struct Gens {
+    hot: HashMap<Key, Arc<[u8]>>,
+    cold: HashMap<Key, Arc<[u8]>>,
+    hot_bytes: usize,
+}
+
+/// See the module doc.
+pub struct ReadCache {
+    gens: Mutex<Gens>,
+    /// Bytes per generation; 0 disables the cache.
+    half: usize,
+}
+
+impl ReadCache {
+    /// A cache holding at most about `budget` bytes of block data.
+    pub fn new(budget: usize) -> Self {
+        ReadCache {
+            gens: Mutex::new(Gens::default()),
+            half: budget / 2,
+        }
+    }
+
+    /// The bytes stored at (extent, offset), if cached with length `len`.
+    pub fn get(&self, extent: u32, offset: u32, len: usize) -> Option<Arc<[u8]>> {
+        if self.half == 0 {
+            return None;
+        }
+        let mut g = self.gens.lock();
+        let key = (extent, offset);
+        if let Some(b) = g.hot.get(&key) {
+            return (b.len() == len).then(|| Arc::clone(b));
+        }
+        let b = g.cold.remove(&key)?;
+        if b.len() != len {
+            return None;
+        }
+        Self::insert(&mut g, self.half, key, Arc::clone(&b));
+        Some(b)
+    }
+
+    /// Remembers the bytes stored at (extent, offset).
+    pub fn put(&self, extent: u32, offset: u32, bytes: &[u8]) {
+        if self.half == 0 {
+            return;
+        }
+        let mut g = self.gens.lock();
+        Self::insert(&mut g, self.half, (extent, offset), Arc::from(bytes));
+    }
+
+    fn insert(g: &mut Gens, half: usize, key: Key, bytes: Arc<[u8]>) {
+        let n = bytes.len();
+        if let Some(old) = g.hot.insert(key, bytes) {
+            g.hot_bytes -= old.len();
+        }
+        g.hot_bytes += n;
+        if g.hot_bytes >= half {
+            g.cold = std::mem::take(&mut g.hot);
+            g.hot_bytes = 0;
+        }
+    }
+
+    /// Forgets everything cached from `extents` (sorted): they are about to be reused.
+    pub fn forget(&self, extents: &[u32]) {
+        if self.half == 0 || extents.is_empty() {
+            return;
+        }
+        debug_assert!(extents.windows(2).all(|w| w[0] < w[1]));
+        let mut g = self.gens.lock();
+        let gone = |k: &Key| extents.binary_search(&k.0).is_ok();
+        let mut freed = 0;
+        g.hot.retain(|k, v| {
+            let keep = !gone(k);
+            if !keep {
+                freed += v.len();
+            }
+            keep
+        });
+        g.hot_bytes -= freed;
+        g.cold.retain(|k, _| !gone(k));
+    }
+
+    /// Bytes cached now (both generations).
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        let g = self.gens.lock();
+        g.hot.values().chain(g.cold.values()).map(|b| b.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_hits_and_forgets_reused_extents() {
+        let c = ReadCache::new(64 * 1024);
+        for i in 0..1000u32 {
+            c.put(i % 50, i * 100, &[i as u8; 1000]);
+            assert!(c.bytes() <= 64 * 1024, "cache grew past its budget");
+        }
+        assert_eq!(c.get(49, 99_900, 1000).as_deref(), Some(&[231u8; 1000][..]));
+        assert!(c.get(49, 99_900, 999).is_none(), "length not checked");
+        c.forget(&[3, 49]);
+        assert!(
+            c.get(49, 99_900, 1000).is_none(),
+            "reused extent still cached"
+        );
+        assert!(c.get(48, 99_800, 1000).is_some());
+        let off = ReadCache::new(0);
+        off.put(1, 1, &[1]);
+        assert!(off.get(1, 1, 1).is_none());
+    }
+}
