@@ -11,14 +11,8 @@ use zbd_core::{Codec, Volume};
 
 #[test]
 fn check_reads_the_device_not_the_cache() {
-    let opts = small_volume(1 << 20, 32768, Codec::Lz4, 4, 16);
-    let (disk, vol) = sim_volume(&opts);
-    let mut rng = SmallRng::seed_from_u64(3);
-    let data = fill(&mut rng, Fill::Text, 1 << 20);
-    vol.write(0, &data, false).expect("write");
-    vol.close().expect("close");
-    let data_offset = vol.superblock().data_offset;
-    drop(vol);
+    let (disk, _data, sb) = closed_text_volume(3);
+    let data_offset = sb.data_offset;
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
     let mut all = vec![0u8; 1 << 20];
     vol.read(0, &mut all).expect("read");

@@ -110,14 +110,8 @@ fn replay_orders_overwrites_across_extents() {
 
 #[test]
 fn data_corruption_fails_the_read_and_check_finds_it() {
-    let opts = small_volume(1 << 20, 32768, Codec::Lz4, 4, 16);
-    let (disk, vol) = sim_volume(&opts);
-    let mut rng = SmallRng::seed_from_u64(3);
-    let data = fill(&mut rng, Fill::Text, 1 << 20);
-    vol.write(0, &data, false).expect("write");
-    vol.close().expect("close");
-    let data_offset = vol.superblock().data_offset;
-    drop(vol);
+    let (disk, data, sb) = closed_text_volume(3);
+    let data_offset = sb.data_offset;
     // Flip a bit inside the first extent's first payload.
     disk.flip_bit(data_offset + 100, 3);
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");

@@ -190,6 +190,19 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> zbd_core::Result<()> {
     }
 }
 
+/// A 1 MiB lz4 volume on a fresh simulated disk, filled with seeded text and closed cleanly:
+/// the disk, the data written and the superblock (to find the places to damage).
+pub fn closed_text_volume(seed: u64) -> (Arc<SimStorage>, Vec<u8>, zbd_core::format::Superblock) {
+    let opts = small_volume(1 << 20, 32768, Codec::Lz4, 4, 16);
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let data = fill(&mut rng, Fill::Text, 1 << 20);
+    vol.write(0, &data, false).expect("write");
+    vol.close().expect("close");
+    let sb = vol.superblock().clone();
+    (disk, data, sb)
+}
+
 /// Creates a volume on a fresh simulated disk big enough for `opts`.
 pub fn sim_volume(opts: &CreateOptions) -> (Arc<SimStorage>, Volume) {
     sim_volume_with(opts, open_opts())
