@@ -9,9 +9,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_map_page, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
-    RecordKind, SegmentHeader, SegmentOwner, Superblock, BLOCK_BYTES, CKPT_FLAGS_INCOMPAT,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    parse_segment, parse_segment_footer, Checkpoint, Record, RecordKind, SegmentHeader,
+    SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::map::Map;
 use crate::state::{ExtentInfo, ExtentState};
@@ -97,98 +96,8 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
     })
 }
 
-/// The map loaded from a checkpoint; damaged pages are reported, their entries marked corrupt.
-pub struct LoadedMap {
-    /// Entries.
-    pub map: Vec<MapEntry>,
-    /// Pages with no intact copy.
-    pub damaged_pages: Vec<u32>,
-    /// Pages read from their second copy because the first was damaged (rewritten, both
-    /// copies, by the next checkpoint).
-    pub repaired_pages: Vec<u32>,
-}
-
-/// Decodes the map page at `page` of `buf` into `out`, checking every entry's bounds.
-fn decode_page(
-    page_bytes: &[u8],
-    p: u32,
-    sb: &Superblock,
-    max_gen: u64,
-    out: &mut [MapEntry],
-) -> bool {
-    decode_map_page(page_bytes, p, max_gen, out).is_ok()
-        && out.iter().all(|e| entry_in_bounds(e, sb))
-}
-
-/// Loads every map page the checkpoint names.
-pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Result<LoadedMap> {
-    let blocks = sb.logical_blocks as usize;
-    let mut map = vec![MapEntry::UNMAPPED; blocks];
-    let mut damaged_pages = Vec::new();
-    let mut repaired_pages = Vec::new();
-    // Read the map area in large chunks: both slots of up to 128 pages at a time.
-    const CHUNK_PAGES: u32 = 128;
-    let mut buf = vec![0u8; 2 * CHUNK_PAGES as usize * MAP_PAGE_BYTES];
-    let mut one = vec![0u8; MAP_PAGE_BYTES];
-    let mut first = 0u32;
-    while first < sb.map_pages {
-        let n = CHUNK_PAGES.min(sb.map_pages - first);
-        if ck.page_slots[first as usize..(first + n) as usize]
-            .iter()
-            .all(|&s| s == PAGE_NONE)
-        {
-            first += n;
-            continue;
-        }
-        let bytes = 2 * n as usize * MAP_PAGE_BYTES;
-        storage.read_at(sb.map_page_offset(first, 0, 0), &mut buf[..bytes])?;
-        for p in first..first + n {
-            let slot = ck.page_slots[p as usize];
-            if slot == PAGE_NONE {
-                continue;
-            }
-            let at = (2 * (p - first) as usize + (slot as usize - 1)) * MAP_PAGE_BYTES;
-            let start = p as usize * MAP_ENTRIES_PER_PAGE;
-            let end = (start + MAP_ENTRIES_PER_PAGE).min(blocks);
-            let page = &buf[at..at + MAP_PAGE_BYTES];
-            if decode_page(page, p, sb, ck.seq, &mut map[start..end]) {
-                continue;
-            }
-            let mut ok = false;
-            for copy in 1..sb.metadata_copies() {
-                storage.read_at(sb.map_page_offset(p, slot - 1, copy), &mut one)?;
-                ok |= decode_page(&one, p, sb, ck.seq, &mut map[start..end]);
-            }
-            if ok {
-                repaired_pages.push(p);
-            } else {
-                damaged_pages.push(p);
-                map[start..end].fill(MapEntry {
-                    state: BlockState::Corrupt,
-                    ..MapEntry::UNMAPPED
-                });
-            }
-        }
-        first += n;
-    }
-    Ok(LoadedMap {
-        map,
-        damaged_pages,
-        repaired_pages,
-    })
-}
-
-/// Whether a map entry points inside the data area (v2: offsets above 1 MiB would mean
-/// compression-unit or dictionary bits, which need a newer build: treated as damage).
-pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
-    e.state != BlockState::Data
-        || (e.extent < sb.extent_count
-            && e.len as usize <= BLOCK_BYTES
-            && e.len > 0
-            && e.offset as u64 + u64::from(e.len) <= u64::from(sb.extent_bytes))
-}
-
-/// Live accounting derived from the map.
+/// Live accounting derived from the map by reading all of it (also rebuilds the map's
+/// counters).
 pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
     let mut extents = vec![
         ExtentInfo {
@@ -199,7 +108,7 @@ pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
         };
         extent_count as usize
     ];
-    map.for_each_data(|_, e| {
+    map.recount(|e| {
         let x = &mut extents[e.extent as usize];
         x.live_bytes += u32::from(e.len);
         x.live_blocks += 1;

@@ -5,9 +5,11 @@
 
 use crate::buffer::{BufferConfig, OpenExtent, Prepared};
 use crate::error::{Error, Result};
+use crate::extent_table::ExtentTable;
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
-    BLOCK_BYTES, DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES,
+    SEGMENT_HEADER_BYTES,
 };
 use crate::map::Map;
 use crate::stats::Counters;
@@ -47,6 +49,8 @@ pub struct ExtentInfo {
 pub struct State {
     /// Logical block -> location.
     pub map: Map,
+    /// Where the persisted extent table is (v2).
+    pub table: ExtentTable,
     /// Per-extent accounting.
     pub extents: Vec<ExtentInfo>,
     /// Free extents not in the allocation queue.
@@ -171,6 +175,15 @@ impl State {
                 }
             }
         }
+        self.checkpoint_if_map_full(cx)
+    }
+
+    /// Brings the next checkpoint forward when dirty map pages fill most of the map cache
+    /// (they stay pinned until a checkpoint writes them).
+    pub fn checkpoint_if_map_full(&mut self, cx: &Ctx) -> Result<()> {
+        if self.map.wants_checkpoint() {
+            self.checkpoint(cx)?;
+        }
         Ok(())
     }
 
@@ -200,7 +213,7 @@ impl State {
         if !logged {
             self.checkpoint(cx)?;
         }
-        Ok(())
+        self.checkpoint_if_map_full(cx)
     }
 
     /// Logs a zero or trim range; false when the data area is so full that no extent can take
@@ -253,8 +266,13 @@ impl State {
     pub fn checkpoint(&mut self, cx: &Ctx) -> Result<()> {
         self.flush(cx)?;
         let seq = self.ckpt_seq + 1;
-        let pages = self.map.write_dirty(cx.storage, cx.sb, seq)?;
+        let pages = self.map.write_dirty(seq)?;
         self.counters.metadata_bytes_written += pages.bytes;
+        let v2 = cx.sb.version >= 2;
+        let table = self
+            .table
+            .write_changed(cx.storage, cx.sb, &self.extents, seq)?;
+        self.counters.metadata_bytes_written += table.bytes;
         // Extents free once this checkpoint is durable: no map entry references them.
         let released: Vec<u32> = (0..self.extents.len() as u32)
             .filter(|&e| self.extents[e as usize].state == ExtentState::PendingFree)
@@ -287,6 +305,19 @@ impl State {
             counters: self.counters.to_array(),
             queue: queue.clone(),
             page_slots: pages.slots.clone(),
+            page_summaries: if v2 {
+                pages.summaries.clone()
+            } else {
+                Vec::new()
+            },
+            // Counters and extent table are exact as of this checkpoint: open needs no scan.
+            flags: if v2 {
+                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE
+            } else {
+                0
+            },
+            volume_counters: self.map.counters().to_array(),
+            extent_table_slots: table.slots.clone(),
             dicts: self.dicts,
             ..Checkpoint::empty(cx.sb)
         };
@@ -300,7 +331,8 @@ impl State {
         cx.storage.sync()?;
         // Durable: commit in RAM.
         self.ckpt_seq = seq;
-        self.map.commit(pages);
+        self.map.commit(seq, pages);
+        self.table.commit(table);
         self.next_alloc_seq = next_alloc;
         let open_count = self.open.len();
         self.queue = queue.into_iter().skip(open_count).collect();

@@ -127,6 +127,8 @@ pub struct Stats {
     pub write_amplification: f64,
     /// RAM used by the map and extent table, bytes.
     pub metadata_ram_bytes: u64,
+    /// Map page cache: hits, pages read, residency (the map is paged, see `map/`).
+    pub map_cache: crate::map::MapCacheStats,
     /// Cleaner low watermark in force (% free extents).
     pub clean_low_pct: u8,
     /// Cleaner high watermark in force.

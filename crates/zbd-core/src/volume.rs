@@ -3,15 +3,16 @@
 use crate::buffer::{BufferConfig, Prepared};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
+use crate::extent_table::ExtentTable;
 use crate::fence::Fenced;
 use crate::format::{
     decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
-    BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_ENTRY_BYTES, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
-    SUPERBLOCK_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE,
+    MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
-use crate::map::Map;
+use crate::map::{Map, MAP_CACHE_BYTES_DEFAULT};
 use crate::readcache::ReadCache;
 use crate::recovery;
 use crate::state::{is_zero, Ctx, ExtentState, State};
@@ -52,6 +53,8 @@ pub struct OpenOptions {
     pub io: IoOptions,
     /// Budget of the cache of stored block bytes recently read (0: none; see `readcache.rs`).
     pub read_cache_bytes: usize,
+    /// Budget of the map page cache (see `map/`); dirty pages bring a checkpoint forward.
+    pub map_cache_bytes: usize,
 }
 
 impl Default for OpenOptions {
@@ -65,6 +68,7 @@ impl Default for OpenOptions {
             clean_watermarks: None,
             io: IoOptions::default(),
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
+            map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -103,14 +107,13 @@ impl CheckReport {
 
 /// The volume proper; [`crate::Volume`] wraps it with the background cleaner.
 pub(crate) struct Inner {
-    storage: Fenced,
+    storage: Arc<Fenced>,
     sb: Superblock,
     codec: Codec,
     read_only: bool,
     state: Mutex<State>,
     gate: RwLock<()>,
     cache: ReadCache,
-    damaged_pages: Vec<u32>,
     /// Problems found at open: damaged checkpoint copies, unattributable log damage.
     open_problems: Vec<String>,
     open_repaired: Vec<String>,
@@ -180,6 +183,12 @@ impl Inner {
             seq: 1,
             next_alloc_seq: u64::from(sb.queue_len) + 1,
             queue,
+            // An empty volume: zero counters, every extent free (no table page written).
+            flags: if sb.version >= 2 {
+                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE
+            } else {
+                0
+            },
             ..Checkpoint::empty(&sb)
         };
         let ckb = ck.encode(&sb);
@@ -218,21 +227,23 @@ impl Inner {
         } else {
             storage
         };
-        let storage = Fenced::new(storage);
-        let sb = recovery::read_superblock(&storage)?;
-        let found = recovery::read_checkpoint(&storage, &sb)?;
+        let storage = Arc::new(Fenced::new(storage));
+        let sb = recovery::read_superblock(&*storage)?;
+        let found = recovery::read_checkpoint(&*storage, &sb)?;
         let ck = found.checkpoint;
-        let loaded = recovery::load_map(&storage, &sb, &ck)?;
-        let mut map = Map::new(loaded.map, ck.page_slots.clone());
-        let extents = recovery::account(&mut map, sb.extent_count)?;
-        let rolled = recovery::roll_forward(&storage, &sb, &ck)?;
-        let mut open_repaired = found.damaged_copies;
-        open_repaired.extend(
-            loaded
-                .repaired_pages
-                .iter()
-                .map(|p| format!("map page {p}: one copy is damaged, the other is intact")),
-        );
+        // Nothing proportional to the map is read: pages come in on demand, counters and the
+        // extent table come with the checkpoint (v1 or without them: one scan, persisted by
+        // the next checkpoint).
+        let mut map = Map::open(storage.clone(), &sb, &ck, opts.map_cache_bytes);
+        let (table, extents) = match ExtentTable::load(&*storage, &sb, &ck)? {
+            Some(loaded) if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 => loaded,
+            _ => (
+                ExtentTable::unwritten(&sb),
+                recovery::account(&mut map, sb.extent_count)?,
+            ),
+        };
+        let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
+        let open_repaired = found.damaged_copies;
         let codec = match opts.codec {
             Some(c) => c,
             None => Codec::from_id(sb.codec_id, sb.codec_level)?,
@@ -244,6 +255,7 @@ impl Inner {
             .clamp(1, (sb.queue_len as usize / 2).max(1));
         let mut st = State {
             map,
+            table,
             extents,
             free: VecDeque::new(),
             queue: VecDeque::new(),
@@ -260,8 +272,6 @@ impl Inner {
             replayed: 0,
             dicts: ck.dicts,
         };
-        // Pages read from their second copy are rewritten (both copies) by the next checkpoint.
-        st.map.mark_dirty(loaded.repaired_pages.iter().copied());
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
@@ -284,7 +294,6 @@ impl Inner {
             state: Mutex::new(st),
             gate: RwLock::new(()),
             cache: ReadCache::new(opts.read_cache_bytes),
-            damaged_pages: loaded.damaged_pages,
             open_problems: rolled.problems,
             open_repaired,
             durable_seq: AtomicU64::new(rolled.durable_seq),
@@ -308,7 +317,7 @@ impl Inner {
 
     fn ctx(&self) -> Ctx<'_> {
         Ctx {
-            storage: &self.storage,
+            storage: &*self.storage,
             sb: &self.sb,
             gate: &self.gate,
             durable_seq: &self.durable_seq,
@@ -779,21 +788,16 @@ impl Inner {
     pub fn stats(&self) -> Stats {
         let mut st = self.state.lock();
         self.sync_read_counters(&mut st);
-        let (mut data, mut zero, mut unmapped, mut raw, mut damaged, mut live) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        // Step 0 keeps the scan; counters replace it (issue 9).
-        let _ = st.map.for_each(|_, e| match e.state {
-            BlockState::Data => {
-                data += 1;
-                live += u64::from(e.len);
-                if e.codec == codec::id::RAW {
-                    raw += 1;
-                }
-            }
-            BlockState::Zero => zero += 1,
-            BlockState::Unmapped => unmapped += 1,
-            BlockState::Corrupt => damaged += 1,
-        });
+        // Counters kept exact on every map change: no scan.
+        let m = st.map.counters();
+        let (data, zero, raw, damaged, live) = (
+            m.data_blocks,
+            m.zero_blocks,
+            m.raw_blocks,
+            m.damaged_blocks,
+            m.live_bytes,
+        );
+        let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
         let eb = u64::from(self.sb.extent_bytes);
         let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
         let (free, open, closed, pending) = (
@@ -841,9 +845,9 @@ impl Inner {
             } else {
                 written as f64 / c.host_bytes_written as f64
             },
-            metadata_ram_bytes: (st.map.blocks() as usize * MAP_ENTRY_BYTES
-                + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
-                as u64,
+            metadata_ram_bytes: st.map.ram_bytes()
+                + (st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>()) as u64,
+            map_cache: st.map.cache_stats(),
             clean_low_pct: self.clean_low_pct,
             clean_high_pct: self.clean_high_pct,
             recovery_records_replayed: st.replayed,
@@ -876,30 +880,7 @@ impl Inner {
 
     fn verify(&self, progress: &dyn Fn(u64, u64), rate: Option<u64>) -> CheckReport {
         let mut report = CheckReport::default();
-        for p in &self.damaged_pages {
-            report.metadata_problems.push(format!(
-                "map page {p} is damaged; its blocks are unreadable"
-            ));
-        }
-        report
-            .metadata_problems
-            .extend(self.open_problems.iter().cloned());
-        report.repaired.extend(self.open_repaired.iter().cloned());
-        self.check_map_copies(&mut report);
-        for copy in 0..2u64 {
-            let mut b = vec![0u8; SUPERBLOCK_BYTES];
-            let ok = self
-                .storage
-                .read_at(copy * SUPERBLOCK_BYTES as u64, &mut b)
-                .is_ok()
-                && Superblock::decode(&b).is_ok_and(|sb| sb == self.sb);
-            if !ok {
-                report.metadata_problems.push(format!(
-                    "superblock copy {} is damaged",
-                    ["A", "B"][copy as usize]
-                ));
-            }
-        }
+        // Reading the whole map (to check the live accounting) also finds every damaged page.
         {
             let mut st = self.state.lock();
             let fresh = match recovery::account(&mut st.map, self.sb.extent_count) {
@@ -915,6 +896,39 @@ impl Inner {
                         .metadata_problems
                         .push(format!("extent {i}: live accounting differs from the map"));
                 }
+            }
+        }
+        let (damaged_pages, repaired_pages) = {
+            let st = self.state.lock();
+            (st.map.damaged_pages(), st.map.repaired_pages())
+        };
+        for p in &damaged_pages {
+            report.metadata_problems.push(format!(
+                "map page {p} is damaged; its blocks are unreadable"
+            ));
+        }
+        report
+            .metadata_problems
+            .extend(self.open_problems.iter().cloned());
+        report.repaired.extend(self.open_repaired.iter().cloned());
+        report.repaired.extend(
+            repaired_pages
+                .iter()
+                .map(|p| format!("map page {p}: one copy is damaged, the other is intact")),
+        );
+        self.check_map_copies(&mut report, &damaged_pages);
+        for copy in 0..2u64 {
+            let mut b = vec![0u8; SUPERBLOCK_BYTES];
+            let ok = self
+                .storage
+                .read_at(copy * SUPERBLOCK_BYTES as u64, &mut b)
+                .is_ok()
+                && Superblock::decode(&b).is_ok_and(|sb| sb == self.sb);
+            if !ok {
+                report.metadata_problems.push(format!(
+                    "superblock copy {} is damaged",
+                    ["A", "B"][copy as usize]
+                ));
             }
         }
         let total = self.sb.logical_blocks;
@@ -964,7 +978,7 @@ impl Inner {
 
     /// Reads every copy of every current map page: a damaged copy is reported and, on a writable
     /// volume, the page is rewritten (both copies, into the other slot) by the next checkpoint.
-    fn check_map_copies(&self, report: &mut CheckReport) {
+    fn check_map_copies(&self, report: &mut CheckReport, damaged_pages: &[u32]) {
         let (slots, gen) = {
             let st = self.state.lock();
             (st.map.slots().to_vec(), st.ckpt_seq)
@@ -973,7 +987,7 @@ impl Inner {
         let mut entries = vec![MapEntry::UNMAPPED; MAP_ENTRIES_PER_PAGE];
         let mut rewrite = Vec::new();
         for (p, &slot) in slots.iter().enumerate() {
-            if slot == PAGE_NONE || self.damaged_pages.contains(&(p as u32)) {
+            if slot == PAGE_NONE || damaged_pages.contains(&(p as u32)) {
                 continue;
             }
             let start = p * MAP_ENTRIES_PER_PAGE;

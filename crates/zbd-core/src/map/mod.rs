@@ -1,102 +1,438 @@
 //! The translation map: logical block -> where its stored bytes are (docs/design.md, "Map").
 //!
-//! Entries are reached only through [`Map`]'s methods, so how they are kept (resident, paged,
-//! summarized) is this module's business. Map pages are written copy-on-write at checkpoints:
-//! a dirty page goes to the slot the durable checkpoint does not use, in every metadata copy.
+//! The map is paged: only a bounded cache of map pages is in RAM ([`Map::open`]'s budget,
+//! `zbd serve --map-cache`); a page not in the cache is read on demand from its slot of the
+//! durable checkpoint (copy 0, else copy 1; both damaged: its blocks read as errors). Pages
+//! changed since the last checkpoint are pinned in the cache until the checkpoint writes them,
+//! copy-on-write into the slot the durable checkpoint does not use, in every metadata copy;
+//! [`Map::wants_checkpoint`] tells the state when they approach the budget.
+//!
+//! Every page also has a summary (all unmapped, all zero, or mixed), kept for pages out of the
+//! cache and persisted in the checkpoint (v2): summarized pages are answered without reading
+//! them, and a range that covers whole pages (mkfs discarding a TiB) changes only summaries.
+//! Volume counters (data, zero, raw, damaged blocks, live bytes) are kept exact on every change
+//! so `stats()` needs no scan.
+//!
+//! Page faults happen under the state lock (a first version: a fault is one 4 KiB read).
+
+mod cache;
 
 use crate::error::Result;
 use crate::format::{
-    encode_map_page, BlockState, MapEntry, PageSlot, Superblock, MAP_ENTRIES_PER_PAGE,
+    encode_map_page, BlockState, Checkpoint, MapEntry, PageSlot, Superblock, BLOCK_BYTES,
+    CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, VOLUME_COUNTERS,
 };
 use crate::storage::Storage;
+pub use cache::MAP_CACHE_BYTES_DEFAULT;
+use cache::{Cache, Frame};
 use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// Summary of a page: unknown or mixed (read it to know).
+pub const SUMMARY_MIXED: u8 = 0;
+/// Summary of a page: every entry unmapped.
+pub const SUMMARY_HOLE: u8 = 1;
+/// Summary of a page: every entry zero.
+pub const SUMMARY_ZERO: u8 = 2;
 
 /// Map page holding `lba`.
 pub fn page_of(lba: u64) -> u32 {
     (lba / MAP_ENTRIES_PER_PAGE as u64) as u32
 }
 
+/// Counters kept exact on every map change (persisted as the checkpoint's volume counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapCounters {
+    /// Blocks in state `Data`.
+    pub data_blocks: u64,
+    /// Blocks in state `Zero`.
+    pub zero_blocks: u64,
+    /// Data blocks stored raw.
+    pub raw_blocks: u64,
+    /// Blocks in state `Corrupt`.
+    pub damaged_blocks: u64,
+    /// Sum of the stored lengths of data blocks.
+    pub live_bytes: u64,
+}
+
+impl MapCounters {
+    fn add(&mut self, e: &MapEntry, n: u64) {
+        match e.state {
+            BlockState::Data => {
+                self.data_blocks += n;
+                self.live_bytes += n * u64::from(e.len);
+                if e.codec == crate::codec::id::RAW {
+                    self.raw_blocks += n;
+                }
+            }
+            BlockState::Zero => self.zero_blocks += n,
+            BlockState::Corrupt => self.damaged_blocks += n,
+            BlockState::Unmapped => {}
+        }
+    }
+
+    fn sub(&mut self, e: &MapEntry, n: u64) {
+        // Saturating: a map page found damaged after open loses what its entries counted.
+        match e.state {
+            BlockState::Data => {
+                self.data_blocks = self.data_blocks.saturating_sub(n);
+                self.live_bytes = self.live_bytes.saturating_sub(n * u64::from(e.len));
+                if e.codec == crate::codec::id::RAW {
+                    self.raw_blocks = self.raw_blocks.saturating_sub(n);
+                }
+            }
+            BlockState::Zero => self.zero_blocks = self.zero_blocks.saturating_sub(n),
+            BlockState::Corrupt => self.damaged_blocks = self.damaged_blocks.saturating_sub(n),
+            BlockState::Unmapped => {}
+        }
+    }
+
+    /// The checkpoint's volume counter array (docs/format.md).
+    pub fn to_array(self) -> [u64; VOLUME_COUNTERS] {
+        let mut a = [0u64; VOLUME_COUNTERS];
+        a[0] = self.data_blocks;
+        a[1] = self.zero_blocks;
+        a[2] = self.raw_blocks;
+        a[3] = self.damaged_blocks;
+        a[4] = self.live_bytes;
+        a[5] = (self.data_blocks + self.zero_blocks) * BLOCK_BYTES as u64;
+        a
+    }
+
+    fn from_array(a: &[u64; VOLUME_COUNTERS]) -> MapCounters {
+        MapCounters {
+            data_blocks: a[0],
+            zero_blocks: a[1],
+            raw_blocks: a[2],
+            damaged_blocks: a[3],
+            live_bytes: a[4],
+        }
+    }
+}
+
+/// How the map cache has done since open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MapCacheStats {
+    /// Lookups answered from the cache or a page summary.
+    pub hits: u64,
+    /// Pages read from storage.
+    pub faults: u64,
+    /// Bytes of map pages read from storage.
+    pub bytes_read: u64,
+    /// Pages resident now.
+    pub resident_pages: u64,
+    /// Dirty pages now (resident or summarized).
+    pub dirty_pages: u64,
+    /// Budget in pages.
+    pub budget_pages: u64,
+}
+
 /// The map of one volume.
 pub struct Map {
-    entries: Vec<MapEntry>,
-    /// Current slot of each map page in the durable checkpoint.
+    storage: Arc<dyn Storage>,
+    sb: Superblock,
+    /// Sequence of the durable checkpoint: a page claiming a newer one is stale.
+    gen: u64,
+    /// Slot of each page in the durable checkpoint.
     slots: Vec<PageSlot>,
-    /// Map pages changed since the last checkpoint.
-    dirty: BTreeSet<u32>,
+    /// Summary of each page out of the cache (`SUMMARY_*`); for a resident page, of its
+    /// durable content when clean.
+    summary: Vec<u8>,
+    cache: Cache,
+    /// Pages to write at the next checkpoint (one bit each).
+    dirty: Vec<u64>,
+    dirty_count: usize,
+    /// Pages with no intact copy (their blocks are state `Corrupt`).
+    damaged: BTreeSet<u32>,
+    /// Pages whose first copy was damaged and the second intact (rewritten by the next
+    /// checkpoint).
+    repaired: BTreeSet<u32>,
+    counters: MapCounters,
+    stats: MapCacheStats,
 }
 
 /// Map pages written for a checkpoint that is not durable yet (see [`Map::write_dirty`]).
 pub struct WrittenPages {
     /// Slot of every page once the checkpoint is durable.
     pub slots: Vec<PageSlot>,
+    /// Summary of every page once the checkpoint is durable.
+    pub summaries: Vec<u8>,
     /// Bytes written.
     pub bytes: u64,
 }
 
 impl Map {
-    /// A map over `entries` whose pages sit in `slots` of the durable checkpoint.
-    pub fn new(entries: Vec<MapEntry>, slots: Vec<PageSlot>) -> Map {
+    /// The map of checkpoint `ck`, with a cache of at most `cache_bytes` of pages (at least one
+    /// page; pinned dirty pages may exceed it until the next checkpoint). Reads nothing: pages
+    /// come in on demand. Without persisted counters (v1, or a writer that did not keep them)
+    /// the caller runs [`Map::recount`].
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        sb: &Superblock,
+        ck: &Checkpoint,
+        cache_bytes: usize,
+    ) -> Map {
+        let pages = sb.map_pages as usize;
+        let summary = (0..pages)
+            .map(|p| match ck.page_slots[p] {
+                PAGE_NONE => SUMMARY_HOLE,
+                _ => match ck.page_summaries.get(p) {
+                    Some(&s @ (SUMMARY_HOLE | SUMMARY_ZERO)) => s,
+                    _ => SUMMARY_MIXED,
+                },
+            })
+            .collect();
         Map {
-            entries,
-            slots,
-            dirty: BTreeSet::new(),
+            storage,
+            sb: sb.clone(),
+            gen: ck.seq,
+            slots: ck.page_slots.clone(),
+            summary,
+            cache: Cache::new(cache_bytes),
+            dirty: vec![0; pages.div_ceil(64)],
+            dirty_count: 0,
+            damaged: BTreeSet::new(),
+            repaired: BTreeSet::new(),
+            counters: if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 {
+                MapCounters::from_array(&ck.volume_counters)
+            } else {
+                MapCounters::default()
+            },
+            stats: MapCacheStats::default(),
         }
     }
 
     /// Logical blocks.
     pub fn blocks(&self) -> u64 {
-        self.entries.len() as u64
+        self.sb.logical_blocks
+    }
+
+    fn entries_in(&self, p: u32) -> usize {
+        let start = u64::from(p) * MAP_ENTRIES_PER_PAGE as u64;
+        MAP_ENTRIES_PER_PAGE.min((self.blocks() - start) as usize)
+    }
+
+    /// Exact counters of the whole map.
+    pub fn counters(&self) -> MapCounters {
+        self.counters
+    }
+
+    /// Cache statistics.
+    pub fn cache_stats(&self) -> MapCacheStats {
+        MapCacheStats {
+            resident_pages: self.cache.len() as u64,
+            dirty_pages: self.dirty_count as u64,
+            budget_pages: self.cache.budget() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Bytes of RAM the map uses now (cache, slots, summaries, dirty bits).
+    pub fn ram_bytes(&self) -> u64 {
+        (self.cache.len() * cache::FRAME_BYTES + self.slots.len() * 2 + self.dirty.len() * 8) as u64
+    }
+
+    /// Pages found with no intact copy so far.
+    pub fn damaged_pages(&self) -> Vec<u32> {
+        self.damaged.iter().copied().collect()
+    }
+
+    /// Pages found with one damaged copy so far.
+    pub fn repaired_pages(&self) -> Vec<u32> {
+        self.repaired.iter().copied().collect()
+    }
+
+    fn is_dirty(&self, p: u32) -> bool {
+        self.dirty[p as usize / 64] & (1 << (p % 64)) != 0
+    }
+
+    fn set_dirty(&mut self, p: u32) {
+        if !self.is_dirty(p) {
+            self.dirty[p as usize / 64] |= 1 << (p % 64);
+            self.dirty_count += 1;
+        }
+    }
+
+    /// Whether enough dirty pages are pinned in the cache that a checkpoint should come now.
+    pub fn wants_checkpoint(&self) -> bool {
+        let budget = self.cache.budget();
+        self.cache.dirty() >= (budget - budget / 4).max(1)
+    }
+
+    /// Reads page `p` from its durable slot: copy 0, else the others. A page with no intact
+    /// copy has every entry `Corrupt`.
+    fn read_page(&mut self, p: u32) -> Result<Box<[MapEntry]>> {
+        let n = self.entries_in(p);
+        let mut entries = vec![MapEntry::UNMAPPED; n].into_boxed_slice();
+        let slot = self.slots[p as usize];
+        if slot == PAGE_NONE {
+            return Ok(entries);
+        }
+        let mut buf = vec![0u8; MAP_PAGE_BYTES];
+        for copy in 0..self.sb.metadata_copies() {
+            self.storage
+                .read_at(self.sb.map_page_offset(p, slot - 1, copy), &mut buf)?;
+            self.stats.faults += 1;
+            self.stats.bytes_read += MAP_PAGE_BYTES as u64;
+            if decode_page(&buf, p, &self.sb, self.gen, &mut entries) {
+                if copy > 0 && self.repaired.insert(p) {
+                    // Rewritten, both copies, by the next checkpoint.
+                    self.set_dirty(p);
+                }
+                return Ok(entries);
+            }
+        }
+        entries.fill(MapEntry {
+            state: BlockState::Corrupt,
+            ..MapEntry::UNMAPPED
+        });
+        if self.damaged.insert(p) {
+            // What the page held is lost, its blocks are damaged from now on.
+            self.counters.damaged_blocks += n as u64;
+        }
+        Ok(entries)
+    }
+
+    /// What a summarized page holds, without reading it.
+    fn summarized(&self, p: u32) -> Option<MapEntry> {
+        match self.summary[p as usize] {
+            SUMMARY_HOLE => Some(MapEntry::UNMAPPED),
+            SUMMARY_ZERO => Some(MapEntry::ZERO),
+            _ => None,
+        }
+    }
+
+    /// The entries of page `p` as they are now, resident or not (a clean page is not added to
+    /// the cache for this).
+    fn entries_now(&mut self, p: u32) -> Result<Box<[MapEntry]>> {
+        if let Some(f) = self.cache.get(p) {
+            return Ok(f.entries.clone());
+        }
+        match self.summarized(p) {
+            Some(e) => Ok(vec![e; self.entries_in(p)].into_boxed_slice()),
+            None => self.read_page(p),
+        }
+    }
+
+    /// Frame of page `p`, reading it (or expanding its summary) if it is not resident.
+    fn frame(&mut self, p: u32) -> Result<&mut Frame> {
+        if self.cache.contains(p) {
+            self.stats.hits += 1;
+        } else {
+            let entries = match self.summarized(p) {
+                Some(e) => {
+                    self.stats.hits += 1;
+                    vec![e; self.entries_in(p)].into_boxed_slice()
+                }
+                None => self.read_page(p)?,
+            };
+            let dirty = self.is_dirty(p);
+            if let Some(evicted) = self.cache.insert(p, entries, dirty) {
+                self.summary[evicted.page as usize] = summarize(&evicted.entries);
+            }
+        }
+        Ok(self.cache.get(p).expect("page just made resident"))
     }
 
     /// The entry of `lba`.
     pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
-        Ok(self.entries[lba as usize])
+        let p = page_of(lba);
+        let i = (lba % MAP_ENTRIES_PER_PAGE as u64) as usize;
+        if !self.cache.contains(p) {
+            if let Some(e) = self.summarized(p) {
+                self.stats.hits += 1;
+                return Ok(e);
+            }
+        }
+        Ok(self.frame(p)?.entries[i])
     }
 
-    /// Sets the entry of `lba`; returns the old entry if it changed (its page is then dirty).
+    /// Sets the entry of `lba`; returns the old entry if it changed (its page is then dirty,
+    /// pinned in the cache until the next checkpoint).
     pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
-        let old = self.replace(lba, new);
-        if old.is_some() {
-            self.dirty.insert(page_of(lba));
+        let p = page_of(lba);
+        let i = (lba % MAP_ENTRIES_PER_PAGE as u64) as usize;
+        if !self.cache.contains(p) && self.summarized(p) == Some(new) {
+            return Ok(None);
         }
-        Ok(old)
+        let f = self.frame(p)?;
+        let old = f.entries[i];
+        if old == new {
+            return Ok(None);
+        }
+        f.entries[i] = new;
+        self.cache.mark_dirty(p);
+        self.set_dirty(p);
+        self.counters.sub(&old, 1);
+        self.counters.add(&new, 1);
+        Ok(Some(old))
     }
 
-    fn replace(&mut self, lba: u64, new: MapEntry) -> Option<MapEntry> {
-        let e = &mut self.entries[lba as usize];
-        if *e == new {
-            return None;
-        }
-        Some(std::mem::replace(e, new))
-    }
-
-    /// Sets `count` entries from `first` to `new`; `changed(old)` sees every entry replaced.
+    /// Sets `count` entries from `first` to `new` (unmapped or zero); `freed(old)` sees every
+    /// data entry replaced. Whole pages only change their summary: the cost is per page, and a
+    /// page is read only if it may hold data (its old entries are needed for the accounting).
     pub fn set_range(
         &mut self,
         first: u64,
         count: u64,
         new: MapEntry,
-        mut changed: impl FnMut(MapEntry),
+        mut freed: impl FnMut(MapEntry),
     ) -> Result<()> {
-        // Ranges can span the whole volume (mkfs discards everything): one dirty-page insert per
-        // page, none for blocks already in that state.
-        let mut last_page = None;
-        for l in first..first + count {
-            if let Some(old) = self.replace(l, new) {
-                changed(old);
-                let page = page_of(l);
-                if last_page != Some(page) {
-                    self.dirty.insert(page);
-                    last_page = Some(page);
+        let target = match new.state {
+            BlockState::Unmapped => SUMMARY_HOLE,
+            BlockState::Zero => SUMMARY_ZERO,
+            _ => SUMMARY_MIXED,
+        };
+        let per = MAP_ENTRIES_PER_PAGE as u64;
+        let end = first + count;
+        let mut lba = first;
+        while lba < end {
+            let p = page_of(lba);
+            let page_start = u64::from(p) * per;
+            let page_end = (page_start + per).min(self.blocks());
+            let stop = page_end.min(end);
+            if target == SUMMARY_MIXED || lba != page_start || stop != page_end {
+                for l in lba..stop {
+                    if let Some(old) = self.set(l, new)? {
+                        if old.state == BlockState::Data {
+                            freed(old);
+                        }
+                    }
                 }
+                lba = stop;
+                continue;
             }
+            // The whole page.
+            let resident = self.cache.contains(p);
+            if resident || self.summary[p as usize] != target {
+                let old = match (resident, self.summarized(p)) {
+                    (false, Some(e)) => {
+                        self.counters.sub(&e, (page_end - page_start) as u64);
+                        None
+                    }
+                    _ => Some(self.entries_now(p)?),
+                };
+                for e in old.iter().flat_map(|o| o.iter()) {
+                    self.counters.sub(e, 1);
+                    if e.state == BlockState::Data {
+                        freed(*e);
+                    }
+                }
+                self.counters.add(&new, page_end - page_start);
+                self.cache.remove(p);
+                self.summary[p as usize] = target;
+                self.set_dirty(p);
+            }
+            lba = stop;
         }
         Ok(())
     }
 
     /// Marks pages for rewriting (both copies) by the next checkpoint.
     pub fn mark_dirty(&mut self, pages: impl IntoIterator<Item = u32>) {
-        self.dirty.extend(pages);
+        for p in pages {
+            self.set_dirty(p);
+        }
     }
 
     /// Slot of every page in the durable checkpoint.
@@ -104,53 +440,97 @@ impl Map {
         &self.slots
     }
 
-    /// Calls `f(lba, entry)` for every block, in LBA order.
-    pub fn for_each(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
-        for (l, e) in self.entries.iter().enumerate() {
-            f(l as u64, e);
-        }
-        Ok(())
-    }
-
-    /// Calls `f(lba, entry)` for every block in state `Data`, in LBA order.
-    pub fn for_each_data(&mut self, f: impl FnMut(u64, &MapEntry)) -> Result<()> {
-        self.for_each_data_in(0, self.blocks(), f)
-    }
-
-    /// Like [`Map::for_each_data`] over `first..first + count`.
+    /// Calls `f(lba, entry)` for every block in state `Data` in `first..first + count`, in LBA
+    /// order; summarized pages are skipped without reading them.
     pub fn for_each_data_in(
         &mut self,
         first: u64,
         count: u64,
         mut f: impl FnMut(u64, &MapEntry),
     ) -> Result<()> {
-        for l in first..first + count {
-            let e = &self.entries[l as usize];
-            if e.state == BlockState::Data {
-                f(l, e);
+        let per = MAP_ENTRIES_PER_PAGE as u64;
+        let end = first + count;
+        let mut lba = first;
+        while lba < end {
+            let p = page_of(lba);
+            let page_start = u64::from(p) * per;
+            let stop = (page_start + per).min(end);
+            if self.cache.contains(p) || self.summarized(p).is_none() {
+                let frame = self.frame(p)?;
+                for l in lba..stop {
+                    let e = &frame.entries[(l - page_start) as usize];
+                    if e.state == BlockState::Data {
+                        f(l, e);
+                    }
+                }
             }
+            lba = stop;
         }
         Ok(())
     }
 
-    /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`.
+    /// [`Map::for_each_data_in`] over the whole map.
+    pub fn for_each_data(&mut self, f: impl FnMut(u64, &MapEntry)) -> Result<()> {
+        self.for_each_data_in(0, self.blocks(), f)
+    }
+
+    /// Rebuilds the counters by reading every page (volumes whose checkpoint does not carry
+    /// them); `data(entry)` sees every data entry.
+    pub fn recount(&mut self, mut data: impl FnMut(&MapEntry)) -> Result<()> {
+        let mut c = MapCounters::default();
+        for p in 0..self.sb.map_pages {
+            let n = self.entries_in(p) as u64;
+            match (self.cache.contains(p), self.summarized(p)) {
+                (false, Some(e)) => c.add(&e, n),
+                _ => {
+                    for e in self.frame(p)?.entries.iter() {
+                        c.add(e, 1);
+                        if e.state == BlockState::Data {
+                            data(e);
+                        }
+                    }
+                }
+            }
+        }
+        self.counters = c;
+        Ok(())
+    }
+
+    /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`;
+    /// summarized pages count as one run each without being read.
     pub fn runs(
         &mut self,
         first: u64,
         count: u64,
         mut f: impl FnMut(BlockState, u64),
     ) -> Result<()> {
+        let per = MAP_ENTRIES_PER_PAGE as u64;
+        let end = first + count;
         let mut run: Option<(BlockState, u64)> = None;
-        for e in &self.entries[first as usize..(first + count) as usize] {
-            match &mut run {
-                Some((s, n)) if *s == e.state => *n += 1,
+        let mut push = |s: BlockState, n: u64| match &mut run {
+            Some((rs, rn)) if *rs == s => *rn += n,
+            _ => {
+                if let Some((rs, rn)) = run.take() {
+                    f(rs, rn);
+                }
+                run = Some((s, n));
+            }
+        };
+        let mut lba = first;
+        while lba < end {
+            let p = page_of(lba);
+            let page_start = u64::from(p) * per;
+            let stop = (page_start + per).min(end);
+            match (self.cache.contains(p), self.summarized(p)) {
+                (false, Some(e)) => push(e.state, stop - lba),
                 _ => {
-                    if let Some((s, n)) = run {
-                        f(s, n);
+                    let frame = self.frame(p)?;
+                    for l in lba..stop {
+                        push(frame.entries[(l - page_start) as usize].state, 1);
                     }
-                    run = Some((e.state, 1));
                 }
             }
+            lba = stop;
         }
         if let Some((s, n)) = run {
             f(s, n);
@@ -159,33 +539,86 @@ impl Map {
     }
 
     /// Writes every dirty page for checkpoint `seq` into the slot the durable checkpoint does
-    /// not use, in every metadata copy (no sync). Nothing changes in RAM until [`Map::commit`].
-    pub fn write_dirty(
-        &mut self,
-        storage: &dyn Storage,
-        sb: &Superblock,
-        seq: u64,
-    ) -> Result<WrittenPages> {
+    /// not use, in every metadata copy (no sync). A page that is all unmapped is not written:
+    /// its slot becomes "never written", which every reader takes as all unmapped. Nothing
+    /// changes in RAM until [`Map::commit`].
+    pub fn write_dirty(&mut self, seq: u64) -> Result<WrittenPages> {
         let mut slots = self.slots.clone();
+        let mut summaries = self.summary.clone();
         let mut bytes = 0u64;
-        for &p in &self.dirty {
-            let slot = if slots[p as usize] == 1 { 2 } else { 1 };
-            let start = p as usize * MAP_ENTRIES_PER_PAGE;
-            let end = (start + MAP_ENTRIES_PER_PAGE).min(self.entries.len());
-            let page = encode_map_page(p, seq, &self.entries[start..end]);
-            // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
-            for copy in 0..sb.metadata_copies() {
-                storage.write_at(sb.map_page_offset(p, slot - 1, copy), &page)?;
-                bytes += page.len() as u64;
+        for w in 0..self.dirty.len() {
+            let mut bits = self.dirty[w];
+            while bits != 0 {
+                let p = (w * 64) as u32 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let entries = self.entries_now(p)?;
+                let sum = summarize(&entries);
+                summaries[p as usize] = sum;
+                if sum == SUMMARY_HOLE {
+                    slots[p as usize] = PAGE_NONE;
+                    continue;
+                }
+                let slot = if slots[p as usize] == 1 { 2 } else { 1 };
+                let page = encode_map_page(p, seq, &entries);
+                // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
+                for copy in 0..self.sb.metadata_copies() {
+                    self.storage
+                        .write_at(self.sb.map_page_offset(p, slot - 1, copy), &page)?;
+                    bytes += page.len() as u64;
+                }
+                slots[p as usize] = slot;
             }
-            slots[p as usize] = slot;
         }
-        Ok(WrittenPages { slots, bytes })
+        Ok(WrittenPages {
+            slots,
+            summaries,
+            bytes,
+        })
     }
 
-    /// The checkpoint that `written` belongs to is durable.
-    pub fn commit(&mut self, written: WrittenPages) {
+    /// The checkpoint `seq` that `written` belongs to is durable: its pages are clean now and
+    /// may leave the cache.
+    pub fn commit(&mut self, seq: u64, written: WrittenPages) {
         self.slots = written.slots;
-        self.dirty.clear();
+        self.summary = written.summaries;
+        self.gen = seq;
+        self.dirty.fill(0);
+        self.dirty_count = 0;
+        for evicted in self.cache.clean_all() {
+            self.summary[evicted.page as usize] = summarize(&evicted.entries);
+        }
     }
+}
+
+/// Summary of a page's entries.
+fn summarize(entries: &[MapEntry]) -> u8 {
+    if entries.iter().all(|e| *e == MapEntry::UNMAPPED) {
+        SUMMARY_HOLE
+    } else if entries.iter().all(|e| *e == MapEntry::ZERO) {
+        SUMMARY_ZERO
+    } else {
+        SUMMARY_MIXED
+    }
+}
+
+/// Decodes map page `p` into `out`, checking every entry's bounds.
+pub fn decode_page(
+    page_bytes: &[u8],
+    p: u32,
+    sb: &Superblock,
+    max_gen: u64,
+    out: &mut [MapEntry],
+) -> bool {
+    crate::format::decode_map_page(page_bytes, p, max_gen, out).is_ok()
+        && out.iter().all(|e| entry_in_bounds(e, sb))
+}
+
+/// Whether a map entry points inside the data area (v2: offsets above 1 MiB would mean
+/// compression-unit or dictionary bits, which need a newer build: treated as damage).
+pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
+    e.state != BlockState::Data
+        || (e.extent < sb.extent_count
+            && e.len as usize <= BLOCK_BYTES
+            && e.len > 0
+            && e.offset as u64 + u64::from(e.len) <= u64::from(sb.extent_bytes))
 }

@@ -60,6 +60,22 @@ pub struct ServeArgs {
     /// Connections served at once; more wait to be accepted.
     #[arg(long, default_value_t = zbd_nbd::limits::CONNECTIONS_MAX_DEFAULT)]
     pub max_connections: usize,
+    /// RAM for map pages (K/M/G suffixes): the map is paged, pages beyond this are read from
+    /// the volume on demand; changed pages bring a checkpoint forward as they fill it.
+    #[arg(long, default_value = "64M")]
+    pub map_cache: String,
+}
+
+/// Smallest `--map-cache`: a few map pages.
+const MAP_CACHE_MIN: u64 = 16 << 10;
+
+fn map_cache_bytes(args: &ServeArgs) -> Result<usize> {
+    let bytes = super::size_arg("--map-cache", &args.map_cache)?;
+    if bytes < MAP_CACHE_MIN {
+        bail!("--map-cache '{}': must be at least 16K", args.map_cache);
+    }
+    usize::try_from(bytes)
+        .map_err(|_| anyhow::anyhow!("--map-cache '{}': too large", args.map_cache))
 }
 
 /// Smallest `--inflight-mem`: one 1 MiB request, or a full BLOCK_STATUS reply, must fit.
@@ -368,6 +384,7 @@ fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
     .with_context(|| format!("cannot open volume {target}"))?;
     let options = OpenOptions {
         read_only: args.read_only,
+        map_cache_bytes: map_cache_bytes(args)?,
         ..OpenOptions::default()
     };
     let volume =

@@ -1,0 +1,209 @@
+//! The persisted extent table (format v2, checkpoint flag bit 1): live bytes, live blocks and
+//! state of every extent as of a checkpoint, so opening a volume needs no scan of the map.
+//!
+//! Pages are written copy-on-write like map pages (the slot the durable checkpoint does not use,
+//! every metadata copy), and only when their content changed since the last checkpoint. A page
+//! never written holds only free extents. A page with no intact copy makes open fall back to
+//! recounting from the map (nothing is lost: the table is derived data).
+
+use crate::error::Result;
+use crate::format::{
+    Checkpoint, PageSlot, Superblock, CKPT_FLAG_EXTENT_TABLE, EXTENT_TABLE_ENTRIES_PER_PAGE,
+    MAP_PAGE_BYTES, PAGE_NONE,
+};
+use crate::state::{ExtentInfo, ExtentState};
+use crate::storage::Storage;
+
+const HEADER_BYTES: usize = 16;
+const ENTRY_BYTES: usize = 8;
+const STATE_FREE: u8 = 0;
+const STATE_CLOSED: u8 = 1;
+
+/// Where the table's pages are and what they hold.
+pub struct ExtentTable {
+    /// Slot of each page in the durable checkpoint.
+    slots: Vec<PageSlot>,
+    /// CRC of each page's entries as last written (unchanged pages are not rewritten).
+    crcs: Vec<u32>,
+}
+
+/// Table pages written for a checkpoint that is not durable yet.
+pub struct WrittenTable {
+    /// Slot of every page once the checkpoint is durable.
+    pub slots: Vec<PageSlot>,
+    crcs: Vec<u32>,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+fn page_offset(sb: &Superblock, page: u32, slot: u8, copy: u8) -> u64 {
+    sb.extent_table_offset[copy as usize]
+        + (u64::from(page) * 2 + u64::from(slot)) * MAP_PAGE_BYTES as u64
+}
+
+/// Entries of page `p` as stored (state: closed when it holds live blocks, else free: what a
+/// checkpoint references is exactly what has live blocks).
+fn encode_entries(extents: &[ExtentInfo], p: u32) -> Vec<u8> {
+    let mut b = vec![0u8; MAP_PAGE_BYTES - HEADER_BYTES];
+    let first = p as usize * EXTENT_TABLE_ENTRIES_PER_PAGE;
+    let last = (first + EXTENT_TABLE_ENTRIES_PER_PAGE).min(extents.len());
+    for (i, x) in extents[first..last].iter().enumerate() {
+        let o = i * ENTRY_BYTES;
+        b[o..o + 4].copy_from_slice(&x.live_bytes.to_le_bytes());
+        b[o + 4..o + 7].copy_from_slice(&x.live_blocks.to_le_bytes()[..3]);
+        b[o + 7] = if x.live_blocks > 0 {
+            STATE_CLOSED
+        } else {
+            STATE_FREE
+        };
+    }
+    b
+}
+
+impl ExtentTable {
+    /// A table with no page written (every extent free), e.g. v1 or after a recount.
+    pub fn unwritten(sb: &Superblock) -> ExtentTable {
+        let n = sb.extent_table_pages as usize;
+        ExtentTable {
+            slots: vec![PAGE_NONE; n],
+            // Nothing matches: the first checkpoint writes every page.
+            crcs: vec![u32::MAX; n],
+        }
+    }
+
+    /// Reads the table of checkpoint `ck`: `None` if the checkpoint has none or a page has no
+    /// intact copy (the caller recounts from the map).
+    pub fn load(
+        storage: &dyn Storage,
+        sb: &Superblock,
+        ck: &Checkpoint,
+    ) -> Result<Option<(ExtentTable, Vec<ExtentInfo>)>> {
+        if sb.version < 2 || ck.flags & CKPT_FLAG_EXTENT_TABLE == 0 {
+            return Ok(None);
+        }
+        let free = ExtentInfo {
+            live_bytes: 0,
+            live_blocks: 0,
+            state: ExtentState::Free,
+            stamp: 0,
+        };
+        let mut extents = vec![free; sb.extent_count as usize];
+        let mut table = ExtentTable {
+            slots: ck.extent_table_slots.clone(),
+            crcs: Vec::with_capacity(sb.extent_table_pages as usize),
+        };
+        let mut buf = vec![0u8; MAP_PAGE_BYTES];
+        for p in 0..sb.extent_table_pages {
+            let slot = table.slots[p as usize];
+            if slot == PAGE_NONE {
+                table
+                    .crcs
+                    .push(crc32c::crc32c(&encode_entries(&extents, p)));
+                continue;
+            }
+            let mut ok = false;
+            for copy in 0..sb.metadata_copies() {
+                storage.read_at(page_offset(sb, p, slot - 1, copy), &mut buf)?;
+                if decode_page(&buf, p, ck.seq, sb, &mut extents) {
+                    ok = true;
+                    break;
+                }
+            }
+            if !ok {
+                return Ok(None);
+            }
+            table.crcs.push(crc32c::crc32c(&buf[HEADER_BYTES..]));
+        }
+        Ok(Some((table, extents)))
+    }
+
+    /// Writes every page whose content changed for checkpoint `seq` (no sync).
+    pub fn write_changed(
+        &self,
+        storage: &dyn Storage,
+        sb: &Superblock,
+        extents: &[ExtentInfo],
+        seq: u64,
+    ) -> Result<WrittenTable> {
+        let mut out = WrittenTable {
+            slots: self.slots.clone(),
+            crcs: self.crcs.clone(),
+            bytes: 0,
+        };
+        for p in 0..sb.extent_table_pages {
+            let entries = encode_entries(extents, p);
+            let crc = crc32c::crc32c(&entries);
+            if crc == self.crcs[p as usize] {
+                continue;
+            }
+            let slot = if out.slots[p as usize] == 1 { 2 } else { 1 };
+            let mut page = vec![0u8; MAP_PAGE_BYTES];
+            page[0..4].copy_from_slice(&p.to_le_bytes());
+            page[8..16].copy_from_slice(&seq.to_le_bytes());
+            page[HEADER_BYTES..].copy_from_slice(&entries);
+            let page_crc = crc32c::crc32c(&page);
+            page[4..8].copy_from_slice(&page_crc.to_le_bytes());
+            for copy in 0..sb.metadata_copies() {
+                storage.write_at(page_offset(sb, p, slot - 1, copy), &page)?;
+                out.bytes += page.len() as u64;
+            }
+            out.slots[p as usize] = slot;
+            out.crcs[p as usize] = crc;
+        }
+        Ok(out)
+    }
+
+    /// The checkpoint `written` belongs to is durable.
+    pub fn commit(&mut self, written: WrittenTable) {
+        self.slots = written.slots;
+        self.crcs = written.crcs;
+    }
+}
+
+/// Decodes table page `p` into `extents`; false if it is damaged, stale or inconsistent.
+fn decode_page(
+    b: &[u8],
+    p: u32,
+    max_gen: u64,
+    sb: &Superblock,
+    extents: &mut [ExtentInfo],
+) -> bool {
+    let mut zeroed = b.to_vec();
+    zeroed[4..8].fill(0);
+    let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let gen = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0xff; 8]));
+    if u32_at(0) != p || u32_at(4) != crc32c::crc32c(&zeroed) || gen > max_gen {
+        return false;
+    }
+    let first = p as usize * EXTENT_TABLE_ENTRIES_PER_PAGE;
+    let last = (first + EXTENT_TABLE_ENTRIES_PER_PAGE).min(extents.len());
+    let mut decoded = Vec::with_capacity(last - first);
+    for i in 0..last - first {
+        let o = HEADER_BYTES + i * ENTRY_BYTES;
+        let live_bytes = u32_at(o);
+        let live_blocks = u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], 0]);
+        let closed = match b[o + 7] {
+            STATE_FREE => false,
+            STATE_CLOSED => true,
+            _ => return false,
+        };
+        if closed != (live_blocks > 0)
+            || u64::from(live_bytes) > u64::from(sb.extent_bytes)
+            || (live_blocks == 0 && live_bytes != 0)
+        {
+            return false;
+        }
+        decoded.push(ExtentInfo {
+            live_bytes,
+            live_blocks,
+            state: if closed {
+                ExtentState::Closed
+            } else {
+                ExtentState::Free
+            },
+            stamp: 0,
+        });
+    }
+    extents[first..last].copy_from_slice(&decoded);
+    true
+}
