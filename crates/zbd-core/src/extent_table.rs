@@ -2,8 +2,9 @@
 //! state of every extent as of a checkpoint, so opening a volume needs no scan of the map.
 //!
 //! Pages are written copy-on-write like map pages (the slot the durable checkpoint does not use,
-//! every metadata copy), and only when their content changed since the last checkpoint. A page
-//! never written holds only free extents. A page with no intact copy makes open fall back to
+//! every metadata copy), and only those whose extents' live accounting changed since the last
+//! checkpoint ([`ExtentTable::touch`]). A page never written ("none" slot) holds only free
+//! extents, and a page whose extents are all free goes back to that slot instead of being written. A page with no intact copy makes open fall back to
 //! recounting from the map (nothing is lost: the table is derived data).
 
 use crate::error::Result;
@@ -23,15 +24,14 @@ const STATE_CLOSED: u8 = 1;
 pub struct ExtentTable {
     /// Slot of each page in the durable checkpoint.
     slots: Vec<PageSlot>,
-    /// CRC of each page's entries as last written (unchanged pages are not rewritten).
-    crcs: Vec<u32>,
+    /// Pages whose extents changed since the last checkpoint (one bit each).
+    dirty: Vec<u64>,
 }
 
 /// Table pages written for a checkpoint that is not durable yet.
 pub struct WrittenTable {
     /// Slot of every page once the checkpoint is durable.
     pub slots: Vec<PageSlot>,
-    crcs: Vec<u32>,
     /// Bytes written.
     pub bytes: u64,
 }
@@ -66,8 +66,16 @@ impl ExtentTable {
         let n = sb.extent_table_pages as usize;
         ExtentTable {
             slots: vec![PAGE_NONE; n],
-            // Nothing matches: the first checkpoint writes every page.
-            crcs: vec![u32::MAX; n],
+            // The first checkpoint writes every page that has a live extent.
+            dirty: vec![u64::MAX; n.div_ceil(64)],
+        }
+    }
+
+    /// Extent `e`'s live accounting changed: its page is written by the next checkpoint.
+    pub fn touch(&mut self, e: u32) {
+        let p = e as usize / EXTENT_TABLE_ENTRIES_PER_PAGE;
+        if let Some(w) = self.dirty.get_mut(p / 64) {
+            *w |= 1 << (p % 64);
         }
     }
 
@@ -88,17 +96,14 @@ impl ExtentTable {
             stamp: 0,
         };
         let mut extents = vec![free; sb.extent_count as usize];
-        let mut table = ExtentTable {
+        let table = ExtentTable {
             slots: ck.extent_table_slots.clone(),
-            crcs: Vec::with_capacity(sb.extent_table_pages as usize),
+            dirty: vec![0; (sb.extent_table_pages as usize).div_ceil(64)],
         };
         let mut buf = vec![0u8; MAP_PAGE_BYTES];
         for p in 0..sb.extent_table_pages {
             let slot = table.slots[p as usize];
             if slot == PAGE_NONE {
-                table
-                    .crcs
-                    .push(crc32c::crc32c(&encode_entries(&extents, p)));
                 continue;
             }
             let mut ok = false;
@@ -112,12 +117,11 @@ impl ExtentTable {
             if !ok {
                 return Ok(None);
             }
-            table.crcs.push(crc32c::crc32c(&buf[HEADER_BYTES..]));
         }
         Ok(Some((table, extents)))
     }
 
-    /// Writes every page whose content changed for checkpoint `seq` (no sync).
+    /// Writes every touched page for checkpoint `seq` (no sync).
     pub fn write_changed(
         &self,
         storage: &dyn Storage,
@@ -127,13 +131,15 @@ impl ExtentTable {
     ) -> Result<WrittenTable> {
         let mut out = WrittenTable {
             slots: self.slots.clone(),
-            crcs: self.crcs.clone(),
             bytes: 0,
         };
         for p in 0..sb.extent_table_pages {
+            if self.dirty[p as usize / 64] & (1 << (p % 64)) == 0 {
+                continue;
+            }
             let entries = encode_entries(extents, p);
-            let crc = crc32c::crc32c(&entries);
-            if crc == self.crcs[p as usize] {
+            if entries.iter().all(|&b| b == 0) {
+                out.slots[p as usize] = PAGE_NONE;
                 continue;
             }
             let slot = if out.slots[p as usize] == 1 { 2 } else { 1 };
@@ -148,7 +154,6 @@ impl ExtentTable {
                 out.bytes += page.len() as u64;
             }
             out.slots[p as usize] = slot;
-            out.crcs[p as usize] = crc;
         }
         Ok(out)
     }
@@ -156,7 +161,7 @@ impl ExtentTable {
     /// The checkpoint `written` belongs to is durable.
     pub fn commit(&mut self, written: WrittenTable) {
         self.slots = written.slots;
-        self.crcs = written.crcs;
+        self.dirty.fill(0);
     }
 }
 
@@ -171,7 +176,7 @@ fn decode_page(
     let mut zeroed = b.to_vec();
     zeroed[4..8].fill(0);
     let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-    let gen = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0xff; 8]));
+    let gen = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
     if u32_at(0) != p || u32_at(4) != crc32c::crc32c(&zeroed) || gen > max_gen {
         return false;
     }

@@ -105,6 +105,12 @@ impl State {
 
     /// Moves one block's live accounting from `old`'s extent to `new`'s.
     fn account(&mut self, old: MapEntry, new: MapEntry) {
+        if old.state == BlockState::Data && old.extent < self.extents.len() as u32 {
+            self.table.touch(old.extent);
+        }
+        if new.state == BlockState::Data {
+            self.table.touch(new.extent);
+        }
         if old.state == BlockState::Data {
             if let Some(x) = self.extents.get_mut(old.extent as usize) {
                 x.live_bytes -= u32::from(old.len);

@@ -883,6 +883,7 @@ impl Inner {
         // Reading the whole map (to check the live accounting) also finds every damaged page.
         {
             let mut st = self.state.lock();
+            let kept = st.map.counters();
             let fresh = match recovery::account(&mut st.map, self.sb.extent_count) {
                 Ok(f) => f,
                 Err(e) => {
@@ -896,6 +897,11 @@ impl Inner {
                         .metadata_problems
                         .push(format!("extent {i}: live accounting differs from the map"));
                 }
+            }
+            if !fresh.is_empty() && st.map.counters() != kept {
+                report
+                    .metadata_problems
+                    .push("volume counters differ from the map (recounted)".into());
             }
         }
         let (damaged_pages, repaired_pages) = {

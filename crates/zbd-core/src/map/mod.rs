@@ -35,6 +35,9 @@ pub const SUMMARY_HOLE: u8 = 1;
 /// Summary of a page: every entry zero.
 pub const SUMMARY_ZERO: u8 = 2;
 
+/// Dirty pages a checkpoint may wait for even when the cache budget is smaller (64 KiB).
+const DIRTY_PAGES_MIN: usize = 16;
+
 /// Map page holding `lba`.
 pub fn page_of(lba: u64) -> u32 {
     (lba / MAP_ENTRIES_PER_PAGE as u64) as u32
@@ -253,10 +256,12 @@ impl Map {
         }
     }
 
-    /// Whether enough dirty pages are pinned in the cache that a checkpoint should come now.
+    /// Whether enough dirty pages are pinned in the cache that a checkpoint should come now:
+    /// three quarters of the budget, but never fewer than `DIRTY_PAGES_MIN` (a tiny cache would
+    /// otherwise checkpoint after nearly every write).
     pub fn wants_checkpoint(&self) -> bool {
         let budget = self.cache.budget();
-        self.cache.dirty() >= (budget - budget / 4).max(1)
+        self.cache.dirty() >= (budget - budget / 4).max(DIRTY_PAGES_MIN)
     }
 
     /// Reads page `p` from its durable slot: copy 0, else the others. A page with no intact
