@@ -35,8 +35,9 @@ pub const SUMMARY_HOLE: u8 = 1;
 /// Summary of a page: every entry zero.
 pub const SUMMARY_ZERO: u8 = 2;
 
-/// Dirty pages a checkpoint may wait for even when the cache budget is smaller (64 KiB).
-const DIRTY_PAGES_MIN: usize = 16;
+/// Dirty pages a checkpoint may wait for even when the cache budget is smaller (256 KiB): a
+/// checkpoint costs three syncs, a tiny cache must not turn every few writes into one.
+const DIRTY_PAGES_MIN: usize = 64;
 
 /// Map page holding `lba`.
 pub fn page_of(lba: u64) -> u32 {

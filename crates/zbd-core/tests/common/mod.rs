@@ -145,8 +145,8 @@ pub fn small_volume(
     }
 }
 
-/// A map cache of a single page (see `open_opts_with`).
-pub const TINY_MAP_CACHE: usize = 1;
+/// A map cache of four pages (see `open_opts_with`).
+pub const TINY_MAP_CACHE: usize = 4 * 4200;
 
 pub fn open_opts() -> OpenOptions {
     // Writes held by the I/O layer and completed in a seeded random order: deterministic, and
@@ -166,7 +166,8 @@ pub fn open_opts_with(io: IoOptions) -> OpenOptions {
         // Deterministic storage-operation sequences (crash sweeps): cleaning only inline.
         background_cleaner: false,
         io,
-        // One map page (the minimum): pages are evicted and read back on nearly every operation.
+        // A few map pages: on volumes of more than 1 MiB pages are evicted and read back all
+        // the time.
         map_cache_bytes: TINY_MAP_CACHE,
         ..OpenOptions::default()
     }

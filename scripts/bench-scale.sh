@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Scale benchmarks (issue 9), run by `make bench` after the others: peak RSS of `zbd serve` on a
+# 1 TiB volume after 40,000 random 4 KiB writes over its whole range then random reads, and on a
+# 64 GiB volume holding 8 GiB; time to create / stat a 1 TiB volume; reopen after kill -9 under
+# write load at 1 TiB and 64 GiB; an 8 MiB map cache on 64 GiB (hit rate, map bytes read per host
+# byte read). fio's nbd engine with explicit data (half-compressible buffers, refilled).
+# Usage: scripts/bench-scale.sh OUTDIR [WORKDIR]   env: ZBD_BIN; QUICK=1 skips the 8 GiB fill.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
+out=${1:?usage: bench-scale.sh OUTDIR [WORKDIR]}
+work=${2:-$(mktemp -d /var/tmp/zbd-scale.XXXXXX)}
+mkdir -p "$out" "$work"
+pid=""
+cleanup() {
+  [[ -n "$pid" ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+log() { echo "$*" | tee -a "$out/scale.txt"; }
+
+data=(--refill_buffers --buffer_compress_percentage=50 --buffer_compress_chunk=4k)
+
+# Starts `zbd serve VOL SOCK [ARGS]` and waits until the socket answers; prints seconds taken.
+serve() {
+  local vol=$1 sock=$2
+  shift 2
+  rm -f "$sock"
+  local t0
+  t0=$(date +%s.%N)
+  "$zbd" serve "$vol" --socket "$sock" "$@" >"$work/serve.log" 2>&1 &
+  pid=$!
+  until nbdinfo --size "nbd+unix:///?socket=$sock" >/dev/null 2>&1; do
+    kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >&2; return 1; }
+    sleep 0.02
+  done
+  echo "$(date +%s.%N) - $t0" | bc
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+hwm() { awk '/VmHWM/ {print $2 " KiB"}' "/proc/$pid/status"; }
+fio_nbd() {
+  local sock=$1
+  shift
+  fio --name=scale --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --bs=4k --iodepth=8 \
+    "${data[@]}" --output-format=json "$@"
+}
+
+log "== scale benchmarks $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD), noisy shared machine"
+
+# --- create / stat of 1 TiB (1 MiB extents: the extent table is RAM per extent, docs/design.md)
+for ext in 1M 32K; do
+  rm -f "$work/t.zbd"
+  /usr/bin/time -f "%e s %M KiB" -o "$work/time" "$zbd" create "$work/t.zbd" --size 1T --extent-size "$ext" >/dev/null
+  log "create 1 TiB (extents $ext): $(cat "$work/time") (wall, peak RSS)"
+  /usr/bin/time -f "%e s %M KiB" -o "$work/time" "$zbd" stat "$work/t.zbd" >/dev/null
+  log "stat 1 TiB (extents $ext): $(cat "$work/time")"
+done
+rm -f "$work/t.zbd"
+
+# --- 1 TiB: 40,000 random writes over the whole range, then random reads
+"$zbd" create "$work/big.zbd" --size 1T --extent-size 1M >/dev/null
+sock=$work/big.sock
+t=$(serve "$work/big.zbd" "$sock" --map-cache 64M)
+log "1 TiB open: ${t} s"
+fio_nbd "$sock" --rw=randwrite --number_ios=40000 >"$out/scale-1t-write.json"
+fio_nbd "$sock" --rw=randread --number_ios=40000 >"$out/scale-1t-read.json"
+log "1 TiB after 40k random writes + 40k random reads, --map-cache 64M: peak RSS $(hwm)"
+"$zbd" stat --json "$work/big.zbd" >"$out/scale-1t-stat.json" || true
+# reopen after kill -9 under write load
+fio_nbd "$sock" --rw=randwrite --time_based --runtime=5 >/dev/null 2>&1 &
+fio=$!
+sleep 3
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+pid=""
+wait "$fio" 2>/dev/null || true
+t=$(serve "$work/big.zbd" "$sock" --map-cache 64M)
+log "1 TiB reopen after kill -9 under write load: ${t} s (until the socket answers)"
+stop
+rm -f "$work/big.zbd"
+
+# --- 64 GiB holding 8 GiB
+"$zbd" create "$work/mid.zbd" --size 64G >/dev/null
+sock=$work/mid.sock
+serve "$work/mid.zbd" "$sock" --map-cache 64M >/dev/null
+if [[ "${QUICK:-0}" != 1 ]]; then
+  fio_nbd "$sock" --rw=write --size=8g --bs=1m --iodepth=4 >"$out/scale-64g-fill.json"
+fi
+fio_nbd "$sock" --rw=randread --number_ios=40000 >"$out/scale-64g-read.json"
+log "64 GiB with 8 GiB data after random reads, --map-cache 64M: peak RSS $(hwm)"
+fio_nbd "$sock" --rw=randwrite --time_based --runtime=5 --size=8g >/dev/null 2>&1 &
+fio=$!
+sleep 3
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+pid=""
+wait "$fio" 2>/dev/null || true
+t=$(serve "$work/mid.zbd" "$sock" --map-cache 8M)
+log "64 GiB reopen after kill -9 under write load: ${t} s"
+# --- an 8 MiB map cache (the map of 64 GiB is 2 x 64 MiB): random reads over the data
+fio_nbd "$sock" --rw=randread --number_ios=40000 --size=8g >"$out/scale-64g-8m-read.json"
+"$zbd" stat --json "$work/mid.zbd" >"$out/scale-64g-8m-stat.json"
+python3 - "$out/scale-64g-8m-stat.json" "$out/scale-64g-8m-read.json" <<'EOF' | tee -a "$out/scale.txt"
+import json, sys
+s = json.load(open(sys.argv[1]))
+r = json.load(open(sys.argv[2]))["jobs"][0]["read"]
+m = s["map_cache"]
+look = m["hits"] + m["faults"]
+print(f"64 GiB, --map-cache 8M, 40k random 4 KiB reads over 8 GiB: map hit rate "
+      f"{m['hits'] / max(look, 1):.3f}, map bytes read {m['bytes_read']} for "
+      f"{s['counters']['host_bytes_read']} host bytes read "
+      f"({m['bytes_read'] / max(s['counters']['host_bytes_read'], 1):.3f} per host byte), "
+      f"{r['iops']:.0f} IOPS")
+EOF
+stop
