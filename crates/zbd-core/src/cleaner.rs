@@ -230,7 +230,9 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         };
         is_victim[v as usize] = false;
     };
-    // Read the victims whole (paper: extents are read in full).
+    // Read the victims whole (paper: extents are read in full), with their last segments
+    // issued first (they may still wait in the outbox).
+    cx.outbox.issue_all(cx.storage)?;
     let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
     for &v in &victims {
         let mut buf = vec![0u8; e];

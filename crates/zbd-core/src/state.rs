@@ -160,6 +160,8 @@ pub struct Ctx<'a> {
     pub durable_seq: &'a AtomicU64,
     /// Stored bytes recently read; reused extents must be forgotten (under the gate).
     pub cache: &'a crate::readcache::ReadCache,
+    /// Sealed segments waiting to be issued to the storage (outside the state lock).
+    pub outbox: &'a crate::writeback::Outbox,
 }
 
 impl State {
@@ -389,7 +391,8 @@ impl State {
         self.queue.pop_front().ok_or(Error::NoSpace)
     }
 
-    /// Writes the pending segment of open extent `i` (no sync).
+    /// Seals the pending segment of open extent `i` and hands it to the outbox, which issues it
+    /// to the storage once the state lock is released (no sync).
     fn write_segment(&mut self, cx: &Ctx, i: usize) -> Result<()> {
         let oe = &mut self.open[i];
         if oe.records.is_empty() {
@@ -406,10 +409,12 @@ impl State {
         };
         let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
         let start = oe.durable_end;
-        cx.storage.write_at(
+        cx.outbox.push(
+            oe.extent,
+            start,
             cx.sb.extent_offset(oe.extent) + start as u64,
             &oe.buf[start..start + n],
-        )?;
+        );
         oe.durable_end += n;
         oe.payload_len = 0;
         oe.records.clear();
@@ -464,6 +469,7 @@ impl State {
     pub fn flush(&mut self, cx: &Ctx) -> Result<()> {
         self.write_pending(cx)?;
         let covered = self.next_seq - 1;
+        cx.outbox.issue_all(cx.storage)?;
         cx.storage.sync()?;
         cx.durable_seq.fetch_max(covered, Ordering::SeqCst);
         self.counters.flushes += 1;

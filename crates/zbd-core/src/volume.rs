@@ -15,6 +15,7 @@ use crate::recovery;
 use crate::state::{is_zero, BufferConfig, Ctx, ExtentState, Prepared, State};
 use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
+use crate::writeback::Outbox;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, VecDeque};
@@ -108,6 +109,8 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     gate: RwLock<()>,
     cache: ReadCache,
+    /// Sealed segments not yet issued (see writeback.rs).
+    outbox: Outbox,
     damaged_pages: Vec<u32>,
     /// Problems found at open: damaged checkpoint copies, unattributable log damage.
     open_problems: Vec<String>,
@@ -285,6 +288,7 @@ impl Inner {
             state: Mutex::new(st),
             gate: RwLock::new(()),
             cache: ReadCache::new(opts.read_cache_bytes),
+            outbox: Outbox::default(),
             damaged_pages: loaded.damaged_pages,
             open_problems: rolled.problems,
             open_repaired,
@@ -314,6 +318,7 @@ impl Inner {
             gate: &self.gate,
             durable_seq: &self.durable_seq,
             cache: &self.cache,
+            outbox: &self.outbox,
         }
     }
 
@@ -426,6 +431,8 @@ impl Inner {
         let st = self.state.lock();
         self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         let mut out = Vec::with_capacity(count as usize);
+        // Blocks of closed extents whose last segment is not issued yet are read from it.
+        let outbox = !self.outbox.is_empty();
         for lba in first..first + count {
             let entry = st.map[lba as usize];
             out.push(match entry.state {
@@ -442,7 +449,16 @@ impl Inner {
                             bytes: o.buf[s..s + entry.len as usize].to_vec(),
                         }
                     }
-                    _ => Source::Disk { entry },
+                    _ => match outbox
+                        .then(|| {
+                            self.outbox
+                                .find(entry.extent, entry.offset, entry.len.into())
+                        })
+                        .flatten()
+                    {
+                        Some(bytes) => Source::Bytes { entry, bytes },
+                        None => Source::Disk { entry },
+                    },
                 },
             });
         }
@@ -574,6 +590,7 @@ impl Inner {
             let mut st = self.state.lock();
             st.counters.host_bytes_written += data.len() as u64;
         }
+        self.issue_sealed()?;
         if fua {
             self.flush()?;
         }
@@ -656,8 +673,10 @@ impl Inner {
             BlockState::Corrupt => return Err(Error::Corrupt { lba }),
             BlockState::Data => {
                 let (s, n) = (entry.offset as usize, entry.len as usize);
-                let stored = match st.open.iter().find(|o| o.extent == entry.extent) {
-                    Some(o) => o.buf[s..s + n].to_vec(),
+                let open = st.open.iter().find(|o| o.extent == entry.extent);
+                let waiting = || self.outbox.find(entry.extent, entry.offset, n);
+                let stored = match open.map(|o| o.buf[s..s + n].to_vec()).or_else(waiting) {
+                    Some(bytes) => bytes,
                     None => {
                         let mut b = vec![0u8; n];
                         self.storage
@@ -710,7 +729,14 @@ impl Inner {
         if end > end_full * bs {
             self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
         }
-        Ok(())
+        self.issue_sealed()
+    }
+
+    /// Issues the segments sealed under the state lock to the storage (see writeback.rs). Called
+    /// after the lock is released: the storage hand-off wakes I/O threads, and a thread holding
+    /// the state lock must not wait for a core meanwhile.
+    fn issue_sealed(&self) -> Result<()> {
+        self.outbox.issue_all(&self.storage)
     }
 
     /// Makes everything written so far durable.
@@ -726,6 +752,7 @@ impl Inner {
         // Sync outside the lock: reads and writes go on meanwhile. Segments written after this
         // point belong to later flushes; the ones above are covered by this sync. Only once it
         // succeeded do they count as durable (a failed sync stops the volume: fence.rs).
+        self.issue_sealed()?;
         self.storage.sync()?;
         self.durable_seq.fetch_max(covered, Ordering::SeqCst);
         Ok(())
