@@ -20,8 +20,8 @@
 
 use crate::error::Result;
 use crate::format::{
-    seal_segment, segment_padded_len, BlockState, MapEntry, Record, RecordKind, SegmentHeader,
-    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, RECORD_BYTES,
+    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, ExtentInfo, ExtentState, State};
 use std::collections::HashMap;
@@ -201,13 +201,12 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     }
     let mut is_victim = vec![false; st.extents.len()];
     victims.iter().for_each(|&v| is_victim[v as usize] = true);
-    let candidates: Vec<(u64, MapEntry)> = st
-        .map
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.state == BlockState::Data && is_victim[m.extent as usize])
-        .map(|(l, m)| (l as u64, *m))
-        .collect();
+    let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
+    st.map.for_each_data(|l, m| {
+        if is_victim[m.extent as usize] {
+            candidates.push((l, *m));
+        }
+    })?;
     let (blocks, bins) = loop {
         let mut blocks: Vec<(u64, MapEntry)> = candidates
             .iter()
@@ -299,7 +298,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         x.stamp = stamp;
         for (lba, entry) in moved {
             result.bytes_moved += u64::from(entry.len);
-            st.set_entry(lba, entry);
+            st.set_entry(lba, entry)?;
         }
         result.outputs += 1;
     }

@@ -13,6 +13,7 @@ use crate::format::{
     RecordKind, SegmentHeader, SegmentOwner, Superblock, BLOCK_BYTES, CKPT_FLAGS_INCOMPAT,
     MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
+use crate::map::Map;
 use crate::state::{ExtentInfo, ExtentState};
 use crate::storage::Storage;
 use std::collections::{BTreeMap, HashSet};
@@ -188,7 +189,7 @@ pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
 }
 
 /// Live accounting derived from the map.
-pub fn account(map: &[MapEntry], extent_count: u32) -> Vec<ExtentInfo> {
+pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
     let mut extents = vec![
         ExtentInfo {
             live_bytes: 0,
@@ -198,13 +199,13 @@ pub fn account(map: &[MapEntry], extent_count: u32) -> Vec<ExtentInfo> {
         };
         extent_count as usize
     ];
-    for e in map.iter().filter(|e| e.state == BlockState::Data) {
+    map.for_each_data(|_, e| {
         let x = &mut extents[e.extent as usize];
         x.live_bytes += u32::from(e.len);
         x.live_blocks += 1;
         x.state = ExtentState::Closed;
-    }
-    extents
+    })?;
+    Ok(extents)
 }
 
 /// A record found by roll-forward, with the extent it was found in.
