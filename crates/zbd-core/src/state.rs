@@ -69,6 +69,9 @@ pub struct State {
     pub replayed: u64,
     /// Dictionary directory of the checkpoint, carried through unchanged (reserved, v2).
     pub dicts: [DictEntry; DICT_ENTRIES],
+    /// Victims of a cleaning pass that reads them without the state lock
+    /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
+    pub cleaning: Vec<u32>,
 }
 
 /// Read-only context the state operations need.
@@ -260,7 +263,10 @@ impl State {
         self.counters.metadata_bytes_written += pages.bytes;
         // Extents free once this checkpoint is durable: no map entry references them.
         let released: Vec<u32> = (0..self.extents.len() as u32)
-            .filter(|&e| self.extents[e as usize].state == ExtentState::PendingFree)
+            .filter(|&e| {
+                self.extents[e as usize].state == ExtentState::PendingFree
+                    && !self.cleaning.contains(&e)
+            })
             .collect();
         let mut queue: Vec<QueueEntry> = self
             .open

@@ -262,6 +262,7 @@ impl Inner {
             },
             replayed: 0,
             dicts: ck.dicts,
+            cleaning: Vec::new(),
         };
         // Pages read from their second copy are rewritten (both copies) by the next checkpoint.
         st.map.mark_dirty(loaded.repaired_pages.iter().copied());
@@ -1057,24 +1058,30 @@ impl Inner {
         const CHECKPOINT_AFTER_RECLAIMED: usize = 32;
         let mut pending = 0usize;
         loop {
-            let mut st = self.lock_for_write();
             let cx = self.ctx();
-            let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Incremental)?;
-            pending += r.reclaimed;
-            let total = st.extents.len();
-            let done = !r.progressed()
-                || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
-            if pending > 0
-                && (done
-                    || pending >= CHECKPOINT_AFTER_RECLAIMED
-                    || st.free_now() <= st.buffer.reserve)
-            {
-                st.checkpoint(&cx)?;
-                pending = 0;
-            }
-            if !r.progressed() {
-                self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
-            }
+            // Victims are read without the state lock; it is taken to choose and to commit.
+            let r = crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?;
+            let done = {
+                let mut st = self.lock_for_write();
+                pending += r.reclaimed;
+                let total = st.extents.len();
+                let done = !r.progressed()
+                    || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
+                if pending > 0
+                    && (done
+                        || pending >= CHECKPOINT_AFTER_RECLAIMED
+                        || st.free_now() <= st.buffer.reserve)
+                {
+                    st.checkpoint(&cx)?;
+                    pending = 0;
+                }
+                if !r.progressed() {
+                    self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
+                }
+                done
+            };
+            // The outputs went to the outbox under the lock: issue them now.
+            self.issue_sealed()?;
             if done {
                 return Ok(());
             }
@@ -1118,6 +1125,8 @@ impl Inner {
             }
         }
         progress(first, first);
+        drop(st);
+        self.issue_sealed()?;
         Ok(total)
     }
 
