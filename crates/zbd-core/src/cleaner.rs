@@ -14,9 +14,11 @@
 //!   (small data areas), the pass streams instead (`stream`): outputs reuse drained victims.
 //! - Safety: outputs come from the allocation queue like host writes, carry ordinary data records
 //!   (replayed after a crash in write-sequence order), and the map is switched to them only after
-//!   they are written; victims become free only at a checkpoint that no longer references them
-//!   (after the outputs are synced). A pass runs under the state lock, so foreground I/O simply
-//!   interleaves between passes; reads never see a half-moved block.
+//!   they are sealed (they reach the storage through the outbox, before any sync); victims become
+//!   free only at a checkpoint that no longer references them (after the outputs are synced).
+//! - Locking: background passes read their victims with the state lock released and switch the
+//!   map, under it, only for blocks whose entry did not change meanwhile (`pass_unlocked`);
+//!   other passes run whole under the lock. Reads never see a half-moved block either way.
 
 use crate::error::Result;
 use crate::format::{
