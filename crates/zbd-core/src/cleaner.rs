@@ -394,12 +394,14 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
             let images = read_victims(cx, &sel.victims)?;
             return commit(&mut st, cx, &sel, &images);
         }
-        st.cleaning = sel.victims.clone();
+        // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
+        // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
+        st.cleaning.extend_from_slice(&sel.victims);
         sel
     };
     let images = read_victims(cx, &sel.victims);
     let mut st = lock();
-    st.cleaning.clear();
+    st.cleaning.retain(|v| !sel.victims.contains(v));
     let images = images?;
     // Host writes may have taken free extents meanwhile: outputs must still fit, or the pass
     // is dropped (nothing moved yet; the next one chooses again).
