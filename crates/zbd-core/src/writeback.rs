@@ -109,11 +109,11 @@ mod tests {
             "spans two segments: not one block"
         );
         let sim = SimStorage::new(20_000);
-        out.issue_all(&sim).unwrap();
+        out.issue_all(&sim).expect("issue");
         assert!(out.is_empty());
         assert_eq!(out.find(3, 513, 2), None);
         let mut b = [0u8; 6];
-        sim.read_at(10_000, &mut b).unwrap();
+        sim.read_at(10_000, &mut b).expect("read back");
         assert_eq!(b, [1, 2, 3, 4, 5, 6]);
         // A write past the end of the storage is refused: the segment stays, readable.
         out.push(1, 0, 19_999, &[9, 9]);
