@@ -2,9 +2,11 @@
 # `make bench` (as root): `zbdlab bench`, the same-run ratios in alternating rounds with their
 # intervals and targets (engine, NBD fast and slow disk, filesystems), written with raw fio JSON
 # under bench/results/<date>-<commit>/; then what is not a ratio (codec table, write amplification,
-# cleaner, the heavy engine tests), kept in the same directory under raw/other/.
+# cleaner, the heavy engine tests), kept in the same directory under raw/other/, and the read
+# latency behind checkpoints and the cleaner (scripts/bench-latency.sh: latency.md, raw/latency/).
 # Usage: scripts/bench.sh [--quick] [--only GROUP]... (any `zbdlab bench` option; --quick and
-#   --only run the ratios alone). env: ZBD_BIN (the binary measured), BENCH_OUT (results dir).
+#   --only run the ratios alone). env: ZBD_BIN (the binary measured), BENCH_OUT (results dir),
+#   BASE_ZBD (a second binary for the latency before/after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
@@ -24,5 +26,7 @@ echo "== zbd bench cleaner"
 "$zbd" bench cleaner --capacity 64M --factor 4 --csv "$other/cleaner-series.csv" | tee "$other/cleaner.txt"
 echo "== scale: paged map, open time, RSS at 1 TiB and 64 GiB (scripts/bench-scale.sh)"
 ZBD_BIN="$zbd" scripts/bench-scale.sh "$other/scale"
+echo "== read latency behind checkpoints and the cleaner"
+ZBD_BIN=$zbd scripts/bench-latency.sh "$out" ${BASE_ZBD:+"$(realpath "$BASE_ZBD")"}
 echo "== heavy engine tests (ignored in make test)"
 cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture 2>&1 | tee "$other/heavy-tests.txt"

@@ -14,9 +14,11 @@
 //!   (small data areas), the pass streams instead (`stream`): outputs reuse drained victims.
 //! - Safety: outputs come from the allocation queue like host writes, carry ordinary data records
 //!   (replayed after a crash in write-sequence order), and the map is switched to them only after
-//!   they are written; victims become free only at a checkpoint that no longer references them
-//!   (after the outputs are synced). A pass runs under the state lock, so foreground I/O simply
-//!   interleaves between passes; reads never see a half-moved block.
+//!   they are sealed (they reach the storage through the outbox, before any sync); victims become
+//!   free only at a checkpoint that no longer references them (after the outputs are synced).
+//! - Locking: background passes read their victims with the state lock released and switch the
+//!   map, under it, only for blocks whose entry did not change meanwhile (`pass_unlocked`);
+//!   other passes run whole under the lock. Reads never see a half-moved block either way.
 
 use crate::error::Result;
 use crate::format::{
@@ -24,6 +26,7 @@ use crate::format::{
     SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, ExtentInfo, ExtentState, State};
+use parking_lot::MutexGuard;
 use std::collections::HashMap;
 
 /// How a pass chooses its victims.
@@ -84,7 +87,11 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
         .extents
         .iter()
         .enumerate()
-        .filter(|(_, x)| x.state == ExtentState::Closed && footprint(x) < usable)
+        .filter(|(i, x)| {
+            x.state == ExtentState::Closed
+                && footprint(x) < usable
+                && !st.cleaning.contains(&(*i as u32))
+        })
         .map(|(i, x)| {
             let key = match mode {
                 Mode::Incremental => -cost_benefit(x, extent_bytes as f64, now),
@@ -187,17 +194,28 @@ fn stream(
     Some(bins)
 }
 
-/// One cleaning pass (state lock held).
-pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
+/// The blocks a pass moves and how they are packed, chosen under the state lock.
+struct Selection {
+    victims: Vec<u32>,
+    /// (logical block, its map entry when chosen).
+    blocks: Vec<(u64, MapEntry)>,
+    /// Output extents: indices into `blocks`.
+    bins: Vec<Vec<usize>>,
+    /// Packed victim by victim (`stream`): needs drained victims freed during the pass.
+    streamed: bool,
+}
+
+/// Chooses victims and packs their live blocks (state lock held); `None` if no pass is worth it.
+fn select(st: &mut State, cx: &Ctx, mode: Mode) -> Result<Option<Selection>> {
     let e = cx.sb.extent_bytes as usize;
     let free = st.free_now();
     if free == 0 {
-        return Ok(PassResult::default());
+        return Ok(None);
     }
     // Victims may need more outputs than are free: `stream` then reuses drained victims.
     let mut victims = choose_victims(st, e, mode, PASS_OUTPUTS_MAX);
     if victims.is_empty() {
-        return Ok(PassResult::default());
+        return Ok(None);
     }
     let mut is_victim = vec![false; st.extents.len()];
     victims.iter().for_each(|&v| is_victim[v as usize] = true);
@@ -207,7 +225,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             candidates.push((l, *m));
         }
     })?;
-    let (blocks, bins) = loop {
+    loop {
         let mut blocks: Vec<(u64, MapEntry)> = candidates
             .iter()
             .filter(|(_, m)| is_victim[m.extent as usize])
@@ -215,48 +233,89 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             .collect();
         let bins = pack(&blocks, e, cx.sb.version);
         if bins.len() <= free.min(PASS_OUTPUTS_MAX) && bins.len() < victims.len() {
-            break (blocks, bins);
+            return Ok(Some(Selection {
+                victims,
+                blocks,
+                bins,
+                streamed: false,
+            }));
         }
         // Too few free extents for the whole packing (small data areas): fill the outputs
         // victim by victim instead, so drained victims are free again for the later outputs.
         if let Some(bins) = stream(st, &mut blocks, &victims, e, cx.sb.version, free) {
-            break (blocks, bins);
+            return Ok(Some(Selection {
+                victims,
+                blocks,
+                bins,
+                streamed: true,
+            }));
         }
         // Drop the least beneficial victim and try again rather than giving up: when free
         // extents are scarce, giving up here meant NoSpace with most of the data area dead.
         let Some(v) = victims.pop() else {
-            return Ok(PassResult::default());
+            return Ok(None);
         };
         is_victim[v as usize] = false;
-    };
-    // Read the victims whole (paper: extents are read in full).
-    let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
-    for &v in &victims {
-        let mut buf = vec![0u8; e];
+    }
+}
+
+/// Reads the victims whole (paper: extents are read in full), their last segments issued
+/// first (they may still wait in the outbox). Needs no state lock: victims stay allocated
+/// while they are read (lock held, or listed in `State::cleaning`).
+fn read_victims(cx: &Ctx, victims: &[u32]) -> Result<HashMap<u32, Vec<u8>>> {
+    cx.outbox.issue_all(cx.storage)?;
+    let mut images = HashMap::with_capacity(victims.len());
+    for &v in victims {
+        let mut buf = vec![0u8; cx.sb.extent_bytes as usize];
         cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
         images.insert(v, buf);
     }
-    let stamp = victims
+    Ok(images)
+}
+
+/// Writes the outputs of a pass and switches the map to them (state lock held). Only blocks
+/// whose map entry is still the one chosen move: a block the host rewrote, trimmed or zeroed
+/// meanwhile keeps its new entry, and its old bytes are not copied. Outputs are sealed here and
+/// issued through the outbox, after the lock is released.
+fn commit(
+    st: &mut State,
+    cx: &Ctx,
+    sel: &Selection,
+    images: &HashMap<u32, Vec<u8>>,
+) -> Result<PassResult> {
+    let e = cx.sb.extent_bytes as usize;
+    let stamp = sel
+        .victims
         .iter()
         .map(|&v| st.extents[v as usize].stamp)
         .max()
         .unwrap_or(0);
     let mut result = PassResult {
-        victims: victims.len(),
+        victims: sel.victims.len(),
         ..PassResult::default()
     };
-    let mut outputs = Vec::with_capacity(bins.len());
-    for bin in bins {
+    let mut outputs = Vec::with_capacity(sel.bins.len());
+    for bin in &sel.bins {
+        let mut unchanged = Vec::with_capacity(bin.len());
+        for &i in bin {
+            let (lba, chosen) = sel.blocks[i];
+            if st.map.get(lba)? == chosen {
+                unchanged.push(i);
+            }
+        }
+        if unchanged.is_empty() {
+            continue;
+        }
         // When the queue runs dry, `alloc` checkpoints (syncing the outputs written so far),
         // which releases the victims they drained: crash safety as for separate passes.
         let q = st.alloc(cx)?;
         outputs.push(q.extent);
         let mut buf = vec![0u8; e];
-        let mut records = Vec::with_capacity(bin.len());
-        let mut moved = Vec::with_capacity(bin.len());
+        let mut records = Vec::with_capacity(unchanged.len());
+        let mut moved = Vec::with_capacity(unchanged.len());
         let mut at = SEGMENT_HEADER_BYTES;
-        for i in bin {
-            let (lba, old) = blocks[i];
+        for i in unchanged {
+            let (lba, old) = sel.blocks[i];
             let len = old.len as usize;
             let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
             buf[at..at + len].copy_from_slice(src);
@@ -288,8 +347,8 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
             durable_seq: cx.durable_seq.load(std::sync::atomic::Ordering::SeqCst),
         };
         let n = seal_segment(&mut buf, &cx.sb.uuid, &h, &records);
-        cx.storage
-            .write_at(cx.sb.extent_offset(q.extent), &buf[..n])?;
+        cx.outbox
+            .push(q.extent, 0, cx.sb.extent_offset(q.extent), &buf[..n]);
         st.counters.cleaner_bytes_written += n as u64;
         let x = &mut st.extents[q.extent as usize];
         x.state = ExtentState::Closed;
@@ -300,7 +359,8 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         }
         result.outputs += 1;
     }
-    result.reclaimed = victims
+    result.reclaimed = sel
+        .victims
         .iter()
         .filter(|&&v| st.extents[v as usize].live_blocks == 0 || outputs.contains(&v))
         .count();
@@ -308,6 +368,47 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     st.counters.cleaner_bytes_moved += result.bytes_moved;
     st.counters.extents_reclaimed += result.reclaimed as u64;
     Ok(result)
+}
+
+/// One cleaning pass, all of it under the state lock (foreground cleaning, compaction).
+pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
+    let Some(sel) = select(st, cx, mode)? else {
+        return Ok(PassResult::default());
+    };
+    let images = read_victims(cx, &sel.victims)?;
+    commit(st, cx, &sel, &images)
+}
+
+/// One incremental pass that holds the state lock (`lock`) only to choose its victims and to
+/// commit: the victims are read with the lock released, so host I/O goes on meanwhile (the
+/// background cleaner). A victim stays allocated while it is read because `State::cleaning`
+/// keeps checkpoints from releasing it; blocks that changed meanwhile are not moved (`commit`).
+/// A pass that must stream (small data areas) runs whole under the lock, as `pass`.
+pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> Result<PassResult> {
+    let sel = {
+        let mut st = lock();
+        let Some(sel) = select(&mut st, cx, Mode::Incremental)? else {
+            return Ok(PassResult::default());
+        };
+        if sel.streamed {
+            let images = read_victims(cx, &sel.victims)?;
+            return commit(&mut st, cx, &sel, &images);
+        }
+        // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
+        // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
+        st.cleaning.extend_from_slice(&sel.victims);
+        sel
+    };
+    let images = read_victims(cx, &sel.victims);
+    let mut st = lock();
+    st.cleaning.retain(|v| !sel.victims.contains(v));
+    let images = images?;
+    // Host writes may have taken free extents meanwhile: outputs must still fit, or the pass
+    // is dropped (nothing moved yet; the next one chooses again).
+    if st.free_now() < sel.bins.len() {
+        return Ok(PassResult::default());
+    }
+    commit(&mut st, cx, &sel, &images)
 }
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.

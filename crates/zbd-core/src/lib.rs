@@ -22,6 +22,7 @@ mod state;
 pub mod stats;
 pub mod storage;
 mod volume;
+mod writeback;
 
 pub use cleaner::PassResult;
 pub use codec::Codec;

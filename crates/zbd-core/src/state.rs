@@ -73,6 +73,9 @@ pub struct State {
     pub replayed: u64,
     /// Dictionary directory of the checkpoint, carried through unchanged (reserved, v2).
     pub dicts: [DictEntry; DICT_ENTRIES],
+    /// Victims of a cleaning pass that reads them without the state lock
+    /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
+    pub cleaning: Vec<u32>,
 }
 
 /// Read-only context the state operations need.
@@ -89,6 +92,8 @@ pub struct Ctx<'a> {
     pub durable_seq: &'a AtomicU64,
     /// Stored bytes recently read; reused extents must be forgotten (under the gate).
     pub cache: &'a crate::readcache::ReadCache,
+    /// Sealed segments waiting to be issued to the storage (outside the state lock).
+    pub outbox: &'a crate::writeback::Outbox,
     /// Frees extents when host writes run short (the cleaner's foreground pass; passed in so
     /// the state does not depend on the cleaner).
     pub make_space: fn(&mut State, &Ctx) -> Result<()>,
@@ -260,6 +265,7 @@ impl State {
     pub fn flush(&mut self, cx: &Ctx) -> Result<()> {
         self.write_pending(cx)?;
         let covered = self.next_seq - 1;
+        cx.outbox.issue_all(cx.storage)?;
         cx.storage.sync()?;
         cx.durable_seq.fetch_max(covered, Ordering::SeqCst);
         self.counters.flushes += 1;
@@ -281,7 +287,10 @@ impl State {
         self.counters.metadata_bytes_written += table.bytes;
         // Extents free once this checkpoint is durable: no map entry references them.
         let released: Vec<u32> = (0..self.extents.len() as u32)
-            .filter(|&e| self.extents[e as usize].state == ExtentState::PendingFree)
+            .filter(|&e| {
+                self.extents[e as usize].state == ExtentState::PendingFree
+                    && !self.cleaning.contains(&e)
+            })
             .collect();
         let mut queue: Vec<QueueEntry> = self
             .open

@@ -18,6 +18,7 @@ use crate::recovery;
 use crate::state::{is_zero, Ctx, ExtentState, State};
 use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
+use crate::writeback::Outbox;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use std::collections::VecDeque;
@@ -114,6 +115,8 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     gate: RwLock<()>,
     cache: ReadCache,
+    /// Sealed segments not yet issued (see writeback.rs).
+    outbox: Outbox,
     /// Problems found at open: damaged checkpoint copies, unattributable log damage.
     open_problems: Vec<String>,
     open_repaired: Vec<String>,
@@ -271,6 +274,7 @@ impl Inner {
             },
             replayed: 0,
             dicts: ck.dicts,
+            cleaning: Vec::new(),
         };
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
@@ -294,6 +298,7 @@ impl Inner {
             state: Mutex::new(st),
             gate: RwLock::new(()),
             cache: ReadCache::new(opts.read_cache_bytes),
+            outbox: Outbox::default(),
             open_problems: rolled.problems,
             open_repaired,
             durable_seq: AtomicU64::new(rolled.durable_seq),
@@ -322,6 +327,7 @@ impl Inner {
             gate: &self.gate,
             durable_seq: &self.durable_seq,
             cache: &self.cache,
+            outbox: &self.outbox,
             make_space: crate::cleaner::make_space,
         }
     }
@@ -435,6 +441,8 @@ impl Inner {
         let mut st = self.state.lock();
         self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         let mut out = Vec::with_capacity(count as usize);
+        // Blocks of closed extents whose last segment is not issued yet are read from it.
+        let outbox = !self.outbox.is_empty();
         for lba in first..first + count {
             let entry = st.map.get(lba)?;
             out.push(match entry.state {
@@ -451,7 +459,16 @@ impl Inner {
                             bytes: o.buf[s..s + entry.len as usize].to_vec(),
                         }
                     }
-                    _ => Source::Disk { entry },
+                    _ => match outbox
+                        .then(|| {
+                            self.outbox
+                                .find(entry.extent, entry.offset, entry.len.into())
+                        })
+                        .flatten()
+                    {
+                        Some(bytes) => Source::Bytes { entry, bytes },
+                        None => Source::Disk { entry },
+                    },
                 },
             });
         }
@@ -583,6 +600,7 @@ impl Inner {
             let mut st = self.state.lock();
             st.counters.host_bytes_written += data.len() as u64;
         }
+        self.issue_sealed()?;
         if fua {
             self.flush()?;
         }
@@ -665,8 +683,10 @@ impl Inner {
             BlockState::Corrupt => return Err(Error::Corrupt { lba }),
             BlockState::Data => {
                 let (s, n) = (entry.offset as usize, entry.len as usize);
-                let stored = match st.open.iter().find(|o| o.extent == entry.extent) {
-                    Some(o) => o.buf[s..s + n].to_vec(),
+                let open = st.open.iter().find(|o| o.extent == entry.extent);
+                let waiting = || self.outbox.find(entry.extent, entry.offset, n);
+                let stored = match open.map(|o| o.buf[s..s + n].to_vec()).or_else(waiting) {
+                    Some(bytes) => bytes,
                     None => {
                         let mut b = vec![0u8; n];
                         self.storage
@@ -719,7 +739,14 @@ impl Inner {
         if end > end_full * bs {
             self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
         }
-        Ok(())
+        self.issue_sealed()
+    }
+
+    /// Issues the segments sealed under the state lock to the storage (see writeback.rs). Called
+    /// after the lock is released: the storage hand-off wakes I/O threads, and a thread holding
+    /// the state lock must not wait for a core meanwhile.
+    fn issue_sealed(&self) -> Result<()> {
+        self.outbox.issue_all(&self.storage)
     }
 
     /// Makes everything written so far durable.
@@ -735,6 +762,7 @@ impl Inner {
         // Sync outside the lock: reads and writes go on meanwhile. Segments written after this
         // point belong to later flushes; the ones above are covered by this sync. Only once it
         // succeeded do they count as durable (a failed sync stops the volume: fence.rs).
+        self.issue_sealed()?;
         self.storage.sync()?;
         self.durable_seq.fetch_max(covered, Ordering::SeqCst);
         Ok(())
@@ -1050,24 +1078,30 @@ impl Inner {
         const CHECKPOINT_AFTER_RECLAIMED: usize = 32;
         let mut pending = 0usize;
         loop {
-            let mut st = self.lock_for_write();
             let cx = self.ctx();
-            let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Incremental)?;
-            pending += r.reclaimed;
-            let total = st.extents.len();
-            let done = !r.progressed()
-                || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
-            if pending > 0
-                && (done
-                    || pending >= CHECKPOINT_AFTER_RECLAIMED
-                    || st.free_now() <= st.buffer.reserve)
-            {
-                st.checkpoint(&cx)?;
-                pending = 0;
-            }
-            if !r.progressed() {
-                self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
-            }
+            // Victims are read without the state lock; it is taken to choose and to commit.
+            let r = crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?;
+            let done = {
+                let mut st = self.lock_for_write();
+                pending += r.reclaimed;
+                let total = st.extents.len();
+                let done = !r.progressed()
+                    || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
+                if pending > 0
+                    && (done
+                        || pending >= CHECKPOINT_AFTER_RECLAIMED
+                        || st.free_now() <= st.buffer.reserve)
+                {
+                    st.checkpoint(&cx)?;
+                    pending = 0;
+                }
+                if !r.progressed() {
+                    self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
+                }
+                done
+            };
+            // The outputs went to the outbox under the lock: issue them now.
+            self.issue_sealed()?;
             if done {
                 return Ok(());
             }
@@ -1111,6 +1145,8 @@ impl Inner {
             }
         }
         progress(first, first);
+        drop(st);
+        self.issue_sealed()?;
         Ok(total)
     }
 

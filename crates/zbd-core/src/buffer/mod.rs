@@ -157,7 +157,8 @@ impl State {
         self.queue.pop_front().ok_or(Error::NoSpace)
     }
 
-    /// Writes the pending segment of open extent `i` (no sync).
+    /// Seals the pending segment of open extent `i` and hands it to the outbox, which issues it
+    /// to the storage once the state lock is released (no sync).
     pub(crate) fn write_segment(&mut self, cx: &Ctx, i: usize) -> Result<()> {
         let oe = &mut self.open[i];
         if oe.records.is_empty() {
@@ -174,10 +175,12 @@ impl State {
         };
         let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
         let start = oe.durable_end;
-        cx.storage.write_at(
+        cx.outbox.push(
+            oe.extent,
+            start,
             cx.sb.extent_offset(oe.extent) + start as u64,
             &oe.buf[start..start + n],
-        )?;
+        );
         oe.durable_end += n;
         oe.payload_len = 0;
         oe.records.clear();
