@@ -16,6 +16,8 @@ pub const OBJECT_SIZE_RANGE: (u64, u64) = (64 << 10, 32 << 20);
 /// Writes (bytes) in flight before `write_at` waits for the oldest: bounds the memory that
 /// buffers wait in while the OSDs are slow or down.
 const MAX_INFLIGHT_BYTES: u64 = 64 << 20;
+/// Reads larger than this are split into parts read in parallel.
+const READ_PART_BYTES: u64 = 256 << 10;
 /// Name of the `cls_lock` lock on the header object.
 const LOCK_NAME: &str = "zbd";
 const HEADER_MAGIC: &str = "zbd-rados-volume 1";
@@ -270,6 +272,14 @@ impl RadosStorage {
         }
     }
 
+    fn read_error(&self, object: &str, rc: i32) -> Error {
+        io_error(format!(
+            "{}: reading object {object}: {}",
+            self.target,
+            errno_text(rc)
+        ))
+    }
+
     fn started(&self, what: &str, rc: i32) -> Error {
         let message = format!("{}: {what}: {}", self.target, errno_text(rc));
         let mut inflight = self.inflight.lock();
@@ -289,30 +299,31 @@ impl Storage for RadosStorage {
         // A read must see every write issued before it.
         let end = offset + len;
         self.wait_for(|op| op.start < end && offset < op.end);
+        // Every piece at once, then wait: one round trip for the whole read, and the pieces of
+        // a large read are served in parallel by the OSDs holding them.
+        let mut started = Vec::new();
         let mut at = 0usize;
         for (index, within, n) in self.pieces(offset, len) {
-            let piece = &mut buf[at..at + n as usize];
-            at += n as usize;
             let object = self.target.data_object(index);
-            let mut done = 0usize;
-            while done < piece.len() {
-                let got = self
+            let mut done = 0u64;
+            while done < n {
+                let part = (n - done).min(READ_PART_BYTES);
+                let c = self
                     .io
-                    .read(&object, within + done as u64, &mut piece[done..])
-                    .map_err(|rc| {
-                        io_error(format!(
-                            "{}: reading object {object}: {}",
-                            self.target,
-                            errno_text(rc)
-                        ))
-                    })?;
-                if got == 0 {
-                    // Past the object's end, or never written: zeros.
-                    piece[done..].fill(0);
-                    break;
-                }
-                done += got;
+                    .aio_read(&object, within + done, part as usize)
+                    .map_err(|rc| self.read_error(&object, rc))?;
+                started.push((at, part as usize, c));
+                at += part as usize;
+                done += part;
             }
+        }
+        for (at, n, c) in started {
+            let got = c
+                .read_result()
+                .map_err(|rc| self.read_error(&c.object().to_string_lossy(), rc))?;
+            // Past the object's end, or never written: zeros.
+            buf[at..at + got.len()].copy_from_slice(got);
+            buf[at + got.len()..at + n].fill(0);
         }
         Ok(())
     }
@@ -358,7 +369,8 @@ impl Storage for RadosStorage {
             let c = if n == self.header.object_size {
                 self.io.aio_remove(&object)
             } else {
-                self.io.aio_zero(&object, within, n)
+                let to_end = within + n == self.header.object_size;
+                self.io.aio_zero(&object, within, n, to_end)
             }
             .map_err(|rc| self.started("starting a discard", rc))?;
             self.track(at, n, true, c);

@@ -43,6 +43,7 @@ impl Cluster {
             .arg(SCRIPT)
             .arg("start")
             .arg(cluster.dir.path())
+            .arg("--cephx")
             .stdin(Stdio::null())
             .output()
             .expect("run ceph-cluster.sh");
@@ -283,6 +284,69 @@ fn bad_input_gets_one_line_errors(cluster: &Cluster) {
     );
     run(cluster.zbd().arg("check").arg(&volume));
     drop(served);
+    run(cluster.zbd().arg("check").arg(&volume));
+}
+
+/// With cephx on, a user whose caps do not cover the pool, or only allow reading it, and a
+/// user with no key, each get one line naming the user and the volume (hence the pool).
+fn permission_denied_names_user_and_pool(cluster: &Cluster) {
+    let volume = cluster.create("perm", "64M", &[]);
+    let keyring = |user: &str| {
+        let path = cluster.dir.path().join(format!("client.{user}.keyring"));
+        path.to_string_lossy().into_owned()
+    };
+    for (user, osd_caps) in [
+        ("nopool", "allow rw pool=someotherpool"),
+        ("readonly", "allow r pool=zbdtest"),
+    ] {
+        cluster.ceph(&[
+            "auth",
+            "get-or-create",
+            &format!("client.{user}"),
+            "mon",
+            "allow r",
+            "osd",
+            osd_caps,
+            "-o",
+            &keyring(user),
+        ]);
+    }
+    let expect_denied = |command: &mut Command, needle: &str| {
+        let output = command.output().expect("run zbd");
+        let stderr = stderr_of(&output);
+        assert!(!output.status.success(), "{command:?} succeeded");
+        assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+        assert!(stderr.contains(needle), "expected {needle:?}: {stderr}");
+    };
+    let denied = |user: &str, what: &str| {
+        format!("permission denied to Ceph user client.{user} for {what} of rados:{POOL}/perm")
+    };
+    expect_denied(
+        cluster
+            .zbd()
+            .arg("check")
+            .arg(&volume)
+            .args(["--ceph-id", "nopool"]),
+        &denied("nopool", "reading the volume header"),
+    );
+    // Reading is allowed, taking the lock (a write) is not.
+    expect_denied(
+        cluster
+            .zbd()
+            .arg("compact")
+            .arg(&volume)
+            .args(["--ceph-id", "readonly"]),
+        &denied("readonly", "locking the volume"),
+    );
+    expect_denied(
+        cluster
+            .zbd()
+            .arg("check")
+            .arg(&volume)
+            .args(["--ceph-id", "nosuchuser"]),
+        "no key for Ceph user client.nosuchuser",
+    );
+    // The admin still can.
     run(cluster.zbd().arg("check").arg(&volume));
 }
 
@@ -586,6 +650,10 @@ fn main() -> ExitCode {
         (
             "bad_input_gets_one_line_errors",
             bad_input_gets_one_line_errors,
+        ),
+        (
+            "permission_denied_names_user_and_pool",
+            permission_denied_names_user_and_pool,
         ),
         ("two_servers_race_one_wins", two_servers_race_one_wins),
         (
