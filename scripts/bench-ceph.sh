@@ -123,6 +123,12 @@ for name in zbd rbd; do
   stop_last
   stored[$name]=$(pool_bytes "${name}pool")
   echo "$name pool stores ${stored[$name]} bytes for $tree_bytes bytes of files" >&2
+  # Where the bytes are: the engine's view, and each object's size (what the pool accounts).
+  if [[ $name == zbd ]]; then
+    "$zbd" stat rados:zbdpool/vol >&2 || true
+    rados -p zbdpool ls | sort | while read -r o; do rados -p zbdpool stat "$o"; done |
+      awk '{printf "%s=%d ", $1, $NF; s += $NF} END {printf "\n%d objects, %d bytes\n", NR, s}' >&2
+  fi
   # fio on a fresh device of the same size: the tree copy above is not in the way.
   "start_$name"
   for t in "write 1M" "read 1M" "randwrite 4k" "randread 4k"; do

@@ -7,6 +7,7 @@
 
 mod client;
 mod error;
+mod readahead;
 mod storage;
 
 pub use client::{ClusterOptions, Locker};

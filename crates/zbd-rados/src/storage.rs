@@ -3,6 +3,7 @@
 
 use crate::client::{Cluster, ClusterOptions, Completion, IoCtx, Locker};
 use crate::error::{errno_text, RadosError};
+use crate::readahead::{Chunk, ReadAhead, CHUNK_BYTES};
 use crate::RadosTarget;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -88,6 +89,7 @@ pub struct RadosStorage {
     header: Header,
     cookie: String,
     inflight: Mutex<Inflight>,
+    readahead: ReadAhead,
 }
 
 fn io_error(message: String) -> Error {
@@ -151,6 +153,7 @@ impl RadosStorage {
             header,
             cookie,
             inflight: Mutex::new(Inflight::default()),
+            readahead: ReadAhead::default(),
         }
     }
 
@@ -280,25 +283,9 @@ impl RadosStorage {
         ))
     }
 
-    fn started(&self, what: &str, rc: i32) -> Error {
-        let message = format!("{}: {what}: {}", self.target, errno_text(rc));
-        let mut inflight = self.inflight.lock();
-        inflight.first_error.get_or_insert_with(|| message.clone());
-        io_error(message)
-    }
-}
-
-impl Storage for RadosStorage {
-    fn len_bytes(&self) -> Result<u64> {
-        Ok(self.header.size)
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// Reads storage bytes from the objects, bypassing read-ahead.
+    fn read_direct(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let len = buf.len() as u64;
-        self.check_range(offset, len)?;
-        // A read must see every write issued before it.
-        let end = offset + len;
-        self.wait_for(|op| op.start < end && offset < op.end);
         // Every piece at once, then wait: one round trip for the whole read, and the pieces of
         // a large read are served in parallel by the OSDs holding them.
         let mut started = Vec::new();
@@ -328,20 +315,73 @@ impl Storage for RadosStorage {
         Ok(())
     }
 
+    /// Starts reading the read-ahead chunk at `start`; `None` past the end of the volume or if
+    /// librados refuses (the read is then simply not ahead).
+    fn start_chunk(&self, start: u64) -> Option<Chunk> {
+        let len = CHUNK_BYTES.min(self.header.size.checked_sub(start)?);
+        if len == 0 {
+            return None;
+        }
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for (index, within, n) in self.pieces(start, len) {
+            let read = self
+                .io
+                .aio_read(&self.target.data_object(index), within, n as usize)
+                .ok()?;
+            parts.push((at, n, read));
+            at += n;
+        }
+        Some(Chunk::new(start, parts))
+    }
+
+    fn started(&self, what: &str, rc: i32) -> Error {
+        let message = format!("{}: {what}: {}", self.target, errno_text(rc));
+        let mut inflight = self.inflight.lock();
+        inflight.first_error.get_or_insert_with(|| message.clone());
+        io_error(message)
+    }
+}
+
+impl Storage for RadosStorage {
+    fn len_bytes(&self) -> Result<u64> {
+        Ok(self.header.size)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        self.check_range(offset, len)?;
+        // A read must see every write issued before it.
+        let end = offset + len;
+        self.wait_for(|op| op.start < end && offset < op.end);
+        if !self.readahead.read(offset, buf) {
+            self.read_direct(offset, buf)?;
+        }
+        self.readahead
+            .after_read(offset, len, |start| self.start_chunk(start));
+        Ok(())
+    }
+
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
-        let mut at = 0usize;
-        for (index, within, n) in self.pieces(offset, data.len() as u64) {
-            let piece = data[at..at + n as usize].to_vec();
-            let start = offset + at as u64;
-            at += n as usize;
-            let c = self
-                .io
-                .aio_write(&self.target.data_object(index), within, piece)
-                .map_err(|rc| self.started("starting a write", rc))?;
-            self.track(start, n, false, c);
-        }
-        Ok(())
+        let issue = || {
+            let mut at = 0usize;
+            for (index, within, n) in self.pieces(offset, data.len() as u64) {
+                let piece = data[at..at + n as usize].to_vec();
+                let start = offset + at as u64;
+                at += n as usize;
+                let c = self
+                    .io
+                    .aio_write(&self.target.data_object(index), within, piece)
+                    .map_err(|rc| self.started("starting a write", rc))?;
+                self.track(start, n, false, c);
+            }
+            Ok(())
+        };
+        let issued = issue();
+        // After issuing (readahead.rs: later chunk reads are ordered after the write).
+        self.readahead.invalidate(offset, data.len() as u64);
+        issued
     }
 
     fn sync(&self) -> Result<()> {
@@ -363,20 +403,25 @@ impl Storage for RadosStorage {
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
-        let mut at = offset;
-        for (index, within, n) in self.pieces(offset, len) {
-            let object = self.target.data_object(index);
-            let c = if n == self.header.object_size {
-                self.io.aio_remove(&object)
-            } else {
-                let to_end = within + n == self.header.object_size;
-                self.io.aio_zero(&object, within, n, to_end)
+        let issue = || {
+            let mut at = offset;
+            for (index, within, n) in self.pieces(offset, len) {
+                let object = self.target.data_object(index);
+                let c = if n == self.header.object_size {
+                    self.io.aio_remove(&object)
+                } else {
+                    let to_end = within + n == self.header.object_size;
+                    self.io.aio_zero(&object, within, n, to_end)
+                }
+                .map_err(|rc| self.started("starting a discard", rc))?;
+                self.track(at, n, true, c);
+                at += n;
             }
-            .map_err(|rc| self.started("starting a discard", rc))?;
-            self.track(at, n, true, c);
-            at += n;
-        }
-        Ok(())
+            Ok(())
+        };
+        let issued = issue();
+        self.readahead.invalidate(offset, len);
+        issued
     }
 }
 

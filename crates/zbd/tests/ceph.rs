@@ -133,7 +133,8 @@ fn target(name: &str) -> RadosTarget {
 }
 
 /// Storage level: random unaligned writes, reads and discards across object boundaries, with
-/// many writes in flight, against a byte vector; then the same bytes after a reopen.
+/// many writes in flight, then sequential scans with writes just ahead, against a byte vector;
+/// then the same bytes after a reopen.
 fn storage_matches_byte_model(cluster: &Cluster) {
     const SIZE: u64 = 1 << 20;
     let t = target("storage-model");
@@ -161,6 +162,35 @@ fn storage_matches_byte_model(cluster: &Cluster) {
                 model[range].fill(0);
             }
             _ => storage.sync().expect("sync"),
+        }
+    }
+    // Sequential scans (read-ahead serves them) while writes and discards land just ahead of
+    // the reader: every read must still see them.
+    for scan in 0..3u64 {
+        let mut offset = scan * 777;
+        while offset < SIZE {
+            let len = (20_000 + scan * 3000).min(SIZE - offset);
+            let range = offset as usize..(offset + len) as usize;
+            let mut buf = vec![0u8; len as usize];
+            storage.read_at(offset, &mut buf).expect("read");
+            assert!(
+                buf == model[range],
+                "scan {scan}: read {offset}+{len} differs"
+            );
+            offset += len;
+            let ahead = offset + rng.random_range(0..300_000);
+            if rng.random_range(0..3) == 0 && ahead < SIZE {
+                let n = rng.random_range(1..=(SIZE - ahead).min(50_000));
+                let range = ahead as usize..(ahead + n) as usize;
+                if rng.random_range(0..4) == 0 {
+                    storage.discard(ahead, n).expect("discard");
+                    model[range].fill(0);
+                } else {
+                    let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+                    storage.write_at(ahead, &data).expect("write");
+                    model[range].copy_from_slice(&data);
+                }
+            }
         }
     }
     storage.sync().expect("sync");
