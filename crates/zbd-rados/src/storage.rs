@@ -17,6 +17,9 @@ pub const OBJECT_SIZE_RANGE: (u64, u64) = (64 << 10, 32 << 20);
 /// Writes (bytes) in flight before `write_at` waits for the oldest: bounds the memory that
 /// buffers wait in while the OSDs are slow or down.
 const MAX_INFLIGHT_BYTES: u64 = 64 << 20;
+/// Object size of the metadata region (see [`Header::small_bytes`]): two 4 KiB map pages (the
+/// engine's A/B slots of one page sit side by side).
+pub const SMALL_OBJECT_SIZE: u64 = 8 << 10;
 /// Reads larger than this are split into parts read in parallel.
 const READ_PART_BYTES: u64 = 256 << 10;
 /// Name of the `cls_lock` lock on the header object.
@@ -28,14 +31,26 @@ const HEADER_MAGIC: &str = "zbd-rados-volume 1";
 struct Header {
     size: u64,
     object_size: u64,
+    /// Bytes `0..small_bytes` (a multiple of `object_size`) are striped over objects of
+    /// SMALL_OBJECT_SIZE instead: the engine's metadata region (superblocks, checkpoints, map)
+    /// is written sparsely, a few 4 KiB pages here and there, and a RADOS object counts as
+    /// big as its furthest written byte, so in 4 MiB objects those pages cost whole objects.
+    small_bytes: u64,
 }
 
 impl Header {
     fn encode(&self) -> String {
-        format!(
+        let mut text = format!(
             "{HEADER_MAGIC}\nsize {}\nobject_size {}\n",
             self.size, self.object_size
-        )
+        );
+        if self.small_bytes > 0 {
+            text.push_str(&format!(
+                "small_objects {} {SMALL_OBJECT_SIZE}\n",
+                self.small_bytes
+            ));
+        }
+        text
     }
 
     fn decode(text: &[u8]) -> std::result::Result<Header, String> {
@@ -51,12 +66,25 @@ impl Header {
                 .and_then(|v| v.trim().parse().ok())
                 .ok_or_else(|| format!("missing or bad {key:?}"))
         };
-        let header = Header {
+        let mut header = Header {
             size: field("size ")?,
             object_size: field("object_size ")?,
+            small_bytes: 0,
         };
         if !header.object_size.is_power_of_two() || header.size == 0 {
             return Err("impossible size or object size".into());
+        }
+        if let Some(line) = lines.next() {
+            let small: Vec<u64> = line
+                .strip_prefix("small_objects ")
+                .map(|v| v.split(' ').filter_map(|n| n.parse().ok()).collect())
+                .unwrap_or_default();
+            match small[..] {
+                [bytes, SMALL_OBJECT_SIZE] if bytes % header.object_size == 0 => {
+                    header.small_bytes = bytes;
+                }
+                _ => return Err(format!("bad line {line:?}")),
+            }
         }
         Ok(header)
     }
@@ -80,6 +108,16 @@ struct Inflight {
     /// The first failed write: every later `sync` fails with it (a lost write cannot be made
     /// durable again by retrying).
     first_error: Option<String>,
+}
+
+/// The part of a storage range in one object.
+struct Piece {
+    object: String,
+    object_size: u64,
+    /// Offset in the object.
+    within: u64,
+    /// Length.
+    n: u64,
 }
 
 /// A zbd volume's storage in a RADOS pool, holding the volume's exclusive lock while open.
@@ -109,13 +147,16 @@ impl RadosStorage {
         Ok(Self::new(io, target, header, cookie))
     }
 
-    /// Creates a volume of `size` bytes striped over objects of `object_size` bytes, and locks
-    /// it. An existing volume of that name is refused unless `force`, which removes its objects.
+    /// Creates a volume of `size` bytes striped over objects of `object_size` bytes (its first
+    /// `metadata_bytes`, rounded up to whole objects, over small ones: [`SMALL_OBJECT_SIZE`]),
+    /// and locks it. An existing volume of that name is refused unless `force`, which removes
+    /// its objects.
     pub fn create(
         options: &ClusterOptions,
         target: &RadosTarget,
         size: u64,
         object_size: u64,
+        metadata_bytes: u64,
         force: bool,
     ) -> std::result::Result<Self, RadosError> {
         let (lo, hi) = OBJECT_SIZE_RANGE;
@@ -128,7 +169,11 @@ impl RadosStorage {
         // Lock first (this creates an empty header object): nobody else may use or create the
         // volume while we look at it. An empty header means "no volume".
         let cookie = lock(&io, target)?;
-        let new = Header { size, object_size };
+        let new = Header {
+            size,
+            object_size,
+            small_bytes: metadata_bytes.next_multiple_of(object_size).min(size),
+        };
         let storage = Self::new(io, target, new, cookie);
         match read_header(&storage.io, target) {
             Ok(None) => {}
@@ -164,13 +209,12 @@ impl RadosStorage {
 
     /// Removes every data object an old volume of this name may have written.
     fn remove_objects(&self, old: Header) -> std::result::Result<(), RadosError> {
-        let count = old.size.div_ceil(old.object_size);
-        let indexes: Vec<u64> = (0..count).collect();
-        for batch in indexes.chunks(128) {
-            let started: Vec<_> = batch
-                .iter()
-                .map(|&i| self.io.aio_remove(&self.target.data_object(i)))
-                .collect();
+        let small = (0..old.small_bytes / SMALL_OBJECT_SIZE).map(|i| self.target.small_object(i));
+        let data = (old.small_bytes / old.object_size..old.size.div_ceil(old.object_size))
+            .map(|i| self.target.data_object(i));
+        let names: Vec<String> = small.chain(data).collect();
+        for batch in names.chunks(128) {
+            let started: Vec<_> = batch.iter().map(|name| self.io.aio_remove(name)).collect();
             for c in started {
                 let rc = c.and_then(|c| match c.wait() {
                     rc if rc < 0 && rc != -libc::ENOENT => Err(rc),
@@ -182,19 +226,29 @@ impl RadosStorage {
         Ok(())
     }
 
-    /// Splits volume bytes `offset..offset+len` at object boundaries: (object index, offset in
-    /// the object, length).
-    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> {
-        let object = self.header.object_size;
+    /// Splits storage bytes `offset..offset+len` at object boundaries.
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
         let end = offset + len;
         let mut pos = offset;
         std::iter::from_fn(move || {
             (pos < end).then(|| {
-                let index = pos / object;
-                let within = pos % object;
-                let n = (object - within).min(end - pos);
+                let (object, object_size) = if pos < self.header.small_bytes {
+                    let index = pos / SMALL_OBJECT_SIZE;
+                    (self.target.small_object(index), SMALL_OBJECT_SIZE)
+                } else {
+                    let index = pos / self.header.object_size;
+                    (self.target.data_object(index), self.header.object_size)
+                };
+                let within = pos % object_size;
+                let n = (object_size - within).min(end - pos);
+                let piece = Piece {
+                    object,
+                    object_size,
+                    within,
+                    n,
+                };
                 pos += n;
-                (index, within, n)
+                piece
             })
         })
     }
@@ -290,8 +344,10 @@ impl RadosStorage {
         // a large read are served in parallel by the OSDs holding them.
         let mut started = Vec::new();
         let mut at = 0usize;
-        for (index, within, n) in self.pieces(offset, len) {
-            let object = self.target.data_object(index);
+        for Piece {
+            object, within, n, ..
+        } in self.pieces(offset, len)
+        {
             let mut done = 0u64;
             while done < n {
                 let part = (n - done).min(READ_PART_BYTES);
@@ -324,11 +380,11 @@ impl RadosStorage {
         }
         let mut parts = Vec::new();
         let mut at = 0;
-        for (index, within, n) in self.pieces(start, len) {
-            let read = self
-                .io
-                .aio_read(&self.target.data_object(index), within, n as usize)
-                .ok()?;
+        for Piece {
+            object, within, n, ..
+        } in self.pieces(start, len)
+        {
+            let read = self.io.aio_read(&object, within, n as usize).ok()?;
             parts.push((at, n, read));
             at += n;
         }
@@ -366,13 +422,16 @@ impl Storage for RadosStorage {
         self.check_range(offset, data.len() as u64)?;
         let issue = || {
             let mut at = 0usize;
-            for (index, within, n) in self.pieces(offset, data.len() as u64) {
+            for Piece {
+                object, within, n, ..
+            } in self.pieces(offset, data.len() as u64)
+            {
                 let piece = data[at..at + n as usize].to_vec();
                 let start = offset + at as u64;
                 at += n as usize;
                 let c = self
                     .io
-                    .aio_write(&self.target.data_object(index), within, piece)
+                    .aio_write(&object, within, piece)
                     .map_err(|rc| self.started("starting a write", rc))?;
                 self.track(start, n, false, c);
             }
@@ -405,12 +464,17 @@ impl Storage for RadosStorage {
         self.check_range(offset, len)?;
         let issue = || {
             let mut at = offset;
-            for (index, within, n) in self.pieces(offset, len) {
-                let object = self.target.data_object(index);
-                let c = if n == self.header.object_size {
+            for Piece {
+                object,
+                object_size,
+                within,
+                n,
+            } in self.pieces(offset, len)
+            {
+                let c = if n == object_size {
                     self.io.aio_remove(&object)
                 } else {
-                    let to_end = within + n == self.header.object_size;
+                    let to_end = within + n == object_size;
                     self.io.aio_zero(&object, within, n, to_end)
                 }
                 .map_err(|rc| self.started("starting a discard", rc))?;
@@ -548,11 +612,16 @@ mod tests {
 
     #[test]
     fn header_round_trip_and_rejects() {
-        let h = Header {
+        let mut h = Header {
             size: 123 << 20,
             object_size: 4 << 20,
+            small_bytes: 0,
         };
         assert_eq!(Header::decode(h.encode().as_bytes()), Ok(h));
+        h.small_bytes = 8 << 20;
+        assert_eq!(Header::decode(h.encode().as_bytes()), Ok(h));
+        let odd = "zbd-rados-volume 1\nsize 9\nobject_size 4096\nsmall_objects 100 8192\n";
+        assert!(Header::decode(odd.as_bytes()).is_err());
         assert!(Header::decode(b"zbd-rados-volume 2\nsize 1\nobject_size 4096\n").is_err());
         assert!(Header::decode(b"zbd-rados-volume 1\nsize 1\nobject_size 3000\n").is_err());
         assert!(Header::decode(b"zbd-rados-volume 1\nsize 1\n").is_err());

@@ -139,7 +139,9 @@ fn storage_matches_byte_model(cluster: &Cluster) {
     const SIZE: u64 = 1 << 20;
     let t = target("storage-model");
     let options = cluster.options();
-    let storage = RadosStorage::create(&options, &t, SIZE, 64 << 10, false).expect("create");
+    // The first 128 KiB over small objects (rounded up from 100 000), the rest over 64 KiB ones.
+    let storage =
+        RadosStorage::create(&options, &t, SIZE, 64 << 10, 100_000, false).expect("create");
     let mut model = vec![0u8; SIZE as usize];
     let mut rng = SmallRng::seed_from_u64(11);
     for i in 0..600 {
@@ -210,8 +212,15 @@ fn engine_matches_byte_model(cluster: &Cluster) {
     let options = cluster.options();
     let opts = small_volume(SIZE, 16384, Codec::Lz4, 16, 8);
     let sb = zbd_core::layout::plan(&opts).expect("plan");
-    let storage =
-        RadosStorage::create(&options, &t, sb.total_bytes(), 256 << 10, false).expect("create");
+    let storage = RadosStorage::create(
+        &options,
+        &t,
+        sb.total_bytes(),
+        256 << 10,
+        sb.data_offset,
+        false,
+    )
+    .expect("create");
     let mut vol = Volume::create(Box::new(storage), &opts).expect("create volume");
     let mut model = vec![0u8; SIZE as usize];
     let reopen = || {
