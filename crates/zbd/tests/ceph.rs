@@ -258,16 +258,18 @@ fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Runs `command`, which must fail with one line of stderr containing `needle`.
+fn expect_error(command: &mut Command, needle: &str) {
+    let output = command.output().expect("run zbd");
+    let stderr = stderr_of(&output);
+    assert!(!output.status.success(), "{command:?} succeeded");
+    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+    assert!(stderr.contains(needle), "expected {needle:?}: {stderr}");
+}
+
 /// Bad input gets one line naming the problem.
 fn bad_input_gets_one_line_errors(cluster: &Cluster) {
     let volume = cluster.create("bad-input", "64M", &[]);
-    let expect_error = |command: &mut Command, needle: &str| {
-        let output = command.output().expect("run zbd");
-        let stderr = stderr_of(&output);
-        assert!(!output.status.success(), "{command:?} succeeded");
-        assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
-        assert!(stderr.contains(needle), "expected {needle:?}: {stderr}");
-    };
     expect_error(
         cluster.zbd().args(["check", "rados:nosuchpool/x"]),
         "Ceph pool \"nosuchpool\" does not exist",
@@ -350,17 +352,10 @@ fn permission_denied_names_user_and_pool(cluster: &Cluster) {
             &keyring(user),
         ]);
     }
-    let expect_denied = |command: &mut Command, needle: &str| {
-        let output = command.output().expect("run zbd");
-        let stderr = stderr_of(&output);
-        assert!(!output.status.success(), "{command:?} succeeded");
-        assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
-        assert!(stderr.contains(needle), "expected {needle:?}: {stderr}");
-    };
     let denied = |user: &str, what: &str| {
         format!("permission denied to Ceph user client.{user} for {what} of rados:{POOL}/perm")
     };
-    expect_denied(
+    expect_error(
         cluster
             .zbd()
             .arg("check")
@@ -369,7 +364,7 @@ fn permission_denied_names_user_and_pool(cluster: &Cluster) {
         &denied("nopool", "reading the volume header"),
     );
     // Reading is allowed, taking the lock (a write) is not.
-    expect_denied(
+    expect_error(
         cluster
             .zbd()
             .arg("compact")
@@ -377,7 +372,7 @@ fn permission_denied_names_user_and_pool(cluster: &Cluster) {
             .args(["--ceph-id", "readonly"]),
         &denied("readonly", "locking the volume"),
     );
-    expect_denied(
+    expect_error(
         cluster
             .zbd()
             .arg("check")
