@@ -20,6 +20,8 @@ done
 [[ -e /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so ]] ||
   echo "bench-ceph: qemu's rbd driver may be missing (apt-get install qemu-block-extra)" >&2
 
+# The machine's load when we start and end: numbers from a busy machine are noise.
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 work=$(mktemp -d /tmp/zbd-bench-ceph.XXXXXX)
 results=bench/results
 mkdir -p "$results"
@@ -149,11 +151,13 @@ done
 
 python3 - "$out" "$size" "$tree_bytes" "${stored[zbd]}" "${stored[rbd]}" \
   "${mbps[zbd-write]}" "${mbps[rbd-write]}" "${mbps[zbd-read]}" "${mbps[rbd-read]}" \
-  "${iops[zbd-randwrite]}" "${iops[rbd-randwrite]}" "${iops[zbd-randread]}" "${iops[rbd-randread]}" <<'EOF'
+  "${iops[zbd-randwrite]}" "${iops[rbd-randwrite]}" "${iops[zbd-randread]}" "${iops[rbd-randread]}" \
+  "$load_start" <<'EOF'
 import json, sys
 a = sys.argv[1:]
 r = {
     "size": a[1], "tree_bytes": int(a[2]),
+    "loadavg": {"start": a[13], "end": " ".join(open("/proc/loadavg").read().split()[:3])},
     "stored_bytes": {"zbd": int(a[3]), "rbd": int(a[4])},
     "seq_write_mbps": {"zbd": float(a[5]), "rbd": float(a[6])},
     "seq_read_mbps": {"zbd": float(a[7]), "rbd": float(a[8])},
@@ -161,7 +165,9 @@ r = {
     "rand_read_4k_iops": {"zbd": float(a[11]), "rbd": float(a[12])},
 }
 ratio = lambda k: r[k]["zbd"] / r[k]["rbd"] if r[k]["rbd"] else float("nan")
-r["ratios_zbd_over_rbd"] = {k: round(ratio(k), 3) for k in r if isinstance(r[k], dict)}
+r["ratios_zbd_over_rbd"] = {
+    k: round(ratio(k), 3) for k in r if isinstance(r[k], dict) and "zbd" in r[k]
+}
 json.dump(r, open(a[0], "w"), indent=2)
 print(json.dumps(r, indent=2))
 print(f"results in {a[0]}")
