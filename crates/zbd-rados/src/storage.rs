@@ -173,7 +173,8 @@ impl RadosStorage {
         let new = Header {
             size,
             object_size,
-            small_bytes: metadata_bytes.next_multiple_of(object_size).min(size),
+            // Whole objects (may pass the end of a tiny volume: then it is all small objects).
+            small_bytes: metadata_bytes.next_multiple_of(object_size),
         };
         let storage = Self::new(io, target, new, cookie);
         match read_header(&storage.io, target) {
