@@ -622,6 +622,10 @@ mod tests {
         assert_eq!(Header::decode(h.encode().as_bytes()), Ok(h));
         h.small_bytes = 8 << 20;
         assert_eq!(Header::decode(h.encode().as_bytes()), Ok(h));
+        // A volume smaller than its (whole-object) metadata region.
+        h.size = 1835008;
+        h.small_bytes = 4 << 20;
+        assert_eq!(Header::decode(h.encode().as_bytes()), Ok(h));
         let odd = "zbd-rados-volume 1\nsize 9\nobject_size 4096\nsmall_objects 100 8192\n";
         assert!(Header::decode(odd.as_bytes()).is_err());
         assert!(Header::decode(b"zbd-rados-volume 2\nsize 1\nobject_size 4096\n").is_err());
