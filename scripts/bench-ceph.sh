@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # zbd on RADOS vs an RBD image in the same throwaway cluster (scripts/ceph-cluster.sh, memstore,
 # one OSD, pools of size 1), same run:
-#   1. bytes each pool stores (`rados df`) after copying a real tree onto ext4 on the device,
+#   1. bytes each pool stores (its objects' sizes, as `rados df` counts them) after copying a
+#      real tree onto ext4 on the device,
 #   2. fio over NBD (fio's nbd engine): sequential 1M write/read, 4 KiB random write/read.
 # zbd serves `rados:zbdpool/vol`; qemu-nbd serves `rbd:rbdpool/img` through qemu's rbd driver
 # (qemu-block-extra). Both become block devices the same way (`zbd attach`: nbdfuse + loop).
-# Results: bench/results/ceph-<UTC time>.json and a summary on stdout.
+# Results: bench/results/ceph-<UTC time>.json and a summary on stdout; details on stderr.
 #   scripts/bench-ceph.sh [SIZE (default 2G)] [RANDOM_SECONDS (default 20)]
+# ZBD_SERVE_ARGS adds options to `zbd serve` (e.g. "--threads 16").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
@@ -18,6 +20,8 @@ done
 [[ -e /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so ]] ||
   echo "bench-ceph: qemu's rbd driver may be missing (apt-get install qemu-block-extra)" >&2
 
+# The machine's load when we start and end: numbers from a busy machine are noise.
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 work=$(mktemp -d /tmp/zbd-bench-ceph.XXXXXX)
 results=bench/results
 mkdir -p "$results"
@@ -47,7 +51,8 @@ wait_pidfile() {
 
 start_zbd() {  # sets $socket
   "$zbd" create rados:zbdpool/vol --size "$size" --force >/dev/null
-  "$zbd" serve rados:zbdpool/vol --socket "$work/zbd.sock" --pidfile "$work/zbd.pid" 2>"$work/zbd.log" &
+  # shellcheck disable=SC2086 # word splitting wanted
+  "$zbd" serve rados:zbdpool/vol ${ZBD_SERVE_ARGS:-} --socket "$work/zbd.sock" --pidfile "$work/zbd.pid" 2>"$work/zbd.log" &
   pids+=($!)
   wait_pidfile "$work/zbd.pid"
   socket="$work/zbd.sock"
@@ -70,17 +75,25 @@ stop_last() {
   unset 'pids[-1]'
 }
 
-# Bytes a pool stores per `rados df` (stats reach the manager every few seconds: wait until two
-# readings 6 s apart agree).
+# Bytes a pool stores: the sum of its objects' sizes, which is what `rados df` reports as the
+# pool's size, read directly (the manager's statistics lag and were seen to read 0). Prints the
+# total; the split by object kind (name up to the first dot) goes to stderr.
 pool_bytes() {
-  local previous=-1 now
-  for _ in $(seq 20); do
-    now=$(rados df -f json | python3 -c "import json,sys; print(next((p['size_bytes'] for p in json.load(sys.stdin)['pools'] if p['name']=='$1'), 0))")
-    [[ "$now" == "$previous" ]] && { echo "$now"; return; }
-    previous=$now
-    sleep 6
-  done
-  echo "$now"
+  /usr/bin/python3 - "$1" "$CEPH_CONF" <<'PY'
+import collections, sys, rados
+pool, conf = sys.argv[1], sys.argv[2]
+with rados.Rados(conffile=conf) as cluster, cluster.open_ioctx(pool) as io:
+    kinds = collections.Counter()
+    count = collections.Counter()
+    for obj in io.list_objects():
+        size, _ = io.stat(obj.key)
+        kind = obj.key.split(".")[0]
+        kinds[kind] += size
+        count[kind] += 1
+split = ", ".join(f"{k}: {count[k]} objects {kinds[k]} bytes" for k in sorted(kinds))
+print(f"{pool}: {split}", file=sys.stderr)
+print(sum(kinds.values()))
+PY
 }
 
 sources=(/usr/share/doc)
@@ -123,6 +136,8 @@ for name in zbd rbd; do
   stop_last
   stored[$name]=$(pool_bytes "${name}pool")
   echo "$name pool stores ${stored[$name]} bytes for $tree_bytes bytes of files" >&2
+  # The engine's view of the same bytes.
+  [[ $name == zbd ]] && { "$zbd" stat rados:zbdpool/vol >&2 || true; }
   # fio on a fresh device of the same size: the tree copy above is not in the way.
   "start_$name"
   for t in "write 1M" "read 1M" "randwrite 4k" "randread 4k"; do
@@ -136,11 +151,13 @@ done
 
 python3 - "$out" "$size" "$tree_bytes" "${stored[zbd]}" "${stored[rbd]}" \
   "${mbps[zbd-write]}" "${mbps[rbd-write]}" "${mbps[zbd-read]}" "${mbps[rbd-read]}" \
-  "${iops[zbd-randwrite]}" "${iops[rbd-randwrite]}" "${iops[zbd-randread]}" "${iops[rbd-randread]}" <<'EOF'
+  "${iops[zbd-randwrite]}" "${iops[rbd-randwrite]}" "${iops[zbd-randread]}" "${iops[rbd-randread]}" \
+  "$load_start" <<'EOF'
 import json, sys
 a = sys.argv[1:]
 r = {
     "size": a[1], "tree_bytes": int(a[2]),
+    "loadavg": {"start": a[13], "end": " ".join(open("/proc/loadavg").read().split()[:3])},
     "stored_bytes": {"zbd": int(a[3]), "rbd": int(a[4])},
     "seq_write_mbps": {"zbd": float(a[5]), "rbd": float(a[6])},
     "seq_read_mbps": {"zbd": float(a[7]), "rbd": float(a[8])},
@@ -148,7 +165,9 @@ r = {
     "rand_read_4k_iops": {"zbd": float(a[11]), "rbd": float(a[12])},
 }
 ratio = lambda k: r[k]["zbd"] / r[k]["rbd"] if r[k]["rbd"] else float("nan")
-r["ratios_zbd_over_rbd"] = {k: round(ratio(k), 3) for k in r if isinstance(r[k], dict)}
+r["ratios_zbd_over_rbd"] = {
+    k: round(ratio(k), 3) for k in r if isinstance(r[k], dict) and "zbd" in r[k]
+}
 json.dump(r, open(a[0], "w"), indent=2)
 print(json.dumps(r, indent=2))
 print(f"results in {a[0]}")

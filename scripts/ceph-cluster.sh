@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A throwaway single-node Ceph cluster on 127.0.0.1 for tests and benchmarks: 1 monitor, 1 OSD on
 # memstore (data in RAM), optionally 1 manager (needed only for `rados df` / `ceph df` numbers).
-# No authentication, pools of size 1. Everything lives under DIR; daemons are stopped by the PIDs
-# they wrote there.
+# Pools of size 1; no authentication unless --cephx (then client.admin's key is in
+# DIR/client.admin.keyring, and a user NAME finds its key in DIR/client.NAME.keyring).
+# Everything lives under DIR; daemons are stopped by the PIDs they wrote there.
 #
-#   scripts/ceph-cluster.sh start DIR [--with-mgr] [--osd-bytes BYTES]   prints DIR/ceph.conf
+#   scripts/ceph-cluster.sh start DIR [--with-mgr] [--cephx] [--osd-bytes BYTES]  prints DIR/ceph.conf
 #   scripts/ceph-cluster.sh stop DIR                                       stops what start started
 #   scripts/ceph-cluster.sh pause-osd DIR | resume-osd DIR                 for failure tests
 #
@@ -16,7 +17,7 @@ set -euo pipefail
 trap 'echo "ceph-cluster: failed at line $LINENO: $BASH_COMMAND (logs in $dir/log)" >&2' ERR
 
 usage() {
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,12p' "$0" >&2
   exit 2
 }
 (($# >= 2)) || usage
@@ -61,10 +62,12 @@ osd_up() { cli osd stat 2>/dev/null | grep -q "1 up"; }
 case "$action" in
 start)
   with_mgr=false
+  auth=none
   osd_bytes=$((2 << 30))
   while (($#)); do
     case $1 in
     --with-mgr) with_mgr=true ;;
+    --cephx) auth=cephx ;;
     --osd-bytes) osd_bytes=$2; shift ;;
     *) usage ;;
     esac
@@ -83,9 +86,9 @@ fsid = $fsid
 mon host = [v1:127.0.0.1:$port]
 public addr = 127.0.0.1
 ms bind msgr2 = false
-auth cluster required = none
-auth service required = none
-auth client required = none
+auth cluster required = $auth
+auth service required = $auth
+auth client required = $auth
 osd pool default size = 1
 osd pool default min size = 1
 mon allow pool size one = true
@@ -101,21 +104,38 @@ run dir = $dir/run
 pid file = $dir/run/\$name.pid
 admin socket = $dir/run/\$name.asok
 log file = $dir/log/\$name.log
-# A test cluster must answer fast when a daemon is gone.
-osd heartbeat grace = 5
+# PG read leases last osd_heartbeat_grace x 0.8 and are renewed every half lease. A one-OSD
+# cluster has no peer to report its OSD down, so a frozen OSD (pause-osd) stays up; if it stays
+# frozen past its lease, its PGs come back "laggy" and, in Ceph 16 with no replica to ack a
+# lease, may never serve again (ops "waiting for readable": ceph/ceph-container#1682, Ceph
+# tracker 80404). A long grace keeps test outages (< 24 s) inside the lease.
+osd heartbeat grace = 60
 mon osd down out interval = 0
+[client]
+keyring = $dir/\$name.keyring
 [mon.a]
 mon data = $dir/mon
 [mgr.x]
 mgr data = $dir/mgr
+keyring = $dir/mgr/keyring
 [osd.0]
 osd data = $dir/osd
+keyring = $dir/osd/keyring
 osd objectstore = memstore
 memstore device bytes = $osd_bytes
 EOF
   # An explicit monmap with the v1 address only: the monitor binds exactly that port.
   monmaptool --create --fsid "$fsid" --addv a "[v1:127.0.0.1:$port]" "$dir/monmap" >/dev/null
-  ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null
+  keyring=()
+  if [[ $auth == cephx ]]; then
+    # The monitor's key and client.admin's (all caps); the monitor keeps both from mkfs on.
+    ceph-authtool "$dir/mon.keyring" --create-keyring --gen-key -n mon. --cap mon 'allow *' >/dev/null
+    ceph-authtool "$dir/client.admin.keyring" --create-keyring --gen-key -n client.admin \
+      --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *' >/dev/null
+    ceph-authtool "$dir/mon.keyring" --import-keyring "$dir/client.admin.keyring" >/dev/null
+    keyring=(--keyring "$dir/mon.keyring")
+  fi
+  ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" "${keyring[@]}" >/dev/null
   ceph-mon -c "$conf" -i a
   wait_for "the monitor" 150 cli mon stat
   # Right after the election the monitor may still refuse commands (EPERM): retry.
@@ -125,7 +145,12 @@ EOF
   # 250) with an all-zero osd fsid after mkfs: make it again, at most three times.
   for attempt in 1 2 3; do
     rm -rf "$dir/osd" && mkdir -p "$dir/osd"
-    ceph-osd -c "$conf" -i 0 --mkfs --mkkey >/dev/null 2>&1
+    ceph-osd -c "$conf" -i 0 --mkfs --mkkey --no-mon-config >/dev/null 2>&1
+    if [[ $auth == cephx ]]; then
+      cli auth del osd.0 >/dev/null 2>&1 || true
+      cli auth add osd.0 osd 'allow *' mon 'allow profile osd' mgr 'allow profile osd' \
+        -i "$dir/osd/keyring" >/dev/null 2>&1
+    fi
     if ceph-osd -c "$conf" -i 0 2>>"$dir/log/osd.0.stderr"; then break; fi
     echo "ceph-cluster: osd.0 did not boot (attempt $attempt)" >>"$dir/log/osd.0.stderr"
     ((attempt < 3)) || { echo "ceph-cluster: osd.0 does not boot (see $dir/log)" >&2; exit 1; }
@@ -133,6 +158,10 @@ EOF
   wait_for "osd.0 to be up" 300 osd_up
   if $with_mgr; then
     mkdir -p "$dir/mgr"
+    if [[ $auth == cephx ]]; then
+      cli auth get-or-create mgr.x mon 'allow profile mgr' osd 'allow *' mds 'allow *' \
+        -o "$dir/mgr/keyring" >/dev/null 2>&1
+    fi
     ceph-mgr -c "$conf" -i x
   fi
   echo "$conf"

@@ -100,6 +100,8 @@ impl Cluster {
                     user: cluster.user.clone(),
                     what: "connecting".into(),
                 },
+                // librados found no keyring holding the user's key (the cluster wants cephx).
+                libc::ENOENT => RadosError::NoKey(cluster.user.clone()),
                 _ => RadosError::Connect(errno_text(rc)),
             });
         }
@@ -281,6 +283,31 @@ impl IoCtx {
         }
     }
 
+    /// Starts reading up to `len` bytes at `offset` of `object` into a buffer the completion
+    /// owns; [`Completion::read_result`] gives the bytes read.
+    pub fn aio_read(&self, object: &str, offset: u64, len: usize) -> Result<Completion, i32> {
+        let mut c = Completion::new(object)?;
+        c.data = vec![0u8; len];
+        // SAFETY: the buffer is the completion's heap allocation (moving `c` does not move it),
+        // valid for writes of `len` bytes and neither read nor freed until the operation is
+        // complete (read_result and Drop wait first).
+        let rc = unsafe {
+            ffi::rados_aio_read(
+                self.io,
+                c.oid.as_ptr(),
+                c.handle,
+                c.data.as_mut_ptr() as *mut c_char,
+                len,
+                offset,
+            )
+        };
+        if rc < 0 {
+            c.started = false;
+            return Err(rc);
+        }
+        Ok(c)
+    }
+
     /// Replaces `object`'s content with `data` (synchronously).
     pub fn write_full(&self, object: &str, data: &[u8]) -> Result<(), i32> {
         let o = oid(object);
@@ -334,8 +361,17 @@ impl IoCtx {
         Ok(c)
     }
 
-    /// Starts zeroing `len` bytes at `offset` of `object` (the OSD frees the space).
-    pub fn aio_zero(&self, object: &str, offset: u64, len: u64) -> Result<Completion, i32> {
+    /// Starts zeroing `len` bytes at `offset` of `object` (the OSD frees the space). With
+    /// `to_end`, the range runs to the end of the object: it is cut off instead (truncate), so
+    /// the object's size, which is what the pool accounts, shrinks too. Missing object: ENOENT
+    /// (a truncate would create it).
+    pub fn aio_zero(
+        &self,
+        object: &str,
+        offset: u64,
+        len: u64,
+        to_end: bool,
+    ) -> Result<Completion, i32> {
         let mut c = Completion::new(object)?;
         // SAFETY: rados_create_write_op returns a fresh op (null on allocation failure, checked);
         // the op is owned by `c`, released after the operation completed.
@@ -345,7 +381,12 @@ impl IoCtx {
                 c.started = false;
                 return Err(-libc::ENOMEM);
             }
-            ffi::rados_write_op_zero(c.write_op, offset, len);
+            ffi::rados_write_op_assert_exists(c.write_op);
+            if to_end {
+                ffi::rados_write_op_truncate(c.write_op, offset);
+            } else {
+                ffi::rados_write_op_zero(c.write_op, offset, len);
+            }
         }
         // SAFETY: op, completion and object name live in `c` until it has waited.
         let rc = unsafe {
@@ -527,6 +568,16 @@ impl Completion {
         unsafe {
             ffi::rados_aio_wait_for_complete(self.handle);
             ffi::rados_aio_get_return_value(self.handle)
+        }
+    }
+
+    /// Waits for a read started by [`IoCtx::aio_read`]: the bytes it read (fewer than asked
+    /// past the object's end, none for a missing object) or a negative errno.
+    pub fn read_result(&self) -> Result<&[u8], i32> {
+        match self.wait() {
+            n if n >= 0 => Ok(&self.data[..(n as usize).min(self.data.len())]),
+            n if n == -libc::ENOENT => Ok(&[]),
+            n => Err(n),
         }
     }
 

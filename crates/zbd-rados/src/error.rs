@@ -33,6 +33,11 @@ pub enum RadosError {
         /// What was refused.
         what: String,
     },
+    /// The cluster wants cephx and no keyring holds the user's key.
+    #[error(
+        "no key for Ceph user {0}: no keyring found (set `keyring` in the config or check --ceph-id)"
+    )]
+    NoKey(String),
     /// Other connection failures.
     #[error("cannot connect to the Ceph cluster: {0}")]
     Connect(String),

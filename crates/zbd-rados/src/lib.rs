@@ -7,11 +7,14 @@
 
 mod client;
 mod error;
+mod readahead;
 mod storage;
 
 pub use client::{ClusterOptions, Locker};
 pub use error::RadosError;
-pub use storage::{break_lock, describe, RadosStorage, DEFAULT_OBJECT_SIZE, OBJECT_SIZE_RANGE};
+pub use storage::{
+    break_lock, describe, RadosStorage, DEFAULT_OBJECT_SIZE, OBJECT_SIZE_RANGE, SMALL_OBJECT_SIZE,
+};
 
 use std::fmt;
 
@@ -54,6 +57,12 @@ impl RadosTarget {
     /// The header object.
     pub fn header_object(&self) -> String {
         format!("zbd_header.{}", self.name)
+    }
+
+    /// The small object holding bytes `index * SMALL_OBJECT_SIZE ..` of the volume's metadata
+    /// region.
+    pub fn small_object(&self, index: u64) -> String {
+        format!("zbd_meta.{}.{index:016x}", self.name)
     }
 
     /// The data object holding bytes `index * object_size ..` of the volume.

@@ -94,16 +94,18 @@ impl Target {
         }
     }
 
-    /// Creates storage of `total_bytes` for a new volume. For RADOS, `object_size` (default
-    /// 4 MiB) stripes it and `force` replaces an existing volume of that name.
+    /// Creates storage of `total_bytes` for a new volume whose first `metadata_bytes` hold the
+    /// engine's metadata. For RADOS, `object_size` (default 4 MiB) stripes it (the metadata
+    /// region over small objects) and `force` replaces an existing volume of that name.
     pub fn create(
         &self,
         ceph: &CephArgs,
         total_bytes: u64,
+        metadata_bytes: u64,
         object_size: Option<u64>,
         force: bool,
     ) -> Result<Box<dyn Storage>> {
-        let _ = (ceph, force);
+        let _ = (ceph, metadata_bytes, force);
         match self {
             Target::File(path) => {
                 if object_size.is_some() {
@@ -119,6 +121,7 @@ impl Target {
                 target,
                 total_bytes,
                 object_size.unwrap_or(zbd_rados::DEFAULT_OBJECT_SIZE),
+                metadata_bytes,
                 force,
             )?)),
         }

@@ -88,7 +88,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(path) = target.file() {
         refuse_if_in_use(path, a.force)?;
     }
-    let storage = target.create(&a.ceph, sb.total_bytes(), object_size, a.force)?;
+    let storage = target.create(
+        &a.ceph,
+        sb.total_bytes(),
+        sb.data_offset,
+        object_size,
+        a.force,
+    )?;
     let vol = Volume::create(storage, &opts).with_context(|| format!("creating {target}"))?;
     let sb = vol.superblock().clone();
     vol.close()?;
