@@ -21,7 +21,7 @@
 use crate::error::Result;
 use crate::format::{
     seal_segment, segment_padded_len, BlockState, MapEntry, Record, RecordKind, SegmentHeader,
-    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    BLOCK_BYTES, RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, ExtentInfo, ExtentState, State};
 use std::collections::HashMap;
@@ -65,7 +65,8 @@ impl PassResult {
 }
 
 fn cost_benefit(x: &ExtentInfo, extent_bytes: f64, now: u64) -> f64 {
-    let u = f64::from(x.live_bytes) / extent_bytes;
+    // Mostly dead units count by their live share: the pass recompresses their live blocks.
+    let u = f64::from(x.live_bytes - x.unit_waste.min(x.live_bytes)) / extent_bytes;
     let age = (now.saturating_sub(x.stamp) + 1) as f64;
     (1.0 - u) * age / (1.0 + u)
 }
@@ -113,31 +114,120 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
     victims
 }
 
-/// First-fit decreasing over stored sizes; returns bins of block indices.
-fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..blocks.len()).collect();
-    order.sort_by(|&a, &b| {
-        blocks[b]
-            .1
-            .len
-            .cmp(&blocks[a].1.len)
-            .then(blocks[a].0.cmp(&blocks[b].0))
-    });
-    let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
-    for i in order {
-        let len = blocks[i].1.len as usize;
-        let fits = |payload: usize, n: usize| {
-            segment_padded_len(version, payload + len, n + 1) as usize <= extent_bytes
-        };
-        match bins.iter_mut().find(|(p, b)| fits(*p, b.len())) {
-            Some((p, b)) => {
-                *p += len;
-                b.push(i);
-            }
-            None => bins.push((len, vec![i])),
+/// One stored item a pass moves: a single block, or a compression unit with its live blocks
+/// (copied whole, one record per live block), or a block of a mostly dead unit recompressed on
+/// its own.
+#[derive(Clone, Debug)]
+struct Item {
+    /// Live blocks it carries, (lba, entry in the victim), in LBA order.
+    blocks: Vec<(u64, MapEntry)>,
+    /// Recompressed form (codec, bytes, crc); `None`: the victim's stored bytes, verbatim.
+    fresh: Option<(u8, Vec<u8>, u32)>,
+}
+
+impl Item {
+    fn len(&self) -> usize {
+        match &self.fresh {
+            Some((_, b, _)) => b.len(),
+            None => usize::from(self.blocks[0].1.len),
         }
     }
-    bins.into_iter().map(|(_, b)| b).collect()
+    fn lba(&self) -> u64 {
+        self.blocks[0].0
+    }
+    fn victim(&self) -> u32 {
+        self.blocks[0].1.extent
+    }
+}
+
+/// Groups the live blocks of the victims into items: a unit's blocks travel together. A unit
+/// with fewer than half its blocks live is decoded (after its CRC checks) and its live blocks
+/// are recompressed one by one, so its dead share is given back; a damaged one is copied
+/// verbatim, damage and all.
+fn items(
+    candidates: &[(u64, MapEntry)],
+    images: &HashMap<u32, Vec<u8>>,
+    codec: crate::codec::Codec,
+) -> Vec<Item> {
+    let mut units: HashMap<(u32, u32), Vec<(u64, MapEntry)>> = HashMap::new();
+    let mut out = Vec::new();
+    for &(lba, m) in candidates {
+        if m.unit_blocks > 1 {
+            units.entry((m.extent, m.offset)).or_default().push((lba, m));
+        } else {
+            out.push(Item {
+                blocks: vec![(lba, m)],
+                fresh: None,
+            });
+        }
+    }
+    for (_, blocks) in units {
+        let m = blocks[0].1;
+        if blocks.len() * 2 >= usize::from(m.unit_blocks) {
+            out.push(Item {
+                blocks,
+                fresh: None,
+            });
+            continue;
+        }
+        let stored = images.get(&m.extent).and_then(|img| {
+            img.get(m.offset as usize..m.offset as usize + usize::from(m.len))
+        });
+        let mut plain = vec![0u8; usize::from(m.unit_blocks) * BLOCK_BYTES];
+        let decoded = stored.is_some_and(|s| {
+            crc32c::crc32c(s) == m.crc
+                && crate::codec::decompress(m.codec, s, &mut plain).is_some()
+        });
+        if !decoded {
+            out.push(Item {
+                blocks,
+                fresh: None,
+            });
+            continue;
+        }
+        for (lba, e) in blocks {
+            let i = usize::from(e.unit_index) * BLOCK_BYTES;
+            let block = &plain[i..i + BLOCK_BYTES];
+            let (c, bytes) = match codec.compress(block) {
+                Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => (codec.id(), z),
+                _ => (crate::codec::id::RAW, block.to_vec()),
+            };
+            let crc = crc32c::crc32c(&bytes);
+            out.push(Item {
+                blocks: vec![(lba, e)],
+                fresh: Some((c, bytes, crc)),
+            });
+        }
+    }
+    out.sort_by_key(|it| it.lba());
+    out
+}
+
+/// First-fit decreasing over stored sizes; returns bins of item indices.
+fn pack(items: &[Item], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| {
+        items[b]
+            .len()
+            .cmp(&items[a].len())
+            .then(items[a].lba().cmp(&items[b].lba()))
+    });
+    let mut bins: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+    for i in order {
+        let (len, recs) = (items[i].len(), items[i].blocks.len());
+        let fits = |payload: usize, n: usize| {
+            segment_padded_len(version, payload + len, n + recs) as usize <= extent_bytes
+        };
+        match bins.iter_mut().find(|(p, n, _)| fits(*p, *n)) {
+            Some((p, n, b)) => {
+                *p += len;
+                *n += recs;
+                b.push(i);
+            }
+            None => bins.push((len, recs, vec![i])),
+        }
+    }
+    bins.into_iter().map(|(_, _, b)| b).collect()
 }
 
 /// Next-fit packing in victim order, emptiest victim first, for a pass whose outputs outnumber
@@ -147,7 +237,7 @@ fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize, version: u32) -> Vec<Ve
 /// some output would find no free extent or the pass would not gain.
 fn stream(
     st: &State,
-    blocks: &mut [(u64, MapEntry)],
+    items: &mut [Item],
     victims: &[u32],
     extent_bytes: usize,
     version: u32,
@@ -156,23 +246,24 @@ fn stream(
     let mut order = victims.to_vec();
     order.sort_by_key(|&v| (st.extents[v as usize].live_bytes, v));
     let rank: HashMap<u32, usize> = order.iter().enumerate().map(|(r, &v)| (v, r)).collect();
-    blocks.sort_by_key(|(lba, m)| (rank[&m.extent], *lba));
+    items.sort_by_key(|it| (rank[&it.victim()], it.lba()));
     let mut bins: Vec<Vec<usize>> = Vec::new();
-    let mut payload = 0usize;
+    let (mut payload, mut recs) = (0usize, 0usize);
     // Per victim (by rank): the bin holding its last block.
     let mut last_bin = vec![0usize; order.len()];
-    for (i, (_, m)) in blocks.iter().enumerate() {
-        let len = m.len as usize;
-        let fits = bins.last().is_some_and(|b| {
-            segment_padded_len(version, payload + len, b.len() + 1) as usize <= extent_bytes
-        });
+    for (i, it) in items.iter().enumerate() {
+        let (len, n) = (it.len(), it.blocks.len());
+        let fits = !bins.is_empty()
+            && segment_padded_len(version, payload + len, recs + n) as usize <= extent_bytes;
         if !fits {
             bins.push(Vec::new());
             payload = 0;
+            recs = 0;
         }
         payload += len;
+        recs += n;
         bins.last_mut()?.push(i);
-        last_bin[rank[&m.extent]] = bins.len() - 1;
+        last_bin[rank[&it.victim()]] = bins.len() - 1;
     }
     if bins.len() >= victims.len() || bins.len() > PASS_OUTPUTS_MAX {
         return None;
@@ -208,11 +299,20 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         .filter(|(_, m)| m.state == BlockState::Data && is_victim[m.extent as usize])
         .map(|(l, m)| (l as u64, *m))
         .collect();
+    // Read the victims whole (paper: extents are read in full), before packing: mostly dead
+    // units are recompressed, and packing needs their new sizes.
+    let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
+    for &v in &victims {
+        let mut buf = vec![0u8; e];
+        cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
+        images.insert(v, buf);
+    }
+    let all_items = items(&candidates, &images, cx.codec);
     let (blocks, bins) = loop {
-        let mut blocks: Vec<(u64, MapEntry)> = candidates
+        let mut blocks: Vec<Item> = all_items
             .iter()
-            .filter(|(_, m)| is_victim[m.extent as usize])
-            .copied()
+            .filter(|it| is_victim[it.victim() as usize])
+            .cloned()
             .collect();
         let bins = pack(&blocks, e, cx.sb.version);
         if bins.len() <= free.min(PASS_OUTPUTS_MAX) && bins.len() < victims.len() {
@@ -230,13 +330,6 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         };
         is_victim[v as usize] = false;
     };
-    // Read the victims whole (paper: extents are read in full).
-    let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
-    for &v in &victims {
-        let mut buf = vec![0u8; e];
-        cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
-        images.insert(v, buf);
-    }
     let stamp = victims
         .iter()
         .map(|&v| st.extents[v as usize].stamp)
@@ -257,26 +350,52 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         let mut moved = Vec::with_capacity(bin.len());
         let mut at = SEGMENT_HEADER_BYTES;
         for i in bin {
-            let (lba, old) = blocks[i];
-            let len = old.len as usize;
-            let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
-            buf[at..at + len].copy_from_slice(src);
-            let seq = st.take_seq();
-            records.push(Record {
-                codec: old.codec,
-                len: len as u32,
-                offset: at as u32,
-                crc: old.crc,
-                ..Record::new(RecordKind::Data, lba, 1, seq)
-            });
-            moved.push((
-                lba,
-                MapEntry {
-                    extent: q.extent,
+            let it = &blocks[i];
+            let len = it.len();
+            let old = it.blocks[0].1;
+            let (codec, crc) = match &it.fresh {
+                Some((codec, bytes, crc)) => {
+                    buf[at..at + len].copy_from_slice(bytes);
+                    (*codec, *crc)
+                }
+                None => {
+                    let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
+                    buf[at..at + len].copy_from_slice(src);
+                    (old.codec, old.crc)
+                }
+            };
+            for &(lba, old) in &it.blocks {
+                let entry = match it.fresh {
+                    Some(_) => MapEntry {
+                        codec,
+                        len: len as u16,
+                        crc,
+                        unit_index: 0,
+                        unit_blocks: 1,
+                        ..old
+                    },
+                    None => old,
+                };
+                let seq = st.take_seq();
+                records.push(Record {
+                    codec,
+                    len: len as u32,
                     offset: at as u32,
-                    ..old
-                },
-            ));
+                    crc,
+                    unit_index: entry.unit_index,
+                    unit_blocks: u16::from(entry.unit_blocks),
+                    ..Record::new(RecordKind::Data, lba, 1, seq)
+                });
+                moved.push((
+                    lba,
+                    MapEntry {
+                        extent: q.extent,
+                        offset: at as u32,
+                        ..entry
+                    },
+                ));
+            }
+            result.bytes_moved += len as u64;
             at += len;
         }
         let h = SegmentHeader {
@@ -296,7 +415,6 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         x.state = ExtentState::Closed;
         x.stamp = stamp;
         for (lba, entry) in moved {
-            result.bytes_moved += u64::from(entry.len);
             st.set_entry(lba, entry);
         }
         result.outputs += 1;

@@ -18,6 +18,7 @@ pub mod sim;
 mod state;
 pub mod stats;
 pub mod storage;
+mod units;
 mod volume;
 
 pub use cleaner::PassResult;

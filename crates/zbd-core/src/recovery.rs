@@ -11,8 +11,10 @@ use crate::error::{Error, Result};
 use crate::format::{
     decode_map_page, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
     RecordKind, SegmentHeader, SegmentOwner, Superblock, BLOCK_BYTES, CKPT_FLAGS_INCOMPAT,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    CKPT_FLAGS_INCOMPAT_KNOWN, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
+    SUPERBLOCK_BYTES, UNIT_BLOCKS_MAX,
 };
+use crate::units::UnitRefs;
 use crate::state::{ExtentInfo, ExtentState};
 use crate::storage::Storage;
 use std::collections::{BTreeMap, HashSet};
@@ -76,11 +78,11 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
         .max_by_key(|c| c.seq)
         .cloned()
         .ok_or_else(|| Error::CorruptMetadata("no valid checkpoint in any slot".into()))?;
-    if best.flags & CKPT_FLAGS_INCOMPAT != 0 {
+    let unknown = best.flags & CKPT_FLAGS_INCOMPAT & !CKPT_FLAGS_INCOMPAT_KNOWN;
+    if unknown != 0 {
         return Err(Error::NotAVolume(format!(
-            "the volume uses features this zbd does not have (checkpoint flags {:#x}: \
-             compression units or trained dictionaries); use a newer zbd",
-            best.flags & CKPT_FLAGS_INCOMPAT
+            "the volume uses features this zbd does not have (checkpoint flags {unknown:#x}: \
+             trained dictionaries or newer); use a newer zbd"
         )));
     }
     let damaged_copies = found
@@ -177,34 +179,48 @@ pub fn load_map(storage: &dyn Storage, sb: &Superblock, ck: &Checkpoint) -> Resu
     })
 }
 
-/// Whether a map entry points inside the data area (v2: offsets above 1 MiB would mean
-/// compression-unit or dictionary bits, which need a newer build: treated as damage).
+/// Whether a map entry points inside the data area and has a unit shape a writer produces (a
+/// unit is stored compressed, at least a sector below its raw size; dictionaries need a newer
+/// build): anything else is treated as damage.
 pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
+    let n = usize::from(e.unit_blocks);
+    let max_len = if n == 1 {
+        BLOCK_BYTES
+    } else {
+        n * BLOCK_BYTES - SECTOR_BYTES
+    };
     e.state != BlockState::Data
         || (e.extent < sb.extent_count
-            && e.len as usize <= BLOCK_BYTES
+            && e.len as usize <= max_len
             && e.len > 0
+            && (1..=UNIT_BLOCKS_MAX).contains(&e.unit_blocks)
+            && e.unit_index < e.unit_blocks
+            && e.dict == 0
             && e.offset as u64 + u64::from(e.len) <= u64::from(sb.extent_bytes))
 }
 
-/// Live accounting derived from the map.
-pub fn account(map: &[MapEntry], extent_count: u32) -> Vec<ExtentInfo> {
+/// Live accounting derived from the map (a unit's stored bytes count once, see units.rs).
+pub fn account(map: &[MapEntry], extent_count: u32) -> (Vec<ExtentInfo>, UnitRefs) {
     let mut extents = vec![
         ExtentInfo {
             live_bytes: 0,
             live_blocks: 0,
+            unit_waste: 0,
             state: ExtentState::Free,
             stamp: 0,
         };
         extent_count as usize
     ];
+    let mut units = UnitRefs::default();
     for e in map.iter().filter(|e| e.state == BlockState::Data) {
+        let d = units.add(e);
         let x = &mut extents[e.extent as usize];
-        x.live_bytes += u32::from(e.len);
+        x.live_bytes += d.bytes;
+        x.unit_waste = (i64::from(x.unit_waste) + d.waste) as u32;
         x.live_blocks += 1;
         x.state = ExtentState::Closed;
     }
-    extents
+    (extents, units)
 }
 
 /// A record found by roll-forward, with the extent it was found in.
@@ -312,8 +328,8 @@ pub fn roll_forward(
             for r in records.iter().filter(|r| r.seq > ck.write_seq) {
                 if r.uses_unsupported_features() {
                     return Err(Error::NotAVolume(format!(
-                        "extent {} holds a record with compression units or a dictionary; \
-                         use a newer zbd",
+                        "extent {} holds a record with a dictionary or a unit shape this zbd \
+                         does not know; use a newer zbd",
                         q.extent
                     )));
                 }

@@ -6,9 +6,11 @@
 use crate::error::{Error, Result};
 use crate::format::{
     encode_map_page, seal_segment, segment_padded_len, BlockState, Checkpoint, DictEntry, MapEntry,
-    QueueEntry, Record, RecordKind, SegmentHeader, Superblock, BLOCK_BYTES, DICT_ENTRIES,
-    MAP_ENTRIES_PER_PAGE, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    QueueEntry, Record, RecordKind, SegmentHeader, Superblock, BLOCK_BYTES,
+    CKPT_FLAG_COMPRESSION_UNITS, DICT_ENTRIES, MAP_ENTRIES_PER_PAGE, SECTOR_BYTES,
+    SEGMENT_HEADER_BYTES,
 };
+use crate::units::UnitRefs;
 use crate::stats::Counters;
 use crate::storage::Storage;
 use parking_lot::RwLock;
@@ -36,8 +38,12 @@ pub enum ExtentState {
 /// Per-extent accounting (kept exact: every map change adjusts it).
 #[derive(Clone, Copy, Debug)]
 pub struct ExtentInfo {
-    /// Sum of stored lengths of live blocks.
+    /// Sum of stored lengths of live blocks (a compression unit counts once while any of its
+    /// blocks is live).
     pub live_bytes: u32,
+    /// Part of `live_bytes` held only by the dead blocks of partly live units: what rewriting
+    /// them would give back (units.rs).
+    pub unit_waste: u32,
     /// Live blocks.
     pub live_blocks: u32,
     /// Life cycle state.
@@ -78,8 +84,8 @@ impl OpenExtent {
         self.durable_end + segment_padded_len(self.version, self.payload_len + payload, n) as usize
     }
 
-    fn fits(&self, payload: usize, extent_bytes: usize) -> bool {
-        self.end_with(payload, 1) <= extent_bytes
+    fn fits(&self, payload: usize, records: usize, extent_bytes: usize) -> bool {
+        self.end_with(payload, records) <= extent_bytes
     }
 
     /// Free space left for one more block's payload.
@@ -92,7 +98,8 @@ impl OpenExtent {
 pub enum Prepared {
     /// All zeros: map state only.
     Zero,
-    /// Stored bytes with codec id and checksum.
+    /// Stored bytes with codec id and checksum: one block, or a compression unit of `blocks`
+    /// consecutive blocks.
     Data {
         /// Codec id.
         codec: u8,
@@ -100,6 +107,8 @@ pub enum Prepared {
         bytes: Vec<u8>,
         /// CRC32C of `bytes`.
         crc: u32,
+        /// Logical blocks they hold (1, or a unit's size).
+        blocks: u8,
     },
 }
 
@@ -144,6 +153,11 @@ pub struct State {
     pub replayed: u64,
     /// Dictionary directory of the checkpoint, carried through unchanged (reserved, v2).
     pub dicts: [DictEntry; DICT_ENTRIES],
+    /// Live blocks of each stored compression unit.
+    pub units: UnitRefs,
+    /// Checkpoints carry `CKPT_FLAG_COMPRESSION_UNITS`: set (durably) before the first unit
+    /// record is written, so only volumes that use units have it.
+    pub units_flag: bool,
 }
 
 /// Read-only context the state operations need.
@@ -160,6 +174,8 @@ pub struct Ctx<'a> {
     pub durable_seq: &'a AtomicU64,
     /// Stored bytes recently read; reused extents must be forgotten (under the gate).
     pub cache: &'a crate::readcache::ReadCache,
+    /// Codec of new writes (the cleaner recompresses the live blocks of mostly dead units).
+    pub codec: crate::codec::Codec,
 }
 
 impl State {
@@ -179,8 +195,10 @@ impl State {
             return false;
         }
         if old.state == BlockState::Data {
+            let d = self.units.remove(&old);
             if let Some(x) = self.extents.get_mut(old.extent as usize) {
-                x.live_bytes -= u32::from(old.len);
+                x.live_bytes -= d.bytes;
+                x.unit_waste = (i64::from(x.unit_waste) + d.waste) as u32;
                 x.live_blocks -= 1;
                 if x.live_blocks == 0 && x.state == ExtentState::Closed {
                     x.state = ExtentState::PendingFree;
@@ -188,8 +206,10 @@ impl State {
             }
         }
         if new.state == BlockState::Data {
+            let d = self.units.add(&new);
             let x = &mut self.extents[new.extent as usize];
-            x.live_bytes += u32::from(new.len);
+            x.live_bytes += d.bytes;
+            x.unit_waste = (i64::from(x.unit_waste) + d.waste) as u32;
             x.live_blocks += 1;
             if x.state == ExtentState::PendingFree || x.state == ExtentState::Free {
                 // Only recovery maps blocks into non-open extents.
@@ -207,7 +227,7 @@ impl State {
         s
     }
 
-    /// Stores one prepared block at `lba`.
+    /// Stores one prepared block (or unit: its blocks from `lba`).
     pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
         match p {
             Prepared::Zero => {
@@ -217,34 +237,59 @@ impl State {
                     self.checkpoint(cx)?;
                 }
             }
-            Prepared::Data { codec, bytes, crc } => {
-                let slot = self.place(cx, bytes.len())?;
-                let seq = self.take_seq();
+            Prepared::Data {
+                codec,
+                bytes,
+                crc,
+                blocks,
+            } => {
+                if blocks > 1 && !self.units_flag {
+                    // Durable before any record that needs it.
+                    self.units_flag = true;
+                    self.checkpoint(cx)?;
+                }
+                let n = usize::from(blocks);
+                let slot = self.place(cx, bytes.len(), n)?;
                 let ext_bytes = cx.sb.extent_bytes as usize;
+                let offset = {
+                    let oe = &self.open[slot];
+                    oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len
+                };
+                // One record per block, all naming the unit's bytes (format.md).
+                let mut records = Vec::with_capacity(n);
+                for i in 0..blocks {
+                    let seq = self.take_seq();
+                    records.push(Record {
+                        codec,
+                        len: bytes.len() as u32,
+                        offset: offset as u32,
+                        crc,
+                        unit_index: i,
+                        unit_blocks: u16::from(blocks),
+                        ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
+                    });
+                }
                 let oe = &mut self.open[slot];
-                let offset = oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len;
                 oe.buf[offset..offset + bytes.len()].copy_from_slice(&bytes);
                 oe.payload_len += bytes.len();
-                let rec = Record {
-                    codec,
-                    len: bytes.len() as u32,
-                    offset: offset as u32,
-                    crc,
-                    ..Record::new(RecordKind::Data, lba, 1, seq)
-                };
-                oe.records.push(rec);
+                oe.records.extend(records);
                 oe.last_used = Instant::now();
                 let extent = oe.extent;
                 let nearly_full = oe.free_bytes(ext_bytes) < SECTOR_BYTES;
-                let entry = MapEntry {
-                    state: BlockState::Data,
-                    codec,
-                    len: bytes.len() as u16,
-                    extent,
-                    offset: offset as u32,
-                    crc,
-                };
-                self.set_entry(lba, entry);
+                for i in 0..blocks {
+                    let entry = MapEntry {
+                        state: BlockState::Data,
+                        codec,
+                        len: bytes.len() as u16,
+                        extent,
+                        offset: offset as u32,
+                        crc,
+                        unit_index: i,
+                        unit_blocks: blocks,
+                        dict: 0,
+                    };
+                    self.set_entry(lba + u64::from(i), entry);
+                }
                 if nearly_full {
                     self.close_open(cx, slot)?;
                 }
@@ -309,7 +354,7 @@ impl State {
                 }
             }
         }
-        let slot = self.place(cx, 0)?;
+        let slot = self.place(cx, 0, 1)?;
         let seq = self.take_seq();
         let oe = &mut self.open[slot];
         oe.records.push(Record::new(kind, lba, count, seq));
@@ -317,15 +362,16 @@ impl State {
         Ok(())
     }
 
-    /// Chooses the open extent for `len` payload bytes: best fit (fullest extent that still has
-    /// room), else a new extent, evicting the least recently used one when the buffer is full.
-    fn place(&mut self, cx: &Ctx, len: usize) -> Result<usize> {
+    /// Chooses the open extent for `len` payload bytes and `records` records: best fit
+    /// (fullest extent that still has room), else a new extent, evicting the least recently
+    /// used one when the buffer is full.
+    fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
         let ext_bytes = cx.sb.extent_bytes as usize;
         let best = self
             .open
             .iter()
             .enumerate()
-            .filter(|(_, o)| o.fits(len, ext_bytes))
+            .filter(|(_, o)| o.fits(len, records, ext_bytes))
             .min_by_key(|(_, o)| o.free_bytes(ext_bytes))
             .map(|(i, _)| i);
         if let Some(i) = best {
@@ -524,6 +570,11 @@ impl State {
             queue: queue.clone(),
             page_slots: slots.clone(),
             dicts: self.dicts,
+            flags: if self.units_flag {
+                CKPT_FLAG_COMPRESSION_UNITS
+            } else {
+                0
+            },
             ..Checkpoint::empty(cx.sb)
         };
         let bytes = ck.encode(cx.sb);

@@ -1,11 +1,11 @@
 //! The public handle: a thread-safe compressed block volume over a [`Storage`].
 
-use crate::codec::{self, Codec};
+use crate::codec::{self, unit, Codec};
 use crate::error::{Error, Result};
 use crate::fence::Fenced;
 use crate::format::{
     decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
-    BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_ENTRY_BYTES, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
     SUPERBLOCK_BYTES,
 };
 use crate::io::{IoOptions, QueuedStorage};
@@ -50,6 +50,9 @@ pub struct OpenOptions {
     pub io: IoOptions,
     /// Budget of the cache of stored block bytes recently read (0: none; see `readcache.rs`).
     pub read_cache_bytes: usize,
+    /// Compression unit size of new writes (default: the one recorded at create time; 4K =
+    /// every block on its own).
+    pub unit_bytes: Option<u32>,
 }
 
 impl Default for OpenOptions {
@@ -63,6 +66,7 @@ impl Default for OpenOptions {
             clean_watermarks: None,
             io: IoOptions::default(),
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
+            unit_bytes: None,
         }
     }
 }
@@ -104,6 +108,8 @@ pub(crate) struct Inner {
     storage: Fenced,
     sb: Superblock,
     codec: Codec,
+    /// Compression unit size of new writes, in blocks (1: every block on its own).
+    unit_blocks: u8,
     read_only: bool,
     state: Mutex<State>,
     gate: RwLock<()>,
@@ -136,6 +142,14 @@ fn cleaner_reserve(extent_count: u32) -> usize {
 
 /// Stored bytes fetched for one block (`None` when it has none).
 type Fetched = Result<Option<Vec<u8>>>;
+
+/// The map entry of a source that is a block of a multi-block unit.
+fn unit_entry(src: &Source) -> Option<&MapEntry> {
+    match src {
+        Source::Bytes { entry, .. } | Source::Disk { entry } if entry.unit_blocks > 1 => Some(entry),
+        _ => None,
+    }
+}
 
 /// Where the stored bytes of one block are, as seen at lookup time.
 enum Source {
@@ -222,7 +236,7 @@ impl Inner {
         let ck = found.checkpoint;
         let loaded = recovery::load_map(&storage, &sb, &ck)?;
         let mut map = loaded.map;
-        let extents = recovery::account(&map, sb.extent_count);
+        let (extents, units) = recovery::account(&map, sb.extent_count);
         let rolled = recovery::roll_forward(&storage, &sb, &ck)?;
         let mut open_repaired = found.damaged_copies;
         open_repaired.extend(
@@ -259,6 +273,8 @@ impl Inner {
             },
             replayed: 0,
             dicts: ck.dicts,
+            units,
+            units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
         };
         std::mem::swap(&mut st.map, &mut map);
         // Pages read from their second copy are rewritten (both copies) by the next checkpoint.
@@ -277,10 +293,19 @@ impl Inner {
                 "cleaner watermarks {low}/{high}: need low < high <= 90 (%)"
             )));
         }
+        // Units only where they pay and fit: not with `none`, never beyond the extent size.
+        let unit_blocks = if codec.id() == codec::id::RAW {
+            1
+        } else {
+            opts.unit_bytes
+                .map_or(sb.unit_blocks, |b| (b as usize / BLOCK_BYTES) as u8)
+                .clamp(1, crate::layout::unit_blocks_max(sb.extent_bytes))
+        };
         let vol = Inner {
             storage,
             sb,
             codec,
+            unit_blocks,
             read_only: opts.read_only,
             state: Mutex::new(st),
             gate: RwLock::new(()),
@@ -314,6 +339,7 @@ impl Inner {
             gate: &self.gate,
             durable_seq: &self.durable_seq,
             cache: &self.cache,
+            codec: self.codec,
         }
     }
 
@@ -393,22 +419,75 @@ impl Inner {
     fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Vec<Result<Vec<u8>>> {
         let (sources, _gate) = self.lookup(first, count, !use_cache);
         let fetched = self.fetch(&sources, use_cache);
-        let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
-            let lba = first + i as u64;
-            match (src, stored?) {
-                (Source::Zeros, _) => Ok(vec![0; BLOCK_BYTES]),
-                (Source::Damaged, _) => Err(Error::Corrupt { lba }),
-                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
-                    self.decode_block(lba, entry, &bytes)
+        // Consecutive blocks of one compression unit are decoded together, once.
+        let mut groups: Vec<(usize, usize, Fetched)> = Vec::new();
+        for (i, stored) in fetched.into_iter().enumerate() {
+            if let Some((start, end, _)) = groups.last_mut() {
+                let same = match (unit_entry(&sources[*start]), unit_entry(&sources[i])) {
+                    (Some(a), Some(b)) => {
+                        (a.extent, a.offset, a.crc, a.len) == (b.extent, b.offset, b.crc, b.len)
+                    }
+                    _ => false,
+                };
+                if same {
+                    *end = i + 1;
+                    continue;
                 }
-                (_, None) => Err(Error::Corrupt { lba }),
+            }
+            groups.push((i, i + 1, stored));
+        }
+        let decode = |(start, end, stored): (usize, usize, Fetched)| -> Vec<Result<Vec<u8>>> {
+            let lba = first + start as u64;
+            let stored = match stored {
+                Ok(s) => s,
+                Err(e) => {
+                    let mut out = vec![Err(e)];
+                    out.extend((start + 1..end).map(|i| {
+                        Err(Error::Corrupt {
+                            lba: first + i as u64,
+                        })
+                    }));
+                    return out;
+                }
+            };
+            match (&sources[start], stored) {
+                (Source::Zeros, _) => vec![Ok(vec![0; BLOCK_BYTES])],
+                (Source::Damaged, _) => vec![Err(Error::Corrupt { lba })],
+                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes))
+                    if end - start > 1 =>
+                {
+                    match self.decode_unit(entry, &bytes) {
+                        Some(unit) => sources[start..end]
+                            .iter()
+                            .map(|s| {
+                                let i = usize::from(unit_entry(s).map_or(0, |e| e.unit_index));
+                                Ok(unit[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].to_vec())
+                            })
+                            .collect(),
+                        None => {
+                            self.corrupt_reads
+                                .fetch_add((end - start) as u64, Ordering::Relaxed);
+                            (start..end)
+                                .map(|i| {
+                                    Err(Error::Corrupt {
+                                        lba: first + i as u64,
+                                    })
+                                })
+                                .collect()
+                        }
+                    }
+                }
+                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
+                    vec![self.decode_block(lba, entry, &bytes)]
+                }
+                (_, None) => vec![Err(Error::Corrupt { lba })],
             }
         };
-        let pairs: Vec<_> = sources.iter().zip(fetched).collect();
-        if pairs.len() >= PARALLEL_BLOCKS_MIN {
-            pairs.into_par_iter().enumerate().map(decode).collect()
+        if count as usize >= PARALLEL_BLOCKS_MIN {
+            let parts: Vec<_> = groups.into_par_iter().map(decode).collect();
+            parts.into_iter().flatten().collect()
         } else {
-            pairs.into_iter().enumerate().map(decode).collect()
+            groups.into_iter().flat_map(decode).collect()
         }
     }
 
@@ -520,15 +599,37 @@ impl Inner {
         out
     }
 
+    /// Decodes one block from its stored bytes (of its unit: decoding no more than the unit).
     fn decode_block(&self, lba: u64, entry: &MapEntry, stored: &[u8]) -> Result<Vec<u8>> {
         let mut out = vec![0u8; BLOCK_BYTES];
-        if crc32c::crc32c(stored) != entry.crc
-            || codec::decompress(entry.codec, stored, &mut out).is_none()
-        {
+        let ok = crc32c::crc32c(stored) == entry.crc
+            && if entry.unit_blocks > 1 {
+                unit::read_stored_block(
+                    entry.codec,
+                    None,
+                    stored,
+                    usize::from(entry.unit_blocks),
+                    usize::from(entry.unit_index),
+                    &mut Vec::new(),
+                    &mut out,
+                )
+                .is_some()
+            } else {
+                codec::decompress(entry.codec, stored, &mut out).is_some()
+            };
+        if !ok {
             self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Corrupt { lba });
         }
         Ok(out)
+    }
+
+    /// Decodes a whole unit (`unit_blocks` x 4 KiB) after checking its CRC; `None` if damaged.
+    fn decode_unit(&self, entry: &MapEntry, stored: &[u8]) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; usize::from(entry.unit_blocks) * BLOCK_BYTES];
+        (crc32c::crc32c(stored) == entry.crc).then_some(())?;
+        codec::decompress(entry.codec, stored, &mut out)?;
+        Some(out)
     }
 
     /// Compresses one full block (outside any lock).
@@ -542,7 +643,42 @@ impl Inner {
             _ => (codec::id::RAW, block.to_vec()),
         };
         let crc = crc32c::crc32c(&bytes);
-        Prepared::Data { codec, bytes, crc }
+        Prepared::Data {
+            codec,
+            bytes,
+            crc,
+            blocks: 1,
+        }
+    }
+
+    /// Compresses consecutive non-zero blocks as one unit (outside any lock). A unit that does
+    /// not save a sector is stored as raw single blocks: never more than `none` would store,
+    /// and reads of them decode nothing.
+    fn prepare_unit(&self, data: &[u8]) -> Vec<Prepared> {
+        let n = data.len() / BLOCK_BYTES;
+        if n == 1 {
+            return vec![self.prepare(data)];
+        }
+        match unit::compress_unit(self.codec, None, data) {
+            Ok(u) if u.codec_id != codec::id::RAW => {
+                let crc = crc32c::crc32c(&u.bytes);
+                vec![Prepared::Data {
+                    codec: u.codec_id,
+                    bytes: u.bytes,
+                    crc,
+                    blocks: n as u8,
+                }]
+            }
+            _ => data
+                .chunks(BLOCK_BYTES)
+                .map(|b| Prepared::Data {
+                    codec: codec::id::RAW,
+                    bytes: b.to_vec(),
+                    crc: crc32c::crc32c(b),
+                    blocks: 1,
+                })
+                .collect(),
+        }
     }
 
     /// Writes `data` at byte `offset`. With `fua`, returns only once the data is durable.
@@ -580,17 +716,39 @@ impl Inner {
         Ok(())
     }
 
+    /// Writes whole blocks: runs of non-zero blocks become compression units (aligned to LBA
+    /// multiples of the unit size, `unit::plan_units`), zero blocks map states.
     fn write_full_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
-        let blocks: Vec<&[u8]> = data.chunks(BLOCK_BYTES).collect();
-        let prepared: Vec<Prepared> = if blocks.len() >= PARALLEL_BLOCKS_MIN {
-            blocks.par_iter().map(|b| self.prepare(b)).collect()
+        let nonzero: Vec<bool> = data.chunks(BLOCK_BYTES).map(|b| !is_zero(b)).collect();
+        let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut at = 0;
+        for u in unit::plan_units(first, &nonzero, usize::from(self.unit_blocks)) {
+            pieces.extend((at..u.start).map(|i| i..i + 1));
+            at = u.end;
+            pieces.push(u);
+        }
+        pieces.extend((at..nonzero.len()).map(|i| i..i + 1));
+        let prep = |r: &std::ops::Range<usize>| {
+            let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
+            (r.start, self.prepare_unit(bytes))
+        };
+        let prepared: Vec<(usize, Vec<Prepared>)> = if nonzero.len() >= PARALLEL_BLOCKS_MIN {
+            pieces.par_iter().map(prep).collect()
         } else {
-            blocks.iter().map(|b| self.prepare(b)).collect()
+            pieces.iter().map(prep).collect()
         };
         let mut st = self.lock_for_write();
         let cx = self.ctx();
-        for (i, p) in prepared.into_iter().enumerate() {
-            st.put_block(&cx, first + i as u64, p)?;
+        for (start, ps) in prepared {
+            let mut lba = first + start as u64;
+            for p in ps {
+                let n = match &p {
+                    Prepared::Zero => 1,
+                    Prepared::Data { blocks, .. } => u64::from(*blocks),
+                };
+                st.put_block(&cx, lba, p)?;
+                lba += n;
+            }
         }
         st.age(&cx)
     }
@@ -775,15 +933,21 @@ impl Inner {
     pub fn stats(&self) -> Stats {
         let mut st = self.state.lock();
         self.sync_read_counters(&mut st);
-        let (mut data, mut zero, mut unmapped, mut raw, mut damaged, mut live) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut data, mut zero, mut unmapped, mut raw, mut damaged) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut in_units, mut unit_live) = (0u64, 0u64);
+        let mut units_seen = std::collections::HashSet::new();
         for e in &st.map {
             match e.state {
                 BlockState::Data => {
                     data += 1;
-                    live += u64::from(e.len);
                     if e.codec == codec::id::RAW {
                         raw += 1;
+                    }
+                    if e.unit_blocks > 1 {
+                        in_units += 1;
+                        if units_seen.insert((e.extent, e.offset)) {
+                            unit_live += u64::from(e.len);
+                        }
                     }
                 }
                 BlockState::Zero => zero += 1,
@@ -791,6 +955,8 @@ impl Inner {
                 BlockState::Corrupt => damaged += 1,
             }
         }
+        // Exact: a unit's stored bytes count once (units.rs).
+        let live: u64 = st.extents.iter().map(|x| u64::from(x.live_bytes)).sum();
         let eb = u64::from(self.sb.extent_bytes);
         let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
         let (free, open, closed, pending) = (
@@ -813,6 +979,19 @@ impl Inner {
             zero_blocks: zero,
             unmapped_blocks: unmapped,
             raw_blocks: raw,
+            unit_bytes: u32::from(self.unit_blocks) * BLOCK_BYTES as u32,
+            unit_blocks: in_units,
+            units: st.units.count() as u64,
+            unit_ratio: if unit_live == 0 {
+                0.0
+            } else {
+                (in_units * BLOCK_BYTES as u64) as f64 / unit_live as f64
+            },
+            single_ratio: if live == unit_live {
+                0.0
+            } else {
+                ((data - in_units) * BLOCK_BYTES as u64) as f64 / (live - unit_live) as f64
+            },
             damaged_blocks: damaged,
             logical_bytes_in_use: logical_in_use,
             physical_bytes_live: live,
@@ -838,7 +1017,7 @@ impl Inner {
             } else {
                 written as f64 / c.host_bytes_written as f64
             },
-            metadata_ram_bytes: (st.map.len() * MAP_ENTRY_BYTES
+            metadata_ram_bytes: (st.map.len() * std::mem::size_of::<MapEntry>()
                 + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
                 as u64,
             clean_low_pct: self.clean_low_pct,
@@ -899,9 +1078,12 @@ impl Inner {
         }
         {
             let st = self.state.lock();
-            let fresh = recovery::account(&st.map, self.sb.extent_count);
+            let (fresh, _) = recovery::account(&st.map, self.sb.extent_count);
             for (i, (a, b)) in fresh.iter().zip(st.extents.iter()).enumerate() {
-                if a.live_bytes != b.live_bytes || a.live_blocks != b.live_blocks {
+                if a.live_bytes != b.live_bytes
+                    || a.live_blocks != b.live_blocks
+                    || a.unit_waste != b.unit_waste
+                {
                     report
                         .metadata_problems
                         .push(format!("extent {i}: live accounting differs from the map"));
@@ -1112,7 +1294,9 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                 let same = now.state == BlockState::Data
                     && now.crc == rec.crc
                     && u32::from(now.len) == rec.len
-                    && now.codec == rec.codec;
+                    && now.codec == rec.codec
+                    && now.unit_index == rec.unit_index
+                    && u16::from(now.unit_blocks) == rec.unit_blocks;
                 if !same {
                     st.set_entry(
                         rec.lba,
@@ -1131,6 +1315,9 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     extent: r.extent,
                     offset: rec.offset,
                     crc: rec.crc,
+                    unit_index: rec.unit_index,
+                    unit_blocks: rec.unit_blocks as u8,
+                    dict: 0,
                 };
                 st.set_entry(rec.lba, entry);
             }
