@@ -1067,7 +1067,7 @@ fn parse_seg_block(
             let end = r.offset as usize + r.len as usize;
             if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES
                 || end > payload_end
-                || r.len as usize > BLOCK_BYTES
+                || r.len as usize > BLOCK_BYTES * usize::from(r.unit_blocks.max(1))
             {
                 return Err(bad());
             }
