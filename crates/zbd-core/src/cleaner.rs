@@ -20,8 +20,8 @@
 
 use crate::error::Result;
 use crate::format::{
-    seal_segment, segment_padded_len, BlockState, MapEntry, Record, RecordKind, SegmentHeader,
-    BLOCK_BYTES, RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, BLOCK_BYTES,
+    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, ExtentInfo, ExtentState, State};
 use std::collections::HashMap;
@@ -153,7 +153,10 @@ fn items(
     let mut out = Vec::new();
     for &(lba, m) in candidates {
         if m.unit_blocks > 1 {
-            units.entry((m.extent, m.offset)).or_default().push((lba, m));
+            units
+                .entry((m.extent, m.offset))
+                .or_default()
+                .push((lba, m));
         } else {
             out.push(Item {
                 blocks: vec![(lba, m)],
@@ -170,13 +173,12 @@ fn items(
             });
             continue;
         }
-        let stored = images.get(&m.extent).and_then(|img| {
-            img.get(m.offset as usize..m.offset as usize + usize::from(m.len))
-        });
+        let stored = images
+            .get(&m.extent)
+            .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
         let mut plain = vec![0u8; usize::from(m.unit_blocks) * BLOCK_BYTES];
         let decoded = stored.is_some_and(|s| {
-            crc32c::crc32c(s) == m.crc
-                && crate::codec::decompress(m.codec, s, &mut plain).is_some()
+            crc32c::crc32c(s) == m.crc && crate::codec::decompress(m.codec, s, &mut plain).is_some()
         });
         if !decoded {
             out.push(Item {
@@ -292,13 +294,12 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     }
     let mut is_victim = vec![false; st.extents.len()];
     victims.iter().for_each(|&v| is_victim[v as usize] = true);
-    let candidates: Vec<(u64, MapEntry)> = st
-        .map
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.state == BlockState::Data && is_victim[m.extent as usize])
-        .map(|(l, m)| (l as u64, *m))
-        .collect();
+    let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
+    st.map.for_each_data(|l, m| {
+        if is_victim[m.extent as usize] {
+            candidates.push((l, *m));
+        }
+    })?;
     // Read the victims whole (paper: extents are read in full), before packing: mostly dead
     // units are recompressed, and packing needs their new sizes.
     let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
@@ -415,7 +416,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         x.state = ExtentState::Closed;
         x.stamp = stamp;
         for (lba, entry) in moved {
-            st.set_entry(lba, entry);
+            st.set_entry(lba, entry)?;
         }
         result.outputs += 1;
     }

@@ -1200,7 +1200,10 @@ mod tests {
         }
         let mut v1 = sb(1);
         v1.unit_blocks = 4;
-        assert_eq!(Superblock::decode(&v1.encode()).map(|s| s.unit_blocks).ok(), Some(1));
+        assert_eq!(
+            Superblock::decode(&v1.encode()).map(|s| s.unit_blocks).ok(),
+            Some(1)
+        );
     }
 
     #[test]

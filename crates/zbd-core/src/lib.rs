@@ -4,6 +4,7 @@
 //! ever appended to, and found again through a persistent translation map. See docs/design.md
 //! for the design and docs/format.md for the on-disk format.
 
+mod buffer;
 mod cleaner;
 pub mod codec;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod format;
 mod handle;
 pub mod io;
 pub mod layout;
+mod map;
 mod readcache;
 mod recovery;
 pub mod sim;

@@ -14,9 +14,10 @@ use crate::format::{
     CKPT_FLAGS_INCOMPAT_KNOWN, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
     SUPERBLOCK_BYTES, UNIT_BLOCKS_MAX,
 };
-use crate::units::UnitRefs;
+use crate::map::Map;
 use crate::state::{ExtentInfo, ExtentState};
 use crate::storage::Storage;
+use crate::units::UnitRefs;
 use std::collections::{BTreeMap, HashSet};
 
 /// Reads the superblock (copy A, else copy B).
@@ -200,7 +201,7 @@ pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
 }
 
 /// Live accounting derived from the map (a unit's stored bytes count once, see units.rs).
-pub fn account(map: &[MapEntry], extent_count: u32) -> (Vec<ExtentInfo>, UnitRefs) {
+pub fn account(map: &mut Map, extent_count: u32) -> Result<(Vec<ExtentInfo>, UnitRefs)> {
     let mut extents = vec![
         ExtentInfo {
             live_bytes: 0,
@@ -212,15 +213,15 @@ pub fn account(map: &[MapEntry], extent_count: u32) -> (Vec<ExtentInfo>, UnitRef
         extent_count as usize
     ];
     let mut units = UnitRefs::default();
-    for e in map.iter().filter(|e| e.state == BlockState::Data) {
+    map.for_each_data(|_, e| {
         let d = units.add(e);
         let x = &mut extents[e.extent as usize];
         x.live_bytes += d.bytes;
         x.unit_waste = (i64::from(x.unit_waste) + d.waste) as u32;
         x.live_blocks += 1;
         x.state = ExtentState::Closed;
-    }
-    (extents, units)
+    })?;
+    Ok((extents, units))
 }
 
 /// A record found by roll-forward, with the extent it was found in.

@@ -1,26 +1,22 @@
-//! The engine's in-memory state and the operations that change it: placing blocks into open
-//! extents (the extent buffer), map updates with exact live accounting, segment write-back,
-//! flush and checkpoint. Everything here runs under the volume's state lock; compression,
-//! decompression and storage reads happen outside it (see volume.rs).
+//! What ties the engine together under the volume's state lock: a block goes into the extent
+//! buffer (`buffer/`), its new location into the map (`map/`), with exact live accounting per
+//! extent; flush and checkpoint make it durable. Compression, decompression and storage reads
+//! happen outside the lock (see volume.rs).
 
+use crate::buffer::{BufferConfig, OpenExtent, Prepared};
 use crate::error::{Error, Result};
 use crate::format::{
-    encode_map_page, seal_segment, segment_padded_len, BlockState, Checkpoint, DictEntry, MapEntry,
-    QueueEntry, Record, RecordKind, SegmentHeader, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_COMPRESSION_UNITS, DICT_ENTRIES, MAP_ENTRIES_PER_PAGE, SECTOR_BYTES,
-    SEGMENT_HEADER_BYTES,
+    BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
-use crate::units::UnitRefs;
+use crate::map::Map;
 use crate::stats::Counters;
 use crate::storage::Storage;
+use crate::units::UnitRefs;
 use parking_lot::RwLock;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-/// Free extents host writes never take: what the cleaner compacts partly dead extents into (one
-/// is enough: a pass reuses the victims it drains, see `cleaner::stream`).
-const CLEANER_EXTENTS_MIN: usize = 1;
+use std::time::Instant;
 
 /// Life cycle of an extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,85 +48,10 @@ pub struct ExtentInfo {
     pub stamp: u64,
 }
 
-/// An extent in the extent buffer.
-pub struct OpenExtent {
-    /// Extent index.
-    pub extent: u32,
-    /// Allocation sequence its segments carry.
-    pub alloc_seq: u64,
-    /// Format version of its segments (the volume's).
-    pub version: u32,
-    /// The extent's bytes (durable part and pending segment).
-    pub buf: Vec<u8>,
-    /// Bytes already written to storage (sector aligned).
-    pub durable_end: usize,
-    /// Payload bytes in the pending segment.
-    pub payload_len: usize,
-    /// Records of the pending segment.
-    pub records: Vec<Record>,
-    /// When it was opened (aging timeout).
-    pub opened: Instant,
-    /// Last append (LRU eviction).
-    pub last_used: Instant,
-}
-
-impl OpenExtent {
-    /// Bytes used if the pending segment grew by `payload` bytes and `records` records.
-    fn end_with(&self, payload: usize, records: usize) -> usize {
-        let n = self.records.len() + records;
-        if n == 0 {
-            return self.durable_end;
-        }
-        self.durable_end + segment_padded_len(self.version, self.payload_len + payload, n) as usize
-    }
-
-    fn fits(&self, payload: usize, records: usize, extent_bytes: usize) -> bool {
-        self.end_with(payload, records) <= extent_bytes
-    }
-
-    /// Free space left for one more block's payload.
-    fn free_bytes(&self, extent_bytes: usize) -> usize {
-        extent_bytes.saturating_sub(self.end_with(0, 1))
-    }
-}
-
-/// A block ready to be stored.
-pub enum Prepared {
-    /// All zeros: map state only.
-    Zero,
-    /// Stored bytes with codec id and checksum: one block, or a compression unit of `blocks`
-    /// consecutive blocks.
-    Data {
-        /// Codec id.
-        codec: u8,
-        /// Stored bytes.
-        bytes: Vec<u8>,
-        /// CRC32C of `bytes`.
-        crc: u32,
-        /// Logical blocks they hold (1, or a unit's size).
-        blocks: u8,
-    },
-}
-
-/// Tunables applied at open time.
-#[derive(Clone, Debug)]
-pub struct BufferConfig {
-    /// Maximum extents open in the extent buffer.
-    pub max_open: usize,
-    /// Maximum time an extent stays open.
-    pub aging: Duration,
-    /// Extents host writes leave to the cleaner (they may use them only when cleaning fails).
-    pub reserve: usize,
-}
-
 /// Everything behind the state lock.
 pub struct State {
     /// Logical block -> location.
-    pub map: Vec<MapEntry>,
-    /// Current slot of each map page in the durable checkpoint.
-    pub page_slots: Vec<u8>,
-    /// Map pages changed since the last checkpoint.
-    pub dirty_pages: BTreeSet<u32>,
+    pub map: Map,
     /// Per-extent accounting.
     pub extents: Vec<ExtentInfo>,
     /// Free extents not in the allocation queue.
@@ -174,26 +95,24 @@ pub struct Ctx<'a> {
     pub durable_seq: &'a AtomicU64,
     /// Stored bytes recently read; reused extents must be forgotten (under the gate).
     pub cache: &'a crate::readcache::ReadCache,
+    /// Frees extents when host writes run short (the cleaner's foreground pass; passed in so
+    /// the state does not depend on the cleaner).
+    pub make_space: fn(&mut State, &Ctx) -> Result<()>,
     /// Codec of new writes (the cleaner recompresses the live blocks of mostly dead units).
     pub codec: crate::codec::Codec,
 }
 
 impl State {
     /// Sets the map entry of `lba`, keeping extent accounting exact.
-    pub fn set_entry(&mut self, lba: u64, new: MapEntry) {
-        if self.replace_entry(lba, new) {
-            self.dirty_pages
-                .insert((lba / MAP_ENTRIES_PER_PAGE as u64) as u32);
+    pub fn set_entry(&mut self, lba: u64, new: MapEntry) -> Result<()> {
+        if let Some(old) = self.map.set(lba, new)? {
+            self.account(old, new);
         }
+        Ok(())
     }
 
-    /// Replaces an entry with exact accounting; false (and nothing done) if it is unchanged.
-    fn replace_entry(&mut self, lba: u64, new: MapEntry) -> bool {
-        let i = lba as usize;
-        let old = self.map[i];
-        if old == new {
-            return false;
-        }
+    /// Moves one block's live accounting from `old`'s extent to `new`'s.
+    fn account(&mut self, old: MapEntry, new: MapEntry) {
         if old.state == BlockState::Data {
             let d = self.units.remove(&old);
             if let Some(x) = self.extents.get_mut(old.extent as usize) {
@@ -216,8 +135,6 @@ impl State {
                 x.state = ExtentState::Closed;
             }
         }
-        self.map[i] = new;
-        true
     }
 
     /// Hands out the next record write sequence.
@@ -232,7 +149,7 @@ impl State {
         match p {
             Prepared::Zero => {
                 let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
-                self.set_entry(lba, MapEntry::ZERO);
+                self.set_entry(lba, MapEntry::ZERO)?;
                 if !logged {
                     self.checkpoint(cx)?;
                 }
@@ -288,7 +205,7 @@ impl State {
                         unit_blocks: blocks,
                         dict: 0,
                     };
-                    self.set_entry(lba + u64::from(i), entry);
+                    self.set_entry(lba + u64::from(i), entry)?;
                 }
                 if nearly_full {
                     self.close_open(cx, slot)?;
@@ -312,15 +229,14 @@ impl State {
         } else {
             MapEntry::UNMAPPED
         };
-        // Ranges can span the whole volume (mkfs discards everything): one dirty-page insert per
-        // page, none for blocks already in that state.
-        let mut last_page = None;
-        for l in lba..lba + count {
-            let page = (l / MAP_ENTRIES_PER_PAGE as u64) as u32;
-            if self.replace_entry(l, entry) && last_page != Some(page) {
-                self.dirty_pages.insert(page);
-                last_page = Some(page);
+        let mut olds = Vec::new();
+        self.map.set_range(lba, count, entry, |old| {
+            if old.state == BlockState::Data {
+                olds.push(old);
             }
+        })?;
+        for old in olds {
+            self.account(old, entry);
         }
         if !logged {
             self.checkpoint(cx)?;
@@ -362,150 +278,6 @@ impl State {
         Ok(())
     }
 
-    /// Chooses the open extent for `len` payload bytes and `records` records: best fit
-    /// (fullest extent that still has room), else a new extent, evicting the least recently
-    /// used one when the buffer is full.
-    fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
-        let ext_bytes = cx.sb.extent_bytes as usize;
-        let best = self
-            .open
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| o.fits(len, records, ext_bytes))
-            .min_by_key(|(_, o)| o.free_bytes(ext_bytes))
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            return Ok(i);
-        }
-        if self.open.len() >= self.buffer.max_open.max(1) {
-            let lru = self
-                .open
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, o)| o.last_used)
-                .map(|(i, _)| i);
-            if let Some(i) = lru {
-                self.close_open(cx, i)?;
-            }
-        }
-        self.open_new(cx)?;
-        Ok(self.open.len() - 1)
-    }
-
-    fn open_new(&mut self, cx: &Ctx) -> Result<()> {
-        if self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) {
-            // Space is short: host writes wait for the cleaner (run inline, under the lock).
-            crate::cleaner::make_space(self, cx)?;
-        }
-        // The last free extents belong to the cleaner even when cleaning could not help just
-        // now: with nothing left to compact into, dead space made later (the host trims or
-        // overwrites half of every extent) could never be reclaimed and NoSpace would stick
-        // although the live data fits. Zero and trim ranges need no extent (`log_range`).
-        if self.free_now() <= CLEANER_EXTENTS_MIN {
-            return Err(Error::NoSpace);
-        }
-        let q = self.alloc(cx)?;
-        self.extents[q.extent as usize].state = ExtentState::Open;
-        let now = Instant::now();
-        self.open.push(OpenExtent {
-            extent: q.extent,
-            alloc_seq: q.alloc_seq,
-            version: cx.sb.version,
-            buf: vec![0; cx.sb.extent_bytes as usize],
-            durable_end: 0,
-            payload_len: 0,
-            records: Vec::new(),
-            opened: now,
-            last_used: now,
-        });
-        Ok(())
-    }
-
-    /// Extents free now (queued or free).
-    pub fn free_now(&self) -> usize {
-        self.queue.len() + self.free.len()
-    }
-
-    /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
-    /// (which also releases extents freed since the last one).
-    pub fn alloc(&mut self, cx: &Ctx) -> Result<QueueEntry> {
-        if self.queue.is_empty() {
-            self.checkpoint(cx)?;
-        }
-        self.queue.pop_front().ok_or(Error::NoSpace)
-    }
-
-    /// Writes the pending segment of open extent `i` (no sync).
-    fn write_segment(&mut self, cx: &Ctx, i: usize) -> Result<()> {
-        let oe = &mut self.open[i];
-        if oe.records.is_empty() {
-            return Ok(());
-        }
-        let h = SegmentHeader {
-            version: cx.sb.version,
-            alloc_seq: oe.alloc_seq,
-            extent: oe.extent,
-            seg_offset: oe.durable_end as u32,
-            payload_len: oe.payload_len as u32,
-            record_count: oe.records.len() as u32,
-            durable_seq: cx.durable_seq.load(Ordering::SeqCst),
-        };
-        let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
-        let start = oe.durable_end;
-        cx.storage.write_at(
-            cx.sb.extent_offset(oe.extent) + start as u64,
-            &oe.buf[start..start + n],
-        )?;
-        oe.durable_end += n;
-        oe.payload_len = 0;
-        oe.records.clear();
-        self.counters.data_bytes_written += n as u64;
-        Ok(())
-    }
-
-    /// Writes back open extent `i` and drops it from the buffer.
-    pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
-        self.write_segment(cx, i)?;
-        let oe = self.open.swap_remove(i);
-        let stamp = self.next_seq;
-        let x = &mut self.extents[oe.extent as usize];
-        x.state = if x.live_blocks == 0 {
-            ExtentState::PendingFree
-        } else {
-            ExtentState::Closed
-        };
-        x.stamp = stamp;
-        Ok(())
-    }
-
-    /// Closes extents past the aging timeout.
-    pub fn age(&mut self, cx: &Ctx) -> Result<()> {
-        let now = Instant::now();
-        while let Some(i) = self
-            .open
-            .iter()
-            .position(|o| now.duration_since(o.opened) > self.buffer.aging)
-        {
-            self.close_open(cx, i)?;
-        }
-        Ok(())
-    }
-
-    /// Writes every pending segment (no sync). Extents too full to take another block are closed.
-    pub fn write_pending(&mut self, cx: &Ctx) -> Result<()> {
-        let ext_bytes = cx.sb.extent_bytes as usize;
-        let mut i = 0;
-        while i < self.open.len() {
-            self.write_segment(cx, i)?;
-            if self.open[i].free_bytes(ext_bytes) < SECTOR_BYTES {
-                self.close_open(cx, i)?;
-            } else {
-                i += 1;
-            }
-        }
-        Ok(())
-    }
-
     /// Makes every write so far durable.
     pub fn flush(&mut self, cx: &Ctx) -> Result<()> {
         self.write_pending(cx)?;
@@ -522,21 +294,8 @@ impl State {
     pub fn checkpoint(&mut self, cx: &Ctx) -> Result<()> {
         self.flush(cx)?;
         let seq = self.ckpt_seq + 1;
-        let mut slots = self.page_slots.clone();
-        let dirty: Vec<u32> = self.dirty_pages.iter().copied().collect();
-        for &p in &dirty {
-            let slot = if slots[p as usize] == 1 { 2 } else { 1 };
-            let start = p as usize * MAP_ENTRIES_PER_PAGE;
-            let end = (start + MAP_ENTRIES_PER_PAGE).min(self.map.len());
-            let page = encode_map_page(p, seq, &self.map[start..end]);
-            // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
-            for copy in 0..cx.sb.metadata_copies() {
-                cx.storage
-                    .write_at(cx.sb.map_page_offset(p, slot - 1, copy), &page)?;
-                self.counters.metadata_bytes_written += page.len() as u64;
-            }
-            slots[p as usize] = slot;
-        }
+        let pages = self.map.write_dirty(cx.storage, cx.sb, seq)?;
+        self.counters.metadata_bytes_written += pages.bytes;
         // Extents free once this checkpoint is durable: no map entry references them.
         let released: Vec<u32> = (0..self.extents.len() as u32)
             .filter(|&e| self.extents[e as usize].state == ExtentState::PendingFree)
@@ -568,7 +327,7 @@ impl State {
             next_alloc_seq: next_alloc,
             counters: self.counters.to_array(),
             queue: queue.clone(),
-            page_slots: slots.clone(),
+            page_slots: pages.slots.clone(),
             dicts: self.dicts,
             flags: if self.units_flag {
                 CKPT_FLAG_COMPRESSION_UNITS
@@ -587,8 +346,7 @@ impl State {
         cx.storage.sync()?;
         // Durable: commit in RAM.
         self.ckpt_seq = seq;
-        self.page_slots = slots;
-        self.dirty_pages.clear();
+        self.map.commit(pages);
         self.next_alloc_seq = next_alloc;
         let open_count = self.open.len();
         self.queue = queue.into_iter().skip(open_count).collect();

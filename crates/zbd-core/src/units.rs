@@ -109,7 +109,7 @@ mod tests {
             apply(r.add(e), 1);
         }
         assert_eq!(apply(Delta::default(), 1), (6000, 0));
-                // Three of four blocks overwritten: still stored whole, 3/4 of it is waste.
+        // Three of four blocks overwritten: still stored whole, 3/4 of it is waste.
         for e in &u[..3] {
             apply(r.remove(e), -1);
         }
@@ -120,7 +120,19 @@ mod tests {
         assert_eq!(r.count(), 0);
         // Single blocks: their own length, never waste.
         let s = block(1, 0, 1000, 0, 1);
-        assert_eq!(r.add(&s), Delta { bytes: 1000, waste: 0 });
-        assert_eq!(r.remove(&s), Delta { bytes: 1000, waste: 0 });
+        assert_eq!(
+            r.add(&s),
+            Delta {
+                bytes: 1000,
+                waste: 0
+            }
+        );
+        assert_eq!(
+            r.remove(&s),
+            Delta {
+                bytes: 1000,
+                waste: 0
+            }
+        );
     }
 }

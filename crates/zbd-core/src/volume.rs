@@ -1,23 +1,25 @@
 //! The public handle: a thread-safe compressed block volume over a [`Storage`].
 
+use crate::buffer::{BufferConfig, Prepared};
 use crate::codec::{self, unit, Codec};
 use crate::error::{Error, Result};
 use crate::fence::Fenced;
 use crate::format::{
     decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
-    SUPERBLOCK_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE,
+    SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
+use crate::map::Map;
 use crate::readcache::ReadCache;
 use crate::recovery;
-use crate::state::{is_zero, BufferConfig, Ctx, ExtentState, Prepared, State};
+use crate::state::{is_zero, Ctx, ExtentState, State};
 use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,7 +148,9 @@ type Fetched = Result<Option<Vec<u8>>>;
 /// The map entry of a source that is a block of a multi-block unit.
 fn unit_entry(src: &Source) -> Option<&MapEntry> {
     match src {
-        Source::Bytes { entry, .. } | Source::Disk { entry } if entry.unit_blocks > 1 => Some(entry),
+        Source::Bytes { entry, .. } | Source::Disk { entry } if entry.unit_blocks > 1 => {
+            Some(entry)
+        }
         _ => None,
     }
 }
@@ -235,8 +239,8 @@ impl Inner {
         let found = recovery::read_checkpoint(&storage, &sb)?;
         let ck = found.checkpoint;
         let loaded = recovery::load_map(&storage, &sb, &ck)?;
-        let mut map = loaded.map;
-        let (extents, units) = recovery::account(&map, sb.extent_count);
+        let mut map = Map::new(loaded.map, ck.page_slots.clone());
+        let (extents, units) = recovery::account(&mut map, sb.extent_count)?;
         let rolled = recovery::roll_forward(&storage, &sb, &ck)?;
         let mut open_repaired = found.damaged_copies;
         open_repaired.extend(
@@ -255,9 +259,7 @@ impl Inner {
             .min(sb.extent_count as usize / 32)
             .clamp(1, (sb.queue_len as usize / 2).max(1));
         let mut st = State {
-            map: Vec::new(),
-            page_slots: ck.page_slots.clone(),
-            dirty_pages: BTreeSet::new(),
+            map,
             extents,
             free: VecDeque::new(),
             queue: VecDeque::new(),
@@ -276,10 +278,9 @@ impl Inner {
             units,
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
         };
-        std::mem::swap(&mut st.map, &mut map);
         // Pages read from their second copy are rewritten (both copies) by the next checkpoint.
-        st.dirty_pages.extend(loaded.repaired_pages.iter().copied());
-        apply_replay(&mut st, &sb, &rolled.replay);
+        st.map.mark_dirty(loaded.repaired_pages.iter().copied());
+        apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
             .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
@@ -340,6 +341,7 @@ impl Inner {
             durable_seq: &self.durable_seq,
             cache: &self.cache,
             codec: self.codec,
+            make_space: crate::cleaner::make_space,
         }
     }
 
@@ -395,7 +397,7 @@ impl Inner {
         let bs = BLOCK_BYTES as u64;
         let first = offset / bs;
         let last = (offset + buf.len() as u64 - 1) / bs;
-        let blocks = self.read_blocks(first, last - first + 1, true);
+        let blocks = self.read_blocks(first, last - first + 1, true)?;
         let mut pos = 0usize;
         for (i, res) in blocks.into_iter().enumerate() {
             let data = res?;
@@ -416,8 +418,8 @@ impl Inner {
 
     /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
     /// `use_cache: false` reads every stored byte from the device (check must see the medium).
-    fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Vec<Result<Vec<u8>>> {
-        let (sources, _gate) = self.lookup(first, count, !use_cache);
+    fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Result<Vec<Result<Vec<u8>>>> {
+        let (sources, _gate) = self.lookup(first, count, !use_cache)?;
         let fetched = self.fetch(&sources, use_cache);
         // Consecutive blocks of one compression unit are decoded together, once.
         let mut groups: Vec<(usize, usize, Fetched)> = Vec::new();
@@ -483,12 +485,12 @@ impl Inner {
                 (_, None) => vec![Err(Error::Corrupt { lba })],
             }
         };
-        if count as usize >= PARALLEL_BLOCKS_MIN {
+        Ok(if count as usize >= PARALLEL_BLOCKS_MIN {
             let parts: Vec<_> = groups.into_par_iter().map(decode).collect();
             parts.into_iter().flatten().collect()
         } else {
             groups.into_iter().flat_map(decode).collect()
-        }
+        })
     }
 
     /// Map lookup under the state lock; returns with the reuse gate held shared so the extents
@@ -500,13 +502,13 @@ impl Inner {
         first: u64,
         count: u64,
         medium: bool,
-    ) -> (Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>) {
+    ) -> Result<(Vec<Source>, parking_lot::RwLockReadGuard<'_, ()>)> {
         self.readers_waiting.fetch_add(1, Ordering::SeqCst);
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         let mut out = Vec::with_capacity(count as usize);
         for lba in first..first + count {
-            let entry = st.map[lba as usize];
+            let entry = st.map.get(lba)?;
             out.push(match entry.state {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
                 BlockState::Corrupt => Source::Damaged,
@@ -527,7 +529,7 @@ impl Inner {
         }
         let gate = self.gate.read();
         drop(st);
-        (out, gate)
+        Ok((out, gate))
     }
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
@@ -775,7 +777,7 @@ impl Inner {
     fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
         const RMW_OPTIMISTIC_MAX: usize = 8;
         for _ in 0..RMW_OPTIMISTIC_MAX {
-            let (sources, gate) = self.lookup(lba, 1, false);
+            let (sources, gate) = self.lookup(lba, 1, false)?;
             let seen = match &sources[0] {
                 Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
@@ -791,7 +793,7 @@ impl Inner {
             block[within..within + patch.len()].copy_from_slice(patch);
             let p = self.prepare(&block);
             let mut st = self.lock_for_write();
-            let now = st.map[lba as usize];
+            let now = st.map.get(lba)?;
             let unchanged = now == seen
                 || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
             if !unchanged {
@@ -808,7 +810,7 @@ impl Inner {
     /// so the storage read needs no reuse gate.
     fn rmw_block_locked(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
         let mut st = self.lock_for_write();
-        let entry = st.map[lba as usize];
+        let entry = st.map.get(lba)?;
         let mut block = match entry.state {
             BlockState::Unmapped | BlockState::Zero => vec![0u8; BLOCK_BYTES],
             BlockState::Corrupt => return Err(Error::Corrupt { lba }),
@@ -907,25 +909,29 @@ impl Inner {
     /// Allocation state of a byte range, as runs of (length, state).
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
         self.check_range(offset, len)?;
-        let bs = BLOCK_BYTES as u64;
-        let st = self.state.lock();
         let mut runs: Vec<(u64, AllocState)> = Vec::new();
-        let mut pos = offset;
+        if len == 0 {
+            return Ok(runs);
+        }
+        let bs = BLOCK_BYTES as u64;
         let end = offset + len;
-        while pos < end {
-            let lba = pos / bs;
-            let n = ((lba + 1) * bs).min(end) - pos;
-            let s = match st.map[lba as usize].state {
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let mut pos = offset;
+        let mut st = self.state.lock();
+        st.map.runs(first, last - first + 1, |state, blocks| {
+            let s = match state {
                 BlockState::Unmapped => AllocState::Hole,
                 BlockState::Zero => AllocState::Zero,
                 BlockState::Data | BlockState::Corrupt => AllocState::Data,
             };
+            let run_end = ((pos / bs + blocks) * bs).min(end);
+            let n = run_end - pos;
             match runs.last_mut() {
                 Some((l, last)) if *last == s => *l += n,
                 _ => runs.push((n, s)),
             }
-            pos += n;
-        }
+            pos = run_end;
+        })?;
         Ok(runs)
     }
 
@@ -933,28 +939,28 @@ impl Inner {
     pub fn stats(&self) -> Stats {
         let mut st = self.state.lock();
         self.sync_read_counters(&mut st);
-        let (mut data, mut zero, mut unmapped, mut raw, mut damaged) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut data, mut zero, mut unmapped, mut raw, mut damaged) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
         let (mut in_units, mut unit_live) = (0u64, 0u64);
         let mut units_seen = std::collections::HashSet::new();
-        for e in &st.map {
-            match e.state {
-                BlockState::Data => {
-                    data += 1;
-                    if e.codec == codec::id::RAW {
-                        raw += 1;
-                    }
-                    if e.unit_blocks > 1 {
-                        in_units += 1;
-                        if units_seen.insert((e.extent, e.offset)) {
-                            unit_live += u64::from(e.len);
-                        }
+        // Step 0 keeps the scan; counters replace it (issue 9).
+        let _ = st.map.for_each(|_, e| match e.state {
+            BlockState::Data => {
+                data += 1;
+                if e.codec == codec::id::RAW {
+                    raw += 1;
+                }
+                if e.unit_blocks > 1 {
+                    in_units += 1;
+                    if units_seen.insert((e.extent, e.offset)) {
+                        unit_live += u64::from(e.len);
                     }
                 }
-                BlockState::Zero => zero += 1,
-                BlockState::Unmapped => unmapped += 1,
-                BlockState::Corrupt => damaged += 1,
             }
-        }
+            BlockState::Zero => zero += 1,
+            BlockState::Unmapped => unmapped += 1,
+            BlockState::Corrupt => damaged += 1,
+        });
         // Exact: a unit's stored bytes count once (units.rs).
         let live: u64 = st.extents.iter().map(|x| u64::from(x.live_bytes)).sum();
         let eb = u64::from(self.sb.extent_bytes);
@@ -1017,7 +1023,7 @@ impl Inner {
             } else {
                 written as f64 / c.host_bytes_written as f64
             },
-            metadata_ram_bytes: (st.map.len() * std::mem::size_of::<MapEntry>()
+            metadata_ram_bytes: (st.map.blocks() as usize * std::mem::size_of::<MapEntry>()
                 + st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>())
                 as u64,
             clean_low_pct: self.clean_low_pct,
@@ -1077,8 +1083,14 @@ impl Inner {
             }
         }
         {
-            let st = self.state.lock();
-            let (fresh, _) = recovery::account(&st.map, self.sb.extent_count);
+            let mut st = self.state.lock();
+            let fresh = match recovery::account(&mut st.map, self.sb.extent_count) {
+                Ok((f, _)) => f,
+                Err(e) => {
+                    report.metadata_problems.push(format!("map: {e}"));
+                    Vec::new()
+                }
+            };
             for (i, (a, b)) in fresh.iter().zip(st.extents.iter()).enumerate() {
                 if a.live_bytes != b.live_bytes
                     || a.live_blocks != b.live_blocks
@@ -1097,13 +1109,15 @@ impl Inner {
         let mut lba = 0;
         while lba < total {
             let n = CHUNK.min(total - lba);
-            let (mapped, bytes) = {
-                let st = self.state.lock();
-                st.map[lba as usize..(lba + n) as usize]
-                    .iter()
-                    .filter(|e| e.state == BlockState::Data)
-                    .fold((0u64, 0u64), |(m, b), e| (m + 1, b + u64::from(e.len)))
-            };
+            let (mut mapped, mut bytes) = (0u64, 0u64);
+            let counted = self.state.lock().map.for_each_data_in(lba, n, |_, e| {
+                mapped += 1;
+                bytes += u64::from(e.len);
+            });
+            if let Err(e) = counted {
+                report.metadata_problems.push(format!("map: {e}"));
+                break;
+            }
             if let Some(rate) = rate {
                 // Pace the reads: this chunk may start once the bytes read so far took their
                 // share of time at `rate`.
@@ -1113,9 +1127,17 @@ impl Inner {
                     std::thread::sleep(wait);
                 }
             }
-            for (i, r) in self.read_blocks(lba, n, false).into_iter().enumerate() {
-                if r.is_err() {
-                    report.damaged_blocks.push(lba + i as u64);
+            match self.read_blocks(lba, n, false) {
+                Ok(blocks) => {
+                    for (i, r) in blocks.into_iter().enumerate() {
+                        if r.is_err() {
+                            report.damaged_blocks.push(lba + i as u64);
+                        }
+                    }
+                }
+                Err(e) => {
+                    report.metadata_problems.push(format!("map: {e}"));
+                    break;
                 }
             }
             report.blocks_checked += mapped;
@@ -1130,7 +1152,7 @@ impl Inner {
     fn check_map_copies(&self, report: &mut CheckReport) {
         let (slots, gen) = {
             let st = self.state.lock();
-            (st.page_slots.clone(), st.ckpt_seq)
+            (st.map.slots().to_vec(), st.ckpt_seq)
         };
         let mut buf = vec![0u8; MAP_PAGE_BYTES];
         let mut entries = vec![MapEntry::UNMAPPED; MAP_ENTRIES_PER_PAGE];
@@ -1160,7 +1182,7 @@ impl Inner {
             }
         }
         if !self.read_only && !rewrite.is_empty() {
-            self.state.lock().dirty_pages.extend(rewrite);
+            self.state.lock().map.mark_dirty(rewrite);
         }
     }
 
@@ -1276,7 +1298,7 @@ impl Inner {
 }
 
 /// Applies roll-forward records to the map, in write-sequence order.
-fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) {
+fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) -> Result<()> {
     let blocks = sb.logical_blocks;
     for r in replay {
         let rec = &r.record;
@@ -1290,7 +1312,7 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                 // with the same checksum (the victim's copy, kept until a checkpoint), those are
                 // the same data. Otherwise the newest version is lost: the block reads as an
                 // error, never as its older version.
-                let now = st.map[rec.lba as usize];
+                let now = st.map.get(rec.lba)?;
                 let same = now.state == BlockState::Data
                     && now.crc == rec.crc
                     && u32::from(now.len) == rec.len
@@ -1304,7 +1326,7 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                             state: BlockState::Corrupt,
                             ..MapEntry::UNMAPPED
                         },
-                    );
+                    )?;
                 }
             }
             RecordKind::Data => {
@@ -1319,10 +1341,18 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     unit_blocks: rec.unit_blocks as u8,
                     dict: 0,
                 };
-                st.set_entry(rec.lba, entry);
+                st.set_entry(rec.lba, entry)?;
             }
-            RecordKind::Zero => (rec.lba..end).for_each(|l| st.set_entry(l, MapEntry::ZERO)),
-            RecordKind::Trim => (rec.lba..end).for_each(|l| st.set_entry(l, MapEntry::UNMAPPED)),
+            RecordKind::Zero => {
+                for l in rec.lba..end {
+                    st.set_entry(l, MapEntry::ZERO)?;
+                }
+            }
+            RecordKind::Trim => {
+                for l in rec.lba..end {
+                    st.set_entry(l, MapEntry::UNMAPPED)?;
+                }
+            }
         }
         st.next_seq = st.next_seq.max(rec.seq + 1);
     }
@@ -1333,4 +1363,5 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
             x.state = ExtentState::Free;
         }
     }
+    Ok(())
 }

@@ -1,0 +1,234 @@
+//! The extent buffer (paper II-B): blocks are packed into a few open extents in RAM, best fit,
+//! and written back as segments appended past each extent's durable end. An extent leaves the
+//! buffer when it is nearly full, least recently used with the buffer full, or past the aging
+//! timeout. Extents come from the checkpoint's allocation queue (`alloc`), which is what bounds
+//! recovery to the queued extents.
+
+use crate::error::{Error, Result};
+use crate::format::{
+    seal_segment, segment_padded_len, QueueEntry, Record, SegmentHeader, SECTOR_BYTES,
+};
+use crate::state::{Ctx, ExtentState, State};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Free extents host writes never take: what the cleaner compacts partly dead extents into (one
+/// is enough: a pass reuses the victims it drains, see `cleaner::stream`).
+const CLEANER_EXTENTS_MIN: usize = 1;
+
+/// An extent in the extent buffer.
+pub struct OpenExtent {
+    /// Extent index.
+    pub extent: u32,
+    /// Allocation sequence its segments carry.
+    pub alloc_seq: u64,
+    /// Format version of its segments (the volume's).
+    pub version: u32,
+    /// The extent's bytes (durable part and pending segment).
+    pub buf: Vec<u8>,
+    /// Bytes already written to storage (sector aligned).
+    pub durable_end: usize,
+    /// Payload bytes in the pending segment.
+    pub payload_len: usize,
+    /// Records of the pending segment.
+    pub records: Vec<Record>,
+    /// When it was opened (aging timeout).
+    pub opened: Instant,
+    /// Last append (LRU eviction).
+    pub last_used: Instant,
+}
+
+impl OpenExtent {
+    /// Bytes used if the pending segment grew by `payload` bytes and `records` records.
+    fn end_with(&self, payload: usize, records: usize) -> usize {
+        let n = self.records.len() + records;
+        if n == 0 {
+            return self.durable_end;
+        }
+        self.durable_end + segment_padded_len(self.version, self.payload_len + payload, n) as usize
+    }
+
+    pub(crate) fn fits(&self, payload: usize, records: usize, extent_bytes: usize) -> bool {
+        self.end_with(payload, records) <= extent_bytes
+    }
+
+    /// Free space left for one more block's payload.
+    pub(crate) fn free_bytes(&self, extent_bytes: usize) -> usize {
+        extent_bytes.saturating_sub(self.end_with(0, 1))
+    }
+}
+
+/// A block ready to be stored.
+pub enum Prepared {
+    /// All zeros: map state only.
+    Zero,
+    /// Stored bytes with codec id and checksum: one block, or a compression unit of `blocks`
+    /// consecutive blocks.
+    Data {
+        /// Codec id.
+        codec: u8,
+        /// Stored bytes.
+        bytes: Vec<u8>,
+        /// CRC32C of `bytes`.
+        crc: u32,
+        /// Logical blocks they hold (1, or a unit's size).
+        blocks: u8,
+    },
+}
+
+/// Tunables applied at open time.
+#[derive(Clone, Debug)]
+pub struct BufferConfig {
+    /// Maximum extents open in the extent buffer.
+    pub max_open: usize,
+    /// Maximum time an extent stays open.
+    pub aging: Duration,
+    /// Extents host writes leave to the cleaner (they may use them only when cleaning fails).
+    pub reserve: usize,
+}
+
+impl State {
+    /// Chooses the open extent for `len` payload bytes and `records` records: best fit
+    /// (fullest extent that still has room), else a new extent, evicting the least recently
+    /// used one when the buffer is full.
+    pub(crate) fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
+        let ext_bytes = cx.sb.extent_bytes as usize;
+        let best = self
+            .open
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.fits(len, records, ext_bytes))
+            .min_by_key(|(_, o)| o.free_bytes(ext_bytes))
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            return Ok(i);
+        }
+        if self.open.len() >= self.buffer.max_open.max(1) {
+            let lru = self
+                .open
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, o)| o.last_used)
+                .map(|(i, _)| i);
+            if let Some(i) = lru {
+                self.close_open(cx, i)?;
+            }
+        }
+        self.open_new(cx)?;
+        Ok(self.open.len() - 1)
+    }
+
+    fn open_new(&mut self, cx: &Ctx) -> Result<()> {
+        if self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) {
+            // Space is short: host writes wait for the cleaner (run inline, under the lock).
+            (cx.make_space)(self, cx)?;
+        }
+        // The last free extents belong to the cleaner even when cleaning could not help just
+        // now: with nothing left to compact into, dead space made later (the host trims or
+        // overwrites half of every extent) could never be reclaimed and NoSpace would stick
+        // although the live data fits. Zero and trim ranges need no extent (`log_range`).
+        if self.free_now() <= CLEANER_EXTENTS_MIN {
+            return Err(Error::NoSpace);
+        }
+        let q = self.alloc(cx)?;
+        self.extents[q.extent as usize].state = ExtentState::Open;
+        let now = Instant::now();
+        self.open.push(OpenExtent {
+            extent: q.extent,
+            alloc_seq: q.alloc_seq,
+            version: cx.sb.version,
+            buf: vec![0; cx.sb.extent_bytes as usize],
+            durable_end: 0,
+            payload_len: 0,
+            records: Vec::new(),
+            opened: now,
+            last_used: now,
+        });
+        Ok(())
+    }
+
+    /// Extents free now (queued or free).
+    pub fn free_now(&self) -> usize {
+        self.queue.len() + self.free.len()
+    }
+
+    /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
+    /// (which also releases extents freed since the last one).
+    pub fn alloc(&mut self, cx: &Ctx) -> Result<QueueEntry> {
+        if self.queue.is_empty() {
+            self.checkpoint(cx)?;
+        }
+        self.queue.pop_front().ok_or(Error::NoSpace)
+    }
+
+    /// Writes the pending segment of open extent `i` (no sync).
+    pub(crate) fn write_segment(&mut self, cx: &Ctx, i: usize) -> Result<()> {
+        let oe = &mut self.open[i];
+        if oe.records.is_empty() {
+            return Ok(());
+        }
+        let h = SegmentHeader {
+            version: cx.sb.version,
+            alloc_seq: oe.alloc_seq,
+            extent: oe.extent,
+            seg_offset: oe.durable_end as u32,
+            payload_len: oe.payload_len as u32,
+            record_count: oe.records.len() as u32,
+            durable_seq: cx.durable_seq.load(Ordering::SeqCst),
+        };
+        let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
+        let start = oe.durable_end;
+        cx.storage.write_at(
+            cx.sb.extent_offset(oe.extent) + start as u64,
+            &oe.buf[start..start + n],
+        )?;
+        oe.durable_end += n;
+        oe.payload_len = 0;
+        oe.records.clear();
+        self.counters.data_bytes_written += n as u64;
+        Ok(())
+    }
+
+    /// Writes back open extent `i` and drops it from the buffer.
+    pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
+        self.write_segment(cx, i)?;
+        let oe = self.open.swap_remove(i);
+        let stamp = self.next_seq;
+        let x = &mut self.extents[oe.extent as usize];
+        x.state = if x.live_blocks == 0 {
+            ExtentState::PendingFree
+        } else {
+            ExtentState::Closed
+        };
+        x.stamp = stamp;
+        Ok(())
+    }
+
+    /// Closes extents past the aging timeout.
+    pub fn age(&mut self, cx: &Ctx) -> Result<()> {
+        let now = Instant::now();
+        while let Some(i) = self
+            .open
+            .iter()
+            .position(|o| now.duration_since(o.opened) > self.buffer.aging)
+        {
+            self.close_open(cx, i)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every pending segment (no sync). Extents too full to take another block are closed.
+    pub fn write_pending(&mut self, cx: &Ctx) -> Result<()> {
+        let ext_bytes = cx.sb.extent_bytes as usize;
+        let mut i = 0;
+        while i < self.open.len() {
+            self.write_segment(cx, i)?;
+            if self.open[i].free_bytes(ext_bytes) < SECTOR_BYTES {
+                self.close_open(cx, i)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+}
