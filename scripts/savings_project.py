@@ -35,6 +35,48 @@ def mib(b: float) -> str:
     return f"{b / 2**20:.1f}"
 
 
+def measured_targets(space: dict[str, list[str]]) -> None:
+    """ext4 on zbd as measured (every unit size the run used) against the issue's targets."""
+    print("\nMeasured ext4 on zbd vs the targets (bytes allocated after fstrim):\n")
+    print("| ext4 on zbd | " + " | ".join(t[1] for t in TARGETS) + " |")
+    print("|---|" + "---|" * len(TARGETS))
+    for name, r in space.items():
+        if not name.startswith("ext4 on zbd ") or not r[3]:
+            continue
+        codec = name.split()[3]
+        cells = []
+        for tc, tname, goal in TARGETS:
+            t = space.get(tname)
+            if tc != codec or not t or not t[3]:
+                cells.append("")
+                continue
+            x = int(r[3]) / int(t[3])
+            cells.append(f"{x:.3f} ({'meets' if x <= goal else 'misses'} <= {goal})")
+        print(f"| {name[len('ext4 on zbd '):]} | " + " | ".join(cells) + " |")
+
+
+def read_table(out: Path, tree: str) -> None:
+    """4 KiB random reads per scheme (median of the rounds) and the ratio to per-block."""
+    path = out / "read.tsv"
+    if not path.exists():
+        return
+    rows = [ln.split("\t") for ln in path.read_text().splitlines()[1:]]
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r[0] == tree:
+            by.setdefault(r[1], []).append(float(r[3]))
+    if not by:
+        return
+    med = {k: sorted(v)[len(v) // 2] for k, v in by.items()}
+    base = med.get("zstd:1 (per block)")
+    print("\n4 KiB random reads, fio nbd engine, iodepth 16, a tar of the tree on zbd (median of rounds):\n")
+    print("| scheme | IOPS (rounds) | x per block (target >= 0.8) |")
+    print("|---|---|---|")
+    for k, v in by.items():
+        x = f"{med[k] / base:.3f}" if base else "-"
+        print(f"| {k} | {med[k]:.0f} ({', '.join(f'{i:.0f}' for i in v)}) | {x} |")
+
+
 def main(out: Path) -> None:
     rows = [ln.split("\t") for ln in (out / "space.tsv").read_text().splitlines()[1:]]
     trees = sorted({r[0] for r in rows}, key=[r[0] for r in rows].index)
@@ -54,6 +96,8 @@ def main(out: Path) -> None:
             b = int(r[3])
             vs = f"{b / base_b:.3f}" if base_b else "-"
             print(f"| {name} | {mib(b)} | {b / files:.3f} | {vs} | {r[4]} |")
+        measured_targets(space)
+        read_table(out, tree)
         rep = json.loads((out / f"codec-{tree}.json").read_text())["units"]
         measured_padded = sum(x["input_bytes"] for x in rep["rows"][:1]) + rep["zero_blocks"] * 4096
         scale = padded_bytes(rep["source"]) / measured_padded if os.path.isdir(rep["source"]) else 8 / 7
