@@ -295,7 +295,8 @@ impl Inner {
             )));
         }
         // Units only where they pay and fit: not with `none`, never beyond the extent size.
-        let unit_blocks = if codec.id() == codec::id::RAW {
+        // v1 map entries and checkpoints cannot say "unit": v1 volumes keep single blocks.
+        let unit_blocks = if codec.id() == codec::id::RAW || sb.version < 2 {
             1
         } else {
             opts.unit_bytes
