@@ -154,7 +154,10 @@ for spec in "${trees[@]}"; do
     files_bytes=$(du -sb --apparent-size "$dir" | cut -f1)
     size=$(image_bytes "$dir")
     echo "== $name: $dir ($((files_bytes >> 20)) MiB)"
-    "$zbd" bench codec --codecs none --dir "$dir" --json >"$out/codec-$name.json"
+    # SAVINGS_CODEC=0 skips the codec table and the projections (minutes on a loaded machine).
+    if [[ ${SAVINGS_CODEC:-1} == 1 ]]; then
+        "$zbd" bench codec --codecs none --dir "$dir" --json >"$out/codec-$name.json"
+    fi
 
     for opt in compress=zstd:1 compress-force=zstd:1 compress=lzo; do
         fresh_image "$size"
@@ -210,7 +213,7 @@ for spec in "${trees[@]}"; do
             serve_volume "$work/read-$unit.zbd"
             fio --name=randread --ioengine=nbd --uri="nbd+unix:///?socket=$work/sock" --rw=randread \
                 --bs=4k --iodepth=16 --size="$tar_bytes" --time_based --runtime="${SAVINGS_READ_SECONDS:-10}" \
-                --randrepeat=0 --output-format=json >"$out/fio-$name-$unit-$round.json"
+                --randrepeat=0 --output-format=json --output="$out/fio-$name-$unit-$round.json" >/dev/null
             stop_volume
             iops=$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' \
                 "$out/fio-$name-$unit-$round.json")

@@ -35,6 +35,21 @@ def mib(b: float) -> str:
     return f"{b / 2**20:.1f}"
 
 
+def target_cells(
+    space: dict[str, list[str]], codec: str, zbd_bytes: float
+) -> list[str]:
+    """zbd bytes against each btrfs target of `codec` (empty cells for the other codec's)."""
+    cells = []
+    for tc, tname, goal in TARGETS:
+        t = space.get(tname)
+        if tc != codec or not t or not t[3]:
+            cells.append("")
+            continue
+        x = zbd_bytes / int(t[3])
+        cells.append(f"{x:.3f} ({'meets' if x <= goal else 'misses'} <= {goal})")
+    return cells
+
+
 def measured_targets(space: dict[str, list[str]]) -> None:
     """ext4 on zbd as measured (every unit size the run used) against the issue's targets."""
     print("\nMeasured ext4 on zbd vs the targets (bytes allocated after fstrim):\n")
@@ -43,16 +58,8 @@ def measured_targets(space: dict[str, list[str]]) -> None:
     for name, r in space.items():
         if not name.startswith("ext4 on zbd ") or not r[3]:
             continue
-        codec = name.split()[3]
-        cells = []
-        for tc, tname, goal in TARGETS:
-            t = space.get(tname)
-            if tc != codec or not t or not t[3]:
-                cells.append("")
-                continue
-            x = int(r[3]) / int(t[3])
-            cells.append(f"{x:.3f} ({'meets' if x <= goal else 'misses'} <= {goal})")
-        print(f"| {name[len('ext4 on zbd '):]} | " + " | ".join(cells) + " |")
+        cells = target_cells(space, name.split()[3], int(r[3]))
+        print(f"| {name[len('ext4 on zbd ') :]} | " + " | ".join(cells) + " |")
 
 
 def read_table(out: Path, tree: str) -> None:
@@ -69,7 +76,9 @@ def read_table(out: Path, tree: str) -> None:
         return
     med = {k: sorted(v)[len(v) // 2] for k, v in by.items()}
     base = med.get("zstd:1 (per block)")
-    print("\n4 KiB random reads, fio nbd engine, iodepth 16, a tar of the tree on zbd (median of rounds):\n")
+    print(
+        "\n4 KiB random reads, fio nbd engine, iodepth 16, a tar of the tree on zbd (median of rounds):\n"
+    )
     print("| scheme | IOPS (rounds) | x per block (target >= 0.8) |")
     print("|---|---|---|")
     for k, v in by.items():
@@ -98,15 +107,27 @@ def main(out: Path) -> None:
             print(f"| {name} | {mib(b)} | {b / files:.3f} | {vs} | {r[4]} |")
         measured_targets(space)
         read_table(out, tree)
-        rep = json.loads((out / f"codec-{tree}.json").read_text())["units"]
-        measured_padded = sum(x["input_bytes"] for x in rep["rows"][:1]) + rep["zero_blocks"] * 4096
-        scale = padded_bytes(rep["source"]) / measured_padded if os.path.isdir(rep["source"]) else 8 / 7
+        codec_json = out / f"codec-{tree}.json"
+        if not codec_json.exists():
+            print()
+            continue
+        rep = json.loads(codec_json.read_text())["units"]
+        measured_padded = (
+            sum(x["input_bytes"] for x in rep["rows"][:1]) + rep["zero_blocks"] * 4096
+        )
+        scale = (
+            padded_bytes(rep["source"]) / measured_padded
+            if os.path.isdir(rep["source"])
+            else 8 / 7
+        )
         print(
             f"\nCodec schemes ({rep['files_measured']} files measured, dictionary trained on "
             f"{rep['files_training']} others, {mib(rep['training_bytes'])} MiB; engine projection at "
             f"{rep['extent_bytes'] >> 10} KiB extents; timings on a shared, loaded machine):\n"
         )
-        print("| codec | unit | dict | savings % | engine savings % | comp MB/s | dec MB/s | 4K read us |")
+        print(
+            "| codec | unit | dict | savings % | engine savings % | comp MB/s | dec MB/s | 4K read us |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for x in rep["rows"]:
             d = f"{x['dict_bytes'] >> 10}K" if x["dict_bytes"] else "-"
@@ -115,28 +136,37 @@ def main(out: Path) -> None:
                 f"| {x['codec']} | {x['unit_bytes'] >> 10}K | {d} | {x['savings_pct']:.1f} | {eng:.1f} | "
                 f"{x['compress_mb_s']:.0f} | {x['decompress_mb_s']:.0f} | {x['random_4k_read_us']:.1f} |"
             )
-        print("\nProjected ext4 on zbd per scheme vs btrfs (same files, bytes allocated after fstrim):\n")
-        print("| codec | unit | dict | projected MiB | " + " | ".join(t[1] for t in TARGETS) + " |")
+        print(
+            "\nProjected ext4 on zbd per scheme vs btrfs (same files, bytes allocated after fstrim):\n"
+        )
+        print(
+            "| codec | unit | dict | projected MiB | "
+            + " | ".join(t[1] for t in TARGETS)
+            + " |"
+        )
         print("|---|---|---|---|" + "---|" * len(TARGETS))
         for codec in ("lz4", "zstd:1"):
             real = space.get(f"ext4 on zbd {codec} (per block)")
             if not real or not real[3]:
                 continue
             per_block = next(
-                x for x in rep["rows"] if x["codec"] == codec and x["unit_bytes"] == 4096 and not x["dict_bytes"]
+                x
+                for x in rep["rows"]
+                if x["codec"] == codec
+                and x["unit_bytes"] == 4096
+                and not x["dict_bytes"]
             )
             for x in (x for x in rep["rows"] if x["codec"] == codec):
-                proj = int(real[3]) - scale * (per_block["projected_engine_bytes"] - x["projected_engine_bytes"])
-                cells = []
-                for tc, tname, goal in TARGETS:
-                    t = space.get(tname)
-                    if tc != codec or not t or not t[3]:
-                        cells.append("")
-                        continue
-                    r = proj / int(t[3])
-                    cells.append(f"{r:.3f} ({'meets' if r <= goal else 'misses'} <= {goal})")
+                proj = int(real[3]) - scale * (
+                    per_block["projected_engine_bytes"] - x["projected_engine_bytes"]
+                )
+                cells = target_cells(space, codec, proj)
                 d = f"{x['dict_bytes'] >> 10}K" if x["dict_bytes"] else "-"
-                print(f"| {codec} | {x['unit_bytes'] >> 10}K | {d} | {mib(proj)} | " + " | ".join(cells) + " |")
+                print(
+                    f"| {codec} | {x['unit_bytes'] >> 10}K | {d} | {mib(proj)} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
         print()
 
 
