@@ -148,7 +148,9 @@ type Fetched = Result<Option<Vec<u8>>>;
 /// The map entry of a source that is a block of a multi-block unit.
 fn unit_entry(src: &Source) -> Option<&MapEntry> {
     match src {
-        Source::Bytes { entry, .. } | Source::Disk { entry } if entry.unit_blocks > 1 => {
+        Source::Bytes { entry, .. } | Source::Disk { entry } | Source::Decoded { entry, .. }
+            if entry.unit_blocks > 1 =>
+        {
             Some(entry)
         }
         _ => None,
@@ -158,8 +160,18 @@ fn unit_entry(src: &Source) -> Option<&MapEntry> {
 /// Where the stored bytes of one block are, as seen at lookup time.
 enum Source {
     Zeros,
-    Bytes { entry: MapEntry, bytes: Vec<u8> },
-    Disk { entry: MapEntry },
+    Bytes {
+        entry: MapEntry,
+        bytes: Vec<u8>,
+    },
+    Disk {
+        entry: MapEntry,
+    },
+    /// A block of a unit whose decoded form is in the read cache.
+    Decoded {
+        entry: MapEntry,
+        unit: Arc<[u8]>,
+    },
     Damaged,
 }
 
@@ -420,7 +432,20 @@ impl Inner {
     /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
     /// `use_cache: false` reads every stored byte from the device (check must see the medium).
     fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Result<Vec<Result<Vec<u8>>>> {
-        let (sources, _gate) = self.lookup(first, count, !use_cache)?;
+        let (mut sources, _gate) = self.lookup(first, count, !use_cache)?;
+        if use_cache {
+            for src in sources.iter_mut() {
+                if let Source::Disk { entry } = *src {
+                    let len = usize::from(entry.unit_blocks) * BLOCK_BYTES;
+                    if let Some(unit) = (entry.unit_blocks > 1)
+                        .then(|| self.cache.get_unit(entry.extent, entry.offset, len))
+                        .flatten()
+                    {
+                        *src = Source::Decoded { entry, unit };
+                    }
+                }
+            }
+        }
         let fetched = self.fetch(&sources, use_cache);
         // Consecutive blocks of one compression unit are decoded together, once.
         let mut groups: Vec<(usize, usize, Fetched)> = Vec::new();
@@ -453,31 +478,53 @@ impl Inner {
                     return out;
                 }
             };
+            let block_of = |unit: &[u8], s: &Source| {
+                let i = usize::from(unit_entry(s).map_or(0, |e| e.unit_index));
+                Ok(unit[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].to_vec())
+            };
+            let damaged = || {
+                self.corrupt_reads
+                    .fetch_add((end - start) as u64, Ordering::Relaxed);
+                (start..end)
+                    .map(|i| {
+                        Err(Error::Corrupt {
+                            lba: first + i as u64,
+                        })
+                    })
+                    .collect()
+            };
             match (&sources[start], stored) {
                 (Source::Zeros, _) => vec![Ok(vec![0; BLOCK_BYTES])],
                 (Source::Damaged, _) => vec![Err(Error::Corrupt { lba })],
+                (Source::Decoded { unit, .. }, _) => sources[start..end]
+                    .iter()
+                    .map(|s| block_of(unit, s))
+                    .collect(),
+                // From the device: decode the whole unit once and keep it for its other blocks
+                // (the CRC of what was decoded has just been checked).
+                (Source::Disk { entry }, Some(bytes)) if use_cache && entry.unit_blocks > 1 => {
+                    match self.decode_unit(entry, &bytes) {
+                        Some(unit) => {
+                            let unit: Arc<[u8]> = Arc::from(unit);
+                            self.cache
+                                .put_unit(entry.extent, entry.offset, Arc::clone(&unit));
+                            sources[start..end]
+                                .iter()
+                                .map(|s| block_of(&unit, s))
+                                .collect()
+                        }
+                        None => damaged(),
+                    }
+                }
                 (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes))
                     if end - start > 1 =>
                 {
                     match self.decode_unit(entry, &bytes) {
                         Some(unit) => sources[start..end]
                             .iter()
-                            .map(|s| {
-                                let i = usize::from(unit_entry(s).map_or(0, |e| e.unit_index));
-                                Ok(unit[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].to_vec())
-                            })
+                            .map(|s| block_of(&unit, s))
                             .collect(),
-                        None => {
-                            self.corrupt_reads
-                                .fetch_add((end - start) as u64, Ordering::Relaxed);
-                            (start..end)
-                                .map(|i| {
-                                    Err(Error::Corrupt {
-                                        lba: first + i as u64,
-                                    })
-                                })
-                                .collect()
-                        }
+                        None => damaged(),
                     }
                 }
                 (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
@@ -780,7 +827,9 @@ impl Inner {
         for _ in 0..RMW_OPTIMISTIC_MAX {
             let (sources, gate) = self.lookup(lba, 1, false)?;
             let seen = match &sources[0] {
-                Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
+                Source::Bytes { entry, .. }
+                | Source::Disk { entry }
+                | Source::Decoded { entry, .. } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
             };
             let stored = self.fetch(&sources, true).pop().unwrap_or(Ok(None));

@@ -83,7 +83,11 @@ fn incompressible_units_stay_raw_single_blocks() {
     vol.write(0, &data, false).expect("write");
     let s = vol.stats();
     assert_eq!((s.unit_blocks, s.raw_blocks), (0, 64));
-    assert_eq!(s.physical_bytes_live, data.len() as u64, "never more than none");
+    assert_eq!(
+        s.physical_bytes_live,
+        data.len() as u64,
+        "never more than none"
+    );
     // Only volumes that use units carry the flag (the random data made none).
     vol.checkpoint().expect("checkpoint");
     assert_eq!(checkpoint_flags(&_disk) & CKPT_FLAG_COMPRESSION_UNITS, 0);
