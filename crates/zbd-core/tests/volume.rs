@@ -124,7 +124,7 @@ fn data_corruption_fails_the_read_and_check_finds_it() {
     let unit = u64::from(sb.unit_blocks);
     let bad = &report.damaged_blocks;
     assert_eq!(bad.len() as u64, unit, "{report:?}");
-    assert!(bad[0] % unit == 0 && bad.windows(2).all(|w| w[1] == w[0] + 1));
+    assert!(bad[0].is_multiple_of(unit) && bad.windows(2).all(|w| w[1] == w[0] + 1));
     // Every other block still reads correctly.
     for lba in (0..256u64).filter(|l| !bad.contains(l)) {
         assert_eq!(
