@@ -16,6 +16,9 @@
 # units, dictionaries) from that and the codec numbers (scripts/savings_project.py).
 # Then 4 KiB random reads (fio's nbd engine, iodepth 16) of a tar of each tree written onto zbd
 # zstd:1 volumes, per block and with each unit size, in alternating rounds (read.tsv).
+# env: SAVINGS_UNITS (unit sizes, default "4K 16K"), SAVINGS_CODEC=0 (no codec table or
+# projections), SAVINGS_SPACE=0 (reads only), SAVINGS_READ_ROUNDS (3), SAVINGS_READ_SECONDS (10),
+# SAVINGS_ZFS=1 (zfs-fuse too), SAVINGS_CORPUS (a built corpus).
 # Everything created is removed on exit.
 set -euo pipefail
 
@@ -44,7 +47,7 @@ attach_dir=$work/attach
 cleanup() {
     set +e
     mountpoint -q "$mnt" && umount "$mnt"
-    [[ -n $pool ]] && zpool destroy -f "$pool" 2>/dev/null
+    [[ -n $pool ]] && { zpool export "$pool" || zpool destroy -f "$pool"; } 2>/dev/null
     [[ -n $loop ]] && losetup -d "$loop" 2>/dev/null
     [[ -n $dev ]] && "$zbd" detach "$dev" --state-dir "$attach_dir" >/dev/null 2>&1
     [[ -n $serve_pid ]] && kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null
@@ -148,17 +151,8 @@ stop_volume() {
     serve_pid=""
 }
 
-for spec in "${trees[@]}"; do
-    name=${spec%%=*}
-    dir=${spec#*=}
-    files_bytes=$(du -sb --apparent-size "$dir" | cut -f1)
-    size=$(image_bytes "$dir")
-    echo "== $name: $dir ($((files_bytes >> 20)) MiB)"
-    # SAVINGS_CODEC=0 skips the codec table and the projections (minutes on a loaded machine).
-    if [[ ${SAVINGS_CODEC:-1} == 1 ]]; then
-        "$zbd" bench codec --codecs none --dir "$dir" --json >"$out/codec-$name.json"
-    fi
-
+# Bytes each filesystem and zbd scheme allocates for tree $name ($dir), into space.tsv.
+space() {
     for opt in compress=zstd:1 compress-force=zstd:1 compress=lzo; do
         fresh_image "$size"
         mkfs.btrfs -q -f "$loop"
@@ -199,7 +193,40 @@ for spec in "${trees[@]}"; do
         done
     done
 
-    # 4 KiB random reads of the tree's bytes (a tar written onto the volume), same run.
+    # zfs-fuse runs one daemon per machine, which other users may share: opt in with SAVINGS_ZFS=1.
+    if [[ ${SAVINGS_ZFS:-0} == 1 ]] && command -v zpool >/dev/null && command -v zfs-fuse >/dev/null; then
+        if ! pgrep -x zfs-fuse >/dev/null; then
+            zfs-fuse --no-daemon >"$work/zfs-fuse.log" 2>&1 &
+            zfs_pid=$!
+            for _ in $(seq 300); do zpool list >/dev/null 2>&1 && break; sleep 0.1; done
+        fi
+        for comp in gzip-1 lzjb; do
+            rm -f "$work/img"
+            truncate -s "$size" "$work/img"
+            pool=zbdsav$$
+            if zpool create -f -o cachefile=none -m "$mnt" -O compression="$comp" -O recordsize=128K "$pool" "$work/img" 2>"$work/zfs.err"; then
+                cp -a "$dir/." "$mnt/" || true
+                sync
+                # zfs-fuse accounts written data at transaction-group commit: export/import forces it.
+                zpool export "$pool" && zpool import -o cachefile=none -d "$work" "$pool"
+                alloc=$(zfs get -H -p -o value used "$pool")
+                ratio=$(zfs get -H -o value compressratio "$pool")
+                # Export (unmounts, releases the image) rather than destroy, which zfs-fuse may
+                # refuse as "busy" right after an import.
+                zpool export "$pool" || zpool destroy -f "$pool"
+                printf '%s\tzfs-fuse %s recordsize=128K\t%s\t%s\tzfs used (image not trimmed by zfs-fuse); compressratio %s\n' \
+                    "$name" "$comp" "$files_bytes" "$alloc" "$ratio" >>"$tsv"
+            else
+                printf '%s\tzfs-fuse %s\t%s\t\tskipped: %s\n' "$name" "$comp" "$files_bytes" "$(head -1 "$work/zfs.err")" >>"$tsv"
+            fi
+            pool=""
+        done
+        if [[ -n $zfs_pid ]]; then kill "$zfs_pid"; wait "$zfs_pid" || true; zfs_pid=""; fi
+    fi
+}
+
+# 4 KiB random reads of the tree's bytes (a tar written onto the volume) per unit size, same run.
+random_reads() {
     tar cf "$work/tree.tar" -C "$dir" .
     tar_bytes=$(stat -c %s "$work/tree.tar")
     for unit in $units; do
@@ -221,35 +248,22 @@ for spec in "${trees[@]}"; do
         done
     done
     rm -f "$work"/read-*.zbd "$work/tree.tar"
+}
 
-    # zfs-fuse runs one daemon per machine, which other users may share: opt in with SAVINGS_ZFS=1.
-    if [[ ${SAVINGS_ZFS:-0} == 1 ]] && command -v zpool >/dev/null && command -v zfs-fuse >/dev/null; then
-        if ! pgrep -x zfs-fuse >/dev/null; then
-            zfs-fuse --no-daemon >"$work/zfs-fuse.log" 2>&1 &
-            zfs_pid=$!
-            for _ in $(seq 300); do zpool list >/dev/null 2>&1 && break; sleep 0.1; done
-        fi
-        for comp in gzip-1 lzjb; do
-            rm -f "$work/img"
-            truncate -s "$size" "$work/img"
-            pool=zbdsav$$
-            if zpool create -f -o cachefile=none -m "$mnt" -O compression="$comp" -O recordsize=128K "$pool" "$work/img" 2>"$work/zfs.err"; then
-                cp -a "$dir/." "$mnt/" || true
-                sync
-                # zfs-fuse accounts written data at transaction-group commit: export/import forces it.
-                zpool export "$pool" && zpool import -o cachefile=none -d "$work" "$pool"
-                alloc=$(zfs get -H -p -o value used "$pool")
-                ratio=$(zfs get -H -o value compressratio "$pool")
-                zpool destroy -f "$pool"
-                printf '%s\tzfs-fuse %s recordsize=128K\t%s\t%s\tzfs used (image not trimmed by zfs-fuse); compressratio %s\n' \
-                    "$name" "$comp" "$files_bytes" "$alloc" "$ratio" >>"$tsv"
-            else
-                printf '%s\tzfs-fuse %s\t%s\t\tskipped: %s\n' "$name" "$comp" "$files_bytes" "$(head -1 "$work/zfs.err")" >>"$tsv"
-            fi
-            pool=""
-        done
-        if [[ -n $zfs_pid ]]; then kill "$zfs_pid"; wait "$zfs_pid" || true; zfs_pid=""; fi
+for spec in "${trees[@]}"; do
+    name=${spec%%=*}
+    dir=${spec#*=}
+    files_bytes=$(du -sb --apparent-size "$dir" | cut -f1)
+    size=$(image_bytes "$dir")
+    echo "== $name: $dir ($((files_bytes >> 20)) MiB)"
+    # SAVINGS_CODEC=0 skips the codec table and the projections (minutes on a loaded machine).
+    if [[ ${SAVINGS_CODEC:-1} == 1 ]]; then
+        "$zbd" bench codec --codecs none --dir "$dir" --json >"$out/codec-$name.json"
     fi
+
+    # SAVINGS_SPACE=0: the random reads alone.
+    if [[ ${SAVINGS_SPACE:-1} == 1 ]]; then space; fi
+    random_reads
 done
 
 /usr/bin/python3 "$here/scripts/savings_project.py" "$out" | tee "$out/summary.md"
