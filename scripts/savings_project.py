@@ -87,10 +87,26 @@ def read_table(out: Path, tree: str) -> None:
 
 
 def main(out: Path) -> None:
-    rows = [ln.split("\t") for ln in (out / "space.tsv").read_text().splitlines()[1:]]
-    trees = sorted({r[0] for r in rows}, key=[r[0] for r in rows].index)
-    for tree in trees:
+    space_tsv = out / "space.tsv"
+    rows = (
+        [ln.split("\t") for ln in space_tsv.read_text().splitlines()[1:]]
+        if space_tsv.exists()
+        else []
+    )
+    reads = out / "read.tsv"
+    read_trees = (
+        [ln.split("\t")[0] for ln in reads.read_text().splitlines()[1:]]
+        if reads.exists()
+        else []
+    )
+    names = [r[0] for r in rows] + read_trees
+    for tree in sorted(set(names), key=names.index):
         space = {r[1]: r for r in rows if r[0] == tree}
+        if not space:
+            print(f"## {tree}")
+            read_table(out, tree)
+            print()
+            continue
         files = int(next(iter(space.values()))[2])
         print(f"## {tree}\n")
         print(f"Files: {mib(files)} MiB (apparent size).\n")
