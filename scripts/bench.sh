@@ -23,9 +23,11 @@ echo "== zbd bench engine (write amplification of 4 KiB write + flush)"
 echo "== zbd bench cleaner"
 "$zbd" bench cleaner --capacity 64M --factor 4 --csv "$other/cleaner-series.csv" | tee "$other/cleaner.txt"
 echo "== space savings vs btrfs and ZFS, 4 KiB reads per compression unit size (docs/savings.md)"
-SAVINGS_ZFS=${SAVINGS_ZFS:-1} bash scripts/bench-savings.sh "$other/savings" | tee "$other/savings.txt"
-echo "== engine tests with single blocks instead of the default 16 KiB units"
-ZBD_TEST_UNIT_SIZE=4K cargo test --release -p zbd-core --test model --test crash --test faults \
-  2>&1 | tee "$other/tests-4k-units.txt"
+SAVINGS_ZFS=${SAVINGS_ZFS:-1} SAVINGS_UNITS="4K 8K 16K" bash scripts/bench-savings.sh "$other/savings" | tee "$other/savings.txt"
+for u in 4K 16K; do
+  echo "== engine tests with $u units instead of the default 8 KiB"
+  ZBD_TEST_UNIT_SIZE=$u cargo test --release -p zbd-core --test model --test crash --test faults \
+    --test volume --test readcache 2>&1 | tee "$other/tests-$u-units.txt"
+done
 echo "== heavy engine tests (ignored in make test)"
 cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture 2>&1 | tee "$other/heavy-tests.txt"

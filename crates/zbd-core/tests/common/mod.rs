@@ -138,8 +138,8 @@ pub fn overwrite_workload(seed: u64, blocks: u64, ops: usize) -> Vec<Op> {
 }
 
 /// Compression unit size of the test volumes: `ZBD_TEST_UNIT_SIZE` (e.g. `4K` for single
-/// blocks, `64K`), else the volume default (16K, or what the extent holds). The same tests run
-/// with units of each size as a parameter (`make bench` runs them with 4K too).
+/// blocks, `64K`), else the volume default (8K, or what the extent holds). The same tests run
+/// with units of each size as a parameter (`make bench` runs them with 4K and 16K too).
 pub fn test_unit_bytes(extent: u32) -> Option<u32> {
     let s = std::env::var("ZBD_TEST_UNIT_SIZE").ok()?;
     let u = zbd_core::layout::parse_size(&s).expect("ZBD_TEST_UNIT_SIZE: a size like 4K") as u32;

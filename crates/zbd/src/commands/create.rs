@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long, default_value = "32K")]
     extent_size: String,
     /// Compression unit: consecutive blocks written together are compressed as one unit of up
-    /// to this size (4K: every block on its own; 8K..64K) [default: 16K, or the largest the
+    /// to this size (4K: every block on its own; 8K..64K) [default: 8K, or the largest the
     /// extent size holds].
     #[arg(long)]
     unit_size: Option<String>,
