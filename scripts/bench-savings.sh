@@ -12,11 +12,11 @@
 # scheme), then the same files copied onto each filesystem on a sparse loop image of its own:
 # bytes allocated by the image after sync + fstrim (metadata included). ext4 on zbd is measured
 # for lz4 and zstd:1, per block (--unit-size 4K) and with compression units (SAVINGS_UNITS,
-# default "4K 16K"); docs/savings.md projects the schemes the engine does not have (larger
+# default "4K 8K 16K"); docs/savings.md projects the schemes the engine does not have (larger
 # units, dictionaries) from that and the codec numbers (scripts/savings_project.py).
 # Then 4 KiB random reads (fio's nbd engine, iodepth 16) of a tar of each tree written onto zbd
 # zstd:1 volumes, per block and with each unit size, in alternating rounds (read.tsv).
-# env: SAVINGS_UNITS (unit sizes, default "4K 16K"), SAVINGS_CODEC=0 (no codec table or
+# env: SAVINGS_UNITS (unit sizes, default "4K 8K 16K"), SAVINGS_CODEC=0 (no codec table or
 # projections), SAVINGS_SPACE=0 (reads only), SAVINGS_READ_ROUNDS (3), SAVINGS_READ_SECONDS (10),
 # SAVINGS_ZFS=1 (zfs-fuse too), SAVINGS_CORPUS (a built corpus).
 # Everything created is removed on exit.
@@ -134,7 +134,7 @@ copy_and_trim() {
 tsv=$out/space.tsv
 printf 'tree\ttarget\tfiles_bytes\timage_allocated_bytes\tnote\n' >"$tsv"
 printf 'tree\tscheme\tround\tiops_4k_randread_qd16\n' >"$out/read.tsv"
-units=${SAVINGS_UNITS:-4K 16K}
+units=${SAVINGS_UNITS:-4K 8K 16K}
 scheme() { if [[ $1 == 4K ]]; then echo "per block"; else echo "$1 units"; fi; }
 
 # Serves volume $1 on $work/sock (zbd serve, in the background) until stop_volume.
