@@ -319,3 +319,21 @@ fn compact_runs_offline_and_keeps_data() {
         .failure()
         .stderr(predicate::str::contains("--clean-low"));
 }
+
+#[test]
+fn create_refuses_a_unit_size_the_extent_cannot_hold() {
+    let (_dir, vol, _input) = fixture(4096);
+    on("create", &vol, &["--size", "4M", "--unit-size", "64K"])
+        .failure()
+        .stderr(predicate::str::contains("does not fit extents of 32K"));
+    on("create", &vol, &["--size", "4M", "--unit-size", "12K"])
+        .failure()
+        .stderr(predicate::str::contains("--unit-size '12K'"));
+    on(
+        "create",
+        &vol,
+        &["--size", "4M", "--unit-size", "64K", "--extent-size", "128K"],
+    )
+    .success()
+    .stdout(predicate::str::contains("unit size      64.00 KiB"));
+}
