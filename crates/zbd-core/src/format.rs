@@ -4,9 +4,10 @@
 //!
 //! Two versions are read and written: 1 (the first format) and 2 (the current one: two copies
 //! of checkpoints and map pages, segments with a trailing copy of their header and record table
-//! and the durable write-sequence watermark, room reserved for an extent table, dictionaries,
-//! per-page summaries, volume counters and compression units). A volume keeps the version it
-//! was created with; `Superblock::version` selects the rules.
+//! and the durable write-sequence watermark, multi-block compression units behind an
+//! incompatible checkpoint flag, room reserved for an extent table, dictionaries, per-page
+//! summaries and volume counters). A volume keeps the version it was created with;
+//! `Superblock::version` selects the rules.
 
 use crate::error::{Error, Result};
 
