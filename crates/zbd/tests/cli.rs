@@ -332,7 +332,14 @@ fn create_refuses_a_unit_size_the_extent_cannot_hold() {
     on(
         "create",
         &vol,
-        &["--size", "4M", "--unit-size", "64K", "--extent-size", "128K"],
+        &[
+            "--size",
+            "4M",
+            "--unit-size",
+            "64K",
+            "--extent-size",
+            "128K",
+        ],
     )
     .success()
     .stdout(predicate::str::contains("unit size      64.00 KiB"));
