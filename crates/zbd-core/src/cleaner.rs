@@ -7,7 +7,8 @@
 //!   pass stops adding victims once it would gain `PASS_GAIN_TARGET` extents; `compact` takes the
 //!   least-live extents first and as many as one pass may.
 //! - Placement: the live blocks of a pass are packed first-fit decreasing (largest first, each into
-//!   the first output extent with room) without recompressing; a pass handles a batch of victims
+//!   the first output extent with room) without recompressing (except the live blocks of mostly
+//!   dead compression units, see `items`); a pass handles a batch of victims
 //!   together, so blocks of neighbouring victims share output extents, in LBA order among equal
 //!   sizes. The exact packing is computed before anything is written: a pass that would not free
 //!   more extents than it fills is not run. With fewer free extents than the packing needs
