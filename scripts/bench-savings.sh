@@ -11,8 +11,15 @@
 # For each tree: `zbd bench codec --dir` (ratio, speed, 4 KiB read cost, engine projection per
 # scheme), then the same files copied onto each filesystem on a sparse loop image of its own:
 # bytes allocated by the image after sync + fstrim (metadata included). ext4 on zbd is measured
-# for per-block lz4 and zstd:1 (today's engine); docs/savings.md projects the new schemes from
-# that and the codec numbers (scripts/savings_project.py). Everything created is removed on exit.
+# for lz4 and zstd:1, per block (--unit-size 4K) and with compression units (SAVINGS_UNITS,
+# default "4K 8K 16K"); docs/savings.md projects the schemes the engine does not have (larger
+# units, dictionaries) from that and the codec numbers (scripts/savings_project.py).
+# Then 4 KiB random reads (fio's nbd engine, iodepth 16) of a tar of each tree written onto zbd
+# zstd:1 volumes, per block and with each unit size, in alternating rounds (read.tsv).
+# env: SAVINGS_UNITS (unit sizes, default "4K 8K 16K"), SAVINGS_CODEC=0 (no codec table or
+# projections), SAVINGS_SPACE=0 (reads only), SAVINGS_READ_ROUNDS (3), SAVINGS_READ_SECONDS (10),
+# SAVINGS_ZFS=1 (zfs-fuse too), SAVINGS_CORPUS (a built corpus).
+# Everything created is removed on exit.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +47,7 @@ attach_dir=$work/attach
 cleanup() {
     set +e
     mountpoint -q "$mnt" && umount "$mnt"
-    [[ -n $pool ]] && zpool destroy -f "$pool" 2>/dev/null
+    [[ -n $pool ]] && { zpool export "$pool" || zpool destroy -f "$pool"; } 2>/dev/null
     [[ -n $loop ]] && losetup -d "$loop" 2>/dev/null
     [[ -n $dev ]] && "$zbd" detach "$dev" --state-dir "$attach_dir" >/dev/null 2>&1
     [[ -n $serve_pid ]] && kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null
@@ -126,15 +133,26 @@ copy_and_trim() {
 
 tsv=$out/space.tsv
 printf 'tree\ttarget\tfiles_bytes\timage_allocated_bytes\tnote\n' >"$tsv"
+printf 'tree\tscheme\tround\tiops_4k_randread_qd16\n' >"$out/read.tsv"
+units=${SAVINGS_UNITS:-4K 8K 16K}
+scheme() { if [[ $1 == 4K ]]; then echo "per block"; else echo "$1 units"; fi; }
 
-for spec in "${trees[@]}"; do
-    name=${spec%%=*}
-    dir=${spec#*=}
-    files_bytes=$(du -sb --apparent-size "$dir" | cut -f1)
-    size=$(image_bytes "$dir")
-    echo "== $name: $dir ($((files_bytes >> 20)) MiB)"
-    "$zbd" bench codec --codecs none --dir "$dir" --json >"$out/codec-$name.json"
+# Serves volume $1 on $work/sock (zbd serve, in the background) until stop_volume.
+serve_volume() {
+    rm -f "$work/sock" "$work/pid"
+    "$zbd" serve "$1" --socket "$work/sock" --pidfile "$work/pid" >"$work/serve.log" 2>&1 &
+    serve_pid=$!
+    for _ in $(seq 300); do [[ -S $work/sock && -s $work/pid ]] && break; kill -0 $serve_pid || break; sleep 0.1; done
+}
 
+stop_volume() {
+    kill "$serve_pid"
+    wait "$serve_pid" || true
+    serve_pid=""
+}
+
+# Bytes each filesystem and zbd scheme allocates for tree $name ($dir), into space.tsv.
+space() {
     for opt in compress=zstd:1 compress-force=zstd:1 compress=lzo; do
         fresh_image "$size"
         mkfs.btrfs -q -f "$loop"
@@ -155,26 +173,24 @@ for spec in "${trees[@]}"; do
     release_image
 
     for codec in lz4 zstd:1; do
-        vol=$work/vol.zbd
-        rm -f "$vol"
-        "$zbd" create "$vol" --size "$size" --codec "$codec" --force >/dev/null
-        rm -f "$work/sock" "$work/pid"
-        "$zbd" serve "$vol" --socket "$work/sock" --pidfile "$work/pid" >"$work/serve.log" 2>&1 &
-        serve_pid=$!
-        for _ in $(seq 300); do [[ -S $work/sock && -s $work/pid ]] && break; kill -0 $serve_pid || break; sleep 0.1; done
-        dev=$("$zbd" attach --socket "$work/sock" --state-dir "$attach_dir" | grep -o '/dev/[a-z0-9]*' | tail -1)
-        mkfs.ext4 -q -F "$dev"
-        mount "$dev" "$mnt"
-        copy_and_trim "$dir"
-        umount "$mnt"
-        "$zbd" detach "$dev" --state-dir "$attach_dir" >/dev/null
-        dev=""
-        kill "$serve_pid"
-        wait "$serve_pid" || true
-        serve_pid=""
-        "$zbd" stat "$vol" >"$out/zbd-stat-$name-${codec/:/}.txt" 2>&1 || true
-        printf '%s\text4 on zbd %s (per block)\t%s\t%s\t\n' "$name" "$codec" "$files_bytes" "$(allocated "$vol")" >>"$tsv"
-        rm -f "$vol"
+        for unit in $units; do
+            vol=$work/vol.zbd
+            rm -f "$vol"
+            "$zbd" create "$vol" --size "$size" --codec "$codec" --unit-size "$unit" --force >/dev/null
+            serve_volume "$vol"
+            dev=$("$zbd" attach --socket "$work/sock" --state-dir "$attach_dir" | grep -o '/dev/[a-z0-9]*' | tail -1)
+            mkfs.ext4 -q -F "$dev"
+            mount "$dev" "$mnt"
+            copy_and_trim "$dir"
+            umount "$mnt"
+            "$zbd" detach "$dev" --state-dir "$attach_dir" >/dev/null
+            dev=""
+            stop_volume
+            "$zbd" stat "$vol" >"$out/zbd-stat-$name-${codec/:/}-$unit.txt" 2>&1 || true
+            printf '%s\text4 on zbd %s (%s)\t%s\t%s\t\n' "$name" "$codec" "$(scheme "$unit")" \
+                "$files_bytes" "$(allocated "$vol")" >>"$tsv"
+            rm -f "$vol"
+        done
     done
 
     # zfs-fuse runs one daemon per machine, which other users may share: opt in with SAVINGS_ZFS=1.
@@ -195,7 +211,9 @@ for spec in "${trees[@]}"; do
                 zpool export "$pool" && zpool import -o cachefile=none -d "$work" "$pool"
                 alloc=$(zfs get -H -p -o value used "$pool")
                 ratio=$(zfs get -H -o value compressratio "$pool")
-                zpool destroy -f "$pool"
+                # Export (unmounts, releases the image) rather than destroy, which zfs-fuse may
+                # refuse as "busy" right after an import.
+                zpool export "$pool" || zpool destroy -f "$pool"
                 printf '%s\tzfs-fuse %s recordsize=128K\t%s\t%s\tzfs used (image not trimmed by zfs-fuse); compressratio %s\n' \
                     "$name" "$comp" "$files_bytes" "$alloc" "$ratio" >>"$tsv"
             else
@@ -205,6 +223,47 @@ for spec in "${trees[@]}"; do
         done
         if [[ -n $zfs_pid ]]; then kill "$zfs_pid"; wait "$zfs_pid" || true; zfs_pid=""; fi
     fi
+}
+
+# 4 KiB random reads of the tree's bytes (a tar written onto the volume) per unit size, same run.
+random_reads() {
+    tar cf "$work/tree.tar" -C "$dir" .
+    tar_bytes=$(stat -c %s "$work/tree.tar")
+    for unit in $units; do
+        "$zbd" create "$work/read-$unit.zbd" --size "$size" --codec zstd:1 --unit-size "$unit" --force >/dev/null
+        serve_volume "$work/read-$unit.zbd"
+        nbdcopy --flush "$work/tree.tar" "nbd+unix:///?socket=$work/sock"
+        stop_volume
+    done
+    for round in $(seq "${SAVINGS_READ_ROUNDS:-3}"); do
+        for unit in $units; do
+            serve_volume "$work/read-$unit.zbd"
+            fio --name=randread --ioengine=nbd --uri="nbd+unix:///?socket=$work/sock" --rw=randread \
+                --bs=4k --iodepth=16 --size="$tar_bytes" --time_based --runtime="${SAVINGS_READ_SECONDS:-10}" \
+                --randrepeat=0 --output-format=json --output="$out/fio-$name-$unit-$round.json" >/dev/null
+            stop_volume
+            iops=$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' \
+                "$out/fio-$name-$unit-$round.json")
+            printf '%s\tzstd:1 (%s)\t%s\t%s\n' "$name" "$(scheme "$unit")" "$round" "$iops" >>"$out/read.tsv"
+        done
+    done
+    rm -f "$work"/read-*.zbd "$work/tree.tar"
+}
+
+for spec in "${trees[@]}"; do
+    name=${spec%%=*}
+    dir=${spec#*=}
+    files_bytes=$(du -sb --apparent-size "$dir" | cut -f1)
+    size=$(image_bytes "$dir")
+    echo "== $name: $dir ($((files_bytes >> 20)) MiB)"
+    # SAVINGS_CODEC=0 skips the codec table and the projections (minutes on a loaded machine).
+    if [[ ${SAVINGS_CODEC:-1} == 1 ]]; then
+        "$zbd" bench codec --codecs none --dir "$dir" --json >"$out/codec-$name.json"
+    fi
+
+    # SAVINGS_SPACE=0: the random reads alone.
+    if [[ ${SAVINGS_SPACE:-1} == 1 ]]; then space; fi
+    random_reads
 done
 
 /usr/bin/python3 "$here/scripts/savings_project.py" "$out" | tee "$out/summary.md"

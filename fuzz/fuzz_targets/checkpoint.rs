@@ -38,6 +38,7 @@ fn superblock_for(slot: &[u8]) -> Superblock {
         extent_table_offset: [0; 2],
         dict_bytes: 0,
         dict_offset: [0; 2],
+        unit_blocks: 1,
     }
 }
 

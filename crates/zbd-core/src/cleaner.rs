@@ -7,7 +7,8 @@
 //!   pass stops adding victims once it would gain `PASS_GAIN_TARGET` extents; `compact` takes the
 //!   least-live extents first and as many as one pass may.
 //! - Placement: the live blocks of a pass are packed first-fit decreasing (largest first, each into
-//!   the first output extent with room) without recompressing; a pass handles a batch of victims
+//!   the first output extent with room) without recompressing (except the live blocks of mostly
+//!   dead compression units, see `items`); a pass handles a batch of victims
 //!   together, so blocks of neighbouring victims share output extents, in LBA order among equal
 //!   sizes. The exact packing is computed before anything is written: a pass that would not free
 //!   more extents than it fills is not run. With fewer free extents than the packing needs
@@ -19,11 +20,15 @@
 //! - Locking: background passes read their victims with the state lock released and switch the
 //!   map, under it, only for blocks whose entry did not change meanwhile (`pass_unlocked`);
 //!   other passes run whole under the lock. Reads never see a half-moved block either way.
+//!   Victims are chosen and packed under the lock with every unit copied as it is (its stored
+//!   length is known without reading it); once the victims are read, mostly dead units are
+//!   recompressed and the items are packed again, under the lock, for the blocks still
+//!   unchanged: a packing that no longer gains drops the pass.
 
 use crate::error::Result;
 use crate::format::{
-    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, RECORD_BYTES,
-    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, BLOCK_BYTES,
+    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, ExtentInfo, ExtentState, State};
 use parking_lot::MutexGuard;
@@ -120,31 +125,143 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
     victims
 }
 
-/// First-fit decreasing over stored sizes; returns bins of block indices.
-fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..blocks.len()).collect();
-    order.sort_by(|&a, &b| {
-        blocks[b]
-            .1
-            .len
-            .cmp(&blocks[a].1.len)
-            .then(blocks[a].0.cmp(&blocks[b].0))
-    });
-    let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
-    for i in order {
-        let len = blocks[i].1.len as usize;
-        let fits = |payload: usize, n: usize| {
-            segment_padded_len(version, payload + len, n + 1) as usize <= extent_bytes
-        };
-        match bins.iter_mut().find(|(p, b)| fits(*p, b.len())) {
-            Some((p, b)) => {
-                *p += len;
-                b.push(i);
+/// One stored item a pass moves: a single block, or a compression unit with its live blocks
+/// (copied whole, one record per live block), or a block of a mostly dead unit recompressed on
+/// its own.
+#[derive(Clone, Debug)]
+struct Item {
+    /// Live blocks it carries, (lba, entry in the victim), in LBA order.
+    blocks: Vec<(u64, MapEntry)>,
+    /// Recompressed form (codec, bytes, crc); `None`: the victim's stored bytes, verbatim.
+    fresh: Option<(u8, Vec<u8>, u32)>,
+    /// A block of a mostly dead unit not read yet, to be recompressed once it is: sized by an
+    /// estimate until then.
+    pending: bool,
+}
+
+impl Item {
+    fn len(&self) -> usize {
+        match &self.fresh {
+            Some((_, b, _)) => b.len(),
+            // A block compressed alone does worse than its share of a unit: twice the share,
+            // at most a raw block (the real size is packed again before anything is written).
+            None if self.pending => {
+                (2 * crate::units::share(&self.blocks[0].1) as usize).min(BLOCK_BYTES)
             }
-            None => bins.push((len, vec![i])),
+            None => usize::from(self.blocks[0].1.len),
         }
     }
-    bins.into_iter().map(|(_, b)| b).collect()
+    fn lba(&self) -> u64 {
+        self.blocks[0].0
+    }
+    fn victim(&self) -> u32 {
+        self.blocks[0].1.extent
+    }
+}
+
+/// Groups the live blocks of the victims into items: a unit's blocks travel together. A unit
+/// with fewer than half its blocks live is decoded (after its CRC checks) and its live blocks
+/// are recompressed one by one, so its dead share is given back; a damaged one is copied
+/// verbatim, damage and all.
+fn items(
+    candidates: &[(u64, MapEntry)],
+    images: Option<&HashMap<u32, Vec<u8>>>,
+    codec: crate::codec::Codec,
+) -> Vec<Item> {
+    let mut units: HashMap<(u32, u32), Vec<(u64, MapEntry)>> = HashMap::new();
+    let mut out = Vec::new();
+    for &(lba, m) in candidates {
+        if m.unit_blocks > 1 {
+            units
+                .entry((m.extent, m.offset))
+                .or_default()
+                .push((lba, m));
+        } else {
+            out.push(Item {
+                blocks: vec![(lba, m)],
+                fresh: None,
+                pending: false,
+            });
+        }
+    }
+    for (_, blocks) in units {
+        let m = blocks[0].1;
+        if blocks.len() * 2 >= usize::from(m.unit_blocks) {
+            out.push(Item {
+                blocks,
+                fresh: None,
+                pending: false,
+            });
+            continue;
+        }
+        let Some(images) = images else {
+            // Not read yet: recompressed (and packed for real) once it is.
+            out.extend(blocks.into_iter().map(|b| Item {
+                blocks: vec![b],
+                fresh: None,
+                pending: true,
+            }));
+            continue;
+        };
+        let stored = images
+            .get(&m.extent)
+            .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
+        let mut plain = vec![0u8; usize::from(m.unit_blocks) * BLOCK_BYTES];
+        let decoded = stored.is_some_and(|s| {
+            crc32c::crc32c(s) == m.crc && crate::codec::decompress(m.codec, s, &mut plain).is_some()
+        });
+        if !decoded {
+            out.push(Item {
+                blocks,
+                fresh: None,
+                pending: false,
+            });
+            continue;
+        }
+        for (lba, e) in blocks {
+            let i = usize::from(e.unit_index) * BLOCK_BYTES;
+            let block = &plain[i..i + BLOCK_BYTES];
+            let (c, bytes) = match codec.compress(block) {
+                Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => (codec.id(), z),
+                _ => (crate::codec::id::RAW, block.to_vec()),
+            };
+            let crc = crc32c::crc32c(&bytes);
+            out.push(Item {
+                blocks: vec![(lba, e)],
+                fresh: Some((c, bytes, crc)),
+                pending: false,
+            });
+        }
+    }
+    out.sort_by_key(|it| it.lba());
+    out
+}
+
+/// First-fit decreasing over stored sizes; returns bins of item indices.
+fn pack(items: &[Item], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| {
+        items[b]
+            .len()
+            .cmp(&items[a].len())
+            .then(items[a].lba().cmp(&items[b].lba()))
+    });
+    let mut bins: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+    for i in order {
+        let (len, recs) = (items[i].len(), items[i].blocks.len());
+        let fits = |payload: usize, n: usize| {
+            segment_padded_len(version, payload + len, n + recs) as usize <= extent_bytes
+        };
+        match bins.iter_mut().find(|(p, n, _)| fits(*p, *n)) {
+            Some((p, n, b)) => {
+                *p += len;
+                *n += recs;
+                b.push(i);
+            }
+            None => bins.push((len, recs, vec![i])),
+        }
+    }
+    bins.into_iter().map(|(_, _, b)| b).collect()
 }
 
 /// Next-fit packing in victim order, emptiest victim first, for a pass whose outputs outnumber
@@ -154,7 +271,7 @@ fn pack(blocks: &[(u64, MapEntry)], extent_bytes: usize, version: u32) -> Vec<Ve
 /// some output would find no free extent or the pass would not gain.
 fn stream(
     st: &State,
-    blocks: &mut [(u64, MapEntry)],
+    items: &mut [Item],
     victims: &[u32],
     extent_bytes: usize,
     version: u32,
@@ -163,23 +280,24 @@ fn stream(
     let mut order = victims.to_vec();
     order.sort_by_key(|&v| (st.extents[v as usize].live_bytes, v));
     let rank: HashMap<u32, usize> = order.iter().enumerate().map(|(r, &v)| (v, r)).collect();
-    blocks.sort_by_key(|(lba, m)| (rank[&m.extent], *lba));
+    items.sort_by_key(|it| (rank[&it.victim()], it.lba()));
     let mut bins: Vec<Vec<usize>> = Vec::new();
-    let mut payload = 0usize;
+    let (mut payload, mut recs) = (0usize, 0usize);
     // Per victim (by rank): the bin holding its last block.
     let mut last_bin = vec![0usize; order.len()];
-    for (i, (_, m)) in blocks.iter().enumerate() {
-        let len = m.len as usize;
-        let fits = bins.last().is_some_and(|b| {
-            segment_padded_len(version, payload + len, b.len() + 1) as usize <= extent_bytes
-        });
+    for (i, it) in items.iter().enumerate() {
+        let (len, n) = (it.len(), it.blocks.len());
+        let fits = !bins.is_empty()
+            && segment_padded_len(version, payload + len, recs + n) as usize <= extent_bytes;
         if !fits {
             bins.push(Vec::new());
             payload = 0;
+            recs = 0;
         }
         payload += len;
+        recs += n;
         bins.last_mut()?.push(i);
-        last_bin[rank[&m.extent]] = bins.len() - 1;
+        last_bin[rank[&it.victim()]] = bins.len() - 1;
     }
     if bins.len() >= victims.len() || bins.len() > PASS_OUTPUTS_MAX {
         return None;
@@ -194,18 +312,18 @@ fn stream(
     Some(bins)
 }
 
-/// The blocks a pass moves and how they are packed, chosen under the state lock.
+/// The blocks a pass moves, chosen under the state lock.
 struct Selection {
     victims: Vec<u32>,
-    /// (logical block, its map entry when chosen).
-    blocks: Vec<(u64, MapEntry)>,
-    /// Output extents: indices into `blocks`.
-    bins: Vec<Vec<usize>>,
+    /// Their live blocks, grouped into items (units copied as they are), with the map entries
+    /// they had when chosen.
+    items: Vec<Item>,
     /// Packed victim by victim (`stream`): needs drained victims freed during the pass.
     streamed: bool,
 }
 
-/// Chooses victims and packs their live blocks (state lock held); `None` if no pass is worth it.
+/// Chooses victims whose live blocks pack into fewer extents (state lock held); `None` if no
+/// pass is worth it.
 fn select(st: &mut State, cx: &Ctx, mode: Mode) -> Result<Option<Selection>> {
     let e = cx.sb.extent_bytes as usize;
     let free = st.free_now();
@@ -225,116 +343,164 @@ fn select(st: &mut State, cx: &Ctx, mode: Mode) -> Result<Option<Selection>> {
             candidates.push((l, *m));
         }
     })?;
-    loop {
-        let mut blocks: Vec<(u64, MapEntry)> = candidates
+    let all = items(&candidates, None, cx.codec);
+    Ok(
+        fit(st, &all, &mut victims, e, cx.sb.version, free).map(|(items, _, streamed)| Selection {
+            victims,
+            items,
+            streamed,
+        }),
+    )
+}
+
+/// Packs the items of `victims` into output extents, dropping the least beneficial victim and
+/// trying again until the packing fits the free extents and frees more than it fills (rather
+/// than giving up: when free extents are scarce, giving up meant NoSpace with most of the data
+/// area dead). Returns the items, their bins and whether they were streamed; `None` when no
+/// victim is left.
+fn fit(
+    st: &State,
+    all: &[Item],
+    victims: &mut Vec<u32>,
+    extent_bytes: usize,
+    version: u32,
+    free: usize,
+) -> Option<(Vec<Item>, Vec<Vec<usize>>, bool)> {
+    while !victims.is_empty() {
+        let mut chosen: Vec<Item> = all
             .iter()
-            .filter(|(_, m)| is_victim[m.extent as usize])
-            .copied()
+            .filter(|it| victims.contains(&it.victim()))
+            .cloned()
             .collect();
-        let bins = pack(&blocks, e, cx.sb.version);
+        let bins = pack(&chosen, extent_bytes, version);
         if bins.len() <= free.min(PASS_OUTPUTS_MAX) && bins.len() < victims.len() {
-            return Ok(Some(Selection {
-                victims,
-                blocks,
-                bins,
-                streamed: false,
-            }));
+            return Some((chosen, bins, false));
         }
         // Too few free extents for the whole packing (small data areas): fill the outputs
         // victim by victim instead, so drained victims are free again for the later outputs.
-        if let Some(bins) = stream(st, &mut blocks, &victims, e, cx.sb.version, free) {
-            return Ok(Some(Selection {
-                victims,
-                blocks,
-                bins,
-                streamed: true,
-            }));
+        if let Some(bins) = stream(st, &mut chosen, victims, extent_bytes, version, free) {
+            return Some((chosen, bins, true));
         }
-        // Drop the least beneficial victim and try again rather than giving up: when free
-        // extents are scarce, giving up here meant NoSpace with most of the data area dead.
-        let Some(v) = victims.pop() else {
-            return Ok(None);
-        };
-        is_victim[v as usize] = false;
+        victims.pop();
     }
+    None
 }
 
 /// Reads the victims whole (paper: extents are read in full), their last segments issued
-/// first (they may still wait in the outbox). Needs no state lock: victims stay allocated
-/// while they are read (lock held, or listed in `State::cleaning`).
-fn read_victims(cx: &Ctx, victims: &[u32]) -> Result<HashMap<u32, Vec<u8>>> {
+/// first (they may still wait in the outbox), and regroups the chosen blocks now that their
+/// bytes are known: mostly dead units are recompressed. Needs no state lock: victims stay
+/// allocated while they are read (lock held, or listed in `State::cleaning`).
+fn read_victims(cx: &Ctx, sel: &Selection) -> Result<(HashMap<u32, Vec<u8>>, Vec<Item>)> {
     cx.outbox.issue_all(cx.storage)?;
-    let mut images = HashMap::with_capacity(victims.len());
-    for &v in victims {
+    let mut images = HashMap::with_capacity(sel.victims.len());
+    for &v in &sel.victims {
         let mut buf = vec![0u8; cx.sb.extent_bytes as usize];
         cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
         images.insert(v, buf);
     }
-    Ok(images)
+    let chosen: Vec<(u64, MapEntry)> = sel
+        .items
+        .iter()
+        .flat_map(|it| it.blocks.iter().copied())
+        .collect();
+    let items = items(&chosen, Some(&images), cx.codec);
+    Ok((images, items))
 }
 
-/// Writes the outputs of a pass and switches the map to them (state lock held). Only blocks
-/// whose map entry is still the one chosen move: a block the host rewrote, trimmed or zeroed
-/// meanwhile keeps its new entry, and its old bytes are not copied. Outputs are sealed here and
-/// issued through the outbox, after the lock is released.
+/// Packs the items of a pass again and writes its outputs, switching the map to them (state
+/// lock held). Only blocks whose map entry is still the one chosen move: a block the host
+/// rewrote, trimmed or zeroed meanwhile keeps its new entry, and its old bytes are not copied.
+/// A packing that no longer fits the free extents or no longer gains drops the pass (nothing
+/// moved). Outputs are sealed here and issued through the outbox, after the lock is released.
 fn commit(
     st: &mut State,
     cx: &Ctx,
     sel: &Selection,
+    mut items: Vec<Item>,
     images: &HashMap<u32, Vec<u8>>,
 ) -> Result<PassResult> {
     let e = cx.sb.extent_bytes as usize;
-    let stamp = sel
-        .victims
+    for it in items.iter_mut() {
+        let mut kept = Vec::with_capacity(it.blocks.len());
+        for &(lba, chosen) in &it.blocks {
+            if st.map.get(lba)? == chosen {
+                kept.push((lba, chosen));
+            }
+        }
+        it.blocks = kept;
+    }
+    items.retain(|it| !it.blocks.is_empty());
+    let mut victims = sel.victims.clone();
+    let Some((items, bins, _)) = fit(st, &items, &mut victims, e, cx.sb.version, st.free_now())
+    else {
+        return Ok(PassResult::default());
+    };
+    let stamp = victims
         .iter()
         .map(|&v| st.extents[v as usize].stamp)
         .max()
         .unwrap_or(0);
     let mut result = PassResult {
-        victims: sel.victims.len(),
+        victims: victims.len(),
         ..PassResult::default()
     };
-    let mut outputs = Vec::with_capacity(sel.bins.len());
-    for bin in &sel.bins {
-        let mut unchanged = Vec::with_capacity(bin.len());
-        for &i in bin {
-            let (lba, chosen) = sel.blocks[i];
-            if st.map.get(lba)? == chosen {
-                unchanged.push(i);
-            }
-        }
-        if unchanged.is_empty() {
-            continue;
-        }
+    let mut outputs = Vec::with_capacity(bins.len());
+    for bin in &bins {
         // When the queue runs dry, `alloc` checkpoints (syncing the outputs written so far),
         // which releases the victims they drained: crash safety as for separate passes.
         let q = st.alloc(cx)?;
         outputs.push(q.extent);
         let mut buf = vec![0u8; e];
-        let mut records = Vec::with_capacity(unchanged.len());
-        let mut moved = Vec::with_capacity(unchanged.len());
+        let mut records = Vec::with_capacity(bin.len());
+        let mut moved = Vec::with_capacity(bin.len());
         let mut at = SEGMENT_HEADER_BYTES;
-        for i in unchanged {
-            let (lba, old) = sel.blocks[i];
-            let len = old.len as usize;
-            let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
-            buf[at..at + len].copy_from_slice(src);
-            let seq = st.take_seq();
-            records.push(Record {
-                codec: old.codec,
-                len: len as u32,
-                offset: at as u32,
-                crc: old.crc,
-                ..Record::new(RecordKind::Data, lba, 1, seq)
-            });
-            moved.push((
-                lba,
-                MapEntry {
-                    extent: q.extent,
+        for &i in bin {
+            let it = &items[i];
+            let len = it.len();
+            let old = it.blocks[0].1;
+            let (codec, crc) = match &it.fresh {
+                Some((codec, bytes, crc)) => {
+                    buf[at..at + len].copy_from_slice(bytes);
+                    (*codec, *crc)
+                }
+                None => {
+                    let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
+                    buf[at..at + len].copy_from_slice(src);
+                    (old.codec, old.crc)
+                }
+            };
+            for &(lba, old) in &it.blocks {
+                let entry = match it.fresh {
+                    Some(_) => MapEntry {
+                        codec,
+                        len: len as u16,
+                        crc,
+                        unit_index: 0,
+                        unit_blocks: 1,
+                        ..old
+                    },
+                    None => old,
+                };
+                let seq = st.take_seq();
+                records.push(Record {
+                    codec,
+                    len: len as u32,
                     offset: at as u32,
-                    ..old
-                },
-            ));
+                    crc,
+                    unit_index: entry.unit_index,
+                    unit_blocks: u16::from(entry.unit_blocks),
+                    ..Record::new(RecordKind::Data, lba, 1, seq)
+                });
+                moved.push((
+                    lba,
+                    MapEntry {
+                        extent: q.extent,
+                        offset: at as u32,
+                        ..entry
+                    },
+                ));
+            }
+            result.bytes_moved += len as u64;
             at += len;
         }
         let h = SegmentHeader {
@@ -354,13 +520,11 @@ fn commit(
         x.state = ExtentState::Closed;
         x.stamp = stamp;
         for (lba, entry) in moved {
-            result.bytes_moved += u64::from(entry.len);
             st.set_entry(lba, entry)?;
         }
         result.outputs += 1;
     }
-    result.reclaimed = sel
-        .victims
+    result.reclaimed = victims
         .iter()
         .filter(|&&v| st.extents[v as usize].live_blocks == 0 || outputs.contains(&v))
         .count();
@@ -375,15 +539,16 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     let Some(sel) = select(st, cx, mode)? else {
         return Ok(PassResult::default());
     };
-    let images = read_victims(cx, &sel.victims)?;
-    commit(st, cx, &sel, &images)
+    let (images, items) = read_victims(cx, &sel)?;
+    commit(st, cx, &sel, items, &images)
 }
 
 /// One incremental pass that holds the state lock (`lock`) only to choose its victims and to
-/// commit: the victims are read with the lock released, so host I/O goes on meanwhile (the
-/// background cleaner). A victim stays allocated while it is read because `State::cleaning`
-/// keeps checkpoints from releasing it; blocks that changed meanwhile are not moved (`commit`).
-/// A pass that must stream (small data areas) runs whole under the lock, as `pass`.
+/// commit: the victims are read (and mostly dead units recompressed) with the lock released,
+/// so host I/O goes on meanwhile (the background cleaner). A victim stays allocated while it is
+/// read because `State::cleaning` keeps checkpoints from releasing it; blocks that changed
+/// meanwhile are not moved (`commit`). A pass that must stream (small data areas) runs whole
+/// under the lock, as `pass`.
 pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> Result<PassResult> {
     let sel = {
         let mut st = lock();
@@ -391,24 +556,21 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
             return Ok(PassResult::default());
         };
         if sel.streamed {
-            let images = read_victims(cx, &sel.victims)?;
-            return commit(&mut st, cx, &sel, &images);
+            let (images, items) = read_victims(cx, &sel)?;
+            return commit(&mut st, cx, &sel, items, &images);
         }
         // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
         // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
         st.cleaning.extend_from_slice(&sel.victims);
         sel
     };
-    let images = read_victims(cx, &sel.victims);
+    let read = read_victims(cx, &sel);
     let mut st = lock();
     st.cleaning.retain(|v| !sel.victims.contains(v));
-    let images = images?;
-    // Host writes may have taken free extents meanwhile: outputs must still fit, or the pass
-    // is dropped (nothing moved yet; the next one chooses again).
-    if st.free_now() < sel.bins.len() {
-        return Ok(PassResult::default());
-    }
-    commit(&mut st, cx, &sel, &images)
+    let (images, items) = read?;
+    // Host writes may have taken free extents meanwhile: `commit` packs again and drops the
+    // pass if its outputs no longer fit (nothing moved yet; the next one chooses again).
+    commit(&mut st, cx, &sel, items, &images)
 }
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.

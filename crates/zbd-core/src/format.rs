@@ -4,9 +4,10 @@
 //!
 //! Two versions are read and written: 1 (the first format) and 2 (the current one: two copies
 //! of checkpoints and map pages, segments with a trailing copy of their header and record table
-//! and the durable write-sequence watermark, room reserved for an extent table, dictionaries,
-//! per-page summaries, volume counters and compression units). A volume keeps the version it
-//! was created with; `Superblock::version` selects the rules.
+//! and the durable write-sequence watermark, multi-block compression units behind an
+//! incompatible checkpoint flag, room reserved for an extent table, dictionaries, per-page
+//! summaries and volume counters). A volume keeps the version it was created with;
+//! `Superblock::version` selects the rules.
 
 use crate::error::{Error, Result};
 
@@ -65,6 +66,13 @@ pub const CKPT_FLAG_DICTIONARIES: u32 = 1 << 9;
 /// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
+/// Incompatible flags this build implements.
+pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS;
+/// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
+/// that saves a sector, fits the u16 of a map entry).
+pub const UNIT_BLOCKS_MAX: u8 = 16;
+/// Map entry location word: bits 0-19 byte offset, 20-24 index in the unit, 25-31 dictionary.
+const LOC_OFFSET_MASK: u32 = (1 << 20) - 1;
 
 const SUPER_MAGIC: &[u8; 8] = b"ZBDSUPER";
 const CKPT_MAGIC: &[u8; 8] = b"ZBDCKPT1";
@@ -160,6 +168,10 @@ pub struct Superblock {
     pub dict_bytes: u32,
     /// v2: byte offsets of the two dictionary region copies.
     pub dict_offset: [u64; 2],
+    /// v2: compression unit size for new writes, in blocks (1 = every block on its own; a
+    /// power of two up to `UNIT_BLOCKS_MAX`). Only a writer's choice: what a volume holds is
+    /// in its records and map entries.
+    pub unit_blocks: u8,
 }
 
 impl Superblock {
@@ -212,6 +224,7 @@ impl Superblock {
             put_u32(&mut b, 140, self.dict_bytes);
             put_u64(&mut b, 144, self.dict_offset[0]);
             put_u64(&mut b, 152, self.dict_offset[1]);
+            b[51] = self.unit_blocks;
         }
         let crc = crc_skipping(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -273,6 +286,8 @@ impl Superblock {
             } else {
                 [0, 0]
             },
+            // 0 in volumes made before units existed: single blocks.
+            unit_blocks: if v2 { b[51].max(1) } else { 1 },
         };
         if get_u32(b, 76) as usize != BLOCK_BYTES
             || !sb.extent_bytes.is_power_of_two()
@@ -282,6 +297,8 @@ impl Superblock {
             || (v2
                 && u64::from(sb.extent_table_pages)
                     != u64::from(sb.extent_count).div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u64))
+            || !sb.unit_blocks.is_power_of_two()
+            || sb.unit_blocks > UNIT_BLOCKS_MAX
             || !sb.regions_fit()
         {
             return Err(corrupt("superblock geometry is inconsistent"));
@@ -635,8 +652,12 @@ pub enum BlockState {
     Corrupt,
 }
 
-/// One map entry: where a logical block lives. 16 bytes on disk and in RAM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// One map entry: where a logical block lives. 16 bytes on disk.
+///
+/// A block of a multi-block compression unit points at the whole unit (`offset`, `len` and `crc`
+/// are the unit's, shared by all its blocks) and knows its place in it (`unit_index` of
+/// `unit_blocks`); its data are bytes `4096 * unit_index ..` of the decompressed unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapEntry {
     /// Block state.
     pub state: BlockState,
@@ -650,17 +671,19 @@ pub struct MapEntry {
     pub offset: u32,
     /// CRC32C of the stored bytes.
     pub crc: u32,
+    /// Index of the block in its compression unit (0 for a single block).
+    pub unit_index: u8,
+    /// Blocks in its compression unit (1 = a single block).
+    pub unit_blocks: u8,
+    /// Dictionary id (0 = none).
+    pub dict: u8,
 }
 
 impl MapEntry {
     /// A zero-state entry.
     pub const ZERO: MapEntry = MapEntry {
         state: BlockState::Zero,
-        codec: 0,
-        len: 0,
-        extent: 0,
-        offset: 0,
-        crc: 0,
+        ..MapEntry::UNMAPPED
     };
     /// An unmapped entry.
     pub const UNMAPPED: MapEntry = MapEntry {
@@ -670,37 +693,54 @@ impl MapEntry {
         extent: 0,
         offset: 0,
         crc: 0,
+        unit_index: 0,
+        unit_blocks: 1,
+        dict: 0,
     };
 
+    /// Whether it is a block of a multi-block compression unit.
+    pub fn in_unit(&self) -> bool {
+        self.state == BlockState::Data && self.unit_blocks > 1
+    }
+
     fn encode(&self, b: &mut [u8]) {
-        b[0] = match self.state {
+        let state = match self.state {
             BlockState::Unmapped => 0,
             BlockState::Zero => 1,
             BlockState::Data => 2,
             BlockState::Corrupt => 3,
         };
+        // Bits 3-7: unit blocks - 1 (format.md; only on volumes with the units flag).
+        b[0] = state | (self.unit_blocks.saturating_sub(1) << 3);
         b[1] = self.codec;
         put_u16(b, 2, self.len);
         put_u32(b, 4, self.extent);
-        put_u32(b, 8, self.offset);
+        let loc = (self.offset & LOC_OFFSET_MASK)
+            | (u32::from(self.unit_index & 31) << 20)
+            | (u32::from(self.dict & 127) << 25);
+        put_u32(b, 8, loc);
         put_u32(b, 12, self.crc);
     }
 
     fn decode(b: &[u8]) -> Option<MapEntry> {
-        let state = match b[0] {
+        let state = match b[0] & 7 {
             0 => BlockState::Unmapped,
             1 => BlockState::Zero,
             2 => BlockState::Data,
             3 => BlockState::Corrupt,
             _ => return None,
         };
+        let loc = get_u32(b, 8);
         Some(MapEntry {
             state,
             codec: b[1],
             len: get_u16(b, 2),
             extent: get_u32(b, 4),
-            offset: get_u32(b, 8),
+            offset: loc & LOC_OFFSET_MASK,
             crc: get_u32(b, 12),
+            unit_index: ((loc >> 20) & 31) as u8,
+            unit_blocks: (b[0] >> 3) + 1,
+            dict: (loc >> 25) as u8,
         })
     }
 }
@@ -766,9 +806,9 @@ pub struct Record {
     pub seq: u64,
     /// CRC32C of the stored bytes (data records; of the unit).
     pub crc: u32,
-    /// v2, reserved: index of this block inside its compression unit (0).
+    /// v2: index of this block inside its compression unit (0 for a single block).
     pub unit_index: u8,
-    /// Reserved: blocks in the compression unit (1).
+    /// Blocks in the compression unit (1 = a single block).
     pub unit_blocks: u16,
     /// Reserved: dictionary id (0 = none).
     pub dict: u16,
@@ -792,10 +832,18 @@ impl Record {
         }
     }
 
-    /// Whether it uses compression units or dictionaries, which this build cannot read.
+    /// Whether it uses dictionaries, which this build cannot read, or has a unit shape that no
+    /// writer produces (a damaged or foreign table).
     pub fn uses_unsupported_features(&self) -> bool {
         self.kind == RecordKind::Data
-            && (self.unit_index != 0 || self.unit_blocks != 1 || self.dict != 0)
+            && (self.dict != 0
+                || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
+                || u16::from(self.unit_index) >= self.unit_blocks)
+    }
+
+    /// Whether it is one block of a multi-block compression unit.
+    pub fn in_unit(&self) -> bool {
+        self.kind == RecordKind::Data && self.unit_blocks > 1
     }
 
     fn encode(&self, b: &mut [u8]) {
@@ -1020,7 +1068,7 @@ fn parse_seg_block(
             let end = r.offset as usize + r.len as usize;
             if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES
                 || end > payload_end
-                || r.len as usize > BLOCK_BYTES
+                || r.len as usize > BLOCK_BYTES * usize::from(r.unit_blocks.max(1))
             {
                 return Err(bad());
             }
@@ -1099,6 +1147,7 @@ mod tests {
             extent_table_offset: [0, 0],
             dict_bytes: 0,
             dict_offset: [0, 0],
+            unit_blocks: 1,
         };
         if version >= 2 {
             sb.extent_table_pages = 1;
@@ -1131,6 +1180,95 @@ mod tests {
             Superblock::decode(&[0u8; 4096]),
             Err(Error::NotAVolume(_))
         ));
+    }
+
+    #[test]
+    fn superblock_keeps_the_unit_size_in_v2_only() {
+        let mut v2 = sb(2);
+        v2.unit_blocks = 4;
+        assert_eq!(Superblock::decode(&v2.encode()).ok(), Some(v2.clone()));
+        // Volumes made before units (byte 51 zero) write single blocks.
+        let mut b = v2.encode();
+        b[51] = 0;
+        let crc = crc_skipping(&b, 12);
+        put_u32(&mut b, 12, crc);
+        assert_eq!(Superblock::decode(&b).map(|s| s.unit_blocks).ok(), Some(1));
+        for bad in [3u8, 32] {
+            b[51] = bad;
+            let crc = crc_skipping(&b, 12);
+            put_u32(&mut b, 12, crc);
+            assert!(Superblock::decode(&b).is_err(), "unit of {bad} blocks");
+        }
+        let mut v1 = sb(1);
+        v1.unit_blocks = 4;
+        assert_eq!(
+            Superblock::decode(&v1.encode()).map(|s| s.unit_blocks).ok(),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn map_entries_of_units_round_trip_in_the_reserved_bits() {
+        let entries = [
+            MapEntry {
+                state: BlockState::Data,
+                codec: 2,
+                len: 65024,
+                extent: 7,
+                offset: (1 << 20) - 512,
+                crc: 0xdead_beef,
+                unit_index: 15,
+                unit_blocks: 16,
+                dict: 0,
+            },
+            MapEntry {
+                state: BlockState::Data,
+                codec: 1,
+                len: 3000,
+                extent: 1,
+                offset: 4096,
+                crc: 5,
+                unit_index: 0,
+                unit_blocks: 1,
+                dict: 127,
+            },
+            MapEntry::ZERO,
+            MapEntry {
+                state: BlockState::Corrupt,
+                ..MapEntry::UNMAPPED
+            },
+        ];
+        let page = encode_map_page(3, 9, &entries);
+        // Single blocks keep the v1 encoding: state byte 2, location word = offset.
+        let o = MAP_PAGE_HEADER_BYTES + MAP_ENTRY_BYTES;
+        assert_eq!(page[o], 2);
+        let mut out = [MapEntry::UNMAPPED; 4];
+        decode_map_page(&page, 3, 9, &mut out).expect("decode");
+        assert_eq!(out, entries);
+        // Unit fields: state byte bits 3-7, location word bits 20-24 and 25-31.
+        assert_eq!(page[MAP_PAGE_HEADER_BYTES], 2 | (15 << 3));
+        assert_eq!(
+            get_u32(&page, MAP_PAGE_HEADER_BYTES + 8),
+            ((1 << 20) - 512) | (15 << 20)
+        );
+    }
+
+    #[test]
+    fn records_of_units_are_supported_and_dictionaries_are_not() {
+        let r = |index: u8, blocks: u16, dict: u16| Record {
+            unit_index: index,
+            unit_blocks: blocks,
+            dict,
+            ..Record::new(RecordKind::Data, 0, 1, 1)
+        };
+        assert!(!r(0, 1, 0).uses_unsupported_features());
+        assert!(!r(3, 4, 0).uses_unsupported_features());
+        assert!(!r(15, 16, 0).uses_unsupported_features());
+        assert!(r(4, 4, 0).uses_unsupported_features());
+        assert!(r(0, 17, 0).uses_unsupported_features());
+        assert!(r(0, 0, 0).uses_unsupported_features());
+        assert!(r(0, 4, 1).uses_unsupported_features());
+        assert!(r(0, 4, 0).in_unit() && !r(0, 1, 0).in_unit());
     }
 
     #[test]
@@ -1209,7 +1347,7 @@ mod tests {
             let b = vec![0xffu8; len];
             assert!(Superblock::decode(&b).is_err());
             assert!(Checkpoint::decode(&b, &sb).is_err());
-            let mut out = [MapEntry::default(); 4];
+            let mut out = [MapEntry::UNMAPPED; 4];
             assert!(decode_map_page(&b, 0, 1, &mut out).is_err());
             let owner = SegmentOwner {
                 uuid: &[0xff; 16],

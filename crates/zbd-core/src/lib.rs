@@ -21,6 +21,7 @@ pub mod sim;
 mod state;
 pub mod stats;
 pub mod storage;
+mod units;
 mod volume;
 mod writeback;
 

@@ -5,6 +5,11 @@
 //! bytes are verified (CRC) and decoded on every read like bytes from the device, so a cache hit
 //! never skips integrity checks.
 //!
+//! Decoded compression units are cached too (`get_unit`/`put_unit`, under their stored place
+//! with a marker bit: offsets are below 1 MiB): a 4 KiB read of a unit whose other blocks were
+//! read recently then skips the unit's decode. They were decoded from bytes that passed their
+//! CRC, and reuse forgets them with the stored bytes; check and scrub bypass the cache.
+//!
 //! Eviction is by two generations (a cheap approximation of LRU): entries go into `hot`; when
 //! `hot` holds half the budget it becomes `cold` (dropping the old `cold`); a hit in `cold` moves
 //! the entry back to `hot`.
@@ -14,6 +19,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 type Key = (u32, u32);
+
+/// Marks the key of a decoded unit (stored offsets are below 1 MiB).
+const UNIT_KEY: u32 = 1 << 31;
 
 #[derive(Default)]
 struct Gens {
@@ -54,6 +62,20 @@ impl ReadCache {
         }
         Self::insert(&mut g, self.half, key, Arc::clone(&b));
         Some(b)
+    }
+
+    /// The decoded unit stored at (extent, offset), if cached with `len` bytes.
+    pub fn get_unit(&self, extent: u32, offset: u32, len: usize) -> Option<Arc<[u8]>> {
+        self.get(extent, offset | UNIT_KEY, len)
+    }
+
+    /// Remembers the decoded form of the unit stored at (extent, offset).
+    pub fn put_unit(&self, extent: u32, offset: u32, decoded: Arc<[u8]>) {
+        if self.half == 0 {
+            return;
+        }
+        let mut g = self.gens.lock();
+        Self::insert(&mut g, self.half, (extent, offset | UNIT_KEY), decoded);
     }
 
     /// Remembers the bytes stored at (extent, offset).
@@ -124,6 +146,20 @@ mod tests {
             "reused extent still cached"
         );
         assert!(c.get(48, 99_800, 1000).is_some());
+        // Decoded units live beside the stored bytes of the same place, and go with them.
+        c.put(7, 512, &[1; 100]);
+        c.put_unit(7, 512, Arc::from(&[2u8; 16384][..]));
+        assert_eq!(c.get(7, 512, 100).as_deref(), Some(&[1u8; 100][..]));
+        assert_eq!(
+            c.get_unit(7, 512, 16384).as_deref(),
+            Some(&[2u8; 16384][..])
+        );
+        assert!(c.get_unit(7, 512, 8192).is_none(), "length not checked");
+        c.forget(&[7]);
+        assert!(
+            c.get_unit(7, 512, 16384).is_none(),
+            "reused extent's unit still cached"
+        );
         let off = ReadCache::new(0);
         off.put(1, 1, &[1]);
         assert!(off.get(1, 1, 1).is_none());

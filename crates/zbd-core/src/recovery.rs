@@ -10,7 +10,8 @@
 use crate::error::{Error, Result};
 use crate::format::{
     parse_segment, parse_segment_footer, Checkpoint, Record, RecordKind, SegmentHeader,
-    SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, CKPT_FLAGS_INCOMPAT_KNOWN, SECTOR_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::map::Map;
 use crate::state::{ExtentInfo, ExtentState};
@@ -76,11 +77,11 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
         .max_by_key(|c| c.seq)
         .cloned()
         .ok_or_else(|| Error::CorruptMetadata("no valid checkpoint in any slot".into()))?;
-    if best.flags & CKPT_FLAGS_INCOMPAT != 0 {
+    let unknown = best.flags & CKPT_FLAGS_INCOMPAT & !CKPT_FLAGS_INCOMPAT_KNOWN;
+    if unknown != 0 {
         return Err(Error::NotAVolume(format!(
-            "the volume uses features this zbd does not have (checkpoint flags {:#x}: \
-             compression units or trained dictionaries); use a newer zbd",
-            best.flags & CKPT_FLAGS_INCOMPAT
+            "the volume uses features this zbd does not have (checkpoint flags {unknown:#x}: \
+             trained dictionaries or newer); use a newer zbd"
         )));
     }
     let damaged_copies = found
@@ -97,7 +98,7 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
 }
 
 /// Live accounting derived from the map by reading all of it (also rebuilds the map's
-/// counters).
+/// counters). A block of a unit counts its share of the unit (units.rs).
 pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
     let mut extents = vec![
         ExtentInfo {
@@ -110,7 +111,7 @@ pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
     ];
     map.recount(|e| {
         let x = &mut extents[e.extent as usize];
-        x.live_bytes += u32::from(e.len);
+        x.live_bytes += crate::units::share(e);
         x.live_blocks += 1;
         x.state = ExtentState::Closed;
     })?;
@@ -222,8 +223,8 @@ pub fn roll_forward(
             for r in records.iter().filter(|r| r.seq > ck.write_seq) {
                 if r.uses_unsupported_features() {
                     return Err(Error::NotAVolume(format!(
-                        "extent {} holds a record with compression units or a dictionary; \
-                         use a newer zbd",
+                        "extent {} holds a record with a dictionary or a unit shape this zbd \
+                         does not know; use a newer zbd",
                         q.extent
                     )));
                 }

@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::extent_table::ExtentTable;
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES,
-    SEGMENT_HEADER_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS,
+    DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::map::Map;
 use crate::stats::Counters;
@@ -35,7 +35,8 @@ pub enum ExtentState {
 /// Per-extent accounting (kept exact: every map change adjusts it).
 #[derive(Clone, Copy, Debug)]
 pub struct ExtentInfo {
-    /// Sum of stored lengths of live blocks.
+    /// Sum of stored lengths of live blocks (a block of a compression unit counts its share of
+    /// the unit, `units::share`).
     pub live_bytes: u32,
     /// Live blocks.
     pub live_blocks: u32,
@@ -76,6 +77,9 @@ pub struct State {
     /// Victims of a cleaning pass that reads them without the state lock
     /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
     pub cleaning: Vec<u32>,
+    /// Checkpoints carry `CKPT_FLAG_COMPRESSION_UNITS`: set (durably) before the first unit
+    /// record is written, so only volumes that use units have it.
+    pub units_flag: bool,
 }
 
 /// Read-only context the state operations need.
@@ -97,6 +101,8 @@ pub struct Ctx<'a> {
     /// Frees extents when host writes run short (the cleaner's foreground pass; passed in so
     /// the state does not depend on the cleaner).
     pub make_space: fn(&mut State, &Ctx) -> Result<()>,
+    /// Codec of new writes (the cleaner recompresses the live blocks of mostly dead units).
+    pub codec: crate::codec::Codec,
 }
 
 impl State {
@@ -118,7 +124,7 @@ impl State {
         }
         if old.state == BlockState::Data {
             if let Some(x) = self.extents.get_mut(old.extent as usize) {
-                x.live_bytes -= u32::from(old.len);
+                x.live_bytes -= crate::units::share(&old);
                 x.live_blocks -= 1;
                 if x.live_blocks == 0 && x.state == ExtentState::Closed {
                     x.state = ExtentState::PendingFree;
@@ -127,7 +133,7 @@ impl State {
         }
         if new.state == BlockState::Data {
             let x = &mut self.extents[new.extent as usize];
-            x.live_bytes += u32::from(new.len);
+            x.live_bytes += crate::units::share(&new);
             x.live_blocks += 1;
             if x.state == ExtentState::PendingFree || x.state == ExtentState::Free {
                 // Only recovery maps blocks into non-open extents.
@@ -143,7 +149,7 @@ impl State {
         s
     }
 
-    /// Stores one prepared block at `lba`.
+    /// Stores one prepared block (or unit: its blocks from `lba`).
     pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
         match p {
             Prepared::Zero => {
@@ -153,34 +159,59 @@ impl State {
                     self.checkpoint(cx)?;
                 }
             }
-            Prepared::Data { codec, bytes, crc } => {
-                let slot = self.place(cx, bytes.len())?;
-                let seq = self.take_seq();
+            Prepared::Data {
+                codec,
+                bytes,
+                crc,
+                blocks,
+            } => {
+                if blocks > 1 && !self.units_flag {
+                    // Durable before any record that needs it.
+                    self.units_flag = true;
+                    self.checkpoint(cx)?;
+                }
+                let n = usize::from(blocks);
+                let slot = self.place(cx, bytes.len(), n)?;
                 let ext_bytes = cx.sb.extent_bytes as usize;
+                let offset = {
+                    let oe = &self.open[slot];
+                    oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len
+                };
+                // One record per block, all naming the unit's bytes (format.md).
+                let mut records = Vec::with_capacity(n);
+                for i in 0..blocks {
+                    let seq = self.take_seq();
+                    records.push(Record {
+                        codec,
+                        len: bytes.len() as u32,
+                        offset: offset as u32,
+                        crc,
+                        unit_index: i,
+                        unit_blocks: u16::from(blocks),
+                        ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
+                    });
+                }
                 let oe = &mut self.open[slot];
-                let offset = oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len;
                 oe.buf[offset..offset + bytes.len()].copy_from_slice(&bytes);
                 oe.payload_len += bytes.len();
-                let rec = Record {
-                    codec,
-                    len: bytes.len() as u32,
-                    offset: offset as u32,
-                    crc,
-                    ..Record::new(RecordKind::Data, lba, 1, seq)
-                };
-                oe.records.push(rec);
+                oe.records.extend(records);
                 oe.last_used = Instant::now();
                 let extent = oe.extent;
                 let nearly_full = oe.free_bytes(ext_bytes) < SECTOR_BYTES;
-                let entry = MapEntry {
-                    state: BlockState::Data,
-                    codec,
-                    len: bytes.len() as u16,
-                    extent,
-                    offset: offset as u32,
-                    crc,
-                };
-                self.set_entry(lba, entry)?;
+                for i in 0..blocks {
+                    let entry = MapEntry {
+                        state: BlockState::Data,
+                        codec,
+                        len: bytes.len() as u16,
+                        extent,
+                        offset: offset as u32,
+                        crc,
+                        unit_index: i,
+                        unit_blocks: blocks,
+                        dict: 0,
+                    };
+                    self.set_entry(lba + u64::from(i), entry)?;
+                }
                 if nearly_full {
                     self.close_open(cx, slot)?;
                 }
@@ -253,7 +284,7 @@ impl State {
                 }
             }
         }
-        let slot = self.place(cx, 0)?;
+        let slot = self.place(cx, 0, 1)?;
         let seq = self.take_seq();
         let oe = &mut self.open[slot];
         oe.records.push(Record::new(kind, lba, count, seq));
@@ -328,6 +359,10 @@ impl State {
             // Counters and extent table are exact as of this checkpoint: open needs no scan.
             flags: if v2 {
                 CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE
+            } else {
+                0
+            } | if self.units_flag {
+                CKPT_FLAG_COMPRESSION_UNITS
             } else {
                 0
             },

@@ -99,6 +99,14 @@ pub struct Stats {
     pub unmapped_blocks: u64,
     /// Data blocks stored raw (did not compress enough).
     pub raw_blocks: u64,
+    /// Compression unit size of new writes (4096: every block on its own).
+    pub unit_bytes: u32,
+    /// Data blocks stored in multi-block compression units.
+    pub unit_blocks: u64,
+    /// Logical bytes of the blocks in units / their shares of their units' stored bytes (0: none).
+    pub unit_ratio: f64,
+    /// Logical bytes of single blocks / their stored bytes (0: none).
+    pub single_ratio: f64,
     /// Blocks whose map page is damaged.
     pub damaged_blocks: u64,
     /// Logical bytes in use: data and zero blocks.

@@ -1,14 +1,14 @@
 //! The public handle: a thread-safe compressed block volume over a [`Storage`].
 
 use crate::buffer::{BufferConfig, Prepared};
-use crate::codec::{self, Codec};
+use crate::codec::{self, unit, Codec};
 use crate::error::{Error, Result};
 use crate::extent_table::ExtentTable;
 use crate::fence::Fenced;
 use crate::format::{
     decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE,
-    MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS,
+    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
@@ -56,6 +56,9 @@ pub struct OpenOptions {
     pub read_cache_bytes: usize,
     /// Budget of the map page cache (see `map/`); dirty pages bring a checkpoint forward.
     pub map_cache_bytes: usize,
+    /// Compression unit size of new writes (default: the one recorded at create time; 4K =
+    /// every block on its own).
+    pub unit_bytes: Option<u32>,
 }
 
 impl Default for OpenOptions {
@@ -70,6 +73,7 @@ impl Default for OpenOptions {
             io: IoOptions::default(),
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
             map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
+            unit_bytes: None,
         }
     }
 }
@@ -111,6 +115,8 @@ pub(crate) struct Inner {
     storage: Arc<Fenced>,
     sb: Superblock,
     codec: Codec,
+    /// Compression unit size of new writes, in blocks (1: every block on its own).
+    unit_blocks: u8,
     read_only: bool,
     state: Mutex<State>,
     gate: RwLock<()>,
@@ -145,11 +151,33 @@ fn cleaner_reserve(extent_count: u32) -> usize {
 /// Stored bytes fetched for one block (`None` when it has none).
 type Fetched = Result<Option<Vec<u8>>>;
 
+/// The map entry of a source that is a block of a multi-block unit.
+fn unit_entry(src: &Source) -> Option<&MapEntry> {
+    match src {
+        Source::Bytes { entry, .. } | Source::Disk { entry } | Source::Decoded { entry, .. }
+            if entry.unit_blocks > 1 =>
+        {
+            Some(entry)
+        }
+        _ => None,
+    }
+}
+
 /// Where the stored bytes of one block are, as seen at lookup time.
 enum Source {
     Zeros,
-    Bytes { entry: MapEntry, bytes: Vec<u8> },
-    Disk { entry: MapEntry },
+    Bytes {
+        entry: MapEntry,
+        bytes: Vec<u8>,
+    },
+    Disk {
+        entry: MapEntry,
+    },
+    /// A block of a unit whose decoded form is in the read cache.
+    Decoded {
+        entry: MapEntry,
+        unit: Arc<[u8]>,
+    },
     Damaged,
 }
 
@@ -275,6 +303,7 @@ impl Inner {
             replayed: 0,
             dicts: ck.dicts,
             cleaning: Vec::new(),
+            units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
         };
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
@@ -290,10 +319,20 @@ impl Inner {
                 "cleaner watermarks {low}/{high}: need low < high <= 90 (%)"
             )));
         }
+        // Units only where they pay and fit: not with `none`, never beyond the extent size.
+        // v1 map entries and checkpoints cannot say "unit": v1 volumes keep single blocks.
+        let unit_blocks = if codec.id() == codec::id::RAW || sb.version < 2 {
+            1
+        } else {
+            opts.unit_bytes
+                .map_or(sb.unit_blocks, |b| (b as usize / BLOCK_BYTES) as u8)
+                .clamp(1, crate::layout::unit_blocks_max(sb.extent_bytes))
+        };
         let vol = Inner {
             storage,
             sb,
             codec,
+            unit_blocks,
             read_only: opts.read_only,
             state: Mutex::new(st),
             gate: RwLock::new(()),
@@ -328,6 +367,7 @@ impl Inner {
             durable_seq: &self.durable_seq,
             cache: &self.cache,
             outbox: &self.outbox,
+            codec: self.codec,
             make_space: crate::cleaner::make_space,
         }
     }
@@ -406,24 +446,112 @@ impl Inner {
     /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
     /// `use_cache: false` reads every stored byte from the device (check must see the medium).
     fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Result<Vec<Result<Vec<u8>>>> {
-        let (sources, _gate) = self.lookup(first, count, !use_cache)?;
-        let fetched = self.fetch(&sources, use_cache);
-        let decode = |(i, (src, stored)): (usize, (&Source, Fetched))| -> Result<Vec<u8>> {
-            let lba = first + i as u64;
-            match (src, stored?) {
-                (Source::Zeros, _) => Ok(vec![0; BLOCK_BYTES]),
-                (Source::Damaged, _) => Err(Error::Corrupt { lba }),
-                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
-                    self.decode_block(lba, entry, &bytes)
+        let (mut sources, _gate) = self.lookup(first, count, !use_cache)?;
+        if use_cache {
+            for src in sources.iter_mut() {
+                if let Source::Disk { entry } = *src {
+                    let len = usize::from(entry.unit_blocks) * BLOCK_BYTES;
+                    if let Some(unit) = (entry.unit_blocks > 1)
+                        .then(|| self.cache.get_unit(entry.extent, entry.offset, len))
+                        .flatten()
+                    {
+                        *src = Source::Decoded { entry, unit };
+                    }
                 }
-                (_, None) => Err(Error::Corrupt { lba }),
+            }
+        }
+        let fetched = self.fetch(&sources, use_cache);
+        // Consecutive blocks of one compression unit are decoded together, once.
+        let mut groups: Vec<(usize, usize, Fetched)> = Vec::new();
+        for (i, stored) in fetched.into_iter().enumerate() {
+            if let Some((start, end, _)) = groups.last_mut() {
+                let same = match (unit_entry(&sources[*start]), unit_entry(&sources[i])) {
+                    (Some(a), Some(b)) => {
+                        (a.extent, a.offset, a.crc, a.len) == (b.extent, b.offset, b.crc, b.len)
+                    }
+                    _ => false,
+                };
+                if same {
+                    *end = i + 1;
+                    continue;
+                }
+            }
+            groups.push((i, i + 1, stored));
+        }
+        let decode = |(start, end, stored): (usize, usize, Fetched)| -> Vec<Result<Vec<u8>>> {
+            let lba = first + start as u64;
+            let stored = match stored {
+                Ok(s) => s,
+                Err(e) => {
+                    let mut out = vec![Err(e)];
+                    out.extend((start + 1..end).map(|i| {
+                        Err(Error::Corrupt {
+                            lba: first + i as u64,
+                        })
+                    }));
+                    return out;
+                }
+            };
+            let block_of = |unit: &[u8], s: &Source| {
+                let i = usize::from(unit_entry(s).map_or(0, |e| e.unit_index));
+                Ok(unit[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].to_vec())
+            };
+            let damaged = || {
+                self.corrupt_reads
+                    .fetch_add((end - start) as u64, Ordering::Relaxed);
+                (start..end)
+                    .map(|i| {
+                        Err(Error::Corrupt {
+                            lba: first + i as u64,
+                        })
+                    })
+                    .collect()
+            };
+            match (&sources[start], stored) {
+                (Source::Zeros, _) => vec![Ok(vec![0; BLOCK_BYTES])],
+                (Source::Damaged, _) => vec![Err(Error::Corrupt { lba })],
+                (Source::Decoded { unit, .. }, _) => sources[start..end]
+                    .iter()
+                    .map(|s| block_of(unit, s))
+                    .collect(),
+                // From the device: decode the whole unit once and keep it for its other blocks
+                // (the CRC of what was decoded has just been checked).
+                (Source::Disk { entry }, Some(bytes)) if use_cache && entry.unit_blocks > 1 => {
+                    match self.decode_unit(entry, &bytes) {
+                        Some(unit) => {
+                            let unit: Arc<[u8]> = Arc::from(unit);
+                            self.cache
+                                .put_unit(entry.extent, entry.offset, Arc::clone(&unit));
+                            sources[start..end]
+                                .iter()
+                                .map(|s| block_of(&unit, s))
+                                .collect()
+                        }
+                        None => damaged(),
+                    }
+                }
+                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes))
+                    if end - start > 1 =>
+                {
+                    match self.decode_unit(entry, &bytes) {
+                        Some(unit) => sources[start..end]
+                            .iter()
+                            .map(|s| block_of(&unit, s))
+                            .collect(),
+                        None => damaged(),
+                    }
+                }
+                (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
+                    vec![self.decode_block(lba, entry, &bytes)]
+                }
+                (_, None) => vec![Err(Error::Corrupt { lba })],
             }
         };
-        let pairs: Vec<_> = sources.iter().zip(fetched).collect();
-        Ok(if pairs.len() >= PARALLEL_BLOCKS_MIN {
-            pairs.into_par_iter().enumerate().map(decode).collect()
+        Ok(if count as usize >= PARALLEL_BLOCKS_MIN {
+            let parts: Vec<_> = groups.into_par_iter().map(decode).collect();
+            parts.into_iter().flatten().collect()
         } else {
-            pairs.into_iter().enumerate().map(decode).collect()
+            groups.into_iter().flat_map(decode).collect()
         })
     }
 
@@ -546,15 +674,37 @@ impl Inner {
         out
     }
 
+    /// Decodes one block from its stored bytes (of its unit: decoding no more than the unit).
     fn decode_block(&self, lba: u64, entry: &MapEntry, stored: &[u8]) -> Result<Vec<u8>> {
         let mut out = vec![0u8; BLOCK_BYTES];
-        if crc32c::crc32c(stored) != entry.crc
-            || codec::decompress(entry.codec, stored, &mut out).is_none()
-        {
+        let ok = crc32c::crc32c(stored) == entry.crc
+            && if entry.unit_blocks > 1 {
+                unit::read_stored_block(
+                    entry.codec,
+                    None,
+                    stored,
+                    usize::from(entry.unit_blocks),
+                    usize::from(entry.unit_index),
+                    &mut Vec::new(),
+                    &mut out,
+                )
+                .is_some()
+            } else {
+                codec::decompress(entry.codec, stored, &mut out).is_some()
+            };
+        if !ok {
             self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Corrupt { lba });
         }
         Ok(out)
+    }
+
+    /// Decodes a whole unit (`unit_blocks` x 4 KiB) after checking its CRC; `None` if damaged.
+    fn decode_unit(&self, entry: &MapEntry, stored: &[u8]) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; usize::from(entry.unit_blocks) * BLOCK_BYTES];
+        (crc32c::crc32c(stored) == entry.crc).then_some(())?;
+        codec::decompress(entry.codec, stored, &mut out)?;
+        Some(out)
     }
 
     /// Compresses one full block (outside any lock).
@@ -568,7 +718,42 @@ impl Inner {
             _ => (codec::id::RAW, block.to_vec()),
         };
         let crc = crc32c::crc32c(&bytes);
-        Prepared::Data { codec, bytes, crc }
+        Prepared::Data {
+            codec,
+            bytes,
+            crc,
+            blocks: 1,
+        }
+    }
+
+    /// Compresses consecutive non-zero blocks as one unit (outside any lock). A unit that does
+    /// not save a sector is stored as raw single blocks: never more than `none` would store,
+    /// and reads of them decode nothing.
+    fn prepare_unit(&self, data: &[u8]) -> Vec<Prepared> {
+        let n = data.len() / BLOCK_BYTES;
+        if n == 1 {
+            return vec![self.prepare(data)];
+        }
+        match unit::compress_unit(self.codec, None, data) {
+            Ok(u) if u.codec_id != codec::id::RAW => {
+                let crc = crc32c::crc32c(&u.bytes);
+                vec![Prepared::Data {
+                    codec: u.codec_id,
+                    bytes: u.bytes,
+                    crc,
+                    blocks: n as u8,
+                }]
+            }
+            _ => data
+                .chunks(BLOCK_BYTES)
+                .map(|b| Prepared::Data {
+                    codec: codec::id::RAW,
+                    bytes: b.to_vec(),
+                    crc: crc32c::crc32c(b),
+                    blocks: 1,
+                })
+                .collect(),
+        }
     }
 
     /// Writes `data` at byte `offset`. With `fua`, returns only once the data is durable.
@@ -607,17 +792,39 @@ impl Inner {
         Ok(())
     }
 
+    /// Writes whole blocks: runs of non-zero blocks become compression units (aligned to LBA
+    /// multiples of the unit size, `unit::plan_units`), zero blocks map states.
     fn write_full_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
-        let blocks: Vec<&[u8]> = data.chunks(BLOCK_BYTES).collect();
-        let prepared: Vec<Prepared> = if blocks.len() >= PARALLEL_BLOCKS_MIN {
-            blocks.par_iter().map(|b| self.prepare(b)).collect()
+        let nonzero: Vec<bool> = data.chunks(BLOCK_BYTES).map(|b| !is_zero(b)).collect();
+        let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut at = 0;
+        for u in unit::plan_units(first, &nonzero, usize::from(self.unit_blocks)) {
+            pieces.extend((at..u.start).map(|i| i..i + 1));
+            at = u.end;
+            pieces.push(u);
+        }
+        pieces.extend((at..nonzero.len()).map(|i| i..i + 1));
+        let prep = |r: &std::ops::Range<usize>| {
+            let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
+            (r.start, self.prepare_unit(bytes))
+        };
+        let prepared: Vec<(usize, Vec<Prepared>)> = if nonzero.len() >= PARALLEL_BLOCKS_MIN {
+            pieces.par_iter().map(prep).collect()
         } else {
-            blocks.iter().map(|b| self.prepare(b)).collect()
+            pieces.iter().map(prep).collect()
         };
         let mut st = self.lock_for_write();
         let cx = self.ctx();
-        for (i, p) in prepared.into_iter().enumerate() {
-            st.put_block(&cx, first + i as u64, p)?;
+        for (start, ps) in prepared {
+            let mut lba = first + start as u64;
+            for p in ps {
+                let n = match &p {
+                    Prepared::Zero => 1,
+                    Prepared::Data { blocks, .. } => u64::from(*blocks),
+                };
+                st.put_block(&cx, lba, p)?;
+                lba += n;
+            }
         }
         st.age(&cx)
     }
@@ -646,7 +853,9 @@ impl Inner {
         for _ in 0..RMW_OPTIMISTIC_MAX {
             let (sources, gate) = self.lookup(lba, 1, false)?;
             let seen = match &sources[0] {
-                Source::Bytes { entry, .. } | Source::Disk { entry } => *entry,
+                Source::Bytes { entry, .. }
+                | Source::Disk { entry }
+                | Source::Decoded { entry, .. } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
             };
             let stored = self.fetch(&sources, true).pop().unwrap_or(Ok(None));
@@ -826,6 +1035,7 @@ impl Inner {
             m.live_bytes,
         );
         let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
+        let (in_units, unit_live) = (m.unit_blocks, m.unit_bytes);
         let eb = u64::from(self.sb.extent_bytes);
         let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
         let (free, open, closed, pending) = (
@@ -848,6 +1058,18 @@ impl Inner {
             zero_blocks: zero,
             unmapped_blocks: unmapped,
             raw_blocks: raw,
+            unit_bytes: u32::from(self.unit_blocks) * BLOCK_BYTES as u32,
+            unit_blocks: in_units,
+            unit_ratio: if unit_live == 0 {
+                0.0
+            } else {
+                (in_units * BLOCK_BYTES as u64) as f64 / unit_live as f64
+            },
+            single_ratio: if live == unit_live {
+                0.0
+            } else {
+                ((data - in_units) * BLOCK_BYTES as u64) as f64 / (live - unit_live) as f64
+            },
             damaged_blocks: damaged,
             logical_bytes_in_use: logical_in_use,
             physical_bytes_live: live,
@@ -1187,7 +1409,9 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                 let same = now.state == BlockState::Data
                     && now.crc == rec.crc
                     && u32::from(now.len) == rec.len
-                    && now.codec == rec.codec;
+                    && now.codec == rec.codec
+                    && now.unit_index == rec.unit_index
+                    && u16::from(now.unit_blocks) == rec.unit_blocks;
                 if !same {
                     st.set_entry(
                         rec.lba,
@@ -1206,6 +1430,9 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     extent: r.extent,
                     offset: rec.offset,
                     crc: rec.crc,
+                    unit_index: rec.unit_index,
+                    unit_blocks: rec.unit_blocks as u8,
+                    dict: 0,
                 };
                 st.set_entry(rec.lba, entry)?;
             }

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use zbd_core::{AllocState, Codec, SimStorage, Volume};
 
 const SIZE: u64 = 512 * 1024;
+/// Largest compression unit (64 KiB): `UnitWrite` and `Split` address stretches of this size.
+const UNIT_SPAN: u64 = 64 * 1024;
 
 #[derive(Clone, Debug)]
 enum MOp {
@@ -33,6 +35,18 @@ enum MOp {
         offset: u64,
         len: u64,
     },
+    /// 64 KiB of compressible data at a 64 KiB boundary: whole compression units.
+    UnitWrite {
+        unit: u64,
+        seed: u64,
+    },
+    /// One whole block inside a 64 KiB stretch: splits the unit it lands in.
+    Split {
+        unit: u64,
+        index: u64,
+        seed: u64,
+        kind: u8,
+    },
     Flush,
     Reopen,
     /// Flush, then the process dies (no close): reopening must roll the log forward.
@@ -49,6 +63,9 @@ fn mop() -> impl Strategy<Value = MOp> {
         4 => range().prop_map(|(offset, len)| MOp::Read { offset, len }),
         1 => range().prop_map(|(offset, len)| MOp::Zero { offset, len }),
         1 => range().prop_map(|(offset, len)| MOp::Trim { offset, len }),
+        2 => (0..SIZE / UNIT_SPAN, any::<u64>()).prop_map(|(unit, seed)| MOp::UnitWrite { unit, seed }),
+        2 => (0..SIZE / UNIT_SPAN, 0..16u64, any::<u64>(), 0u8..3)
+            .prop_map(|(unit, index, seed, kind)| MOp::Split { unit, index, seed, kind }),
         1 => Just(MOp::Flush),
         1 => Just(MOp::Reopen),
         1 => Just(MOp::FlushKill),
@@ -68,11 +85,40 @@ fn flush_kill(disk: &mut Arc<SimStorage>, vol: Volume) -> Volume {
     Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen after kill")
 }
 
-fn run(ops: &[MOp], extent: u32, codec: Codec) -> Result<(), TestCaseError> {
-    let opts = small_volume(SIZE, extent, codec, 16, 8);
+/// `unit`: compression unit size in bytes (4096: single blocks), at most what `extent` holds.
+/// Unit operations are block-aligned writes.
+fn unit_op(op: &MOp) -> MOp {
+    match *op {
+        MOp::UnitWrite { unit, seed } => MOp::Write {
+            offset: unit * UNIT_SPAN,
+            len: UNIT_SPAN,
+            seed,
+            kind: 1,
+        },
+        MOp::Split {
+            unit,
+            index,
+            seed,
+            kind,
+        } => MOp::Write {
+            offset: unit * UNIT_SPAN + index * BS as u64,
+            len: BS as u64,
+            seed,
+            kind,
+        },
+        ref other => other.clone(),
+    }
+}
+
+fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCaseError> {
+    let opts = zbd_core::CreateOptions {
+        unit_bytes: Some(unit.min(u32::from(zbd_core::layout::unit_blocks_max(extent)) * 4096)),
+        ..small_volume(SIZE, extent, codec, 16, 8)
+    };
     let (mut disk, mut vol) = sim_volume(&opts);
     let mut model = vec![0u8; SIZE as usize];
     for (i, op) in ops.iter().enumerate() {
+        let op = &unit_op(op);
         match op {
             MOp::Write {
                 offset,
@@ -126,6 +172,7 @@ fn run(ops: &[MOp], extent: u32, codec: Codec) -> Result<(), TestCaseError> {
                     },
                 );
             }
+            MOp::UnitWrite { .. } | MOp::Split { .. } => unreachable!("unit_op"),
             MOp::Flush => vol
                 .flush()
                 .map_err(|e| TestCaseError::fail(format!("op {i} flush: {e}")))?,
@@ -166,10 +213,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn volume_matches_byte_model(ops in proptest::collection::vec(mop(), 1..60), e in 0usize..3, c in 0usize..4) {
-        let extent = [8192u32, 16384, 65536][e];
+    fn volume_matches_byte_model(ops in proptest::collection::vec(mop(), 1..60), e in 0usize..4, c in 0usize..4, u in 0usize..3) {
+        let extent = [8192u32, 16384, 65536, 131072][e];
         let codec = [Codec::Lz4, Codec::Zstd(1), Codec::Lzo, Codec::None][c];
-        run(&ops, extent, codec)?;
+        let unit = [4096u32, 16384, 65536][u];
+        run(&ops, extent, codec, unit)?;
     }
 }
 
@@ -182,7 +230,7 @@ fn seeded_long_runs() {
             .map(|_| {
                 let offset = rng.random_range(0..SIZE - 1);
                 let len = rng.random_range(1..=(SIZE - offset).min(40_000));
-                match rng.random_range(0..15) {
+                match rng.random_range(0..17) {
                     0..=5 => MOp::Write {
                         offset,
                         len,
@@ -194,12 +242,25 @@ fn seeded_long_runs() {
                     11 => MOp::Trim { offset, len },
                     12 => MOp::Flush,
                     13 => MOp::FlushKill,
+                    14 => MOp::UnitWrite {
+                        unit: rng.random_range(0..SIZE / UNIT_SPAN),
+                        seed: rng.random(),
+                    },
+                    15 => MOp::Split {
+                        unit: rng.random_range(0..SIZE / UNIT_SPAN),
+                        index: rng.random_range(0..16),
+                        seed: rng.random(),
+                        kind: rng.random_range(0..3),
+                    },
                     _ => MOp::Reopen,
                 }
             })
             .collect();
-        if let Err(e) = run(&ops, 16384, Codec::Lz4) {
-            panic!("seeded model run failed, replay with seed {seed}: {e}");
+        // Per-block and unit volumes, same operations.
+        for (extent, unit) in [(16384, 4096), (16384, 16384), (131072, 65536)] {
+            if let Err(e) = run(&ops, extent, Codec::Lz4, unit) {
+                panic!("seeded model run failed, replay with seed {seed}, unit {unit}: {e}");
+            }
         }
     }
 }

@@ -60,7 +60,7 @@ fn create_copy_stat_check_round_trip() {
 #[test]
 fn check_lists_damaged_blocks() {
     let (_dir, vol, input) = fixture(1 << 20);
-    on("create", &vol, &["--size", "4M"]).success();
+    on("create", &vol, &["--size", "4M", "--unit-size", "8K"]).success();
     on("copy", &vol, &[input.to_str().expect("path")]).success();
     let out = zbd()
         .args(["stat", "--json", vol.to_str().expect("path")])
@@ -85,7 +85,8 @@ fn check_lists_damaged_blocks() {
         .output()
         .expect("check");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v["damaged_blocks"], serde_json::json!([0]));
+    // The first stored item is an 8 KiB compression unit: both its blocks, no more.
+    assert_eq!(v["damaged_blocks"], serde_json::json!([0, 1]));
 }
 
 #[test]
@@ -317,4 +318,29 @@ fn compact_runs_offline_and_keeps_data() {
         .assert()
         .failure()
         .stderr(predicate::str::contains("--clean-low"));
+}
+
+#[test]
+fn create_refuses_a_unit_size_the_extent_cannot_hold() {
+    let (_dir, vol, _input) = fixture(4096);
+    on("create", &vol, &["--size", "4M", "--unit-size", "64K"])
+        .failure()
+        .stderr(predicate::str::contains("does not fit extents of 32K"));
+    on("create", &vol, &["--size", "4M", "--unit-size", "12K"])
+        .failure()
+        .stderr(predicate::str::contains("--unit-size '12K'"));
+    on(
+        "create",
+        &vol,
+        &[
+            "--size",
+            "4M",
+            "--unit-size",
+            "64K",
+            "--extent-size",
+            "128K",
+        ],
+    )
+    .success()
+    .stdout(predicate::str::contains("unit size      64.00 KiB"));
 }

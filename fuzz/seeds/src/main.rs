@@ -207,6 +207,7 @@ fn on_disk(dir: &Path) {
         extent,
         offset,
         crc: 0xdead_beef,
+        ..MapEntry::UNMAPPED
     };
     let mut entries = vec![MapEntry::UNMAPPED; MAP_ENTRIES_PER_PAGE];
     entries[0] = entry(BlockState::Data, 3, 64);

@@ -48,8 +48,8 @@ impl OpenExtent {
         self.durable_end + segment_padded_len(self.version, self.payload_len + payload, n) as usize
     }
 
-    pub(crate) fn fits(&self, payload: usize, extent_bytes: usize) -> bool {
-        self.end_with(payload, 1) <= extent_bytes
+    pub(crate) fn fits(&self, payload: usize, records: usize, extent_bytes: usize) -> bool {
+        self.end_with(payload, records) <= extent_bytes
     }
 
     /// Free space left for one more block's payload.
@@ -62,7 +62,8 @@ impl OpenExtent {
 pub enum Prepared {
     /// All zeros: map state only.
     Zero,
-    /// Stored bytes with codec id and checksum.
+    /// Stored bytes with codec id and checksum: one block, or a compression unit of `blocks`
+    /// consecutive blocks.
     Data {
         /// Codec id.
         codec: u8,
@@ -70,6 +71,8 @@ pub enum Prepared {
         bytes: Vec<u8>,
         /// CRC32C of `bytes`.
         crc: u32,
+        /// Logical blocks they hold (1, or a unit's size).
+        blocks: u8,
     },
 }
 
@@ -85,15 +88,16 @@ pub struct BufferConfig {
 }
 
 impl State {
-    /// Chooses the open extent for `len` payload bytes: best fit (fullest extent that still has
-    /// room), else a new extent, evicting the least recently used one when the buffer is full.
-    pub(crate) fn place(&mut self, cx: &Ctx, len: usize) -> Result<usize> {
+    /// Chooses the open extent for `len` payload bytes and `records` records: best fit
+    /// (fullest extent that still has room), else a new extent, evicting the least recently
+    /// used one when the buffer is full.
+    pub(crate) fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
         let ext_bytes = cx.sb.extent_bytes as usize;
         let best = self
             .open
             .iter()
             .enumerate()
-            .filter(|(_, o)| o.fits(len, ext_bytes))
+            .filter(|(_, o)| o.fits(len, records, ext_bytes))
             .min_by_key(|(_, o)| o.free_bytes(ext_bytes))
             .map(|(i, _)| i);
         if let Some(i) = best {

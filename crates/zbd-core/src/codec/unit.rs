@@ -104,29 +104,50 @@ pub fn read_block(
     scratch: &mut Vec<u8>,
     out: &mut [u8],
 ) -> Option<()> {
-    let blocks = usize::from(unit.blocks);
+    let d = dict_for(unit, dict)?;
+    read_stored_block(
+        unit.codec_id,
+        d,
+        &unit.bytes,
+        usize::from(unit.blocks),
+        index,
+        scratch,
+        out,
+    )
+}
+
+/// [`read_block`] on the parts of a unit as the engine keeps them (stored bytes in place, codec
+/// and block count from the map entry); `dict` is the unit's dictionary, already checked.
+pub fn read_stored_block(
+    codec_id: u8,
+    dict: Option<&Dictionary>,
+    stored: &[u8],
+    blocks: usize,
+    index: usize,
+    scratch: &mut Vec<u8>,
+    out: &mut [u8],
+) -> Option<()> {
     if index >= blocks || out.len() != BLOCK_BYTES {
         return None;
     }
-    let d = dict_for(unit, dict)?;
     let full = blocks * BLOCK_BYTES;
     let want = (index + 1) * BLOCK_BYTES;
-    match unit.codec_id {
+    match codec_id {
         id::RAW => {
-            if unit.bytes.len() != full {
+            if stored.len() != full {
                 return None;
             }
-            out.copy_from_slice(&unit.bytes[index * BLOCK_BYTES..want]);
+            out.copy_from_slice(&stored[index * BLOCK_BYTES..want]);
             return Some(());
         }
         // The last block needs the whole stream: the exact-length check of a full decode is free.
         id::ZSTD if want < full => {
             scratch.resize(want, 0);
-            match d {
-                Some(d) => d.decompress_zstd_prefix(&unit.bytes, scratch)?,
+            match dict {
+                Some(d) => d.decompress_zstd_prefix(stored, scratch)?,
                 None => ZSTD_DCTX.with(|c| {
                     let mut c = c.borrow_mut();
-                    let r = zstd_stream_prefix(&mut c, &unit.bytes, scratch);
+                    let r = zstd_stream_prefix(&mut c, stored, scratch);
                     let _ = c.reset(zstd_safe::ResetDirective::SessionAndParameters);
                     r
                 })?,
@@ -134,7 +155,10 @@ pub fn read_block(
         }
         _ => {
             scratch.resize(full, 0);
-            decompress_unit(unit, d, scratch)?;
+            match dict {
+                Some(d) => d.decompress(codec_id, stored, scratch)?,
+                None => super::decompress(codec_id, stored, scratch)?,
+            }
         }
     }
     out.copy_from_slice(&scratch[index * BLOCK_BYTES..want]);

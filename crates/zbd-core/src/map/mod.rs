@@ -20,7 +20,8 @@ mod cache;
 use crate::error::Result;
 use crate::format::{
     encode_map_page, BlockState, Checkpoint, MapEntry, PageSlot, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, VOLUME_COUNTERS,
+    CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
+    UNIT_BLOCKS_MAX, VOLUME_COUNTERS,
 };
 use crate::storage::Storage;
 pub use cache::MAP_CACHE_BYTES_DEFAULT;
@@ -55,18 +56,27 @@ pub struct MapCounters {
     pub raw_blocks: u64,
     /// Blocks in state `Corrupt`.
     pub damaged_blocks: u64,
-    /// Sum of the stored lengths of data blocks.
+    /// Sum of the stored lengths of data blocks (a block of a unit: its share, `units::share`).
     pub live_bytes: u64,
+    /// Data blocks stored in multi-block compression units.
+    pub unit_blocks: u64,
+    /// Their part of `live_bytes`.
+    pub unit_bytes: u64,
 }
 
 impl MapCounters {
     fn add(&mut self, e: &MapEntry, n: u64) {
         match e.state {
             BlockState::Data => {
+                let share = n * u64::from(crate::units::share(e));
                 self.data_blocks += n;
-                self.live_bytes += n * u64::from(e.len);
+                self.live_bytes += share;
                 if e.codec == crate::codec::id::RAW {
                     self.raw_blocks += n;
+                }
+                if e.unit_blocks > 1 {
+                    self.unit_blocks += n;
+                    self.unit_bytes += share;
                 }
             }
             BlockState::Zero => self.zero_blocks += n,
@@ -79,10 +89,15 @@ impl MapCounters {
         // Saturating: a map page found damaged after open loses what its entries counted.
         match e.state {
             BlockState::Data => {
+                let share = n * u64::from(crate::units::share(e));
                 self.data_blocks = self.data_blocks.saturating_sub(n);
-                self.live_bytes = self.live_bytes.saturating_sub(n * u64::from(e.len));
+                self.live_bytes = self.live_bytes.saturating_sub(share);
                 if e.codec == crate::codec::id::RAW {
                     self.raw_blocks = self.raw_blocks.saturating_sub(n);
+                }
+                if e.unit_blocks > 1 {
+                    self.unit_blocks = self.unit_blocks.saturating_sub(n);
+                    self.unit_bytes = self.unit_bytes.saturating_sub(share);
                 }
             }
             BlockState::Zero => self.zero_blocks = self.zero_blocks.saturating_sub(n),
@@ -100,6 +115,8 @@ impl MapCounters {
         a[3] = self.damaged_blocks;
         a[4] = self.live_bytes;
         a[5] = (self.data_blocks + self.zero_blocks) * BLOCK_BYTES as u64;
+        a[6] = self.unit_blocks;
+        a[7] = self.unit_bytes;
         a
     }
 
@@ -110,6 +127,8 @@ impl MapCounters {
             raw_blocks: a[2],
             damaged_blocks: a[3],
             live_bytes: a[4],
+            unit_blocks: a[6],
+            unit_bytes: a[7],
         }
     }
 }
@@ -619,12 +638,22 @@ pub fn decode_page(
         && out.iter().all(|e| entry_in_bounds(e, sb))
 }
 
-/// Whether a map entry points inside the data area (v2: offsets above 1 MiB would mean
-/// compression-unit or dictionary bits, which need a newer build: treated as damage).
+/// Whether a map entry points inside the data area and has a unit shape a writer produces (a
+/// unit is stored compressed, at least a sector below its raw size; dictionaries need a newer
+/// build): anything else is treated as damage.
 pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
+    let n = usize::from(e.unit_blocks);
+    let max_len = if n == 1 {
+        BLOCK_BYTES
+    } else {
+        n * BLOCK_BYTES - SECTOR_BYTES
+    };
     e.state != BlockState::Data
         || (e.extent < sb.extent_count
-            && e.len as usize <= BLOCK_BYTES
+            && e.len as usize <= max_len
             && e.len > 0
+            && (1..=UNIT_BLOCKS_MAX).contains(&e.unit_blocks)
+            && e.unit_index < e.unit_blocks
+            && e.dict == 0
             && e.offset as u64 + u64::from(e.len) <= u64::from(sb.extent_bytes))
 }

@@ -105,14 +105,23 @@ pub fn workload(seed: u64, size: u64, ops: usize) -> Vec<Op> {
         .collect()
 }
 
-/// Overwrite-heavy workload over the first `blocks` blocks: single-block text writes, a few
-/// trims and flushes (keeps the cleaner busy on a tight data area).
+/// Overwrite-heavy workload over the first `blocks` blocks: single-block text writes (which
+/// split the compression units), 16 KiB aligned writes (units), a few trims and flushes (keeps
+/// the cleaner busy on a tight data area).
 pub fn overwrite_workload(seed: u64, blocks: u64, ops: usize) -> Vec<Op> {
     let mut rng = SmallRng::seed_from_u64(seed);
     (0..ops)
         .map(|_| {
             let lba = rng.random_range(0..blocks);
             match rng.random_range(0..100) {
+                0..=9 if blocks >= 4 => {
+                    let first = lba / 4 * 4;
+                    Op::Write {
+                        offset: first * BS as u64,
+                        data: fill(&mut rng, Fill::Text, (4.min(blocks - first)) as usize * BS),
+                        fua: false,
+                    }
+                }
                 0..=84 => Op::Write {
                     offset: lba * BS as u64,
                     data: fill(&mut rng, Fill::Text, BS),
@@ -128,6 +137,16 @@ pub fn overwrite_workload(seed: u64, blocks: u64, ops: usize) -> Vec<Op> {
         .collect()
 }
 
+/// Compression unit size of the test volumes: `ZBD_TEST_UNIT_SIZE` (e.g. `4K` for single
+/// blocks, `64K`), else the volume default (8K, or what the extent holds). The same tests run
+/// with units of each size as a parameter (`make bench` runs them with 4K and 16K too).
+pub fn test_unit_bytes(extent: u32) -> Option<u32> {
+    let s = std::env::var("ZBD_TEST_UNIT_SIZE").ok()?;
+    let u = zbd_core::layout::parse_size(&s).expect("ZBD_TEST_UNIT_SIZE: a size like 4K") as u32;
+    // Never more than the extent holds (a unit must fit an empty extent).
+    Some(u.min(u32::from(zbd_core::layout::unit_blocks_max(extent)) * BS as u32))
+}
+
 /// Volume options for small test volumes: frequent checkpoints, no aging surprises.
 pub fn small_volume(
     size: u64,
@@ -141,6 +160,7 @@ pub fn small_volume(
         codec,
         capacity_bytes: Some(size * capacity_factor),
         queue_len: Some(queue_len),
+        unit_bytes: test_unit_bytes(extent),
         ..CreateOptions::new(size)
     }
 }

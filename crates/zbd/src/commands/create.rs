@@ -22,6 +22,11 @@ pub struct Args {
     /// Extent size, a power of two from 8K to 1M.
     #[arg(long, default_value = "32K")]
     extent_size: String,
+    /// Compression unit: consecutive blocks written together are compressed as one unit of up
+    /// to this size (4K: every block on its own; 8K..64K) [default: 8K, or the largest the
+    /// extent size holds].
+    #[arg(long)]
+    unit_size: Option<String>,
     /// Data area size; default holds the whole logical size even if incompressible.
     #[arg(long)]
     capacity: Option<String>,
@@ -70,7 +75,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
             a.clean_high
         );
     }
+    let unit_bytes = a
+        .unit_size
+        .as_deref()
+        .map(|u| {
+            let v = size_arg("--unit-size", u)?;
+            u32::try_from(v)
+                .ok()
+                .filter(|v| v.is_power_of_two() && (4096..=65536).contains(v))
+                .ok_or_else(|| anyhow!("--unit-size '{u}': must be a power of two from 4K to 64K"))
+        })
+        .transpose()?;
     let opts = CreateOptions {
+        unit_bytes,
         extent_bytes,
         codec,
         capacity_bytes: capacity,
@@ -106,6 +123,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     );
     println!("  codec          {codec}");
     println!("  extent size    {}", human(u64::from(sb.extent_bytes)));
+    println!(
+        "  unit size      {}",
+        human(u64::from(sb.unit_blocks) * 4096)
+    );
     println!(
         "  data area      {} ({} extents{})",
         human(u64::from(sb.extent_count) * u64::from(sb.extent_bytes)),

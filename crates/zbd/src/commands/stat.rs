@@ -80,6 +80,18 @@ pub fn render(name: &str, s: &Stats) -> String {
             s.raw_blocks
         ),
     );
+    line(
+        "compression units",
+        format!(
+            "{} for new writes; {} blocks in units (ratio {:.2}:1), {} single blocks \
+             (ratio {:.2}:1)",
+            human(u64::from(s.unit_bytes)),
+            s.unit_blocks,
+            s.unit_ratio,
+            s.data_blocks - s.unit_blocks,
+            s.single_ratio
+        ),
+    );
     line("physical live", human(s.physical_bytes_live));
     line(
         "physical allocated",
