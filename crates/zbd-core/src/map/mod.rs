@@ -413,7 +413,7 @@ impl Map {
             if resident || self.summary[p as usize] != target {
                 let old = match (resident, self.summarized(p)) {
                     (false, Some(e)) => {
-                        self.counters.sub(&e, (page_end - page_start) as u64);
+                        self.counters.sub(&e, page_end - page_start);
                         None
                     }
                     _ => Some(self.entries_now(p)?),
