@@ -47,6 +47,19 @@ fio_nbd() {
     "${data[@]}" --output-format=json --output="$json" "$@" >/dev/null
 }
 
+# kill_under_load SOCK [FIO ARGS]: kill -9 the server 3 s into a random-write load.
+kill_under_load() {
+  local sock=$1
+  shift
+  fio_nbd "$work/load.json" "$sock" --rw=randwrite --time_based --runtime=5 "$@" 2>/dev/null &
+  local fio=$!
+  sleep 3
+  kill -9 "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=""
+  wait "$fio" 2>/dev/null || true
+}
+
 log "== scale benchmarks $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD), noisy shared machine"
 
 # --- create / stat of 1 TiB (1 MiB extents: the extent table is RAM per extent, docs/design.md)
@@ -68,14 +81,7 @@ fio_nbd "$out/scale-1t-write.json" "$sock" --rw=randwrite --number_ios=40000
 fio_nbd "$out/scale-1t-read.json" "$sock" --rw=randread --number_ios=40000
 log "1 TiB after 40k random writes + 40k random reads, --map-cache 64M: peak RSS $(hwm)"
 "$zbd" stat --json "$work/big.zbd" >"$out/scale-1t-stat.json" || true
-# reopen after kill -9 under write load
-fio_nbd "$work/load.json" "$sock" --rw=randwrite --time_based --runtime=5 2>/dev/null &
-fio=$!
-sleep 3
-kill -9 "$pid"
-wait "$pid" 2>/dev/null || true
-pid=""
-wait "$fio" 2>/dev/null || true
+kill_under_load "$sock"
 serve "$work/big.zbd" "$sock" --map-cache 64M
 log "1 TiB reopen after kill -9 under write load: ${took} s (until the socket answers)"
 stop
@@ -90,13 +96,7 @@ if [[ "${QUICK:-0}" != 1 ]]; then
 fi
 fio_nbd "$out/scale-64g-read.json" "$sock" --rw=randread --number_ios=40000
 log "64 GiB with 8 GiB data after random reads, --map-cache 64M: peak RSS $(hwm)"
-fio_nbd "$work/load.json" "$sock" --rw=randwrite --time_based --runtime=5 --size=8g 2>/dev/null &
-fio=$!
-sleep 3
-kill -9 "$pid"
-wait "$pid" 2>/dev/null || true
-pid=""
-wait "$fio" 2>/dev/null || true
+kill_under_load "$sock" --size=8g
 serve "$work/mid.zbd" "$sock" --map-cache 8M
 log "64 GiB reopen after kill -9 under write load: ${took} s"
 # --- an 8 MiB map cache (the map of 64 GiB is 2 x 64 MiB): random reads over the data
