@@ -201,12 +201,30 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     }
     let mut is_victim = vec![false; st.extents.len()];
     victims.iter().for_each(|&v| is_victim[v as usize] = true);
+    // Read the victims whole (paper: extents are read in full): their record tables name their
+    // live blocks, so the (paged) map is not walked, unless a victim's records do not account
+    // for all its live blocks.
+    let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
     let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
-    st.map.for_each_data(|l, m| {
-        if is_victim[m.extent as usize] {
-            candidates.push((l, *m));
+    let mut complete = true;
+    for &v in &victims {
+        let mut buf = vec![0u8; e];
+        cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
+        let live = st.extents[v as usize].live_blocks;
+        match crate::recovery::live_blocks_in(&mut st.map, cx.sb, v, &buf, live)? {
+            Some(mut found) => candidates.append(&mut found),
+            None => complete = false,
         }
-    })?;
+        images.insert(v, buf);
+    }
+    if !complete {
+        candidates.clear();
+        st.map.for_each_data(|l, m| {
+            if is_victim[m.extent as usize] {
+                candidates.push((l, *m));
+            }
+        })?;
+    }
     let (blocks, bins) = loop {
         let mut blocks: Vec<(u64, MapEntry)> = candidates
             .iter()
@@ -229,13 +247,6 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         };
         is_victim[v as usize] = false;
     };
-    // Read the victims whole (paper: extents are read in full).
-    let mut images: HashMap<u32, Vec<u8>> = HashMap::with_capacity(victims.len());
-    for &v in &victims {
-        let mut buf = vec![0u8; e];
-        cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
-        images.insert(v, buf);
-    }
     let stamp = victims
         .iter()
         .map(|&v| st.extents[v as usize].stamp)
