@@ -21,7 +21,8 @@ log() { echo "$*" | tee -a "$out/scale.txt"; }
 
 data=(--refill_buffers --buffer_compress_percentage=50 --buffer_compress_chunk=4k)
 
-# Starts `zbd serve VOL SOCK [ARGS]` and waits until the socket answers; prints seconds taken.
+# Starts `zbd serve VOL SOCK [ARGS]` and waits until the socket answers; sets `pid` and `took`
+# (seconds from start until the socket answers).
 serve() {
   local vol=$1 sock=$2
   shift 2
@@ -34,15 +35,29 @@ serve() {
     kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >&2; return 1; }
     sleep 0.02
   done
-  echo "$(date +%s.%N) - $t0" | bc
+  took=$(echo "$(date +%s.%N) - $t0" | bc)
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 hwm() { awk '/VmHWM/ {print $2 " KiB"}' "/proc/$pid/status"; }
+# fio_nbd JSON_OUT SOCK [FIO ARGS]
 fio_nbd() {
+  local json=$1 sock=$2
+  shift 2
+  fio --name=scale --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --bs=4k --iodepth=8 \
+    "${data[@]}" --output-format=json --output="$json" "$@" >/dev/null
+}
+
+# kill_under_load SOCK [FIO ARGS]: kill -9 the server 3 s into a random-write load.
+kill_under_load() {
   local sock=$1
   shift
-  fio --name=scale --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --bs=4k --iodepth=8 \
-    "${data[@]}" --output-format=json "$@"
+  fio_nbd "$work/load.json" "$sock" --rw=randwrite --time_based --runtime=5 "$@" 2>/dev/null &
+  local fio=$!
+  sleep 3
+  kill -9 "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=""
+  wait "$fio" 2>/dev/null || true
 }
 
 log "== scale benchmarks $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD), noisy shared machine"
@@ -60,45 +75,32 @@ rm -f "$work/t.zbd"
 # --- 1 TiB: 40,000 random writes over the whole range, then random reads
 "$zbd" create "$work/big.zbd" --size 1T --extent-size 1M >/dev/null
 sock=$work/big.sock
-t=$(serve "$work/big.zbd" "$sock" --map-cache 64M)
-log "1 TiB open: ${t} s"
-fio_nbd "$sock" --rw=randwrite --number_ios=40000 >"$out/scale-1t-write.json"
-fio_nbd "$sock" --rw=randread --number_ios=40000 >"$out/scale-1t-read.json"
+serve "$work/big.zbd" "$sock" --map-cache 64M
+log "1 TiB open: ${took} s"
+fio_nbd "$out/scale-1t-write.json" "$sock" --rw=randwrite --number_ios=40000
+fio_nbd "$out/scale-1t-read.json" "$sock" --rw=randread --number_ios=40000
 log "1 TiB after 40k random writes + 40k random reads, --map-cache 64M: peak RSS $(hwm)"
 "$zbd" stat --json "$work/big.zbd" >"$out/scale-1t-stat.json" || true
-# reopen after kill -9 under write load
-fio_nbd "$sock" --rw=randwrite --time_based --runtime=5 >/dev/null 2>&1 &
-fio=$!
-sleep 3
-kill -9 "$pid"
-wait "$pid" 2>/dev/null || true
-pid=""
-wait "$fio" 2>/dev/null || true
-t=$(serve "$work/big.zbd" "$sock" --map-cache 64M)
-log "1 TiB reopen after kill -9 under write load: ${t} s (until the socket answers)"
+kill_under_load "$sock"
+serve "$work/big.zbd" "$sock" --map-cache 64M
+log "1 TiB reopen after kill -9 under write load: ${took} s (until the socket answers)"
 stop
 rm -f "$work/big.zbd"
 
 # --- 64 GiB holding 8 GiB
 "$zbd" create "$work/mid.zbd" --size 64G >/dev/null
 sock=$work/mid.sock
-serve "$work/mid.zbd" "$sock" --map-cache 64M >/dev/null
+serve "$work/mid.zbd" "$sock" --map-cache 64M
 if [[ "${QUICK:-0}" != 1 ]]; then
-  fio_nbd "$sock" --rw=write --size=8g --bs=1m --iodepth=4 >"$out/scale-64g-fill.json"
+  fio_nbd "$out/scale-64g-fill.json" "$sock" --rw=write --size=8g --bs=1m --iodepth=4
 fi
-fio_nbd "$sock" --rw=randread --number_ios=40000 >"$out/scale-64g-read.json"
+fio_nbd "$out/scale-64g-read.json" "$sock" --rw=randread --number_ios=40000
 log "64 GiB with 8 GiB data after random reads, --map-cache 64M: peak RSS $(hwm)"
-fio_nbd "$sock" --rw=randwrite --time_based --runtime=5 --size=8g >/dev/null 2>&1 &
-fio=$!
-sleep 3
-kill -9 "$pid"
-wait "$pid" 2>/dev/null || true
-pid=""
-wait "$fio" 2>/dev/null || true
-t=$(serve "$work/mid.zbd" "$sock" --map-cache 8M)
-log "64 GiB reopen after kill -9 under write load: ${t} s"
+kill_under_load "$sock" --size=8g
+serve "$work/mid.zbd" "$sock" --map-cache 8M
+log "64 GiB reopen after kill -9 under write load: ${took} s"
 # --- an 8 MiB map cache (the map of 64 GiB is 2 x 64 MiB): random reads over the data
-fio_nbd "$sock" --rw=randread --number_ios=40000 --size=8g >"$out/scale-64g-8m-read.json"
+fio_nbd "$out/scale-64g-8m-read.json" "$sock" --rw=randread --number_ios=40000 --size=8g
 "$zbd" stat --json "$work/mid.zbd" >"$out/scale-64g-8m-stat.json"
 python3 - "$out/scale-64g-8m-stat.json" "$out/scale-64g-8m-read.json" <<'EOF' | tee -a "$out/scale.txt"
 import json, sys

@@ -18,12 +18,12 @@
 //!   they are sealed (they reach the storage through the outbox, before any sync); victims become
 //!   free only at a checkpoint that no longer references them (after the outputs are synced).
 //! - Locking: background passes read their victims with the state lock released and switch the
-//!   map, under it, only for blocks whose entry did not change meanwhile (`pass_unlocked`);
+//!   map, under it, only for blocks still live in a victim (`pass_unlocked`);
 //!   other passes run whole under the lock. Reads never see a half-moved block either way.
-//!   Victims are chosen and packed under the lock with every unit copied as it is (its stored
-//!   length is known without reading it); once the victims are read, mostly dead units are
-//!   recompressed and the items are packed again, under the lock, for the blocks still
-//!   unchanged: a packing that no longer gains drops the pass.
+//!   Victims are chosen under the lock by their accounting; once they are read, their live
+//!   blocks are found from their record tables (no walk of the paged map), mostly dead units
+//!   are recompressed and everything is packed, under the lock: victims that do not pack into
+//!   fewer extents are dropped.
 
 use crate::error::Result;
 use crate::format::{
@@ -134,20 +134,12 @@ struct Item {
     blocks: Vec<(u64, MapEntry)>,
     /// Recompressed form (codec, bytes, crc); `None`: the victim's stored bytes, verbatim.
     fresh: Option<(u8, Vec<u8>, u32)>,
-    /// A block of a mostly dead unit not read yet, to be recompressed once it is: sized by an
-    /// estimate until then.
-    pending: bool,
 }
 
 impl Item {
     fn len(&self) -> usize {
         match &self.fresh {
             Some((_, b, _)) => b.len(),
-            // A block compressed alone does worse than its share of a unit: twice the share,
-            // at most a raw block (the real size is packed again before anything is written).
-            None if self.pending => {
-                (2 * crate::units::share(&self.blocks[0].1) as usize).min(BLOCK_BYTES)
-            }
             None => usize::from(self.blocks[0].1.len),
         }
     }
@@ -165,7 +157,7 @@ impl Item {
 /// verbatim, damage and all.
 fn items(
     candidates: &[(u64, MapEntry)],
-    images: Option<&HashMap<u32, Vec<u8>>>,
+    images: &HashMap<u32, Vec<u8>>,
     codec: crate::codec::Codec,
 ) -> Vec<Item> {
     let mut units: HashMap<(u32, u32), Vec<(u64, MapEntry)>> = HashMap::new();
@@ -180,7 +172,6 @@ fn items(
             out.push(Item {
                 blocks: vec![(lba, m)],
                 fresh: None,
-                pending: false,
             });
         }
     }
@@ -190,19 +181,9 @@ fn items(
             out.push(Item {
                 blocks,
                 fresh: None,
-                pending: false,
             });
             continue;
         }
-        let Some(images) = images else {
-            // Not read yet: recompressed (and packed for real) once it is.
-            out.extend(blocks.into_iter().map(|b| Item {
-                blocks: vec![b],
-                fresh: None,
-                pending: true,
-            }));
-            continue;
-        };
         let stored = images
             .get(&m.extent)
             .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
@@ -214,7 +195,6 @@ fn items(
             out.push(Item {
                 blocks,
                 fresh: None,
-                pending: false,
             });
             continue;
         }
@@ -229,7 +209,6 @@ fn items(
             out.push(Item {
                 blocks: vec![(lba, e)],
                 fresh: Some((c, bytes, crc)),
-                pending: false,
             });
         }
     }
@@ -312,45 +291,13 @@ fn stream(
     Some(bins)
 }
 
-/// The blocks a pass moves, chosen under the state lock.
-struct Selection {
-    victims: Vec<u32>,
-    /// Their live blocks, grouped into items (units copied as they are), with the map entries
-    /// they had when chosen.
-    items: Vec<Item>,
-    /// Packed victim by victim (`stream`): needs drained victims freed during the pass.
-    streamed: bool,
-}
-
-/// Chooses victims whose live blocks pack into fewer extents (state lock held); `None` if no
-/// pass is worth it.
-fn select(st: &mut State, cx: &Ctx, mode: Mode) -> Result<Option<Selection>> {
-    let e = cx.sb.extent_bytes as usize;
-    let free = st.free_now();
-    if free == 0 {
-        return Ok(None);
+/// Chooses the victims of a pass (state lock held); empty when none is worth cleaning.
+fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
+    if st.free_now() == 0 {
+        return Vec::new();
     }
     // Victims may need more outputs than are free: `stream` then reuses drained victims.
-    let mut victims = choose_victims(st, e, mode, PASS_OUTPUTS_MAX);
-    if victims.is_empty() {
-        return Ok(None);
-    }
-    let mut is_victim = vec![false; st.extents.len()];
-    victims.iter().for_each(|&v| is_victim[v as usize] = true);
-    let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
-    st.map.for_each_data(|l, m| {
-        if is_victim[m.extent as usize] {
-            candidates.push((l, *m));
-        }
-    })?;
-    let all = items(&candidates, None, cx.codec);
-    Ok(
-        fit(st, &all, &mut victims, e, cx.sb.version, free).map(|(items, _, streamed)| Selection {
-            victims,
-            items,
-            streamed,
-        }),
-    )
+    choose_victims(st, cx.sb.extent_bytes as usize, mode, PASS_OUTPUTS_MAX)
 }
 
 /// Packs the items of `victims` into output extents, dropping the least beneficial victim and
@@ -387,52 +334,54 @@ fn fit(
 }
 
 /// Reads the victims whole (paper: extents are read in full), their last segments issued
-/// first (they may still wait in the outbox), and regroups the chosen blocks now that their
-/// bytes are known: mostly dead units are recompressed. Needs no state lock: victims stay
-/// allocated while they are read (lock held, or listed in `State::cleaning`).
-fn read_victims(cx: &Ctx, sel: &Selection) -> Result<(HashMap<u32, Vec<u8>>, Vec<Item>)> {
+/// first (they may still wait in the outbox). Needs no state lock: victims stay allocated while
+/// they are read (lock held, or listed in `State::cleaning`).
+fn read_victims(cx: &Ctx, victims: &[u32]) -> Result<HashMap<u32, Vec<u8>>> {
     cx.outbox.issue_all(cx.storage)?;
-    let mut images = HashMap::with_capacity(sel.victims.len());
-    for &v in &sel.victims {
+    let mut images = HashMap::with_capacity(victims.len());
+    for &v in victims {
         let mut buf = vec![0u8; cx.sb.extent_bytes as usize];
         cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
         images.insert(v, buf);
     }
-    let chosen: Vec<(u64, MapEntry)> = sel
-        .items
-        .iter()
-        .flat_map(|it| it.blocks.iter().copied())
-        .collect();
-    let items = items(&chosen, Some(&images), cx.codec);
-    Ok((images, items))
+    Ok(images)
 }
 
-/// Packs the items of a pass again and writes its outputs, switching the map to them (state
-/// lock held). Only blocks whose map entry is still the one chosen move: a block the host
-/// rewrote, trimmed or zeroed meanwhile keeps its new entry, and its old bytes are not copied.
-/// A packing that no longer fits the free extents or no longer gains drops the pass (nothing
-/// moved). Outputs are sealed here and issued through the outbox, after the lock is released.
+/// Finds the live blocks of the victims (read: `images`), packs them and writes the outputs,
+/// switching the map to them (state lock held, so the blocks found are the current ones).
+/// Victims whose blocks do not pack into fewer extents are dropped. Outputs are sealed here
+/// and issued through the outbox, after the lock is released.
 fn commit(
     st: &mut State,
     cx: &Ctx,
-    sel: &Selection,
-    mut items: Vec<Item>,
+    mut victims: Vec<u32>,
     images: &HashMap<u32, Vec<u8>>,
 ) -> Result<PassResult> {
     let e = cx.sb.extent_bytes as usize;
-    for it in items.iter_mut() {
-        let mut kept = Vec::with_capacity(it.blocks.len());
-        for &(lba, chosen) in &it.blocks {
-            if st.map.get(lba)? == chosen {
-                kept.push((lba, chosen));
-            }
+    // The victims' record tables name their live blocks, so the (paged) map is not walked,
+    // unless a victim's records do not account for all its live blocks.
+    let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
+    let mut complete = true;
+    for &v in &victims {
+        let live = st.extents[v as usize].live_blocks;
+        match crate::recovery::live_blocks_in(&mut st.map, cx.sb, v, &images[&v], live)? {
+            Some(mut found) => candidates.append(&mut found),
+            None => complete = false,
         }
-        it.blocks = kept;
     }
-    items.retain(|it| !it.blocks.is_empty());
-    let mut victims = sel.victims.clone();
-    let Some((items, bins, _)) = fit(st, &items, &mut victims, e, cx.sb.version, st.free_now())
-    else {
+    if !complete {
+        let mut is_victim = vec![false; st.extents.len()];
+        victims.iter().for_each(|&v| is_victim[v as usize] = true);
+        candidates.clear();
+        st.map.for_each_data(|l, m| {
+            if is_victim[m.extent as usize] {
+                candidates.push((l, *m));
+            }
+        })?;
+    }
+    let all = items(&candidates, images, cx.codec);
+    let free = st.free_now();
+    let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.sb.version, free) else {
         return Ok(PassResult::default());
     };
     let stamp = victims
@@ -536,41 +485,38 @@ fn commit(
 
 /// One cleaning pass, all of it under the state lock (foreground cleaning, compaction).
 pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
-    let Some(sel) = select(st, cx, mode)? else {
+    let victims = select(st, cx, mode);
+    if victims.is_empty() {
         return Ok(PassResult::default());
-    };
-    let (images, items) = read_victims(cx, &sel)?;
-    commit(st, cx, &sel, items, &images)
+    }
+    let images = read_victims(cx, &victims)?;
+    commit(st, cx, victims, &images)
 }
 
 /// One incremental pass that holds the state lock (`lock`) only to choose its victims and to
-/// commit: the victims are read (and mostly dead units recompressed) with the lock released,
-/// so host I/O goes on meanwhile (the background cleaner). A victim stays allocated while it is
-/// read because `State::cleaning` keeps checkpoints from releasing it; blocks that changed
-/// meanwhile are not moved (`commit`). A pass that must stream (small data areas) runs whole
-/// under the lock, as `pass`.
+/// commit: the victims are read with the lock released, so host I/O goes on meanwhile (the
+/// background cleaner). A victim stays allocated while it is read because `State::cleaning`
+/// keeps checkpoints from releasing it; `commit` finds the blocks still live in it under the
+/// lock, so blocks the host rewrote meanwhile are not moved.
 pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> Result<PassResult> {
-    let sel = {
+    let victims = {
         let mut st = lock();
-        let Some(sel) = select(&mut st, cx, Mode::Incremental)? else {
+        let victims = select(&st, cx, Mode::Incremental);
+        if victims.is_empty() {
             return Ok(PassResult::default());
-        };
-        if sel.streamed {
-            let (images, items) = read_victims(cx, &sel)?;
-            return commit(&mut st, cx, &sel, items, &images);
         }
         // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
         // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
-        st.cleaning.extend_from_slice(&sel.victims);
-        sel
+        st.cleaning.extend_from_slice(&victims);
+        victims
     };
-    let read = read_victims(cx, &sel);
+    let images = read_victims(cx, &victims);
     let mut st = lock();
-    st.cleaning.retain(|v| !sel.victims.contains(v));
-    let (images, items) = read?;
-    // Host writes may have taken free extents meanwhile: `commit` packs again and drops the
-    // pass if its outputs no longer fit (nothing moved yet; the next one chooses again).
-    commit(&mut st, cx, &sel, items, &images)
+    st.cleaning.retain(|v| !victims.contains(v));
+    let images = images?;
+    // Host writes may have taken free extents meanwhile: `commit` packs for what is free now,
+    // dropping victims (or the pass: nothing moved yet, the next one chooses again).
+    commit(&mut st, cx, victims, &images)
 }
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.

@@ -9,9 +9,9 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    parse_segment, parse_segment_footer, Checkpoint, Record, RecordKind, SegmentHeader,
-    SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, CKPT_FLAGS_INCOMPAT_KNOWN, SECTOR_BYTES,
-    SUPERBLOCK_BYTES,
+    parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record, RecordKind,
+    SegmentHeader, SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, CKPT_FLAGS_INCOMPAT_KNOWN,
+    SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::map::Map;
 use crate::state::{ExtentInfo, ExtentState};
@@ -116,6 +116,44 @@ pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
         x.state = ExtentState::Closed;
     })?;
     Ok(extents)
+}
+
+/// The live blocks of closed extent `extent` (its image `ext`), from its segments' record
+/// tables: the data records whose block still maps to exactly that place, in LBA order. `None`
+/// when they do not account for all `live_blocks` (a damaged header, say): the caller then
+/// walks the map instead.
+pub fn live_blocks_in(
+    map: &mut Map,
+    sb: &Superblock,
+    extent: u32,
+    ext: &[u8],
+    live_blocks: u32,
+) -> Result<Option<Vec<(u64, MapEntry)>>> {
+    // Every segment of one use of an extent carries the allocation sequence of that use; the
+    // first segment's header has it (a stale header from an earlier use cannot match the map).
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&ext[24..32]);
+    let owner = SegmentOwner {
+        uuid: &sb.uuid,
+        version: sb.version,
+        extent,
+        alloc_seq: u64::from_le_bytes(seq),
+    };
+    let mut out = Vec::new();
+    for (_, records) in index_segments(ext, &owner).values() {
+        for r in records.iter().filter(|r| r.kind == RecordKind::Data) {
+            if r.lba >= map.blocks() {
+                continue;
+            }
+            let e = map.get(r.lba)?;
+            if e.state == BlockState::Data && e.extent == extent && e.offset == r.offset {
+                out.push((r.lba, e));
+            }
+        }
+    }
+    out.sort_by_key(|(l, _)| *l);
+    out.dedup_by_key(|(l, _)| *l);
+    Ok((out.len() == live_blocks as usize).then_some(out))
 }
 
 /// A record found by roll-forward, with the extent it was found in.

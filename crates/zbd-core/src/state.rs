@@ -369,7 +369,6 @@ impl State {
             volume_counters: self.map.counters().to_array(),
             extent_table_slots: table.slots.clone(),
             dicts: self.dicts,
-            ..Checkpoint::empty(cx.sb)
         };
         let bytes = ck.encode(cx.sb);
         cx.storage.sync()?;

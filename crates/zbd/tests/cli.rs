@@ -148,6 +148,17 @@ fn bad_arguments_name_the_flag() {
             .failure()
             .stderr(predicate::str::contains(flag));
     }
+    zbd().args(["create", p, "--size", "1M"]).assert().success();
+    for (value, why) in [("12Q", "expected a byte count"), ("1K", "at least 16K")] {
+        zbd()
+            .args(["serve", p, "--socket"])
+            .arg(dir.path().join("s.sock"))
+            .args(["--map-cache", value])
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains("--map-cache").and(predicate::str::contains(why)));
+    }
+    std::fs::remove_file(&vol).expect("remove");
     std::fs::write(&vol, vec![7u8; 100_000]).expect("write");
     zbd()
         .args(["stat", p])

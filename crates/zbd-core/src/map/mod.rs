@@ -45,6 +45,37 @@ pub fn page_of(lba: u64) -> u32 {
     (lba / MAP_ENTRIES_PER_PAGE as u64) as u32
 }
 
+/// The part of a block range inside one map page.
+struct Span {
+    page: u32,
+    /// First block of the page.
+    start: u64,
+    /// Blocks `lo..hi` of the range are in this page.
+    lo: u64,
+    hi: u64,
+}
+
+/// `first..first + count` cut at map page boundaries.
+fn spans(first: u64, count: u64) -> impl Iterator<Item = Span> {
+    let per = MAP_ENTRIES_PER_PAGE as u64;
+    let end = first + count;
+    let mut lba = first;
+    std::iter::from_fn(move || {
+        (lba < end).then(|| {
+            let page = page_of(lba);
+            let start = u64::from(page) * per;
+            let span = Span {
+                page,
+                start,
+                lo: lba,
+                hi: (start + per).min(end),
+            };
+            lba = span.hi;
+            span
+        })
+    })
+}
+
 /// Counters kept exact on every map change (persisted as the checkpoint's volume counters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MapCounters {
@@ -408,14 +439,14 @@ impl Map {
             BlockState::Zero => SUMMARY_ZERO,
             _ => SUMMARY_MIXED,
         };
-        let per = MAP_ENTRIES_PER_PAGE as u64;
-        let end = first + count;
-        let mut lba = first;
-        while lba < end {
-            let p = page_of(lba);
-            let page_start = u64::from(p) * per;
-            let page_end = (page_start + per).min(self.blocks());
-            let stop = page_end.min(end);
+        for Span {
+            page: p,
+            start: page_start,
+            lo: lba,
+            hi: stop,
+        } in spans(first, count)
+        {
+            let page_end = page_start + self.entries_in(p) as u64;
             if target == SUMMARY_MIXED || lba != page_start || stop != page_end {
                 for l in lba..stop {
                     if let Some(old) = self.set(l, new)? {
@@ -424,7 +455,6 @@ impl Map {
                         }
                     }
                 }
-                lba = stop;
                 continue;
             }
             // The whole page.
@@ -432,7 +462,7 @@ impl Map {
             if resident || self.summary[p as usize] != target {
                 let old = match (resident, self.summarized(p)) {
                     (false, Some(e)) => {
-                        self.counters.sub(&e, (page_end - page_start) as u64);
+                        self.counters.sub(&e, page_end - page_start);
                         None
                     }
                     _ => Some(self.entries_now(p)?),
@@ -448,7 +478,6 @@ impl Map {
                 self.summary[p as usize] = target;
                 self.set_dirty(p);
             }
-            lba = stop;
         }
         Ok(())
     }
@@ -473,23 +502,22 @@ impl Map {
         count: u64,
         mut f: impl FnMut(u64, &MapEntry),
     ) -> Result<()> {
-        let per = MAP_ENTRIES_PER_PAGE as u64;
-        let end = first + count;
-        let mut lba = first;
-        while lba < end {
-            let p = page_of(lba);
-            let page_start = u64::from(p) * per;
-            let stop = (page_start + per).min(end);
-            if self.cache.contains(p) || self.summarized(p).is_none() {
-                let frame = self.frame(p)?;
-                for l in lba..stop {
-                    let e = &frame.entries[(l - page_start) as usize];
+        for Span {
+            page,
+            start,
+            lo,
+            hi,
+        } in spans(first, count)
+        {
+            if self.cache.contains(page) || self.summarized(page).is_none() {
+                let frame = self.frame(page)?;
+                for l in lo..hi {
+                    let e = &frame.entries[(l - start) as usize];
                     if e.state == BlockState::Data {
                         f(l, e);
                     }
                 }
             }
-            lba = stop;
         }
         Ok(())
     }
@@ -529,8 +557,6 @@ impl Map {
         count: u64,
         mut f: impl FnMut(BlockState, u64),
     ) -> Result<()> {
-        let per = MAP_ENTRIES_PER_PAGE as u64;
-        let end = first + count;
         let mut run: Option<(BlockState, u64)> = None;
         let mut push = |s: BlockState, n: u64| match &mut run {
             Some((rs, rn)) if *rs == s => *rn += n,
@@ -541,21 +567,22 @@ impl Map {
                 run = Some((s, n));
             }
         };
-        let mut lba = first;
-        while lba < end {
-            let p = page_of(lba);
-            let page_start = u64::from(p) * per;
-            let stop = (page_start + per).min(end);
-            match (self.cache.contains(p), self.summarized(p)) {
-                (false, Some(e)) => push(e.state, stop - lba),
+        for Span {
+            page,
+            start,
+            lo,
+            hi,
+        } in spans(first, count)
+        {
+            match (self.cache.contains(page), self.summarized(page)) {
+                (false, Some(e)) => push(e.state, hi - lo),
                 _ => {
-                    let frame = self.frame(p)?;
-                    for l in lba..stop {
-                        push(frame.entries[(l - page_start) as usize].state, 1);
+                    let frame = self.frame(page)?;
+                    for l in lo..hi {
+                        push(frame.entries[(l - start) as usize].state, 1);
                     }
                 }
             }
-            lba = stop;
         }
         if let Some((s, n)) = run {
             f(s, n);

@@ -371,7 +371,7 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
+fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> {
     let target = Target::parse(&args.path)?;
     if target.file().is_some_and(|path| !path.exists()) {
         bail!("no volume at {target} (make one with `zbd create`)");
@@ -384,7 +384,7 @@ fn open_volume(args: &ServeArgs) -> Result<Arc<Volume>> {
     .with_context(|| format!("cannot open volume {target}"))?;
     let options = OpenOptions {
         read_only: args.read_only,
-        map_cache_bytes: map_cache_bytes(args)?,
+        map_cache_bytes,
         ..OpenOptions::default()
     };
     let volume =
@@ -443,7 +443,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     init_logging();
     let config = server_config(args)?;
     let listen = listen_address(args)?;
-    let volume = open_volume(args)?;
+    let volume = open_volume(args, map_cache_bytes(args)?)?;
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
         read_only: args.read_only,
