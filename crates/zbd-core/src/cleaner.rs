@@ -385,7 +385,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
 /// keeps checkpoints from releasing it; blocks that changed meanwhile are not moved (`commit`).
 /// A pass that must stream (small data areas) runs whole under the lock, as `pass`.
 pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> Result<PassResult> {
-    let sel = {
+    let (sel, gen) = {
         let mut st = lock();
         let Some(sel) = select(&mut st, cx, Mode::Incremental)? else {
             return Ok(PassResult::default());
@@ -397,15 +397,15 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
         // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
         // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
         st.cleaning.extend_from_slice(&sel.victims);
-        sel
+        (sel, st.clean_gen)
     };
     let images = read_victims(cx, &sel.victims);
     let mut st = lock();
     st.cleaning.retain(|v| !sel.victims.contains(v));
     let images = images?;
-    // Host writes may have taken free extents meanwhile: outputs must still fit, or the pass
-    // is dropped (nothing moved yet; the next one chooses again).
-    if st.free_now() < sel.bins.len() {
+    // Host writes may have taken free extents meanwhile, or foreground cleaning took the victims
+    // back: then the pass is dropped (nothing moved yet; the next one chooses again).
+    if st.clean_gen != gen || st.free_now() < sel.bins.len() {
         return Ok(PassResult::default());
     }
     commit(&mut st, cx, &sel, &images)
@@ -415,6 +415,13 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
 /// Cleans until twice the reserve is free (hysteresis), batching passes between checkpoints
 /// (a checkpoint costs three syncs and is what turns victims into free extents).
 pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
+    // A host write waits for space: victims a background pass is reading are taken back (that
+    // pass drops its work at commit), or they could neither be cleaned nor released now and a
+    // nearly full volume would report NoSpace with dead space left.
+    if !st.cleaning.is_empty() {
+        st.cleaning.clear();
+        st.clean_gen += 1;
+    }
     // Extents without live data only wait for a checkpoint: the cheapest space there is.
     if st
         .extents

@@ -72,6 +72,9 @@ pub struct State {
     /// Victims of a cleaning pass that reads them without the state lock
     /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
     pub cleaning: Vec<u32>,
+    /// Bumped when foreground cleaning takes the listed victims back (`cleaner::make_space`):
+    /// a pass that started under an older value drops its work at commit.
+    pub clean_gen: u64,
 }
 
 /// Read-only context the state operations need.

@@ -263,6 +263,7 @@ impl Inner {
             replayed: 0,
             dicts: ck.dicts,
             cleaning: Vec::new(),
+            clean_gen: 0,
         };
         // Pages read from their second copy are rewritten (both copies) by the next checkpoint.
         st.map.mark_dirty(loaded.repaired_pages.iter().copied());
