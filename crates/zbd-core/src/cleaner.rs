@@ -499,7 +499,7 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
 /// keeps checkpoints from releasing it; `commit` finds the blocks still live in it under the
 /// lock, so blocks the host rewrote meanwhile are not moved.
 pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> Result<PassResult> {
-    let victims = {
+    let (victims, gen) = {
         let mut st = lock();
         let victims = select(&st, cx, Mode::Incremental);
         if victims.is_empty() {
@@ -508,14 +508,18 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
         // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
         // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
         st.cleaning.extend_from_slice(&victims);
-        victims
+        (victims, st.clean_gen)
     };
     let images = read_victims(cx, &victims);
     let mut st = lock();
     st.cleaning.retain(|v| !victims.contains(v));
     let images = images?;
-    // Host writes may have taken free extents meanwhile: `commit` packs for what is free now,
-    // dropping victims (or the pass: nothing moved yet, the next one chooses again).
+    // Foreground cleaning took the victims back meanwhile: drop the pass (nothing moved yet;
+    // the next one chooses again). Host writes may have taken free extents meanwhile: `commit`
+    // packs for what is free now, dropping victims (or the pass).
+    if st.clean_gen != gen {
+        return Ok(PassResult::default());
+    }
     commit(&mut st, cx, victims, &images)
 }
 
@@ -523,6 +527,13 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
 /// Cleans until twice the reserve is free (hysteresis), batching passes between checkpoints
 /// (a checkpoint costs three syncs and is what turns victims into free extents).
 pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
+    // A host write waits for space: victims a background pass is reading are taken back (that
+    // pass drops its work at commit), or they could neither be cleaned nor released now and a
+    // nearly full volume would report NoSpace with dead space left.
+    if !st.cleaning.is_empty() {
+        st.cleaning.clear();
+        st.clean_gen += 1;
+    }
     // Extents without live data only wait for a checkpoint: the cheapest space there is.
     if st
         .extents

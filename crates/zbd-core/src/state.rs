@@ -80,6 +80,9 @@ pub struct State {
     /// Checkpoints carry `CKPT_FLAG_COMPRESSION_UNITS`: set (durably) before the first unit
     /// record is written, so only volumes that use units have it.
     pub units_flag: bool,
+    /// Bumped when foreground cleaning takes the listed victims back (`cleaner::make_space`):
+    /// a pass that started under an older value drops its work at commit.
+    pub clean_gen: u64,
 }
 
 /// Read-only context the state operations need.

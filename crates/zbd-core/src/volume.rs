@@ -304,6 +304,7 @@ impl Inner {
             dicts: ck.dicts,
             cleaning: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
+            clean_gen: 0,
         };
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
