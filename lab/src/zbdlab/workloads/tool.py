@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+from zbdlab.memlimit import MemoryCgroup
 from zbdlab.workloads.base import RunContext
 
 
@@ -13,16 +15,26 @@ def run_measured(
     argv: list[str], ctx: RunContext, operation: str | None, cwd: Path | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run argv (stdin closed, output captured) and return it with its wall-clock seconds. With an
-    `operation`, ctx.before_operation/after_operation bracket the run; None is unmeasured work."""
-    if operation is not None:
-        ctx.before_operation(operation)
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            argv, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
-        )
-    finally:
-        wall_s = time.monotonic() - started
+    `operation`, ctx.before_operation/after_operation bracket the run; None is unmeasured work. With
+    ctx.memory_limit_bytes the tool runs in a memory-limited cgroup made (and removed) around it."""
+    limit = ctx.memory_limit_bytes
+    with MemoryCgroup(limit) if limit else nullcontext() as group:
         if operation is not None:
-            ctx.after_operation(operation)
+            ctx.before_operation(operation)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                group.wrap(argv) if group else argv,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            wall_s = time.monotonic() - started
+            if operation is not None:
+                ctx.after_operation(operation)
+            if group:
+                ctx.memory_usage.append(group.usage())
     return proc, wall_s
