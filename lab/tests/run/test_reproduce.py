@@ -167,7 +167,8 @@ def test_every_generated_study_is_valid_at_both_sizes() -> None:
     from zbdlab.runner import factory
 
     makers = [
-        seed002.fig2_study,
+        lambda quick: seed002.fig2_study(quick, 1),
+        lambda quick: seed002.fig2_study(quick, 2),
         seed002.fig10_study,
         seed002.fig11_study,
         seed000.study,
@@ -178,6 +179,6 @@ def test_every_generated_study_is_valid_at_both_sizes() -> None:
     ]
     for make in makers:
         for quick in (True, False):
-            study = parse_study(make(quick), source=f"{make.__module__}.{make.__name__}")
+            study = parse_study(make(quick), source=f"{make.__module__}.{make.__qualname__}")
             for spec in study.workloads:
-                assert list(factory.build(study.source, spec).cells()), (make.__name__, spec.name)
+                assert list(factory.build(study.source, spec).cells()), (study.source, spec.name)
