@@ -76,8 +76,8 @@ throttle = {THROTTLE}
             ),
         ]
     )
-    files = '["64M"]' if quick else '["64M", "256M"]'
-    records = '["1M"]' if quick else '["128K", "256K", "512K", "1M"]'
+    files = '["64M"]' if quick else '["256M"]'
+    records = '["1M"]' if quick else '["128K", "1M"]'
     threads = (
         ""
         if quick
@@ -86,7 +86,7 @@ throttle = {THROTTLE}
     return f"""# zbdlab reproduce 000: ZFS/btrfs compression on vs off, IOzone, throttled disks
 version = 1
 name = "repro-000"
-repetitions = {3 if quick else 6}
+repetitions = 3
 cache = "cold"
 {'format = "once"' if quick else ""}
 seed = 2014
@@ -170,7 +170,7 @@ REPRO = Reproduction(
         + (
             "files 64 MiB, record 1M, 3 repetitions on file systems made once, single disk only"
             if quick
-            else "files 64 and 256 MiB, records 128K..1M, 6 repetitions, 1..2 threads"
+            else "files 256 MiB, records 128K and 1M, 3 repetitions, 1..2 threads"
         )
         + "; the ranges the thesis gives (e.g. random read 100-1200 %) are represented by their lower end"
     ),

@@ -39,13 +39,13 @@ def study(quick: bool) -> str:
             target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
-        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.05}\nruntime_s = {3 if quick else 30}\n'
+        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.05}\nruntime_s = {3 if quick else 10}\n'
         for p in PERSONALITIES
     )
     return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
 version = 1
 name = "repro-004"
-repetitions = {4 if quick else 20}
+repetitions = {4 if quick else 6}
 cache = "warm"
 {'format = "once"' if quick else ""}
 seed = 2015
@@ -124,7 +124,7 @@ REPRO = Reproduction(
         + (
             "3/100, 3 s, 4 runs (first discarded) on file systems made once, btrfs and ZFS on a single disk only"
             if quick
-            else "1/20, 30 s, 20 runs (first discarded), with RAID 10 and RAID 5 rows"
+            else "1/20, 10 s, 6 runs (first discarded), with RAID 10 and RAID 5 rows"
         )
     ),
     measure=measure,
