@@ -48,5 +48,7 @@ def command(directory: Path | None, quick: bool, only: tuple[str, ...], list_onl
         click.echo(f"{o.name:18} {o.elapsed_s:7.0f} s  {o.verdict}", err=True)
     click.echo(f"wall time: {time_total(outcomes)}", err=True)
     click.echo(f"{md}\n{page}")
-    if any(o.error for o in outcomes):
+    # the exit status is about this invocation's figures, not older ones the pages also show
+    selected = {e.name for e in pipeline.select(only)}
+    if any(o.error for o in outcomes if o.name in selected):
         sys.exit(EXIT_FAILED)
