@@ -129,12 +129,17 @@ class MemoryCgroup:
                 out[key] = int((self.path / name).read_text().strip())
             except (OSError, ValueError):
                 pass
-        if self.hierarchy.version == 2:
-            try:
-                events = dict(line.split() for line in (self.path / "memory.events").read_text().splitlines())
-                out["memory_limit_hits"] = int(events.get("max", 0))
-            except (OSError, ValueError):
-                pass
+        # v1 memory.oom_control and v2 memory.events are both "key value" lines
+        v1 = self.hierarchy.version == 1
+        try:
+            text = (self.path / ("memory.oom_control" if v1 else "memory.events")).read_text()
+            events = dict(line.split() for line in text.splitlines())
+        except (OSError, ValueError):
+            events = {}
+        if not v1 and "max" in events:
+            out["memory_limit_hits"] = int(events["max"])
+        if "oom_kill" in events:
+            out["memory_oom_kills"] = int(events["oom_kill"])
         return out
 
     def remove(self) -> None:

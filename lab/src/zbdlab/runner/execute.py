@@ -511,6 +511,7 @@ def _memory_usage(usage: list[dict[str, int]]) -> dict[str, int]:
         "memory_limit_bytes": usage[0]["memory_limit_bytes"],
         "memory_peak_bytes": max(u.get("memory_peak_bytes", 0) for u in usage),
         "memory_limit_hits": sum(u.get("memory_limit_hits", 0) for u in usage),
+        "memory_oom_kills": sum(u.get("memory_oom_kills", 0) for u in usage),
     }
 
 

@@ -37,4 +37,9 @@ def run_measured(
                 ctx.after_operation(operation)
             if group:
                 ctx.memory_usage.append(group.usage())
+    if group and ctx.memory_usage[-1].get("memory_oom_kills"):
+        # the workload's error message quotes stderr: say why the tool died
+        proc.stderr += (
+            f"\nkilled by the OOM killer: memory_limit ({limit >> 20} MiB) is too small for {argv[0]}"
+        )
     return proc, wall_s
