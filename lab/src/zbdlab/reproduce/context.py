@@ -112,12 +112,18 @@ def medians(
 ) -> dict[Key, float]:
     """Median of `value` over the non-discarded runs of each `key` (the seeds report medians or means
     of repetitions; medians are the robust choice on a shared, noisy machine)."""
+    return {k: statistics.median(vs) for k, vs in _groups(records, key, value).items()}
+
+
+def _groups(
+    records: Iterable[RunRecord], key: Callable[[RunRecord], Key], value: Callable[[RunRecord], float | None]
+) -> dict[Key, list[float]]:
     groups: dict[Key, list[float]] = defaultdict(list)
     for r in records:
         v = value(r)
         if not r.discarded and v is not None:
             groups[key(r)].append(float(v))
-    return {k: statistics.median(vs) for k, vs in groups.items() if vs}
+    return groups
 
 
 def spreads(
@@ -125,12 +131,7 @@ def spreads(
 ) -> dict[Key, Summary]:
     """What `medians` summarises, described (n, median, 90 % confidence interval of the mean, range),
     so a page can show how far one run is from the next."""
-    groups: dict[Key, list[float]] = defaultdict(list)
-    for r in records:
-        v = value(r)
-        if not r.discarded and v is not None:
-            groups[key(r)].append(float(v))
-    return {k: describe(vs) for k, vs in groups.items() if vs}
+    return {k: describe(vs) for k, vs in _groups(records, key, value).items()}
 
 
 def spread_note(what: str, summaries: dict[Key, Summary]) -> str:
