@@ -160,6 +160,7 @@ version = 1
 name = "repro-001-iozone"
 repetitions = {3 if quick else 5}
 cache = "cold"
+{'format = "once"' if quick else ""}
 seed = 2011
 [data]
 kind = "synthetic"
@@ -178,7 +179,7 @@ size = "1G"
 [workloads.iozone]
 kind = "iozone"
 file_sizes = {'["4M", "16M"]' if quick else '["4M", "16M", "64M", "256M"]'}
-record_sizes = {'["64K", "1M"]' if quick else '["16K", "64K", "256K", "1M"]'}
+record_sizes = {'["1M"]' if quick else '["16K", "64K", "256K", "1M"]'}
 operations = ["write", "reread"]
 """
 
@@ -266,7 +267,7 @@ COMPARE = Reproduction(
     scaling=lambda quick: (
         "files "
         + (
-            "4 and 16 MiB, records 64K and 1M, 3 repetitions"
+            "4 and 16 MiB, record 1M, 3 repetitions on file systems made once"
             if quick
             else "4..256 MiB, records 16K..1M, 5 repetitions"
         )
