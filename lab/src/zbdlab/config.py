@@ -137,6 +137,8 @@ class Study:
     scratch_dir: Path | None
     targets: tuple[TargetSpec, ...]
     workloads: tuple[WorkloadSpec, ...]
+    # each workload tool runs in a cgroup of this many bytes, page cache included (zbdlab.memlimit)
+    memory_limit: int | None = None
     extra_checks: dict[str, Any] = field(default_factory=dict)
 
 
@@ -290,6 +292,9 @@ def parse_study(text: str, source: str = "study.toml", path: Path | None = None)
     measures = top.string("measures", "disk", ("disk", "cache"))
     realistic_ratio = top.number("realistic_ratio", 2.1, lo=1.0)
     scratch = top.string("scratch_dir", None)
+    memory_limit = top.size("memory_limit", None)
+    if memory_limit is not None and memory_limit < 16 << 20:
+        raise top.fail("memory_limit", f"{memory_limit} bytes is too small for a tool to run (at least 16M)")
     data_table = top.table("data")
     study_data = _data_spec(source, "data", data_table or {}, DataSpec(), base_dir)
 
@@ -332,6 +337,7 @@ def parse_study(text: str, source: str = "study.toml", path: Path | None = None)
         scratch_dir=(base_dir / scratch) if scratch else None,
         targets=targets,
         workloads=workloads,
+        memory_limit=memory_limit,
     )
 
 

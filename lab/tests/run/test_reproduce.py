@@ -167,7 +167,8 @@ def test_every_generated_study_is_valid_at_both_sizes() -> None:
     from zbdlab.runner import factory
 
     makers = [
-        seed002.fig2_study,
+        lambda quick: seed002.fig2_study(quick, 1),
+        lambda quick: seed002.fig2_study(quick, 2),
         seed002.fig10_study,
         seed002.fig11_study,
         seed000.study,
@@ -178,6 +179,15 @@ def test_every_generated_study_is_valid_at_both_sizes() -> None:
     ]
     for make in makers:
         for quick in (True, False):
-            study = parse_study(make(quick), source=f"{make.__module__}.{make.__name__}")
+            study = parse_study(make(quick), source=f"{make.__module__}.{make.__qualname__}")
             for spec in study.workloads:
-                assert list(factory.build(study.source, spec).cells()), (make.__name__, spec.name)
+                assert list(factory.build(study.source, spec).cells()), (study.source, spec.name)
+
+
+def test_spread_note_gives_the_interval_or_says_there_is_none() -> None:
+    from zbdlab.reproduce.context import spread_note
+    from zbdlab.stats.describe import describe
+
+    note = spread_note("tps", {("native",): describe([10.0, 12.0, 14.0]), ("zbd",): describe([7.0])})
+    assert note.startswith("tps, median per repetition set: native 12 (90 % CI of the mean 8.6")
+    assert "n=3" in note and "zbd 7 (1 run, no interval)" in note

@@ -22,6 +22,7 @@ from typing import Any
 from zbdlab.app import HostError, zbd_binary
 from zbdlab.parsers.results import ResultsDir, load_results_dir
 from zbdlab.results.schema import RunRecord
+from zbdlab.stats.describe import Summary, describe
 
 
 class StepFailed(RuntimeError):
@@ -111,12 +112,52 @@ def medians(
 ) -> dict[Key, float]:
     """Median of `value` over the non-discarded runs of each `key` (the seeds report medians or means
     of repetitions; medians are the robust choice on a shared, noisy machine)."""
+    return {k: statistics.median(vs) for k, vs in _groups(records, key, value).items()}
+
+
+def _groups(
+    records: Iterable[RunRecord], key: Callable[[RunRecord], Key], value: Callable[[RunRecord], float | None]
+) -> dict[Key, list[float]]:
     groups: dict[Key, list[float]] = defaultdict(list)
     for r in records:
         v = value(r)
         if not r.discarded and v is not None:
             groups[key(r)].append(float(v))
-    return {k: statistics.median(vs) for k, vs in groups.items() if vs}
+    return groups
+
+
+def spreads(
+    records: Iterable[RunRecord], key: Callable[[RunRecord], Key], value: Callable[[RunRecord], float | None]
+) -> dict[Key, Summary]:
+    """What `medians` summarises, described (n, median, 90 % confidence interval of the mean, range),
+    so a page can show how far one run is from the next."""
+    return {k: describe(vs) for k, vs in _groups(records, key, value).items()}
+
+
+def spread_note(what: str, summaries: dict[Key, Summary]) -> str:
+    """One line: per key, median, 90 % CI of the mean and n (n = 1: the single value, no interval)."""
+
+    def one(s: Summary) -> str:
+        if s.n < 2:
+            return f"{s.median:.4g} (1 run, no interval)"
+        return f"{s.median:.4g} (90 % CI of the mean {s.ci_low:.4g}..{s.ci_high:.4g}, n={s.n})"
+
+    parts = [f"{' '.join(k)} {one(s)}" for k, s in sorted(summaries.items())]
+    return f"{what}, median per repetition set: " + "; ".join(parts)
+
+
+def memory_note(records: Iterable[RunRecord]) -> str:
+    """How hard the memory cgroup (study memory_limit) bit: its peak and how often it hit the limit."""
+    runs = [r.extra for r in records if r.extra.get("memory_limit_bytes")]
+    if not runs:
+        return "no memory limit: the page cache could hold the data set"
+    hits = sorted(int(e.get("memory_limit_hits", 0)) for e in runs)
+    peak = max(int(e.get("memory_peak_bytes", 0)) for e in runs)
+    return (
+        f"memory cgroup of {runs[0]['memory_limit_bytes'] / 2**20:.0f} MiB: peak {peak / 2**20:.0f} MiB, "
+        f"limit hit {hits[0]}..{hits[-1]} times per run "
+        f"({sum(h > 0 for h in hits)} of {len(hits)} runs reclaimed)"
+    )
 
 
 def mb_s(r: RunRecord) -> float | None:

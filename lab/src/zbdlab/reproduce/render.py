@@ -42,6 +42,13 @@ def summary_counts(outcomes: list[Outcome]) -> dict[str, int]:
     return counts
 
 
+def time_total(outcomes: list[Outcome]) -> str:
+    """The set's wall time, summed over the figures (each ran on its own; they add up)."""
+    sizes = sorted({"quick" if o.quick else "full" for o in outcomes})
+    total = sum(o.elapsed_s for o in outcomes)
+    return f"{total:,.0f} s ({total / 60:.1f} min) over {len(outcomes)} figures, {' and '.join(sizes)} size"
+
+
 def render_markdown(outcomes: list[Outcome], header: dict[str, str], plots: dict[str, str]) -> str:
     """header: command, commit, date, machine; plots: outcome name -> relative image path."""
     out = [
@@ -56,13 +63,20 @@ def render_markdown(outcomes: list[Outcome], header: dict[str, str], plots: dict
         "seed's text in `/work/shared/seeds`), ours in the same units and shape, the scaling we applied, "
         "and a verdict. Timings on this machine are noisy (it is shared).",
         "",
-        "| figure | verdict | reason |",
-        "|---|---|---|",
+        "| figure | verdict | wall time (s) | reason |",
+        "|---|---|---|---|",
     ]
     for o in outcomes:
-        out.append(f"| [{o.name}](#{o.name}) {o.title} | {o.verdict} | {o.reason.replace('|', '/')} |")
+        reason = o.reason.replace("|", "/")
+        out.append(f"| [{o.name}](#{o.name}) {o.title} | {o.verdict} | {o.elapsed_s:,.0f} | {reason} |")
     counts = summary_counts(outcomes)
-    out += ["", "Totals: " + ", ".join(f"{kind}: {n}" for kind, n in counts.items() if n), ""]
+    out += [
+        "",
+        "Totals: " + ", ".join(f"{kind}: {n}" for kind, n in counts.items() if n),
+        "",
+        f"Wall time: {time_total(outcomes)}.",
+        "",
+    ]
     for o in outcomes:
         out += [f"## {o.name}", "", f"**{o.title}**", "", f"Seed: {o.cite}. Setup there: {o.seed_setup}.", ""]
         out += [f"Seed's numbers ({o.seed['unit']}):" if o.seed.get("unit") else "Seed's numbers:", ""]
@@ -113,14 +127,15 @@ def render_html(outcomes: list[Outcome], header: dict[str, str], plots: dict[str
         "<h1>Reproducing the seeds' headline figures</h1>",
         f"<p>command: <code>{e(header['command'])}</code><br>commit: <code>{e(header['commit'])}</code><br>"
         f"date: {e(header['date'])}<br>machine: {e(header['machine'])}</p>",
-        "<table><tr><th>figure</th><th>verdict</th><th>reason</th></tr>",
+        "<table><tr><th>figure</th><th>verdict</th><th>wall time (s)</th><th>reason</th></tr>",
     ]
     for o in outcomes:
         parts.append(
             f"<tr><td><a href='#{e(o.name)}'>{e(o.name)}</a> {e(o.title)}</td>"
-            f"<td class='{_css(o.verdict)}'>{e(o.verdict)}</td><td>{e(o.reason)}</td></tr>"
+            f"<td class='{_css(o.verdict)}'>{e(o.verdict)}</td><td>{o.elapsed_s:,.0f}</td>"
+            f"<td>{e(o.reason)}</td></tr>"
         )
-    parts.append("</table>")
+    parts.append(f"</table><p>Wall time: {e(time_total(outcomes))}.</p>")
     for o in outcomes:
         parts.append(f"<h2 id='{e(o.name)}'>{e(o.name)}: {e(o.title)}</h2>")
         parts.append(f"<p>Seed: {e(o.cite)}. Setup there: {e(o.seed_setup)}.</p><div class='side'>")

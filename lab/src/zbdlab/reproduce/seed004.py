@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from zbdlab.reproduce.context import Context, mb_s, medians
+from zbdlab.reproduce.context import Context, mb_s, medians, spread_note, spreads
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -39,14 +39,15 @@ def study(quick: bool) -> str:
             target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
-        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.05}\nruntime_s = {5 if quick else 30}\n'
+        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.05}\nruntime_s = {3 if quick else 10}\n'
         for p in PERSONALITIES
     )
     return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
 version = 1
 name = "repro-004"
-repetitions = {2 if quick else 20}
+repetitions = {4 if quick else 6}
 cache = "warm"
+{'format = "once"' if quick else ""}
 seed = 2015
 [data]
 kind = "synthetic"
@@ -75,6 +76,7 @@ def measure(ctx: Context) -> Measured:
             rows.append([label, *(round(med.get((t, p), math.nan), 1) for p in PERSONALITIES)])
     notes = [
         "median throughput of the non-discarded runs (the first run of each unit is discarded, as in the thesis)",
+        spread_note("MB/s", spreads(results.records, lambda r: (r.target, r.workload), mb_s)),
         "Filebench is replaced by zbdlab's fio-based personalities with Filebench's flows (docs/workloads.md)",
         "ZFS is zfs-fuse: FUSE bounds it; the thesis ran ZFS on Linux in the kernel",
     ]
@@ -120,9 +122,9 @@ REPRO = Reproduction(
     scaling=lambda quick: (
         "a throttled disk per disk (100 MiB/s, 4 ms per request); data sets at "
         + (
-            "3/100, 5 s, 2 runs (first discarded), btrfs and ZFS on a single disk only"
+            "3/100, 3 s, 4 runs (first discarded) on file systems made once, btrfs and ZFS on a single disk only"
             if quick
-            else "1/20, 30 s, 20 runs (first discarded), with RAID 10 and RAID 5 rows"
+            else "1/20, 10 s, 6 runs (first discarded), with RAID 10 and RAID 5 rows"
         )
     ),
     measure=measure,

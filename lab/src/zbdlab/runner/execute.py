@@ -27,7 +27,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from zbdlab import throttle
+from zbdlab import memlimit, throttle
 from zbdlab.app import HostError, UserError
 from zbdlab.config import Study, TargetSpec, WorkloadSpec
 from zbdlab.monitors import cache, counters, environment
@@ -119,6 +119,8 @@ class Runner:
             problem = zbd_problem()
             if problem:
                 raise HostError(f"zbd targets cannot run: {problem}")
+        if self.study.memory_limit and (problem := memlimit.cgroup_problem()):
+            raise HostError(f"{self.study.source}: {problem}")
         fuse_only = not kernel_zfs_present()
         for i, t in enumerate(self.study.targets):
             if t.fs == "zfs" and t.compression == "lz4" and fuse_only:
@@ -173,6 +175,11 @@ class Runner:
         scratch = self._scratch(stack)
         zfs = ZfsService(cmds, stack, scratch / "zfs-fuse")
         self.mem_available = counters.meminfo().get("MemAvailable", 0)
+        if self.study.memory_limit:
+            # the page cache a workload can use is its cgroup's limit
+            self.mem_available = min(self.mem_available, self.study.memory_limit)
+            for left in memlimit.remove_stale():
+                self.console.print(f"[yellow]removed the cgroup {left} of a killed run[/]")
         left_per_instance: dict[str, int] = {}
         for u in remaining:
             left_per_instance[u.instance_key] = left_per_instance.get(u.instance_key, 0) + 1
@@ -340,6 +347,7 @@ class Runner:
             between_operations=between,
             before_operation=before,
             after_operation=after,
+            memory_limit_bytes=self.study.memory_limit,
         )
         whole_before = _OpSample(counters.read_cpu(), self._io(inst), time.monotonic())
         try:
@@ -355,7 +363,7 @@ class Runner:
             samples[measurements[0].operation] = whole_before
             after(measurements[0].operation)
         records = self._records(
-            unit, target, spec, inst, measurements, deltas, spaces, cache_checks, raw, index
+            unit, target, spec, inst, measurements, deltas, spaces, cache_checks, raw, index, ctx.memory_usage
         )
         shutil.rmtree(workdir, ignore_errors=True)
         return records
@@ -382,6 +390,7 @@ class Runner:
         cache_checks: list[dict[str, Any]],
         raw: Path,
         index: int,
+        ctx_usage: list[dict[str, int]],
     ) -> list[RunRecord]:
         cell = unit.cell
         common = validity.static_warnings(self.study, target, inst.fuse_bound)
@@ -457,6 +466,7 @@ class Runner:
                     warnings=warnings,
                     extra={
                         **m.extra,
+                        **_memory_usage(ctx_usage),
                         "cell_key": cell.key,
                         "cell_params": cell.params,
                         "instance": inst.ident,
@@ -491,6 +501,18 @@ class Runner:
         lines = [f"{w}  [{n} run(s)]" for w, n in per_row.items()]
         lines += [s["warning"] for s in study_level]
         return lines
+
+
+def _memory_usage(usage: list[dict[str, int]]) -> dict[str, int]:
+    """The unit's memory-limited tool runs in one: the highest peak and every time the limit was hit."""
+    if not usage:
+        return {}
+    return {
+        "memory_limit_bytes": usage[0]["memory_limit_bytes"],
+        "memory_peak_bytes": max(u.get("memory_peak_bytes", 0) for u in usage),
+        "memory_limit_hits": sum(u.get("memory_limit_hits", 0) for u in usage),
+        "memory_oom_kills": sum(u.get("memory_oom_kills", 0) for u in usage),
+    }
 
 
 def _link_raw(files: list[Path], unit_raw: Path, run_raw: Path) -> None:

@@ -32,7 +32,7 @@ def cache_fit(working_set: int | None, mem_available: int, study: Study) -> str 
     )
     return (
         f"working set {_gib(working_set)} fits in the page cache available "
-        f"(MemAvailable {_gib(mem_available)}): "
+        f"({'memory_limit' if study.memory_limit else 'MemAvailable'} {_gib(mem_available)}): "
         f"{how}"
     )
 

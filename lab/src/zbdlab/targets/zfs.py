@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from zbdlab.app import HostError, require_tool
@@ -75,12 +76,23 @@ class ZfsService:
             stop_process(self.proc)
             self.proc = None
 
+    def _export(self, pool: str, attempts: int = 20) -> None:
+        """zpool export; zfs-fuse answers "pool is busy" for a moment after the unmount (it lets go of
+        the file system asynchronously), which failed whole reproductions: try again for up to ~10 s."""
+        for attempt in range(attempts):
+            proc = self.cmds.run(["zpool", "export", pool], check=attempt == attempts - 1)
+            if proc.returncode == 0:
+                return
+            if "busy" not in proc.stderr + proc.stdout:
+                raise CommandError(["zpool", "export", pool], proc.returncode, proc.stderr + proc.stdout)
+            time.sleep(0.5)
+
     def restart(self) -> bool:
         """Export our pools, restart the daemon we started, import them again (drops the ARC).
         Returns False (and only exports/imports) when the daemon is not ours or ZFS is in the kernel."""
         pools = list(self.pools)
         for pool in pools:
-            self.cmds.run(["zpool", "export", pool])
+            self._export(pool)
         restarted = False
         if self.proc is not None:
             self._stop()

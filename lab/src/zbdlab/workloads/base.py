@@ -103,6 +103,10 @@ class RunContext:
     # device counters around exactly that operation.
     before_operation: Callable[[str], None] = lambda op: None
     after_operation: Callable[[str], None] = lambda op: None
+    # The study's memory_limit: each tool runs in a cgroup of this size (zbdlab.memlimit), and what
+    # each group used is appended to memory_usage for the runner to record.
+    memory_limit_bytes: int | None = None
+    memory_usage: list[dict[str, int]] = field(default_factory=list)
 
 
 class Workload(Protocol):
