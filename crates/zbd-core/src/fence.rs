@@ -88,4 +88,8 @@ impl Storage for Fenced {
         self.check()?;
         self.inner.discard(offset, len)
     }
+
+    fn read_parallelism(&self) -> usize {
+        self.inner.read_parallelism()
+    }
 }

@@ -400,6 +400,10 @@ impl<S: Storage + 'static> Storage for QueuedStorage<S> {
             data: None,
         })
     }
+
+    fn read_parallelism(&self) -> usize {
+        self.shared.storage.read_parallelism()
+    }
 }
 
 impl<S: Storage + 'static> Drop for QueuedStorage<S> {

@@ -25,6 +25,13 @@ pub trait Storage: Send + Sync {
     fn sync(&self) -> Result<()>;
     /// Releases a range (punches a hole in a file; BLKDISCARD on a block device). Best effort.
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    /// How many reads are worth having in flight at once for one host request. A local file
+    /// answers from the page cache or a fast queue, so 1 (one read after the other); a network
+    /// store whose every read is a round trip says more, and the engine then reads the extents
+    /// one host request needs concurrently.
+    fn read_parallelism(&self) -> usize {
+        1
+    }
 }
 
 /// A regular file or a block device, locked exclusively while open.
@@ -293,5 +300,8 @@ impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
     }
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         (**self).discard(offset, len)
+    }
+    fn read_parallelism(&self) -> usize {
+        (**self).read_parallelism()
     }
 }

@@ -607,16 +607,19 @@ impl Inner {
     }
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
-    /// same extent.
+    /// same extent. The runs are read concurrently when the storage asks for it
+    /// (`Storage::read_parallelism`: a network store, where each read is a round trip).
     fn fetch(&self, sources: &[Source], use_cache: bool) -> Vec<Fetched> {
-        let mut out: Vec<Fetched> = Vec::with_capacity(sources.len());
+        // Runs of `Disk` sources (start, end, extent, lo, hi) that need a device read.
+        let mut runs: Vec<(usize, usize, u32, u32, u32)> = Vec::new();
+        let mut out: Vec<Option<Fetched>> = Vec::with_capacity(sources.len());
         let mut i = 0;
         while i < sources.len() {
             let Source::Disk { entry } = &sources[i] else {
-                out.push(Ok(match &sources[i] {
+                out.push(Some(Ok(match &sources[i] {
                     Source::Bytes { bytes, .. } => Some(bytes.clone()),
                     _ => None,
-                }));
+                })));
                 i += 1;
                 continue;
             };
@@ -644,23 +647,51 @@ impl Inner {
                 })
                 .collect();
             if cached.len() == j - i {
-                out.extend(cached.into_iter().map(|b| Ok(Some(b.to_vec()))));
-                i = j;
-                continue;
+                out.extend(cached.into_iter().map(|b| Some(Ok(Some(b.to_vec())))));
+            } else {
+                runs.push((i, j, entry.extent, lo, hi));
+                out.extend((i..j).map(|_| None));
             }
+            i = j;
+        }
+        let read_run = |&(_, _, extent, lo, hi): &(usize, usize, u32, u32, u32)| {
             let mut span = vec![0u8; (hi - lo) as usize];
-            let res = self.storage.read_at(
-                self.sb.extent_offset(entry.extent) + u64::from(lo),
-                &mut span,
-            );
+            let res = self
+                .storage
+                .read_at(self.sb.extent_offset(extent) + u64::from(lo), &mut span);
             self.storage_bytes_read
                 .fetch_add(span.len() as u64, Ordering::Relaxed);
-            for src in &sources[i..j] {
+            res.map(|()| span)
+        };
+        let width = self.storage.read_parallelism().max(1);
+        let spans: Vec<Result<Vec<u8>>> = if width > 1 && runs.len() > 1 {
+            let mut spans = Vec::with_capacity(runs.len());
+            for batch in runs.chunks(width) {
+                // Scoped threads, not the rayon pool: these wait on the network, and the pool's
+                // threads (one per core) are for compression.
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = batch
+                        .iter()
+                        .map(|run| scope.spawn(|| read_run(run)))
+                        .collect();
+                    for h in handles {
+                        spans.push(h.join().unwrap_or_else(|_| {
+                            Err(Error::Io(std::io::Error::other("storage read panicked")))
+                        }));
+                    }
+                });
+            }
+            spans
+        } else {
+            runs.iter().map(read_run).collect()
+        };
+        for (&(i, j, _, lo, _), res) in runs.iter().zip(spans) {
+            for (k, src) in sources.iter().enumerate().take(j).skip(i) {
                 let Source::Disk { entry: e } = src else {
                     continue;
                 };
-                out.push(match &res {
-                    Ok(()) => {
+                out[k] = Some(match &res {
+                    Ok(span) => {
                         let s = (e.offset - lo) as usize;
                         let bytes = &span[s..s + e.len as usize];
                         // Under the reuse gate (held by our caller): see readcache.rs.
@@ -670,9 +701,10 @@ impl Inner {
                     Err(err) => Err(Error::Io(std::io::Error::other(err.to_string()))),
                 });
             }
-            i = j;
         }
-        out
+        out.into_iter()
+            .map(|f| f.expect("every source is fetched"))
+            .collect()
     }
 
     /// Decodes one block from its stored bytes (of its unit: decoding no more than the unit).

@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use zbd_core::{Error, Result, Storage};
 
+/// Concurrent reads for one host request (the engine's `fetch`), like a queue depth.
+const READ_PARALLELISM: usize = 16;
+
 /// Object size when `zbd create` is not told otherwise (RBD's default too).
 pub const DEFAULT_OBJECT_SIZE: u64 = 4 << 20;
 /// Smallest and largest object sizes accepted at create time.
@@ -404,6 +407,12 @@ impl RadosStorage {
 impl Storage for RadosStorage {
     fn len_bytes(&self) -> Result<u64> {
         Ok(self.header.size)
+    }
+
+    /// Every read is a network round trip: a host read that needs several extents reads them
+    /// at once, so the OSDs serve them in parallel.
+    fn read_parallelism(&self) -> usize {
+        READ_PARALLELISM
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
