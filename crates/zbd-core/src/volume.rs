@@ -34,6 +34,10 @@ pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
 pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
 /// Requests with at least this many blocks are compressed / decompressed in parallel.
 const PARALLEL_BLOCKS_MIN: usize = 4;
+/// Reads of at least this many blocks (256 KiB) are streaming: they use the read cache but do
+/// not fill it. A sequential scan would evict what random reads come back for, and copying its
+/// bytes into the cache was a measurable part of a sequential read's CPU time.
+const STREAMING_BLOCKS_MIN: u64 = 64;
 
 /// Open-time tunables.
 #[derive(Clone, Debug)]
@@ -461,7 +465,8 @@ impl Inner {
                 }
             }
         }
-        let fetched = self.fetch(&sources, use_cache);
+        let keep = use_cache && count < STREAMING_BLOCKS_MIN;
+        let fetched = self.fetch(&sources, use_cache, keep);
         // Consecutive blocks of one compression unit are decoded together, once.
         let mut groups: Vec<(usize, usize, Fetched)> = Vec::new();
         for (i, stored) in fetched.into_iter().enumerate() {
@@ -517,7 +522,7 @@ impl Inner {
                     .collect(),
                 // From the device: decode the whole unit once and keep it for its other blocks
                 // (the CRC of what was decoded has just been checked).
-                (Source::Disk { entry }, Some(bytes)) if use_cache && entry.unit_blocks > 1 => {
+                (Source::Disk { entry }, Some(bytes)) if keep && entry.unit_blocks > 1 => {
                     match self.decode_unit(entry, &bytes) {
                         Some(unit) => {
                             let unit: Arc<[u8]> = Arc::from(unit);
@@ -609,7 +614,9 @@ impl Inner {
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
     /// same extent. The runs are read concurrently when the storage asks for it
     /// (`Storage::read_parallelism`: a network store, where each read is a round trip).
-    fn fetch(&self, sources: &[Source], use_cache: bool) -> Vec<Fetched> {
+    /// `keep`: put what was read into the read cache. The blocks of one unit after its first
+    /// get `None`: `read_blocks` decodes a unit once, from its first block's bytes.
+    fn fetch(&self, sources: &[Source], use_cache: bool, keep: bool) -> Vec<Fetched> {
         // Runs of `Disk` sources (start, end, extent, lo, hi) that need a device read.
         let mut runs: Vec<(usize, usize, u32, u32, u32)> = Vec::new();
         let mut out: Vec<Option<Fetched>> = Vec::with_capacity(sources.len());
@@ -686,16 +693,26 @@ impl Inner {
             runs.iter().map(read_run).collect()
         };
         for (&(i, j, _, lo, _), res) in runs.iter().zip(spans) {
+            let mut prev: Option<&MapEntry> = None;
             for (k, src) in sources.iter().enumerate().take(j).skip(i) {
                 let Source::Disk { entry: e } = src else {
                     continue;
                 };
+                let same_unit = prev.is_some_and(|p| {
+                    e.unit_blocks > 1
+                        && p.unit_blocks > 1
+                        && (p.offset, p.len, p.crc) == (e.offset, e.len, e.crc)
+                });
+                prev = Some(e);
                 out[k] = Some(match &res {
+                    Ok(_) if same_unit => Ok(None),
                     Ok(span) => {
                         let s = (e.offset - lo) as usize;
                         let bytes = &span[s..s + e.len as usize];
-                        // Under the reuse gate (held by our caller): see readcache.rs.
-                        self.cache.put(e.extent, e.offset, bytes);
+                        if keep {
+                            // Under the reuse gate (held by our caller): see readcache.rs.
+                            self.cache.put(e.extent, e.offset, bytes);
+                        }
                         Ok(Some(bytes.to_vec()))
                     }
                     Err(err) => Err(Error::Io(std::io::Error::other(err.to_string()))),
@@ -891,7 +908,7 @@ impl Inner {
                 | Source::Decoded { entry, .. } => *entry,
                 Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
             };
-            let stored = self.fetch(&sources, true).pop().unwrap_or(Ok(None));
+            let stored = self.fetch(&sources, true, true).pop().unwrap_or(Ok(None));
             drop(gate);
             let mut block = match (&sources[0], stored?) {
                 (Source::Zeros, _) => vec![0u8; BLOCK_BYTES],
