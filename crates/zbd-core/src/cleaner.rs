@@ -74,7 +74,7 @@ impl PassResult {
 
 fn cost_benefit(x: &ExtentInfo, extent_bytes: f64, now: u64) -> f64 {
     let u = f64::from(x.live_bytes) / extent_bytes;
-    let age = (now.saturating_sub(x.stamp) + 1) as f64;
+    let age = (f64::from((now as u32).wrapping_sub(x.stamp))) + 1.0;
     (1.0 - u) * age / (1.0 + u)
 }
 

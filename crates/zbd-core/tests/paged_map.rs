@@ -240,3 +240,34 @@ fn counters_survive_reopen_and_match_a_recount() {
         1024
     );
 }
+
+/// Scattered writes dirty one map page each; however large the cache, a checkpoint comes by
+/// 2048 dirty pages, so a reopen after a crash replays and rewrites at most that many.
+#[test]
+fn dirty_map_pages_are_capped_whatever_the_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dirty.zbd");
+    let size = 4u64 << 30;
+    let opts = CreateOptions::new(size);
+    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let open = OpenOptions {
+        map_cache_bytes: 64 << 20,
+        ..open_opts_sync()
+    };
+    let file = FileStorage::create(&path, sb.total_bytes()).expect("file");
+    let vol = Volume::create_with(Box::new(file), &opts, open).expect("create");
+    let per_page = zbd_core::format::MAP_ENTRIES_PER_PAGE as u64;
+    let mut most = 0;
+    for i in 0..3000u64 {
+        let lba = i * per_page;
+        vol.write(lba * 4096, &block(lba, i), false).expect("write");
+        most = most.max(vol.stats().map_cache.dirty_pages);
+    }
+    assert!(most <= 2048, "{most} dirty map pages");
+    // More than a checkpoint's worth was written: the cap, not the end of the test, bounded it.
+    assert!(
+        most >= 2000,
+        "{most} dirty map pages: checkpoints came too early"
+    );
+    vol.close().expect("close");
+}

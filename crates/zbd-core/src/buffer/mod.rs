@@ -196,7 +196,7 @@ impl State {
     pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
         self.write_segment(cx, i)?;
         let oe = self.open.swap_remove(i);
-        let stamp = self.next_seq;
+        let stamp = self.next_seq as u32;
         let x = &mut self.extents[oe.extent as usize];
         x.state = if x.live_blocks == 0 {
             ExtentState::PendingFree
