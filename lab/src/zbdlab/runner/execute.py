@@ -160,7 +160,10 @@ class Runner:
         order = self.prepare()
         store = self.store
         store.create()
-        self._record_start(order)
+        # the throttle's overhead probe (in _record_start) makes loop devices, nbdkit and nbdfuse
+        # mounts: a SIGTERM there must unwind them too, not kill the process with them left behind
+        with signals.raising(Interrupted):
+            self._record_start(order)
         finished = store.finished_units()
         remaining = [u for u in order if u.unit_id not in finished]
         outcome = RunOutcome(store.root, 0, len(order) - len(remaining), len(order))
