@@ -586,7 +586,7 @@ name = "repro-002-fig11"
 repetitions = {2 if quick else 3}
 cache = "cold"
 {FORMAT_ONCE}
-memory_limit = "{"32M" if quick else "64M"}"
+memory_limit = "{"48M" if quick else "64M"}"
 seed = 11
 [data]
 kind = "synthetic"
@@ -595,7 +595,7 @@ compress_percentage = 50
 {targets}
 [workloads.fileserver]
 kind = "fileserver"
-scale = {0.04 if quick else 0.1}
+scale = {0.06 if quick else 0.1}
 runtime_s = {3 if quick else 10}
 """
 
@@ -732,8 +732,8 @@ FIG11 = Reproduction(
     scaling=lambda quick: (
         f"{THROTTLE_TEXT}; "
         + (
-            "3 s at data-set scale 0.04 (50 MiB), 2 repetitions (each lays out the file set through the "
-            "throttled disk) on file systems made once, fio's 50 jobs in a 32 MiB memory cgroup"
+            "3 s at data-set scale 0.06 (75 MiB), 2 repetitions (each lays out the file set through the "
+            "throttled disk) on file systems made once, fio's 50 jobs in a 48 MiB memory cgroup"
             if quick
             else "10 s at scale 0.1 (125 MiB), 3 repetitions on file systems made once, fio's 50 jobs in a "
             "64 MiB memory cgroup"
