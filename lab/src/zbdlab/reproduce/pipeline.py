@@ -60,15 +60,16 @@ def plan_lines(entries: list[Reproduction], quick: bool) -> list[str]:
     for e in entries:
         parts = e.plan(quick)
         what = " + ".join(
-            f"{p.units} x {p.s_per_unit:g} s ({p.label})" + (f" + {p.fixed_s:g} s" if p.fixed_s else "")
+            f"{p.units} x {p.s_per_unit:.3g} s ({p.label})" + (f" + {p.fixed_s:.3g} s" if p.fixed_s else "")
             for p in parts
         )
         lines.append(f"  {e.name:16} {planned_seconds(parts):6.0f} s  {what or 'no plan declared'}")
     total = sum(planned_seconds(e.plan(quick)) for e in entries)
     size = "quick" if quick else "full"
     lines.append(
-        f"planned: {total / 60:.1f} min for {len(entries)} figure(s) at {size} size, quiet 2-core machine "
-        f"(the whole {size} set is sized for {budget_s(quick) / 60:.0f} min; a loaded machine takes longer)"
+        f"planned: {total / 60:.1f} min for {len(entries)} figure(s) at {size} size, at the per-unit costs "
+        f"measured here (docs/reproduction.md, Time); the whole {size} set is sized for "
+        f"{budget_s(quick) / 60:.0f} min"
     )
     return lines
 

@@ -151,7 +151,7 @@ POSTMARK = Reproduction(
     measure=postmark_measure,
     compare=postmark_compare,
     plot="bar",
-    plan=lambda quick: [study_part("PostMark run", postmark_study(quick), 5.4 if quick else 22)],
+    plan=lambda quick: [study_part("PostMark run", postmark_study(quick), 0.9 if quick else 0.9 * 4)],
 )
 
 
@@ -280,7 +280,7 @@ COMPARE = Reproduction(
     measure=compare_measure,
     compare=compare_compare,
     plot="bar",
-    plan=lambda quick: [study_part("IOzone run (cold)", iozone_study(quick), 8 if quick else 10)],
+    plan=lambda quick: [study_part("IOzone run (cold)", iozone_study(quick), 2.1 if quick else 2.1 * 3.5)],
 )
 
 ENTRIES = [POSTMARK, COMPARE]
