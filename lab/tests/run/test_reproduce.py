@@ -191,3 +191,77 @@ def test_spread_note_gives_the_interval_or_says_there_is_none() -> None:
     note = spread_note("tps", {("native",): describe([10.0, 12.0, 14.0]), ("zbd",): describe([7.0])})
     assert note.startswith("tps, median per repetition set: native 12 (90 % CI of the mean 8.6")
     assert "n=3" in note and "zbd 7 (1 run, no interval)" in note
+
+
+def test_the_sets_are_sized_to_their_budgets() -> None:
+    """The run time is designed: every figure declares its work and cost per unit, and the sets'
+    planned totals stay within what they are sized for (a design check, no timing measured here)."""
+    from zbdlab.reproduce.model import planned_seconds
+
+    for e in pipeline.ENTRIES:
+        for quick in (True, False):
+            parts = e.plan(quick)
+            assert parts and all(p.units > 0 and p.s_per_unit > 0 for p in parts), (e.name, quick)
+    full = sum(planned_seconds(e.plan(False)) for e in pipeline.ENTRIES)
+    # the per-unit costs were measured on the shared machine (load 2-50): the full set fits its
+    # budget even at those costs. The quick set does not yet (docs/reproduction.md, Time): its plan
+    # is printed against the budget, not held to it here.
+    assert full <= pipeline.FULL_BUDGET_S, f"full set planned at {full / 60:.1f} min"
+    lines = pipeline.plan_lines(pipeline.ENTRIES, True)
+    assert len(lines) == len(pipeline.ENTRIES) + 1 and lines[-1].startswith("planned: ")
+
+
+def test_study_units_are_the_planners() -> None:
+    from zbdlab.reproduce import seed002
+    from zbdlab.reproduce.context import study_units
+
+    # 4 targets x 4 repetitions x one PostMark cell; quick 1 CPU keeps only ZBD (zlib)
+    assert study_units(seed002.fig2_study(False, 2)) == 16
+    assert study_units(seed002.fig2_study(True, 1)) == 4
+    (fig10,) = seed002.FIG10.plan(False)
+    assert fig10.units == len(seed002.EXTENTS_FULL) * 4 * 2  # extents x repetitions x (PostMark, reads)
+
+
+def test_eta_follows_the_pace_so_far() -> None:
+    said: list[str] = []
+    now = [0.0]
+    eta = pipeline.Eta({"a": 100.0, "b": 300.0}, {"a": 10, "b": 30}, said.append, clock=lambda: now[0])
+    eta.begin("a")
+    now[0] = 100.0  # half of a's units in all of a's planned time: twice as slow as planned
+    eta.advance(5)
+    assert "5/10 units" in said[-1] and "pace 2.00x" in said[-1] and "12 % of the plan" in said[-1]
+    assert "about 12 min left" in said[-1]  # (400 - 50) planned seconds at 2x
+    eta.end()
+    eta.begin("b")
+    assert "25 % of the plan" in eta.status()
+
+
+def test_an_interrupted_wait_stops_the_child_and_lets_it_clean_up(tmp_path: Path) -> None:
+    """What `zbdlab reproduce` does with a running study when it is interrupted (SIGTERM, Ctrl-C):
+    SIGTERM the child and wait for its teardown; before, the child ran on, holding its devices."""
+    import subprocess
+    import sys
+
+    from zbdlab.reproduce.context import wait_child
+
+    ready, cleaned = tmp_path / "ready", tmp_path / "cleaned"
+    child = (
+        "import pathlib, signal, sys, time\n"
+        "def stop(*_):\n"
+        f"    pathlib.Path({str(cleaned)!r}).write_text('torn down')\n"
+        "    sys.exit(130)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        f"pathlib.Path({str(ready)!r}).write_text('')\n"
+        "while True:\n"
+        "    time.sleep(1)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child])
+
+    def poll() -> None:
+        if ready.exists():
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        wait_child(proc, poll, 0.05)
+    assert proc.returncode == 130
+    assert cleaned.read_text() == "torn down"

@@ -14,6 +14,7 @@ import pytest
 from conftest import loops_over, mounts_under, run_zbdlab, zbdlab_argv, zbdlab_env
 
 from zbdlab.targets.zbd import zbd_problem
+from zbdlab.throttle import throttle_problem
 
 pytestmark = pytest.mark.needs_root
 
@@ -176,6 +177,48 @@ def test_resume_after_kill_skips_recorded_runs(tmp_path: Path, scratch: Path, si
     if sig == signal.SIGKILL:
         assert "cleaned up what the interrupted run left" in done.stdout
     assert_nothing_left(results, scratch)
+
+
+THROTTLED = """[[targets]]
+name = "slow"
+fs = "ext4"
+size = "128M"
+throttle = { rate = "100M", latency = "1ms" }
+"""
+
+
+@pytest.mark.skipif(throttle_problem() is not None, reason=str(throttle_problem()))
+def test_sigterm_during_the_throttle_probe_leaves_nothing_behind(tmp_path: Path, scratch: Path) -> None:
+    """The throttle's overhead probe runs before the first unit (it makes its own loop devices,
+    nbdkit and an nbdfuse mount); a SIGTERM there once killed zbdlab with all of them left behind."""
+    study = write_study(tmp_path, scratch, reps=1, more=THROTTLED)
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
+        env=zbdlab_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    probe = f"{scratch}/overhead-"
+    try:
+        deadline = time.monotonic() + 120
+        # the probe is under way once a loop device sits over its image
+        while probe not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the throttle probe did not start in 120 s"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert probe not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert not mounts_under(scratch), "the probe's nbdfuse mount was unmounted"
+    assert not list(scratch.glob("overhead-*")), "the probe's directory was removed"
+    servers = subprocess.run(["pgrep", "-af", "nbdkit|nbdfuse"], capture_output=True, text=True).stdout
+    assert probe not in servers, f"nbdkit/nbdfuse of the probe still running: {servers}"
 
 
 def test_failing_workload_leaves_nothing_behind(tmp_path: Path, scratch: Path) -> None:

@@ -65,6 +65,8 @@ def command(
     from zbdlab.bench.report import rerender as render_again
     from zbdlab.bench.run import run_bench
     from zbdlab.bench.settings import Settings
+    from zbdlab.runner import signals
+    from zbdlab.runner.execute import Interrupted
 
     if rerender:
         click.echo(render_again(rerender, Settings().confidence).read_text())
@@ -82,7 +84,13 @@ def command(
             raise UserError("no zbd binary (build it with `cargo build --release` or pass --zbd)")
         if os.geteuid() != 0 and set(only or GROUP_NAMES) - {"engine"}:
             raise UserError("the nbd and fs groups need root (loop devices, mounts); try --only engine")
-        summary = run_bench(binary, settings, list(only or GROUP_NAMES), repo_root(), output, click.echo)
+        # SIGTERM like Ctrl-C: the groups' loop devices, mounts and servers are undone by their
+        # `finally`s, which a process killed by the default SIGTERM action never runs
+        with signals.raising(Interrupted):
+            summary = run_bench(binary, settings, list(only or GROUP_NAMES), repo_root(), output, click.echo)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        click.echo(f"zbdlab bench: interrupted ({exc or 'SIGINT'}); cleaned up", err=True)
+        sys.exit(130)
     except UserError as exc:
         click.echo(f"zbdlab bench: {exc}", err=True)
         sys.exit(exc.exit_code)

@@ -28,6 +28,7 @@ def command(directory: Path | None, quick: bool, only: tuple[str, ...], list_onl
     """Regenerate every headline figure of the seeds and set ours beside the published numbers."""
     from zbdlab.reproduce import pipeline
     from zbdlab.reproduce.render import time_total
+    from zbdlab.runner.execute import Interrupted
 
     if list_only:
         for entry in pipeline.ENTRIES:
@@ -43,6 +44,10 @@ def command(directory: Path | None, quick: bool, only: tuple[str, ...], list_onl
     except UserError as exc:
         click.echo(str(exc), err=True)
         sys.exit(exc.exit_code)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        # the running study was stopped and tore its devices down (Context.study); finished figures stay
+        click.echo(f"zbdlab reproduce: interrupted ({exc or 'SIGINT'}); the same command resumes", err=True)
+        sys.exit(130)
     # each figure's wall time, so a reader sees where the time of the set went
     for o in outcomes:
         click.echo(f"{o.name:18} {o.elapsed_s:7.0f} s  {o.verdict}", err=True)

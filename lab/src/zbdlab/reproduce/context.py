@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -20,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from zbdlab.app import HostError, zbd_binary
+from zbdlab.config import parse_study
 from zbdlab.parsers.results import ResultsDir, load_results_dir
+from zbdlab.reproduce.model import Part
 from zbdlab.results.schema import RunRecord
+from zbdlab.runner.execute import OVERHEAD_ENV
 from zbdlab.stats.describe import Summary, describe
 
 
@@ -29,13 +33,81 @@ class StepFailed(RuntimeError):
     """A tool a reproduction ran failed; the message names it and the log to read."""
 
 
+# how often a running study's progress is looked at (runs.jsonl) and, when it moved, reported
+PROGRESS_INTERVAL_S = 20.0
+# a study told to stop (SIGTERM) tears its targets down first: give it that long before SIGKILL
+CHILD_CLEANUP_S = 300.0
+
+
+def study_units(toml: str) -> int:
+    """How many units `zbdlab run` will make of this study text (its planner, no devices touched)."""
+    from zbdlab.runner import factory, plan
+
+    study = parse_study(toml)
+    cells = {w.name: list(factory.build(study.source, w).cells()) for w in study.workloads}
+    return len(plan.units_of(study, cells))
+
+
+def study_part(label: str, toml: str, s_per_unit: float, fixed_s: float = 0.0) -> Part:
+    """A figure's planned work for one study: its unit count from the planner, at a declared cost."""
+    return Part(label, study_units(toml), s_per_unit, fixed_s)
+
+
+def finished_units(results: Path) -> int:
+    """Units a (running) study has recorded: distinct unit ids in its runs.jsonl."""
+    try:
+        text = (results / "runs.jsonl").read_text(errors="replace")
+    except OSError:
+        return 0
+    units: set[str] = set()
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        if isinstance(row, dict) and row.get("unit_id"):
+            units.add(str(row["unit_id"]))
+    return len(units)
+
+
+def wait_child(proc: subprocess.Popen[Any], poll: Callable[[], None], interval_s: float) -> int:
+    """Wait for a child, calling `poll` every `interval_s`; if we are interrupted (SIGINT, SIGTERM
+    raised as an exception, a failing `poll`), SIGTERM the child and wait for it to tear down its
+    loop devices, mounts and servers before passing the interruption on: a child left running
+    would hold them after we are gone."""
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=interval_s)
+            except subprocess.TimeoutExpired:
+                poll()
+    except BaseException:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=CHILD_CLEANUP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
+
+
 class Context:
-    def __init__(self, directory: Path, quick: bool, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        quick: bool,
+        say: Callable[[str], None] = print,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.dir = directory
         self.quick = quick
         self.say = say
         self.commands: list[str] = []
         self.dir.mkdir(parents=True, exist_ok=True)
+        # units finished by this figure so far (all its studies), reported to `progress` as they grow
+        self.units_done = 0
+        self.progress = progress or (lambda _done: None)
 
     def pick(self, quick: Any, full: Any) -> Any:
         return quick if self.quick else full
@@ -88,13 +160,28 @@ class Context:
             pin = ["taskset", "-c", ",".join(str(c) for c in available[:cpus])]
         self.commands.append(shlex.join([*pin, "zbdlab", *args]))
         argv = [*pin, sys.executable, "-c", "from zbdlab.cli import main; main()", *args]
+        # the throttle's overhead probe once per reproduction directory, not once per study
+        env = {**os.environ, OVERHEAD_ENV: str(self.dir.parent / "throttle-overhead.json")}
         log = self.dir / f"{name}.log"
         self.say(f"  running study {name} ({'quick' if self.quick else 'full'}), log {log}")
+        before = self.units_done
+        last = -1
+
+        def poll() -> None:
+            nonlocal last
+            done = finished_units(results)
+            if done != last:
+                last = done
+                self.units_done = before + done
+                self.progress(self.units_done)
+
         with open(log, "a", encoding="utf-8") as out:
-            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
-        if proc.returncode != 0:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            returncode = wait_child(proc, poll, PROGRESS_INTERVAL_S)
+        poll()
+        if returncode != 0:
             tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["?"]
-            raise StepFailed(f"zbdlab run {study_file.name} failed (exit {proc.returncode}): {tail[0]}")
+            raise StepFailed(f"zbdlab run {study_file.name} failed (exit {returncode}): {tail[0]}")
         return load_results_dir(results)
 
     def environment(self, name: str) -> dict[str, Any]:

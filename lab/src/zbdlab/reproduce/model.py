@@ -76,6 +76,31 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One piece of a figure's planned work: `units` of one kind (a study's units, a bench), each
+    costing about `s_per_unit` seconds on a quiet 2-core machine, plus `fixed_s` once (provisioning,
+    formatting, the throttle probe). The per-unit costs are measured (docs/reproduction.md, Time), so
+    a figure's run time is designed, not found out."""
+
+    label: str
+    units: int
+    s_per_unit: float
+    fixed_s: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.fixed_s + self.units * self.s_per_unit
+
+
+def planned_seconds(parts: list[Part]) -> float:
+    return sum(p.seconds for p in parts)
+
+
+def _unplanned(_quick: bool) -> list[Part]:
+    return []
+
+
+@dataclass(frozen=True)
 class Reproduction:
     name: str  # e.g. "002-table1"; --only takes it
     title: str
@@ -88,6 +113,7 @@ class Reproduction:
     substitute: str = ""  # non-empty when the seed's setup cannot exist here: what stands in for it
     plot: str = "bar"  # "bar" (rows x numeric columns), "line" (x = first column), "none"
     small: bool = False  # cheap enough for the test suite's end-to-end run
+    plan: Callable[[bool], list[Part]] = _unplanned  # quick -> the planned work and its cost
 
 
 @dataclass

@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 from zbdlab.parsers.results import ResultsDir
 from zbdlab.reproduce import datasets
-from zbdlab.reproduce.context import Context, medians, memory_note, spread_note, spreads
+from zbdlab.reproduce.context import Context, medians, memory_note, spread_note, spreads, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
     SAME_DIRECTION,
     Cite,
     Measured,
+    Part,
     Reproduction,
     Table,
     Verdict,
@@ -110,7 +111,25 @@ TABLE1 = Reproduction(
     compare=table1_compare,
     plot="bar",
     small=True,
+    plan=lambda quick: [Part("zbd bench codec", 1, COST["table1"][quick])],
 )
+
+
+# Seconds per unit of work, (full, quick): index with the quick flag. Quick: the figure's wall time over
+# its units in the quick run of 2026-11-23 12:21 UTC (docs/reproduction.md, Time; load average given
+# there); full: that times the growth of the work per unit (stated), not measured at full size.
+# THROTTLE_PROBE_S: the throttled chain's overhead probe, once per reproduction (the first throttled
+# study; the others reuse it).
+FIG11_QUICK_S = 31.6  # per cold file-server run, quick (load 15.8)
+COST: dict[str, tuple[float, float]] = {
+    "table1": (2.3, 2.3),
+    "table2": (71, 36),  # full: measured at load 15-30 (docs/reproduction.md)
+    "fig2": (11.0 * 3.5, 11.0),  # PostMark 3x the transactions, 2x the files and the largest file
+    "fig10": (6.7 * 3.75, 6.7),  # PostMark 3.5x, random reads over a 4x larger file
+    "fig11": (FIG11_QUICK_S * 2, FIG11_QUICK_S),  # 1.7x the file set, 10 s instead of 3
+    "fig12": (69 * 2, 69),  # twice the capacity
+}
+THROTTLE_PROBE_S = 15
 
 
 # --- Table II: space savings per data type and level --------------------------------------------------
@@ -241,6 +260,7 @@ TABLE2 = Reproduction(
     "ODF files found on this machine for office documents, PDFs from /usr/share/doc, Python's standard library "
     "(source + bytecode) for a compiled tree",
     plot="bar",
+    plan=lambda quick: [Part("data sets copied onto ZFS, zbd codec bench", 1, COST["table2"][quick])],
 )
 
 
@@ -251,7 +271,9 @@ def postmark_size(quick: bool) -> tuple[int, int, str]:
     """(files, transactions, largest file) at quick or full size."""
     # full: one PostMark run of 2,000 files up to 1 MiB took over 6 min here (zbd's lzo costs about
     # 0.5 ms per 4 KiB block on this CPU), so the full size is a quarter of that
-    return (300, 500, "256K") if quick else (1000, 4000, "512K")
+    # and the full size was cut again to 600 files and 1,500 transactions (about 3x the quick run's
+    # work) so the full set fits its 80-minute plan; the data set stays 2.4x the 64 MiB memory group
+    return (300, 500, "256K") if quick else (600, 1500, "512K")
 
 
 # PostMark's page cache is held to a memory cgroup smaller than its data set (about 40 MiB quick, 250 MiB
@@ -261,7 +283,7 @@ def memory_limit(quick: bool) -> str:
 
 
 def memory_text(quick: bool) -> str:
-    data_set = "40 MiB" if quick else "250 MiB"  # files x the mean of 4 KiB and the largest size
+    data_set = "40 MiB" if quick else "155 MiB"  # files x the mean of 4 KiB and the largest size
     return (
         f"PostMark in a {memory_limit(quick)}iB memory cgroup (page cache included, zbdlab memory_limit) for its "
         f"data set of about {data_set}, so its reads and write-back reach the throttled disk as the paper's "
@@ -319,14 +341,14 @@ def native_and_zbd_targets(size: str, keep: tuple[str, ...] | None = None) -> st
 
 def fig2_study(quick: bool, cpus: int) -> str:
     size = "2G" if quick else "8G"
-    # quick: one CPU only for the target the seed's CPU claim is about (zlib)
-    keep = ("zbd-zlib",) if quick and cpus == 1 else None
+    # one CPU only for the target the seed's CPU claim is about (zlib)
+    keep = ("zbd-zlib",) if cpus == 1 else None
     targets = native_and_zbd_targets(size, keep)
     return f"""# zbdlab reproduce 002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk
 version = 1
 name = "repro-002-fig2"
 {POSTMARK_CACHE}
-{FORMAT_ONCE if quick else ""}
+{FORMAT_ONCE}
 memory_limit = "{memory_limit(quick)}"
 seed = 2
 [data]
@@ -396,7 +418,8 @@ FIG2 = Reproduction(
             "file systems made once, "
             "1 CPU for ZBD (zlib) only"
             if quick
-            else "1,000 files of 4 KiB..512 KiB, 4,000 transactions, 4 repetitions (warm, the first discarded)"
+            else "600 files of 4 KiB..512 KiB, 1,500 transactions, 4 repetitions (warm, the first discarded) on "
+            "file systems made once, 1 CPU for ZBD (zlib) only"
         )
         + f" instead of 50,000 files of 4 KB..1 MB and 50,000 transactions; {memory_text(quick)}"
     ),
@@ -404,14 +427,24 @@ FIG2 = Reproduction(
     compare=fig2_compare,
     substitute="",
     plot="bar",
+    plan=lambda quick: [
+        study_part(
+            f"PostMark run, {c} CPU",
+            fig2_study(quick, c),
+            COST["fig2"][quick],
+            THROTTLE_PROBE_S if c == 1 else 0,
+        )
+        for c in (1, 2)
+    ],
 )
 
 
 # --- Fig. 10: extent size ------------------------------------------------------------------------------
 
 EXTENTS_QUICK = ("8K", "64K", "1M")
-# the full sweep skips 128K and 512K: each extent size is a PostMark and a random-read run per repetition
-EXTENTS_FULL = ("8K", "16K", "32K", "64K", "256K", "1M")
+# the full sweep: the seed's small end (8K), its flat region's edge for random reads (32K), the middle
+# and the top; 16K, 64K, 256K and 512K are cut (each extent size is 8 PostMark and random-read runs)
+EXTENTS_FULL = ("8K", "32K", "128K", "1M")
 
 
 def fig10_study(quick: bool) -> str:
@@ -433,7 +466,7 @@ logical_size = "{"768M" if quick else "3G"}"
 version = 1
 name = "repro-002-fig10"
 {POSTMARK_CACHE}
-{FORMAT_ONCE if quick else ""}
+{FORMAT_ONCE}
 memory_limit = "{memory_limit(quick)}"
 seed = 10
 [data]
@@ -445,7 +478,7 @@ compress_percentage = 50
 {postmark_table(quick)}
 [workloads.randread]
 kind = "iozone"
-file_sizes = ["{"8M" if quick else "64M"}"]
+file_sizes = ["{"8M" if quick else "32M"}"]
 record_sizes = ["4K"]
 operations = ["write", "random_read"]
 direct = true
@@ -533,12 +566,13 @@ FIG10 = Reproduction(
         + (
             "8 MiB file; 4 repetitions (warm, the first discarded) on file systems made once"
             if quick
-            else "64 MiB file; 4 repetitions (warm, the first discarded)"
+            else "32 MiB file; 4 repetitions (warm, the first discarded) on file systems made once"
         )
         + f"; {memory_text(quick)}"
     ),
     measure=fig10_measure,
     compare=fig10_compare,
+    plan=lambda quick: [study_part("PostMark or random-read run", fig10_study(quick), COST["fig10"][quick])],
     substitute="the seed states no values, only directions; the text's magnitudes are read as +30 % (PostMark at "
     "large extents) and -50 % (random reads at 1 MB) for the verdict. TPC-C (DBT-2 on MySQL) is not available: "
     "4 KiB random reads stand in for its small random reads",
@@ -556,8 +590,8 @@ version = 1
 name = "repro-002-fig11"
 repetitions = {2 if quick else 3}
 cache = "cold"
-{FORMAT_ONCE if quick else ""}
-memory_limit = "{"32M" if quick else "64M"}"
+{FORMAT_ONCE}
+memory_limit = "{"48M" if quick else "64M"}"
 seed = 11
 [data]
 kind = "synthetic"
@@ -566,8 +600,8 @@ compress_percentage = 50
 {targets}
 [workloads.fileserver]
 kind = "fileserver"
-scale = {0.04 if quick else 0.1}
-runtime_s = {3 if quick else 30}
+scale = {0.06 if quick else 0.1}
+runtime_s = {3 if quick else 10}
 """
 
 
@@ -703,14 +737,16 @@ FIG11 = Reproduction(
     scaling=lambda quick: (
         f"{THROTTLE_TEXT}; "
         + (
-            "3 s at data-set scale 0.04 (50 MiB), 2 repetitions (each lays out the file set through the "
-            "throttled disk) on file systems made once, fio's 50 jobs in a 32 MiB memory cgroup"
+            "3 s at data-set scale 0.06 (75 MiB), 2 repetitions (each lays out the file set through the "
+            "throttled disk) on file systems made once, fio's 50 jobs in a 48 MiB memory cgroup"
             if quick
-            else "30 s at scale 0.1 (125 MiB), 3 repetitions, fio's 50 jobs in a 64 MiB memory cgroup"
+            else "10 s at scale 0.1 (125 MiB), 3 repetitions on file systems made once, fio's 50 jobs in a "
+            "64 MiB memory cgroup"
         )
     ),
     measure=fig11_measure,
     compare=fig11_compare,
+    plan=lambda quick: [study_part("file-server run (cold)", fig11_study(quick), COST["fig11"][quick])],
     substitute="SPEC SFS is licensed and not here: zbdlab's fileserver personality (Filebench's file-server flow "
     "through fio) stands in; its reads are whole files, not SPEC SFS's 4 KB reads, so zbd's extra read volume "
     "(whole extents per small read) should be smaller",
@@ -809,6 +845,7 @@ FIG12 = Reproduction(
     "about 2:1 data, bursts separated by idle time) so the cleaner's start and stop are seen without a file system",
     plot="bar",
     small=True,
+    plan=lambda quick: [Part("zbd bench cleaner", 1, COST["fig12"][quick])],
 )
 
 ENTRIES = [TABLE1, TABLE2, FIG2, FIG10, FIG11, FIG12]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from zbdlab.reproduce.context import Context, mb_s, medians, spread_note, spreads
+from zbdlab.reproduce.context import Context, mb_s, medians, spread_note, spreads, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -39,15 +39,15 @@ def study(quick: bool) -> str:
             target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
-        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.05}\nruntime_s = {3 if quick else 10}\n'
+        f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.04}\nruntime_s = {3 if quick else 5}\n'
         for p in PERSONALITIES
     )
     return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
 version = 1
 name = "repro-004"
-repetitions = {4 if quick else 6}
+repetitions = 4
 cache = "warm"
-{'format = "once"' if quick else ""}
+format = "once"
 seed = 2015
 [data]
 kind = "synthetic"
@@ -124,7 +124,7 @@ REPRO = Reproduction(
         + (
             "3/100, 3 s, 4 runs (first discarded) on file systems made once, btrfs and ZFS on a single disk only"
             if quick
-            else "1/20, 10 s, 6 runs (first discarded), with RAID 10 and RAID 5 rows"
+            else "1/25, 5 s, 4 runs (first discarded) on file systems made once, with RAID 10 and RAID 5 rows"
         )
     ),
     measure=measure,
@@ -132,6 +132,7 @@ REPRO = Reproduction(
     substitute="Filebench itself is not packaged here: zbdlab's fio personalities stand in; ext4/XFS on md RAID are "
     "not built (zbdlab has no md targets)",
     plot="bar",
+    plan=lambda quick: [study_part("Filebench personality run", study(quick), 6.7 if quick else 6.7 * 1.4)],
 )
 
 ENTRIES = [REPRO]

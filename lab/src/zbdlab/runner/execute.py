@@ -6,6 +6,7 @@ a failure, Ctrl-C or SIGTERM unwinds the stack (newest first) and the runs alrea
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -55,6 +56,10 @@ _MEASURED = (
 
 
 CSV_INTERVAL_S = 30  # runs.csv is rewritten at most this often during a study, and at its end
+
+
+# a file the throttle's overhead probe is kept in and reused from (see Executor._throttle_overhead)
+OVERHEAD_ENV = "ZBDLAB_THROTTLE_OVERHEAD"
 
 
 class Interrupted(BaseException):
@@ -160,7 +165,10 @@ class Runner:
         order = self.prepare()
         store = self.store
         store.create()
-        self._record_start(order)
+        # the throttle's overhead probe (in _record_start) makes loop devices, nbdkit and nbdfuse
+        # mounts: a SIGTERM there must unwind them too, not kill the process with them left behind
+        with signals.raising(Interrupted):
+            self._record_start(order)
         finished = store.finished_units()
         remaining = [u for u in order if u.unit_id not in finished]
         outcome = RunOutcome(store.root, 0, len(order) - len(remaining), len(order))
@@ -249,12 +257,28 @@ class Runner:
         env["targets"] = {t.name: _target_options(t) for t in self.study.targets}
         if any(t.throttle for t in self.study.targets):
             # what the nbdkit + nbdfuse + loop chain costs by itself, so throttled numbers can be read
-            self.console.print("measuring the throttled devices' own overhead (fio, about 15 s)")
-            env["throttle_overhead"] = throttle.measure_overhead(
-                self.study.scratch_dir or Path("/var/tmp"), runtime_s=1
-            )
+            env["throttle_overhead"] = self._throttle_overhead()
         env["start_time"] = time.time()
         store.write_json("environment.json", env)
+
+    def _throttle_overhead(self) -> dict[str, Any]:
+        """The chain's overhead probe; with ZBDLAB_THROTTLE_OVERHEAD=FILE it is measured once and
+        reused from FILE (zbdlab reproduce runs many throttled studies back to back: the probe is of
+        this machine's nbdkit + nbdfuse + loop chain, not of a study)."""
+        shared = os.environ.get(OVERHEAD_ENV)
+        if shared and Path(shared).is_file():
+            try:
+                saved = json.loads(Path(shared).read_text())
+                return {**saved, "reused_from": shared}
+            except (OSError, json.JSONDecodeError):
+                pass  # measure again
+        self.console.print("measuring the throttled devices' own overhead (fio, about 15 s)")
+        measured = throttle.measure_overhead(self.study.scratch_dir or Path("/var/tmp"), runtime_s=1)
+        measured["measured_at"] = time.time()
+        if shared:
+            Path(shared).parent.mkdir(parents=True, exist_ok=True)
+            Path(shared).write_text(json.dumps(measured, indent=2))
+        return measured
 
     def _scratch(self, stack: CleanupStack) -> Path:
         base = self.study.scratch_dir or Path("/var/tmp")
