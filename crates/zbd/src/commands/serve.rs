@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// the volume on demand; changed pages bring a checkpoint forward as they fill it.
     #[arg(long, default_value = "64M")]
     pub map_cache: String,
+    /// Trained dictionaries for new writes (lz4, zstd): `on` trains one from the first
+    /// compressible blocks written and uses it; `off` writes without (stored ones still read).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub dict: Option<String>,
 }
 
 /// Smallest `--map-cache`: a few map pages.
@@ -385,6 +389,10 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
     let options = OpenOptions {
         read_only: args.read_only,
         map_cache_bytes,
+        dictionary: args
+            .dict
+            .as_deref()
+            .map_or(zbd_core::DICTIONARY_DEFAULT, |d| d == "on"),
         ..OpenOptions::default()
     };
     let volume =
