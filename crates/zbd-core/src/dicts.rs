@@ -171,12 +171,6 @@ impl Dicts {
         }
         self.busy.store(false, Ordering::SeqCst);
     }
-
-    /// Loaded dictionaries, by id.
-    #[allow(dead_code)]
-    pub fn loaded(&self) -> Vec<Arc<Dictionary>> {
-        self.by_id.read().iter().flatten().cloned().collect()
-    }
 }
 
 /// Trains dictionary content from `samples` sized for the volume's region.
