@@ -16,7 +16,9 @@
 # units, dictionaries) from that and the codec numbers (scripts/savings_project.py).
 # Then 4 KiB random reads (fio's nbd engine, iodepth 16) of a tar of each tree written onto zbd
 # zstd:1 volumes, per block and with each unit size, in alternating rounds (read.tsv).
-# env: SAVINGS_UNITS (unit sizes, default "4K 8K 16K"), SAVINGS_CODEC=0 (no codec table or
+# Each zbd scheme runs with trained dictionaries off and on (SAVINGS_DICTS, default "off on":
+# `zbd serve --dict`).
+# env: SAVINGS_UNITS (unit sizes, default "4K 8K 16K"), SAVINGS_DICTS ("off on"), SAVINGS_CODEC=0 (no codec table or
 # projections), SAVINGS_SPACE=0 (reads only), SAVINGS_READ_ROUNDS (3), SAVINGS_READ_SECONDS (10),
 # SAVINGS_ZFS=1 (zfs-fuse too), SAVINGS_CORPUS (a built corpus).
 # Everything created is removed on exit.
@@ -135,12 +137,17 @@ tsv=$out/space.tsv
 printf 'tree\ttarget\tfiles_bytes\timage_allocated_bytes\tnote\n' >"$tsv"
 printf 'tree\tscheme\tround\tiops_4k_randread_qd16\n' >"$out/read.tsv"
 units=${SAVINGS_UNITS:-4K 8K 16K}
-scheme() { if [[ $1 == 4K ]]; then echo "per block"; else echo "$1 units"; fi; }
+dicts=${SAVINGS_DICTS:-off on}
+scheme() {
+    if [[ $1 == 4K ]]; then printf 'per block'; else printf '%s units' "$1"; fi
+    if [[ $2 == on ]]; then printf ', dictionary'; fi
+}
 
-# Serves volume $1 on $work/sock (zbd serve, in the background) until stop_volume.
+# Serves volume $1 with dictionaries $2 (on/off) on $work/sock (zbd serve, in the background)
+# until stop_volume.
 serve_volume() {
     rm -f "$work/sock" "$work/pid"
-    "$zbd" serve "$1" --socket "$work/sock" --pidfile "$work/pid" >"$work/serve.log" 2>&1 &
+    "$zbd" serve "$1" --dict "${2:-off}" --socket "$work/sock" --pidfile "$work/pid" >"$work/serve.log" 2>&1 &
     serve_pid=$!
     for _ in $(seq 300); do [[ -S $work/sock && -s $work/pid ]] && break; kill -0 $serve_pid || break; sleep 0.1; done
 }
@@ -174,10 +181,11 @@ space() {
 
     for codec in lz4 zstd:1; do
         for unit in $units; do
+          for d in $dicts; do
             vol=$work/vol.zbd
             rm -f "$vol"
             "$zbd" create "$vol" --size "$size" --codec "$codec" --unit-size "$unit" --force >/dev/null
-            serve_volume "$vol"
+            serve_volume "$vol" "$d"
             dev=$("$zbd" attach --socket "$work/sock" --state-dir "$attach_dir" | grep -o '/dev/[a-z0-9]*' | tail -1)
             mkfs.ext4 -q -F "$dev"
             mount "$dev" "$mnt"
@@ -186,10 +194,11 @@ space() {
             "$zbd" detach "$dev" --state-dir "$attach_dir" >/dev/null
             dev=""
             stop_volume
-            "$zbd" stat "$vol" >"$out/zbd-stat-$name-${codec/:/}-$unit.txt" 2>&1 || true
-            printf '%s\text4 on zbd %s (%s)\t%s\t%s\t\n' "$name" "$codec" "$(scheme "$unit")" \
+            "$zbd" stat "$vol" >"$out/zbd-stat-$name-${codec/:/}-$unit-dict$d.txt" 2>&1 || true
+            printf '%s\text4 on zbd %s (%s)\t%s\t%s\t\n' "$name" "$codec" "$(scheme "$unit" "$d")" \
                 "$files_bytes" "$(allocated "$vol")" >>"$tsv"
             rm -f "$vol"
+          done
         done
     done
 
@@ -230,21 +239,25 @@ random_reads() {
     tar cf "$work/tree.tar" -C "$dir" .
     tar_bytes=$(stat -c %s "$work/tree.tar")
     for unit in $units; do
-        "$zbd" create "$work/read-$unit.zbd" --size "$size" --codec zstd:1 --unit-size "$unit" --force >/dev/null
-        serve_volume "$work/read-$unit.zbd"
+      for d in $dicts; do
+        "$zbd" create "$work/read-$unit-$d.zbd" --size "$size" --codec zstd:1 --unit-size "$unit" --force >/dev/null
+        serve_volume "$work/read-$unit-$d.zbd" "$d"
         nbdcopy --flush "$work/tree.tar" "nbd+unix:///?socket=$work/sock"
         stop_volume
+      done
     done
     for round in $(seq "${SAVINGS_READ_ROUNDS:-3}"); do
         for unit in $units; do
-            serve_volume "$work/read-$unit.zbd"
+          for d in $dicts; do
+            serve_volume "$work/read-$unit-$d.zbd" "$d"
             fio --name=randread --ioengine=nbd --uri="nbd+unix:///?socket=$work/sock" --rw=randread \
                 --bs=4k --iodepth=16 --size="$tar_bytes" --time_based --runtime="${SAVINGS_READ_SECONDS:-10}" \
-                --randrepeat=0 --output-format=json --output="$out/fio-$name-$unit-$round.json" >/dev/null
+                --randrepeat=0 --output-format=json --output="$out/fio-$name-$unit-$d-$round.json" >/dev/null
             stop_volume
             iops=$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' \
-                "$out/fio-$name-$unit-$round.json")
-            printf '%s\tzstd:1 (%s)\t%s\t%s\n' "$name" "$(scheme "$unit")" "$round" "$iops" >>"$out/read.tsv"
+                "$out/fio-$name-$unit-$d-$round.json")
+            printf '%s\tzstd:1 (%s)\t%s\t%s\n' "$name" "$(scheme "$unit" "$d")" "$round" "$iops" >>"$out/read.tsv"
+          done
         done
     done
     rm -f "$work"/read-*.zbd "$work/tree.tar"

@@ -133,13 +133,13 @@ struct Item {
     /// Live blocks it carries, (lba, entry in the victim), in LBA order.
     blocks: Vec<(u64, MapEntry)>,
     /// Recompressed form (codec, bytes, crc); `None`: the victim's stored bytes, verbatim.
-    fresh: Option<(u8, Vec<u8>, u32)>,
+    fresh: Option<(u8, Vec<u8>, u32, u8)>,
 }
 
 impl Item {
     fn len(&self) -> usize {
         match &self.fresh {
-            Some((_, b, _)) => b.len(),
+            Some((_, b, _, _)) => b.len(),
             None => usize::from(self.blocks[0].1.len),
         }
     }
@@ -159,6 +159,7 @@ fn items(
     candidates: &[(u64, MapEntry)],
     images: &HashMap<u32, Vec<u8>>,
     codec: crate::codec::Codec,
+    dicts: &crate::dicts::Dicts,
 ) -> Vec<Item> {
     let mut units: HashMap<(u32, u32), Vec<(u64, MapEntry)>> = HashMap::new();
     let mut out = Vec::new();
@@ -188,8 +189,15 @@ fn items(
             .get(&m.extent)
             .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
         let mut plain = vec![0u8; usize::from(m.unit_blocks) * BLOCK_BYTES];
+        // A unit whose dictionary is not loaded cannot be decoded: it is copied verbatim.
+        let dict = (m.dict != 0).then(|| dicts.get(m.dict));
         let decoded = stored.is_some_and(|s| {
-            crc32c::crc32c(s) == m.crc && crate::codec::decompress(m.codec, s, &mut plain).is_some()
+            crc32c::crc32c(s) == m.crc
+                && match &dict {
+                    None => crate::codec::decompress(m.codec, s, &mut plain).is_some(),
+                    Some(Some(d)) => d.decompress(m.codec, s, &mut plain).is_some(),
+                    Some(None) => false,
+                }
         });
         if !decoded {
             out.push(Item {
@@ -201,14 +209,22 @@ fn items(
         for (lba, e) in blocks {
             let i = usize::from(e.unit_index) * BLOCK_BYTES;
             let block = &plain[i..i + BLOCK_BYTES];
-            let (c, bytes) = match codec.compress(block) {
-                Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => (codec.id(), z),
-                _ => (crate::codec::id::RAW, block.to_vec()),
+            // Recompressed with the dictionary new writes use, if any.
+            let active = dicts.active();
+            let z = match &active {
+                Some(d) => d.compress(codec, block),
+                None => codec.compress(block),
+            };
+            let (c, bytes, dict) = match z {
+                Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => {
+                    (codec.id(), z, active.map_or(0, |d| d.id() as u8))
+                }
+                _ => (crate::codec::id::RAW, block.to_vec(), 0),
             };
             let crc = crc32c::crc32c(&bytes);
             out.push(Item {
                 blocks: vec![(lba, e)],
-                fresh: Some((c, bytes, crc)),
+                fresh: Some((c, bytes, crc, dict)),
             });
         }
     }
@@ -379,7 +395,7 @@ fn commit(
             }
         })?;
     }
-    let all = items(&candidates, images, cx.codec);
+    let all = items(&candidates, images, cx.codec, cx.dicts);
     let free = st.free_now();
     let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.sb.version, free) else {
         return Ok(PassResult::default());
@@ -407,15 +423,16 @@ fn commit(
             let it = &items[i];
             let len = it.len();
             let old = it.blocks[0].1;
-            let (codec, crc) = match &it.fresh {
-                Some((codec, bytes, crc)) => {
+            // Copied stored bytes keep their dictionary id; recompressed ones name theirs.
+            let (codec, crc, dict) = match &it.fresh {
+                Some((codec, bytes, crc, dict)) => {
                     buf[at..at + len].copy_from_slice(bytes);
-                    (*codec, *crc)
+                    (*codec, *crc, *dict)
                 }
                 None => {
                     let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
                     buf[at..at + len].copy_from_slice(src);
-                    (old.codec, old.crc)
+                    (old.codec, old.crc, old.dict)
                 }
             };
             for &(lba, old) in &it.blocks {
@@ -426,6 +443,7 @@ fn commit(
                         crc,
                         unit_index: 0,
                         unit_blocks: 1,
+                        dict,
                         ..old
                     },
                     None => old,
@@ -438,6 +456,7 @@ fn commit(
                     crc,
                     unit_index: entry.unit_index,
                     unit_blocks: u16::from(entry.unit_blocks),
+                    dict: u16::from(entry.dict),
                     ..Record::new(RecordKind::Data, lba, 1, seq)
                 });
                 moved.push((

@@ -67,7 +67,7 @@ pub const CKPT_FLAG_DICTIONARIES: u32 = 1 << 9;
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
 /// Incompatible flags this build implements.
-pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS;
+pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS | CKPT_FLAG_DICTIONARIES;
 /// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
 /// that saves a sector, fits the u16 of a map entry).
 pub const UNIT_BLOCKS_MAX: u8 = 16;
@@ -810,7 +810,7 @@ pub struct Record {
     pub unit_index: u8,
     /// Blocks in the compression unit (1 = a single block).
     pub unit_blocks: u16,
-    /// Reserved: dictionary id (0 = none).
+    /// Dictionary id (0 = none; 1..=127, listed in the checkpoint's dictionary directory).
     pub dict: u16,
 }
 
@@ -832,11 +832,11 @@ impl Record {
         }
     }
 
-    /// Whether it uses dictionaries, which this build cannot read, or has a unit shape that no
-    /// writer produces (a damaged or foreign table).
+    /// Whether it names a dictionary id a map entry cannot hold (7 bits), or has a unit shape
+    /// that no writer produces (a damaged or foreign table).
     pub fn uses_unsupported_features(&self) -> bool {
         self.kind == RecordKind::Data
-            && (self.dict != 0
+            && (self.dict > 127
                 || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
                 || u16::from(self.unit_index) >= self.unit_blocks)
     }
@@ -1254,7 +1254,7 @@ mod tests {
     }
 
     #[test]
-    fn records_of_units_are_supported_and_dictionaries_are_not() {
+    fn records_of_units_and_dictionaries_are_supported_within_their_ranges() {
         let r = |index: u8, blocks: u16, dict: u16| Record {
             unit_index: index,
             unit_blocks: blocks,
@@ -1267,7 +1267,10 @@ mod tests {
         assert!(r(4, 4, 0).uses_unsupported_features());
         assert!(r(0, 17, 0).uses_unsupported_features());
         assert!(r(0, 0, 0).uses_unsupported_features());
-        assert!(r(0, 4, 1).uses_unsupported_features());
+        assert!(!r(0, 4, 1).uses_unsupported_features());
+        assert!(!r(0, 1, 127).uses_unsupported_features());
+        // A map entry holds 7 bits of dictionary id.
+        assert!(r(0, 1, 128).uses_unsupported_features());
         assert!(r(0, 4, 0).in_unit() && !r(0, 1, 0).in_unit());
     }
 

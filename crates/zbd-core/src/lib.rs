@@ -7,6 +7,7 @@
 mod buffer;
 mod cleaner;
 pub mod codec;
+mod dicts;
 pub mod error;
 mod extent_table;
 mod fence;
@@ -36,7 +37,7 @@ pub use sim::SimStorage;
 pub use stats::{Counters, Stats};
 pub use storage::{FileStorage, Storage};
 pub use volume::{
-    AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
+    AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT, DICTIONARY_DEFAULT,
     READ_CACHE_BYTES_DEFAULT,
 };
 

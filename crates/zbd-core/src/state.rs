@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::extent_table::ExtentTable;
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS,
-    DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES, CKPT_FLAG_EXTENT_TABLE,
+    CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::map::Map;
 use crate::stats::Counters;
@@ -74,7 +74,8 @@ pub struct State {
     pub buffer: BufferConfig,
     /// Records replayed at open.
     pub replayed: u64,
-    /// Dictionary directory of the checkpoint, carried through unchanged (reserved, v2).
+    /// Dictionary directory: what the next checkpoint lists (dicts.rs; entries are added, never
+    /// removed).
     pub dicts: [DictEntry; DICT_ENTRIES],
     /// Victims of a cleaning pass that reads them without the state lock
     /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
@@ -108,6 +109,8 @@ pub struct Ctx<'a> {
     pub make_space: fn(&mut State, &Ctx) -> Result<()>,
     /// Codec of new writes (the cleaner recompresses the live blocks of mostly dead units).
     pub codec: crate::codec::Codec,
+    /// Loaded dictionaries (the cleaner decodes and recompresses units with them).
+    pub dicts: &'a crate::dicts::Dicts,
 }
 
 impl State {
@@ -169,6 +172,7 @@ impl State {
                 bytes,
                 crc,
                 blocks,
+                dict,
             } => {
                 if blocks > 1 && !self.units_flag {
                     // Durable before any record that needs it.
@@ -193,6 +197,7 @@ impl State {
                         crc,
                         unit_index: i,
                         unit_blocks: u16::from(blocks),
+                        dict: u16::from(dict),
                         ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
                     });
                 }
@@ -213,7 +218,7 @@ impl State {
                         crc,
                         unit_index: i,
                         unit_blocks: blocks,
-                        dict: 0,
+                        dict,
                     };
                     self.set_entry(lba + u64::from(i), entry)?;
                 }
@@ -368,6 +373,10 @@ impl State {
                 0
             } | if self.units_flag {
                 CKPT_FLAG_COMPRESSION_UNITS
+            } else {
+                0
+            } | if self.dicts.iter().any(|d| d.id != 0) {
+                CKPT_FLAG_DICTIONARIES
             } else {
                 0
             },

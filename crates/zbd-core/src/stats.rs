@@ -150,4 +150,23 @@ pub struct Stats {
     pub failed: Option<String>,
     /// Lifetime counters.
     pub counters: Counters,
+    /// Whether new blocks train and use dictionaries.
+    pub dictionary: bool,
+    /// Dictionaries in the volume's directory.
+    pub dictionaries: Vec<DictStat>,
+}
+
+/// One dictionary of the volume (`zbd stat`).
+#[derive(Clone, Debug, Serialize)]
+pub struct DictStat {
+    /// Id blocks name it by.
+    pub id: u16,
+    /// Stored (encoded) bytes of each copy.
+    pub bytes: u32,
+    /// Write sequence when it was trained.
+    pub trained_seq: u64,
+    /// Whether it was read intact (false: both copies damaged, its blocks read as errors).
+    pub loaded: bool,
+    /// Whether new blocks use it.
+    pub active: bool,
 }

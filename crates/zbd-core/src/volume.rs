@@ -32,6 +32,8 @@ pub const BUFFER_BYTES_DEFAULT: usize = 16 << 20;
 pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
 /// Default budget of the read cache.
 pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
+/// Whether new volumes train and use dictionaries unless told otherwise (docs/savings.md).
+pub const DICTIONARY_DEFAULT: bool = false;
 /// Requests with at least this many blocks are compressed / decompressed in parallel.
 const PARALLEL_BLOCKS_MIN: usize = 4;
 /// Reads of at least this many blocks (256 KiB) are streaming: they use the read cache but do
@@ -63,6 +65,10 @@ pub struct OpenOptions {
     /// Compression unit size of new writes (default: the one recorded at create time; 4K =
     /// every block on its own).
     pub unit_bytes: Option<u32>,
+    /// Train a dictionary from the first compressible blocks written and compress new blocks
+    /// with it (lz4 and zstd; see dicts.rs). Dictionaries already in the volume are read
+    /// whatever this says.
+    pub dictionary: bool,
 }
 
 impl Default for OpenOptions {
@@ -78,6 +84,7 @@ impl Default for OpenOptions {
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
             map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
             unit_bytes: None,
+            dictionary: DICTIONARY_DEFAULT,
         }
     }
 }
@@ -143,6 +150,8 @@ pub(crate) struct Inner {
     pub(crate) clean_high_pct: u8,
     /// Write sequence at the last cleaning attempt that made no progress (avoid spinning).
     clean_idle_seq: AtomicU64,
+    /// Trained dictionaries (dicts.rs).
+    dicts: crate::dicts::Dicts,
 }
 
 /// Extents host writes leave to the cleaner: 2 % of the data area, 4..64.
@@ -278,7 +287,9 @@ impl Inner {
             ),
         };
         let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
-        let open_repaired = found.damaged_copies;
+        let mut open_repaired = found.damaged_copies;
+        let mut open_problems = rolled.problems;
+        let loaded = crate::dicts::load(&*storage, &sb, &ck.dicts);
         let codec = match opts.codec {
             Some(c) => c,
             None => Codec::from_id(sb.codec_id, sb.codec_level)?,
@@ -333,6 +344,25 @@ impl Inner {
                 .map_or(sb.unit_blocks, |b| (b as usize / BLOCK_BYTES) as u8)
                 .clamp(1, crate::layout::unit_blocks_max(sb.extent_bytes))
         };
+        let dicts = crate::dicts::Dicts::new(
+            opts.dictionary
+                && !opts.read_only
+                && crate::dicts::Dicts::supports(codec)
+                && sb.version >= 2
+                && crate::dicts::content_bytes(&sb) >= crate::codec::dict::CONTENT_BYTES_MIN,
+            &sb,
+        );
+        // The newest dictionary serves new blocks, once the recovery checkpoint below has made
+        // both checkpoint slots list it (dicts.rs).
+        let newest = loaded.dicts.iter().map(|d| d.id()).max();
+        for d in &loaded.dicts {
+            dicts.add(Arc::clone(d), Some(d.id()) == newest);
+        }
+        open_problems.extend(loaded.problems);
+        open_repaired.extend(loaded.repaired);
+        if !opts.read_only {
+            crate::dicts::repair(&*storage, &sb, &loaded.rewrite)?;
+        }
         let vol = Inner {
             storage,
             sb,
@@ -343,7 +373,7 @@ impl Inner {
             gate: RwLock::new(()),
             cache: ReadCache::new(opts.read_cache_bytes),
             outbox: Outbox::default(),
-            open_problems: rolled.problems,
+            open_problems,
             open_repaired,
             durable_seq: AtomicU64::new(rolled.durable_seq),
             closed: AtomicBool::new(false),
@@ -354,12 +384,15 @@ impl Inner {
             clean_high_pct: high,
             clean_idle_seq: AtomicU64::new(u64::MAX),
             readers_waiting: AtomicUsize::new(0),
+            dicts,
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
             let mut st = vol.state.lock();
             let cx = vol.ctx();
             st.checkpoint(&cx)?;
+            drop(st);
+            vol.dicts.start_sampling_if_needed();
         }
         Ok(vol)
     }
@@ -373,6 +406,7 @@ impl Inner {
             cache: &self.cache,
             outbox: &self.outbox,
             codec: self.codec,
+            dicts: &self.dicts,
             make_space: crate::cleaner::make_space,
         }
     }
@@ -727,11 +761,14 @@ impl Inner {
     /// Decodes one block from its stored bytes (of its unit: decoding no more than the unit).
     fn decode_block(&self, lba: u64, entry: &MapEntry, stored: &[u8]) -> Result<Vec<u8>> {
         let mut out = vec![0u8; BLOCK_BYTES];
+        // A block whose dictionary is not loaded (both copies damaged) is an error, never data.
+        let dict = (entry.dict != 0).then(|| self.dicts.get(entry.dict));
         let ok = crc32c::crc32c(stored) == entry.crc
+            && !matches!(dict, Some(None))
             && if entry.unit_blocks > 1 {
                 unit::read_stored_block(
                     entry.codec,
-                    None,
+                    dict.clone().flatten().as_deref(),
                     stored,
                     usize::from(entry.unit_blocks),
                     usize::from(entry.unit_index),
@@ -740,7 +777,10 @@ impl Inner {
                 )
                 .is_some()
             } else {
-                codec::decompress(entry.codec, stored, &mut out).is_some()
+                match dict.flatten() {
+                    Some(d) => d.decompress(entry.codec, stored, &mut out).is_some(),
+                    None => codec::decompress(entry.codec, stored, &mut out).is_some(),
+                }
             };
         if !ok {
             self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
@@ -753,7 +793,13 @@ impl Inner {
     fn decode_unit(&self, entry: &MapEntry, stored: &[u8]) -> Option<Vec<u8>> {
         let mut out = vec![0u8; usize::from(entry.unit_blocks) * BLOCK_BYTES];
         (crc32c::crc32c(stored) == entry.crc).then_some(())?;
-        codec::decompress(entry.codec, stored, &mut out)?;
+        if entry.dict != 0 {
+            self.dicts
+                .get(entry.dict)?
+                .decompress(entry.codec, stored, &mut out)?;
+        } else {
+            codec::decompress(entry.codec, stored, &mut out)?;
+        }
         Some(out)
     }
 
@@ -762,10 +808,21 @@ impl Inner {
         if is_zero(block) {
             return Prepared::Zero;
         }
+        let active = self.dicts.active();
+        let z = match &active {
+            Some(d) => d.compress(self.codec, block),
+            None => self.codec.compress(block),
+        };
         // Keep the compressed form only if it saves at least one sector.
-        let (codec, bytes) = match self.codec.compress(block) {
-            Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => (self.codec.id(), z),
-            _ => (codec::id::RAW, block.to_vec()),
+        let (codec, bytes, dict) = match z {
+            Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => {
+                if active.is_some() {
+                    self.dicts.note(BLOCK_BYTES, z.len());
+                }
+                self.dicts.sample(block);
+                (self.codec.id(), z, active.map_or(0, |d| d.id() as u8))
+            }
+            _ => (codec::id::RAW, block.to_vec(), 0),
         };
         let crc = crc32c::crc32c(&bytes);
         Prepared::Data {
@@ -773,6 +830,7 @@ impl Inner {
             bytes,
             crc,
             blocks: 1,
+            dict,
         }
     }
 
@@ -784,14 +842,20 @@ impl Inner {
         if n == 1 {
             return vec![self.prepare(data)];
         }
-        match unit::compress_unit(self.codec, None, data) {
+        let active = self.dicts.active();
+        match unit::compress_unit(self.codec, active.as_deref(), data) {
             Ok(u) if u.codec_id != codec::id::RAW => {
+                if u.dict_id != 0 {
+                    self.dicts.note(data.len(), u.bytes.len());
+                }
+                self.dicts.sample(data);
                 let crc = crc32c::crc32c(&u.bytes);
                 vec![Prepared::Data {
                     codec: u.codec_id,
                     bytes: u.bytes,
                     crc,
                     blocks: n as u8,
+                    dict: u.dict_id as u8,
                 }]
             }
             _ => data
@@ -801,6 +865,7 @@ impl Inner {
                     bytes: b.to_vec(),
                     crc: crc32c::crc32c(b),
                     blocks: 1,
+                    dict: 0,
                 })
                 .collect(),
         }
@@ -836,6 +901,7 @@ impl Inner {
             st.counters.host_bytes_written += data.len() as u64;
         }
         self.issue_sealed()?;
+        self.train_if_ready()?;
         if fua {
             self.flush()?;
         }
@@ -1008,6 +1074,96 @@ impl Inner {
         self.outbox.issue_all(&self.storage)
     }
 
+    /// Trains a dictionary once the sample is complete (off the state lock: it takes a fraction
+    /// of a second) and installs it (dicts.rs).
+    fn train_if_ready(&self) -> Result<()> {
+        let Some(samples) = self.dicts.take_sample() else {
+            return Ok(());
+        };
+        // Train on seven groups in eight; the eighth (units of the volume's size) decides.
+        let n = usize::from(self.unit_blocks);
+        let (mut train, mut held) = (Vec::new(), Vec::new());
+        for (i, g) in samples.chunks(n).enumerate() {
+            if i % 8 == 7 && g.len() == n {
+                held.push(g.concat());
+            } else {
+                train.extend(g.iter().cloned());
+            }
+        }
+        drop(samples);
+        let trained = crate::dicts::train(&self.sb, &train).and_then(|c| {
+            crate::codec::dict::Dictionary::new(1, self.codec, 0, c.clone()).map(|d| (c, d))
+        });
+        let content = match trained {
+            Ok((c, d)) => {
+                // Adopted only if it saves >= 1 % of stored bytes on the held-out units (zstd's
+                // trained entropy tables can lose to none: docs/savings.md).
+                let stored = |with: Option<&crate::codec::dict::Dictionary>| -> usize {
+                    held.iter()
+                        .map(|u| match unit::compress_unit(self.codec, with, u) {
+                            Ok(s) => s.bytes.len(),
+                            Err(_) => u.len(),
+                        })
+                        .sum()
+                };
+                let (with, without) = (stored(Some(&d)), stored(None));
+                if held.is_empty() || with * 100 > without * 99 {
+                    self.dicts.done(true);
+                    return Ok(());
+                }
+                c
+            }
+            // The sample did not train (too uniform, say): try again with the next one.
+            Err(_) => {
+                self.dicts.done(false);
+                self.dicts.start_sampling_if_needed();
+                return Ok(());
+            }
+        };
+        let r = self.install_dictionary(content);
+        match r {
+            Ok(installed) => {
+                self.dicts.done(!installed);
+                Ok(())
+            }
+            Err(e) => {
+                self.dicts.done(true);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stores a trained dictionary and starts using it (the install order of dicts.rs).
+    /// `Ok(false)`: the directory or the region is full; nothing was written.
+    fn install_dictionary(&self, content: Vec<u8>) -> Result<bool> {
+        self.check_writable()?;
+        let mut st = self.lock_for_write();
+        let cx = self.ctx();
+        let seq = st.next_seq;
+        let len = crate::codec::dict::HEADER_BYTES + content.len();
+        let Some((slot, id, at)) = crate::dicts::place(&self.sb, &st.dicts, len) else {
+            return Ok(false);
+        };
+        let d = crate::codec::dict::Dictionary::new(id, self.codec, seq, content)?;
+        let encoded = d.encode();
+        crate::dicts::write_region(&*self.storage, &self.sb, at, &encoded)?;
+        st.dicts[slot] = crate::format::DictEntry {
+            id,
+            codec: self.codec.id(),
+            flags: 1,
+            region_offset: at,
+            len: encoded.len() as u32,
+            crc: crc32c::crc32c(&encoded),
+            created_seq: seq,
+        };
+        self.sync_read_counters(&mut st);
+        // Two checkpoints: both slots list it before any record names it.
+        st.checkpoint(&cx)?;
+        st.checkpoint(&cx)?;
+        self.dicts.add(Arc::new(d), true);
+        Ok(true)
+    }
+
     /// Makes everything written so far durable.
     pub fn flush(&self) -> Result<()> {
         self.check_writable()?;
@@ -1154,6 +1310,21 @@ impl Inner {
             format_version: self.sb.version,
             failed: self.storage.failure(),
             counters: c,
+            dictionary: self.dicts.enabled,
+            dictionaries: {
+                let active = self.dicts.active().map(|d| d.id());
+                st.dicts
+                    .iter()
+                    .filter(|d| d.id != 0)
+                    .map(|d| crate::stats::DictStat {
+                        id: d.id,
+                        bytes: d.len,
+                        trained_seq: d.created_seq,
+                        loaded: self.dicts.get(d.id as u8).is_some(),
+                        active: active == Some(d.id),
+                    })
+                    .collect()
+            },
         }
     }
 
@@ -1461,7 +1632,8 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     && u32::from(now.len) == rec.len
                     && now.codec == rec.codec
                     && now.unit_index == rec.unit_index
-                    && u16::from(now.unit_blocks) == rec.unit_blocks;
+                    && u16::from(now.unit_blocks) == rec.unit_blocks
+                    && u16::from(now.dict) == rec.dict;
                 if !same {
                     st.set_entry(
                         rec.lba,
@@ -1482,7 +1654,7 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     crc: rec.crc,
                     unit_index: rec.unit_index,
                     unit_blocks: rec.unit_blocks as u8,
-                    dict: 0,
+                    dict: rec.dict as u8,
                 };
                 st.set_entry(rec.lba, entry)?;
             }

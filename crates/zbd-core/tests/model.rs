@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use zbd_core::{AllocState, Codec, SimStorage, Volume};
+use zbd_core::{AllocState, Codec, OpenOptions, SimStorage, Volume};
 
 const SIZE: u64 = 512 * 1024;
 /// Largest compression unit (64 KiB): `UnitWrite` and `Split` address stretches of this size.
@@ -72,17 +72,25 @@ fn mop() -> impl Strategy<Value = MOp> {
     ]
 }
 
-fn reopen(disk: &Arc<SimStorage>, vol: Volume) -> Volume {
+fn reopen(disk: &Arc<SimStorage>, vol: Volume, dict: bool) -> Volume {
     vol.close().expect("close");
     drop(vol);
-    Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen")
+    Volume::open(Box::new(Arc::clone(disk)), opts(dict)).expect("reopen")
 }
 
-fn flush_kill(disk: &mut Arc<SimStorage>, vol: Volume) -> Volume {
+fn flush_kill(disk: &mut Arc<SimStorage>, vol: Volume, dict: bool) -> Volume {
     vol.flush().expect("flush");
     vol.abandon();
     *disk = Arc::new(SimStorage::from_image(disk.current_image()));
-    Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen after kill")
+    Volume::open(Box::new(Arc::clone(disk)), opts(dict)).expect("reopen after kill")
+}
+
+/// Test open options, with trained dictionaries on or off.
+fn opts(dict: bool) -> OpenOptions {
+    OpenOptions {
+        dictionary: dict,
+        ..open_opts()
+    }
 }
 
 /// `unit`: compression unit size in bytes (4096: single blocks), at most what `extent` holds.
@@ -111,11 +119,48 @@ fn unit_op(op: &MOp) -> MOp {
 }
 
 fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCaseError> {
-    let opts = zbd_core::CreateOptions {
+    run_with(ops, extent, codec, unit, false)
+}
+
+/// `dict`: trained dictionaries on; the volume is then 8 MiB (the smallest whose dictionary
+/// region holds two dictionaries) of which the operations use the first `SIZE` bytes.
+fn run_with(
+    ops: &[MOp],
+    extent: u32,
+    codec: Codec,
+    unit: u32,
+    dict: bool,
+) -> Result<(), TestCaseError> {
+    let (size, factor) = if dict { (8 << 20, 2) } else { (SIZE, 16) };
+    let create = zbd_core::CreateOptions {
         unit_bytes: Some(unit.min(u32::from(zbd_core::layout::unit_blocks_max(extent)) * 4096)),
-        ..small_volume(SIZE, extent, codec, 16, 8)
+        ..small_volume(size, extent, codec, factor, 8)
     };
-    let (mut disk, mut vol) = sim_volume(&opts);
+    let (mut disk, mut vol) = sim_volume_with(&create, opts(dict));
+    if dict {
+        // Enough compressible blocks past the model's range to train and install a dictionary
+        // before the operations (a sample does not survive a reopen).
+        // Log-like records: a dictionary clearly pays on them, so it is adopted whatever order
+        // the parallel compression sampled them in.
+        let mut text = Vec::with_capacity((1 << 20) + 128);
+        let mut rng = SmallRng::seed_from_u64(7);
+        while text.len() < 1 << 20 {
+            let k: u64 = rng.random();
+            text.extend_from_slice(
+                format!(
+                    "{{\"ts\":{},\"user\":\"u{:04}\",\"state\":\"{}\",\"bytes\":{}}}\n",
+                    1_700_000_000 + k % 10_000_000,
+                    (k >> 24) % 977,
+                    ["active", "idle", "closed", "failed"][(k >> 40) as usize % 4],
+                    (k >> 44) % 100_000
+                )
+                .as_bytes(),
+            );
+        }
+        text.truncate(1 << 20);
+        vol.write(SIZE, &text, false)
+            .map_err(|e| TestCaseError::fail(format!("training write: {e}")))?;
+    }
     let mut model = vec![0u8; SIZE as usize];
     for (i, op) in ops.iter().enumerate() {
         let op = &unit_op(op);
@@ -176,8 +221,8 @@ fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCase
             MOp::Flush => vol
                 .flush()
                 .map_err(|e| TestCaseError::fail(format!("op {i} flush: {e}")))?,
-            MOp::Reopen => vol = reopen(&disk, vol),
-            MOp::FlushKill => vol = flush_kill(&mut disk, vol),
+            MOp::Reopen => vol = reopen(&disk, vol, dict),
+            MOp::FlushKill => vol = flush_kill(&mut disk, vol, dict),
         }
     }
     // Full comparison, allocation report consistency, and the same after a reopen.
@@ -204,7 +249,13 @@ fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCase
         prop_assert_eq!(pos, SIZE);
         let report = vol.check(&|_, _| {});
         prop_assert!(report.is_clean(), "check: {:?}", report);
-        vol = reopen(&disk, vol);
+        if dict {
+            prop_assert!(
+                !vol.stats().dictionaries.is_empty(),
+                "no dictionary was trained"
+            );
+        }
+        vol = reopen(&disk, vol, dict);
     }
     Ok(())
 }
@@ -260,6 +311,12 @@ fn seeded_long_runs() {
         for (extent, unit) in [(16384, 4096), (16384, 16384), (131072, 65536)] {
             if let Err(e) = run(&ops, extent, Codec::Lz4, unit) {
                 panic!("seeded model run failed, replay with seed {seed}, unit {unit}: {e}");
+            }
+        }
+        // With trained dictionaries: training, install and use happen among the operations.
+        for (codec, unit) in [(Codec::Lz4, 16384), (Codec::Zstd(1), 4096)] {
+            if let Err(e) = run_with(&ops, 16384, codec, unit, true) {
+                panic!("seeded model run with dictionaries failed, seed {seed}, {codec}: {e}");
             }
         }
     }

@@ -73,6 +73,8 @@ pub enum Prepared {
         crc: u32,
         /// Logical blocks they hold (1, or a unit's size).
         blocks: u8,
+        /// Dictionary they were compressed with (0 = none).
+        dict: u8,
     },
 }
 

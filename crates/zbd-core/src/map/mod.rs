@@ -673,8 +673,7 @@ pub fn decode_page(
 }
 
 /// Whether a map entry points inside the data area and has a unit shape a writer produces (a
-/// unit is stored compressed, at least a sector below its raw size; dictionaries need a newer
-/// build): anything else is treated as damage.
+/// unit is stored compressed, at least a sector below its raw size): anything else is treated as damage.
 pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
     let n = usize::from(e.unit_blocks);
     let max_len = if n == 1 {
@@ -688,6 +687,5 @@ pub fn entry_in_bounds(e: &MapEntry, sb: &Superblock) -> bool {
             && e.len > 0
             && (1..=UNIT_BLOCKS_MAX).contains(&e.unit_blocks)
             && e.unit_index < e.unit_blocks
-            && e.dict == 0
             && e.offset as u64 + u64::from(e.len) <= u64::from(sb.extent_bytes))
 }

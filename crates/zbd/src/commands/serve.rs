@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// that the server's RAM stays within the map cache + 64 MiB (docs/design.md).
     #[arg(long, default_value = "8M")]
     pub read_cache: String,
+    /// Trained dictionaries for new writes (lz4, zstd): `on` trains one from the first
+    /// compressible blocks written and uses it; `off` writes without (stored ones still read).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub dict: Option<String>,
 }
 
 /// Smallest `--map-cache`: a few map pages.
@@ -418,6 +422,10 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
         read_only: args.read_only,
         map_cache_bytes,
         read_cache_bytes: read_cache_bytes(args)?,
+        dictionary: args
+            .dict
+            .as_deref()
+            .map_or(zbd_core::DICTIONARY_DEFAULT, |d| d == "on"),
         ..OpenOptions::default()
     };
     let volume =

@@ -92,6 +92,30 @@ pub fn render(name: &str, s: &Stats) -> String {
             s.single_ratio
         ),
     );
+    line(
+        "dictionaries",
+        format!(
+            "{} for new writes; {}",
+            if s.dictionary { "on" } else { "off" },
+            if s.dictionaries.is_empty() {
+                "none stored".to_string()
+            } else {
+                s.dictionaries
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "#{} {}{}{}",
+                            d.id,
+                            human(u64::from(d.bytes)),
+                            if d.active { " (in use)" } else { "" },
+                            if d.loaded { "" } else { " DAMAGED" }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
+    );
     line("physical live", human(s.physical_bytes_live));
     line(
         "physical allocated",
