@@ -24,8 +24,10 @@ const STATE_CLOSED: u8 = 1;
 pub struct ExtentTable {
     /// Slot of each page in the durable checkpoint.
     slots: Vec<PageSlot>,
-    /// Pages whose extents changed since the last checkpoint (one bit each).
+    /// Pages whose extents changed since the last checkpoint's snapshot (one bit each).
     dirty: Vec<u64>,
+    /// Pages of the snapshot a checkpoint in flight writes.
+    writing: Vec<u64>,
 }
 
 /// Table pages written for a checkpoint that is not durable yet.
@@ -68,6 +70,7 @@ impl ExtentTable {
             slots: vec![PAGE_NONE; n],
             // The first checkpoint writes every page that has a live extent.
             dirty: vec![u64::MAX; n.div_ceil(64)],
+            writing: vec![0; n.div_ceil(64)],
         }
     }
 
@@ -99,6 +102,7 @@ impl ExtentTable {
         let table = ExtentTable {
             slots: ck.extent_table_slots.clone(),
             dirty: vec![0; (sb.extent_table_pages as usize).div_ceil(64)],
+            writing: vec![0; (sb.extent_table_pages as usize).div_ceil(64)],
         };
         let mut buf = vec![0u8; MAP_PAGE_BYTES];
         for p in 0..sb.extent_table_pages {
@@ -121,18 +125,21 @@ impl ExtentTable {
         Ok(Some((table, extents)))
     }
 
-    /// Writes every touched page for checkpoint `seq` (no sync).
-    pub fn write_changed(
-        &self,
-        storage: &dyn Storage,
+    /// Encodes every touched page for checkpoint `seq` as of `extents` now: the (storage
+    /// offset, bytes) writes and the slots the checkpoint records. The pages leave the touched
+    /// set (extents changed from now on touch them again); [`ExtentTable::commit`] or
+    /// [`ExtentTable::abort`] follows.
+    pub fn snapshot(
+        &mut self,
         sb: &Superblock,
         extents: &[ExtentInfo],
         seq: u64,
-    ) -> Result<WrittenTable> {
+    ) -> (Vec<crate::map::PageWrite>, WrittenTable) {
         let mut out = WrittenTable {
             slots: self.slots.clone(),
             bytes: 0,
         };
+        let mut writes = Vec::new();
         for p in 0..sb.extent_table_pages {
             if self.dirty[p as usize / 64] & (1 << (p % 64)) == 0 {
                 continue;
@@ -150,18 +157,26 @@ impl ExtentTable {
             let page_crc = crc32c::crc32c(&page);
             page[4..8].copy_from_slice(&page_crc.to_le_bytes());
             for copy in 0..sb.metadata_copies() {
-                storage.write_at(page_offset(sb, p, slot - 1, copy), &page)?;
                 out.bytes += page.len() as u64;
+                writes.push((page_offset(sb, p, slot - 1, copy), page.clone()));
             }
             out.slots[p as usize] = slot;
         }
-        Ok(out)
+        self.writing = std::mem::replace(&mut self.dirty, vec![0; self.writing.len()]);
+        (writes, out)
     }
 
     /// The checkpoint `written` belongs to is durable.
     pub fn commit(&mut self, written: WrittenTable) {
         self.slots = written.slots;
-        self.dirty.fill(0);
+        self.writing.fill(0);
+    }
+
+    /// The checkpoint of the snapshot failed: its pages are touched again.
+    pub fn abort(&mut self) {
+        for (d, w) in self.dirty.iter_mut().zip(self.writing.iter_mut()) {
+            *d |= std::mem::take(w);
+        }
     }
 }
 

@@ -6,17 +6,19 @@
 use crate::buffer::{BufferConfig, OpenExtent, Prepared};
 use crate::error::{Error, Result};
 use crate::extent_table::ExtentTable;
+use crate::extent_table::WrittenTable;
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
     BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES, CKPT_FLAG_EXTENT_TABLE,
     CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
-use crate::map::Map;
+use crate::map::{Map, PageWrite, WrittenPages};
 use crate::stats::Counters;
 use crate::storage::Storage;
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Life cycle of an extent.
@@ -86,6 +88,14 @@ pub struct State {
     /// Bumped when foreground cleaning takes the listed victims back (`cleaner::make_space`):
     /// a pass that started under an older value drops its work at commit.
     pub clean_gen: u64,
+    /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
+    pub inflight: Option<InFlight>,
+    /// A checkpoint should come soon (the queue runs low, dirty map pages pile up): the next
+    /// caller that can let the state lock go writes it (`Volume::checkpoint_unlocked`).
+    pub ckpt_wanted: bool,
+    /// The allocation queue asks for its refill early (not when the last checkpoint left it
+    /// low: nothing was free to add, and asking again after every write would only sync).
+    pub refill_early: bool,
 }
 
 /// Read-only context the state operations need.
@@ -231,10 +241,14 @@ impl State {
     }
 
     /// Brings the next checkpoint forward when dirty map pages fill most of the map cache
-    /// (they stay pinned until a checkpoint writes them).
+    /// (they stay pinned until a checkpoint writes them): asks for one outside the lock at
+    /// three quarters of the budget, writes one here, lock held, only at the whole budget
+    /// (pages kept being dirtied while the one asked for was written).
     pub fn checkpoint_if_map_full(&mut self, cx: &Ctx) -> Result<()> {
-        if self.map.wants_checkpoint() {
+        if self.map.needs_checkpoint() {
             self.checkpoint(cx)?;
+        } else if self.map.wants_checkpoint() && self.inflight.is_none() {
+            self.ckpt_wanted = true;
         }
         Ok(())
     }
@@ -302,37 +316,47 @@ impl State {
         Ok(())
     }
 
-    /// Makes every write so far durable.
-    pub fn flush(&mut self, cx: &Ctx) -> Result<()> {
-        self.write_pending(cx)?;
-        let covered = self.next_seq - 1;
-        cx.outbox.issue_all(cx.storage)?;
-        cx.storage.sync()?;
-        cx.durable_seq.fetch_max(covered, Ordering::SeqCst);
-        self.counters.flushes += 1;
-        Ok(())
+    /// Writes a checkpoint, all of it under the state lock (the caller holds it and cannot let
+    /// it go: the queue ran dry, the map cache is full of pinned pages, recovery, close). A
+    /// checkpoint another thread is writing outside the lock is waited for and committed first
+    /// (see [`State::begin_checkpoint`]). `Volume::checkpoint_unlocked` is the usual way.
+    pub fn checkpoint(&mut self, cx: &Ctx) -> Result<()> {
+        let io = self.begin_checkpoint(cx)?;
+        let r = io.run(cx);
+        self.finish_checkpoint(cx, io.seq, r)
     }
 
-    /// Writes a checkpoint: pending segments, dirty map pages (copy-on-write into the slot the
-    /// durable checkpoint does not use), then the checkpoint itself with a fresh allocation queue.
-    /// Extents that became free are released only after it is durable.
-    pub fn checkpoint(&mut self, cx: &Ctx) -> Result<()> {
-        self.flush(cx)?;
+    /// Phase 1 of a checkpoint (state lock held): seals the pending segments into the outbox and
+    /// takes a snapshot of everything the checkpoint writes (dirty map pages, changed
+    /// extent-table pages, the checkpoint itself with a fresh allocation queue and the extents
+    /// it releases). Phase 2, [`CheckpointIo::run`], needs no lock; phase 3,
+    /// [`State::finish_checkpoint`], commits under the lock once it is durable. One checkpoint
+    /// at a time: one still in flight (another thread's phase 2) is waited for, lock held (its
+    /// phase 2 never takes the lock), and committed here.
+    pub fn begin_checkpoint(&mut self, cx: &Ctx) -> Result<CheckpointIo> {
+        self.join_checkpoint(cx)?;
+        self.write_pending(cx)?;
+        // It syncs everything sealed so far, like a flush (and counts as one, as it always did).
+        self.counters.flushes += 1;
         let seq = self.ckpt_seq + 1;
-        let pages = self.map.write_dirty(seq)?;
+        let watermark = self.next_seq - 1;
+        let (mut writes, pages) = self.map.snapshot(seq)?;
         self.counters.metadata_bytes_written += pages.bytes;
         let v2 = cx.sb.version >= 2;
-        let table = self
-            .table
-            .write_changed(cx.storage, cx.sb, &self.extents, seq)?;
+        let (table_writes, table) = self.table.snapshot(cx.sb, &self.extents, seq);
+        writes.extend(table_writes);
         self.counters.metadata_bytes_written += table.bytes;
-        // Extents free once this checkpoint is durable: no map entry references them.
+        // Extents free once this checkpoint is durable: no map entry of the snapshot references
+        // them. Extents that become pending free from now on wait for the next checkpoint.
         let released: Vec<u32> = (0..self.extents.len() as u32)
             .filter(|&e| {
                 self.extents[e as usize].state == ExtentState::PendingFree
                     && !self.cleaning.contains(&e)
             })
             .collect();
+        // The new queue lists every extent writers may open before the next checkpoint is
+        // durable: the open ones, the rest of the current queue (writers go on taking from it
+        // until the commit) and fresh ones.
         let mut queue: Vec<QueueEntry> = self
             .open
             .iter()
@@ -345,21 +369,24 @@ impl State {
         let mut free = self.free.clone();
         free.extend(released.iter().copied());
         let mut next_alloc = self.next_alloc_seq;
+        let mut fresh = Vec::new();
         while queue.len() < cx.sb.queue_len as usize {
             let Some(e) = free.pop_front() else { break };
-            queue.push(QueueEntry {
+            let q = QueueEntry {
                 extent: e,
                 alloc_seq: next_alloc,
-            });
+            };
+            queue.push(q);
+            fresh.push(q);
             next_alloc += 1;
         }
         self.counters.checkpoints += 1;
         let ck = Checkpoint {
             seq,
-            write_seq: self.next_seq - 1,
+            write_seq: watermark,
             next_alloc_seq: next_alloc,
             counters: self.counters.to_array(),
-            queue: queue.clone(),
+            queue,
             page_slots: pages.slots.clone(),
             page_summaries: if v2 {
                 pages.summaries.clone()
@@ -385,26 +412,82 @@ impl State {
             dicts: self.dicts,
         };
         let bytes = ck.encode(cx.sb);
-        cx.storage.sync()?;
-        for copy in 0..cx.sb.metadata_copies() {
-            cx.storage
-                .write_at(cx.sb.checkpoint_slot_offset(seq, copy), &bytes)?;
-            self.counters.metadata_bytes_written += bytes.len() as u64;
+        let copies: Vec<PageWrite> = (0..cx.sb.metadata_copies())
+            .map(|copy| (cx.sb.checkpoint_slot_offset(seq, copy), bytes.clone()))
+            .collect();
+        self.counters.metadata_bytes_written += (bytes.len() * copies.len()) as u64;
+        let done = Arc::new(Done::default());
+        self.inflight = Some(InFlight {
+            seq,
+            pages,
+            table,
+            fresh,
+            free,
+            released,
+            next_alloc,
+            done: Arc::clone(&done),
+        });
+        self.ckpt_wanted = false;
+        Ok(CheckpointIo {
+            seq,
+            watermark,
+            pages: writes,
+            checkpoint: copies,
+            done: DoneOnDrop(done),
+        })
+    }
+
+    /// Waits for the checkpoint in flight, if any (another thread's phase 2), and commits it.
+    /// Called with the state lock held: phase 2 never takes it, so this cannot deadlock.
+    pub fn join_checkpoint(&mut self, cx: &Ctx) -> Result<()> {
+        let Some(f) = &self.inflight else {
+            return Ok(());
+        };
+        let (seq, ok) = (f.seq, f.done.wait());
+        let r = if ok {
+            Ok(())
+        } else {
+            Err(Error::Failed(format!(
+                "checkpoint {seq} could not be written"
+            )))
+        };
+        self.finish_checkpoint(cx, seq, r)
+    }
+
+    /// Phase 3 of a checkpoint (state lock held): `r` is how its phase 2 went. Durable: commit in
+    /// RAM. Failed (the fence has tripped, the volume writes nothing more): what the snapshot
+    /// took is dirty again. Nothing to do if a thread that waited for it did this already.
+    pub fn finish_checkpoint(&mut self, cx: &Ctx, seq: u64, r: Result<()>) -> Result<()> {
+        if self.inflight.as_ref().is_none_or(|f| f.seq != seq) {
+            return r;
         }
-        cx.storage.sync()?;
-        // Durable: commit in RAM.
+        let f = self.inflight.take().expect("checked above");
+        if r.is_err() {
+            self.map.abort();
+            self.table.abort();
+            return r;
+        }
         self.ckpt_seq = seq;
-        self.map.commit(seq, pages);
-        self.table.commit(table);
-        self.next_alloc_seq = next_alloc;
-        let open_count = self.open.len();
-        self.queue = queue.into_iter().skip(open_count).collect();
-        self.free = free;
+        self.map.commit(seq, f.pages);
+        self.table.commit(f.table);
+        self.next_alloc_seq = f.next_alloc;
+        // Writers took extents from the front of the queue meanwhile; what is left of it comes
+        // first in the new checkpoint's queue too (after the extents that were open), then the
+        // fresh ones. Only checkpoints change the free list, one at a time.
+        self.queue.extend(f.fresh);
+        self.free = f.free;
+        self.refill_early = self.queue.len() > crate::buffer::refill_at(cx.sb);
         // Every released extent is already in the free list (and maybe the new queue): mark them
         // all free before anything can fail, or a leftover "pending free" one would be released
-        // (and queued) again by the next checkpoint and handed out twice.
+        // (and queued) again by the next checkpoint and handed out twice. Nothing turned them
+        // into anything else meanwhile: only recovery maps blocks into extents not open.
+        let released = f.released;
         for &e in &released {
+            debug_assert_eq!(self.extents[e as usize].state, ExtentState::PendingFree);
             self.extents[e as usize].state = ExtentState::Free;
+        }
+        if released.is_empty() {
+            return Ok(());
         }
         let _exclusive = cx.gate.write();
         cx.cache.forget(&released);
@@ -425,6 +508,96 @@ impl State {
             );
         }
         Ok(())
+    }
+}
+
+/// What a checkpoint between snapshot and commit needs at its commit.
+pub struct InFlight {
+    seq: u64,
+    pages: WrittenPages,
+    table: WrittenTable,
+    /// Queue entries added to the current queue at commit.
+    fresh: Vec<QueueEntry>,
+    /// The free list after commit.
+    free: VecDeque<u32>,
+    /// Extents that turn free at commit.
+    released: Vec<u32>,
+    next_alloc: u64,
+    done: Arc<Done>,
+}
+
+/// How a checkpoint's phase 2 ended, for a thread waiting to commit it.
+#[derive(Default)]
+pub struct Done {
+    ok: Mutex<Option<bool>>,
+    cv: Condvar,
+}
+
+impl Done {
+    fn set(&self, ok: bool) {
+        let mut g = self.ok.lock();
+        if g.is_none() {
+            *g = Some(ok);
+        }
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let mut g = self.ok.lock();
+        loop {
+            if let Some(ok) = *g {
+                return ok;
+            }
+            self.cv.wait(&mut g);
+        }
+    }
+}
+
+/// Reports failure if phase 2 ends without saying how (a panic): a waiter must not hang.
+struct DoneOnDrop(Arc<Done>);
+
+impl Drop for DoneOnDrop {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
+/// Phase 2 of a checkpoint: the storage writes and syncs of a snapshot, run without the state
+/// lock (reads and writes go on meanwhile).
+pub struct CheckpointIo {
+    /// Sequence of the checkpoint.
+    pub seq: u64,
+    /// Highest write sequence sealed into the outbox by phase 1.
+    watermark: u64,
+    /// Map and extent-table pages.
+    pages: Vec<PageWrite>,
+    /// Every copy of the checkpoint.
+    checkpoint: Vec<PageWrite>,
+    done: DoneOnDrop,
+}
+
+impl CheckpointIo {
+    /// Checkpoint order (docs/design.md): segments, sync; map and table pages, sync; the
+    /// checkpoint copies, sync. Everything goes through the fence: the first error stops the
+    /// volume, and the checkpoint is not committed.
+    pub fn run(&self, cx: &Ctx) -> Result<()> {
+        let r = self.write(cx);
+        self.done.0.set(r.is_ok());
+        r
+    }
+
+    fn write(&self, cx: &Ctx) -> Result<()> {
+        cx.outbox.issue_all(cx.storage)?;
+        cx.storage.sync()?;
+        cx.durable_seq.fetch_max(self.watermark, Ordering::SeqCst);
+        for (offset, bytes) in &self.pages {
+            cx.storage.write_at(*offset, bytes)?;
+        }
+        cx.storage.sync()?;
+        for (offset, bytes) in &self.checkpoint {
+            cx.storage.write_at(*offset, bytes)?;
+        }
+        cx.storage.sync()
     }
 }
 

@@ -145,6 +145,9 @@ pub(crate) struct Inner {
     corrupt_reads: AtomicU64,
     /// Readers waiting for the state lock; writers and the cleaner let them go first.
     readers_waiting: AtomicUsize,
+    /// Held by a checkpoint written outside the state lock, from snapshot to commit (taken
+    /// before the state lock): such checkpoints run one at a time.
+    ckpt_lock: Mutex<()>,
     /// Cleaner watermarks, % of extents free.
     pub(crate) clean_low_pct: u8,
     pub(crate) clean_high_pct: u8,
@@ -320,6 +323,9 @@ impl Inner {
             cleaning: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
             clean_gen: 0,
+            inflight: None,
+            ckpt_wanted: false,
+            refill_early: true,
         };
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
@@ -385,6 +391,7 @@ impl Inner {
             clean_idle_seq: AtomicU64::new(u64::MAX),
             readers_waiting: AtomicUsize::new(0),
             dicts,
+            ckpt_lock: Mutex::new(()),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -896,14 +903,18 @@ impl Inner {
                 self.write_partial_range(end_full * bs, &data[tail_start..])?;
             }
         }
-        {
+        let wanted = {
             let mut st = self.state.lock();
             st.counters.host_bytes_written += data.len() as u64;
-        }
+            st.ckpt_wanted
+        };
         self.issue_sealed()?;
         self.train_if_ready()?;
         if fua {
             self.flush()?;
+        }
+        if wanted {
+            self.checkpoint_unlocked(true)?;
         }
         Ok(())
     }
@@ -1053,18 +1064,23 @@ impl Inner {
             return self.write_partial_range(offset, &vec![0u8; len as usize]);
         }
         // Whole blocks first: they free space the partial edges may need on a full volume.
-        {
+        let wanted = {
             let mut st = self.lock_for_write();
             let cx = self.ctx();
             st.put_range(&cx, kind, first_full, end_full - first_full)?;
-        }
+            st.ckpt_wanted
+        };
         if offset < first_full * bs {
             self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
         }
         if end > end_full * bs {
             self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
         }
-        self.issue_sealed()
+        self.issue_sealed()?;
+        if wanted {
+            self.checkpoint_unlocked(true)?;
+        }
+        Ok(())
     }
 
     /// Issues the segments sealed under the state lock to the storage (see writeback.rs). Called
@@ -1186,10 +1202,29 @@ impl Inner {
     /// Writes a checkpoint now (bounded recovery; normally automatic).
     pub fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
-        let mut st = self.state.lock();
+        self.checkpoint_unlocked(false)
+    }
+
+    /// Writes a checkpoint in three phases (state.rs, `begin_checkpoint`): the snapshot under
+    /// the state lock, its writes and syncs with the lock released (reads and writes go on),
+    /// the commit under the lock again. A second caller waits for the first (`ckpt_lock`); a
+    /// thread that must checkpoint with the state lock held waits for and commits the one in
+    /// flight instead (`State::join_checkpoint`). `if_wanted`: only if one is still wanted
+    /// (`State::ckpt_wanted`: several writers may have seen the wish; the first one does it).
+    pub(crate) fn checkpoint_unlocked(&self, if_wanted: bool) -> Result<()> {
+        let _one = self.ckpt_lock.lock();
         let cx = self.ctx();
-        self.sync_read_counters(&mut st);
-        st.checkpoint(&cx)
+        let io = {
+            let mut st = self.lock_for_write();
+            if if_wanted && !st.ckpt_wanted {
+                return Ok(());
+            }
+            self.sync_read_counters(&mut st);
+            st.begin_checkpoint(&cx)?
+        };
+        let r = io.run(&cx);
+        let mut st = self.state.lock();
+        st.finish_checkpoint(&cx, io.seq, r)
     }
 
     fn sync_read_counters(&self, st: &mut State) {
@@ -1524,27 +1559,31 @@ impl Inner {
             let cx = self.ctx();
             // Victims are read without the state lock; it is taken to choose and to commit.
             let r = crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?;
-            let done = {
-                let mut st = self.lock_for_write();
+            let (done, checkpoint, wanted) = {
+                let st = self.lock_for_write();
                 pending += r.reclaimed;
                 let total = st.extents.len();
                 let done = !r.progressed()
                     || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
-                if pending > 0
+                let checkpoint = pending > 0
                     && (done
                         || pending >= CHECKPOINT_AFTER_RECLAIMED
-                        || st.free_now() <= st.buffer.reserve)
-                {
-                    st.checkpoint(&cx)?;
-                    pending = 0;
-                }
+                        || st.free_now() <= st.buffer.reserve);
                 if !r.progressed() {
                     self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
                 }
-                done
+                (done, checkpoint, st.ckpt_wanted)
             };
             // The outputs went to the outbox under the lock: issue them now.
             self.issue_sealed()?;
+            // Outside the state lock: host I/O goes on during its syncs. Also when the passes'
+            // outputs brought the allocation queue low (`State::alloc`).
+            if checkpoint {
+                self.checkpoint_unlocked(false)?;
+                pending = 0;
+            } else if wanted {
+                self.checkpoint_unlocked(true)?;
+            }
             if done {
                 return Ok(());
             }

@@ -89,6 +89,12 @@ pub struct BufferConfig {
     pub reserve: usize,
 }
 
+/// Queued extents left when the allocation queue asks for a refill (`State::alloc`): enough
+/// for the writes that come while the checkpoint syncs.
+pub(crate) fn refill_at(sb: &crate::format::Superblock) -> usize {
+    (sb.queue_len as usize / 8).max(1)
+}
+
 impl State {
     /// Chooses the open extent for `len` payload bytes and `records` records: best fit
     /// (fullest extent that still has room), else a new extent, evicting the least recently
@@ -156,11 +162,21 @@ impl State {
 
     /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
     /// (which also releases extents freed since the last one).
+    /// The refill is asked for early (an eighth of the queue left), to run outside the state
+    /// lock (`Volume::checkpoint_unlocked`); only a queue that runs dry all the same makes the
+    /// caller write it (or wait for the one in flight) with the lock held.
     pub fn alloc(&mut self, cx: &Ctx) -> Result<QueueEntry> {
+        if self.queue.is_empty() {
+            self.join_checkpoint(cx)?;
+        }
         if self.queue.is_empty() {
             self.checkpoint(cx)?;
         }
-        self.queue.pop_front().ok_or(Error::NoSpace)
+        let q = self.queue.pop_front().ok_or(Error::NoSpace)?;
+        if self.refill_early && self.queue.len() <= refill_at(cx.sb) && self.inflight.is_none() {
+            self.ckpt_wanted = true;
+        }
+        Ok(q)
     }
 
     /// Seals the pending segment of open extent `i` and hands it to the outbox, which issues it

@@ -127,10 +127,15 @@ impl Cache {
         None
     }
 
-    /// A checkpoint wrote every dirty page: all are clean; pages past the budget leave.
-    pub fn clean_all(&mut self) -> Vec<Frame> {
-        self.frames.iter_mut().for_each(|f| f.dirty = false);
-        self.dirty = 0;
+    /// A checkpoint wrote the pinned pages: all but those `still_dirty` are clean; pages past
+    /// the budget leave.
+    pub fn clean_except(&mut self, still_dirty: impl Fn(u32) -> bool) -> Vec<Frame> {
+        for f in self.frames.iter_mut() {
+            if f.dirty && !still_dirty(f.page) {
+                f.dirty = false;
+                self.dirty -= 1;
+            }
+        }
         let mut out = Vec::new();
         while self.frames.len() > self.budget {
             match self.evict_one() {

@@ -13,6 +13,10 @@
 //! Volume counters (data, zero, raw, damaged blocks, live bytes) are kept exact on every change
 //! so `stats()` needs no scan.
 //!
+//! A checkpoint takes a snapshot of the dirty pages ([`Map::snapshot`], under the state lock),
+//! writes it with the lock released, and commits it ([`Map::commit`]): pages changed again in
+//! between stay dirty, and pages of the snapshot stay pinned until the commit.
+//!
 //! Page faults happen under the state lock (a first version: a fault is one 4 KiB read).
 
 mod cache;
@@ -203,6 +207,9 @@ pub struct Map {
     /// Pages to write at the next checkpoint (one bit each).
     dirty: Vec<u64>,
     dirty_count: usize,
+    /// Pages of the snapshot a checkpoint in flight is writing (one bit each): pinned in the
+    /// cache until it commits.
+    writing: Vec<u64>,
     /// Pages with no intact copy (their blocks are state `Corrupt`).
     damaged: BTreeSet<u32>,
     /// Pages whose first copy was damaged and the second intact (rewritten by the next
@@ -212,7 +219,10 @@ pub struct Map {
     stats: MapCacheStats,
 }
 
-/// Map pages written for a checkpoint that is not durable yet (see [`Map::write_dirty`]).
+/// One page write of a checkpoint: storage offset, bytes.
+pub type PageWrite = (u64, Vec<u8>);
+
+/// Map pages written for a checkpoint that is not durable yet (see [`Map::snapshot`]).
 pub struct WrittenPages {
     /// Slot of every page once the checkpoint is durable.
     pub slots: Vec<PageSlot>,
@@ -252,6 +262,7 @@ impl Map {
             cache: Cache::new(cache_bytes),
             dirty: vec![0; pages.div_ceil(64)],
             dirty_count: 0,
+            writing: vec![0; pages.div_ceil(64)],
             damaged: BTreeSet::new(),
             repaired: BTreeSet::new(),
             counters: if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 {
@@ -304,7 +315,12 @@ impl Map {
     }
 
     fn is_dirty(&self, p: u32) -> bool {
-        self.dirty[p as usize / 64] & (1 << (p % 64)) != 0
+        bit(&self.dirty, p)
+    }
+
+    /// Dirty, or in the snapshot of the checkpoint in flight: must stay resident.
+    fn is_pinned(&self, p: u32) -> bool {
+        bit(&self.dirty, p) || bit(&self.writing, p)
     }
 
     fn set_dirty(&mut self, p: u32) {
@@ -316,10 +332,23 @@ impl Map {
 
     /// Whether enough dirty pages are pinned in the cache that a checkpoint should come now:
     /// three quarters of the budget, but never fewer than `DIRTY_PAGES_MIN` (a tiny cache would
-    /// otherwise checkpoint after nearly every write) nor more than `DIRTY_PAGES_MAX`.
+    /// otherwise checkpoint after nearly every write) nor more than 3/4 of `DIRTY_PAGES_MAX`.
     pub fn wants_checkpoint(&self) -> bool {
+        self.cache.dirty() >= self.soft_limit()
+    }
+
+    fn soft_limit(&self) -> usize {
         let budget = self.cache.budget();
-        self.cache.dirty() >= (budget - budget / 4).clamp(DIRTY_PAGES_MIN, DIRTY_PAGES_MAX)
+        // The hard limit (a third above) stays within `DIRTY_PAGES_MAX`.
+        (budget - budget / 4).clamp(DIRTY_PAGES_MIN, DIRTY_PAGES_MAX * 3 / 4)
+    }
+
+    /// Whether pinned pages reached the whole budget (a quarter above [`Map::wants_checkpoint`]):
+    /// a checkpoint must come now, even under the state lock. A checkpoint brought forward at
+    /// the soft limit runs outside the lock, and pages keep being dirtied meanwhile.
+    pub fn needs_checkpoint(&self) -> bool {
+        let soft = self.soft_limit();
+        self.cache.dirty() >= soft + (soft / 3).max(1)
     }
 
     /// Reads page `p` from its durable slot: copy 0, else the others. A page with no intact
@@ -389,8 +418,8 @@ impl Map {
                 }
                 None => self.read_page(p)?,
             };
-            let dirty = self.is_dirty(p);
-            if let Some(evicted) = self.cache.insert(p, entries, dirty) {
+            let pinned = self.is_pinned(p);
+            if let Some(evicted) = self.cache.insert(p, entries, pinned) {
                 self.summary[evicted.page as usize] = summarize(&evicted.entries);
             }
         }
@@ -597,14 +626,21 @@ impl Map {
         Ok(())
     }
 
-    /// Writes every dirty page for checkpoint `seq` into the slot the durable checkpoint does
-    /// not use, in every metadata copy (no sync). A page that is all unmapped is not written:
-    /// its slot becomes "never written", which every reader takes as all unmapped. Nothing
-    /// changes in RAM until [`Map::commit`].
-    pub fn write_dirty(&mut self, seq: u64) -> Result<WrittenPages> {
+    /// Encodes every dirty page for checkpoint `seq`, for the slot the durable checkpoint does
+    /// not use, in every metadata copy: returns the (storage offset, bytes) writes and what the
+    /// checkpoint records. A page that is all unmapped is not written: its slot becomes "never
+    /// written", which every reader takes as all unmapped. The pages leave the dirty set for the
+    /// snapshot (pages changed from now on are dirty again for the next checkpoint); nothing
+    /// else changes until [`Map::commit`] (or [`Map::abort`]). One snapshot at a time.
+    pub fn snapshot(&mut self, seq: u64) -> Result<(Vec<PageWrite>, WrittenPages)> {
+        debug_assert!(
+            self.writing.iter().all(|&w| w == 0),
+            "one snapshot at a time"
+        );
         let mut slots = self.slots.clone();
         let mut summaries = self.summary.clone();
         let mut bytes = 0u64;
+        let mut writes = Vec::new();
         for w in 0..self.dirty.len() {
             let mut bits = self.dirty[w];
             while bits != 0 {
@@ -621,32 +657,61 @@ impl Map {
                 let page = encode_map_page(p, seq, &entries);
                 // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
                 for copy in 0..self.sb.metadata_copies() {
-                    self.storage
-                        .write_at(self.sb.map_page_offset(p, slot - 1, copy), &page)?;
                     bytes += page.len() as u64;
+                    writes.push((self.sb.map_page_offset(p, slot - 1, copy), page.clone()));
                 }
                 slots[p as usize] = slot;
             }
         }
-        Ok(WrittenPages {
-            slots,
-            summaries,
-            bytes,
-        })
+        // A page read above may have been found repaired (dirty now): it is in the snapshot.
+        self.writing = std::mem::replace(&mut self.dirty, vec![0; self.writing.len()]);
+        self.dirty_count = 0;
+        Ok((
+            writes,
+            WrittenPages {
+                slots,
+                summaries,
+                bytes,
+            },
+        ))
     }
 
-    /// The checkpoint `seq` that `written` belongs to is durable: its pages are clean now and
-    /// may leave the cache.
+    /// The checkpoint `seq` that `written` belongs to is durable: pages of its snapshot not
+    /// changed since are clean now and may leave the cache.
     pub fn commit(&mut self, seq: u64, written: WrittenPages) {
+        // Slots change only here, and summaries of pages outside the snapshot are the durable
+        // ones in both: take the snapshot's, except for a page changed again since that is not
+        // resident (its summary is its content now, e.g. a whole-page trim).
+        for w in 0..self.writing.len() {
+            let mut bits = self.writing[w];
+            while bits != 0 {
+                let p = (w * 64) as u32 + bits.trailing_zeros();
+                bits &= bits - 1;
+                if !self.is_dirty(p) || self.cache.contains(p) {
+                    self.summary[p as usize] = written.summaries[p as usize];
+                }
+            }
+        }
         self.slots = written.slots;
-        self.summary = written.summaries;
         self.gen = seq;
-        self.dirty.fill(0);
-        self.dirty_count = 0;
-        for evicted in self.cache.clean_all() {
+        self.writing.fill(0);
+        let dirty = &self.dirty;
+        for evicted in self.cache.clean_except(|p| bit(dirty, p)) {
             self.summary[evicted.page as usize] = summarize(&evicted.entries);
         }
     }
+
+    /// The checkpoint of the snapshot failed: its pages are dirty again.
+    pub fn abort(&mut self) {
+        for (d, w) in self.dirty.iter_mut().zip(self.writing.iter_mut()) {
+            *d |= std::mem::take(w);
+        }
+        self.dirty_count = self.dirty.iter().map(|w| w.count_ones() as usize).sum();
+    }
+}
+
+fn bit(bits: &[u64], p: u32) -> bool {
+    bits[p as usize / 64] & (1 << (p % 64)) != 0
 }
 
 /// Summary of a page's entries.

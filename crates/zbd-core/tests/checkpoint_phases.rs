@@ -1,0 +1,353 @@
+//! The checkpoint writes and syncs outside the state lock (issues 9 and 13; docs/design.md,
+//! "Concurrency and work scheduling"). A storage wrapper parks the checkpoint's thread at a
+//! chosen write or sync until the test releases it: meanwhile reads, writes and flushes from
+//! other threads must go on, and a crash at that point (or at any storage operation of the rest
+//! of the checkpoint) must keep every flushed block, including those written during the
+//! checkpoint (their sequence is above its watermark: recovery replays them from its queue).
+
+mod common;
+
+use common::*;
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::ops::Range;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+use zbd_core::format::Superblock;
+use zbd_core::{Codec, SimStorage, Storage, Volume};
+
+const SIZE: u64 = 4 << 20;
+const BLOCKS: usize = SIZE as usize / BS;
+/// Only to turn a deadlock into a failure: nothing waits for it to pass.
+const STUCK: Duration = Duration::from_secs(120);
+
+#[derive(Clone, Debug)]
+enum Trap {
+    /// The `n`-th sync from now (1-based), before it reaches the disk.
+    Sync(u32),
+    /// The first write that starts in this byte range.
+    Write(Range<u64>),
+}
+
+/// A simulated disk whose next operation matching the armed trap waits for `release`.
+struct Parking {
+    disk: Arc<SimStorage>,
+    trap: Mutex<Option<(Trap, u32)>>,
+    parked: Mutex<Sender<()>>,
+    release: Mutex<Receiver<()>>,
+}
+
+impl Parking {
+    fn arm(&self, trap: Trap) {
+        *self.trap.lock() = Some((trap, 0));
+    }
+
+    /// Parks the caller if `matches` (the op is the armed trap's): tells the test, waits.
+    fn maybe_park(&self, is_sync: bool, offset: u64) {
+        let hit = {
+            let mut t = self.trap.lock();
+            let hit = match &mut *t {
+                Some((Trap::Sync(n), seen)) if is_sync => {
+                    *seen += 1;
+                    *seen == *n
+                }
+                Some((Trap::Write(r), _)) if !is_sync => r.contains(&offset),
+                _ => false,
+            };
+            if hit {
+                *t = None;
+            }
+            hit
+        };
+        if hit {
+            self.parked.lock().send(()).expect("test gone");
+            self.release.lock().recv().expect("test gone");
+        }
+    }
+}
+
+impl Storage for Parking {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        self.maybe_park(false, offset);
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.maybe_park(true, 0);
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+struct Rig {
+    disk: Arc<SimStorage>,
+    park: Arc<Parking>,
+    parked: Receiver<()>,
+    release: Sender<()>,
+    vol: Arc<Volume>,
+}
+
+fn rig() -> Rig {
+    // Synchronous I/O: the parked write or sync is the checkpoint thread's own call. A tiny map
+    // cache: pages are evicted and faulted back while the checkpoint is in flight.
+    let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 4, 64);
+    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let (ptx, prx) = channel();
+    let (rtx, rrx) = channel();
+    let park = Arc::new(Parking {
+        disk: Arc::clone(&disk),
+        trap: Mutex::new(None),
+        parked: Mutex::new(ptx),
+        release: Mutex::new(rrx),
+    });
+    let vol =
+        Volume::create_with(Box::new(Arc::clone(&park)), &opts, open_opts_sync()).expect("create");
+    Rig {
+        disk,
+        park,
+        parked: prx,
+        release: rtx,
+        vol: Arc::new(vol),
+    }
+}
+
+/// Per-block expectation: the value at the last completed flush, and values written since.
+struct Expect {
+    durable: Vec<Vec<u8>>,
+    since: Vec<Vec<Vec<u8>>>,
+}
+
+impl Expect {
+    fn new() -> Expect {
+        Expect {
+            durable: vec![vec![0; BS]; BLOCKS],
+            since: vec![Vec::new(); BLOCKS],
+        }
+    }
+
+    fn wrote(&mut self, b: usize, data: &[u8]) {
+        self.since[b].push(data.to_vec());
+    }
+
+    fn flushed(&mut self) {
+        for (b, s) in self.since.iter_mut().enumerate() {
+            if let Some(last) = s.pop() {
+                self.durable[b] = last;
+            }
+            s.clear();
+        }
+    }
+
+    fn verify(&self, vol: &Volume, ctx: &str) {
+        let mut buf = vec![0u8; BS];
+        for b in 0..BLOCKS {
+            vol.read((b * BS) as u64, &mut buf)
+                .unwrap_or_else(|e| panic!("{ctx}: block {b} unreadable: {e}"));
+            assert!(
+                buf == self.durable[b] || self.since[b].contains(&buf),
+                "{ctx}: block {b} lost flushed data or holds data it never held"
+            );
+        }
+        let report = vol.check(&|_, _| {});
+        assert!(report.is_clean(), "{ctx}: check: {report:?}");
+    }
+}
+
+fn block(rng: &mut SmallRng) -> Vec<u8> {
+    let kind = if rng.random_bool(0.2) {
+        Fill::Random
+    } else {
+        Fill::Text
+    };
+    fill(rng, kind, BS)
+}
+
+/// Writes `n` random blocks (some in a row, so several map pages and extents are touched).
+fn write_some(vol: &Volume, exp: &mut Expect, rng: &mut SmallRng, n: usize) {
+    for _ in 0..n {
+        let b = rng.random_range(0..BLOCKS);
+        let data = block(rng);
+        exp.wrote(b, &data);
+        vol.write((b * BS) as u64, &data, false).expect("write");
+    }
+}
+
+fn reopen(image: Vec<u8>) -> Volume {
+    Volume::open(Box::new(SimStorage::from_image(image)), open_opts()).expect("reopen")
+}
+
+/// Runs `f` on another thread; fails the test if it has not finished after `STUCK` (it is
+/// then blocked behind the parked checkpoint).
+fn must_finish<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(STUCK)
+        .unwrap_or_else(|_| panic!("{what} waited for the checkpoint's parked storage call"))
+}
+
+fn metadata_ranges(sb: &Superblock) -> (Range<u64>, Range<u64>) {
+    // Copy 0: checkpoint slots, then map pages and extent-table pages.
+    (
+        sb.checkpoint_offset..sb.map_offset,
+        sb.map_offset..sb.checkpoint_offset1,
+    )
+}
+
+#[test]
+fn reads_writes_and_faults_go_on_while_a_checkpoint_syncs() {
+    let r = rig();
+    let mut rng = SmallRng::seed_from_u64(9);
+    let mut exp = Expect::new();
+    write_some(&r.vol, &mut exp, &mut rng, 800);
+    r.vol.flush().expect("flush");
+    exp.flushed();
+    // Dirty map pages for the checkpoint to write.
+    write_some(&r.vol, &mut exp, &mut rng, 40);
+    for sync in 1..=3 {
+        r.park.arm(Trap::Sync(sync));
+        let vol = Arc::clone(&r.vol);
+        let ckpt = std::thread::spawn(move || vol.checkpoint());
+        r.parked.recv().expect("checkpoint parked");
+        // The checkpoint's sync `sync` is parked: every block reads back (map pages are faulted
+        // in and evicted: the cache holds four), and writes go on.
+        let vol = Arc::clone(&r.vol);
+        let durable = exp.durable.clone();
+        let since = exp.since.clone();
+        must_finish("a read", move || {
+            let mut buf = vec![0u8; BS];
+            for b in 0..BLOCKS {
+                vol.read((b * BS) as u64, &mut buf).expect("read");
+                assert!(
+                    buf == durable[b] || since[b].last() == Some(&buf),
+                    "block {b}"
+                );
+            }
+        });
+        let vol = Arc::clone(&r.vol);
+        let mut wrng = SmallRng::seed_from_u64(100 + u64::from(sync));
+        let mut e2 = Expect::new();
+        let writes = must_finish("a write", move || {
+            write_some(&vol, &mut e2, &mut wrng, 20);
+            e2.since
+        });
+        for (b, s) in writes.into_iter().enumerate() {
+            for d in s {
+                exp.wrote(b, &d);
+            }
+        }
+        r.release.send(()).expect("release");
+        ckpt.join().expect("checkpoint thread").expect("checkpoint");
+    }
+    r.vol.flush().expect("flush");
+    exp.flushed();
+    let image = r.disk.crash_image(&mut rng);
+    let vol2 = reopen(image);
+    exp.verify(&vol2, "after checkpoints with parked syncs");
+}
+
+/// One scenario: park the checkpoint at `trap`, write (and flush when the parked call is not a
+/// sync, which would hold the sync of the flush) from this thread, then crash: right there, or
+/// after `lose_after` more storage operations of the released checkpoint.
+fn crash_during_checkpoint(trap: Trap, lose_after: Option<u64>, seed: u64) {
+    let ctx = format!("trap {trap:?}, power lost after {lose_after:?} more ops, seed {seed}");
+    let r = rig();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut exp = Expect::new();
+    write_some(&r.vol, &mut exp, &mut rng, 600);
+    r.vol.flush().expect("flush");
+    exp.flushed();
+    // Overwrites: the checkpoint releases extents and writes map pages.
+    write_some(&r.vol, &mut exp, &mut rng, 60);
+    let parks_sync = matches!(trap, Trap::Sync(_));
+    r.park.arm(trap);
+    let vol = Arc::clone(&r.vol);
+    let ckpt = std::thread::spawn(move || vol.checkpoint());
+    r.parked.recv().expect("checkpoint parked");
+    // During phase 2: writes above the checkpoint's watermark, overwrites of blocks it covers,
+    // trims, and a flush that makes them durable before the checkpoint is.
+    write_some(&r.vol, &mut exp, &mut rng, 80);
+    let b = rng.random_range(0..BLOCKS - 4);
+    r.vol
+        .trim((b * BS) as u64, 4 * BS as u64)
+        .expect("trim during the checkpoint");
+    for i in b..b + 4 {
+        exp.wrote(i, &[0u8; BS]);
+    }
+    if !parks_sync {
+        r.vol.flush().expect("flush during the checkpoint");
+        exp.flushed();
+    }
+    match lose_after {
+        None => {
+            // Crash with the checkpoint parked.
+            let image = r.disk.crash_image(&mut rng);
+            r.release.send(()).expect("release");
+            ckpt.join().expect("checkpoint thread").expect("checkpoint");
+            let vol2 = reopen(image);
+            exp.verify(&vol2, &ctx);
+        }
+        Some(k) => {
+            r.disk.set_power_loss_at(r.disk.ops() + k);
+            r.release.send(()).expect("release");
+            let done = ckpt.join().expect("checkpoint thread");
+            // Writes and a flush after the checkpoint (or its failure).
+            let more = (0..30).map(|_| (rng.random_range(0..BLOCKS), block(&mut rng)));
+            let mut ok = true;
+            for (b, data) in more.collect::<Vec<_>>() {
+                exp.wrote(b, &data);
+                if r.vol.write((b * BS) as u64, &data, false).is_err() {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok && done.is_ok() && r.vol.flush().is_ok() {
+                exp.flushed();
+            }
+            let image = r.disk.crash_image(&mut rng);
+            let vol2 = reopen(image);
+            exp.verify(&vol2, &ctx);
+        }
+    }
+    // The volume the test crashed is dropped without writing more (a crashed process).
+    match Arc::try_unwrap(r.vol) {
+        Ok(v) => v.abandon(),
+        Err(_) => panic!("{ctx}: volume still shared"),
+    }
+}
+
+#[test]
+fn flushed_writes_during_a_checkpoint_survive_a_crash_in_it() {
+    let r = rig();
+    let (ckpt_slots, pages) = metadata_ranges(r.vol.superblock());
+    drop(r);
+    for seed in 0..4 {
+        // Before the first sync (segments issued), writing pages (first sync done), writing the
+        // checkpoint (second sync done), before the last sync.
+        crash_during_checkpoint(Trap::Sync(1), None, seed);
+        crash_during_checkpoint(Trap::Write(pages.clone()), None, seed);
+        crash_during_checkpoint(Trap::Write(ckpt_slots.clone()), None, seed);
+        crash_during_checkpoint(Trap::Sync(3), None, seed);
+    }
+}
+
+#[test]
+fn a_crash_at_any_operation_after_the_parked_point_keeps_flushed_writes() {
+    let r = rig();
+    let (_, pages) = metadata_ranges(r.vol.superblock());
+    drop(r);
+    for k in 0..40 {
+        crash_during_checkpoint(Trap::Write(pages.clone()), Some(k), 100 + k);
+    }
+}
