@@ -242,7 +242,7 @@ fn counters_survive_reopen_and_match_a_recount() {
 }
 
 /// Scattered writes dirty one map page each; however large the cache, a checkpoint comes by
-/// 2048 dirty pages, so a reopen after a crash replays and rewrites at most that many.
+/// 1536 dirty pages (at 2048 at the latest, under the lock, when writers outrun it), so a reopen after a crash replays and rewrites at most that many.
 #[test]
 fn dirty_map_pages_are_capped_whatever_the_cache() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -265,8 +265,10 @@ fn dirty_map_pages_are_capped_whatever_the_cache() {
     }
     assert!(most <= 2048, "{most} dirty map pages");
     // More than a checkpoint's worth was written: the cap, not the end of the test, bounded it.
+    // One writer: the checkpoint brought forward at the soft limit (3/4 of the cap, 1536 pages)
+    // runs right after its request, so the hard cap itself is never reached here.
     assert!(
-        most >= 2000,
+        most >= 1500,
         "{most} dirty map pages: checkpoints came too early"
     );
     vol.close().expect("close");
