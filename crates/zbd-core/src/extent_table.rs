@@ -156,9 +156,13 @@ impl ExtentTable {
             page[HEADER_BYTES..].copy_from_slice(&entries);
             let page_crc = crc32c::crc32c(&page);
             page[4..8].copy_from_slice(&page_crc.to_le_bytes());
+            let page: std::sync::Arc<[u8]> = page.into();
             for copy in 0..sb.metadata_copies() {
                 out.bytes += page.len() as u64;
-                writes.push((page_offset(sb, p, slot - 1, copy), page.clone()));
+                writes.push((
+                    page_offset(sb, p, slot - 1, copy),
+                    std::sync::Arc::clone(&page),
+                ));
             }
             out.slots[p as usize] = slot;
         }

@@ -412,8 +412,9 @@ impl State {
             dicts: self.dicts,
         };
         let bytes = ck.encode(cx.sb);
+        let bytes: Arc<[u8]> = bytes.into();
         let copies: Vec<PageWrite> = (0..cx.sb.metadata_copies())
-            .map(|copy| (cx.sb.checkpoint_slot_offset(seq, copy), bytes.clone()))
+            .map(|copy| (cx.sb.checkpoint_slot_offset(seq, copy), Arc::clone(&bytes)))
             .collect();
         self.counters.metadata_bytes_written += (bytes.len() * copies.len()) as u64;
         let done = Arc::new(Done::default());
@@ -431,7 +432,7 @@ impl State {
         Ok(CheckpointIo {
             seq,
             watermark,
-            pages: writes,
+            pages: parking_lot::Mutex::new(writes),
             checkpoint: copies,
             done: DoneOnDrop(done),
         })
@@ -569,8 +570,9 @@ pub struct CheckpointIo {
     pub seq: u64,
     /// Highest write sequence sealed into the outbox by phase 1.
     watermark: u64,
-    /// Map and extent-table pages.
-    pages: Vec<PageWrite>,
+    /// Map and extent-table pages, dropped as they are written (with the I/O queue's own copy
+    /// they would otherwise be in RAM twice until the commit).
+    pages: parking_lot::Mutex<Vec<PageWrite>>,
     /// Every copy of the checkpoint.
     checkpoint: Vec<PageWrite>,
     done: DoneOnDrop,
@@ -590,8 +592,9 @@ impl CheckpointIo {
         cx.outbox.issue_all(cx.storage)?;
         cx.storage.sync()?;
         cx.durable_seq.fetch_max(self.watermark, Ordering::SeqCst);
-        for (offset, bytes) in &self.pages {
-            cx.storage.write_at(*offset, bytes)?;
+        let pages = std::mem::take(&mut *self.pages.lock());
+        for (offset, bytes) in pages {
+            cx.storage.write_at(offset, &bytes)?;
         }
         cx.storage.sync()?;
         for (offset, bytes) in &self.checkpoint {

@@ -220,7 +220,8 @@ pub struct Map {
 }
 
 /// One page write of a checkpoint: storage offset, bytes.
-pub type PageWrite = (u64, Vec<u8>);
+/// Where a page goes and its bytes, shared by its copies (a checkpoint holds them until written).
+pub type PageWrite = (u64, Arc<[u8]>);
 
 /// Map pages written for a checkpoint that is not durable yet (see [`Map::snapshot`]).
 pub struct WrittenPages {
@@ -654,11 +655,14 @@ impl Map {
                     continue;
                 }
                 let slot = if slots[p as usize] == 1 { 2 } else { 1 };
-                let page = encode_map_page(p, seq, &entries);
+                let page: Arc<[u8]> = encode_map_page(p, seq, &entries).into();
                 // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
                 for copy in 0..self.sb.metadata_copies() {
                     bytes += page.len() as u64;
-                    writes.push((self.sb.map_page_offset(p, slot - 1, copy), page.clone()));
+                    writes.push((
+                        self.sb.map_page_offset(p, slot - 1, copy),
+                        Arc::clone(&page),
+                    ));
                 }
                 slots[p as usize] = slot;
             }
