@@ -23,6 +23,9 @@ enum Trap {
     Write(Range<u64>),
 }
 
+/// Dictionary region ranges and whom to tell when one is written.
+type DictWatch = Option<(Vec<Range<u64>>, Sender<()>)>;
+
 /// Parks the first operation matching the trap; tells `dict_seen` when the dictionary region
 /// is written (an install has begun, state lock held).
 struct Parking {
@@ -30,7 +33,7 @@ struct Parking {
     trap: Mutex<Option<(Trap, u32)>>,
     parked: Mutex<Sender<()>>,
     release: Mutex<Receiver<()>>,
-    dict: Mutex<Option<(Vec<Range<u64>>, Sender<()>)>>,
+    dict: Mutex<DictWatch>,
 }
 
 impl Parking {
