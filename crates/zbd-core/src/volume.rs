@@ -909,7 +909,11 @@ impl Inner {
             st.ckpt_wanted
         };
         self.issue_sealed()?;
-        self.train_if_ready()?;
+        // The write itself is done: a dictionary that fails to install must not fail it. A
+        // failed write or sync there has tripped the fence, so what follows fails anyway.
+        if let Err(e) = self.train_if_ready() {
+            tracing::warn!("trained dictionary not installed: {e}");
+        }
         if fua {
             self.flush()?;
         }
