@@ -8,7 +8,6 @@
 mod common;
 
 use common::*;
-use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::ops::Range;
@@ -16,77 +15,12 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 use zbd_core::format::Superblock;
-use zbd_core::{Codec, SimStorage, Storage, Volume};
+use zbd_core::{Codec, SimStorage, Volume};
 
 const SIZE: u64 = 4 << 20;
 const BLOCKS: usize = SIZE as usize / BS;
 /// Only to turn a deadlock into a failure: nothing waits for it to pass.
 const STUCK: Duration = Duration::from_secs(120);
-
-#[derive(Clone, Debug)]
-enum Trap {
-    /// The `n`-th sync from now (1-based), before it reaches the disk.
-    Sync(u32),
-    /// The first write that starts in this byte range.
-    Write(Range<u64>),
-}
-
-/// A simulated disk whose next operation matching the armed trap waits for `release`.
-struct Parking {
-    disk: Arc<SimStorage>,
-    trap: Mutex<Option<(Trap, u32)>>,
-    parked: Mutex<Sender<()>>,
-    release: Mutex<Receiver<()>>,
-}
-
-impl Parking {
-    fn arm(&self, trap: Trap) {
-        *self.trap.lock() = Some((trap, 0));
-    }
-
-    /// Parks the caller if `matches` (the op is the armed trap's): tells the test, waits.
-    fn maybe_park(&self, is_sync: bool, offset: u64) {
-        let hit = {
-            let mut t = self.trap.lock();
-            let hit = match &mut *t {
-                Some((Trap::Sync(n), seen)) if is_sync => {
-                    *seen += 1;
-                    *seen == *n
-                }
-                Some((Trap::Write(r), _)) if !is_sync => r.contains(&offset),
-                _ => false,
-            };
-            if hit {
-                *t = None;
-            }
-            hit
-        };
-        if hit {
-            self.parked.lock().send(()).expect("test gone");
-            self.release.lock().recv().expect("test gone");
-        }
-    }
-}
-
-impl Storage for Parking {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.maybe_park(false, offset);
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.maybe_park(true, 0);
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
-    }
-}
 
 struct Rig {
     disk: Arc<SimStorage>,
@@ -102,14 +36,7 @@ fn rig() -> Rig {
     let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 4, 64);
     let sb = zbd_core::layout::plan(&opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let (ptx, prx) = channel();
-    let (rtx, rrx) = channel();
-    let park = Arc::new(Parking {
-        disk: Arc::clone(&disk),
-        trap: Mutex::new(None),
-        parked: Mutex::new(ptx),
-        release: Mutex::new(rrx),
-    });
+    let (park, prx, rtx) = Parking::new(Arc::clone(&disk));
     let vol =
         Volume::create_with(Box::new(Arc::clone(&park)), &opts, open_opts_sync()).expect("create");
     Rig {
@@ -118,67 +45,6 @@ fn rig() -> Rig {
         parked: prx,
         release: rtx,
         vol: Arc::new(vol),
-    }
-}
-
-/// Per-block expectation: the value at the last completed flush, and values written since.
-struct Expect {
-    durable: Vec<Vec<u8>>,
-    since: Vec<Vec<Vec<u8>>>,
-}
-
-impl Expect {
-    fn new() -> Expect {
-        Expect {
-            durable: vec![vec![0; BS]; BLOCKS],
-            since: vec![Vec::new(); BLOCKS],
-        }
-    }
-
-    fn wrote(&mut self, b: usize, data: &[u8]) {
-        self.since[b].push(data.to_vec());
-    }
-
-    fn flushed(&mut self) {
-        for (b, s) in self.since.iter_mut().enumerate() {
-            if let Some(last) = s.pop() {
-                self.durable[b] = last;
-            }
-            s.clear();
-        }
-    }
-
-    fn verify(&self, vol: &Volume, ctx: &str) {
-        let mut buf = vec![0u8; BS];
-        for b in 0..BLOCKS {
-            vol.read((b * BS) as u64, &mut buf)
-                .unwrap_or_else(|e| panic!("{ctx}: block {b} unreadable: {e}"));
-            assert!(
-                buf == self.durable[b] || self.since[b].contains(&buf),
-                "{ctx}: block {b} lost flushed data or holds data it never held"
-            );
-        }
-        let report = vol.check(&|_, _| {});
-        assert!(report.is_clean(), "{ctx}: check: {report:?}");
-    }
-}
-
-fn block(rng: &mut SmallRng) -> Vec<u8> {
-    let kind = if rng.random_bool(0.2) {
-        Fill::Random
-    } else {
-        Fill::Text
-    };
-    fill(rng, kind, BS)
-}
-
-/// Writes `n` random blocks (some in a row, so several map pages and extents are touched).
-fn write_some(vol: &Volume, exp: &mut Expect, rng: &mut SmallRng, n: usize) {
-    for _ in 0..n {
-        let b = rng.random_range(0..BLOCKS);
-        let data = block(rng);
-        exp.wrote(b, &data);
-        vol.write((b * BS) as u64, &data, false).expect("write");
     }
 }
 
@@ -209,7 +75,7 @@ fn metadata_ranges(sb: &Superblock) -> (Range<u64>, Range<u64>) {
 fn reads_writes_and_faults_go_on_while_a_checkpoint_syncs() {
     let r = rig();
     let mut rng = SmallRng::seed_from_u64(9);
-    let mut exp = Expect::new();
+    let mut exp = Expect::new(BLOCKS);
     write_some(&r.vol, &mut exp, &mut rng, 800);
     r.vol.flush().expect("flush");
     exp.flushed();
@@ -237,7 +103,7 @@ fn reads_writes_and_faults_go_on_while_a_checkpoint_syncs() {
         });
         let vol = Arc::clone(&r.vol);
         let mut wrng = SmallRng::seed_from_u64(100 + u64::from(sync));
-        let mut e2 = Expect::new();
+        let mut e2 = Expect::new(BLOCKS);
         let writes = must_finish("a write", move || {
             write_some(&vol, &mut e2, &mut wrng, 20);
             e2.since
@@ -264,7 +130,7 @@ fn crash_during_checkpoint(trap: Trap, lose_after: Option<u64>, seed: u64) {
     let ctx = format!("trap {trap:?}, power lost after {lose_after:?} more ops, seed {seed}");
     let r = rig();
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut exp = Expect::new();
+    let mut exp = Expect::new(BLOCKS);
     write_some(&r.vol, &mut exp, &mut rng, 600);
     r.vol.flush().expect("flush");
     exp.flushed();
@@ -303,7 +169,7 @@ fn crash_during_checkpoint(trap: Trap, lose_after: Option<u64>, seed: u64) {
             r.release.send(()).expect("release");
             let done = ckpt.join().expect("checkpoint thread");
             // Writes and a flush after the checkpoint (or its failure).
-            let more = (0..30).map(|_| (rng.random_range(0..BLOCKS), block(&mut rng)));
+            let more = (0..30).map(|_| (rng.random_range(0..BLOCKS), mixed_block(&mut rng)));
             let mut ok = true;
             for (b, data) in more.collect::<Vec<_>>() {
                 exp.wrote(b, &data);

@@ -36,29 +36,6 @@ fn dict_opts(on: bool) -> OpenOptions {
     }
 }
 
-/// Log-like records that share vocabulary and layout (what a dictionary is good at), seeded.
-fn records(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 200);
-    let mut k = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    while out.len() < len {
-        k ^= k << 13;
-        k ^= k >> 7;
-        k ^= k << 17;
-        let line = format!(
-            "{{\"ts\":{},\"user\":\"u{:04}\",\"state\":\"{}\",\"path\":\"/srv/data/{:x}/part-{}.log\",\"bytes\":{}}}\n",
-            1_700_000_000 + (k % 10_000_000),
-            (k >> 8) % 977,
-            ["active", "idle", "closed", "failed", "pending"][(k >> 20) as usize % 5],
-            (k >> 24) & 0xffff,
-            (k >> 40) % 64,
-            (k >> 30) % 100_000
-        );
-        out.extend_from_slice(line.as_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 fn reopen(disk: &Arc<SimStorage>, vol: Volume, on: bool) -> Volume {
     vol.close().expect("close");
     drop(vol);
@@ -100,7 +77,7 @@ fn write_chunks(vol: &Volume, data: &[u8]) -> Option<usize> {
 
 #[test]
 fn dictionary_volumes_store_less_and_read_back_after_reopen() {
-    let data = records(1, 4 << 20);
+    let data = log_records(1, 4 << 20);
     let mut live = Vec::new();
     for codec in [Codec::Zstd(1), Codec::Lz4] {
         for on in [false, true] {
@@ -183,7 +160,7 @@ fn real_files_round_trip_with_a_dictionary() {
     let vol = reopen(&disk, vol, true);
     assert!(read_all(&vol, data.len()) == data);
     // Written again after reopen, with the stored dictionary.
-    let again = records(5, 1 << 20);
+    let again = log_records(5, 1 << 20);
     vol.write(8 << 20, &again, false).expect("write");
     let mut b = vec![0u8; again.len()];
     vol.read(8 << 20, &mut b).expect("read");
@@ -234,7 +211,7 @@ fn crash_run(data: &[u8], crash_at: u64, seed: u64) {
         }
     }
     // The recovered volume goes on writing (and trains or uses its dictionary).
-    let more = records(seed + 7, 1 << 20);
+    let more = log_records(seed + 7, 1 << 20);
     vol.write(4 << 20, &more, false)
         .expect("write after recovery");
     vol.flush().expect("flush");
@@ -245,7 +222,7 @@ fn crash_run(data: &[u8], crash_at: u64, seed: u64) {
 
 #[test]
 fn crash_at_every_storage_operation_of_a_dictionary_install() {
-    let data = records(3, 2 << 20);
+    let data = log_records(3, 2 << 20);
     // Find the storage operations of the install: the write request during which it happened.
     let (disk, vol) = sim_volume_with(&create_opts(Codec::Zstd(1)), dict_opts(true));
     let base = disk.ops();
@@ -275,7 +252,7 @@ fn crash_at_every_storage_operation_of_a_dictionary_install() {
 
 /// A closed volume whose first `split` bytes were written before its dictionary was in use.
 fn closed_dictionary_volume(opts: &CreateOptions) -> (Arc<SimStorage>, Vec<u8>, usize) {
-    let data = records(9, 3 << 20);
+    let data = log_records(9, 3 << 20);
     let (disk, vol) = sim_volume_with(opts, dict_opts(true));
     let split = write_chunks(&vol, &data).expect("installed");
     vol.close().expect("close");
@@ -352,7 +329,7 @@ fn the_cleaner_keeps_dictionary_ids() {
     let vol = Volume::open(Box::new(Arc::clone(&disk)), dict_opts(true)).expect("open");
     // Overwrite three blocks of every other unit: those units mostly dead, the others whole.
     let mut model = data.clone();
-    let patch = records(11, 12288);
+    let patch = log_records(11, 12288);
     for at in (0..data.len()).step_by(32768) {
         vol.write(at as u64, &patch, false).expect("write");
         model[at..at + 12288].copy_from_slice(&patch);

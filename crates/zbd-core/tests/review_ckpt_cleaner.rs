@@ -7,143 +7,21 @@
 mod common;
 
 use common::*;
-use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
-use zbd_core::{Codec, OpenOptions, SimStorage, Storage, Volume};
+use zbd_core::{Codec, OpenOptions, SimStorage, Volume};
 
 const SIZE: u64 = 4 << 20;
 const BLOCKS: usize = SIZE as usize / BS;
-
-#[derive(Clone, Debug)]
-enum Trap {
-    Sync(u32),
-    Write(Range<u64>),
-}
-
-struct Parking {
-    disk: Arc<SimStorage>,
-    trap: Mutex<Option<(Trap, u32)>>,
-    parked: Mutex<Sender<()>>,
-    release: Mutex<Receiver<()>>,
-}
-
-impl Parking {
-    fn maybe_park(&self, is_sync: bool, offset: u64) {
-        let hit = {
-            let mut t = self.trap.lock();
-            let hit = match &mut *t {
-                Some((Trap::Sync(n), seen)) if is_sync => {
-                    *seen += 1;
-                    *seen == *n
-                }
-                Some((Trap::Write(r), _)) if !is_sync => r.contains(&offset),
-                _ => false,
-            };
-            if hit {
-                *t = None;
-            }
-            hit
-        };
-        if hit {
-            self.parked.lock().send(()).expect("test gone");
-            self.release.lock().recv().expect("test gone");
-        }
-    }
-}
-
-impl Storage for Parking {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.maybe_park(false, offset);
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.maybe_park(true, 0);
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
-    }
-}
-
-struct Expect {
-    durable: Vec<Vec<u8>>,
-    since: Vec<Vec<Vec<u8>>>,
-}
-
-impl Expect {
-    fn new() -> Expect {
-        Expect {
-            durable: vec![vec![0; BS]; BLOCKS],
-            since: vec![Vec::new(); BLOCKS],
-        }
-    }
-    fn wrote(&mut self, b: usize, data: &[u8]) {
-        self.since[b].push(data.to_vec());
-    }
-    fn flushed(&mut self) {
-        for (b, s) in self.since.iter_mut().enumerate() {
-            if let Some(last) = s.pop() {
-                self.durable[b] = last;
-            }
-            s.clear();
-        }
-    }
-    fn verify(&self, vol: &Volume, ctx: &str) {
-        let mut buf = vec![0u8; BS];
-        for b in 0..BLOCKS {
-            vol.read((b * BS) as u64, &mut buf)
-                .unwrap_or_else(|e| panic!("{ctx}: block {b} unreadable: {e}"));
-            assert!(
-                buf == self.durable[b] || self.since[b].contains(&buf),
-                "{ctx}: block {b} lost flushed data or holds data it never held"
-            );
-        }
-        let report = vol.check(&|_, _| {});
-        assert!(report.is_clean(), "{ctx}: check: {report:?}");
-    }
-}
-
-fn block(rng: &mut SmallRng) -> Vec<u8> {
-    let kind = if rng.random_bool(0.2) {
-        Fill::Random
-    } else {
-        Fill::Text
-    };
-    fill(rng, kind, BS)
-}
-
-fn write_some(vol: &Volume, exp: &mut Expect, rng: &mut SmallRng, n: usize) {
-    for _ in 0..n {
-        let b = rng.random_range(0..BLOCKS);
-        let data = block(rng);
-        exp.wrote(b, &data);
-        vol.write((b * BS) as u64, &data, false).expect("write");
-    }
-}
 
 fn scenario(trap: Trap, lose_after: Option<u64>, seed: u64) {
     let ctx = format!("trap {trap:?}, lose after {lose_after:?}, seed {seed}");
     let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 1, 64);
     let sb = zbd_core::layout::plan(&opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let (ptx, prx) = channel();
-    let (rtx, rrx) = channel();
-    let park = Arc::new(Parking {
-        disk: Arc::clone(&disk),
-        trap: Mutex::new(None),
-        parked: Mutex::new(ptx),
-        release: Mutex::new(rrx),
-    });
+    let (park, prx, rtx) = Parking::new(Arc::clone(&disk));
     let vol = Arc::new(
         Volume::create_with(
             Box::new(Arc::clone(&park)),
@@ -158,14 +36,14 @@ fn scenario(trap: Trap, lose_after: Option<u64>, seed: u64) {
         .expect("create"),
     );
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut exp = Expect::new();
+    let mut exp = Expect::new(BLOCKS);
     write_some(&vol, &mut exp, &mut rng, 700);
     // Overwrites: dead space in many extents for the cleaner.
     write_some(&vol, &mut exp, &mut rng, 500);
     vol.flush().expect("flush");
     exp.flushed();
     write_some(&vol, &mut exp, &mut rng, 40);
-    *park.trap.lock() = Some((trap.clone(), 0));
+    park.arm(trap.clone());
     let v = Arc::clone(&vol);
     let ckpt = std::thread::spawn(move || v.checkpoint());
     prx.recv().expect("checkpoint parked");
@@ -211,7 +89,7 @@ fn scenario(trap: Trap, lose_after: Option<u64>, seed: u64) {
                     break;
                 }
                 let b = rng.random_range(0..BLOCKS);
-                let data = block(&mut rng);
+                let data = mixed_block(&mut rng);
                 exp.wrote(b, &data);
                 ok = vol.write((b * BS) as u64, &data, false).is_ok();
             }
@@ -269,37 +147,30 @@ fn freed_during_phase_2(k: u64, seed: u64) {
     let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 4, 64);
     let sb = zbd_core::layout::plan(&opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let (ptx, prx) = channel();
-    let (rtx, rrx) = channel();
-    let park = Arc::new(Parking {
-        disk: Arc::clone(&disk),
-        trap: Mutex::new(None),
-        parked: Mutex::new(ptx),
-        release: Mutex::new(rrx),
-    });
+    let (park, prx, rtx) = Parking::new(Arc::clone(&disk));
     let vol = Arc::new(
         Volume::create_with(Box::new(Arc::clone(&park)), &opts, open_opts_sync()).expect("create"),
     );
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut exp = Expect::new();
+    let mut exp = Expect::new(BLOCKS);
     write_some(&vol, &mut exp, &mut rng, 200);
     // A run written alone: the extents in its middle hold nothing else.
     let run = 200..400usize;
     for b in run.clone() {
-        let data = block(&mut rng);
+        let data = mixed_block(&mut rng);
         exp.wrote(b, &data);
         vol.write((b * BS) as u64, &data, false).expect("write");
     }
     write_some(&vol, &mut exp, &mut rng, 50);
     vol.flush().expect("flush");
     exp.flushed();
-    *park.trap.lock() = Some((Trap::Sync(1), 0));
+    park.arm(Trap::Sync(1));
     let v = Arc::clone(&vol);
     let ckpt = std::thread::spawn(move || v.checkpoint());
     prx.recv().expect("checkpoint parked");
     // Phase 2: the whole run is overwritten (not flushed): its extents turn pending free.
     for b in run {
-        let data = block(&mut rng);
+        let data = mixed_block(&mut rng);
         exp.wrote(b, &data);
         vol.write((b * BS) as u64, &data, false).expect("write");
     }

@@ -6,88 +6,14 @@
 mod common;
 
 use common::*;
-use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::channel;
 use std::sync::Arc;
-use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Storage, Volume};
+use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Volume};
 
 const SIZE: u64 = 16 << 20;
 const CHUNK: usize = 64 << 10;
-
-#[derive(Clone, Debug)]
-enum Trap {
-    Sync(u32),
-    Write(Range<u64>),
-}
-
-/// Dictionary region ranges and whom to tell when one is written.
-type DictWatch = Option<(Vec<Range<u64>>, Sender<()>)>;
-
-/// Parks the first operation matching the trap; tells `dict_seen` when the dictionary region
-/// is written (an install has begun, state lock held).
-struct Parking {
-    disk: Arc<SimStorage>,
-    trap: Mutex<Option<(Trap, u32)>>,
-    parked: Mutex<Sender<()>>,
-    release: Mutex<Receiver<()>>,
-    dict: Mutex<DictWatch>,
-}
-
-impl Parking {
-    fn maybe_park(&self, is_sync: bool, offset: u64) {
-        if !is_sync {
-            let mut d = self.dict.lock();
-            if let Some((ranges, tx)) = &*d {
-                if ranges.iter().any(|r| r.contains(&offset)) {
-                    let _ = tx.send(());
-                    *d = None;
-                }
-            }
-        }
-        let hit = {
-            let mut t = self.trap.lock();
-            let hit = match &mut *t {
-                Some((Trap::Sync(n), seen)) if is_sync => {
-                    *seen += 1;
-                    *seen == *n
-                }
-                Some((Trap::Write(r), _)) if !is_sync => r.contains(&offset),
-                _ => false,
-            };
-            if hit {
-                *t = None;
-            }
-            hit
-        };
-        if hit {
-            self.parked.lock().send(()).expect("test gone");
-            self.release.lock().recv().expect("test gone");
-        }
-    }
-}
-
-impl Storage for Parking {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.maybe_park(false, offset);
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.maybe_park(true, 0);
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
-    }
-}
 
 fn create_opts() -> CreateOptions {
     CreateOptions {
@@ -101,29 +27,6 @@ fn dict_opts() -> OpenOptions {
         dictionary: true,
         ..open_opts_sync()
     }
-}
-
-/// Log-like records (as tests/dicts.rs): a dictionary is adopted for them.
-fn records(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 200);
-    let mut k = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    while out.len() < len {
-        k ^= k << 13;
-        k ^= k >> 7;
-        k ^= k << 17;
-        let line = format!(
-            "{{\"ts\":{},\"user\":\"u{:04}\",\"state\":\"{}\",\"path\":\"/srv/data/{:x}/part-{}.log\",\"bytes\":{}}}\n",
-            1_700_000_000 + (k % 10_000_000),
-            (k >> 8) % 977,
-            ["active", "idle", "closed", "failed", "pending"][(k >> 20) as usize % 5],
-            (k >> 24) & 0xffff,
-            (k >> 40) % 64,
-            (k >> 30) % 100_000
-        );
-        out.extend_from_slice(line.as_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// The chunk whose write installs the first dictionary.
@@ -143,15 +46,7 @@ fn scenario(data: &[u8], at: usize, trap: Trap, k: u64, seed: u64) {
     let opts = create_opts();
     let sb = zbd_core::layout::plan(&opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let (ptx, prx) = channel();
-    let (rtx, rrx) = channel();
-    let park = Arc::new(Parking {
-        disk: Arc::clone(&disk),
-        trap: Mutex::new(None),
-        parked: Mutex::new(ptx),
-        release: Mutex::new(rrx),
-        dict: Mutex::new(None),
-    });
+    let (park, prx, rtx) = Parking::new(Arc::clone(&disk));
     let vol = Arc::new(
         Volume::create_with(Box::new(Arc::clone(&park)), &opts, dict_opts()).expect("create"),
     );
@@ -166,14 +61,14 @@ fn scenario(data: &[u8], at: usize, trap: Trap, k: u64, seed: u64) {
     );
     let (dtx, drx) = channel();
     let d = u64::from(sb.dict_bytes);
-    *park.dict.lock() = Some((
+    park.watch_writes(
         vec![
             sb.dict_offset[0]..sb.dict_offset[0] + d,
             sb.dict_offset[1]..sb.dict_offset[1] + d,
         ],
         dtx,
-    ));
-    *park.trap.lock() = Some((trap, 0));
+    );
+    park.arm(trap);
     let v = Arc::clone(&vol);
     let ckpt = std::thread::spawn(move || v.checkpoint());
     prx.recv().expect("checkpoint parked");
@@ -235,7 +130,7 @@ fn scenario(data: &[u8], at: usize, trap: Trap, k: u64, seed: u64) {
 
 #[test]
 fn a_dictionary_installed_during_a_checkpoint_phase_2_survives_crashes() {
-    let data = records(3, 3 << 20);
+    let data = log_records(3, 3 << 20);
     let at = install_chunk(&data);
     let sb = zbd_core::layout::plan(&create_opts()).expect("plan");
     let pages = sb.map_offset..sb.checkpoint_offset1;

@@ -7,6 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Volume};
 
+mod parking;
+#[allow(unused_imports)]
+pub use parking::*;
+
 pub const BS: usize = 4096;
 
 /// Data of a chosen compressibility.
@@ -281,4 +285,27 @@ pub fn read_block(vol: &Volume, lba: u64) -> zbd_core::Result<Vec<u8>> {
     let mut b = vec![0u8; BS];
     vol.read(lba * BS as u64, &mut b)?;
     Ok(b)
+}
+
+/// Log-like records that share vocabulary and layout (what a dictionary is good at), seeded.
+pub fn log_records(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 200);
+    let mut k = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while out.len() < len {
+        k ^= k << 13;
+        k ^= k >> 7;
+        k ^= k << 17;
+        let line = format!(
+            "{{\"ts\":{},\"user\":\"u{:04}\",\"state\":\"{}\",\"path\":\"/srv/data/{:x}/part-{}.log\",\"bytes\":{}}}\n",
+            1_700_000_000 + (k % 10_000_000),
+            (k >> 8) % 977,
+            ["active", "idle", "closed", "failed", "pending"][(k >> 20) as usize % 5],
+            (k >> 24) & 0xffff,
+            (k >> 40) % 64,
+            (k >> 30) % 100_000
+        );
+        out.extend_from_slice(line.as_bytes());
+    }
+    out.truncate(len);
+    out
 }
