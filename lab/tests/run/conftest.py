@@ -42,6 +42,13 @@ def run_zbdlab(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(zbdlab_argv(*args), env=zbdlab_env(), capture_output=True, text=True)
 
 
+def start_zbdlab(*args: str) -> subprocess.Popen[str]:
+    """`zbdlab ARGS...` started in a child process, to be signalled while it runs."""
+    return subprocess.Popen(
+        zbdlab_argv(*args), env=zbdlab_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 def mounts_under(path: Path) -> list[str]:
     prefix = str(path)
     with open("/proc/self/mounts", encoding="utf-8") as f:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import loops_over, mounts_under, run_zbdlab, zbdlab_argv, zbdlab_env
+from conftest import loops_over, mounts_under, run_zbdlab, start_zbdlab
 
 from zbdlab.targets.zbd import zbd_problem
 from zbdlab.throttle import throttle_problem
@@ -136,13 +136,7 @@ def test_resume_after_kill_skips_recorded_runs(tmp_path: Path, scratch: Path, si
     study = write_study(tmp_path, scratch, reps=3, wl="cells = 2")
     results = tmp_path / "results"
     runs = results / "runs.jsonl"
-    proc = subprocess.Popen(
-        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
-        env=zbdlab_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_zbdlab("run", str(study), "-o", str(results), "--no-report")
     try:
         deadline = time.monotonic() + 120
         while not (runs.exists() and runs.read_text().count("\n") >= 2):
@@ -193,13 +187,7 @@ def test_sigterm_during_the_throttle_probe_leaves_nothing_behind(tmp_path: Path,
     nbdkit and an nbdfuse mount); a SIGTERM there once killed zbdlab with all of them left behind."""
     study = write_study(tmp_path, scratch, reps=1, more=THROTTLED)
     results = tmp_path / "results"
-    proc = subprocess.Popen(
-        zbdlab_argv("run", str(study), "-o", str(results), "--no-report"),
-        env=zbdlab_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_zbdlab("run", str(study), "-o", str(results), "--no-report")
     probe = f"{scratch}/overhead-"
     try:
         deadline = time.monotonic() + 120
