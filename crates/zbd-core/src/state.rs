@@ -5,8 +5,7 @@
 
 use crate::buffer::{BufferConfig, OpenExtent, Prepared};
 use crate::error::{Error, Result};
-use crate::extent_table::ExtentTable;
-use crate::extent_table::WrittenTable;
+use crate::extent_table::{ExtentTable, WrittenTable};
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
     BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES, CKPT_FLAG_EXTENT_TABLE,
@@ -432,7 +431,7 @@ impl State {
         Ok(CheckpointIo {
             seq,
             watermark,
-            pages: parking_lot::Mutex::new(writes),
+            pages: Mutex::new(writes),
             checkpoint: copies,
             done: DoneOnDrop(done),
         })
@@ -572,7 +571,7 @@ pub struct CheckpointIo {
     watermark: u64,
     /// Map and extent-table pages, dropped as they are written (with the I/O queue's own copy
     /// they would otherwise be in RAM twice until the commit).
-    pages: parking_lot::Mutex<Vec<PageWrite>>,
+    pages: Mutex<Vec<PageWrite>>,
     /// Every copy of the checkpoint.
     checkpoint: Vec<PageWrite>,
     done: DoneOnDrop,
