@@ -89,7 +89,7 @@ impl Storage for Fenced {
         self.inner.discard(offset, len)
     }
 
-    fn read_parallelism(&self) -> usize {
-        self.inner.read_parallelism()
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
+        self.inner.read_many(reads)
     }
 }

@@ -345,25 +345,41 @@ impl<S: Storage + 'static> Storage for QueuedStorage<S> {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let end = offset + buf.len() as u64;
-        let queued: Vec<Arc<Op>> = {
+        let mut one = [(offset, buf)];
+        self.read_many(&mut one).pop().expect("one result per read")
+    }
+
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
+        // The queued writes each range overlaps, taken before the reads start.
+        let queued: Vec<Vec<Arc<Op>>> = {
             let q = self.shared.queue.lock();
-            q.overlapping(offset, end)
-                .into_iter()
-                .map(|id| Arc::clone(&q.pending[&id]))
+            reads
+                .iter()
+                .map(|(offset, buf)| {
+                    q.overlapping(*offset, offset + buf.len() as u64)
+                        .into_iter()
+                        .map(|id| Arc::clone(&q.pending[&id]))
+                        .collect()
+                })
                 .collect()
         };
-        self.shared.storage.read_at(offset, buf)?;
-        // The queued bytes are newer than anything the device may return for the range (whether
+        let mut results = self.shared.storage.read_many(reads);
+        // The queued bytes are newer than anything the device may return for a range (whether
         // or not they reached it during our read). Pending operations never overlap each other.
-        for op in queued {
-            let Some(data) = &op.data else { continue };
-            let from = op.offset.max(offset);
-            let to = op.end().min(end);
-            buf[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&data[(from - op.offset) as usize..(to - op.offset) as usize]);
+        for (((offset, buf), ops), res) in reads.iter_mut().zip(queued).zip(&mut results) {
+            if res.is_err() {
+                continue;
+            }
+            let end = *offset + buf.len() as u64;
+            for op in ops {
+                let Some(data) = &op.data else { continue };
+                let from = op.offset.max(*offset);
+                let to = op.end().min(end);
+                buf[(from - *offset) as usize..(to - *offset) as usize]
+                    .copy_from_slice(&data[(from - op.offset) as usize..(to - op.offset) as usize]);
+            }
         }
-        Ok(())
+        results
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -399,10 +415,6 @@ impl<S: Storage + 'static> Storage for QueuedStorage<S> {
             len,
             data: None,
         })
-    }
-
-    fn read_parallelism(&self) -> usize {
-        self.shared.storage.read_parallelism()
     }
 }
 

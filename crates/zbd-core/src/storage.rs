@@ -25,12 +25,15 @@ pub trait Storage: Send + Sync {
     fn sync(&self) -> Result<()>;
     /// Releases a range (punches a hole in a file; BLKDISCARD on a block device). Best effort.
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
-    /// How many reads are worth having in flight at once for one host request. A local file
-    /// answers from the page cache or a fast queue, so 1 (one read after the other); a network
-    /// store whose every read is a round trip says more, and the engine then reads the extents
-    /// one host request needs concurrently.
-    fn read_parallelism(&self) -> usize {
-        1
+    /// Reads several ranges, each `(offset, buffer)` filled as by `read_at`; one result per
+    /// range. The engine hands it every extent one host read needs. A local file reads them one
+    /// after the other (the default); a network store, where each read is a round trip, has
+    /// them all in flight at once.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
+        reads
+            .iter_mut()
+            .map(|(offset, buf)| self.read_at(*offset, buf))
+            .collect()
     }
 }
 
@@ -301,7 +304,7 @@ impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         (**self).discard(offset, len)
     }
-    fn read_parallelism(&self) -> usize {
-        (**self).read_parallelism()
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
+        (**self).read_many(reads)
     }
 }

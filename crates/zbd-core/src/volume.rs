@@ -19,6 +19,7 @@ use crate::state::{is_zero, Ctx, ExtentState, State};
 use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
 use crate::writeback::Outbox;
+use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use std::collections::VecDeque;
@@ -165,7 +166,9 @@ fn cleaner_reserve(extent_count: u32) -> usize {
 }
 
 /// Stored bytes fetched for one block (`None` when it has none).
-type Fetched = Result<Option<Vec<u8>>>;
+/// The stored bytes of one block, as fetched: a slice of a device read, of the read cache or of
+/// an open extent's buffer, shared rather than copied.
+type Fetched = Result<Option<Bytes>>;
 
 /// The map entry of a source that is a block of a multi-block unit.
 fn unit_entry(src: &Source) -> Option<&MapEntry> {
@@ -184,7 +187,7 @@ enum Source {
     Zeros,
     Bytes {
         entry: MapEntry,
-        bytes: Vec<u8>,
+        bytes: Bytes,
     },
     Disk {
         entry: MapEntry,
@@ -461,7 +464,8 @@ impl Inner {
         self.storage.check()
     }
 
-    /// Reads `buf.len()` bytes at byte `offset`.
+    /// Reads `buf.len()` bytes at byte `offset`. Whole-block reads are decoded straight into
+    /// `buf`; only a read with a partial first or last block goes through a scratch buffer.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
@@ -469,29 +473,36 @@ impl Inner {
         }
         let bs = BLOCK_BYTES as u64;
         let first = offset / bs;
-        let last = (offset + buf.len() as u64 - 1) / bs;
-        let blocks = self.read_blocks(first, last - first + 1, true)?;
-        let mut pos = 0usize;
-        for (i, res) in blocks.into_iter().enumerate() {
-            let data = res?;
-            let lba = first + i as u64;
-            let start = if lba == first {
-                (offset % bs) as usize
-            } else {
-                0
-            };
-            let n = (BLOCK_BYTES - start).min(buf.len() - pos);
-            buf[pos..pos + n].copy_from_slice(&data[start..start + n]);
-            pos += n;
+        let count = (offset + buf.len() as u64 - 1) / bs - first + 1;
+        if offset.is_multiple_of(bs) && buf.len().is_multiple_of(BLOCK_BYTES) {
+            self.read_into(first, count, true, buf)?
+                .into_iter()
+                .collect::<Result<()>>()?;
+        } else {
+            let mut blocks = vec![0u8; count as usize * BLOCK_BYTES];
+            self.read_into(first, count, true, &mut blocks)?
+                .into_iter()
+                .collect::<Result<()>>()?;
+            let start = (offset % bs) as usize;
+            buf.copy_from_slice(&blocks[start..start + buf.len()]);
         }
         self.host_bytes_read
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Looks up `count` blocks from `first` and returns their contents (or a per-block error).
-    /// `use_cache: false` reads every stored byte from the device (check must see the medium).
-    fn read_blocks(&self, first: u64, count: u64, use_cache: bool) -> Result<Vec<Result<Vec<u8>>>> {
+    /// Looks up `count` blocks from `first` and decodes them into `out` (`count` x 4 KiB);
+    /// returns one result per block (a damaged block is an error, and its bytes in `out` are
+    /// not data). `use_cache: false` reads every stored byte from the device (check must see
+    /// the medium).
+    fn read_into(
+        &self,
+        first: u64,
+        count: u64,
+        use_cache: bool,
+        out: &mut [u8],
+    ) -> Result<Vec<Result<()>>> {
+        debug_assert_eq!(out.len() as u64, count * BLOCK_BYTES as u64);
         let (mut sources, _gate) = self.lookup(first, count, !use_cache)?;
         if use_cache {
             for src in sources.iter_mut() {
@@ -508,7 +519,8 @@ impl Inner {
         }
         let keep = use_cache && count < STREAMING_BLOCKS_MIN;
         let fetched = self.fetch(&sources, use_cache, keep);
-        // Consecutive blocks of one compression unit are decoded together, once.
+        // Consecutive blocks of one compression unit are decoded together, once; each group
+        // gets its own part of `out`, so groups decode in parallel without copies.
         let mut groups: Vec<(usize, usize, Fetched)> = Vec::new();
         for (i, stored) in fetched.into_iter().enumerate() {
             if let Some((start, end, _)) = groups.last_mut() {
@@ -525,54 +537,62 @@ impl Inner {
             }
             groups.push((i, i + 1, stored));
         }
-        let decode = |(start, end, stored): (usize, usize, Fetched)| -> Vec<Result<Vec<u8>>> {
+        let mut work = Vec::with_capacity(groups.len());
+        let mut rest = out;
+        for group in groups {
+            let (part, tail) =
+                std::mem::take(&mut rest).split_at_mut((group.1 - group.0) * BLOCK_BYTES);
+            work.push((group, part));
+            rest = tail;
+        }
+        let decode = |((start, end, stored), out): ((usize, usize, Fetched), &mut [u8])| {
             let lba = first + start as u64;
+            let corrupt = |i: usize| {
+                Err(Error::Corrupt {
+                    lba: first + i as u64,
+                })
+            };
             let stored = match stored {
                 Ok(s) => s,
                 Err(e) => {
-                    let mut out = vec![Err(e)];
-                    out.extend((start + 1..end).map(|i| {
-                        Err(Error::Corrupt {
-                            lba: first + i as u64,
-                        })
-                    }));
-                    return out;
+                    let mut res = vec![Err(e)];
+                    res.extend((start + 1..end).map(corrupt));
+                    return res;
                 }
             };
-            let block_of = |unit: &[u8], s: &Source| {
-                let i = usize::from(unit_entry(s).map_or(0, |e| e.unit_index));
-                Ok(unit[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].to_vec())
+            // The blocks of the group, in order, from their decoded unit.
+            let blocks_of = |unit: &[u8], out: &mut [u8]| -> Vec<Result<()>> {
+                for (s, block) in sources[start..end]
+                    .iter()
+                    .zip(out.chunks_exact_mut(BLOCK_BYTES))
+                {
+                    let i = usize::from(unit_entry(s).map_or(0, |e| e.unit_index));
+                    block.copy_from_slice(&unit[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]);
+                }
+                (start..end).map(|_| Ok(())).collect()
             };
             let damaged = || {
                 self.corrupt_reads
                     .fetch_add((end - start) as u64, Ordering::Relaxed);
-                (start..end)
-                    .map(|i| {
-                        Err(Error::Corrupt {
-                            lba: first + i as u64,
-                        })
-                    })
-                    .collect()
+                (start..end).map(corrupt).collect()
             };
             match (&sources[start], stored) {
-                (Source::Zeros, _) => vec![Ok(vec![0; BLOCK_BYTES])],
-                (Source::Damaged, _) => vec![Err(Error::Corrupt { lba })],
-                (Source::Decoded { unit, .. }, _) => sources[start..end]
-                    .iter()
-                    .map(|s| block_of(unit, s))
-                    .collect(),
+                (Source::Zeros, _) => {
+                    out.fill(0);
+                    vec![Ok(())]
+                }
+                (Source::Damaged, _) => vec![corrupt(start)],
+                (Source::Decoded { unit, .. }, _) => blocks_of(unit, out),
                 // From the device: decode the whole unit once and keep it for its other blocks
                 // (the CRC of what was decoded has just been checked).
                 (Source::Disk { entry }, Some(bytes)) if keep && entry.unit_blocks > 1 => {
-                    match self.decode_unit(entry, &bytes) {
-                        Some(unit) => {
+                    let mut unit = vec![0u8; usize::from(entry.unit_blocks) * BLOCK_BYTES];
+                    match self.decode_unit(entry, &bytes, &mut unit) {
+                        Some(()) => {
                             let unit: Arc<[u8]> = Arc::from(unit);
                             self.cache
                                 .put_unit(entry.extent, entry.offset, Arc::clone(&unit));
-                            sources[start..end]
-                                .iter()
-                                .map(|s| block_of(&unit, s))
-                                .collect()
+                            blocks_of(&unit, out)
                         }
                         None => damaged(),
                     }
@@ -580,25 +600,35 @@ impl Inner {
                 (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes))
                     if end - start > 1 =>
                 {
-                    match self.decode_unit(entry, &bytes) {
-                        Some(unit) => sources[start..end]
-                            .iter()
-                            .map(|s| block_of(&unit, s))
-                            .collect(),
+                    // The whole unit, in order: decode in place.
+                    let whole = end - start == usize::from(entry.unit_blocks)
+                        && entry.unit_index == 0
+                        && sources[start..end].iter().enumerate().all(|(k, s)| {
+                            unit_entry(s).is_some_and(|e| usize::from(e.unit_index) == k)
+                        });
+                    if whole {
+                        return match self.decode_unit(entry, &bytes, out) {
+                            Some(()) => (start..end).map(|_| Ok(())).collect(),
+                            None => damaged(),
+                        };
+                    }
+                    let mut unit = vec![0u8; usize::from(entry.unit_blocks) * BLOCK_BYTES];
+                    match self.decode_unit(entry, &bytes, &mut unit) {
+                        Some(()) => blocks_of(&unit, out),
                         None => damaged(),
                     }
                 }
                 (Source::Bytes { entry, .. } | Source::Disk { entry }, Some(bytes)) => {
-                    vec![self.decode_block(lba, entry, &bytes)]
+                    vec![self.decode_block(lba, entry, &bytes, out)]
                 }
-                (_, None) => vec![Err(Error::Corrupt { lba })],
+                (_, None) => vec![corrupt(start)],
             }
         };
         Ok(if count as usize >= PARALLEL_BLOCKS_MIN {
-            let parts: Vec<_> = groups.into_par_iter().map(decode).collect();
+            let parts: Vec<_> = work.into_par_iter().map(decode).collect();
             parts.into_iter().flatten().collect()
         } else {
-            groups.into_iter().flat_map(decode).collect()
+            work.into_iter().flat_map(decode).collect()
         })
     }
 
@@ -615,15 +645,28 @@ impl Inner {
         self.readers_waiting.fetch_add(1, Ordering::SeqCst);
         let mut st = self.state.lock();
         self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
+        let mut entries = Vec::with_capacity(count as usize);
+        st.map.get_run(first, count, &mut entries)?;
         let mut out = Vec::with_capacity(count as usize);
         // Blocks of closed extents whose last segment is not issued yet are read from it.
         let outbox = !self.outbox.is_empty();
-        for lba in first..first + count {
-            let entry = st.map.get(lba)?;
+        // The open extent of the previous block: the blocks of one request mostly share
+        // extents, and the buffer can hold hundreds of open extents (16 MiB of 32 KiB ones).
+        let mut last: Option<(u32, Option<usize>)> = None;
+        for entry in entries {
+            let open = match last {
+                Some((extent, i)) if extent == entry.extent => i,
+                _ if entry.state != BlockState::Data => None,
+                _ => {
+                    let i = st.open.iter().position(|o| o.extent == entry.extent);
+                    last = Some((entry.extent, i));
+                    i
+                }
+            };
             out.push(match entry.state {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
                 BlockState::Corrupt => Source::Damaged,
-                BlockState::Data => match st.open.iter().find(|o| o.extent == entry.extent) {
+                BlockState::Data => match open.map(|i| &st.open[i]) {
                     Some(o)
                         if !medium
                             || entry.offset as usize + entry.len as usize > o.durable_end =>
@@ -631,7 +674,7 @@ impl Inner {
                         let s = entry.offset as usize;
                         Source::Bytes {
                             entry,
-                            bytes: o.buf[s..s + entry.len as usize].to_vec(),
+                            bytes: Bytes::copy_from_slice(&o.buf[s..s + entry.len as usize]),
                         }
                     }
                     _ => match outbox
@@ -641,7 +684,10 @@ impl Inner {
                         })
                         .flatten()
                     {
-                        Some(bytes) => Source::Bytes { entry, bytes },
+                        Some(bytes) => Source::Bytes {
+                            entry,
+                            bytes: Bytes::from(bytes),
+                        },
                         None => Source::Disk { entry },
                     },
                 },
@@ -653,8 +699,8 @@ impl Inner {
     }
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the
-    /// same extent. The runs are read concurrently when the storage asks for it
-    /// (`Storage::read_parallelism`: a network store, where each read is a round trip).
+    /// same extent, all in one `Storage::read_many` (a network store has them in flight at
+    /// once).
     /// `keep`: put what was read into the read cache. The blocks of one unit after its first
     /// get `None`: `read_blocks` decodes a unit once, from its first block's bytes.
     fn fetch(&self, sources: &[Source], use_cache: bool, keep: bool) -> Vec<Fetched> {
@@ -695,44 +741,40 @@ impl Inner {
                 })
                 .collect();
             if cached.len() == j - i {
-                out.extend(cached.into_iter().map(|b| Some(Ok(Some(b.to_vec())))));
+                out.extend(
+                    cached
+                        .into_iter()
+                        .map(|b| Some(Ok(Some(Bytes::from_owner(b))))),
+                );
             } else {
                 runs.push((i, j, entry.extent, lo, hi));
                 out.extend((i..j).map(|_| None));
             }
             i = j;
         }
-        let read_run = |&(_, _, extent, lo, hi): &(usize, usize, u32, u32, u32)| {
-            let mut span = vec![0u8; (hi - lo) as usize];
-            let res = self
-                .storage
-                .read_at(self.sb.extent_offset(extent) + u64::from(lo), &mut span);
-            self.storage_bytes_read
-                .fetch_add(span.len() as u64, Ordering::Relaxed);
-            res.map(|()| span)
-        };
-        let width = self.storage.read_parallelism().max(1);
-        let spans: Vec<Result<Vec<u8>>> = if width > 1 && runs.len() > 1 {
-            let mut spans = Vec::with_capacity(runs.len());
-            for batch in runs.chunks(width) {
-                // Scoped threads, not the rayon pool: these wait on the network, and the pool's
-                // threads (one per core) are for compression.
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = batch
-                        .iter()
-                        .map(|run| scope.spawn(|| read_run(run)))
-                        .collect();
-                    for h in handles {
-                        spans.push(h.join().unwrap_or_else(|_| {
-                            Err(Error::Io(std::io::Error::other("storage read panicked")))
-                        }));
-                    }
-                });
+        // One buffer for every run, all handed to the storage at once (a network store has them
+        // in flight together); each block's bytes are then a slice of it, not a copy.
+        let total: usize = runs.iter().map(|r| (r.4 - r.3) as usize).sum();
+        let mut all = vec![0u8; total];
+        let results = {
+            let mut reads = Vec::with_capacity(runs.len());
+            let mut rest = all.as_mut_slice();
+            for &(_, _, extent, lo, hi) in &runs {
+                let (part, tail) = std::mem::take(&mut rest).split_at_mut((hi - lo) as usize);
+                reads.push((self.sb.extent_offset(extent) + u64::from(lo), part));
+                rest = tail;
             }
-            spans
-        } else {
-            runs.iter().map(read_run).collect()
+            self.storage.read_many(&mut reads)
         };
+        self.storage_bytes_read
+            .fetch_add(total as u64, Ordering::Relaxed);
+        let all = Bytes::from(all);
+        let mut at = 0;
+        let spans = runs.iter().zip(results).map(|(&(_, _, _, lo, hi), res)| {
+            let span = all.slice(at..at + (hi - lo) as usize);
+            at += span.len();
+            res.map(|()| span)
+        });
         for (&(i, j, _, lo, _), res) in runs.iter().zip(spans) {
             let mut prev: Option<&MapEntry> = None;
             for (k, src) in sources.iter().enumerate().take(j).skip(i) {
@@ -749,12 +791,12 @@ impl Inner {
                     Ok(_) if same_unit => Ok(None),
                     Ok(span) => {
                         let s = (e.offset - lo) as usize;
-                        let bytes = &span[s..s + e.len as usize];
+                        let bytes = span.slice(s..s + e.len as usize);
                         if keep {
                             // Under the reuse gate (held by our caller): see readcache.rs.
-                            self.cache.put(e.extent, e.offset, bytes);
+                            self.cache.put(e.extent, e.offset, &bytes);
                         }
-                        Ok(Some(bytes.to_vec()))
+                        Ok(Some(bytes))
                     }
                     Err(err) => Err(Error::Io(std::io::Error::other(err.to_string()))),
                 });
@@ -765,9 +807,15 @@ impl Inner {
             .collect()
     }
 
-    /// Decodes one block from its stored bytes (of its unit: decoding no more than the unit).
-    fn decode_block(&self, lba: u64, entry: &MapEntry, stored: &[u8]) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; BLOCK_BYTES];
+    /// Decodes one block from its stored bytes (of its unit: decoding no more than the unit)
+    /// into `out` (4 KiB).
+    fn decode_block(
+        &self,
+        lba: u64,
+        entry: &MapEntry,
+        stored: &[u8],
+        out: &mut [u8],
+    ) -> Result<()> {
         // A block whose dictionary is not loaded (both copies damaged) is an error, never data.
         let dict = (entry.dict != 0).then(|| self.dicts.get(entry.dict));
         let ok = crc32c::crc32c(stored) == entry.crc
@@ -780,34 +828,34 @@ impl Inner {
                     usize::from(entry.unit_blocks),
                     usize::from(entry.unit_index),
                     &mut Vec::new(),
-                    &mut out,
+                    out,
                 )
                 .is_some()
             } else {
                 match dict.flatten() {
-                    Some(d) => d.decompress(entry.codec, stored, &mut out).is_some(),
-                    None => codec::decompress(entry.codec, stored, &mut out).is_some(),
+                    Some(d) => d.decompress(entry.codec, stored, out).is_some(),
+                    None => codec::decompress(entry.codec, stored, out).is_some(),
                 }
             };
         if !ok {
             self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Corrupt { lba });
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Decodes a whole unit (`unit_blocks` x 4 KiB) after checking its CRC; `None` if damaged.
-    fn decode_unit(&self, entry: &MapEntry, stored: &[u8]) -> Option<Vec<u8>> {
-        let mut out = vec![0u8; usize::from(entry.unit_blocks) * BLOCK_BYTES];
+    /// Decodes a whole unit into `out` (`unit_blocks` x 4 KiB) after checking its CRC; `None`
+    /// if damaged.
+    fn decode_unit(&self, entry: &MapEntry, stored: &[u8], out: &mut [u8]) -> Option<()> {
         (crc32c::crc32c(stored) == entry.crc).then_some(())?;
         if entry.dict != 0 {
             self.dicts
                 .get(entry.dict)?
-                .decompress(entry.codec, stored, &mut out)?;
+                .decompress(entry.codec, stored, out)?;
         } else {
-            codec::decompress(entry.codec, stored, &mut out)?;
+            codec::decompress(entry.codec, stored, out)?;
         }
-        Some(out)
+        Some(())
     }
 
     /// Compresses one full block (outside any lock).
@@ -994,7 +1042,11 @@ impl Inner {
             let mut block = match (&sources[0], stored?) {
                 (Source::Zeros, _) => vec![0u8; BLOCK_BYTES],
                 (Source::Damaged, _) => return Err(Error::Corrupt { lba }),
-                (_, Some(bytes)) => self.decode_block(lba, &seen, &bytes)?,
+                (_, Some(bytes)) => {
+                    let mut block = vec![0u8; BLOCK_BYTES];
+                    self.decode_block(lba, &seen, &bytes, &mut block)?;
+                    block
+                }
                 (_, None) => return Err(Error::Corrupt { lba }),
             };
             block[within..within + patch.len()].copy_from_slice(patch);
@@ -1034,7 +1086,9 @@ impl Inner {
                         b
                     }
                 };
-                self.decode_block(lba, &entry, &stored)?
+                let mut block = vec![0u8; BLOCK_BYTES];
+                self.decode_block(lba, &entry, &stored, &mut block)?;
+                block
             }
         };
         block[within..within + patch.len()].copy_from_slice(patch);
@@ -1452,6 +1506,7 @@ impl Inner {
         let started = std::time::Instant::now();
         let mut bytes_read = 0u64;
         let mut lba = 0;
+        let mut scratch = Vec::new();
         while lba < total {
             let n = CHUNK.min(total - lba);
             let (mut mapped, mut bytes) = (0u64, 0u64);
@@ -1472,7 +1527,8 @@ impl Inner {
                     std::thread::sleep(wait);
                 }
             }
-            match self.read_blocks(lba, n, false) {
+            scratch.resize(n as usize * BLOCK_BYTES, 0);
+            match self.read_into(lba, n, false, &mut scratch) {
                 Ok(blocks) => {
                     for (i, r) in blocks.into_iter().enumerate() {
                         if r.is_err() {

@@ -1,6 +1,6 @@
-//! A storage that asks for concurrent reads (`Storage::read_parallelism`, a network store) gets
-//! the extents of one host read concurrently, and every byte still comes back right, including
-//! a damaged block among them (an error for its unit, data for the rest).
+//! The extents of one host read reach the storage as one batch (`Storage::read_many`), which a
+//! network store reads concurrently; every byte still comes back right, including a damaged
+//! block among them (an error for its unit, data for the rest).
 
 mod common;
 
@@ -76,8 +76,16 @@ impl Storage for Concurrent {
     fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
         self.disk.discard(offset, len)
     }
-    fn read_parallelism(&self) -> usize {
-        self.width
+    /// Width 1: the default (one read after the other); wider: the batch's reads run
+    /// concurrently, as RADOS has them in flight at once.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<zbd_core::Result<()>> {
+        if self.width == 1 {
+            return reads.iter_mut().map(|(o, b)| self.read_at(*o, b)).collect();
+        }
+        reads
+            .chunks_mut(self.width)
+            .flat_map(|batch| concurrently(self, batch))
+            .collect()
     }
 }
 

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use zbd_core::{Codec, OpenOptions, SimStorage, Storage, Volume};
 
-/// A simulated disk that asks for concurrent reads (like RADOS).
+/// A simulated disk that reads a batch concurrently (like RADOS).
 struct Wide(Arc<SimStorage>);
 
 impl Storage for Wide {
@@ -30,8 +30,9 @@ impl Storage for Wide {
     fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
         self.0.discard(offset, len)
     }
-    fn read_parallelism(&self) -> usize {
-        4
+    /// Like RADOS: every read of a batch in flight at once.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<zbd_core::Result<()>> {
+        concurrently(&*self.0, reads)
     }
 }
 

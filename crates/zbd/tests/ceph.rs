@@ -574,7 +574,10 @@ fn osd_outage_waits_then_fails_past_timeout(cluster: &Cluster) {
         cluster.script("resume-osd");
         let resumed = Instant::now();
         let result = writer.join().expect("writer");
-        assert!(waited, "the flush returned while the OSD was down");
+        assert!(
+            waited,
+            "the flush returned while the OSD was down: {result:?}"
+        );
         result.expect("writes and flush after the OSD came back");
         assert!(
             resumed.elapsed() < Duration::from_secs(30),

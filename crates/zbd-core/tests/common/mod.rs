@@ -5,7 +5,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
-use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Volume};
+use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
 
 mod parking;
 #[allow(unused_imports)]
@@ -308,4 +308,22 @@ pub fn log_records(seed: u64, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+/// Reads a batch with every read on its own thread at once: a network store's `read_many`
+/// (RADOS has all of them in flight), for test storages that stand in for one.
+pub fn concurrently(
+    storage: &dyn Storage,
+    reads: &mut [(u64, &mut [u8])],
+) -> Vec<zbd_core::Result<()>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = reads
+            .iter_mut()
+            .map(|(offset, buf)| scope.spawn(move || storage.read_at(*offset, buf)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("read thread"))
+            .collect()
+    })
 }
