@@ -137,6 +137,13 @@ impl ReadAhead {
         }
     }
 
+    /// Drops every chunk, waiting for reads still in flight (before the I/O context they were
+    /// started on goes: an operation of a destroyed context never completes).
+    pub fn clear(&self) {
+        let chunks = std::mem::take(&mut *self.state.lock());
+        drop(chunks);
+    }
+
     /// Drops the chunks overlapping storage bytes `offset..offset + len` (call after issuing a
     /// write or discard there).
     pub fn invalidate(&self, offset: u64, len: u64) {

@@ -10,9 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use zbd_core::{Error, Result, Storage};
 
-/// Concurrent reads for one host request (the engine's `fetch`), like a queue depth.
-const READ_PARALLELISM: usize = 16;
-
 /// Object size when `zbd create` is not told otherwise (RBD's default too).
 pub const DEFAULT_OBJECT_SIZE: u64 = 4 << 20;
 /// Smallest and largest object sizes accepted at create time.
@@ -342,11 +339,10 @@ impl RadosStorage {
         ))
     }
 
-    /// Reads storage bytes from the objects, bypassing read-ahead.
-    fn read_direct(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let len = buf.len() as u64;
-        // Every piece at once, then wait: one round trip for the whole read, and the pieces of
-        // a large read are served in parallel by the OSDs holding them.
+    /// Starts reading storage bytes `offset..offset + len` from the objects, bypassing
+    /// read-ahead: every piece at once, so the pieces of a large read (and of all the reads of a
+    /// `read_many`) are served in parallel by the OSDs holding them. `finish_direct` waits.
+    fn start_direct(&self, offset: u64, len: u64) -> Result<Vec<(usize, usize, Completion)>> {
         let mut started = Vec::new();
         let mut at = 0usize;
         for Piece {
@@ -365,6 +361,15 @@ impl RadosStorage {
                 done += part;
             }
         }
+        Ok(started)
+    }
+
+    /// Waits for the reads `start_direct` started and copies what they read into `buf`.
+    fn finish_direct(
+        &self,
+        started: Vec<(usize, usize, Completion)>,
+        buf: &mut [u8],
+    ) -> Result<()> {
         for (at, n, c) in started {
             let got = c
                 .read_result()
@@ -409,24 +414,46 @@ impl Storage for RadosStorage {
         Ok(self.header.size)
     }
 
-    /// Every read is a network round trip: a host read that needs several extents reads them
-    /// at once, so the OSDs serve them in parallel.
-    fn read_parallelism(&self) -> usize {
-        READ_PARALLELISM
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut one = [(offset, buf)];
+        self.read_many(&mut one).pop().expect("one result per read")
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let len = buf.len() as u64;
-        self.check_range(offset, len)?;
+    /// Every read is a network round trip: the reads a host read needs (one per extent) are
+    /// all in flight at once, and the OSDs serve them in parallel. Those read-ahead holds are
+    /// copied from memory.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
         // A read must see every write issued before it.
-        let end = offset + len;
-        self.wait_for(|op| op.start < end && offset < op.end);
-        if !self.readahead.read(offset, buf) {
-            self.read_direct(offset, buf)?;
+        let ranges: Vec<(u64, u64)> = reads
+            .iter()
+            .map(|(offset, buf)| (*offset, offset + buf.len() as u64))
+            .collect();
+        self.wait_for(|op| ranges.iter().any(|&(lo, hi)| op.start < hi && lo < op.end));
+        let started: Vec<Result<Option<_>>> = reads
+            .iter_mut()
+            .map(|(offset, buf)| {
+                self.check_range(*offset, buf.len() as u64)?;
+                if self.readahead.read(*offset, buf) {
+                    return Ok(None);
+                }
+                self.start_direct(*offset, buf.len() as u64).map(Some)
+            })
+            .collect();
+        let results: Vec<Result<()>> = reads
+            .iter_mut()
+            .zip(started)
+            .map(|((_, buf), started)| match started? {
+                Some(started) => self.finish_direct(started, buf),
+                None => Ok(()),
+            })
+            .collect();
+        for ((offset, buf), res) in reads.iter().zip(&results) {
+            if res.is_ok() {
+                self.readahead
+                    .after_read(*offset, buf.len() as u64, |start| self.start_chunk(start));
+            }
         }
-        self.readahead
-            .after_read(offset, len, |start| self.start_chunk(start));
-        Ok(())
+        results
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -502,8 +529,10 @@ impl Storage for RadosStorage {
 
 impl Drop for RadosStorage {
     fn drop(&mut self) {
-        // Completions wait for their operations when dropped; then give the volume back.
+        // Completions wait for their operations when dropped; then give the volume back. The
+        // read-ahead's reads too, now: after `io` is destroyed they would never complete.
         self.wait_for(|_| true);
+        self.readahead.clear();
         let _ = self
             .io
             .unlock(&self.target.header_object(), LOCK_NAME, &self.cookie);
