@@ -1100,6 +1100,24 @@ impl Inner {
         let Some(samples) = self.dicts.take_sample() else {
             return Ok(());
         };
+        self.train_and_install(samples)
+    }
+
+    /// Trains a new dictionary from `samples` now, as if a drift check had asked for one and
+    /// the sample were complete (tests: retraining as an operation of the model test).
+    /// `Ok(true)`: a new dictionary was installed and serves new blocks.
+    pub fn retrain_with(&self, samples: Vec<Vec<u8>>) -> Result<bool> {
+        if !self.dicts.begin_forced() {
+            return Ok(false);
+        }
+        let before = self.dicts.active().map(|d| d.id());
+        self.train_and_install(samples)?;
+        Ok(self.dicts.active().map(|d| d.id()) != before)
+    }
+
+    /// Trains on `samples` and installs the result if it pays; the caller holds the training
+    /// turn (`Dicts::take_sample` or `Dicts::begin_forced`), released here.
+    fn train_and_install(&self, samples: Vec<Vec<u8>>) -> Result<()> {
         // Train on seven groups in eight; the eighth (units of the volume's size) decides.
         let n = usize::from(self.unit_blocks);
         let (mut train, mut held) = (Vec::new(), Vec::new());
