@@ -58,6 +58,9 @@ pub const EXTENT_BYTES_MAX: u32 = 1024 * 1024;
 pub const CKPT_FLAG_VOLUME_COUNTERS: u32 = 1;
 /// Checkpoint flag: the extent table is maintained and valid (v2).
 pub const CKPT_FLAG_EXTENT_TABLE: u32 = 2;
+/// Checkpoint flag: volume counters 8..16 (blocks and bytes with a dictionary, by unit size)
+/// are maintained and valid too (v2; a checkpoint without it carries zeros there).
+pub const CKPT_FLAG_SAVINGS_COUNTERS: u32 = 4;
 /// Checkpoint flag (incompatible): records and map entries may use multi-block compression
 /// units. A build that does not know a bit of `CKPT_FLAGS_INCOMPAT` refuses to open the volume.
 pub const CKPT_FLAG_COMPRESSION_UNITS: u32 = 1 << 8;

@@ -7,8 +7,9 @@ use crate::extent_table::ExtentTable;
 use crate::fence::Fenced;
 use crate::format::{
     decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
+    CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
@@ -232,7 +233,7 @@ impl Inner {
             queue,
             // An empty volume: zero counters, every extent free (no table page written).
             flags: if sb.version >= 2 {
-                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE
+                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE | CKPT_FLAG_SAVINGS_COUNTERS
             } else {
                 0
             },
@@ -289,6 +290,12 @@ impl Inner {
                 recovery::account(&mut map, sb.extent_count)?,
             ),
         };
+        // Dictionary and unit-size counters of a checkpoint written by a build that did not
+        // keep them: one scan now, persisted by the next checkpoint. A read-only open reports
+        // them unknown instead (stats).
+        if !opts.read_only && !map.counters().savings_known {
+            map.recount(|_| {})?;
+        }
         let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
         let mut open_repaired = found.damaged_copies;
         let mut open_problems = rolled.problems;
@@ -1298,6 +1305,13 @@ impl Inner {
             m.live_bytes,
         );
         let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
+        let ratio = |blocks: u64, bytes: u64| {
+            if bytes == 0 {
+                0.0
+            } else {
+                (blocks * BLOCK_BYTES as u64) as f64 / bytes as f64
+            }
+        };
         let (in_units, unit_live) = (m.unit_blocks, m.unit_bytes);
         let eb = u64::from(self.sb.extent_bytes);
         let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
@@ -1382,6 +1396,25 @@ impl Inner {
                     })
                     .collect()
             },
+            savings_known: m.savings_known,
+            dict_blocks: m.dict_blocks,
+            dict_ratio: ratio(m.dict_blocks, m.dict_bytes),
+            // Raw blocks never use a dictionary: left out, so the two ratios compare what a
+            // dictionary changes on blocks that compress at all.
+            nodict_blocks: data.saturating_sub(m.dict_blocks + raw),
+            nodict_ratio: ratio(
+                data.saturating_sub(m.dict_blocks + raw),
+                live.saturating_sub(m.dict_bytes + raw * BLOCK_BYTES as u64),
+            ),
+            units_by_size: crate::map::UNIT_SIZE_CLASSES
+                .iter()
+                .zip(m.by_unit)
+                .map(|(&max, (blocks, bytes))| crate::stats::UnitSizeStat {
+                    max_unit_bytes: u32::from(max) * BLOCK_BYTES as u32,
+                    blocks,
+                    ratio: ratio(blocks, bytes),
+                })
+                .collect(),
         }
     }
 
@@ -1411,7 +1444,7 @@ impl Inner {
         // Reading the whole map (to check the live accounting) also finds every damaged page.
         {
             let mut st = self.state.lock();
-            let kept = st.map.counters();
+            let mut kept = st.map.counters();
             let fresh = match recovery::account(&mut st.map, self.sb.extent_count) {
                 Ok(f) => f,
                 Err(e) => {
@@ -1426,7 +1459,14 @@ impl Inner {
                         .push(format!("extent {i}: live accounting differs from the map"));
                 }
             }
-            if !fresh.is_empty() && st.map.counters() != kept {
+            let now = st.map.counters();
+            if !kept.savings_known {
+                // Not kept by the build that wrote the checkpoint: nothing to compare.
+                (kept.dict_blocks, kept.dict_bytes, kept.by_unit) =
+                    (now.dict_blocks, now.dict_bytes, now.by_unit);
+                kept.savings_known = true;
+            }
+            if !fresh.is_empty() && now != kept {
                 report
                     .metadata_problems
                     .push("volume counters differ from the map (recounted)".into());

@@ -91,6 +91,22 @@ fn dictionary_volumes_store_less_and_read_back_after_reopen() {
             let s = vol.stats();
             assert_eq!(s.dictionaries.len(), usize::from(on));
             assert!(s.dictionaries.iter().all(|d| d.active && d.loaded));
+            // `zbd stat`: blocks with and without a dictionary (those before the install).
+            assert!(s.savings_known);
+            assert_eq!(s.dict_blocks > 0, on, "{codec} {on}: {s:?}");
+            assert!(s.nodict_blocks > 0 && s.nodict_ratio > 1.0, "{s:?}");
+            assert_eq!(
+                s.dict_blocks + s.nodict_blocks + s.raw_blocks,
+                s.data_blocks
+            );
+            if on {
+                assert!(
+                    s.dict_ratio > s.nodict_ratio,
+                    "{codec}: with {} without {}",
+                    s.dict_ratio,
+                    s.nodict_ratio
+                );
+            }
             live.push((codec, on, s.physical_bytes_live));
             let flag = checkpoint(&disk).1.flags & CKPT_FLAG_DICTIONARIES != 0;
             assert_eq!(
@@ -103,8 +119,13 @@ fn dictionary_volumes_store_less_and_read_back_after_reopen() {
                 read_all(&vol, data.len()) == data,
                 "{codec} {on}: after reopen"
             );
-            let s = vol.stats();
-            assert_eq!(s.dictionaries.len(), usize::from(on));
+            let s2 = vol.stats();
+            assert_eq!(s2.dictionaries.len(), usize::from(on));
+            assert_eq!(
+                (s2.dict_blocks, s2.dict_ratio, s2.nodict_blocks),
+                (s.dict_blocks, s.dict_ratio, s.nodict_blocks),
+                "persisted with the checkpoint"
+            );
             assert!(vol.check(&|_, _| {}).is_clean());
         }
     }

@@ -42,9 +42,14 @@ fn create_copy_stat_check_round_trip() {
     .success()
     .stdout(predicate::str::contains("metadata").and(predicate::str::contains("data area")));
     on("copy", &vol, &[input.to_str().expect("path")]).success();
-    on("stat", &vol, &[])
-        .success()
-        .stdout(predicate::str::contains("savings").and(predicate::str::contains("zstd:3")));
+    on("stat", &vol, &[]).success().stdout(
+        predicate::str::contains("savings")
+            .and(predicate::str::contains("zstd:3"))
+            // The default 8K units, sequential copy: every block in one.
+            .and(predicate::str::contains("ratio by unit size"))
+            .and(predicate::str::contains("8K units 768 blocks"))
+            .and(predicate::str::contains("0 blocks (ratio -) / 768 blocks")),
+    );
     let out = zbd()
         .args(["stat", "--json", vol.to_str().expect("path")])
         .output()
