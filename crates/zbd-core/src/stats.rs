@@ -150,8 +150,10 @@ pub struct Stats {
     pub failed: Option<String>,
     /// Lifetime counters.
     pub counters: Counters,
-    /// Whether new blocks train and use dictionaries.
+    /// Whether new blocks train and use dictionaries (in this open).
     pub dictionary: bool,
+    /// The volume's setting (`zbd create --dict`), what opens do unless told otherwise.
+    pub dictionary_setting: bool,
     /// Dictionaries in the volume's directory.
     pub dictionaries: Vec<DictStat>,
     /// Whether the dictionary and unit-size figures below are known (a checkpoint written by

@@ -67,9 +67,9 @@ pub struct OpenOptions {
     /// every block on its own).
     pub unit_bytes: Option<u32>,
     /// Train a dictionary from the first compressible blocks written and compress new blocks
-    /// with it (lz4 and zstd; see dicts.rs). Dictionaries already in the volume are read
-    /// whatever this says.
-    pub dictionary: bool,
+    /// with it (lz4 and zstd; see dicts.rs); `None`: as set at create time (superblock).
+    /// Dictionaries already in the volume are read whatever this says.
+    pub dictionary: Option<bool>,
 }
 
 impl Default for OpenOptions {
@@ -85,7 +85,7 @@ impl Default for OpenOptions {
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
             map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
             unit_bytes: None,
-            dictionary: DICTIONARY_DEFAULT,
+            dictionary: None,
         }
     }
 }
@@ -359,6 +359,7 @@ impl Inner {
         };
         let dicts = crate::dicts::Dicts::new(
             opts.dictionary
+                .unwrap_or(sb.settings & crate::format::SB_SETTING_DICTIONARY != 0)
                 && !opts.read_only
                 && crate::dicts::Dicts::supports(codec)
                 && sb.version >= 2
@@ -1382,6 +1383,7 @@ impl Inner {
             failed: self.storage.failure(),
             counters: c,
             dictionary: self.dicts.enabled,
+            dictionary_setting: self.sb.settings & crate::format::SB_SETTING_DICTIONARY != 0,
             dictionaries: {
                 let active = self.dicts.active().map(|d| d.id());
                 st.dicts

@@ -31,7 +31,7 @@ fn create_opts_unit(codec: Codec, unit: u32) -> CreateOptions {
 
 fn dict_opts(on: bool) -> OpenOptions {
     OpenOptions {
-        dictionary: on,
+        dictionary: Some(on),
         ..open_opts()
     }
 }
@@ -361,4 +361,45 @@ fn the_cleaner_keeps_dictionary_ids() {
     let vol = reopen(&disk, vol, true);
     assert!(read_all(&vol, model.len()) == model);
     assert!(vol.check(&|_, _| {}).is_clean());
+}
+
+/// `zbd create --dict on` stores the setting in the superblock: an open that does not say
+/// (`OpenOptions::dictionary: None`, what `zbd serve` passes without `--dict`) trains and uses
+/// dictionaries; one that says `off` does not; volumes created without it stay off.
+#[test]
+fn the_volume_setting_decides_unless_the_open_says() {
+    let data = log_records(3, 2 << 20);
+    for (setting, open, trains) in [
+        (true, None, true),
+        (true, Some(false), false),
+        (false, None, false),
+        (false, Some(true), true),
+    ] {
+        let create = CreateOptions {
+            dictionary: setting,
+            ..create_opts(Codec::Lz4)
+        };
+        let opts = OpenOptions {
+            dictionary: open,
+            ..open_opts()
+        };
+        let (disk, vol) = sim_volume_with(&create, opts.clone());
+        let s = vol.stats();
+        assert_eq!(
+            (s.dictionary, s.dictionary_setting),
+            (trains, setting),
+            "{setting} {open:?}"
+        );
+        assert_eq!(
+            write_chunks(&vol, &data).is_some(),
+            trains,
+            "{setting} {open:?}"
+        );
+        vol.close().expect("close");
+        drop(vol);
+        // The setting survives a reopen (it is in the superblock, not the open).
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), opts).expect("reopen");
+        assert_eq!(vol.stats().dictionary, trains);
+        assert!(read_all(&vol, data.len()) == data, "data differs");
+    }
 }

@@ -113,7 +113,7 @@ fn flush_kill(disk: &mut Arc<SimStorage>, vol: Volume, dict: bool) -> Volume {
 /// Test open options, with trained dictionaries on or off.
 fn opts(dict: bool) -> OpenOptions {
     OpenOptions {
-        dictionary: dict,
+        dictionary: Some(dict),
         ..open_opts()
     }
 }

@@ -24,7 +24,7 @@ fn create_opts() -> CreateOptions {
 
 fn dict_opts() -> OpenOptions {
     OpenOptions {
-        dictionary: true,
+        dictionary: Some(true),
         ..open_opts_sync()
     }
 }
@@ -103,7 +103,7 @@ fn scenario(data: &[u8], at: usize, trap: Trap, k: u64, seed: u64) {
     let vol2 = Volume::open(
         Box::new(SimStorage::from_image(image)),
         OpenOptions {
-            dictionary: true,
+            dictionary: Some(true),
             ..open_opts()
         },
     )

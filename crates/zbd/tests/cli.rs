@@ -360,3 +360,20 @@ fn create_refuses_a_unit_size_the_extent_cannot_hold() {
     .success()
     .stdout(predicate::str::contains("unit size      64.00 KiB"));
 }
+
+/// `zbd create --dict on` is kept in the volume: `zbd stat` shows the setting (a read-only
+/// open itself writes nothing new, so "off for new writes").
+#[test]
+fn create_dict_setting_is_kept_in_the_volume() {
+    for (arg, shown) in [("on", "volume setting on"), ("off", "volume setting off")] {
+        let (_dir, vol, _input) = fixture(4096);
+        on("create", &vol, &["--size", "16M", "--dict", arg])
+            .success()
+            .stdout(predicate::str::contains(format!("dictionaries   {arg}")));
+        on("stat", &vol, &[])
+            .success()
+            .stdout(predicate::str::contains(shown));
+    }
+    let (_dir, vol, _input) = fixture(4096);
+    on("create", &vol, &["--size", "16M", "--dict", "maybe"]).failure();
+}

@@ -95,8 +95,9 @@ pub fn render(name: &str, s: &Stats) -> String {
     line(
         "dictionaries",
         format!(
-            "{} for new writes; {}",
+            "{} for new writes (volume setting {}); {}",
             if s.dictionary { "on" } else { "off" },
+            if s.dictionary_setting { "on" } else { "off" },
             if s.dictionaries.is_empty() {
                 "none stored".to_string()
             } else {
