@@ -164,6 +164,14 @@ impl Dicts {
         Some(std::mem::take(&mut s.0))
     }
 
+    /// Takes the training turn without a sample (a forced retrain); `false` when dictionaries
+    /// are off, training stopped for good, or someone trains now.
+    pub fn begin_forced(&self) -> bool {
+        self.enabled
+            && !self.stopped.load(Ordering::Relaxed)
+            && !self.busy.swap(true, Ordering::SeqCst)
+    }
+
     /// Training finished; `stop` when no further dictionary can be installed.
     pub fn done(&self, stop: bool) {
         if stop {

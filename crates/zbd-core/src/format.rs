@@ -58,6 +58,9 @@ pub const EXTENT_BYTES_MAX: u32 = 1024 * 1024;
 pub const CKPT_FLAG_VOLUME_COUNTERS: u32 = 1;
 /// Checkpoint flag: the extent table is maintained and valid (v2).
 pub const CKPT_FLAG_EXTENT_TABLE: u32 = 2;
+/// Checkpoint flag: volume counters 8..16 (blocks and bytes with a dictionary, by unit size)
+/// are maintained and valid too (v2; a checkpoint without it carries zeros there).
+pub const CKPT_FLAG_SAVINGS_COUNTERS: u32 = 4;
 /// Checkpoint flag (incompatible): records and map entries may use multi-block compression
 /// units. A build that does not know a bit of `CKPT_FLAGS_INCOMPAT` refuses to open the volume.
 pub const CKPT_FLAG_COMPRESSION_UNITS: u32 = 1 << 8;
@@ -172,7 +175,14 @@ pub struct Superblock {
     /// power of two up to `UNIT_BLOCKS_MAX`). Only a writer's choice: what a volume holds is
     /// in its records and map entries.
     pub unit_blocks: u8,
+    /// v2: settings new opens default to (`SB_SETTING_*` bits; offset 160). Only a writer's
+    /// choice, like `unit_blocks`: unknown bits are ignored.
+    pub settings: u32,
 }
+
+/// Superblock setting: new blocks train and use dictionaries unless the open says otherwise
+/// (`zbd create --dict on`).
+pub const SB_SETTING_DICTIONARY: u32 = 1;
 
 impl Superblock {
     /// Total bytes the volume occupies.
@@ -225,6 +235,7 @@ impl Superblock {
             put_u64(&mut b, 144, self.dict_offset[0]);
             put_u64(&mut b, 152, self.dict_offset[1]);
             b[51] = self.unit_blocks;
+            put_u32(&mut b, 160, self.settings);
         }
         let crc = crc_skipping(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -288,6 +299,8 @@ impl Superblock {
             },
             // 0 in volumes made before units existed: single blocks.
             unit_blocks: if v2 { b[51].max(1) } else { 1 },
+            // 0 in volumes made before settings existed: every setting off.
+            settings: if v2 { get_u32(b, 160) } else { 0 },
         };
         if get_u32(b, 76) as usize != BLOCK_BYTES
             || !sb.extent_bytes.is_power_of_two()
@@ -1140,6 +1153,7 @@ mod tests {
             data_offset: 0,
             clean_low_pct: 10,
             clean_high_pct: 25,
+            settings: 0,
             created_unix: 1,
             checkpoint_offset1: 8192,
             map_offset1: 16384,
@@ -1180,6 +1194,21 @@ mod tests {
             Superblock::decode(&[0u8; 4096]),
             Err(Error::NotAVolume(_))
         ));
+    }
+
+    #[test]
+    fn superblock_keeps_settings_in_v2_only() {
+        let mut v2 = sb(2);
+        v2.settings = SB_SETTING_DICTIONARY;
+        let b = v2.encode();
+        assert_eq!(get_u32(&b, 160), SB_SETTING_DICTIONARY);
+        assert_eq!(Superblock::decode(&b).ok(), Some(v2));
+        let mut v1 = sb(1);
+        v1.settings = SB_SETTING_DICTIONARY;
+        assert_eq!(
+            Superblock::decode(&v1.encode()).map(|s| s.settings).ok(),
+            Some(0)
+        );
     }
 
     #[test]

@@ -155,6 +155,13 @@ impl Volume {
         self.inner.compact(progress)
     }
 
+    /// Trains and installs a new dictionary from `samples` now (tests: a forced retrain).
+    /// `Ok(true)` when a new dictionary serves new blocks from now on.
+    #[doc(hidden)]
+    pub fn retrain_dictionary(&self, samples: Vec<Vec<u8>>) -> Result<bool> {
+        self.inner.retrain_with(samples)
+    }
+
     /// Stops the cleaner, writes back the extent buffer and writes a final checkpoint.
     pub fn close(&self) -> Result<()> {
         self.stop_cleaner();

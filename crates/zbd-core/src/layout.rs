@@ -42,6 +42,9 @@ pub struct CreateOptions {
     /// Compression unit size for new writes (4K = every block on its own .. 64K); default
     /// `UNIT_BYTES_DEFAULT`, or the largest unit the extent size holds if that is smaller.
     pub unit_bytes: Option<u32>,
+    /// Whether opens train and use dictionaries unless `OpenOptions::dictionary` says
+    /// otherwise (stored in the superblock).
+    pub dictionary: bool,
 }
 
 impl CreateOptions {
@@ -56,6 +59,7 @@ impl CreateOptions {
             clean_high_pct: CLEAN_HIGH_PCT_DEFAULT,
             queue_len: None,
             unit_bytes: None,
+            dictionary: crate::volume::DICTIONARY_DEFAULT,
         }
     }
 }
@@ -206,6 +210,11 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         clean_high_pct: opts.clean_high_pct,
         created_unix: 0,
         unit_blocks: unit_blocks(opts)?,
+        settings: if opts.dictionary {
+            crate::format::SB_SETTING_DICTIONARY
+        } else {
+            0
+        },
     })
 }
 

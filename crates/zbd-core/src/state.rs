@@ -9,7 +9,8 @@ use crate::extent_table::{ExtentTable, WrittenTable};
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
     BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES, CKPT_FLAG_EXTENT_TABLE,
-    CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES,
+    SEGMENT_HEADER_BYTES,
 };
 use crate::map::{Map, PageWrite, WrittenPages};
 use crate::stats::Counters;
@@ -394,7 +395,13 @@ impl State {
             },
             // Counters and extent table are exact as of this checkpoint: open needs no scan.
             flags: if v2 {
-                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE
+                CKPT_FLAG_VOLUME_COUNTERS
+                    | CKPT_FLAG_EXTENT_TABLE
+                    | if self.map.counters().savings_known {
+                        CKPT_FLAG_SAVINGS_COUNTERS
+                    } else {
+                        0
+                    }
             } else {
                 0
             } | if self.units_flag {

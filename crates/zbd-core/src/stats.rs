@@ -150,10 +150,36 @@ pub struct Stats {
     pub failed: Option<String>,
     /// Lifetime counters.
     pub counters: Counters,
-    /// Whether new blocks train and use dictionaries.
+    /// Whether new blocks train and use dictionaries (in this open).
     pub dictionary: bool,
+    /// The volume's setting (`zbd create --dict`), what opens do unless told otherwise.
+    pub dictionary_setting: bool,
     /// Dictionaries in the volume's directory.
     pub dictionaries: Vec<DictStat>,
+    /// Whether the dictionary and unit-size figures below are known (a checkpoint written by
+    /// a build that did not keep them, opened read-only: not known).
+    pub savings_known: bool,
+    /// Data blocks stored with a trained dictionary.
+    pub dict_blocks: u64,
+    /// Logical bytes of those blocks / their stored bytes (0: none).
+    pub dict_ratio: f64,
+    /// Compressed data blocks stored without a dictionary (raw blocks not counted).
+    pub nodict_blocks: u64,
+    /// Logical bytes of those blocks / their stored bytes (0: none).
+    pub nodict_ratio: f64,
+    /// Blocks in compression units by unit size class.
+    pub units_by_size: Vec<UnitSizeStat>,
+}
+
+/// Blocks stored in units of one size class (`zbd stat`).
+#[derive(Clone, Debug, Serialize)]
+pub struct UnitSizeStat {
+    /// Largest unit of the class in bytes (units of 2, 3..4, 5..16 blocks: 8K, 16K, 64K).
+    pub max_unit_bytes: u32,
+    /// Blocks in such units.
+    pub blocks: u64,
+    /// Their logical bytes / their shares of the units' stored bytes (0: none).
+    pub ratio: f64,
 }
 
 /// One dictionary of the volume (`zbd stat`).

@@ -7,8 +7,9 @@ use crate::extent_table::ExtentTable;
 use crate::fence::Fenced;
 use crate::format::{
     decode_map_page, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
+    CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::io::{IoOptions, QueuedStorage};
 use crate::layout::{plan, CreateOptions};
@@ -67,9 +68,9 @@ pub struct OpenOptions {
     /// every block on its own).
     pub unit_bytes: Option<u32>,
     /// Train a dictionary from the first compressible blocks written and compress new blocks
-    /// with it (lz4 and zstd; see dicts.rs). Dictionaries already in the volume are read
-    /// whatever this says.
-    pub dictionary: bool,
+    /// with it (lz4 and zstd; see dicts.rs); `None`: as set at create time (superblock).
+    /// Dictionaries already in the volume are read whatever this says.
+    pub dictionary: Option<bool>,
 }
 
 impl Default for OpenOptions {
@@ -85,7 +86,7 @@ impl Default for OpenOptions {
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
             map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
             unit_bytes: None,
-            dictionary: DICTIONARY_DEFAULT,
+            dictionary: None,
         }
     }
 }
@@ -235,7 +236,7 @@ impl Inner {
             queue,
             // An empty volume: zero counters, every extent free (no table page written).
             flags: if sb.version >= 2 {
-                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE
+                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE | CKPT_FLAG_SAVINGS_COUNTERS
             } else {
                 0
             },
@@ -292,6 +293,12 @@ impl Inner {
                 recovery::account(&mut map, sb.extent_count)?,
             ),
         };
+        // Dictionary and unit-size counters of a checkpoint written by a build that did not
+        // keep them: one scan now, persisted by the next checkpoint. A read-only open reports
+        // them unknown instead (stats).
+        if !opts.read_only && !map.counters().savings_known {
+            map.recount(|_| {})?;
+        }
         let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
         let mut open_repaired = found.damaged_copies;
         let mut open_problems = rolled.problems;
@@ -355,6 +362,7 @@ impl Inner {
         };
         let dicts = crate::dicts::Dicts::new(
             opts.dictionary
+                .unwrap_or(sb.settings & crate::format::SB_SETTING_DICTIONARY != 0)
                 && !opts.read_only
                 && crate::dicts::Dicts::supports(codec)
                 && sb.version >= 2
@@ -1154,6 +1162,24 @@ impl Inner {
         let Some(samples) = self.dicts.take_sample() else {
             return Ok(());
         };
+        self.train_and_install(samples)
+    }
+
+    /// Trains a new dictionary from `samples` now, as if a drift check had asked for one and
+    /// the sample were complete (tests: retraining as an operation of the model test).
+    /// `Ok(true)`: a new dictionary was installed and serves new blocks.
+    pub fn retrain_with(&self, samples: Vec<Vec<u8>>) -> Result<bool> {
+        if !self.dicts.begin_forced() {
+            return Ok(false);
+        }
+        let before = self.dicts.active().map(|d| d.id());
+        self.train_and_install(samples)?;
+        Ok(self.dicts.active().map(|d| d.id()) != before)
+    }
+
+    /// Trains on `samples` and installs the result if it pays; the caller holds the training
+    /// turn (`Dicts::take_sample` or `Dicts::begin_forced`), released here.
+    fn train_and_install(&self, samples: Vec<Vec<u8>>) -> Result<()> {
         // Train on seven groups in eight; the eighth (units of the volume's size) decides.
         let n = usize::from(self.unit_blocks);
         let (mut train, mut held) = (Vec::new(), Vec::new());
@@ -1334,6 +1360,13 @@ impl Inner {
             m.live_bytes,
         );
         let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
+        let ratio = |blocks: u64, bytes: u64| {
+            if bytes == 0 {
+                0.0
+            } else {
+                (blocks * BLOCK_BYTES as u64) as f64 / bytes as f64
+            }
+        };
         let (in_units, unit_live) = (m.unit_blocks, m.unit_bytes);
         let eb = u64::from(self.sb.extent_bytes);
         let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
@@ -1404,6 +1437,7 @@ impl Inner {
             failed: self.storage.failure(),
             counters: c,
             dictionary: self.dicts.enabled,
+            dictionary_setting: self.sb.settings & crate::format::SB_SETTING_DICTIONARY != 0,
             dictionaries: {
                 let active = self.dicts.active().map(|d| d.id());
                 st.dicts
@@ -1418,6 +1452,25 @@ impl Inner {
                     })
                     .collect()
             },
+            savings_known: m.savings_known,
+            dict_blocks: m.dict_blocks,
+            dict_ratio: ratio(m.dict_blocks, m.dict_bytes),
+            // Raw blocks never use a dictionary: left out, so the two ratios compare what a
+            // dictionary changes on blocks that compress at all.
+            nodict_blocks: data.saturating_sub(m.dict_blocks + raw),
+            nodict_ratio: ratio(
+                data.saturating_sub(m.dict_blocks + raw),
+                live.saturating_sub(m.dict_bytes + raw * BLOCK_BYTES as u64),
+            ),
+            units_by_size: crate::map::UNIT_SIZE_CLASSES
+                .iter()
+                .zip(m.by_unit)
+                .map(|(&max, (blocks, bytes))| crate::stats::UnitSizeStat {
+                    max_unit_bytes: u32::from(max) * BLOCK_BYTES as u32,
+                    blocks,
+                    ratio: ratio(blocks, bytes),
+                })
+                .collect(),
         }
     }
 
@@ -1447,7 +1500,7 @@ impl Inner {
         // Reading the whole map (to check the live accounting) also finds every damaged page.
         {
             let mut st = self.state.lock();
-            let kept = st.map.counters();
+            let mut kept = st.map.counters();
             let fresh = match recovery::account(&mut st.map, self.sb.extent_count) {
                 Ok(f) => f,
                 Err(e) => {
@@ -1462,7 +1515,14 @@ impl Inner {
                         .push(format!("extent {i}: live accounting differs from the map"));
                 }
             }
-            if !fresh.is_empty() && st.map.counters() != kept {
+            let now = st.map.counters();
+            if !kept.savings_known {
+                // Not kept by the build that wrote the checkpoint: nothing to compare.
+                (kept.dict_blocks, kept.dict_bytes, kept.by_unit) =
+                    (now.dict_blocks, now.dict_bytes, now.by_unit);
+                kept.savings_known = true;
+            }
+            if !fresh.is_empty() && now != kept {
                 report
                     .metadata_problems
                     .push("volume counters differ from the map (recounted)".into());

@@ -31,7 +31,7 @@ fn create_opts_unit(codec: Codec, unit: u32) -> CreateOptions {
 
 fn dict_opts(on: bool) -> OpenOptions {
     OpenOptions {
-        dictionary: on,
+        dictionary: Some(on),
         ..open_opts()
     }
 }
@@ -91,6 +91,22 @@ fn dictionary_volumes_store_less_and_read_back_after_reopen() {
             let s = vol.stats();
             assert_eq!(s.dictionaries.len(), usize::from(on));
             assert!(s.dictionaries.iter().all(|d| d.active && d.loaded));
+            // `zbd stat`: blocks with and without a dictionary (those before the install).
+            assert!(s.savings_known);
+            assert_eq!(s.dict_blocks > 0, on, "{codec} {on}: {s:?}");
+            assert!(s.nodict_blocks > 0 && s.nodict_ratio > 1.0, "{s:?}");
+            assert_eq!(
+                s.dict_blocks + s.nodict_blocks + s.raw_blocks,
+                s.data_blocks
+            );
+            if on {
+                assert!(
+                    s.dict_ratio > s.nodict_ratio,
+                    "{codec}: with {} without {}",
+                    s.dict_ratio,
+                    s.nodict_ratio
+                );
+            }
             live.push((codec, on, s.physical_bytes_live));
             let flag = checkpoint(&disk).1.flags & CKPT_FLAG_DICTIONARIES != 0;
             assert_eq!(
@@ -103,8 +119,13 @@ fn dictionary_volumes_store_less_and_read_back_after_reopen() {
                 read_all(&vol, data.len()) == data,
                 "{codec} {on}: after reopen"
             );
-            let s = vol.stats();
-            assert_eq!(s.dictionaries.len(), usize::from(on));
+            let s2 = vol.stats();
+            assert_eq!(s2.dictionaries.len(), usize::from(on));
+            assert_eq!(
+                (s2.dict_blocks, s2.dict_ratio, s2.nodict_blocks),
+                (s.dict_blocks, s.dict_ratio, s.nodict_blocks),
+                "persisted with the checkpoint"
+            );
             assert!(vol.check(&|_, _| {}).is_clean());
         }
     }
@@ -340,4 +361,45 @@ fn the_cleaner_keeps_dictionary_ids() {
     let vol = reopen(&disk, vol, true);
     assert!(read_all(&vol, model.len()) == model);
     assert!(vol.check(&|_, _| {}).is_clean());
+}
+
+/// `zbd create --dict on` stores the setting in the superblock: an open that does not say
+/// (`OpenOptions::dictionary: None`, what `zbd serve` passes without `--dict`) trains and uses
+/// dictionaries; one that says `off` does not; volumes created without it stay off.
+#[test]
+fn the_volume_setting_decides_unless_the_open_says() {
+    let data = log_records(3, 2 << 20);
+    for (setting, open, trains) in [
+        (true, None, true),
+        (true, Some(false), false),
+        (false, None, false),
+        (false, Some(true), true),
+    ] {
+        let create = CreateOptions {
+            dictionary: setting,
+            ..create_opts(Codec::Lz4)
+        };
+        let opts = OpenOptions {
+            dictionary: open,
+            ..open_opts()
+        };
+        let (disk, vol) = sim_volume_with(&create, opts.clone());
+        let s = vol.stats();
+        assert_eq!(
+            (s.dictionary, s.dictionary_setting),
+            (trains, setting),
+            "{setting} {open:?}"
+        );
+        assert_eq!(
+            write_chunks(&vol, &data).is_some(),
+            trains,
+            "{setting} {open:?}"
+        );
+        vol.close().expect("close");
+        drop(vol);
+        // The setting survives a reopen (it is in the superblock, not the open).
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), opts).expect("reopen");
+        assert_eq!(vol.stats().dictionary, trains);
+        assert!(read_all(&vol, data.len()) == data, "data differs");
+    }
 }

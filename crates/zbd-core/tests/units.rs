@@ -9,8 +9,11 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::sync::Arc;
-use zbd_core::format::{Checkpoint, Superblock, CKPT_FLAG_COMPRESSION_UNITS, SUPERBLOCK_BYTES};
-use zbd_core::{Codec, CreateOptions, Error, SimStorage, Volume};
+use zbd_core::format::{
+    Checkpoint, Superblock, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_SAVINGS_COUNTERS,
+    SUPERBLOCK_BYTES,
+};
+use zbd_core::{Codec, CreateOptions, Error, SimStorage, Storage, Volume};
 
 const SIZE: u64 = 4 << 20;
 
@@ -65,6 +68,18 @@ fn units_store_less_than_single_blocks_and_stat_shows_them() {
             assert_eq!(s.unit_blocks, 256);
             assert!(s.unit_ratio > 1.0, "{s:?}");
         }
+        // By unit size (`zbd stat`): 16K units are the 12-16K class, kept across the reopen.
+        assert!(s.savings_known);
+        let by_size: Vec<(u32, u64)> = s
+            .units_by_size
+            .iter()
+            .map(|u| (u.max_unit_bytes, u.blocks))
+            .collect();
+        let in_16k = if unit == 4096 { 0 } else { 256 };
+        assert_eq!(by_size, [(8192, 0), (16384, in_16k), (65536, 0)]);
+        if unit != 4096 {
+            assert_eq!(s.units_by_size[1].ratio, s.unit_ratio);
+        }
         assert!(vol.check(&|_, _| {}).is_clean());
         live.push(s.physical_bytes_live);
     }
@@ -109,6 +124,7 @@ fn partial_overwrite_splits_a_unit_and_accounting_stays_exact() {
     model[9 * 4096 + 100..9 * 4096 + 2100].copy_from_slice(&one[..2000]);
     let s = vol.stats();
     assert_eq!(s.unit_blocks, 14);
+    assert_eq!(s.units_by_size[1].blocks, 14, "{:?}", s.units_by_size);
     // The split units are still stored whole: the new blocks took more room.
     assert!(s.physical_bytes_allocated >= before.physical_bytes_allocated);
     let verify = |vol: &Volume| {
@@ -180,4 +196,60 @@ fn damage_to_a_unit_fails_exactly_its_blocks() {
         }
     }
     assert_eq!(vol.check(&|_, _| {}).damaged_blocks, vec![0, 1, 2, 3]);
+}
+
+/// A checkpoint written by a build that did not keep the unit-size and dictionary counters
+/// (flag clear, zeros in their slots): a read-only open says they are unknown, a writable open
+/// counts them once (the same figures as kept incrementally) and its checkpoints carry them.
+#[test]
+fn savings_counters_missing_from_an_older_checkpoint_are_counted_once() {
+    let (disk, vol) = volume(16384);
+    vol.write(0, &text(5, 256 << 10), false).expect("write");
+    vol.write(4096, &text(6, 4096), false).expect("split");
+    let kept = vol.stats();
+    assert!(kept.savings_known && kept.units_by_size[1].blocks == 63);
+    vol.close().expect("close");
+    drop(vol);
+    // Rewrite the newest checkpoint as the older build wrote it.
+    let image = disk.current_image();
+    let sb = Superblock::decode(&image[..SUPERBLOCK_BYTES]).expect("superblock");
+    let mut ck = (0..2u64)
+        .filter_map(|slot| {
+            let at = sb.checkpoint_slot_offset(slot, 0) as usize;
+            Checkpoint::decode(&image[at..at + sb.checkpoint_slot_bytes as usize], &sb).ok()
+        })
+        .max_by_key(|c| c.seq)
+        .expect("a checkpoint");
+    assert_ne!(ck.flags & CKPT_FLAG_SAVINGS_COUNTERS, 0);
+    ck.flags &= !CKPT_FLAG_SAVINGS_COUNTERS;
+    ck.volume_counters[8..].fill(0);
+    for copy in 0..sb.metadata_copies() {
+        disk.write_at(sb.checkpoint_slot_offset(ck.seq, copy), &ck.encode(&sb))
+            .expect("write checkpoint");
+    }
+    let ro = Volume::open_read_only(Box::new(SimStorage::from_image(disk.current_image())))
+        .expect("open read-only");
+    assert!(!ro.stats().savings_known);
+    drop(ro);
+    let figures = |s: &zbd_core::Stats| {
+        let units: Vec<(u64, f64)> = s
+            .units_by_size
+            .iter()
+            .map(|u| (u.blocks, u.ratio))
+            .collect();
+        (s.savings_known, s.nodict_blocks, s.nodict_ratio, units)
+    };
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
+    assert_eq!(figures(&vol.stats()), figures(&kept), "counted at open");
+    assert!(vol.check(&|_, _| {}).is_clean());
+    vol.close().expect("close");
+    drop(vol);
+    assert_ne!(checkpoint_flags(&disk) & CKPT_FLAG_SAVINGS_COUNTERS, 0);
+    let ro = Volume::open_read_only(Box::new(SimStorage::from_image(disk.current_image())))
+        .expect("reopen read-only");
+    assert_eq!(
+        figures(&ro.stats()),
+        figures(&kept),
+        "carried by the checkpoint"
+    );
 }

@@ -42,9 +42,14 @@ fn create_copy_stat_check_round_trip() {
     .success()
     .stdout(predicate::str::contains("metadata").and(predicate::str::contains("data area")));
     on("copy", &vol, &[input.to_str().expect("path")]).success();
-    on("stat", &vol, &[])
-        .success()
-        .stdout(predicate::str::contains("savings").and(predicate::str::contains("zstd:3")));
+    on("stat", &vol, &[]).success().stdout(
+        predicate::str::contains("savings")
+            .and(predicate::str::contains("zstd:3"))
+            // The default 8K units, sequential copy: every block in one.
+            .and(predicate::str::contains("ratio by unit size"))
+            .and(predicate::str::contains("8K units 768 blocks"))
+            .and(predicate::str::contains("0 blocks (ratio -) / 768 blocks")),
+    );
     let out = zbd()
         .args(["stat", "--json", vol.to_str().expect("path")])
         .output()
@@ -354,4 +359,21 @@ fn create_refuses_a_unit_size_the_extent_cannot_hold() {
     )
     .success()
     .stdout(predicate::str::contains("unit size      64.00 KiB"));
+}
+
+/// `zbd create --dict on` is kept in the volume: `zbd stat` shows the setting (a read-only
+/// open itself writes nothing new, so "off for new writes").
+#[test]
+fn create_dict_setting_is_kept_in_the_volume() {
+    for (arg, shown) in [("on", "volume setting on"), ("off", "volume setting off")] {
+        let (_dir, vol, _input) = fixture(4096);
+        on("create", &vol, &["--size", "16M", "--dict", arg])
+            .success()
+            .stdout(predicate::str::contains(format!("dictionaries   {arg}")));
+        on("stat", &vol, &[])
+            .success()
+            .stdout(predicate::str::contains(shown));
+    }
+    let (_dir, vol, _input) = fixture(4096);
+    on("create", &vol, &["--size", "16M", "--dict", "maybe"]).failure();
 }

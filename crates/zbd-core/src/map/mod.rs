@@ -24,8 +24,8 @@ mod cache;
 use crate::error::Result;
 use crate::format::{
     encode_map_page, BlockState, Checkpoint, MapEntry, PageSlot, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES,
-    UNIT_BLOCKS_MAX, VOLUME_COUNTERS,
+    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES,
+    PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX, VOLUME_COUNTERS,
 };
 use crate::storage::Storage;
 pub use cache::MAP_CACHE_BYTES_DEFAULT;
@@ -104,6 +104,26 @@ pub struct MapCounters {
     pub unit_blocks: u64,
     /// Their part of `live_bytes`.
     pub unit_bytes: u64,
+    /// Data blocks stored with a trained dictionary.
+    pub dict_blocks: u64,
+    /// Their part of `live_bytes`.
+    pub dict_bytes: u64,
+    /// Blocks in units by unit size ([`UNIT_SIZE_CLASSES`]: 2, 3..4, 5..16 blocks) and their
+    /// part of `live_bytes`; the classes add up to `unit_blocks` and `unit_bytes`.
+    pub by_unit: [(u64, u64); 3],
+    /// Whether `dict_*` and `by_unit` are known: a checkpoint written by a build that did not
+    /// keep them lacks `CKPT_FLAG_SAVINGS_COUNTERS` (then a writable open recounts).
+    pub savings_known: bool,
+}
+
+/// Unit size classes of [`MapCounters::by_unit`]: most blocks per unit in each.
+pub const UNIT_SIZE_CLASSES: [u8; 3] = [2, 4, 16];
+
+fn unit_class(blocks: u8) -> usize {
+    UNIT_SIZE_CLASSES
+        .iter()
+        .position(|&m| blocks <= m)
+        .unwrap_or(UNIT_SIZE_CLASSES.len() - 1)
 }
 
 impl MapCounters {
@@ -119,6 +139,13 @@ impl MapCounters {
                 if e.unit_blocks > 1 {
                     self.unit_blocks += n;
                     self.unit_bytes += share;
+                    let c = &mut self.by_unit[unit_class(e.unit_blocks)];
+                    c.0 += n;
+                    c.1 += share;
+                }
+                if e.dict != 0 {
+                    self.dict_blocks += n;
+                    self.dict_bytes += share;
                 }
             }
             BlockState::Zero => self.zero_blocks += n,
@@ -140,6 +167,13 @@ impl MapCounters {
                 if e.unit_blocks > 1 {
                     self.unit_blocks = self.unit_blocks.saturating_sub(n);
                     self.unit_bytes = self.unit_bytes.saturating_sub(share);
+                    let c = &mut self.by_unit[unit_class(e.unit_blocks)];
+                    c.0 = c.0.saturating_sub(n);
+                    c.1 = c.1.saturating_sub(share);
+                }
+                if e.dict != 0 {
+                    self.dict_blocks = self.dict_blocks.saturating_sub(n);
+                    self.dict_bytes = self.dict_bytes.saturating_sub(share);
                 }
             }
             BlockState::Zero => self.zero_blocks = self.zero_blocks.saturating_sub(n),
@@ -159,11 +193,18 @@ impl MapCounters {
         a[5] = (self.data_blocks + self.zero_blocks) * BLOCK_BYTES as u64;
         a[6] = self.unit_blocks;
         a[7] = self.unit_bytes;
+        a[8] = self.dict_blocks;
+        a[9] = self.dict_bytes;
+        for (i, c) in self.by_unit.iter().enumerate() {
+            a[10 + 2 * i] = c.0;
+            a[11 + 2 * i] = c.1;
+        }
         a
     }
 
-    fn from_array(a: &[u64; VOLUME_COUNTERS]) -> MapCounters {
-        MapCounters {
+    /// From a checkpoint's array; `savings`: whether slots 8..16 are valid.
+    fn from_array(a: &[u64; VOLUME_COUNTERS], savings: bool) -> MapCounters {
+        let mut c = MapCounters {
             data_blocks: a[0],
             zero_blocks: a[1],
             raw_blocks: a[2],
@@ -171,7 +212,17 @@ impl MapCounters {
             live_bytes: a[4],
             unit_blocks: a[6],
             unit_bytes: a[7],
+            ..MapCounters::default()
+        };
+        if savings {
+            c.dict_blocks = a[8];
+            c.dict_bytes = a[9];
+            for (i, u) in c.by_unit.iter_mut().enumerate() {
+                *u = (a[10 + 2 * i], a[11 + 2 * i]);
+            }
+            c.savings_known = true;
         }
+        c
     }
 }
 
@@ -267,7 +318,10 @@ impl Map {
             damaged: BTreeSet::new(),
             repaired: BTreeSet::new(),
             counters: if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 {
-                MapCounters::from_array(&ck.volume_counters)
+                MapCounters::from_array(
+                    &ck.volume_counters,
+                    ck.flags & CKPT_FLAG_SAVINGS_COUNTERS != 0,
+                )
             } else {
                 MapCounters::default()
             },
@@ -596,7 +650,10 @@ impl Map {
     /// Rebuilds the counters by reading every page (volumes whose checkpoint does not carry
     /// them); `data(entry)` sees every data entry.
     pub fn recount(&mut self, mut data: impl FnMut(&MapEntry)) -> Result<()> {
-        let mut c = MapCounters::default();
+        let mut c = MapCounters {
+            savings_known: true,
+            ..MapCounters::default()
+        };
         for p in 0..self.sb.map_pages {
             let n = self.entries_in(p) as u64;
             match (self.cache.contains(p), self.summarized(p)) {

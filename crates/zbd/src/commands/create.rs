@@ -27,6 +27,10 @@ pub struct Args {
     /// extent size holds].
     #[arg(long)]
     unit_size: Option<String>,
+    /// Trained dictionaries for new writes (lz4, zstd; volumes of 8M or more), stored in the
+    /// volume as what `zbd serve` does unless its --dict says otherwise.
+    #[arg(long, value_parser = ["on", "off"], default_value = "off")]
+    dict: String,
     /// Data area size; default holds the whole logical size even if incompressible.
     #[arg(long)]
     capacity: Option<String>,
@@ -88,6 +92,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .transpose()?;
     let opts = CreateOptions {
         unit_bytes,
+        dictionary: a.dict == "on",
         extent_bytes,
         codec,
         capacity_bytes: capacity,
@@ -126,6 +131,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     println!(
         "  unit size      {}",
         human(u64::from(sb.unit_blocks) * 4096)
+    );
+    println!(
+        "  dictionaries   {} (zbd serve --dict overrides)",
+        if sb.settings & zbd_core::format::SB_SETTING_DICTIONARY != 0 {
+            "on"
+        } else {
+            "off"
+        }
     );
     println!(
         "  data area      {} ({} extents{})",

@@ -69,7 +69,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "8M")]
     pub read_cache: String,
     /// Trained dictionaries for new writes (lz4, zstd): `on` trains one from the first
-    /// compressible blocks written and uses it; `off` writes without (stored ones still read).
+    /// compressible blocks written and uses it; `off` writes without (stored ones still read)
+    /// [default: as set by `zbd create --dict`].
     #[arg(long, value_parser = ["on", "off"])]
     pub dict: Option<String>,
 }
@@ -426,10 +427,8 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
         read_only: args.read_only,
         map_cache_bytes,
         read_cache_bytes: read_cache_bytes(args)?,
-        dictionary: args
-            .dict
-            .as_deref()
-            .map_or(zbd_core::DICTIONARY_DEFAULT, |d| d == "on"),
+        // Unset: the volume's own setting (`zbd create --dict`).
+        dictionary: args.dict.as_deref().map(|d| d == "on"),
         ..OpenOptions::default()
     };
     let volume =

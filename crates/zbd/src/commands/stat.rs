@@ -95,8 +95,9 @@ pub fn render(name: &str, s: &Stats) -> String {
     line(
         "dictionaries",
         format!(
-            "{} for new writes; {}",
+            "{} for new writes (volume setting {}); {}",
             if s.dictionary { "on" } else { "off" },
+            if s.dictionary_setting { "on" } else { "off" },
             if s.dictionaries.is_empty() {
                 "none stored".to_string()
             } else {
@@ -116,6 +117,55 @@ pub fn render(name: &str, s: &Stats) -> String {
             }
         ),
     );
+    // What dictionaries and unit sizes give, from counters kept on every map change.
+    if !s.savings_known {
+        line(
+            "savings by kind",
+            "unknown: last written by an older zbd (known after the next writable open)"
+                .to_string(),
+        );
+    } else {
+        let ratio = |blocks: u64, r: f64| {
+            if blocks == 0 {
+                "-".to_string()
+            } else {
+                format!("{r:.2}:1")
+            }
+        };
+        line(
+            "with / without dict",
+            format!(
+                "{} blocks (ratio {}) / {} blocks (ratio {}); compressed blocks only",
+                s.dict_blocks,
+                ratio(s.dict_blocks, s.dict_ratio),
+                s.nodict_blocks,
+                ratio(s.nodict_blocks, s.nodict_ratio)
+            ),
+        );
+        let mut by_size = vec![format!(
+            "4K {} blocks (ratio {})",
+            s.data_blocks - s.unit_blocks,
+            ratio(s.data_blocks - s.unit_blocks, s.single_ratio)
+        )];
+        let mut from = 8 * 1024;
+        for u in &s.units_by_size {
+            let (lo, hi) = (from / 1024, u.max_unit_bytes / 1024);
+            let name = if lo == hi {
+                format!("{hi}K")
+            } else {
+                format!("{lo}-{hi}K")
+            };
+            from = u.max_unit_bytes + 4096;
+            if u.blocks > 0 {
+                by_size.push(format!(
+                    "{name} units {} blocks (ratio {})",
+                    u.blocks,
+                    ratio(u.blocks, u.ratio)
+                ));
+            }
+        }
+        line("ratio by unit size", by_size.join(", "));
+    }
     line("physical live", human(s.physical_bytes_live));
     line(
         "physical allocated",
