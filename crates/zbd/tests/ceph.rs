@@ -388,6 +388,23 @@ fn permission_denied_names_user_and_pool(cluster: &Cluster) {
     run(cluster.zbd().arg("check").arg(&volume));
 }
 
+/// A RADOS volume gets 256 KiB extents unless told otherwise (each extent write is one OSD
+/// operation), and `--extent-size` still decides when given.
+fn rados_volumes_default_to_large_extents(cluster: &Cluster) {
+    let extent = |volume: &PathBuf| {
+        let out = run(cluster.zbd().arg("stat").arg(volume));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.lines()
+            .find(|l| l.contains("codec / extent"))
+            .map(|l| l.rsplit('/').next().unwrap_or("").trim().to_string())
+            .unwrap_or_else(|| panic!("no extent line in zbd stat:\n{text}"))
+    };
+    let default = cluster.create("extdefault", "16M", &[]);
+    assert_eq!(extent(&default), "256.00 KiB");
+    let chosen = cluster.create("extchosen", "16M", &["--extent-size", "64K"]);
+    assert_eq!(extent(&chosen), "64.00 KiB");
+}
+
 /// Two servers start on one volume at once: exactly one serves, the other says who has it.
 fn two_servers_race_one_wins(cluster: &Cluster) {
     let volume = cluster.create("race", "64M", &[]);
@@ -698,6 +715,10 @@ fn main() -> ExitCode {
             permission_denied_names_user_and_pool,
         ),
         ("two_servers_race_one_wins", two_servers_race_one_wins),
+        (
+            "rados_volumes_default_to_large_extents",
+            rados_volumes_default_to_large_extents,
+        ),
         (
             "crash_keeps_every_flushed_block",
             crash_keeps_every_flushed_block,
