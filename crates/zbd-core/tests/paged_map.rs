@@ -152,18 +152,23 @@ fn reads_during_checkpoints_never_see_stale_data() {
     let checkpointer = {
         let (vol, stop) = (Arc::clone(&vol), Arc::clone(&stop));
         std::thread::spawn(move || {
+            // At least one checkpoint, however the threads are scheduled.
             let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) {
+            loop {
                 vol.checkpoint().expect("checkpoint");
                 n += 1;
+                if stop.load(Ordering::SeqCst) {
+                    break n;
+                }
             }
-            n
         })
     };
     let mut rng = SmallRng::seed_from_u64(2);
     let mut buf = vec![0u8; 4096];
     let mut checked = 0u64;
-    while !writer.is_finished() {
+    // While the writer runs, and at least until some written block was checked (a loaded
+    // machine may run the whole writer before this thread's first read).
+    while !writer.is_finished() || checked == 0 {
         let lba = rng.random_range(0..blocks);
         let floor = acked[lba as usize].load(Ordering::SeqCst);
         vol.read(lba * 4096, &mut buf).expect("read");
