@@ -306,7 +306,7 @@ impl Inner {
             map,
             table,
             extents,
-            free: VecDeque::new(),
+            free: Default::default(),
             queue: VecDeque::new(),
             open: Vec::new(),
             next_seq: ck.write_seq + 1,
