@@ -76,6 +76,11 @@ impl Storage for Fenced {
         self.trip("a write", self.inner.write_at(offset, data))
     }
 
+    fn write_shared(&self, offset: u64, data: &std::sync::Arc<[u8]>) -> Result<()> {
+        self.check()?;
+        self.trip("a write", self.inner.write_shared(offset, data))
+    }
+
     fn sync(&self) -> Result<()> {
         let _one = self.sync_lock.lock();
         self.check()?;

@@ -85,8 +85,9 @@ impl IoOptions {
 struct Op {
     offset: u64,
     len: u64,
-    /// Bytes to write; `None` for a discard.
-    data: Option<Vec<u8>>,
+    /// Bytes to write (shared with the caller when it wrote them with `write_shared`); `None`
+    /// for a discard.
+    data: Option<Arc<[u8]>>,
 }
 
 impl Op {
@@ -142,7 +143,7 @@ impl Queue {
         }
         if let Some(op) = self.pending.remove(&id) {
             self.by_offset.remove(&op.offset);
-            self.bytes -= op.data.as_ref().map_or(0, Vec::len);
+            self.bytes -= op.data.as_ref().map_or(0, |d| d.len());
         }
     }
 
@@ -254,7 +255,7 @@ impl<S: Storage> Shared<S> {
     /// Queues `op` after every overlapping operation has completed and there is room.
     fn enqueue(&self, op: Op) -> Result<()> {
         let mut q = self.queue.lock();
-        let bytes = op.data.as_ref().map_or(0, Vec::len);
+        let bytes = op.data.as_ref().map_or(0, |d| d.len());
         loop {
             let overlap = q.overlapping(op.offset, op.end());
             let full = q.bytes > 0 && q.bytes + bytes > self.queue_bytes;
@@ -389,7 +390,18 @@ impl<S: Storage + 'static> Storage for QueuedStorage<S> {
         self.shared.enqueue(Op {
             offset,
             len: data.len() as u64,
-            data: Some(data.to_vec()),
+            data: Some(Arc::from(data)),
+        })
+    }
+
+    fn write_shared(&self, offset: u64, data: &Arc<[u8]>) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.shared.enqueue(Op {
+            offset,
+            len: data.len() as u64,
+            data: Some(Arc::clone(data)),
         })
     }
 

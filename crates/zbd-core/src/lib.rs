@@ -12,6 +12,7 @@ pub mod error;
 mod extent_table;
 mod fence;
 pub mod format;
+mod free_list;
 mod handle;
 pub mod io;
 pub mod layout;

@@ -12,6 +12,7 @@ use crate::format::{
     CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES,
     SEGMENT_HEADER_BYTES,
 };
+use crate::free_list::FreeList;
 use crate::map::{Map, PageWrite, WrittenPages};
 use crate::stats::Counters;
 use crate::storage::Storage;
@@ -34,8 +35,11 @@ pub enum ExtentState {
     PendingFree,
 }
 
-/// Per-extent accounting (kept exact: every map change adjusts it).
+/// Per-extent accounting (kept exact: every map change adjusts it). Packed: 13 bytes per
+/// extent, not 16 (a 1 TiB volume has a million or more; issue 9). Fields are read and written
+/// by value (safe Rust refuses references to unaligned fields).
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed)]
 pub struct ExtentInfo {
     /// Sum of stored lengths of live blocks (a block of a compression unit counts its share of
     /// the unit, `units::share`).
@@ -59,7 +63,7 @@ pub struct State {
     /// Per-extent accounting.
     pub extents: Vec<ExtentInfo>,
     /// Free extents not in the allocation queue.
-    pub free: VecDeque<u32>,
+    pub free: FreeList,
     /// Allocation queue of the durable checkpoint (extents not yet opened).
     pub queue: VecDeque<QueueEntry>,
     /// The extent buffer.
@@ -366,12 +370,13 @@ impl State {
             })
             .collect();
         queue.extend(self.queue.iter().copied());
-        let mut free = self.free.clone();
-        free.extend(released.iter().copied());
+        // Fresh extents come from the free list, then the released ones, in that order; the
+        // commit takes the same ones off (nothing else changes the free list meanwhile), so the
+        // list is not copied here.
+        let want = (cx.sb.queue_len as usize).saturating_sub(queue.len());
         let mut next_alloc = self.next_alloc_seq;
         let mut fresh = Vec::new();
-        while queue.len() < cx.sb.queue_len as usize {
-            let Some(e) = free.pop_front() else { break };
+        for e in self.free.iter().chain(released.iter().copied()).take(want) {
             let q = QueueEntry {
                 extent: e,
                 alloc_seq: next_alloc,
@@ -381,18 +386,15 @@ impl State {
             next_alloc += 1;
         }
         self.counters.checkpoints += 1;
+        let (page_slots, page_summaries) = self.map.checkpoint_arrays(&pages);
         let ck = Checkpoint {
             seq,
             write_seq: watermark,
             next_alloc_seq: next_alloc,
             counters: self.counters.to_array(),
             queue,
-            page_slots: pages.slots.clone(),
-            page_summaries: if v2 {
-                pages.summaries.clone()
-            } else {
-                Vec::new()
-            },
+            page_slots,
+            page_summaries: if v2 { page_summaries } else { Vec::new() },
             // Counters and extent table are exact as of this checkpoint: open needs no scan.
             flags: if v2 {
                 CKPT_FLAG_VOLUME_COUNTERS
@@ -429,7 +431,6 @@ impl State {
             pages,
             table,
             fresh,
-            free,
             released,
             next_alloc,
             done: Arc::clone(&done),
@@ -481,8 +482,11 @@ impl State {
         // Writers took extents from the front of the queue meanwhile; what is left of it comes
         // first in the new checkpoint's queue too (after the extents that were open), then the
         // fresh ones. Only checkpoints change the free list, one at a time.
+        self.free.extend(f.released.iter().copied());
+        for _ in 0..f.fresh.len() {
+            self.free.pop_front();
+        }
         self.queue.extend(f.fresh);
-        self.free = f.free;
         self.refill_early = self.queue.len() > crate::buffer::refill_at(cx.sb);
         // Every released extent is already in the free list (and maybe the new queue): mark them
         // all free before anything can fail, or a leftover "pending free" one would be released
@@ -523,10 +527,9 @@ pub struct InFlight {
     seq: u64,
     pages: WrittenPages,
     table: WrittenTable,
-    /// Queue entries added to the current queue at commit.
+    /// Queue entries added to the current queue at commit: the first ones of the free list
+    /// followed by `released`.
     fresh: Vec<QueueEntry>,
-    /// The free list after commit.
-    free: VecDeque<u32>,
     /// Extents that turn free at commit.
     released: Vec<u32>,
     next_alloc: u64,
@@ -600,11 +603,11 @@ impl CheckpointIo {
         cx.durable_seq.fetch_max(self.watermark, Ordering::SeqCst);
         let pages = std::mem::take(&mut *self.pages.lock());
         for (offset, bytes) in pages {
-            cx.storage.write_at(offset, &bytes)?;
+            cx.storage.write_shared(offset, &bytes)?;
         }
         cx.storage.sync()?;
         for (offset, bytes) in &self.checkpoint {
-            cx.storage.write_at(*offset, bytes)?;
+            cx.storage.write_shared(*offset, bytes)?;
         }
         cx.storage.sync()
     }

@@ -21,6 +21,12 @@ pub trait Storage: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     /// Writes all of `data` at `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
+    /// [`Storage::write_at`] of bytes the caller shares: a layer that keeps written bytes after
+    /// returning (the I/O queue) keeps this buffer instead of a copy of it, so a checkpoint's map
+    /// pages and a sealed segment are not in RAM twice while queued.
+    fn write_shared(&self, offset: u64, data: &std::sync::Arc<[u8]>) -> Result<()> {
+        self.write_at(offset, data)
+    }
     /// Makes every completed write durable.
     fn sync(&self) -> Result<()>;
     /// Releases a range (punches a hole in a file; BLKDISCARD on a block device). Best effort.
@@ -297,6 +303,9 @@ impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         (**self).write_at(offset, data)
+    }
+    fn write_shared(&self, offset: u64, data: &std::sync::Arc<[u8]>) -> Result<()> {
+        (**self).write_shared(offset, data)
     }
     fn sync(&self) -> Result<()> {
         (**self).sync()

@@ -84,7 +84,7 @@ impl Outbox {
                 return Ok(());
             };
             // Still in `pending` while the storage takes it: readers keep finding it here.
-            storage.write_at(offset, &bytes)?;
+            storage.write_shared(offset, &bytes)?;
             self.pending.lock().pop_front();
         }
     }

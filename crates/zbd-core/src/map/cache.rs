@@ -27,6 +27,9 @@ pub struct Cache {
     hand: usize,
     budget: usize,
     dirty: usize,
+    /// Frames' worth of RAM held outside the cache for the map (a checkpoint's encoded pages):
+    /// counted in the budget, so fewer pages stay resident meanwhile.
+    reserved: usize,
 }
 
 impl Cache {
@@ -38,6 +41,7 @@ impl Cache {
             hand: 0,
             budget: (bytes / FRAME_BYTES).max(1),
             dirty: 0,
+            reserved: 0,
         }
     }
 
@@ -47,6 +51,35 @@ impl Cache {
 
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    /// Frames' worth of RAM reserved outside the cache.
+    pub fn reserved(&self) -> usize {
+        self.reserved
+    }
+
+    /// Pages the cache may hold now: the budget less what is reserved (at least one).
+    fn room(&self) -> usize {
+        self.budget.saturating_sub(self.reserved).max(1)
+    }
+
+    /// Counts `frames` of RAM held outside the cache in its budget from now on (replacing what
+    /// was reserved before), evicting clean pages to make room; returns the pages evicted.
+    pub fn reserve(&mut self, frames: usize) -> Vec<Frame> {
+        self.reserved = frames;
+        self.shrink()
+    }
+
+    /// Evicts clean pages until the cache is within its room (pinned ones may keep it above).
+    fn shrink(&mut self) -> Vec<Frame> {
+        let mut out = Vec::new();
+        while self.frames.len() > self.room() {
+            match self.evict_one() {
+                Some(f) => out.push(f),
+                None => break,
+            }
+        }
+        out
     }
 
     /// Dirty (pinned) pages.
@@ -78,7 +111,7 @@ impl Cache {
     /// Adds a page, evicting a clean one first when the cache is full (none clean: it grows
     /// past the budget until the next checkpoint). Returns the page evicted.
     pub fn insert(&mut self, page: u32, entries: Box<[MapEntry]>, dirty: bool) -> Option<Frame> {
-        let evicted = if self.frames.len() >= self.budget {
+        let evicted = if self.frames.len() >= self.room() {
             self.evict_one()
         } else {
             None
@@ -128,7 +161,7 @@ impl Cache {
     }
 
     /// A checkpoint wrote the pinned pages: all but those `still_dirty` are clean; pages past
-    /// the budget leave.
+    /// the room leave.
     pub fn clean_except(&mut self, still_dirty: impl Fn(u32) -> bool) -> Vec<Frame> {
         for f in self.frames.iter_mut() {
             if f.dirty && !still_dirty(f.page) {
@@ -136,13 +169,6 @@ impl Cache {
                 self.dirty -= 1;
             }
         }
-        let mut out = Vec::new();
-        while self.frames.len() > self.budget {
-            match self.evict_one() {
-                Some(f) => out.push(f),
-                None => break,
-            }
-        }
-        out
+        self.shrink()
     }
 }

@@ -241,6 +241,9 @@ pub struct MapCacheStats {
     pub dirty_pages: u64,
     /// Budget in pages.
     pub budget_pages: u64,
+    /// Pages' worth of RAM that the encoded pages of a checkpoint in flight hold, counted in the
+    /// budget (resident + reserved stays within it unless pinned pages alone exceed it).
+    pub reserved_pages: u64,
 }
 
 /// The map of one volume.
@@ -274,12 +277,12 @@ pub struct Map {
 /// Where a page goes and its bytes, shared by its copies (a checkpoint holds them until written).
 pub type PageWrite = (u64, Arc<[u8]>);
 
-/// Map pages written for a checkpoint that is not durable yet (see [`Map::snapshot`]).
+/// Map pages written for a checkpoint that is not durable yet (see [`Map::snapshot`]): only the
+/// pages of the snapshot (at most `DIRTY_PAGES_MAX` and a third, not an array over the whole
+/// map: 2 MiB per TiB).
 pub struct WrittenPages {
-    /// Slot of every page once the checkpoint is durable.
-    pub slots: Vec<PageSlot>,
-    /// Summary of every page once the checkpoint is durable.
-    pub summaries: Vec<u8>,
+    /// (page, its slot and its summary once the checkpoint is durable), in page order.
+    pub pages: Vec<(u32, PageSlot, u8)>,
     /// Bytes written.
     pub bytes: u64,
 }
@@ -350,13 +353,17 @@ impl Map {
             resident_pages: self.cache.len() as u64,
             dirty_pages: self.dirty_count as u64,
             budget_pages: self.cache.budget() as u64,
+            reserved_pages: self.cache.reserved() as u64,
             ..self.stats
         }
     }
 
-    /// Bytes of RAM the map uses now (cache, slots, summaries, dirty bits).
+    /// Bytes of RAM the map uses now (cache, a checkpoint's encoded pages, slots, summaries,
+    /// dirty bits).
     pub fn ram_bytes(&self) -> u64 {
-        (self.cache.len() * cache::FRAME_BYTES + self.slots.len() * 2 + self.dirty.len() * 8) as u64
+        ((self.cache.len() + self.cache.reserved()) * cache::FRAME_BYTES
+            + self.slots.len() * 2
+            + self.dirty.len() * 8) as u64
     }
 
     /// Pages found with no intact copy so far.
@@ -724,9 +731,9 @@ impl Map {
             self.writing.iter().all(|&w| w == 0),
             "one snapshot at a time"
         );
-        let mut slots = self.slots.clone();
-        let mut summaries = self.summary.clone();
+        let mut pages = Vec::with_capacity(self.dirty_count);
         let mut bytes = 0u64;
+        let mut encoded = 0usize;
         let mut writes = Vec::new();
         for w in 0..self.dirty.len() {
             let mut bits = self.dirty[w];
@@ -735,13 +742,13 @@ impl Map {
                 bits &= bits - 1;
                 let entries = self.entries_now(p)?;
                 let sum = summarize(&entries);
-                summaries[p as usize] = sum;
                 if sum == SUMMARY_HOLE {
-                    slots[p as usize] = PAGE_NONE;
+                    pages.push((p, PAGE_NONE, sum));
                     continue;
                 }
-                let slot = if slots[p as usize] == 1 { 2 } else { 1 };
+                let slot = if self.slots[p as usize] == 1 { 2 } else { 1 };
                 let page: Arc<[u8]> = encode_map_page(p, seq, &entries).into();
+                encoded += page.len();
                 // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
                 for copy in 0..self.sb.metadata_copies() {
                     bytes += page.len() as u64;
@@ -750,20 +757,36 @@ impl Map {
                         Arc::clone(&page),
                     ));
                 }
-                slots[p as usize] = slot;
+                pages.push((p, slot, sum));
             }
         }
         // A page read above may have been found repaired (dirty now): it is in the snapshot.
         self.writing = std::mem::replace(&mut self.dirty, vec![0; self.writing.len()]);
         self.dirty_count = 0;
-        Ok((
-            writes,
-            WrittenPages {
-                slots,
-                summaries,
-                bytes,
-            },
-        ))
+        // The encoded pages (one buffer shared by the copies, and by the I/O queue that writes
+        // them) are map RAM until the commit: the cache gives up room for them (issue 9: with
+        // 2048 pages in flight the map used its budget + 8 MiB).
+        self.reserve(encoded.div_ceil(cache::FRAME_BYTES));
+        Ok((writes, WrittenPages { pages, bytes }))
+    }
+
+    /// Counts `frames` of map RAM outside the cache in its budget (0: none).
+    fn reserve(&mut self, frames: usize) {
+        for evicted in self.cache.reserve(frames) {
+            self.summary[evicted.page as usize] = summarize(&evicted.entries);
+        }
+    }
+
+    /// Page slots and summaries of the whole map as checkpoint `written` records them (for its
+    /// encoding; dropped after).
+    pub fn checkpoint_arrays(&self, written: &WrittenPages) -> (Vec<PageSlot>, Vec<u8>) {
+        let mut slots = self.slots.clone();
+        let mut summaries = self.summary.clone();
+        for &(p, slot, sum) in &written.pages {
+            slots[p as usize] = slot;
+            summaries[p as usize] = sum;
+        }
+        (slots, summaries)
     }
 
     /// The checkpoint `seq` that `written` belongs to is durable: pages of its snapshot not
@@ -772,19 +795,16 @@ impl Map {
         // Slots change only here, and summaries of pages outside the snapshot are the durable
         // ones in both: take the snapshot's, except for a page changed again since that is not
         // resident (its summary is its content now, e.g. a whole-page trim).
-        for w in 0..self.writing.len() {
-            let mut bits = self.writing[w];
-            while bits != 0 {
-                let p = (w * 64) as u32 + bits.trailing_zeros();
-                bits &= bits - 1;
-                if !self.is_dirty(p) || self.cache.contains(p) {
-                    self.summary[p as usize] = written.summaries[p as usize];
-                }
+        for (p, slot, sum) in written.pages {
+            self.slots[p as usize] = slot;
+            if !self.is_dirty(p) || self.cache.contains(p) {
+                self.summary[p as usize] = sum;
             }
         }
-        self.slots = written.slots;
         self.gen = seq;
         self.writing.fill(0);
+        // The snapshot's pages are gone (written): their room goes back to the cache.
+        self.reserve(0);
         let dirty = &self.dirty;
         for evicted in self.cache.clean_except(|p| bit(dirty, p)) {
             self.summary[evicted.page as usize] = summarize(&evicted.entries);
@@ -793,6 +813,7 @@ impl Map {
 
     /// The checkpoint of the snapshot failed: its pages are dirty again.
     pub fn abort(&mut self) {
+        self.reserve(0);
         for (d, w) in self.dirty.iter_mut().zip(self.writing.iter_mut()) {
             *d |= std::mem::take(w);
         }
