@@ -150,9 +150,6 @@ pub(crate) struct Inner {
     /// Held by a checkpoint written outside the state lock, from snapshot to commit (taken
     /// before the state lock): such checkpoints run one at a time.
     ckpt_lock: Mutex<()>,
-    /// Held by a writer cleaning before space runs out (`clean_ahead`): one at a time, the
-    /// others wait here, without the state lock.
-    clean_ahead_lock: Mutex<()>,
     /// Cleaner watermarks, % of extents free.
     pub(crate) clean_low_pct: u8,
     pub(crate) clean_high_pct: u8,
@@ -406,7 +403,6 @@ impl Inner {
             readers_waiting: AtomicUsize::new(0),
             dicts,
             ckpt_lock: Mutex::new(()),
-            clean_ahead_lock: Mutex::new(()),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -945,7 +941,6 @@ impl Inner {
         if data.is_empty() {
             return Ok(());
         }
-        self.wait_for_queue_refill(data.len());
         let bs = BLOCK_BYTES as u64;
         let end = offset + data.len() as u64;
         let first_full = offset.div_ceil(bs);
@@ -964,15 +959,12 @@ impl Inner {
                 self.write_partial_range(end_full * bs, &data[tail_start..])?;
             }
         }
-        let (wanted, short) = {
+        let wanted = {
             let mut st = self.state.lock();
             st.counters.host_bytes_written += data.len() as u64;
-            (st.ckpt_wanted, st.space_short_soon())
+            st.ckpt_wanted
         };
         self.issue_sealed()?;
-        if short {
-            self.clean_ahead()?;
-        }
         // The write itself is done: a dictionary that fails to install must not fail it. A
         // failed write or sync there has tripped the fence, so what follows fails anyway.
         if let Err(e) = self.train_if_ready() {
@@ -1153,70 +1145,6 @@ impl Inner {
         self.issue_sealed()?;
         if wanted {
             self.checkpoint_unlocked(true)?;
-        }
-        Ok(())
-    }
-
-    /// When the allocation queue has fewer extents left than a write of `bytes` may open and
-    /// the checkpoint that refills it is in flight, waits for that checkpoint without the state
-    /// lock (issue 9): otherwise the write runs the queue dry under the lock and waits there for
-    /// the checkpoint's syncs (`State::alloc` joins it), and every read waits with it.
-    fn wait_for_queue_refill(&self, bytes: usize) {
-        let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
-        let waiting = {
-            let st = self.state.lock();
-            st.queue.len() <= need && st.inflight.is_some()
-        };
-        if waiting {
-            // The checkpoint in flight holds this from its snapshot to its commit.
-            drop(self.ckpt_lock.lock());
-        }
-    }
-
-    /// Foreground cleaning with the state lock released between its steps (issue 9): once free
-    /// extents are down to twice the cleaner reserve (`State::space_short_soon`), the writer that
-    /// sees it cleans, the way the background cleaner does (victims read and outputs issued
-    /// without the lock, the checkpoint that frees them in three phases), before the write path
-    /// runs out and cleans under the lock (`cleaner::make_space`, kept for writers that outrun
-    /// this): reads wait for neither. Writers that find one cleaning wait for it, without the
-    /// state lock.
-    fn clean_ahead(&self) -> Result<()> {
-        let _one = self.clean_ahead_lock.lock();
-        let cx = self.ctx();
-        let mut reclaimed = 0usize;
-        for _ in 0..crate::cleaner::FOREGROUND_PASSES_MAX {
-            let (short, refill) = {
-                let st = self.state.lock();
-                // A pass takes its outputs from the allocation queue and, finding it empty,
-                // refills it with a checkpoint under the lock: refill it first, outside (from
-                // the free list and the extents emptied since the last checkpoint).
-                let low = st.queue.len() <= crate::buffer::refill_at(&self.sb);
-                let refill = low
-                    && (st.free.len() > 0
-                        || reclaimed > 0
-                        || st
-                            .extents
-                            .iter()
-                            .any(|x| x.state == ExtentState::PendingFree));
-                (st.space_short_after(reclaimed), refill)
-            };
-            if !short {
-                break;
-            }
-            if refill {
-                self.checkpoint_unlocked(false)?;
-                reclaimed = 0;
-            }
-            let r = crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?;
-            self.issue_sealed()?;
-            reclaimed += r.reclaimed;
-            if !r.progressed() {
-                break;
-            }
-        }
-        // Victims emptied by the passes are free once a checkpoint no longer references them.
-        if reclaimed > 0 {
-            self.checkpoint_unlocked(false)?;
         }
         Ok(())
     }

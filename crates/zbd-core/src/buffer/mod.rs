@@ -160,18 +160,6 @@ impl State {
         self.queue.len() + self.free.len()
     }
 
-    /// Free extents are down to twice the point where host writes clean under the state lock
-    /// (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
-    pub fn space_short_soon(&self) -> bool {
-        self.free_now() <= 2 * self.buffer.reserve.max(CLEANER_EXTENTS_MIN)
-    }
-
-    /// Whether cleaning ahead goes on once `reclaimed` emptied victims are free (after a
-    /// checkpoint): until three times the lock-held point, so that it runs in batches.
-    pub fn space_short_after(&self, reclaimed: usize) -> bool {
-        self.free_now() + reclaimed <= 3 * self.buffer.reserve.max(CLEANER_EXTENTS_MIN)
-    }
-
     /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
     /// (which also releases extents freed since the last one).
     /// The refill is asked for early (an eighth of the queue left), to run outside the state
