@@ -384,14 +384,7 @@ impl<S: Storage + 'static> Storage for QueuedStorage<S> {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.shared.enqueue(Op {
-            offset,
-            len: data.len() as u64,
-            data: Some(Arc::from(data)),
-        })
+        self.write_shared(offset, &Arc::from(data))
     }
 
     fn write_shared(&self, offset: u64, data: &Arc<[u8]>) -> Result<()> {
