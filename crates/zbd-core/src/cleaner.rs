@@ -50,7 +50,7 @@ const PASS_VICTIMS_MAX: usize = 128;
 /// Output extents per pass at most.
 const PASS_OUTPUTS_MAX: usize = 64;
 /// Incremental passes one foreground `make_space` call may run.
-const FOREGROUND_PASSES_MAX: usize = 64;
+pub(crate) const FOREGROUND_PASSES_MAX: usize = 64;
 
 /// What one pass did.
 #[derive(Clone, Copy, Debug, Default)]

@@ -92,6 +92,8 @@ pub struct State {
     /// Bumped when foreground cleaning takes the listed victims back (`cleaner::make_space`):
     /// a pass that started under an older value drops its work at commit.
     pub clean_gen: u64,
+    /// Extents opened for writing since the volume was opened (paces `Volume::clean_ahead`).
+    pub extents_opened: u64,
     /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
     pub inflight: Option<InFlight>,
     /// A checkpoint should come soon (the queue runs low, dirty map pages pile up): the next

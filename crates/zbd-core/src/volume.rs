@@ -150,6 +150,11 @@ pub(crate) struct Inner {
     /// Held by a checkpoint written outside the state lock, from snapshot to commit (taken
     /// before the state lock): such checkpoints run one at a time.
     ckpt_lock: Mutex<()>,
+    /// Held by a writer cleaning before space runs out (`clean_ahead`): one at a time, the
+    /// others wait here, without the state lock.
+    clean_ahead_lock: Mutex<()>,
+    /// `State::extents_opened` when cleaning ahead last ended (`clean_ahead`).
+    clean_ahead_opened: AtomicU64,
     /// Cleaner watermarks, % of extents free.
     pub(crate) clean_low_pct: u8,
     pub(crate) clean_high_pct: u8,
@@ -333,6 +338,7 @@ impl Inner {
             cleaning: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
             clean_gen: 0,
+            extents_opened: 0,
             inflight: None,
             ckpt_wanted: false,
             refill_early: true,
@@ -403,6 +409,8 @@ impl Inner {
             readers_waiting: AtomicUsize::new(0),
             dicts,
             ckpt_lock: Mutex::new(()),
+            clean_ahead_lock: Mutex::new(()),
+            clean_ahead_opened: AtomicU64::new(u64::MAX),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -941,6 +949,8 @@ impl Inner {
         if data.is_empty() {
             return Ok(());
         }
+        self.clean_ahead(data.len())?;
+        self.wait_for_queue_refill(data.len());
         let bs = BLOCK_BYTES as u64;
         let end = offset + data.len() as u64;
         let first_full = offset.div_ceil(bs);
@@ -1146,6 +1156,86 @@ impl Inner {
         if wanted {
             self.checkpoint_unlocked(true)?;
         }
+        Ok(())
+    }
+
+    /// When the allocation queue has fewer extents left than a write of `bytes` may open and
+    /// the checkpoint that refills it is in flight, waits for that checkpoint without the state
+    /// lock (issue 9): otherwise the write runs the queue dry under the lock and waits there for
+    /// the checkpoint's syncs (`State::alloc` joins it), and every read waits with it.
+    fn wait_for_queue_refill(&self, bytes: usize) {
+        let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
+        let waiting = {
+            let st = self.state.lock();
+            st.queue.len() <= need && st.inflight.is_some()
+        };
+        if waiting {
+            // The checkpoint in flight holds this from its snapshot to its commit.
+            drop(self.ckpt_lock.lock());
+        }
+    }
+
+    /// Foreground cleaning with the state lock released between its steps (issue 9). A write
+    /// that may open extents down to the point where opening one cleans under the state lock
+    /// (`State::space_short_for`, `cleaner::make_space`) cleans first, the way the background
+    /// cleaner does: victims read and outputs issued without the lock, the checkpoint that
+    /// frees them in three phases, until make_space's goal. Reads wait for neither; make_space
+    /// stays for writers that outrun this. At most once per extent opened (`extents_opened`),
+    /// like make_space: on a volume at its guaranteed overwrite fraction space is short all the
+    /// time, and cleaning before every write would run passes that gain nothing. Writers that
+    /// find one cleaning wait for it, without the state lock.
+    fn clean_ahead(&self, bytes: usize) -> Result<()> {
+        let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
+        let due = |st: &State| {
+            st.space_short_for(need)
+                && st.extents_opened != self.clean_ahead_opened.load(Ordering::Relaxed)
+        };
+        if !due(&self.state.lock()) {
+            return Ok(());
+        }
+        let _one = self.clean_ahead_lock.lock();
+        if !due(&self.state.lock()) {
+            // Another writer cleaned meanwhile.
+            return Ok(());
+        }
+        let cx = self.ctx();
+        let mut reclaimed = 0usize;
+        for _ in 0..crate::cleaner::FOREGROUND_PASSES_MAX {
+            let (short, refill) = {
+                let st = self.state.lock();
+                // A pass takes its outputs from the allocation queue and, finding it empty,
+                // refills it with a checkpoint under the lock: refill it first, outside (from
+                // the free list and the extents emptied since the last checkpoint).
+                let low = st.queue.len() <= crate::buffer::refill_at(&self.sb);
+                let refill = low
+                    && (st.free.len() > 0
+                        || reclaimed > 0
+                        || st
+                            .extents
+                            .iter()
+                            .any(|x| x.state == ExtentState::PendingFree));
+                (st.space_short_after(reclaimed), refill)
+            };
+            if !short {
+                break;
+            }
+            if refill {
+                self.checkpoint_unlocked(false)?;
+                reclaimed = 0;
+            }
+            let r = crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?;
+            self.issue_sealed()?;
+            reclaimed += r.reclaimed;
+            if !r.progressed() {
+                break;
+            }
+        }
+        // Victims emptied by the passes are free once a checkpoint no longer references them.
+        if reclaimed > 0 {
+            self.checkpoint_unlocked(false)?;
+        }
+        let opened = self.state.lock().extents_opened;
+        self.clean_ahead_opened.store(opened, Ordering::Relaxed);
         Ok(())
     }
 

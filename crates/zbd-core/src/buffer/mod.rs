@@ -139,6 +139,7 @@ impl State {
             return Err(Error::NoSpace);
         }
         let q = self.alloc(cx)?;
+        self.extents_opened += 1;
         self.extents[q.extent as usize].state = ExtentState::Open;
         let now = Instant::now();
         self.open.push(OpenExtent {
@@ -158,6 +159,18 @@ impl State {
     /// Extents free now (queued or free).
     pub fn free_now(&self) -> usize {
         self.queue.len() + self.free.len()
+    }
+
+    /// Opening `need` more extents would reach the point where opening one cleans under the
+    /// state lock (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
+    pub fn space_short_for(&self, need: usize) -> bool {
+        self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) + need
+    }
+
+    /// Whether cleaning ahead goes on once `reclaimed` emptied victims are free (after a
+    /// checkpoint): until the goal of foreground cleaning under the lock (`make_space`).
+    pub fn space_short_after(&self, reclaimed: usize) -> bool {
+        self.free_now() + reclaimed <= 2 * self.buffer.reserve
     }
 
     /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
