@@ -5,7 +5,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 CARGO ?= cargo
 ZBD := target/release/zbd
-# Volumes in Ceph RADOS pools (`rados:POOL/NAME`): built and tested with librados.
+# Volumes in Ceph RADOS pools (`rados:POOL/NAME`); librados.so.2 is loaded only when one is opened.
 FEATURES := --features zbd/ceph
 export ZBD_BIN := $(abspath $(ZBD))
 

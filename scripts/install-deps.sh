@@ -10,7 +10,7 @@ packages=(
   qemu-utils                        # qemu-img, qemu-io
   e2fsprogs xfsprogs btrfs-progs btrfs-compsize zfs-fuse
   util-linux procps psmisc sysstat
-  librados-dev                      # builds zbd's `ceph` feature (rados:POOL/NAME volumes)
+  librados2                         # loaded by zbd for rados:POOL/NAME volumes (not to build)
 )
 for flag in "$@"; do
   case $flag in

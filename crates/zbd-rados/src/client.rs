@@ -1,4 +1,4 @@
-//! A small safe layer over the librados C API (declarations from the `ceph` crate): connect with
+//! A small safe layer over the librados C API (loaded at run time, ffi.rs): connect with
 //! timeouts, pool I/O contexts, object reads and writes (synchronous and asynchronous), and the
 //! `cls_lock` advisory locks.
 //!
@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use crate::error::{errno_text, RadosError};
-use ceph::rados as ffi;
+use crate::ffi::{self, Api};
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::path::PathBuf;
@@ -49,6 +49,7 @@ fn cstring(what: &str, text: &str) -> Result<CString, RadosError> {
 
 /// A connected cluster handle.
 pub struct Cluster {
+    api: &'static Api,
     handle: ffi::rados_t,
     user: String,
 }
@@ -59,8 +60,9 @@ unsafe impl Send for Cluster {}
 unsafe impl Sync for Cluster {}
 
 impl Cluster {
-    /// Reads the config, applies the timeouts and connects.
+    /// Loads librados (the first time), reads the config, applies the timeouts and connects.
     pub fn connect(options: &ClusterOptions) -> Result<Arc<Cluster>, RadosError> {
+        let api = ffi::api()?;
         let id = options
             .id
             .as_deref()
@@ -70,13 +72,13 @@ impl Cluster {
         let mut handle: ffi::rados_t = ptr::null_mut();
         // SAFETY: `handle` is a valid out pointer; `id` is NUL-terminated or null (default id).
         let rc = unsafe {
-            ffi::rados_create(&mut handle, id.as_ref().map_or(ptr::null(), |i| i.as_ptr()))
+            (api.rados_create)(&mut handle, id.as_ref().map_or(ptr::null(), |i| i.as_ptr()))
         };
         if rc < 0 {
             return Err(RadosError::Connect(errno_text(rc)));
         }
         // From here on `Drop` shuts the handle down on every error path.
-        let cluster = Cluster { handle, user };
+        let cluster = Cluster { api, handle, user };
         cluster.read_config(options)?;
         let seconds = |d: Duration| d.as_secs().max(u64::from(d.subsec_nanos() > 0)).to_string();
         let connect = seconds(options.connect_timeout);
@@ -84,7 +86,7 @@ impl Cluster {
         cluster.set("rados_mon_op_timeout", &connect)?;
         cluster.set("rados_osd_op_timeout", &seconds(options.op_timeout))?;
         // SAFETY: the handle is created and configured, not yet connected.
-        let rc = unsafe { ffi::rados_connect(cluster.handle) };
+        let rc = unsafe { (cluster.api.rados_connect)(cluster.handle) };
         if rc < 0 {
             let conf = options
                 .conf
@@ -123,7 +125,7 @@ impl Cluster {
         // SAFETY: the handle is valid; `path` is NUL-terminated or null (= CEPH_CONF, then the
         // default search path).
         let rc = unsafe {
-            ffi::rados_conf_read_file(
+            (self.api.rados_conf_read_file)(
                 self.handle,
                 path.as_ref().map_or(ptr::null(), |p| p.as_ptr()),
             )
@@ -138,7 +140,7 @@ impl Cluster {
             });
         }
         // SAFETY: null selects the CEPH_ARGS environment variable.
-        let rc = unsafe { ffi::rados_conf_parse_env(self.handle, ptr::null()) };
+        let rc = unsafe { (self.api.rados_conf_parse_env)(self.handle, ptr::null()) };
         if rc < 0 {
             return Err(RadosError::Connect(format!(
                 "CEPH_ARGS: {}",
@@ -151,7 +153,7 @@ impl Cluster {
     fn set(&self, option: &str, value: &str) -> Result<(), RadosError> {
         let (o, v) = (cstring("option", option)?, cstring("value", value)?);
         // SAFETY: valid handle and NUL-terminated strings.
-        let rc = unsafe { ffi::rados_conf_set(self.handle, o.as_ptr(), v.as_ptr()) };
+        let rc = unsafe { (self.api.rados_conf_set)(self.handle, o.as_ptr(), v.as_ptr()) };
         if rc < 0 {
             return Err(RadosError::Connect(format!(
                 "setting {option}={value}: {}",
@@ -171,7 +173,7 @@ impl Cluster {
         let name = cstring("pool", pool)?;
         let mut io: ffi::rados_ioctx_t = ptr::null_mut();
         // SAFETY: connected handle, NUL-terminated name, valid out pointer.
-        let rc = unsafe { ffi::rados_ioctx_create(self.handle, name.as_ptr(), &mut io) };
+        let rc = unsafe { (self.api.rados_ioctx_create)(self.handle, name.as_ptr(), &mut io) };
         if rc < 0 {
             return Err(match -rc {
                 libc::ENOENT => RadosError::NoPool(pool.to_string()),
@@ -186,6 +188,7 @@ impl Cluster {
             });
         }
         Ok(IoCtx {
+            api: self.api,
             io,
             cluster: Arc::clone(self),
         })
@@ -197,7 +200,7 @@ impl Cluster {
         let address = cstring("address", address)?;
         // SAFETY: valid handle; librados takes a mutable pointer but only reads the string.
         let rc = unsafe {
-            ffi::rados_blacklist_add(self.handle, address.as_ptr() as *mut c_char, expire)
+            (self.api.rados_blocklist_add)(self.handle, address.as_ptr() as *mut c_char, expire)
         };
         check(rc, "adding to the blocklist")
     }
@@ -207,7 +210,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // SAFETY: the handle came from rados_create; every IoCtx holds an Arc to us, so none is
         // left, and this is the only shutdown.
-        unsafe { ffi::rados_shutdown(self.handle) }
+        unsafe { (self.api.rados_shutdown)(self.handle) }
     }
 }
 
@@ -235,6 +238,7 @@ pub struct Locker {
 /// An I/O context on one pool. Negative errno values are returned raw (`Err(-errno)`) so the
 /// storage layer can decide what each one means.
 pub struct IoCtx {
+    api: &'static Api,
     io: ffi::rados_ioctx_t,
     cluster: Arc<Cluster>,
 }
@@ -247,7 +251,7 @@ impl Drop for IoCtx {
     fn drop(&mut self) {
         // SAFETY: created by rados_ioctx_create; every Completion borrows the IoCtx's owner
         // (RadosStorage waits for all of them before dropping it).
-        unsafe { ffi::rados_ioctx_destroy(self.io) }
+        unsafe { (self.api.rados_ioctx_destroy)(self.io) }
     }
 }
 
@@ -268,7 +272,7 @@ impl IoCtx {
         let o = oid(object);
         // SAFETY: `buf` is valid for writes of buf.len() bytes for the whole (synchronous) call.
         let rc = unsafe {
-            ffi::rados_read(
+            (self.api.rados_read)(
                 self.io,
                 o.as_ptr(),
                 buf.as_mut_ptr() as *mut c_char,
@@ -286,13 +290,13 @@ impl IoCtx {
     /// Starts reading up to `len` bytes at `offset` of `object` into a buffer the completion
     /// owns; [`Completion::read_result`] gives the bytes read.
     pub fn aio_read(&self, object: &str, offset: u64, len: usize) -> Result<Completion, i32> {
-        let mut c = Completion::new(object)?;
+        let mut c = Completion::new(self.api, object)?;
         c.data = vec![0u8; len];
         // SAFETY: the buffer is the completion's heap allocation (moving `c` does not move it),
         // valid for writes of `len` bytes and neither read nor freed until the operation is
         // complete (read_result and Drop wait first).
         let rc = unsafe {
-            ffi::rados_aio_read(
+            (self.api.rados_aio_read)(
                 self.io,
                 c.oid.as_ptr(),
                 c.handle,
@@ -313,7 +317,7 @@ impl IoCtx {
         let o = oid(object);
         // SAFETY: `data` is valid for reads for the whole call.
         let rc = unsafe {
-            ffi::rados_write_full(
+            (self.api.rados_write_full)(
                 self.io,
                 o.as_ptr(),
                 data.as_ptr() as *const c_char,
@@ -328,11 +332,11 @@ impl IoCtx {
 
     /// Starts writing `data` at `offset` of `object`.
     pub fn aio_write(&self, object: &str, offset: u64, data: Vec<u8>) -> Result<Completion, i32> {
-        let mut c = Completion::new(object)?;
+        let mut c = Completion::new(self.api, object)?;
         // SAFETY: the completion, the object name and the data buffer are owned by `c`, which
         // waits for the operation before freeing any of them (Completion::drop).
         let rc = unsafe {
-            ffi::rados_aio_write(
+            (self.api.rados_aio_write)(
                 self.io,
                 c.oid.as_ptr(),
                 c.handle,
@@ -351,9 +355,9 @@ impl IoCtx {
 
     /// Starts removing `object` (ENOENT when it did not exist).
     pub fn aio_remove(&self, object: &str) -> Result<Completion, i32> {
-        let mut c = Completion::new(object)?;
+        let mut c = Completion::new(self.api, object)?;
         // SAFETY: as in aio_write; no data buffer.
-        let rc = unsafe { ffi::rados_aio_remove(self.io, c.oid.as_ptr(), c.handle) };
+        let rc = unsafe { (self.api.rados_aio_remove)(self.io, c.oid.as_ptr(), c.handle) };
         if rc < 0 {
             c.started = false;
             return Err(rc);
@@ -372,25 +376,25 @@ impl IoCtx {
         len: u64,
         to_end: bool,
     ) -> Result<Completion, i32> {
-        let mut c = Completion::new(object)?;
+        let mut c = Completion::new(self.api, object)?;
         // SAFETY: rados_create_write_op returns a fresh op (null on allocation failure, checked);
         // the op is owned by `c`, released after the operation completed.
         unsafe {
-            c.write_op = ffi::rados_create_write_op();
+            c.write_op = (self.api.rados_create_write_op)();
             if c.write_op.is_null() {
                 c.started = false;
                 return Err(-libc::ENOMEM);
             }
-            ffi::rados_write_op_assert_exists(c.write_op);
+            (self.api.rados_write_op_assert_exists)(c.write_op);
             if to_end {
-                ffi::rados_write_op_truncate(c.write_op, offset);
+                (self.api.rados_write_op_truncate)(c.write_op, offset);
             } else {
-                ffi::rados_write_op_zero(c.write_op, offset, len);
+                (self.api.rados_write_op_zero)(c.write_op, offset, len);
             }
         }
         // SAFETY: op, completion and object name live in `c` until it has waited.
         let rc = unsafe {
-            ffi::rados_aio_write_op_operate(
+            (self.api.rados_aio_write_op_operate)(
                 c.write_op,
                 self.io,
                 c.handle,
@@ -413,7 +417,7 @@ impl IoCtx {
         let description = oid("zbd volume");
         // SAFETY: NUL-terminated strings; a null duration means no expiry.
         let rc = unsafe {
-            ffi::rados_lock_exclusive(
+            (self.api.rados_lock_exclusive)(
                 self.io,
                 o.as_ptr(),
                 n.as_ptr(),
@@ -433,7 +437,7 @@ impl IoCtx {
     pub fn unlock(&self, object: &str, name: &str, cookie: &str) -> Result<(), i32> {
         let (o, n, c) = (oid(object), oid(name), oid(cookie));
         // SAFETY: NUL-terminated strings.
-        let rc = unsafe { ffi::rados_unlock(self.io, o.as_ptr(), n.as_ptr(), c.as_ptr()) };
+        let rc = unsafe { (self.api.rados_unlock)(self.io, o.as_ptr(), n.as_ptr(), c.as_ptr()) };
         if rc < 0 {
             return Err(rc);
         }
@@ -446,7 +450,7 @@ impl IoCtx {
         let (client, cookie) = (oid(&locker.client), oid(&locker.cookie));
         // SAFETY: NUL-terminated strings.
         let rc = unsafe {
-            ffi::rados_break_lock(
+            (self.api.rados_break_lock)(
                 self.io,
                 o.as_ptr(),
                 n.as_ptr(),
@@ -474,7 +478,7 @@ impl IoCtx {
             // SAFETY: each buffer is valid for writes of the length passed with it; librados
             // writes at most that many bytes, or returns -ERANGE with the sizes it needs.
             let rc = unsafe {
-                ffi::rados_list_lockers(
+                (self.api.rados_list_lockers)(
                     self.io,
                     o.as_ptr(),
                     n.as_ptr(),
@@ -527,6 +531,7 @@ impl IoCtx {
 
 /// An asynchronous operation in flight; owns everything librados may still read.
 pub struct Completion {
+    api: &'static Api,
     handle: ffi::rados_completion_t,
     oid: CString,
     data: Vec<u8>,
@@ -541,15 +546,16 @@ unsafe impl Send for Completion {}
 unsafe impl Sync for Completion {}
 
 impl Completion {
-    fn new(object: &str) -> Result<Completion, i32> {
+    fn new(api: &'static Api, object: &str) -> Result<Completion, i32> {
         let mut handle: ffi::rados_completion_t = ptr::null_mut();
         // SAFETY: no callbacks (we wait instead); valid out pointer.
         let rc =
-            unsafe { ffi::rados_aio_create_completion(ptr::null_mut(), None, None, &mut handle) };
+            unsafe { (api.rados_aio_create_completion)(ptr::null_mut(), None, None, &mut handle) };
         if rc < 0 {
             return Err(rc);
         }
         Ok(Completion {
+            api,
             handle,
             oid: oid(object),
             data: Vec::new(),
@@ -566,8 +572,8 @@ impl Completion {
         }
         // SAFETY: the handle is valid until Drop; waiting concurrently is allowed.
         unsafe {
-            ffi::rados_aio_wait_for_complete(self.handle);
-            ffi::rados_aio_get_return_value(self.handle)
+            (self.api.rados_aio_wait_for_complete)(self.handle);
+            (self.api.rados_aio_get_return_value)(self.handle)
         }
     }
 
@@ -594,9 +600,9 @@ impl Drop for Completion {
         // SAFETY: the operation is complete; handle and op are released exactly once.
         unsafe {
             if !self.write_op.is_null() {
-                ffi::rados_release_write_op(self.write_op);
+                (self.api.rados_release_write_op)(self.write_op);
             }
-            ffi::rados_aio_release(self.handle);
+            (self.api.rados_aio_release)(self.handle);
         }
         self.data.clear();
     }

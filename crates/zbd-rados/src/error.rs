@@ -38,6 +38,16 @@ pub enum RadosError {
         "no key for Ceph user {0}: no keyring found (set `keyring` in the config or check --ceph-id)"
     )]
     NoKey(String),
+    /// librados cannot be loaded (it is only loaded for `rados:` volumes).
+    #[error(
+        "cannot load {library}, which rados: volumes need: {reason} (install Ceph's client library: librados2 on Debian/Ubuntu)"
+    )]
+    NoLibrary {
+        /// The file name passed to dlopen.
+        library: String,
+        /// dlerror()'s text.
+        reason: String,
+    },
     /// Other connection failures.
     #[error("cannot connect to the Ceph cluster: {0}")]
     Connect(String),

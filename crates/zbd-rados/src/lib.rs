@@ -7,6 +7,7 @@
 
 mod client;
 mod error;
+mod ffi;
 mod readahead;
 mod storage;
 
