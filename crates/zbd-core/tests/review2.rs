@@ -283,7 +283,8 @@ fn whole_region_reads_across_many_open_extents_match_the_model() {
     const SIZE: u64 = 1 << 20;
     const BLOCKS: u64 = SIZE / BS as u64;
     for seed in 0..4u64 {
-        let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 4, 64);
+        // 256 extents: up to 8 open (a 32nd of them, and what the buffer holds).
+        let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 8, 64);
         let open = OpenOptions {
             buffer_bytes: 8 * 32 * 1024,
             read_cache_bytes: if seed % 2 == 0 { 0 } else { 4 << 20 },
@@ -293,6 +294,7 @@ fn whole_region_reads_across_many_open_extents_match_the_model() {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut model = vec![0u8; SIZE as usize];
         let mut buf = vec![0u8; SIZE as usize];
+        let mut most_open = 0;
         for step in 0..600 {
             let lba = rng.random_range(0..BLOCKS - 8);
             let n = rng.random_range(1..=8u64);
@@ -312,6 +314,7 @@ fn whole_region_reads_across_many_open_extents_match_the_model() {
                 _ => {}
             }
             if step % 3 == 0 {
+                most_open = most_open.max(vol.stats().extents_open);
                 vol.read(0, &mut buf).expect("read");
                 assert!(buf == model, "seed {seed} step {step}: whole-volume read");
                 // And unaligned, through the scratch path.
@@ -325,8 +328,8 @@ fn whole_region_reads_across_many_open_extents_match_the_model() {
             }
         }
         assert!(
-            vol.stats().map_cache.faults > 0 || SIZE / BS as u64 <= 255 * 4,
-            "map pages were faulted"
+            most_open > 2,
+            "seed {seed}: at most {most_open} extents were open"
         );
         vol.close().expect("close");
     }
