@@ -485,3 +485,57 @@ fn a_snapshot_larger_than_the_map_cache_keeps_reads_fresh_and_flushed_writes() {
         crash_with_a_snapshot_larger_than_the_cache(Trap::Write(pages.clone()), Some(k), 50 + k);
     }
 }
+
+/// Hypothesis: a unit decoded in place into the caller's buffer (an aligned read of whole
+/// units), or a decoded unit kept in the read cache, turns a flipped bit into data: the
+/// caller's buffer already held the right bytes (a re-read), so an `Ok` would pass them off.
+/// For bits flipped across the first extent's stored bytes, each block either reads its data or
+/// is an error, the same whether read alone, by unit (in place) or in one whole-volume read,
+/// again after the read cache saw it, and `check` names exactly the blocks that fail alone.
+#[test]
+fn a_flipped_bit_is_an_error_on_every_read_path_never_data() {
+    let mut damaged_somewhere = false;
+    for at in [100u64, 700, 1500, 3000, 5000, 9000, 20_000] {
+        let (disk, data, sb) = closed_text_volume(at);
+        disk.flip_bit(sb.data_offset + at, (at % 8) as u8);
+        let open = OpenOptions {
+            read_cache_bytes: 4 << 20,
+            ..open_opts()
+        };
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), open).expect("open");
+        let blocks = data.len() / BS;
+        let alone: Vec<bool> = (0..blocks)
+            .map(|b| match read_block(&vol, b as u64) {
+                Ok(got) => {
+                    assert!(got == data[b * BS..(b + 1) * BS], "bit at {at}: block {b}");
+                    false
+                }
+                Err(_) => true,
+            })
+            .collect();
+        let failing: Vec<u64> = (0..blocks as u64).filter(|&b| alone[b as usize]).collect();
+        damaged_somewhere |= !failing.is_empty();
+        for round in 0..2 {
+            // By 16 KiB (whole units of the default 8 KiB, decoded in place) and whole volume.
+            for b in (0..blocks).step_by(4) {
+                let mut buf = data[b * BS..(b + 4) * BS].to_vec();
+                let r = vol.read((b * BS) as u64, &mut buf);
+                assert_eq!(
+                    r.is_err(),
+                    alone[b..b + 4].iter().any(|&x| x),
+                    "bit at {at}, round {round}: blocks {b}..{}",
+                    b + 4
+                );
+                if r.is_ok() {
+                    assert!(buf == data[b * BS..(b + 4) * BS]);
+                }
+            }
+            let mut all = data.clone();
+            let r = vol.read(0, &mut all);
+            assert_eq!(r.is_err(), !failing.is_empty(), "bit at {at}: whole volume");
+        }
+        assert_eq!(vol.check(&|_, _| {}).damaged_blocks, failing, "bit at {at}");
+        vol.close().expect("close");
+    }
+    assert!(damaged_somewhere, "no flipped bit landed in stored data");
+}
