@@ -539,3 +539,91 @@ fn a_flipped_bit_is_an_error_on_every_read_path_never_data() {
     }
     assert!(damaged_somewhere, "no flipped bit landed in stored data");
 }
+
+/// Fails, once armed, the first write that starts in `range` (a transient EIO); the rest pass.
+struct FailWriteIn {
+    disk: Arc<SimStorage>,
+    range: Mutex<Option<Range<u64>>>,
+}
+
+impl Storage for FailWriteIn {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        let mut r = self.range.lock().expect("lock");
+        if r.as_ref().is_some_and(|r| r.contains(&offset)) {
+            *r = None;
+            return Err(zbd_core::Error::Io(std::io::Error::other("transient EIO")));
+        }
+        drop(r);
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// Hypothesis: a map page or checkpoint write the I/O queue holds as the caller's shared buffer
+/// (`write_shared`) fails below the queue and the checkpoint still commits (its sync does not
+/// see the error, or another sync took it), or the volume keeps writing; a crash then loses
+/// flushed data. Expected: the checkpoint fails, the volume stops writing, and the disk
+/// reopens with every flushed block.
+#[test]
+fn a_failed_shared_metadata_write_fails_the_checkpoint_and_loses_nothing() {
+    const SIZE: u64 = 4 << 20;
+    const BLOCKS: usize = SIZE as usize / BS;
+    for (mode, io) in IO_MODES {
+        for target in ["pages", "checkpoint"] {
+            let ctx = format!("{mode}, failed write of the {target}");
+            let opts = small_volume(SIZE, 32 * 1024, Codec::Lz4, 4, 64);
+            let sb = zbd_core::layout::plan(&opts).expect("plan");
+            let (ckpt_slots, pages) = metadata_ranges(&sb);
+            let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+            let store = Arc::new(FailWriteIn {
+                disk: Arc::clone(&disk),
+                range: Mutex::new(None),
+            });
+            let vol =
+                Volume::create_with(Box::new(Arc::clone(&store)), &opts, open_opts_with(io()))
+                    .expect("create");
+            let mut rng = SmallRng::seed_from_u64(5);
+            let mut exp = Expect::new(BLOCKS);
+            write_some(&vol, &mut exp, &mut rng, 300);
+            vol.flush().expect("flush");
+            exp.flushed();
+            write_some(&vol, &mut exp, &mut rng, 100);
+            *store.range.lock().expect("lock") = Some(if target == "pages" {
+                pages.clone()
+            } else {
+                ckpt_slots.clone()
+            });
+            let c = vol.checkpoint();
+            assert!(
+                store.range.lock().expect("lock").is_none(),
+                "{ctx}: the fault never fired"
+            );
+            assert!(
+                c.is_err(),
+                "{ctx}: the checkpoint succeeded over a failed write"
+            );
+            assert!(vol.stats().failed.is_some(), "{ctx}: the volume goes on");
+            assert!(vol.flush().is_err(), "{ctx}: a flush after it");
+            assert!(
+                vol.write(0, &[7u8; BS], false).is_err(),
+                "{ctx}: a write after it"
+            );
+            drop(vol);
+            let image = disk.crash_image(&mut rng);
+            let vol2 =
+                Volume::open(Box::new(SimStorage::from_image(image)), open_opts()).expect("reopen");
+            exp.verify(&vol2, &ctx);
+        }
+    }
+}
