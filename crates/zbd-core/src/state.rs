@@ -50,7 +50,7 @@ pub struct ExtentInfo {
     pub state: ExtentState,
     /// Write sequence when it was last written, its low 32 bits (cleaner age, taken modulo
     /// 2^32: an extent older than 4 G writes only looks younger to the cleaner's heuristic; 4
-    /// bytes, not 8, make `ExtentInfo` 16 bytes per extent; 0 after recovery).
+    /// bytes, not 8, keep `ExtentInfo` at 13 bytes per extent; 0 after recovery).
     pub stamp: u32,
 }
 
