@@ -3,7 +3,8 @@
 # 1 TiB volume after 40,000 random 4 KiB writes over its whole range then random reads, and on a
 # 64 GiB volume holding 8 GiB; time to create / stat a 1 TiB volume; reopen after kill -9 under
 # write load at 1 TiB and 64 GiB; an 8 MiB map cache on 64 GiB (hit rate, map bytes read per host
-# byte read, IOPS against a cache holding the whole map). fio's nbd engine with explicit data (half-compressible buffers, refilled).
+# byte read, IOPS against a cache holding the whole map). fio's nbd engine with explicit data
+# (half-compressible buffers, refilled).
 # Usage: scripts/bench-scale.sh OUTDIR [WORKDIR]   env: ZBD_BIN; QUICK=1 skips the 8 GiB fill.
 set -euo pipefail
 cd "$(dirname "$0")/.."
