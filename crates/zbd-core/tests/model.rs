@@ -455,6 +455,7 @@ fn seeded_long_runs() {
                     11 => MOp::Trim { offset, len },
                     12 => MOp::Flush,
                     13 if rng.random_range(0..4) == 0 => MOp::Retrain { seed: rng.random() },
+                    13 if rng.random_range(0..4) == 0 => MOp::RetireRetrain { seed: rng.random() },
                     13 => MOp::FlushKill,
                     14 => MOp::UnitWrite {
                         unit: rng.random_range(0..SIZE / UNIT_SPAN),
