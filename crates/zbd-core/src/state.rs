@@ -401,7 +401,7 @@ impl State {
         self.retire_dicts(cx, seq);
         // The directory carries each dictionary's live-block count (docs/format.md).
         let by_dict = self.map.counters().by_dict;
-        for e in self.dicts.iter_mut() {
+        for e in self.dicts.iter_mut().filter(|e| e.id != 0) {
             e.live_blocks = by_dict[usize::from(e.id) % crate::map::DICT_IDS];
         }
         let (mut writes, pages) = self.map.snapshot(seq)?;
