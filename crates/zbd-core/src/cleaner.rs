@@ -49,6 +49,9 @@ const PASS_GAIN_TARGET: usize = 8;
 const PASS_VICTIMS_MAX: usize = 128;
 /// Output extents per pass at most.
 const PASS_OUTPUTS_MAX: usize = 64;
+/// Victims of one migration batch (`migrate`): half the outputs a pass may use, so a batch
+/// whose blocks grow a little when recompressed still fits.
+pub const MIGRATE_BATCH: usize = PASS_OUTPUTS_MAX / 2;
 /// Incremental passes one foreground `make_space` call may run.
 const FOREGROUND_PASSES_MAX: usize = 64;
 
@@ -596,24 +599,33 @@ pub fn stale_blocks(st: &State, cx: &Ctx) -> u64 {
         .sum()
 }
 
-/// Offline migration (after compaction): moves every live block that names a dictionary other
-/// than the current one, recompressing it with the current one (`items`), so old dictionaries
-/// lose their last blocks and the next checkpoints retire them (dicts.rs). Walks the whole map
-/// to find them (compaction reads every partly dead extent anyway), so only `compact` runs
-/// it; the background cleaner migrates the blocks it moves for its own reasons. Returns what
-/// one batch of victims did (the caller checkpoints and calls again until nothing moves).
-pub fn migrate(st: &mut State, cx: &Ctx) -> Result<PassResult> {
-    let current = cx.dicts.current_id();
-    let stale = |id: u8| id != 0 && Some(u16::from(id)) != current;
+/// Extents holding live blocks that name a dictionary other than the current one, found by
+/// one walk of the map (offline migration, `compact`; empty when there are none).
+pub fn migrate_candidates(st: &mut State, cx: &Ctx) -> Result<Vec<u32>> {
     if stale_blocks(st, cx) == 0 {
-        return Ok(PassResult::default());
+        return Ok(Vec::new());
     }
-    let mut victims: Vec<u32> = Vec::new();
+    let current = cx.dicts.current_id();
+    let mut has = vec![false; st.extents.len()];
     st.map.for_each_data(|_, m| {
-        if stale(m.dict) && !victims.contains(&m.extent) && victims.len() < PASS_OUTPUTS_MAX / 2 {
-            victims.push(m.extent);
+        if m.dict != 0 && Some(u16::from(m.dict)) != current {
+            if let Some(h) = has.get_mut(m.extent as usize) {
+                *h = true;
+            }
         }
     })?;
+    Ok((0..st.extents.len() as u32)
+        .filter(|&e| has[e as usize])
+        .collect())
+}
+
+/// Offline migration (after compaction): moves the live blocks of `victims` (a batch of
+/// [`migrate_candidates`]), recompressing those that name a dictionary other than the current
+/// one with the current one (`items`), so old dictionaries lose their last blocks and the next
+/// checkpoints retire them (dicts.rs). Only `compact` runs it (the map walk that finds the
+/// candidates); the background cleaner migrates the blocks it moves for its own reasons. The
+/// pass need not gain extents; victims that do not fit the free extents are left as they are.
+pub fn migrate(st: &mut State, cx: &Ctx, mut victims: Vec<u32>) -> Result<PassResult> {
     // Only closed extents are cleaned (open ones are closed by `compact` first), and none a
     // background pass is reading.
     victims.retain(|&v| {

@@ -1794,22 +1794,19 @@ impl Inner {
             }
         }
         // Then the blocks of older dictionaries move to the current one, batch by batch (each
-        // batch's victims are freed by the checkpoint after it), so those can be retired.
-        // Stops when a batch moved none off (damaged blocks are copied as they are).
-        loop {
-            let before = crate::cleaner::stale_blocks(&st, &cx);
-            let r = crate::cleaner::migrate(&mut st, &cx)?;
+        // batch's victims are freed by the checkpoint after it), so those can be retired. One
+        // map walk finds them; a batch that does not fit the free extents is skipped.
+        let todo = crate::cleaner::migrate_candidates(&mut st, &cx)?;
+        for batch in todo.chunks(crate::cleaner::MIGRATE_BATCH) {
+            let r = crate::cleaner::migrate(&mut st, &cx, batch.to_vec())?;
             if r.victims == 0 {
-                break;
+                continue;
             }
             st.checkpoint(&cx)?;
             total.victims += r.victims;
             total.reclaimed += r.reclaimed;
             total.outputs += r.outputs;
             total.bytes_moved += r.bytes_moved;
-            if crate::cleaner::stale_blocks(&st, &cx) >= before {
-                break;
-            }
         }
         progress(first, first);
         drop(st);
