@@ -49,6 +49,9 @@ const PASS_GAIN_TARGET: usize = 8;
 const PASS_VICTIMS_MAX: usize = 128;
 /// Output extents per pass at most.
 const PASS_OUTPUTS_MAX: usize = 64;
+/// Victims of one migration batch (`migrate`): half the outputs a pass may use, so a batch
+/// whose blocks grow a little when recompressed still fits.
+pub const MIGRATE_BATCH: usize = PASS_OUTPUTS_MAX / 2;
 /// Incremental passes one foreground `make_space` call may run.
 pub(crate) const FOREGROUND_PASSES_MAX: usize = 64;
 
@@ -127,19 +130,30 @@ fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usiz
 
 /// One stored item a pass moves: a single block, or a compression unit with its live blocks
 /// (copied whole, one record per live block), or a block of a mostly dead unit recompressed on
-/// its own.
+/// its own, or a block or unit recompressed with the current dictionary (it named an older one).
 #[derive(Clone, Debug)]
 struct Item {
     /// Live blocks it carries, (lba, entry in the victim), in LBA order.
     blocks: Vec<(u64, MapEntry)>,
-    /// Recompressed form (codec, bytes, crc); `None`: the victim's stored bytes, verbatim.
-    fresh: Option<(u8, Vec<u8>, u32, u8)>,
+    /// Recompressed form; `None`: the victim's stored bytes, verbatim.
+    fresh: Option<Fresh>,
+}
+
+/// Stored bytes a pass compressed again.
+#[derive(Clone, Debug)]
+struct Fresh {
+    codec: u8,
+    bytes: Vec<u8>,
+    crc: u32,
+    dict: u8,
+    /// The whole unit again (its blocks keep their index); else one block on its own.
+    unit: bool,
 }
 
 impl Item {
     fn len(&self) -> usize {
         match &self.fresh {
-            Some((_, b, _, _)) => b.len(),
+            Some(f) => f.bytes.len(),
             None => usize::from(self.blocks[0].1.len),
         }
     }
@@ -151,16 +165,66 @@ impl Item {
     }
 }
 
+/// Compresses `data` (one block, or a unit when `unit`) with the dictionary in use, if any;
+/// `None` when it does not save a sector (a block is then stored raw, a unit is not redone).
+fn recompress(
+    codec: crate::codec::Codec,
+    dicts: &crate::dicts::Dicts,
+    data: &[u8],
+    unit: bool,
+) -> Option<Fresh> {
+    let active = dicts.active();
+    let z = match &active {
+        Some(d) => d.compress(codec, data),
+        None => codec.compress(data),
+    };
+    let (codec, bytes, dict) = match z {
+        Some(z) if z.len() + SECTOR_BYTES <= data.len() => {
+            (codec.id(), z, active.map_or(0, |d| d.id() as u8))
+        }
+        _ if unit => return None,
+        _ => (crate::codec::id::RAW, data.to_vec(), 0),
+    };
+    let crc = crc32c::crc32c(&bytes);
+    Some(Fresh {
+        codec,
+        bytes,
+        crc,
+        dict,
+        unit,
+    })
+}
+
 /// Groups the live blocks of the victims into items: a unit's blocks travel together. A unit
 /// with fewer than half its blocks live is decoded (after its CRC checks) and its live blocks
 /// are recompressed one by one, so its dead share is given back; a damaged one is copied
-/// verbatim, damage and all.
+/// verbatim, damage and all. Blocks and units that name a dictionary other than the current
+/// one are decoded and recompressed with the current one (or none when dictionaries are off),
+/// so old dictionaries lose their last blocks and can be retired (dicts.rs).
 fn items(
     candidates: &[(u64, MapEntry)],
     images: &HashMap<u32, Vec<u8>>,
     codec: crate::codec::Codec,
     dicts: &crate::dicts::Dicts,
 ) -> Vec<Item> {
+    let current = dicts.current_id();
+    let stale = |m: &MapEntry| m.dict != 0 && Some(u16::from(m.dict)) != current;
+    // The stored bytes of `m` decoded into `plain` after their CRC check; false when damaged
+    // or when its dictionary is not loaded (then it is copied verbatim).
+    let decode = |m: &MapEntry, plain: &mut [u8]| -> bool {
+        let stored = images
+            .get(&m.extent)
+            .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
+        let dict = (m.dict != 0).then(|| dicts.get(m.dict));
+        stored.is_some_and(|s| {
+            crc32c::crc32c(s) == m.crc
+                && match &dict {
+                    None => crate::codec::decompress(m.codec, s, plain).is_some(),
+                    Some(Some(d)) => d.decompress(m.codec, s, plain).is_some(),
+                    Some(None) => false,
+                }
+        })
+    };
     let mut units: HashMap<(u32, u32), Vec<(u64, MapEntry)>> = HashMap::new();
     let mut out = Vec::new();
     for &(lba, m) in candidates {
@@ -170,61 +234,51 @@ fn items(
                 .or_default()
                 .push((lba, m));
         } else {
+            let mut plain = vec![0u8; BLOCK_BYTES];
+            let fresh = (stale(&m) && decode(&m, &mut plain))
+                .then(|| recompress(codec, dicts, &plain, false))
+                .flatten();
             out.push(Item {
                 blocks: vec![(lba, m)],
-                fresh: None,
+                fresh,
             });
         }
     }
     for (_, blocks) in units {
         let m = blocks[0].1;
-        if blocks.len() * 2 >= usize::from(m.unit_blocks) {
+        let mostly_live = blocks.len() * 2 >= usize::from(m.unit_blocks);
+        if mostly_live && !stale(&m) {
             out.push(Item {
                 blocks,
                 fresh: None,
             });
             continue;
         }
-        let stored = images
-            .get(&m.extent)
-            .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
         let mut plain = vec![0u8; usize::from(m.unit_blocks) * BLOCK_BYTES];
-        // A unit whose dictionary is not loaded cannot be decoded: it is copied verbatim.
-        let dict = (m.dict != 0).then(|| dicts.get(m.dict));
-        let decoded = stored.is_some_and(|s| {
-            crc32c::crc32c(s) == m.crc
-                && match &dict {
-                    None => crate::codec::decompress(m.codec, s, &mut plain).is_some(),
-                    Some(Some(d)) => d.decompress(m.codec, s, &mut plain).is_some(),
-                    Some(None) => false,
-                }
-        });
-        if !decoded {
+        if !decode(&m, &mut plain) {
             out.push(Item {
                 blocks,
                 fresh: None,
+            });
+            continue;
+        }
+        // A mostly live unit on an old dictionary: the whole unit again, if that still pays.
+        if let Some(fresh) = mostly_live
+            .then(|| recompress(codec, dicts, &plain, true))
+            .flatten()
+        {
+            out.push(Item {
+                blocks,
+                fresh: Some(fresh),
             });
             continue;
         }
         for (lba, e) in blocks {
             let i = usize::from(e.unit_index) * BLOCK_BYTES;
-            let block = &plain[i..i + BLOCK_BYTES];
-            // Recompressed with the dictionary new writes use, if any.
-            let active = dicts.active();
-            let z = match &active {
-                Some(d) => d.compress(codec, block),
-                None => codec.compress(block),
-            };
-            let (c, bytes, dict) = match z {
-                Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => {
-                    (codec.id(), z, active.map_or(0, |d| d.id() as u8))
-                }
-                _ => (crate::codec::id::RAW, block.to_vec(), 0),
-            };
-            let crc = crc32c::crc32c(&bytes);
+            let fresh = recompress(codec, dicts, &plain[i..i + BLOCK_BYTES], false);
             out.push(Item {
                 blocks: vec![(lba, e)],
-                fresh: Some((c, bytes, crc, dict)),
+                fresh,
             });
         }
     }
@@ -321,6 +375,8 @@ fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
 /// than giving up: when free extents are scarce, giving up meant NoSpace with most of the data
 /// area dead). Returns the items, their bins and whether they were streamed; `None` when no
 /// victim is left.
+/// `migrate`: the pass moves blocks off old dictionaries, so it need not gain extents (it
+/// only has to fit the free ones).
 fn fit(
     st: &State,
     all: &[Item],
@@ -328,6 +384,7 @@ fn fit(
     extent_bytes: usize,
     version: u32,
     free: usize,
+    migrate: bool,
 ) -> Option<(Vec<Item>, Vec<Vec<usize>>, bool)> {
     while !victims.is_empty() {
         let mut chosen: Vec<Item> = all
@@ -336,6 +393,13 @@ fn fit(
             .cloned()
             .collect();
         let bins = pack(&chosen, extent_bytes, version);
+        if migrate {
+            if bins.len() <= free.min(PASS_OUTPUTS_MAX) {
+                return Some((chosen, bins, false));
+            }
+            victims.pop();
+            continue;
+        }
         if bins.len() <= free.min(PASS_OUTPUTS_MAX) && bins.len() < victims.len() {
             return Some((chosen, bins, false));
         }
@@ -372,6 +436,7 @@ fn commit(
     cx: &Ctx,
     mut victims: Vec<u32>,
     images: &HashMap<u32, Vec<u8>>,
+    migrate: bool,
 ) -> Result<PassResult> {
     let e = cx.sb.extent_bytes as usize;
     // The victims' record tables name their live blocks, so the (paged) map is not walked,
@@ -397,7 +462,8 @@ fn commit(
     }
     let all = items(&candidates, images, cx.codec, cx.dicts);
     let free = st.free_now();
-    let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.sb.version, free) else {
+    let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.sb.version, free, migrate)
+    else {
         return Ok(PassResult::default());
     };
     let stamp = victims
@@ -425,9 +491,9 @@ fn commit(
             let old = it.blocks[0].1;
             // Copied stored bytes keep their dictionary id; recompressed ones name theirs.
             let (codec, crc, dict) = match &it.fresh {
-                Some((codec, bytes, crc, dict)) => {
-                    buf[at..at + len].copy_from_slice(bytes);
-                    (*codec, *crc, *dict)
+                Some(f) => {
+                    buf[at..at + len].copy_from_slice(&f.bytes);
+                    (f.codec, f.crc, f.dict)
                 }
                 None => {
                     let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
@@ -436,7 +502,14 @@ fn commit(
                 }
             };
             for &(lba, old) in &it.blocks {
-                let entry = match it.fresh {
+                let entry = match &it.fresh {
+                    Some(f) if f.unit => MapEntry {
+                        codec,
+                        len: len as u16,
+                        crc,
+                        dict,
+                        ..old
+                    },
                     Some(_) => MapEntry {
                         codec,
                         len: len as u16,
@@ -509,7 +582,60 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
         return Ok(PassResult::default());
     }
     let images = read_victims(cx, &victims)?;
-    commit(st, cx, victims, &images)
+    commit(st, cx, victims, &images, false)
+}
+
+/// Live blocks that name a dictionary other than the current one (0 when the counts are not
+/// known).
+pub fn stale_blocks(st: &State, cx: &Ctx) -> u64 {
+    let current = cx.dicts.current_id();
+    let counts = st.map.counters();
+    if !counts.savings_known {
+        return 0;
+    }
+    (1..crate::map::DICT_IDS)
+        .filter(|&id| Some(id as u16) != current)
+        .map(|id| counts.by_dict[id])
+        .sum()
+}
+
+/// Extents holding live blocks that name a dictionary other than the current one, found by
+/// one walk of the map (offline migration, `compact`; empty when there are none).
+pub fn migrate_candidates(st: &mut State, cx: &Ctx) -> Result<Vec<u32>> {
+    if stale_blocks(st, cx) == 0 {
+        return Ok(Vec::new());
+    }
+    let current = cx.dicts.current_id();
+    let mut has = vec![false; st.extents.len()];
+    st.map.for_each_data(|_, m| {
+        if m.dict != 0 && Some(u16::from(m.dict)) != current {
+            if let Some(h) = has.get_mut(m.extent as usize) {
+                *h = true;
+            }
+        }
+    })?;
+    Ok((0..st.extents.len() as u32)
+        .filter(|&e| has[e as usize])
+        .collect())
+}
+
+/// Offline migration (after compaction): moves the live blocks of `victims` (a batch of
+/// [`migrate_candidates`]), recompressing those that name a dictionary other than the current
+/// one with the current one (`items`), so old dictionaries lose their last blocks and the next
+/// checkpoints retire them (dicts.rs). Only `compact` runs it (the map walk that finds the
+/// candidates); the background cleaner migrates the blocks it moves for its own reasons. The
+/// pass need not gain extents; victims that do not fit the free extents are left as they are.
+pub fn migrate(st: &mut State, cx: &Ctx, mut victims: Vec<u32>) -> Result<PassResult> {
+    // Only closed extents are cleaned (open ones are closed by `compact` first), and none a
+    // background pass is reading.
+    victims.retain(|&v| {
+        st.extents[v as usize].state == ExtentState::Closed && !st.cleaning.contains(&v)
+    });
+    if victims.is_empty() || st.free_now() == 0 {
+        return Ok(PassResult::default());
+    }
+    let images = read_victims(cx, &victims)?;
+    commit(st, cx, victims, &images, true)
 }
 
 /// One incremental pass that holds the state lock (`lock`) only to choose its victims and to
@@ -539,7 +665,7 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
     if st.clean_gen != gen {
         return Ok(PassResult::default());
     }
-    commit(&mut st, cx, victims, &images)
+    commit(&mut st, cx, victims, &images, false)
 }
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.

@@ -11,8 +11,21 @@
 //!    older slot still knows it);
 //! 3. only then is it used: every record naming it is newer than both checkpoints.
 //!
-//! Dictionaries are never retired (ids are never reused); when the directory or the region is
-//! full, training stops and the newest dictionary stays in use.
+//! Retirement order (the reverse, crash safe at every point):
+//! 1. every map change keeps a live-block count per id (`MapCounters::by_dict`, persisted in
+//!    the directory entries); the cleaner recompresses the blocks it moves that name an older
+//!    dictionary with the current one, so old ids die;
+//! 2. the snapshot of a checkpoint drops from the directory each loaded dictionary whose count
+//!    is 0 and that new blocks do not use (`State::retire_dicts`); from then on no block may
+//!    name it (`State::lists_dict`: a writer that compressed with it before compresses again);
+//! 3. only once a later checkpoint has committed, so neither checkpoint slot lists it, are its
+//!    id and region bytes free (`State::free_retired`): until then recovery may start from a
+//!    checkpoint that lists it, and its bytes stay intact.
+//!
+//! A crash anywhere leaves every block that recovery maps naming a dictionary that the
+//! checkpoint it starts from lists and whose bytes are intact. When the directory or the
+//! region is full, training waits until a retirement frees room; the newest dictionary stays
+//! in use meanwhile.
 
 use crate::codec::dict::{self, Dictionary};
 use crate::codec::Codec;
@@ -45,9 +58,11 @@ pub struct Dicts {
     sampling: AtomicBool,
     samples: Mutex<(Vec<Vec<u8>>, usize)>,
     sample_bytes: usize,
-    /// Training or installing now; or stopped for good (directory or region full).
+    /// Training or installing now; or stopped (a dictionary did not pay: until reopen; or the
+    /// directory or region is full, `no_room`: until a retirement frees room).
     busy: AtomicBool,
     stopped: AtomicBool,
+    no_room: AtomicBool,
     /// Drift check: raw and stored bytes of the current window, and the first window's stored
     /// bytes per raw byte (x 2^16; 0 = first window not complete).
     win_raw: AtomicU64,
@@ -69,6 +84,7 @@ impl Dicts {
             sample_bytes: (content_bytes(sb) * 100).clamp(256 << 10, SAMPLE_BYTES),
             busy: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            no_room: AtomicBool::new(false),
             win_raw: AtomicU64::new(0),
             win_stored: AtomicU64::new(0),
             win_blocks: AtomicU64::new(0),
@@ -92,6 +108,34 @@ impl Dicts {
             return None;
         }
         self.active.read().clone()
+    }
+
+    /// Id of the dictionary new blocks use when dictionaries are on (the newest; never retired).
+    pub fn current_id(&self) -> Option<u16> {
+        self.active.read().as_ref().map(|d| d.id())
+    }
+
+    /// Forgets a retired dictionary (no block names it; neither checkpoint slot lists it).
+    pub fn remove(&self, id: u8) {
+        let mut by_id = self.by_id.write();
+        if let Some(d) = by_id.get_mut(usize::from(id)) {
+            *d = None;
+        }
+    }
+
+    /// A retirement freed room: training stopped for lack of it may run again (on the next
+    /// drift, or now if no dictionary is in use).
+    pub fn resume(&self) {
+        if self.no_room.swap(false, Ordering::SeqCst) {
+            self.stopped.store(false, Ordering::Relaxed);
+            self.start_sampling_if_needed();
+        }
+    }
+
+    /// Training stopped because `place` found no room (see [`Dicts::resume`]).
+    pub fn no_room(&self) {
+        self.no_room.store(true, Ordering::SeqCst);
+        self.stopped.store(true, Ordering::Relaxed);
     }
 
     /// Makes `d` known (and, when `activate`, the one new blocks use).
@@ -194,24 +238,47 @@ pub fn content_bytes(sb: &Superblock) -> usize {
 }
 
 /// Where the next dictionary goes: (directory slot, id, region offset). `None` when the
-/// directory, the ids or the region are used up (training stops for good).
+/// directory, the ids or the region are used up (training waits for a retirement). `retiring`:
+/// dictionaries dropped from the directory whose id and bytes are not free yet. The id is the
+/// next one after the newest listed dictionary's, wrapping within 1..=127, that is neither
+/// listed nor retiring (so an id comes back as late as possible); the bytes go in the first
+/// 4 KiB-aligned hole that fits.
 pub fn place(
     sb: &Superblock,
     dir: &[DictEntry; DICT_ENTRIES],
+    retiring: &[DictEntry],
     len: usize,
 ) -> Option<(usize, u16, u32)> {
     let slot = dir.iter().position(|d| d.id == 0)?;
-    let id = dir.iter().map(|d| d.id).max().unwrap_or(0) + 1;
-    if id > DICT_ID_MAX {
-        return None;
-    }
-    let end = dir
+    let used: Vec<&DictEntry> = dir
+        .iter()
+        .chain(retiring.iter())
+        .filter(|d| d.id != 0)
+        .collect();
+    let newest = dir
         .iter()
         .filter(|d| d.id != 0)
-        .map(|d| u64::from(d.region_offset) + u64::from(d.len))
-        .max()
-        .unwrap_or(0);
-    let at = end.div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64;
+        .max_by_key(|d| (d.created_seq, d.id))
+        .map_or(0, |d| d.id);
+    let id = (1..=DICT_ID_MAX)
+        .map(|k| (newest + k - 1) % DICT_ID_MAX + 1)
+        .find(|&id| used.iter().all(|d| d.id != id))?;
+    let mut taken: Vec<(u64, u64)> = used
+        .iter()
+        .map(|d| {
+            let at = u64::from(d.region_offset);
+            (at, at + u64::from(d.len))
+        })
+        .collect();
+    taken.sort_unstable();
+    let page = BLOCK_BYTES as u64;
+    let mut at = 0u64;
+    for (lo, hi) in taken {
+        if at + len as u64 <= lo {
+            break;
+        }
+        at = at.max(hi.div_ceil(page) * page);
+    }
     (at + len as u64 <= u64::from(sb.dict_bytes)).then_some((slot, id, at as u32))
 }
 

@@ -61,6 +61,9 @@ pub const CKPT_FLAG_EXTENT_TABLE: u32 = 2;
 /// Checkpoint flag: volume counters 8..16 (blocks and bytes with a dictionary, by unit size)
 /// are maintained and valid too (v2; a checkpoint without it carries zeros there).
 pub const CKPT_FLAG_SAVINGS_COUNTERS: u32 = 4;
+/// Checkpoint flag: each directory entry's live-block count (its bytes 24..32, reserved zeros
+/// before) is maintained and valid (v2; without it a writable open recounts from the map).
+pub const CKPT_FLAG_DICT_COUNTS: u32 = 8;
 /// Checkpoint flag (incompatible): records and map entries may use multi-block compression
 /// units. A build that does not know a bit of `CKPT_FLAGS_INCOMPAT` refuses to open the volume.
 pub const CKPT_FLAG_COMPRESSION_UNITS: u32 = 1 << 8;
@@ -447,6 +450,9 @@ pub struct DictEntry {
     pub crc: u32,
     /// Write sequence when it was trained.
     pub created_seq: u64,
+    /// Live blocks that name it, valid with `CKPT_FLAG_DICT_COUNTS` (bytes 24..32, reserved
+    /// zeros before that flag).
+    pub live_blocks: u64,
 }
 
 /// A checkpoint: the root of all metadata.
@@ -531,6 +537,7 @@ impl Checkpoint {
                 put_u32(&mut b, o + 8, d.len);
                 put_u32(&mut b, o + 12, d.crc);
                 put_u64(&mut b, o + 16, d.created_seq);
+                put_u64(&mut b, o + 24, d.live_blocks);
             }
             CHECKPOINT_V2_HEADER_BYTES
         } else {
@@ -613,6 +620,7 @@ impl Checkpoint {
                     len: get_u32(b, o + 8),
                     crc: get_u32(b, o + 12),
                     created_seq: get_u64(b, o + 16),
+                    live_blocks: get_u64(b, o + 24),
                 };
             }
             CHECKPOINT_V2_HEADER_BYTES

@@ -8,9 +8,9 @@ use crate::error::{Error, Result};
 use crate::extent_table::{ExtentTable, WrittenTable};
 use crate::format::{
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock,
-    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES, CKPT_FLAG_EXTENT_TABLE,
-    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES, SECTOR_BYTES,
-    SEGMENT_HEADER_BYTES,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES, CKPT_FLAG_DICT_COUNTS,
+    CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, DICT_ENTRIES,
+    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::free_list::FreeList;
 use crate::map::{Map, PageWrite, WrittenPages};
@@ -80,9 +80,13 @@ pub struct State {
     pub buffer: BufferConfig,
     /// Records replayed at open.
     pub replayed: u64,
-    /// Dictionary directory: what the next checkpoint lists (dicts.rs; entries are added, never
-    /// removed).
+    /// Dictionary directory: what the next checkpoint lists (dicts.rs; entries are added by an
+    /// install and removed by the checkpoint that retires them).
     pub dicts: [DictEntry; DICT_ENTRIES],
+    /// Dictionaries retired (dropped from the directory) by the checkpoint of the given
+    /// sequence: their id and region bytes stay reserved until a later checkpoint commits, so
+    /// both checkpoint slots no longer list them (dicts.rs, "Retirement order").
+    pub retiring: Vec<(DictEntry, u64)>,
     /// Victims of a cleaning pass that reads them without the state lock
     /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
     pub cleaning: Vec<u32>,
@@ -166,6 +170,55 @@ impl State {
         }
     }
 
+    /// Whether a block may name dictionary `dict` now: none, or one the directory lists (a
+    /// retired dictionary must not gain blocks again; writers that compressed with it before
+    /// it was retired compress again).
+    pub fn lists_dict(&self, dict: u8) -> bool {
+        dict == 0 || self.dicts.iter().any(|d| d.id == u16::from(dict))
+    }
+
+    /// Drops from the directory every dictionary no live block names, other than the one new
+    /// blocks use and any not loaded (an install lists its dictionary before loading it), when
+    /// the per-dictionary counts are known. Called by the snapshot of checkpoint `seq`, which
+    /// is the first not to list them.
+    fn retire_dicts(&mut self, cx: &Ctx, seq: u64) {
+        let counts = self.map.counters();
+        if !counts.savings_known {
+            return;
+        }
+        let current = cx.dicts.current_id();
+        for e in self.dicts.iter_mut() {
+            if e.id == 0
+                || Some(e.id) == current
+                || counts.by_dict[usize::from(e.id) % crate::map::DICT_IDS] != 0
+                || cx.dicts.get(e.id as u8).is_none()
+            {
+                continue;
+            }
+            self.retiring.push((*e, seq));
+            *e = DictEntry::default();
+        }
+    }
+
+    /// After checkpoint `seq` committed: dictionaries retired by an earlier checkpoint are in
+    /// neither slot any more, so their id and region bytes are free; they are unloaded under
+    /// the reuse gate (a read that looked up a block naming one before it died has finished).
+    fn free_retired(&mut self, cx: &Ctx, seq: u64) {
+        if !self.retiring.iter().any(|&(_, at)| at < seq) {
+            return;
+        }
+        let _exclusive = cx.gate.write();
+        self.retiring.retain(|(e, at)| {
+            if *at < seq {
+                cx.dicts.remove(e.id as u8);
+                false
+            } else {
+                true
+            }
+        });
+        cx.dicts.resume();
+    }
+
     /// Hands out the next record write sequence.
     pub fn take_seq(&mut self) -> u64 {
         let s = self.next_seq;
@@ -190,6 +243,7 @@ impl State {
                 blocks,
                 dict,
             } => {
+                debug_assert!(self.lists_dict(dict), "dictionary {dict} is not listed");
                 if blocks > 1 && !self.units_flag {
                     // Durable before any record that needs it.
                     self.units_flag = true;
@@ -346,6 +400,12 @@ impl State {
         self.counters.flushes += 1;
         let seq = self.ckpt_seq + 1;
         let watermark = self.next_seq - 1;
+        self.retire_dicts(cx, seq);
+        // The directory carries each dictionary's live-block count (docs/format.md).
+        let by_dict = self.map.counters().by_dict;
+        for e in self.dicts.iter_mut().filter(|e| e.id != 0) {
+            e.live_blocks = by_dict[usize::from(e.id) % crate::map::DICT_IDS];
+        }
         let (mut writes, pages) = self.map.snapshot(seq)?;
         self.counters.metadata_bytes_written += pages.bytes;
         let v2 = cx.sb.version >= 2;
@@ -402,7 +462,7 @@ impl State {
                 CKPT_FLAG_VOLUME_COUNTERS
                     | CKPT_FLAG_EXTENT_TABLE
                     | if self.map.counters().savings_known {
-                        CKPT_FLAG_SAVINGS_COUNTERS
+                        CKPT_FLAG_SAVINGS_COUNTERS | CKPT_FLAG_DICT_COUNTS
                     } else {
                         0
                     }
@@ -478,6 +538,7 @@ impl State {
             return r;
         }
         self.ckpt_seq = seq;
+        self.free_retired(cx, seq);
         self.map.commit(seq, f.pages);
         self.table.commit(f.table);
         self.next_alloc_seq = f.next_alloc;

@@ -195,4 +195,7 @@ pub struct DictStat {
     pub loaded: bool,
     /// Whether new blocks use it.
     pub active: bool,
+    /// Live blocks that name it (`None`: not known, see `Stats::savings_known`); a dictionary
+    /// that no live block names and new blocks do not use is retired by the next checkpoint.
+    pub live_blocks: Option<u64>,
 }

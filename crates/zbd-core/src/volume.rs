@@ -335,6 +335,9 @@ impl Inner {
             },
             replayed: 0,
             dicts: ck.dicts,
+            // Dictionaries not listed by the checkpoint recovery starts from are free: the
+            // open's own checkpoint, below, is written before anything reuses them.
+            retiring: Vec::new(),
             cleaning: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
             clean_gen: 0,
@@ -377,7 +380,14 @@ impl Inner {
         );
         // The newest dictionary serves new blocks, once the recovery checkpoint below has made
         // both checkpoint slots list it (dicts.rs).
-        let newest = loaded.dicts.iter().map(|d| d.id()).max();
+        // Newest by training sequence (ids wrap around once retired ones are reused), the
+        // higher id first among equals (builds before retirement could give two the same).
+        let newest = ck
+            .dicts
+            .iter()
+            .filter(|e| e.id != 0 && loaded.dicts.iter().any(|d| d.id() == e.id))
+            .max_by_key(|e| (e.created_seq, e.id))
+            .map(|e| e.id);
         for d in &loaded.dicts {
             dicts.add(Arc::clone(d), Some(d.id()) == newest);
         }
@@ -874,6 +884,14 @@ impl Inner {
         Some(())
     }
 
+    /// Whether `p` names no dictionary or one the directory lists (`State::lists_dict`).
+    fn listed(st: &State, p: &Prepared) -> bool {
+        match p {
+            Prepared::Zero => true,
+            Prepared::Data { dict, .. } => st.lists_dict(*dict),
+        }
+    }
+
     /// Compresses one full block (outside any lock).
     fn prepare(&self, block: &[u8]) -> Prepared {
         if is_zero(block) {
@@ -1018,8 +1036,13 @@ impl Inner {
         };
         let mut st = self.lock_for_write();
         let cx = self.ctx();
-        for (start, ps) in prepared {
+        for (start, mut ps) in prepared {
             let mut lba = first + start as u64;
+            if !ps.iter().all(|p| Self::listed(&st, p)) {
+                // Compressed with a dictionary retired meanwhile: compress again (rare).
+                let n: usize = ps.iter().map(Prepared::blocks).sum();
+                ps = self.prepare_unit(&data[start * BLOCK_BYTES..(start + n) * BLOCK_BYTES]);
+            }
             for p in ps {
                 let n = match &p {
                     Prepared::Zero => 1,
@@ -1074,13 +1097,17 @@ impl Inner {
                 (_, None) => return Err(Error::Corrupt { lba }),
             };
             block[within..within + patch.len()].copy_from_slice(patch);
-            let p = self.prepare(&block);
+            let mut p = self.prepare(&block);
             let mut st = self.lock_for_write();
             let now = st.map.get(lba)?;
             let unchanged = now == seen
                 || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
             if !unchanged {
                 continue;
+            }
+            if !Self::listed(&st, &p) {
+                // Compressed with a dictionary retired meanwhile: compress again (rare).
+                p = self.prepare(&block);
             }
             let cx = self.ctx();
             return st.put_block(&cx, lba, p);
@@ -1318,8 +1345,9 @@ impl Inner {
         };
         let r = self.install_dictionary(content);
         match r {
-            Ok(installed) => {
-                self.dicts.done(!installed);
+            // Not installed: `no_room` stopped training until a retirement frees room.
+            Ok(_) => {
+                self.dicts.done(false);
                 Ok(())
             }
             Err(e) => {
@@ -1335,9 +1363,20 @@ impl Inner {
         self.check_writable()?;
         let mut st = self.lock_for_write();
         let cx = self.ctx();
-        let seq = st.next_seq;
+        // Strictly newer than every listed dictionary (which one is newest decides at open
+        // which serves new blocks; ids alone do not, once they wrap around).
+        let seq = st
+            .dicts
+            .iter()
+            .map(|e| e.created_seq + 1)
+            .max()
+            .unwrap_or(0)
+            .max(st.next_seq);
         let len = crate::codec::dict::HEADER_BYTES + content.len();
-        let Some((slot, id, at)) = crate::dicts::place(&self.sb, &st.dicts, len) else {
+        let retiring: Vec<_> = st.retiring.iter().map(|&(e, _)| e).collect();
+        let Some((slot, id, at)) = crate::dicts::place(&self.sb, &st.dicts, &retiring, len) else {
+            // Training waits until a retirement frees room (`Dicts::resume`).
+            self.dicts.no_room();
             return Ok(false);
         };
         let d = crate::codec::dict::Dictionary::new(id, self.codec, seq, content)?;
@@ -1351,6 +1390,7 @@ impl Inner {
             len: encoded.len() as u32,
             crc: crc32c::crc32c(&encoded),
             created_seq: seq,
+            live_blocks: 0,
         };
         self.sync_read_counters(&mut st);
         // Two checkpoints: both slots list it before any record names it.
@@ -1545,6 +1585,9 @@ impl Inner {
                         trained_seq: d.created_seq,
                         loaded: self.dicts.get(d.id as u8).is_some(),
                         active: active == Some(d.id),
+                        live_blocks: m
+                            .savings_known
+                            .then(|| m.by_dict[usize::from(d.id) % crate::map::DICT_IDS]),
                     })
                     .collect()
             },
@@ -1614,8 +1657,12 @@ impl Inner {
             let now = st.map.counters();
             if !kept.savings_known {
                 // Not kept by the build that wrote the checkpoint: nothing to compare.
-                (kept.dict_blocks, kept.dict_bytes, kept.by_unit) =
-                    (now.dict_blocks, now.dict_bytes, now.by_unit);
+                (
+                    kept.dict_blocks,
+                    kept.dict_bytes,
+                    kept.by_unit,
+                    kept.by_dict,
+                ) = (now.dict_blocks, now.dict_bytes, now.by_unit, now.by_dict);
                 kept.savings_known = true;
             }
             if !fresh.is_empty() && now != kept {
@@ -1841,6 +1888,21 @@ impl Inner {
             if !r.progressed() {
                 break;
             }
+        }
+        // Then the blocks of older dictionaries move to the current one, batch by batch (each
+        // batch's victims are freed by the checkpoint after it), so those can be retired. One
+        // map walk finds them; a batch that does not fit the free extents is skipped.
+        let todo = crate::cleaner::migrate_candidates(&mut st, &cx)?;
+        for batch in todo.chunks(crate::cleaner::MIGRATE_BATCH) {
+            let r = crate::cleaner::migrate(&mut st, &cx, batch.to_vec())?;
+            if r.victims == 0 {
+                continue;
+            }
+            st.checkpoint(&cx)?;
+            total.victims += r.victims;
+            total.reclaimed += r.reclaimed;
+            total.outputs += r.outputs;
+            total.bytes_moved += r.bytes_moved;
         }
         progress(first, first);
         drop(st);

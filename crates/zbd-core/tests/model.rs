@@ -60,6 +60,11 @@ enum MOp {
     Retrain {
         seed: u64,
     },
+    /// Two checkpoints (the first retires dictionaries no live block names, the second frees
+    /// their room), then a retrain that must install a new dictionary.
+    RetireRetrain {
+        seed: u64,
+    },
     Reopen,
     /// Offline compaction: the cleaner rewrites partly dead units (recompressing them with
     /// the dictionary in use) and copies the rest.
@@ -76,6 +81,7 @@ fn mop() -> impl Strategy<Value = MOp> {
     prop_oneof![
         19 => base_mop(),
         1 => any::<u64>().prop_map(|seed| MOp::Retrain { seed }),
+        1 => any::<u64>().prop_map(|seed| MOp::RetireRetrain { seed }),
     ]
 }
 
@@ -188,7 +194,7 @@ fn unit_op(op: &MOp) -> MOp {
 }
 
 fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCaseError> {
-    run_with(ops, extent, codec, unit, false)
+    run_with(ops, extent, codec, unit, false).map(|_| ())
 }
 
 /// `dict`: trained dictionaries on; the volume is then 8 MiB (the smallest whose dictionary
@@ -199,7 +205,7 @@ fn run_with(
     codec: Codec,
     unit: u32,
     dict: bool,
-) -> Result<(), TestCaseError> {
+) -> Result<usize, TestCaseError> {
     let (size, factor) = if dict { (8 << 20, 2) } else { (SIZE, 16) };
     let create = zbd_core::CreateOptions {
         unit_bytes: Some(unit.min(u32::from(zbd_core::layout::unit_blocks_max(extent)) * 4096)),
@@ -214,10 +220,13 @@ fn run_with(
         let text = log_text(7, 1 << 20);
         vol.write(SIZE, &text, false)
             .map_err(|e| TestCaseError::fail(format!("training write: {e}")))?;
+        // Only the model's range holds data from now on: dictionaries die with its blocks.
+        vol.trim(SIZE, 1 << 20)
+            .map_err(|e| TestCaseError::fail(format!("training trim: {e}")))?;
     }
     let mut model = vec![0u8; SIZE as usize];
-    // Dictionaries installed: one before the operations, one per successful retrain.
-    let mut installed = usize::from(dict);
+    // Retrains that installed a dictionary.
+    let mut installed = 0;
     for (i, op) in ops.iter().flat_map(unit_ops).enumerate() {
         let op = &op;
         match op {
@@ -292,12 +301,35 @@ fn run_with(
                     .retrain_dictionary(samples)
                     .map_err(|e| TestCaseError::fail(format!("op {i} retrain: {e}")))?;
                 // The region of these volumes holds two dictionaries: the first retrain must
-                // install a new one (training stops once the region is full).
-                prop_assert!(now || installed >= 2, "op {} retrain installed nothing", i);
+                // install a new one (later ones only once a retirement freed room).
+                prop_assert!(now || installed >= 1, "op {} retrain installed nothing", i);
                 installed += usize::from(now);
-                let ids: Vec<u16> = vol.stats().dictionaries.iter().map(|d| d.id).collect();
-                prop_assert_eq!(ids.len(), installed, "dictionaries after op {}", i);
+                check_dictionaries(&vol, i)?;
             }
+            MOp::RetireRetrain { seed } if dict => {
+                for _ in 0..2 {
+                    vol.checkpoint()
+                        .map_err(|e| TestCaseError::fail(format!("op {i} checkpoint: {e}")))?;
+                }
+                let samples = log_text(*seed, 512 << 10)
+                    .chunks(BS)
+                    .map(<[u8]>::to_vec)
+                    .collect();
+                let before = vol.stats().dictionaries;
+                let now = vol
+                    .retrain_dictionary(samples)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} retrain: {e}")))?;
+                // The region holds two: with one listed there is room.
+                prop_assert!(
+                    now || before.len() >= 2,
+                    "op {} retrain after retirement installed nothing: {:?}",
+                    i,
+                    before
+                );
+                installed += usize::from(now);
+                check_dictionaries(&vol, i)?;
+            }
+            MOp::RetireRetrain { .. } => {}
             MOp::Retrain { .. } => {}
             MOp::Compact => {
                 vol.compact(&|_, _| {})
@@ -332,20 +364,46 @@ fn run_with(
         let report = vol.check(&|_, _| {});
         prop_assert!(report.is_clean(), "check: {:?}", report);
         if dict {
-            let s = vol.stats();
-            prop_assert_eq!(s.dictionaries.len(), installed, "dictionaries at the end");
-            // The newest serves new blocks after a reopen too.
-            prop_assert!(
-                s.dictionaries
-                    .iter()
-                    .max_by_key(|d| d.id)
-                    .is_some_and(|d| d.active),
-                "newest dictionary not in use: {:?}",
-                s.dictionaries
-            );
+            // Dictionaries no live block names are gone once two checkpoints passed.
+            for _ in 0..2 {
+                vol.checkpoint()
+                    .map_err(|e| TestCaseError::fail(format!("final checkpoint: {e}")))?;
+            }
+            check_dictionaries(&vol, usize::MAX)?;
+            for d in vol.stats().dictionaries {
+                prop_assert!(
+                    d.active || d.live_blocks.is_some_and(|n| n > 0),
+                    "dictionary {} not retired: {:?}",
+                    d.id,
+                    d
+                );
+            }
         }
         vol = reopen(&disk, vol, dict);
     }
+    Ok(installed)
+}
+
+/// The newest dictionary serves new blocks; every listed one is loaded and has its count.
+fn check_dictionaries(vol: &Volume, op: usize) -> Result<(), TestCaseError> {
+    let s = vol.stats();
+    prop_assert!(
+        s.dictionaries
+            .iter()
+            .max_by_key(|d| d.trained_seq)
+            .is_some_and(|d| d.active),
+        "newest dictionary not in use after op {}: {:?}",
+        op,
+        s.dictionaries
+    );
+    prop_assert!(
+        s.dictionaries
+            .iter()
+            .all(|d| d.loaded && d.live_blocks.is_some()),
+        "after op {}: {:?}",
+        op,
+        s.dictionaries
+    );
     Ok(())
 }
 
@@ -397,6 +455,7 @@ fn seeded_long_runs() {
                     11 => MOp::Trim { offset, len },
                     12 => MOp::Flush,
                     13 if rng.random_range(0..4) == 0 => MOp::Retrain { seed: rng.random() },
+                    13 if rng.random_range(0..4) == 0 => MOp::RetireRetrain { seed: rng.random() },
                     13 => MOp::FlushKill,
                     14 => MOp::UnitWrite {
                         unit: rng.random_range(0..SIZE / UNIT_SPAN),
@@ -478,6 +537,50 @@ fn retrain_then_split_units_then_compact() {
     ] {
         if let Err(e) = run_with(&ops, 16384, codec, unit, true) {
             panic!("{codec}, unit {unit}: {e}");
+        }
+    }
+}
+
+/// Retirement: on a volume whose region holds two dictionaries, retrain eight times, each time
+/// after the model's blocks were rewritten (and compacted) with the dictionary in use, so the
+/// older one has no live block left; kills and reopens in between. Before retirement existed
+/// the second retrain installed nothing (training stopped for good).
+#[test]
+fn retrain_many_times_retiring_old_dictionaries() {
+    let mut ops = Vec::new();
+    for round in 0..8u64 {
+        ops.push(MOp::Write {
+            offset: 0,
+            len: SIZE,
+            seed: 2 * round + 1,
+            kind: 3,
+        });
+        ops.push(MOp::Compact);
+        ops.push(if round % 2 == 0 {
+            MOp::FlushKill
+        } else {
+            MOp::Reopen
+        });
+        ops.push(MOp::RetireRetrain { seed: round + 10 });
+        ops.push(MOp::Read {
+            offset: 0,
+            len: SIZE,
+        });
+        ops.push(MOp::Carve {
+            unit: round % (SIZE / UNIT_SPAN),
+            keep: round % 4,
+            seed: round,
+        });
+        ops.push(MOp::Compact);
+    }
+    for (codec, unit) in [
+        (Codec::Lz4, 16384),
+        (Codec::Lz4, 4096),
+        (Codec::Zstd(1), 4096),
+    ] {
+        match run_with(&ops, 16384, codec, unit, true) {
+            Ok(n) => assert_eq!(n, 8, "{codec}, unit {unit}: retrains that installed"),
+            Err(e) => panic!("{codec}, unit {unit}: {e}"),
         }
     }
 }

@@ -78,6 +78,16 @@ pub enum Prepared {
     },
 }
 
+impl Prepared {
+    /// Logical blocks it covers.
+    pub fn blocks(&self) -> usize {
+        match self {
+            Prepared::Zero => 1,
+            Prepared::Data { blocks, .. } => usize::from(*blocks),
+        }
+    }
+}
+
 /// Tunables applied at open time.
 #[derive(Clone, Debug)]
 pub struct BufferConfig {

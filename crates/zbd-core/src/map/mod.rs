@@ -23,9 +23,10 @@ mod cache;
 
 use crate::error::Result;
 use crate::format::{
-    encode_map_page, BlockState, Checkpoint, MapEntry, PageSlot, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES,
-    PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX, VOLUME_COUNTERS,
+    encode_map_page, BlockState, Checkpoint, DictEntry, MapEntry, PageSlot, Superblock,
+    BLOCK_BYTES, CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS,
+    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX,
+    VOLUME_COUNTERS,
 };
 use crate::storage::Storage;
 pub use cache::MAP_CACHE_BYTES_DEFAULT;
@@ -88,7 +89,7 @@ fn spans(first: u64, count: u64) -> impl Iterator<Item = Span> {
 }
 
 /// Counters kept exact on every map change (persisted as the checkpoint's volume counters).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapCounters {
     /// Blocks in state `Data`.
     pub data_blocks: u64,
@@ -111,9 +112,36 @@ pub struct MapCounters {
     /// Blocks in units by unit size ([`UNIT_SIZE_CLASSES`]: 2, 3..4, 5..16 blocks) and their
     /// part of `live_bytes`; the classes add up to `unit_blocks` and `unit_bytes`.
     pub by_unit: [(u64, u64); 3],
-    /// Whether `dict_*` and `by_unit` are known: a checkpoint written by a build that did not
-    /// keep them lacks `CKPT_FLAG_SAVINGS_COUNTERS` (then a writable open recounts).
+    /// Data blocks by the dictionary id they name (index 0: none), persisted in the
+    /// directory entries (`DictEntry::live_blocks`): a dictionary whose count is 0 and that new
+    /// blocks do not use can be retired (state.rs).
+    pub by_dict: [u64; DICT_IDS],
+    /// Whether `dict_*`, `by_unit` and `by_dict` are known: a checkpoint written by a build
+    /// that did not keep them lacks `CKPT_FLAG_SAVINGS_COUNTERS` or `CKPT_FLAG_DICT_COUNTS`
+    /// (then a writable open recounts).
     pub savings_known: bool,
+}
+
+/// Dictionary ids a map entry can carry (7 bits: 0 none, 1..127).
+pub const DICT_IDS: usize = 128;
+
+impl Default for MapCounters {
+    fn default() -> MapCounters {
+        MapCounters {
+            data_blocks: 0,
+            zero_blocks: 0,
+            raw_blocks: 0,
+            damaged_blocks: 0,
+            live_bytes: 0,
+            unit_blocks: 0,
+            unit_bytes: 0,
+            dict_blocks: 0,
+            dict_bytes: 0,
+            by_unit: [(0, 0); 3],
+            by_dict: [0; DICT_IDS],
+            savings_known: false,
+        }
+    }
 }
 
 /// Unit size classes of [`MapCounters::by_unit`]: most blocks per unit in each.
@@ -147,6 +175,7 @@ impl MapCounters {
                     self.dict_blocks += n;
                     self.dict_bytes += share;
                 }
+                self.by_dict[usize::from(e.dict) % DICT_IDS] += n;
             }
             BlockState::Zero => self.zero_blocks += n,
             BlockState::Corrupt => self.damaged_blocks += n,
@@ -175,6 +204,8 @@ impl MapCounters {
                     self.dict_blocks = self.dict_blocks.saturating_sub(n);
                     self.dict_bytes = self.dict_bytes.saturating_sub(share);
                 }
+                let d = &mut self.by_dict[usize::from(e.dict) % DICT_IDS];
+                *d = d.saturating_sub(n);
             }
             BlockState::Zero => self.zero_blocks = self.zero_blocks.saturating_sub(n),
             BlockState::Corrupt => self.damaged_blocks = self.damaged_blocks.saturating_sub(n),
@@ -202,8 +233,13 @@ impl MapCounters {
         a
     }
 
-    /// From a checkpoint's array; `savings`: whether slots 8..16 are valid.
-    fn from_array(a: &[u64; VOLUME_COUNTERS], savings: bool) -> MapCounters {
+    /// From a checkpoint's array; `savings`: whether slots 8..16 are valid; `dicts`: the
+    /// directory, when its live-block counts are valid too (else all of these are recounted).
+    fn from_array(
+        a: &[u64; VOLUME_COUNTERS],
+        savings: bool,
+        dicts: Option<&[DictEntry]>,
+    ) -> MapCounters {
         let mut c = MapCounters {
             data_blocks: a[0],
             zero_blocks: a[1],
@@ -214,7 +250,14 @@ impl MapCounters {
             unit_bytes: a[7],
             ..MapCounters::default()
         };
-        if savings {
+        if let (true, Some(dicts)) = (savings, dicts) {
+            let mut listed = 0;
+            for d in dicts.iter().filter(|d| d.id != 0) {
+                c.by_dict[usize::from(d.id) % DICT_IDS] = d.live_blocks;
+                listed += d.live_blocks;
+            }
+            // Data blocks without a dictionary: the rest.
+            c.by_dict[0] = a[0].saturating_sub(listed);
             c.dict_blocks = a[8];
             c.dict_bytes = a[9];
             for (i, u) in c.by_unit.iter_mut().enumerate() {
@@ -324,6 +367,7 @@ impl Map {
                 MapCounters::from_array(
                     &ck.volume_counters,
                     ck.flags & CKPT_FLAG_SAVINGS_COUNTERS != 0,
+                    (ck.flags & CKPT_FLAG_DICT_COUNTS != 0).then_some(&ck.dicts[..]),
                 )
             } else {
                 MapCounters::default()

@@ -105,9 +105,11 @@ pub fn render(name: &str, s: &Stats) -> String {
                     .iter()
                     .map(|d| {
                         format!(
-                            "#{} {}{}{}",
+                            "#{} {}{}{}{}",
                             d.id,
                             human(u64::from(d.bytes)),
+                            d.live_blocks
+                                .map_or(String::new(), |n| format!(" {n} blocks")),
                             if d.active { " (in use)" } else { "" },
                             if d.loaded { "" } else { " DAMAGED" }
                         )
