@@ -166,9 +166,18 @@ fn reads_during_checkpoints_never_see_stale_data() {
     let mut rng = SmallRng::seed_from_u64(2);
     let mut buf = vec![0u8; 4096];
     let mut checked = 0u64;
-    // While the writer runs, and at least until some written block was checked (a loaded
-    // machine may run the whole writer before this thread's first read).
-    while !writer.is_finished() || checked == 0 {
+    // While the writer runs, and at least until some written block was checked and a page was
+    // faulted in (a loaded machine may run the whole writer before this thread's first read,
+    // and pages stay pinned while dirty: the checkpointer goes on cleaning them meanwhile).
+    // Bounded, so that a cache that never faults fails the assertion below instead of hanging.
+    let mut after = 0u32;
+    while !writer.is_finished()
+        || checked == 0
+        || (vol.stats().map_cache.faults == 0 && after < 100_000)
+    {
+        if writer.is_finished() {
+            after += 1;
+        }
         let lba = rng.random_range(0..blocks);
         let floor = acked[lba as usize].load(Ordering::SeqCst);
         vol.read(lba * 4096, &mut buf).expect("read");
