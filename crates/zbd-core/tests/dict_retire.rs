@@ -10,7 +10,7 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::sync::Arc;
-use zbd_core::format::{Checkpoint, Superblock, CKPT_FLAG_DICT_COUNTS, SUPERBLOCK_BYTES};
+use zbd_core::format::CKPT_FLAG_DICT_COUNTS;
 use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Volume};
 
 /// 8 MiB: the dictionary region holds two dictionaries, so every retrain after the first
@@ -260,19 +260,6 @@ fn crash_at_every_storage_operation_around_retirement() {
     for (n, at) in (0..total).step_by(step as usize).enumerate() {
         crash_run(at, n as u64);
     }
-}
-
-/// Newest valid checkpoint of `image`, with where its copy 0 lies.
-fn newest_checkpoint(image: &[u8]) -> (Superblock, Checkpoint) {
-    let sb = Superblock::decode(&image[..SUPERBLOCK_BYTES]).expect("superblock");
-    let ck = (0..2u64)
-        .filter_map(|slot| {
-            let at = sb.checkpoint_slot_offset(slot, 0) as usize;
-            Checkpoint::decode(&image[at..at + sb.checkpoint_slot_bytes as usize], &sb).ok()
-        })
-        .max_by_key(|c| c.seq)
-        .expect("a checkpoint");
-    (sb, ck)
 }
 
 #[test]

@@ -10,7 +10,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::path::PathBuf;
 use std::sync::Arc;
-use zbd_core::format::{Checkpoint, Superblock, CKPT_FLAG_DICTIONARIES, SUPERBLOCK_BYTES};
+use zbd_core::format::{Checkpoint, Superblock, CKPT_FLAG_DICTIONARIES};
 use zbd_core::{Codec, CreateOptions, Error, OpenOptions, SimStorage, Volume};
 
 /// 16 MiB: a 16 KiB dictionary region, so an 8 KiB dictionary trained on ~800 KiB of blocks.
@@ -50,16 +50,7 @@ fn read_all(vol: &Volume, len: usize) -> Vec<u8> {
 
 /// Flags of the newest valid checkpoint on `disk`.
 fn checkpoint(disk: &SimStorage) -> (Superblock, Checkpoint) {
-    let image = disk.current_image();
-    let sb = Superblock::decode(&image[..SUPERBLOCK_BYTES]).expect("superblock");
-    let ck = (0..2u64)
-        .filter_map(|slot| {
-            let at = sb.checkpoint_slot_offset(slot, 0) as usize;
-            Checkpoint::decode(&image[at..at + sb.checkpoint_slot_bytes as usize], &sb).ok()
-        })
-        .max_by_key(|c| c.seq)
-        .expect("a checkpoint");
-    (sb, ck)
+    newest_checkpoint(&disk.current_image())
 }
 
 /// Writes `data` in 64 KiB requests; returns the byte offset where the first dictionary was

@@ -327,3 +327,19 @@ pub fn concurrently(
             .collect()
     })
 }
+
+/// The newest valid checkpoint of a volume image (copy 0 of each slot), with its superblock.
+pub fn newest_checkpoint(
+    image: &[u8],
+) -> (zbd_core::format::Superblock, zbd_core::format::Checkpoint) {
+    use zbd_core::format::{Checkpoint, Superblock, SUPERBLOCK_BYTES};
+    let sb = Superblock::decode(&image[..SUPERBLOCK_BYTES]).expect("superblock");
+    let ck = (0..2u64)
+        .filter_map(|slot| {
+            let at = sb.checkpoint_slot_offset(slot, 0) as usize;
+            Checkpoint::decode(&image[at..at + sb.checkpoint_slot_bytes as usize], &sb).ok()
+        })
+        .max_by_key(|c| c.seq)
+        .expect("a checkpoint");
+    (sb, ck)
+}
