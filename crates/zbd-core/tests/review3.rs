@@ -1,0 +1,477 @@
+//! Review of cleaning ahead (`Volume::clean_ahead`: cleaner passes and the checkpoint that frees
+//! their victims, run by a writer without the state lock) and of dictionary retirement
+//! (`State::retire_dicts` / `free_retired`, per-dictionary live counts, migration by the
+//! cleaner and `compact`). Each test is written to fail if a concrete way of losing data,
+//! reading older data or acknowledging data that is not durable existed (review3).
+
+mod common;
+
+use common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
+
+/// Clean-ahead volumes: 2 MiB logical, a data area of about the same size (capacity factor 1),
+/// 32 KiB extents: overwrites of random (raw) blocks need the cleaner within a few hundred
+/// writes.
+const SIZE: u64 = 2 << 20;
+const BLOCKS: usize = SIZE as usize / BS;
+/// Blocks holding data (the rest stays a hole): three quarters.
+const LIVE: usize = BLOCKS * 3 / 4;
+
+fn tight() -> CreateOptions {
+    small_volume(SIZE, 32 * 1024, Codec::Lz4, 1, 32)
+}
+
+/// Block `b` at version `v`: random (stored raw, so space runs short fast) after a header
+/// naming both.
+fn versioned(b: usize, v: u64, rng: &mut SmallRng) -> Vec<u8> {
+    let mut d = fill(rng, Fill::Random, BS);
+    d[..8].copy_from_slice(&(b as u64).to_le_bytes());
+    d[8..16].copy_from_slice(&v.to_le_bytes());
+    d
+}
+
+fn header(buf: &[u8]) -> (u64, u64) {
+    (
+        u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes")),
+    )
+}
+
+/// Writes version 1 of blocks `0..LIVE`, flushes and closes; the image (what every run of a
+/// sweep starts from, so the sweep covers the overwrites that clean ahead).
+fn filled_image(opts: &CreateOptions) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let (disk, vol) = sim_volume_with(opts, open_opts_sync());
+    let mut rng = SmallRng::seed_from_u64(7);
+    let data: Vec<Vec<u8>> = (0..LIVE).map(|b| versioned(b, 1, &mut rng)).collect();
+    for (b, d) in data.iter().enumerate() {
+        vol.write((b * BS) as u64, d, false).expect("fill");
+    }
+    vol.close().expect("close");
+    drop(vol);
+    let mut all = data;
+    all.resize(BLOCKS, vec![0u8; BS]);
+    (disk.current_image(), all)
+}
+
+/// Hypotheses 1a, 1d, 1e: two writers that both clean ahead (each write of theirs may), a trim
+/// of a block a pass is moving, the background cleaner and a reader, all at once. A victim's
+/// block rewritten or trimmed while the pass reads it without the state lock must not come
+/// back: every read returns a version between the last completed and the last started write of
+/// its block (zeros only if a trim is among them), and at the end every block holds exactly
+/// its last write, before and after a reopen.
+#[test]
+fn clean_ahead_beside_writers_trims_readers_and_the_cleaner_keeps_the_latest() {
+    let opts = tight();
+    let open = OpenOptions {
+        background_cleaner: true,
+        clean_watermarks: Some((30, 50)),
+        ..open_opts_with(IoOptions::default())
+    };
+    let (disk, vol) = sim_volume_with(&opts, open);
+    let vol = Arc::new(vol);
+    let mut rng = SmallRng::seed_from_u64(1);
+    for b in 0..LIVE {
+        vol.write((b * BS) as u64, &versioned(b, 1, &mut rng), false)
+            .expect("fill");
+    }
+    let cleaned_before = vol.stats().counters.cleaner_runs;
+    let started: Arc<Vec<AtomicU64>> = Arc::new((0..LIVE).map(|_| AtomicU64::new(1)).collect());
+    let completed: Arc<Vec<AtomicU64>> = Arc::new((0..LIVE).map(|_| AtomicU64::new(1)).collect());
+    let trims: Arc<Mutex<HashSet<(usize, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    const WRITERS: usize = 2;
+    let barrier = Arc::new(Barrier::new(WRITERS + 1));
+    let per = LIVE / WRITERS;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let (vol, started, completed, trims, barrier) = (
+                Arc::clone(&vol),
+                Arc::clone(&started),
+                Arc::clone(&completed),
+                Arc::clone(&trims),
+                Arc::clone(&barrier),
+            );
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(100 + t as u64);
+                let range = t * per..(t + 1) * per;
+                // This writer's blocks: their last write (None: trimmed) and version.
+                let mut last: Vec<Option<Vec<u8>>> = vec![None; per];
+                let mut ver = vec![1u64; per];
+                barrier.wait();
+                for _ in 0..900 {
+                    let b = rng.random_range(range.clone());
+                    let n = rng.random_range(1..=4usize).min(range.end - b);
+                    match rng.random_range(0..100) {
+                        0..=84 => {
+                            let mut data = Vec::with_capacity(n * BS);
+                            for k in b..b + n {
+                                let v = ver[k - range.start] + 1;
+                                ver[k - range.start] = v;
+                                started[k].store(v, Ordering::SeqCst);
+                                let d = versioned(k, v, &mut rng);
+                                data.extend_from_slice(&d);
+                                last[k - range.start] = Some(d);
+                            }
+                            vol.write((b * BS) as u64, &data, false).expect("write");
+                        }
+                        85..=94 => {
+                            for k in b..b + n {
+                                let v = ver[k - range.start] + 1;
+                                ver[k - range.start] = v;
+                                trims.lock().expect("lock").insert((k, v));
+                                started[k].store(v, Ordering::SeqCst);
+                                last[k - range.start] = None;
+                            }
+                            vol.trim((b * BS) as u64, (n * BS) as u64).expect("trim");
+                        }
+                        _ => vol.flush().expect("flush"),
+                    }
+                    for k in b..b + n {
+                        completed[k].store(ver[k - range.start], Ordering::SeqCst);
+                    }
+                }
+                (range, last)
+            })
+        })
+        .collect();
+    let reader = {
+        let (vol, started, completed, trims, stop) = (
+            Arc::clone(&vol),
+            Arc::clone(&started),
+            Arc::clone(&completed),
+            Arc::clone(&trims),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(5);
+            let mut buf = vec![0u8; BS];
+            let mut reads = 0u64;
+            while !stop.load(Ordering::SeqCst) || reads < 2000 {
+                let b = rng.random_range(0..LIVE);
+                let lo = completed[b].load(Ordering::SeqCst);
+                vol.read((b * BS) as u64, &mut buf).expect("read");
+                let hi = started[b].load(Ordering::SeqCst);
+                if buf.iter().all(|&x| x == 0) {
+                    let t = trims.lock().expect("lock");
+                    assert!(
+                        (lo..=hi).any(|v| t.contains(&(b, v))),
+                        "block {b}: zeros, but no trim among versions {lo}..={hi}"
+                    );
+                } else {
+                    let (id, v) = header(&buf);
+                    assert_eq!(id, b as u64, "block {b} reads another block's data");
+                    assert!(
+                        (lo..=hi).contains(&v),
+                        "block {b}: version {v}, expected {lo}..={hi}"
+                    );
+                }
+                reads += 1;
+            }
+        })
+    };
+    barrier.wait();
+    let mut expect: Vec<Vec<u8>> = vec![vec![0u8; BS]; BLOCKS];
+    for w in writers {
+        let (range, last) = w.join().expect("writer");
+        for (k, d) in range.zip(last) {
+            expect[k] = d.unwrap_or_else(|| vec![0u8; BS]);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    reader.join().expect("reader");
+    assert!(
+        vol.stats().counters.cleaner_runs > cleaned_before,
+        "the cleaner never ran: the test exercised nothing"
+    );
+    let verify = |vol: &Volume, ctx: &str| {
+        for (b, want) in expect.iter().enumerate() {
+            let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: {b}: {e}"));
+            assert!(got == *want, "{ctx}: block {b} is not its last write");
+        }
+        let report = vol.check(&|_, _| {});
+        assert!(report.is_clean(), "{ctx}: check: {report:?}");
+    };
+    verify(&vol, "live");
+    vol.close().expect("close");
+    drop(vol);
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("reopen");
+    verify(&vol, "reopened");
+}
+
+/// The overwrite phase of the sweeps: multi-block random overwrites of the live blocks of a
+/// filled tight volume (every few writes clean ahead), a flush every eight, recorded in `exp`.
+/// Stops at the first error (the failure injected); returns it, with the blocks of a write
+/// that failed (it may or may not have taken effect).
+type PhaseError = (String, std::ops::Range<usize>);
+
+fn overwrite_phase(
+    vol: &Volume,
+    exp: &mut Expect,
+    seed: u64,
+    ops: usize,
+) -> Result<(), PhaseError> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ver = 100u64;
+    for i in 0..ops {
+        let b = rng.random_range(0..LIVE);
+        let n = rng.random_range(1..=4usize).min(LIVE - b);
+        let mut data = Vec::with_capacity(n * BS);
+        for k in b..b + n {
+            ver += 1;
+            let d = versioned(k, ver, &mut rng);
+            exp.wrote(k, &d);
+            data.extend_from_slice(&d);
+        }
+        vol.write((b * BS) as u64, &data, false)
+            .map_err(|e| (format!("write {i}: {e}"), b..b + n))?;
+        if i % 8 == 7 {
+            vol.flush().map_err(|e| (format!("flush {i}: {e}"), 0..0))?;
+            exp.flushed();
+        }
+    }
+    vol.flush().map_err(|e| (format!("last flush: {e}"), 0..0))?;
+    exp.flushed();
+    Ok(())
+}
+
+fn expect_from(data: &[Vec<u8>]) -> Expect {
+    let mut exp = Expect::new(BLOCKS);
+    exp.durable = data.to_vec();
+    exp
+}
+
+/// Hypothesis 1b: a flush that returned before a crash at any storage operation while writers
+/// clean ahead (victims read, outputs issued, the three-phase checkpoint that frees the
+/// victims) survives it: every block reads its flushed value or one written since.
+#[test]
+fn flushed_writes_survive_a_crash_at_any_operation_while_cleaning_ahead() {
+    let opts = tight();
+    let (image, data) = filled_image(&opts);
+    const OPS: usize = 160;
+    // Probe: the phase cleans (so a sweep over it crashes inside clean-ahead passes and their
+    // checkpoints), and how many storage operations it takes.
+    let disk = Arc::new(SimStorage::from_image(image.clone()));
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
+    let (base, runs) = (disk.ops(), vol.stats().counters.cleaner_runs);
+    let mut exp = expect_from(&data);
+    overwrite_phase(&vol, &mut exp, 3, OPS).expect("probe");
+    let total = disk.ops() - base;
+    assert!(
+        vol.stats().counters.cleaner_runs > runs + 5,
+        "the phase hardly cleans"
+    );
+    exp.verify(&vol, "probe");
+    drop(vol);
+    let step = (total / 250).max(1);
+    for (n, at) in (0..total).step_by(step as usize).enumerate() {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
+        disk.set_power_loss_at(disk.ops() + at);
+        let mut exp = expect_from(&data);
+        let _ = overwrite_phase(&vol, &mut exp, 3, OPS);
+        let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(n as u64));
+        vol.abandon();
+        let disk = Arc::new(SimStorage::from_image(crashed));
+        let vol = Volume::open(Box::new(disk), open_opts_sync())
+            .unwrap_or_else(|e| panic!("crash at {at}: open: {e}"));
+        exp.verify(&vol, &format!("crash at {at}"));
+    }
+}
+
+/// Which storage call a [`Faulty`] disk fails.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// The n-th write from arming (1 = the next).
+    Write(u64),
+    /// The n-th read of a whole extent from arming: a cleaning pass reading a victim (host
+    /// reads here are of 1..4 blocks).
+    VictimRead(u64),
+}
+
+/// A simulated disk failing one chosen call with EIO (failed syncs come from the simulator).
+struct Faulty {
+    disk: Arc<SimStorage>,
+    extent_bytes: usize,
+    fault: Mutex<Option<(Fault, u64)>>,
+    /// Faults injected.
+    hit: AtomicU64,
+}
+
+impl Faulty {
+    fn arm(&self, f: Fault) {
+        *self.fault.lock().expect("lock") = Some((f, 0));
+    }
+
+    fn fails(&self, write: bool, len: usize) -> bool {
+        let mut g = self.fault.lock().expect("lock");
+        let hit = match &mut *g {
+            Some((Fault::Write(n), seen)) if write => {
+                *seen += 1;
+                *seen == *n
+            }
+            Some((Fault::VictimRead(n), seen)) if !write && len == self.extent_bytes => {
+                *seen += 1;
+                *seen == *n
+            }
+            _ => false,
+        };
+        if hit {
+            *g = None;
+            self.hit.fetch_add(1, Ordering::SeqCst);
+        }
+        hit
+    }
+}
+
+fn eio() -> zbd_core::Error {
+    zbd_core::Error::Io(std::io::Error::other("injected EIO"))
+}
+
+impl Storage for Faulty {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        if self.fails(false, buf.len()) {
+            buf.fill(0x5a);
+            return Err(eio());
+        }
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        if self.fails(true, data.len()) {
+            return Err(eio());
+        }
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// One run of hypothesis 1c: the overwrite phase with `arm` applied after the open.
+/// Returns the error the phase stopped at, whether a fault was injected, and checks: after a
+/// failed write or sync nothing more is acknowledged as durable (flush and FUA writes fail),
+/// the live volume still reads the latest data, and the disk reopened after a crash holds
+/// every flushed write.
+fn faulted_run(
+    image: &[u8],
+    data: &[Vec<u8>],
+    io: IoOptions,
+    arm: &dyn Fn(&Faulty),
+    ctx: &str,
+) -> bool {
+    let disk = Arc::new(SimStorage::from_image(image.to_vec()));
+    let sb = zbd_core::format::Superblock::decode(image).expect("superblock");
+    let faulty = Arc::new(Faulty {
+        disk: Arc::clone(&disk),
+        extent_bytes: sb.extent_bytes as usize,
+        fault: Mutex::new(None),
+        hit: AtomicU64::new(0),
+    });
+    let vol = Volume::open(Box::new(Arc::clone(&faulty)), open_opts_with(io)).expect("open");
+    let failures = disk.sync_failures();
+    arm(&faulty);
+    let mut exp = expect_from(data);
+    let r = overwrite_phase(&vol, &mut exp, 11, 120);
+    let injected = faulty.hit.load(Ordering::SeqCst) > 0 || disk.sync_failures() > failures;
+    let failed = vol.stats().failed.is_some();
+    if failed {
+        // Refuses: no later flush or FUA write may succeed (a failed sync dropped writes).
+        assert!(r.is_err(), "{ctx}: the volume failed but the phase went on");
+        assert!(vol.flush().is_err(), "{ctx}: flush after the failure");
+        let mut rng = SmallRng::seed_from_u64(99);
+        assert!(
+            vol.write(0, &versioned(0, 1, &mut rng), true).is_err(),
+            "{ctx}: FUA write after the failure"
+        );
+    } else {
+        // A victim that does not read only skips cleaning: every write went through.
+        assert!(r.is_ok(), "{ctx}: {r:?} (injected: {injected})");
+    }
+    // The live volume: the latest data of every block, never an older version (a failed
+    // write: its data or the version before).
+    let failed_write = r.as_ref().err().map_or(0..0, |e| e.1.clone());
+    for b in 0..BLOCKS {
+        let since = &exp.since[b];
+        let want = since.last().unwrap_or(&exp.durable[b]);
+        let before = match since.len() {
+            0 | 1 => &exp.durable[b],
+            n => &since[n - 2],
+        };
+        match read_block(&vol, b as u64) {
+            Ok(got) => assert!(
+                got == *want || (failed_write.contains(&b) && got == *before),
+                "{ctx}: live block {b} is not its last write ({r:?}; version {:?}, wanted {:?})",
+                header(&got),
+                header(want),
+            ),
+            Err(e) => panic!("{ctx}: live block {b}: {e}"),
+        }
+    }
+    let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(5));
+    vol.abandon();
+    let vol = Volume::open(
+        Box::new(Arc::new(SimStorage::from_image(crashed))),
+        open_opts_sync(),
+    )
+    .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
+    exp.verify(&vol, ctx);
+    injected
+}
+
+/// Hypothesis 1c: a storage call that fails while writers clean ahead (a victim read, an
+/// output or checkpoint write, a sync that drops writes the Linux way) is logged by the
+/// cleaning, not returned; it must not let a later checkpoint commit a map naming outputs that
+/// are not on the disk, nor a later flush report durable what a failed sync dropped.
+#[test]
+fn a_failed_storage_call_while_cleaning_ahead_loses_nothing_flushed() {
+    let opts = tight();
+    let (image, data) = filled_image(&opts);
+    // Where the phase's calls lie: fault each of them in turn (bounded).
+    let disk = Arc::new(SimStorage::from_image(image.clone()));
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("open");
+    let base = disk.ops();
+    let mut exp = expect_from(&data);
+    overwrite_phase(&vol, &mut exp, 11, 120).expect("probe");
+    let ops = disk.ops() - base;
+    drop(vol);
+    let (mut writes, mut syncs, mut reads) = (0, 0, 0);
+    for n in (1..ops).step_by((ops / 40).max(1) as usize) {
+        writes += u32::from(faulted_run(
+            &image,
+            &data,
+            IoOptions::synchronous(),
+            &|f| f.arm(Fault::Write(n)),
+            &format!("write {n}"),
+        ));
+        syncs += u32::from(faulted_run(
+            &image,
+            &data,
+            IoOptions::reordered(n),
+            &|f| f.disk.fail_sync_at(f.disk.ops() + n, n),
+            &format!("sync at op {n}"),
+        ));
+    }
+    for n in 1..=12 {
+        reads += u32::from(faulted_run(
+            &image,
+            &data,
+            IoOptions::synchronous(),
+            &|f| f.arm(Fault::VictimRead(n)),
+            &format!("victim read {n}"),
+        ));
+    }
+    assert!(
+        writes > 20 && syncs > 10 && reads > 5,
+        "faults injected: {writes} writes, {syncs} syncs, {reads} victim reads"
+    );
+}
