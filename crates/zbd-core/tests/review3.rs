@@ -475,3 +475,117 @@ fn a_failed_storage_call_while_cleaning_ahead_loses_nothing_flushed() {
         "faults injected: {writes} writes, {syncs} syncs, {reads} victim reads"
     );
 }
+
+/// Dictionary volumes: 8 MiB, whose region holds two dictionaries (every retrain after the
+/// second needs a retired one's room, so ids and bytes are reused), single 4 KiB blocks.
+const DICT_SIZE: u64 = 8 << 20;
+/// Blocks the dictionary tests write (1 MiB).
+const DICT_BLOCKS: usize = 256;
+
+fn dict_create() -> CreateOptions {
+    dict_create_with(Codec::Lz4)
+}
+
+fn dict_create_with(codec: Codec) -> CreateOptions {
+    CreateOptions {
+        unit_bytes: Some(4096),
+        ..small_volume(DICT_SIZE, 16384, codec, 2, 8)
+    }
+}
+
+fn dict_open() -> OpenOptions {
+    OpenOptions {
+        dictionary: Some(true),
+        ..open_opts()
+    }
+}
+
+/// Block `b` at version `v`: a log-like record block (a dictionary pays on it) after a header
+/// naming both.
+fn log_block(b: usize, v: u64) -> Vec<u8> {
+    let mut d = log_records(v.wrapping_mul(1009) ^ b as u64, BS);
+    d[..8].copy_from_slice(&(b as u64).to_le_bytes());
+    d[8..16].copy_from_slice(&v.to_le_bytes());
+    d
+}
+
+fn samples(seed: u64) -> Vec<Vec<u8>> {
+    log_records(seed, 256 << 10)
+        .chunks(BS)
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Hypothesis 2b: a block whose map entry names another dictionary than the one its bytes
+/// were compressed with (what a wrong live count followed by id reuse, or any misattribution,
+/// would produce) must read as an error, never as data. The block checksum covers the stored
+/// bytes only, and an lz4 block decoded with another dictionary of the same size decodes to
+/// the right length: nothing notices. Shown here by rewriting one map entry (both copies,
+/// checksums valid) to name the other dictionary of the volume.
+#[test]
+#[ignore = "bug: a block decoded with the wrong dictionary returns wrong data, not an error (block CRC covers stored bytes only); see notes/review3.md"]
+fn a_block_misattributed_to_another_dictionary_is_an_error_never_data() {
+    // zstd frames name their dictionary (a mismatch fails to decode); lz4 blocks do not.
+    for codec in [Codec::Zstd(1), Codec::Lz4] {
+        misattributed(codec);
+    }
+}
+
+fn misattributed(codec: Codec) {
+    use zbd_core::format::{decode_map_page, encode_map_page, MapEntry, MAP_PAGE_BYTES};
+    let (disk, vol) = sim_volume_with(&dict_create_with(codec), dict_open());
+    let write = |from: usize, to: usize, v: u64| {
+        for b in from..to {
+            vol.write((b * BS) as u64, &log_block(b, v), false)
+                .expect("write");
+        }
+    };
+    write(0, DICT_BLOCKS, 1);
+    vol.retrain_dictionary(samples(100)).expect("retrain");
+    write(0, DICT_BLOCKS, 2);
+    // Whatever dictionary the first write trained is retired, and its room freed.
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    assert!(vol.retrain_dictionary(samples(101)).expect("retrain"));
+    write(DICT_BLOCKS / 2, DICT_BLOCKS, 3);
+    vol.close().expect("close");
+    drop(vol);
+    let mut image = disk.current_image();
+    let (sb, ck) = newest_checkpoint(&image);
+    let slot = ck.page_slots[0];
+    assert_ne!(slot, 0, "page 0 is written");
+    let at = |copy| sb.map_page_offset(0, slot - 1, copy) as usize;
+    let page = image[at(0)..at(0) + MAP_PAGE_BYTES].to_vec();
+    let gen = u64::from_le_bytes(page[8..16].try_into().expect("8 bytes"));
+    let per_page = zbd_core::format::MAP_ENTRIES_PER_PAGE.min(sb.logical_blocks as usize);
+    let mut full = vec![MapEntry::UNMAPPED; per_page];
+    decode_map_page(&page, 0, ck.seq, &mut full).expect("page");
+    // Block 0 was written with one dictionary, block DICT_BLOCKS / 2 (same page) another.
+    let (a, b) = (full[0].dict, full[DICT_BLOCKS / 2].dict);
+    assert!(a != 0 && b != 0 && a != b, "two dictionaries in use: {a} {b}");
+    for e in full.iter_mut().take(DICT_BLOCKS / 2) {
+        assert_eq!(e.dict, a);
+        e.dict = b;
+    }
+    let patched = encode_map_page(0, gen, &full);
+    for copy in 0..sb.metadata_copies() {
+        image[at(copy)..at(copy) + MAP_PAGE_BYTES].copy_from_slice(&patched);
+    }
+    let vol = Volume::open_read_only(Box::new(Arc::new(SimStorage::from_image(image))))
+        .expect("open");
+    let mut wrong = Vec::new();
+    for blk in 0..DICT_BLOCKS / 2 {
+        if let Ok(got) = read_block(&vol, blk as u64) {
+            if got != log_block(blk, 2) {
+                wrong.push(blk);
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{codec}: {} of {} blocks decoded with the wrong dictionary read as data: {:?}",
+        wrong.len(),
+        DICT_BLOCKS / 2,
+        &wrong[..wrong.len().min(8)]
+    );
+}
