@@ -589,3 +589,176 @@ fn misattributed(codec: Codec) {
         &wrong[..wrong.len().min(8)]
     );
 }
+
+/// Every block reads exactly `expect`, `check` is clean (its recount of the map agrees with
+/// the per-dictionary live counts), and after two checkpoints no listed dictionary other than
+/// the active one has a zero count (retirement is not stuck) nor is one with live blocks gone.
+fn verify_dict_volume(vol: &Volume, expect: &[Vec<u8>], ctx: &str) {
+    for (b, want) in expect.iter().enumerate() {
+        let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
+        assert!(got == *want, "{ctx}: block {b} is not its last write");
+    }
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "{ctx}: check: {report:?}");
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    let stats = vol.stats();
+    for d in &stats.dictionaries {
+        assert!(d.loaded, "{ctx}: dictionary {} listed but not loaded", d.id);
+        assert!(
+            d.active || d.live_blocks != Some(0),
+            "{ctx}: dictionary {} has no live block but was not retired: {:?}",
+            d.id,
+            stats.dictionaries
+        );
+    }
+}
+
+/// Hypothesis 2a: retirement racing overwrites, trims, the cleaner's migration, compaction
+/// and retrains (which reuse retired ids and room). A count too low would retire a dictionary
+/// blocks still name: they would read as errors once it is unloaded, or as another
+/// dictionary's data once its id is reused. Two writers own half the blocks each; a reader
+/// checks every block reads a version between its last completed and last started write.
+#[test]
+fn retirement_beside_overwrites_trims_cleaning_and_retrains_keeps_every_block() {
+    let open = OpenOptions {
+        background_cleaner: true,
+        clean_watermarks: Some((80, 90)),
+        ..dict_open()
+    };
+    let (disk, vol) = sim_volume_with(&dict_create(), open);
+    let vol = Arc::new(vol);
+    for b in 0..DICT_BLOCKS {
+        vol.write((b * BS) as u64, &log_block(b, 1), false)
+            .expect("fill");
+    }
+    let started: Arc<Vec<AtomicU64>> =
+        Arc::new((0..DICT_BLOCKS).map(|_| AtomicU64::new(1)).collect());
+    let completed: Arc<Vec<AtomicU64>> =
+        Arc::new((0..DICT_BLOCKS).map(|_| AtomicU64::new(1)).collect());
+    let trims: Arc<Mutex<HashSet<(usize, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    const WRITERS: usize = 2;
+    let barrier = Arc::new(Barrier::new(WRITERS + 2));
+    let per = DICT_BLOCKS / WRITERS;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let (vol, started, completed, trims, barrier) = (
+                Arc::clone(&vol),
+                Arc::clone(&started),
+                Arc::clone(&completed),
+                Arc::clone(&trims),
+                Arc::clone(&barrier),
+            );
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(200 + t as u64);
+                let range = t * per..(t + 1) * per;
+                let mut last: Vec<Option<Vec<u8>>> =
+                    range.clone().map(|b| Some(log_block(b, 1))).collect();
+                let mut ver = vec![1u64; per];
+                barrier.wait();
+                for _ in 0..700 {
+                    let b = rng.random_range(range.clone());
+                    let n = rng.random_range(1..=8usize).min(range.end - b);
+                    let trim = rng.random_range(0..100) >= 85;
+                    let mut data = Vec::with_capacity(n * BS);
+                    for k in b..b + n {
+                        let i = k - range.start;
+                        ver[i] += 1;
+                        if trim {
+                            trims.lock().expect("lock").insert((k, ver[i]));
+                            last[i] = None;
+                        } else {
+                            let d = log_block(k, ver[i]);
+                            data.extend_from_slice(&d);
+                            last[i] = Some(d);
+                        }
+                        started[k].store(ver[i], Ordering::SeqCst);
+                    }
+                    if trim {
+                        vol.trim((b * BS) as u64, (n * BS) as u64).expect("trim");
+                    } else {
+                        vol.write((b * BS) as u64, &data, false).expect("write");
+                    }
+                    for k in b..b + n {
+                        completed[k].store(ver[k - range.start], Ordering::SeqCst);
+                    }
+                }
+                (range, last)
+            })
+        })
+        .collect();
+    let retrainer = {
+        let (vol, stop, barrier) = (Arc::clone(&vol), Arc::clone(&stop), Arc::clone(&barrier));
+        std::thread::spawn(move || {
+            barrier.wait();
+            let mut installed = 0;
+            let mut seed = 300;
+            while !stop.load(Ordering::SeqCst) || installed < 4 {
+                seed += 1;
+                installed += usize::from(vol.retrain_dictionary(samples(seed)).expect("retrain"));
+                vol.checkpoint().expect("checkpoint");
+                vol.compact(&|_, _| {}).expect("compact");
+                vol.clean().expect("clean");
+                vol.checkpoint().expect("checkpoint");
+                if seed > 340 {
+                    break;
+                }
+            }
+            installed
+        })
+    };
+    let reader = {
+        let (vol, started, completed, trims, stop) = (
+            Arc::clone(&vol),
+            Arc::clone(&started),
+            Arc::clone(&completed),
+            Arc::clone(&trims),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(6);
+            let mut buf = vec![0u8; BS];
+            let mut reads = 0u64;
+            while !stop.load(Ordering::SeqCst) || reads < 2000 {
+                let b = rng.random_range(0..DICT_BLOCKS);
+                let lo = completed[b].load(Ordering::SeqCst);
+                vol.read((b * BS) as u64, &mut buf)
+                    .unwrap_or_else(|e| panic!("block {b}: {e}"));
+                let hi = started[b].load(Ordering::SeqCst);
+                if buf.iter().all(|&x| x == 0) {
+                    let t = trims.lock().expect("lock");
+                    assert!(
+                        (lo..=hi).any(|v| t.contains(&(b, v))),
+                        "block {b}: zeros, but no trim among versions {lo}..={hi}"
+                    );
+                } else {
+                    let (id, v) = header(&buf);
+                    assert!(
+                        id == b as u64 && (lo..=hi).contains(&v) && buf == log_block(b, v),
+                        "block {b}: read ({id}, {v}), expected a version in {lo}..={hi}"
+                    );
+                }
+                reads += 1;
+            }
+        })
+    };
+    barrier.wait();
+    let mut expect: Vec<Vec<u8>> = vec![vec![0u8; BS]; DICT_BLOCKS];
+    for w in writers {
+        let (range, last) = w.join().expect("writer");
+        for (k, d) in range.zip(last) {
+            expect[k] = d.unwrap_or_else(|| vec![0u8; BS]);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    reader.join().expect("reader");
+    let installed = retrainer.join().expect("retrainer");
+    // Two fit in the region: installs after the second reused a retired one's id and room.
+    assert!(installed >= 4, "only {installed} retrains installed");
+    verify_dict_volume(&vol, &expect, "live");
+    vol.close().expect("close");
+    drop(vol);
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), dict_open()).expect("reopen");
+    verify_dict_volume(&vol, &expect, "reopened");
+}
