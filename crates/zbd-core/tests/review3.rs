@@ -234,7 +234,8 @@ fn overwrite_phase(
             exp.flushed();
         }
     }
-    vol.flush().map_err(|e| (format!("last flush: {e}"), 0..0))?;
+    vol.flush()
+        .map_err(|e| (format!("last flush: {e}"), 0..0))?;
     exp.flushed();
     Ok(())
 }
@@ -562,7 +563,10 @@ fn misattributed(codec: Codec) {
     decode_map_page(&page, 0, ck.seq, &mut full).expect("page");
     // Block 0 was written with one dictionary, block DICT_BLOCKS / 2 (same page) another.
     let (a, b) = (full[0].dict, full[DICT_BLOCKS / 2].dict);
-    assert!(a != 0 && b != 0 && a != b, "two dictionaries in use: {a} {b}");
+    assert!(
+        a != 0 && b != 0 && a != b,
+        "two dictionaries in use: {a} {b}"
+    );
     for e in full.iter_mut().take(DICT_BLOCKS / 2) {
         assert_eq!(e.dict, a);
         e.dict = b;
@@ -571,8 +575,8 @@ fn misattributed(codec: Codec) {
     for copy in 0..sb.metadata_copies() {
         image[at(copy)..at(copy) + MAP_PAGE_BYTES].copy_from_slice(&patched);
     }
-    let vol = Volume::open_read_only(Box::new(Arc::new(SimStorage::from_image(image))))
-        .expect("open");
+    let vol =
+        Volume::open_read_only(Box::new(Arc::new(SimStorage::from_image(image)))).expect("open");
     let mut wrong = Vec::new();
     for blk in 0..DICT_BLOCKS / 2 {
         if let Ok(got) = read_block(&vol, blk as u64) {
@@ -898,14 +902,16 @@ fn a_crash_around_retirement_and_id_reuse_recovers_exact_counts() {
         let mut now = now;
         for (b, d) in now.iter_mut().enumerate().skip(DICT_BLOCKS / 2) {
             *d = log_block(b, 7);
-            vol.write((b * BS) as u64, d, false).expect("write after recovery");
+            vol.write((b * BS) as u64, d, false)
+                .expect("write after recovery");
         }
         vol.compact(&|_, _| {}).expect("compact");
         verify_dict_volume(&vol, &now, &ctx);
         vol.retrain_dictionary(samples(103)).expect("retrain");
         for (b, d) in now.iter_mut().enumerate().take(DICT_BLOCKS / 4) {
             *d = log_block(b, 8);
-            vol.write((b * BS) as u64, d, false).expect("write after retrain");
+            vol.write((b * BS) as u64, d, false)
+                .expect("write after retrain");
         }
         vol.close().expect("close");
         drop(vol);
@@ -968,7 +974,10 @@ fn ids_wrap_around_but_never_onto_a_dictionary_a_live_block_names() {
             .find(|d| d.active)
             .expect("active")
             .id;
-        assert_ne!(id, x, "round {round}: X's id handed out while block 0 names it");
+        assert_ne!(
+            id, x,
+            "round {round}: X's id handed out while block 0 names it"
+        );
         reused += usize::from(!seen.insert(id));
         if round == 70 {
             vol.close().expect("close");
@@ -981,6 +990,157 @@ fn ids_wrap_around_but_never_onto_a_dictionary_a_live_block_names() {
         );
     }
     assert!(reused > 0, "no id came back: the test exercised nothing");
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "check: {report:?}");
+}
+
+/// A simulated disk that parks the next read of a whole extent (a cleaning pass reading a
+/// victim) once armed, telling the test its offset, until released; it reports the offsets of
+/// the writes it is given.
+struct ParkVictimRead {
+    disk: Arc<SimStorage>,
+    extent_bytes: usize,
+    armed: AtomicBool,
+    parked: Mutex<std::sync::mpsc::Sender<u64>>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+    writes: Mutex<Vec<u64>>,
+}
+
+impl Storage for ParkVictimRead {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        if buf.len() == self.extent_bytes && self.armed.swap(false, Ordering::SeqCst) {
+            self.parked
+                .lock()
+                .expect("lock")
+                .send(offset)
+                .expect("test gone");
+            self.release
+                .lock()
+                .expect("lock")
+                .recv()
+                .expect("test gone");
+        }
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        self.writes.lock().expect("lock").push(offset);
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// Hypothesis 1e, the interleaving: pass P1 (the cleaner) lists its victims and reads them
+/// without the state lock; a writer short of space runs `make_space`, which takes the victims
+/// back (clears `State::cleaning`, bumps `clean_gen`) and cleans some of them; pass P3 (another
+/// cleaning round) then lists one of the rest, V, and reads it. P1's commit must not unlist V:
+/// P3 still reads it. If it did, the host could empty V, a checkpoint release it and a writer
+/// reuse it while P3 reads, and P3 would move V's new blocks with bytes from what it read.
+#[test]
+#[ignore = "bug: pass_unlocked unlists victims a later pass listed after make_space took them back; see notes/review3.md"]
+fn a_pass_dropped_by_make_space_does_not_unlist_a_later_pass_victim() {
+    let opts = tight();
+    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let (ptx, prx) = std::sync::mpsc::channel();
+    let (rtx, rrx) = std::sync::mpsc::channel();
+    let park = Arc::new(ParkVictimRead {
+        disk: Arc::clone(&disk),
+        extent_bytes: sb.extent_bytes as usize,
+        armed: AtomicBool::new(false),
+        parked: Mutex::new(ptx),
+        release: Mutex::new(rrx),
+        writes: Mutex::default(),
+    });
+    let open = OpenOptions {
+        clean_watermarks: Some((80, 89)),
+        ..open_opts_sync()
+    };
+    let vol =
+        Arc::new(Volume::create_with(Box::new(Arc::clone(&park)), &opts, open).expect("create"));
+    let mut rng = SmallRng::seed_from_u64(31);
+    let mut model = vec![vec![0u8; BS]; BLOCKS];
+    let mut put = |vol: &Volume, b: usize, rng: &mut SmallRng, model: &mut Vec<Vec<u8>>| {
+        let d = versioned(b, rng.random(), rng);
+        vol.write((b * BS) as u64, &d, false).expect("write");
+        model[b] = d;
+    };
+    for b in 0..LIVE {
+        put(&vol, b, &mut rng, &mut model);
+    }
+    // A few extents with dead space (the first ones written): P1 takes them all.
+    for b in (0..70).step_by(2) {
+        vol.trim((b * BS) as u64, BS as u64).expect("trim");
+        model[b] = vec![0u8; BS];
+    }
+    vol.checkpoint().expect("checkpoint");
+    // P1: parks reading its first victim.
+    park.armed.store(true, Ordering::SeqCst);
+    let p1 = {
+        let vol = Arc::clone(&vol);
+        std::thread::spawn(move || vol.clean())
+    };
+    let first = prx.recv().expect("P1 parked");
+    // Writes into the holes until one ran make_space (P1's victims taken back): the writer's
+    // cleaning ahead finds no victim (P1 lists them), so opening extents reaches the reserve.
+    let runs = vol.stats().counters.cleaner_runs;
+    let mut b = LIVE;
+    while vol.stats().counters.cleaner_runs == runs && b < BLOCKS {
+        put(&vol, b, &mut rng, &mut model);
+        b += 1;
+    }
+    assert!(b < BLOCKS, "make_space never ran");
+    // P3: another round, parked reading its first victim V.
+    park.armed.store(true, Ordering::SeqCst);
+    let p3 = {
+        let vol = Arc::clone(&vol);
+        std::thread::spawn(move || vol.clean())
+    };
+    let v_offset = prx.recv().expect("P3 parked");
+    let v = (v_offset - sb.data_offset) / u64::from(sb.extent_bytes);
+    assert!(first >= sb.data_offset && v_offset >= sb.data_offset);
+    // P1 goes on: its commit finds its pass dropped.
+    rtx.send(()).expect("release P1");
+    p1.join().expect("P1").expect("P1 clean");
+    // The host empties every extent (V too) and a checkpoint releases what is empty and not
+    // being read; writers then open extents again, V among them if it was released (or taken
+    // back by `make_space` again, which makes P3 drop its pass).
+    vol.trim(0, SIZE).expect("trim all");
+    model.iter_mut().for_each(|m| m.fill(0));
+    vol.checkpoint().expect("checkpoint");
+    let v_range =
+        sb.extent_offset(v as u32)..sb.extent_offset(v as u32) + u64::from(sb.extent_bytes);
+    park.writes.lock().expect("lock").clear();
+    for b in 0..LIVE {
+        put(&vol, b, &mut rng, &mut model);
+        vol.flush().expect("flush");
+        if park
+            .writes
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|o| v_range.contains(o))
+        {
+            // Blocks that stay in V's buffer (not yet on the disk) when P3 reads it.
+            for k in LIVE..LIVE + 2 {
+                put(&vol, k, &mut rng, &mut model);
+            }
+            break;
+        }
+    }
+    rtx.send(()).expect("release P3");
+    p3.join().expect("P3").expect("P3 clean");
+    for (b, want) in model.iter().enumerate() {
+        let got = read_block(&vol, b as u64).unwrap_or_else(|e| panic!("block {b}: {e}"));
+        assert!(got == *want, "block {b} is not its last write");
+    }
     let report = vol.check(&|_, _| {});
     assert!(report.is_clean(), "check: {report:?}");
 }
