@@ -1044,7 +1044,6 @@ impl Storage for ParkVictimRead {
 /// P3 still reads it. If it did, the host could empty V, a checkpoint release it and a writer
 /// reuse it while P3 reads, and P3 would move V's new blocks with bytes from what it read.
 #[test]
-#[ignore = "bug: pass_unlocked unlists victims a later pass listed after make_space took them back; see notes/review3.md"]
 fn a_pass_dropped_by_make_space_does_not_unlist_a_later_pass_victim() {
     let opts = tight();
     let sb = zbd_core::layout::plan(&opts).expect("plan");
