@@ -651,7 +651,8 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
             return Ok(PassResult::default());
         }
         // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
-        // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
+        // disjoint (`choose_victims` skips listed ones), each lists and unlists its own (unless
+        // make_space took them back meanwhile, see below).
         st.cleaning.extend_from_slice(&victims);
         (victims, st.clean_gen)
     };
