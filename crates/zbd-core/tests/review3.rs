@@ -625,12 +625,28 @@ fn verify_dict_volume(vol: &Volume, expect: &[Vec<u8>], ctx: &str) {
 /// checks every block reads a version between its last completed and last started write.
 #[test]
 fn retirement_beside_overwrites_trims_cleaning_and_retrains_keeps_every_block() {
+    retirement_race(&dict_create(), (80, 90));
+}
+
+/// 2a on a thin volume whose data area (512 KiB) the compressed blocks nearly fill: writers
+/// clean ahead (and make_space runs) while dictionaries are retired and retrained, so the
+/// passes that migrate blocks to the current dictionary are the writers' own.
+#[test]
+fn retirement_beside_writers_cleaning_ahead_keeps_every_block() {
+    let create = CreateOptions {
+        capacity_bytes: Some(512 << 10),
+        ..dict_create()
+    };
+    retirement_race(&create, (20, 40));
+}
+
+fn retirement_race(create: &CreateOptions, watermarks: (u8, u8)) {
     let open = OpenOptions {
         background_cleaner: true,
-        clean_watermarks: Some((80, 90)),
+        clean_watermarks: Some(watermarks),
         ..dict_open()
     };
-    let (disk, vol) = sim_volume_with(&dict_create(), open);
+    let (disk, vol) = sim_volume_with(create, open);
     let vol = Arc::new(vol);
     for b in 0..DICT_BLOCKS {
         vol.write((b * BS) as u64, &log_block(b, 1), false)
