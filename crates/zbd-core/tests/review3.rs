@@ -860,7 +860,7 @@ fn retire_phase(vol: &Volume, exp: &mut Expect) -> Result<(), String> {
 /// open), every block must read its flushed value or a later one (never an error, never
 /// another dictionary's decoding), and the recovered volume must go on retiring and reusing.
 #[test]
-fn a_crash_around_retirement_and_id_reuse_recovers_exact_counts() {
+fn a_crash_around_retirement_and_room_reuse_recovers_exact_counts() {
     let image = two_dictionary_image();
     let base_data: Vec<Vec<u8>> = (0..DICT_BLOCKS).map(|b| log_block(b, 2)).collect();
     let fresh = || {
