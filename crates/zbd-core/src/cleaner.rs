@@ -651,17 +651,25 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
             return Ok(PassResult::default());
         }
         // Two rounds may overlap (`Volume::clean` beside the cleaner thread): their victims are
-        // disjoint (`choose_victims` skips listed ones), each lists and unlists its own.
+        // disjoint (`choose_victims` skips listed ones), each lists and unlists its own (unless
+        // make_space took them back meanwhile, see below).
         st.cleaning.extend_from_slice(&victims);
         (victims, st.clean_gen)
     };
     let images = read_victims(cx, &victims);
     let mut st = lock();
-    st.cleaning.retain(|v| !victims.contains(v));
+    // Foreground cleaning took the victims back meanwhile (`make_space` cleared the list):
+    // what is listed now was listed by passes that started since, which may have chosen some
+    // of ours again and be reading them. Unlisting those would let a checkpoint release and a
+    // writer reuse an extent such a pass is reading, and it would then move blocks with bytes
+    // it never read.
+    if st.clean_gen == gen {
+        st.cleaning.retain(|v| !victims.contains(v));
+    }
     let images = images?;
-    // Foreground cleaning took the victims back meanwhile: drop the pass (nothing moved yet;
-    // the next one chooses again). Host writes may have taken free extents meanwhile: `commit`
-    // packs for what is free now, dropping victims (or the pass).
+    // Taken back: drop the pass (nothing moved yet; the next one chooses again). Host writes
+    // may have taken free extents meanwhile: `commit` packs for what is free now, dropping
+    // victims (or the pass).
     if st.clean_gen != gen {
         return Ok(PassResult::default());
     }

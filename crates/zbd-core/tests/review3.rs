@@ -1,0 +1,1258 @@
+//! Review of cleaning ahead (`Volume::clean_ahead`: cleaner passes and the checkpoint that frees
+//! their victims, run by a writer without the state lock) and of dictionary retirement
+//! (`State::retire_dicts` / `free_retired`, per-dictionary live counts, migration by the
+//! cleaner and `compact`). Each test is written to fail if a concrete way of losing data,
+//! reading older data or acknowledging data that is not durable existed (review3).
+
+mod common;
+
+use common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
+
+/// Clean-ahead volumes: 2 MiB logical, a data area of about the same size (capacity factor 1),
+/// 32 KiB extents: overwrites of random (raw) blocks need the cleaner within a few hundred
+/// writes.
+const SIZE: u64 = 2 << 20;
+const BLOCKS: usize = SIZE as usize / BS;
+/// Blocks holding data (the rest stays a hole): three quarters.
+const LIVE: usize = BLOCKS * 3 / 4;
+
+fn tight() -> CreateOptions {
+    small_volume(SIZE, 32 * 1024, Codec::Lz4, 1, 32)
+}
+
+/// Block `b` at version `v`: random (stored raw, so space runs short fast) after a header
+/// naming both.
+fn versioned(b: usize, v: u64, rng: &mut SmallRng) -> Vec<u8> {
+    let mut d = fill(rng, Fill::Random, BS);
+    d[..8].copy_from_slice(&(b as u64).to_le_bytes());
+    d[8..16].copy_from_slice(&v.to_le_bytes());
+    d
+}
+
+fn header(buf: &[u8]) -> (u64, u64) {
+    (
+        u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes")),
+    )
+}
+
+/// Writes version 1 of blocks `0..LIVE`, flushes and closes; the image (what every run of a
+/// sweep starts from, so the sweep covers the overwrites that clean ahead).
+fn filled_image(opts: &CreateOptions) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let (disk, vol) = sim_volume_with(opts, open_opts_sync());
+    let mut rng = SmallRng::seed_from_u64(7);
+    let data: Vec<Vec<u8>> = (0..LIVE).map(|b| versioned(b, 1, &mut rng)).collect();
+    for (b, d) in data.iter().enumerate() {
+        vol.write((b * BS) as u64, d, false).expect("fill");
+    }
+    vol.close().expect("close");
+    drop(vol);
+    let mut all = data;
+    all.resize(BLOCKS, vec![0u8; BS]);
+    (disk.current_image(), all)
+}
+
+/// Hypotheses 1a, 1d, 1e: two writers that both clean ahead (each write of theirs may), a trim
+/// of a block a pass is moving, the background cleaner and a reader, all at once. A victim's
+/// block rewritten or trimmed while the pass reads it without the state lock must not come
+/// back: every read returns a version between the last completed and the last started write of
+/// its block (zeros only if a trim is among them), and at the end every block holds exactly
+/// its last write, before and after a reopen.
+#[test]
+fn clean_ahead_beside_writers_trims_readers_and_the_cleaner_keeps_the_latest() {
+    let opts = tight();
+    let open = OpenOptions {
+        background_cleaner: true,
+        clean_watermarks: Some((30, 50)),
+        ..open_opts_with(IoOptions::default())
+    };
+    let (disk, vol) = sim_volume_with(&opts, open);
+    let vol = Arc::new(vol);
+    let mut rng = SmallRng::seed_from_u64(1);
+    for b in 0..LIVE {
+        vol.write((b * BS) as u64, &versioned(b, 1, &mut rng), false)
+            .expect("fill");
+    }
+    let cleaned_before = vol.stats().counters.cleaner_runs;
+    let started: Arc<Vec<AtomicU64>> = Arc::new((0..LIVE).map(|_| AtomicU64::new(1)).collect());
+    let completed: Arc<Vec<AtomicU64>> = Arc::new((0..LIVE).map(|_| AtomicU64::new(1)).collect());
+    let trims: Arc<Mutex<HashSet<(usize, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    const WRITERS: usize = 2;
+    let barrier = Arc::new(Barrier::new(WRITERS + 1));
+    let per = LIVE / WRITERS;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let (vol, started, completed, trims, barrier) = (
+                Arc::clone(&vol),
+                Arc::clone(&started),
+                Arc::clone(&completed),
+                Arc::clone(&trims),
+                Arc::clone(&barrier),
+            );
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(100 + t as u64);
+                let range = t * per..(t + 1) * per;
+                // This writer's blocks: their last write (None: trimmed) and version.
+                let mut last: Vec<Option<Vec<u8>>> = vec![None; per];
+                let mut ver = vec![1u64; per];
+                barrier.wait();
+                for _ in 0..900 {
+                    let b = rng.random_range(range.clone());
+                    let n = rng.random_range(1..=4usize).min(range.end - b);
+                    match rng.random_range(0..100) {
+                        0..=84 => {
+                            let mut data = Vec::with_capacity(n * BS);
+                            for k in b..b + n {
+                                let v = ver[k - range.start] + 1;
+                                ver[k - range.start] = v;
+                                started[k].store(v, Ordering::SeqCst);
+                                let d = versioned(k, v, &mut rng);
+                                data.extend_from_slice(&d);
+                                last[k - range.start] = Some(d);
+                            }
+                            vol.write((b * BS) as u64, &data, false).expect("write");
+                        }
+                        85..=94 => {
+                            for k in b..b + n {
+                                let v = ver[k - range.start] + 1;
+                                ver[k - range.start] = v;
+                                trims.lock().expect("lock").insert((k, v));
+                                started[k].store(v, Ordering::SeqCst);
+                                last[k - range.start] = None;
+                            }
+                            vol.trim((b * BS) as u64, (n * BS) as u64).expect("trim");
+                        }
+                        _ => vol.flush().expect("flush"),
+                    }
+                    for k in b..b + n {
+                        completed[k].store(ver[k - range.start], Ordering::SeqCst);
+                    }
+                }
+                (range, last)
+            })
+        })
+        .collect();
+    let reader = {
+        let (vol, started, completed, trims, stop) = (
+            Arc::clone(&vol),
+            Arc::clone(&started),
+            Arc::clone(&completed),
+            Arc::clone(&trims),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(5);
+            let mut buf = vec![0u8; BS];
+            let mut reads = 0u64;
+            while !stop.load(Ordering::SeqCst) || reads < 2000 {
+                let b = rng.random_range(0..LIVE);
+                let lo = completed[b].load(Ordering::SeqCst);
+                vol.read((b * BS) as u64, &mut buf).expect("read");
+                let hi = started[b].load(Ordering::SeqCst);
+                if buf.iter().all(|&x| x == 0) {
+                    let t = trims.lock().expect("lock");
+                    assert!(
+                        (lo..=hi).any(|v| t.contains(&(b, v))),
+                        "block {b}: zeros, but no trim among versions {lo}..={hi}"
+                    );
+                } else {
+                    let (id, v) = header(&buf);
+                    assert_eq!(id, b as u64, "block {b} reads another block's data");
+                    assert!(
+                        (lo..=hi).contains(&v),
+                        "block {b}: version {v}, expected {lo}..={hi}"
+                    );
+                }
+                reads += 1;
+            }
+        })
+    };
+    barrier.wait();
+    let mut expect: Vec<Vec<u8>> = vec![vec![0u8; BS]; BLOCKS];
+    for w in writers {
+        let (range, last) = w.join().expect("writer");
+        for (k, d) in range.zip(last) {
+            expect[k] = d.unwrap_or_else(|| vec![0u8; BS]);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    reader.join().expect("reader");
+    assert!(
+        vol.stats().counters.cleaner_runs > cleaned_before,
+        "the cleaner never ran: the test exercised nothing"
+    );
+    let verify = |vol: &Volume, ctx: &str| {
+        for (b, want) in expect.iter().enumerate() {
+            let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: {b}: {e}"));
+            assert!(got == *want, "{ctx}: block {b} is not its last write");
+        }
+        let report = vol.check(&|_, _| {});
+        assert!(report.is_clean(), "{ctx}: check: {report:?}");
+    };
+    verify(&vol, "live");
+    vol.close().expect("close");
+    drop(vol);
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("reopen");
+    verify(&vol, "reopened");
+}
+
+/// The overwrite phase of the sweeps: multi-block random overwrites of the live blocks of a
+/// filled tight volume (every few writes clean ahead), a flush every eight, recorded in `exp`.
+/// Stops at the first error (the failure injected); returns it, with the blocks of a write
+/// that failed (it may or may not have taken effect).
+type PhaseError = (String, std::ops::Range<usize>);
+
+fn overwrite_phase(
+    vol: &Volume,
+    exp: &mut Expect,
+    seed: u64,
+    ops: usize,
+) -> Result<(), PhaseError> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ver = 100u64;
+    for i in 0..ops {
+        let b = rng.random_range(0..LIVE);
+        let n = rng.random_range(1..=4usize).min(LIVE - b);
+        let mut data = Vec::with_capacity(n * BS);
+        for k in b..b + n {
+            ver += 1;
+            let d = versioned(k, ver, &mut rng);
+            exp.wrote(k, &d);
+            data.extend_from_slice(&d);
+        }
+        vol.write((b * BS) as u64, &data, false)
+            .map_err(|e| (format!("write {i}: {e}"), b..b + n))?;
+        if i % 8 == 7 {
+            vol.flush().map_err(|e| (format!("flush {i}: {e}"), 0..0))?;
+            exp.flushed();
+        }
+    }
+    vol.flush()
+        .map_err(|e| (format!("last flush: {e}"), 0..0))?;
+    exp.flushed();
+    Ok(())
+}
+
+fn expect_from(data: &[Vec<u8>]) -> Expect {
+    let mut exp = Expect::new(BLOCKS);
+    exp.durable = data.to_vec();
+    exp
+}
+
+/// Hypothesis 1b: a flush that returned before a crash at any storage operation while writers
+/// clean ahead (victims read, outputs issued, the three-phase checkpoint that frees the
+/// victims) survives it: every block reads its flushed value or one written since.
+#[test]
+fn flushed_writes_survive_a_crash_at_any_operation_while_cleaning_ahead() {
+    let opts = tight();
+    let (image, data) = filled_image(&opts);
+    const OPS: usize = 160;
+    // Probe: the phase cleans (so a sweep over it crashes inside clean-ahead passes and their
+    // checkpoints), and how many storage operations it takes.
+    let disk = Arc::new(SimStorage::from_image(image.clone()));
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
+    let (base, runs) = (disk.ops(), vol.stats().counters.cleaner_runs);
+    let mut exp = expect_from(&data);
+    overwrite_phase(&vol, &mut exp, 3, OPS).expect("probe");
+    let total = disk.ops() - base;
+    assert!(
+        vol.stats().counters.cleaner_runs > runs + 5,
+        "the phase hardly cleans"
+    );
+    exp.verify(&vol, "probe");
+    drop(vol);
+    let step = (total / 250).max(1);
+    for (n, at) in (0..total).step_by(step as usize).enumerate() {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts()).expect("open");
+        disk.set_power_loss_at(disk.ops() + at);
+        let mut exp = expect_from(&data);
+        let _ = overwrite_phase(&vol, &mut exp, 3, OPS);
+        let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(n as u64));
+        vol.abandon();
+        let disk = Arc::new(SimStorage::from_image(crashed));
+        let vol = Volume::open(Box::new(disk), open_opts_sync())
+            .unwrap_or_else(|e| panic!("crash at {at}: open: {e}"));
+        exp.verify(&vol, &format!("crash at {at}"));
+    }
+}
+
+/// Which storage call a [`Faulty`] disk fails.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// The n-th write from arming (1 = the next).
+    Write(u64),
+    /// The n-th read of a whole extent from arming: a cleaning pass reading a victim (host
+    /// reads here are of 1..4 blocks).
+    VictimRead(u64),
+}
+
+/// A simulated disk failing one chosen call with EIO (failed syncs come from the simulator).
+struct Faulty {
+    disk: Arc<SimStorage>,
+    extent_bytes: usize,
+    fault: Mutex<Option<(Fault, u64)>>,
+    /// Faults injected.
+    hit: AtomicU64,
+}
+
+impl Faulty {
+    fn arm(&self, f: Fault) {
+        *self.fault.lock().expect("lock") = Some((f, 0));
+    }
+
+    fn fails(&self, write: bool, len: usize) -> bool {
+        let mut g = self.fault.lock().expect("lock");
+        let hit = match &mut *g {
+            Some((Fault::Write(n), seen)) if write => {
+                *seen += 1;
+                *seen == *n
+            }
+            Some((Fault::VictimRead(n), seen)) if !write && len == self.extent_bytes => {
+                *seen += 1;
+                *seen == *n
+            }
+            _ => false,
+        };
+        if hit {
+            *g = None;
+            self.hit.fetch_add(1, Ordering::SeqCst);
+        }
+        hit
+    }
+}
+
+fn eio() -> zbd_core::Error {
+    zbd_core::Error::Io(std::io::Error::other("injected EIO"))
+}
+
+impl Storage for Faulty {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        if self.fails(false, buf.len()) {
+            buf.fill(0x5a);
+            return Err(eio());
+        }
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        if self.fails(true, data.len()) {
+            return Err(eio());
+        }
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// One run of hypothesis 1c: the overwrite phase with `arm` applied after the open.
+/// Returns the error the phase stopped at, whether a fault was injected, and checks: after a
+/// failed write or sync nothing more is acknowledged as durable (flush and FUA writes fail),
+/// the live volume still reads the latest data, and the disk reopened after a crash holds
+/// every flushed write.
+fn faulted_run(
+    image: &[u8],
+    data: &[Vec<u8>],
+    io: IoOptions,
+    arm: &dyn Fn(&Faulty),
+    ctx: &str,
+) -> bool {
+    let disk = Arc::new(SimStorage::from_image(image.to_vec()));
+    let sb = zbd_core::format::Superblock::decode(image).expect("superblock");
+    let faulty = Arc::new(Faulty {
+        disk: Arc::clone(&disk),
+        extent_bytes: sb.extent_bytes as usize,
+        fault: Mutex::new(None),
+        hit: AtomicU64::new(0),
+    });
+    let vol = Volume::open(Box::new(Arc::clone(&faulty)), open_opts_with(io)).expect("open");
+    let failures = disk.sync_failures();
+    arm(&faulty);
+    let mut exp = expect_from(data);
+    let r = overwrite_phase(&vol, &mut exp, 11, 120);
+    let injected = faulty.hit.load(Ordering::SeqCst) > 0 || disk.sync_failures() > failures;
+    let failed = vol.stats().failed.is_some();
+    if failed {
+        // Refuses: no later flush or FUA write may succeed (a failed sync dropped writes).
+        assert!(r.is_err(), "{ctx}: the volume failed but the phase went on");
+        assert!(vol.flush().is_err(), "{ctx}: flush after the failure");
+        let mut rng = SmallRng::seed_from_u64(99);
+        assert!(
+            vol.write(0, &versioned(0, 1, &mut rng), true).is_err(),
+            "{ctx}: FUA write after the failure"
+        );
+    } else {
+        // A victim that does not read only skips cleaning: every write went through.
+        assert!(r.is_ok(), "{ctx}: {r:?} (injected: {injected})");
+    }
+    // The live volume: the latest data of every block, never an older version (a failed
+    // write: its data or the version before).
+    let failed_write = r.as_ref().err().map_or(0..0, |e| e.1.clone());
+    for b in 0..BLOCKS {
+        let since = &exp.since[b];
+        let want = since.last().unwrap_or(&exp.durable[b]);
+        let before = match since.len() {
+            0 | 1 => &exp.durable[b],
+            n => &since[n - 2],
+        };
+        match read_block(&vol, b as u64) {
+            Ok(got) => assert!(
+                got == *want || (failed_write.contains(&b) && got == *before),
+                "{ctx}: live block {b} is not its last write ({r:?}; version {:?}, wanted {:?})",
+                header(&got),
+                header(want),
+            ),
+            Err(e) => panic!("{ctx}: live block {b}: {e}"),
+        }
+    }
+    let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(5));
+    vol.abandon();
+    let vol = Volume::open(
+        Box::new(Arc::new(SimStorage::from_image(crashed))),
+        open_opts_sync(),
+    )
+    .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
+    exp.verify(&vol, ctx);
+    injected
+}
+
+/// Hypothesis 1c: a storage call that fails while writers clean ahead (a victim read, an
+/// output or checkpoint write, a sync that drops writes the Linux way) is logged by the
+/// cleaning, not returned; it must not let a later checkpoint commit a map naming outputs that
+/// are not on the disk, nor a later flush report durable what a failed sync dropped.
+#[test]
+fn a_failed_storage_call_while_cleaning_ahead_loses_nothing_flushed() {
+    let opts = tight();
+    let (image, data) = filled_image(&opts);
+    // Where the phase's calls lie: fault each of them in turn (bounded).
+    let disk = Arc::new(SimStorage::from_image(image.clone()));
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("open");
+    let base = disk.ops();
+    let mut exp = expect_from(&data);
+    overwrite_phase(&vol, &mut exp, 11, 120).expect("probe");
+    let ops = disk.ops() - base;
+    drop(vol);
+    let (mut writes, mut syncs, mut reads) = (0, 0, 0);
+    for n in (1..ops).step_by((ops / 40).max(1) as usize) {
+        writes += u32::from(faulted_run(
+            &image,
+            &data,
+            IoOptions::synchronous(),
+            &|f| f.arm(Fault::Write(n)),
+            &format!("write {n}"),
+        ));
+        syncs += u32::from(faulted_run(
+            &image,
+            &data,
+            IoOptions::reordered(n),
+            &|f| f.disk.fail_sync_at(f.disk.ops() + n, n),
+            &format!("sync at op {n}"),
+        ));
+    }
+    for n in 1..=12 {
+        reads += u32::from(faulted_run(
+            &image,
+            &data,
+            IoOptions::synchronous(),
+            &|f| f.arm(Fault::VictimRead(n)),
+            &format!("victim read {n}"),
+        ));
+    }
+    assert!(
+        writes > 20 && syncs > 10 && reads > 5,
+        "faults injected: {writes} writes, {syncs} syncs, {reads} victim reads"
+    );
+}
+
+/// Dictionary volumes: 8 MiB, whose region holds two dictionaries (every retrain after the
+/// second needs a retired one's room, so ids and bytes are reused), single 4 KiB blocks.
+const DICT_SIZE: u64 = 8 << 20;
+/// Blocks the dictionary tests write (1 MiB).
+const DICT_BLOCKS: usize = 256;
+
+fn dict_create() -> CreateOptions {
+    dict_create_with(Codec::Lz4)
+}
+
+fn dict_create_with(codec: Codec) -> CreateOptions {
+    CreateOptions {
+        unit_bytes: Some(4096),
+        ..small_volume(DICT_SIZE, 16384, codec, 2, 8)
+    }
+}
+
+fn dict_open() -> OpenOptions {
+    OpenOptions {
+        dictionary: Some(true),
+        ..open_opts()
+    }
+}
+
+/// Block `b` at version `v`: a log-like record block (a dictionary pays on it) after a header
+/// naming both.
+fn log_block(b: usize, v: u64) -> Vec<u8> {
+    let mut d = log_records(v.wrapping_mul(1009) ^ b as u64, BS);
+    d[..8].copy_from_slice(&(b as u64).to_le_bytes());
+    d[8..16].copy_from_slice(&v.to_le_bytes());
+    d
+}
+
+fn samples(seed: u64) -> Vec<Vec<u8>> {
+    log_records(seed, 256 << 10)
+        .chunks(BS)
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Hypothesis 2b: a block whose map entry names another dictionary than the one its bytes
+/// were compressed with (what a wrong live count followed by id reuse, or any misattribution,
+/// would produce) must read as an error, never as data. The block checksum covers the stored
+/// bytes only, and an lz4 block decoded with another dictionary of the same size decodes to
+/// the right length: nothing notices. Shown here by rewriting one map entry (both copies,
+/// checksums valid) to name the other dictionary of the volume.
+#[test]
+#[ignore = "bug: a block decoded with the wrong dictionary returns wrong data, not an error (block CRC covers stored bytes only); see notes/review3.md"]
+fn a_block_misattributed_to_another_dictionary_is_an_error_never_data() {
+    // zstd frames name their dictionary (a mismatch fails to decode); lz4 blocks do not.
+    for codec in [Codec::Zstd(1), Codec::Lz4] {
+        misattributed(codec);
+    }
+}
+
+fn misattributed(codec: Codec) {
+    use zbd_core::format::{decode_map_page, encode_map_page, MapEntry, MAP_PAGE_BYTES};
+    let (disk, vol) = sim_volume_with(&dict_create_with(codec), dict_open());
+    let write = |from: usize, to: usize, v: u64| {
+        for b in from..to {
+            vol.write((b * BS) as u64, &log_block(b, v), false)
+                .expect("write");
+        }
+    };
+    write(0, DICT_BLOCKS, 1);
+    vol.retrain_dictionary(samples(100)).expect("retrain");
+    write(0, DICT_BLOCKS, 2);
+    // Whatever dictionary the first write trained is retired, and its room freed.
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    assert!(vol.retrain_dictionary(samples(101)).expect("retrain"));
+    write(DICT_BLOCKS / 2, DICT_BLOCKS, 3);
+    vol.close().expect("close");
+    drop(vol);
+    let mut image = disk.current_image();
+    let (sb, ck) = newest_checkpoint(&image);
+    let slot = ck.page_slots[0];
+    assert_ne!(slot, 0, "page 0 is written");
+    let at = |copy| sb.map_page_offset(0, slot - 1, copy) as usize;
+    let page = image[at(0)..at(0) + MAP_PAGE_BYTES].to_vec();
+    let gen = u64::from_le_bytes(page[8..16].try_into().expect("8 bytes"));
+    let per_page = zbd_core::format::MAP_ENTRIES_PER_PAGE.min(sb.logical_blocks as usize);
+    let mut full = vec![MapEntry::UNMAPPED; per_page];
+    decode_map_page(&page, 0, ck.seq, &mut full).expect("page");
+    // Block 0 was written with one dictionary, block DICT_BLOCKS / 2 (same page) another.
+    let (a, b) = (full[0].dict, full[DICT_BLOCKS / 2].dict);
+    assert!(
+        a != 0 && b != 0 && a != b,
+        "two dictionaries in use: {a} {b}"
+    );
+    for e in full.iter_mut().take(DICT_BLOCKS / 2) {
+        assert_eq!(e.dict, a);
+        e.dict = b;
+    }
+    let patched = encode_map_page(0, gen, &full);
+    for copy in 0..sb.metadata_copies() {
+        image[at(copy)..at(copy) + MAP_PAGE_BYTES].copy_from_slice(&patched);
+    }
+    let vol =
+        Volume::open_read_only(Box::new(Arc::new(SimStorage::from_image(image)))).expect("open");
+    let mut wrong = Vec::new();
+    for blk in 0..DICT_BLOCKS / 2 {
+        if let Ok(got) = read_block(&vol, blk as u64) {
+            if got != log_block(blk, 2) {
+                wrong.push(blk);
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{codec}: {} of {} blocks decoded with the wrong dictionary read as data: {:?}",
+        wrong.len(),
+        DICT_BLOCKS / 2,
+        &wrong[..wrong.len().min(8)]
+    );
+}
+
+/// Every block reads exactly `expect`, `check` is clean (its recount of the map agrees with
+/// the per-dictionary live counts), and after two checkpoints no listed dictionary other than
+/// the active one has a zero count (retirement is not stuck) nor is one with live blocks gone.
+fn verify_dict_volume(vol: &Volume, expect: &[Vec<u8>], ctx: &str) {
+    for (b, want) in expect.iter().enumerate() {
+        let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
+        assert!(got == *want, "{ctx}: block {b} is not its last write");
+    }
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "{ctx}: check: {report:?}");
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    let stats = vol.stats();
+    for d in &stats.dictionaries {
+        assert!(d.loaded, "{ctx}: dictionary {} listed but not loaded", d.id);
+        assert!(
+            d.active || d.live_blocks != Some(0),
+            "{ctx}: dictionary {} has no live block but was not retired: {:?}",
+            d.id,
+            stats.dictionaries
+        );
+    }
+}
+
+/// Hypothesis 2a: retirement racing overwrites, trims, the cleaner's migration, compaction
+/// and retrains (which reuse retired ids and room). A count too low would retire a dictionary
+/// blocks still name: they would read as errors once it is unloaded, or as another
+/// dictionary's data once its id is reused. Two writers own half the blocks each; a reader
+/// checks every block reads a version between its last completed and last started write.
+#[test]
+fn retirement_beside_overwrites_trims_cleaning_and_retrains_keeps_every_block() {
+    retirement_race(&dict_create(), (80, 90));
+}
+
+/// 2a on a thin volume whose data area (512 KiB) the compressed blocks nearly fill: writers
+/// clean ahead (and make_space runs) while dictionaries are retired and retrained, so the
+/// passes that migrate blocks to the current dictionary are the writers' own.
+#[test]
+fn retirement_beside_writers_cleaning_ahead_keeps_every_block() {
+    let create = CreateOptions {
+        capacity_bytes: Some(512 << 10),
+        ..dict_create()
+    };
+    retirement_race(&create, (20, 40));
+}
+
+fn retirement_race(create: &CreateOptions, watermarks: (u8, u8)) {
+    let open = OpenOptions {
+        background_cleaner: true,
+        clean_watermarks: Some(watermarks),
+        ..dict_open()
+    };
+    let (disk, vol) = sim_volume_with(create, open);
+    let vol = Arc::new(vol);
+    for b in 0..DICT_BLOCKS {
+        vol.write((b * BS) as u64, &log_block(b, 1), false)
+            .expect("fill");
+    }
+    let started: Arc<Vec<AtomicU64>> =
+        Arc::new((0..DICT_BLOCKS).map(|_| AtomicU64::new(1)).collect());
+    let completed: Arc<Vec<AtomicU64>> =
+        Arc::new((0..DICT_BLOCKS).map(|_| AtomicU64::new(1)).collect());
+    let trims: Arc<Mutex<HashSet<(usize, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    const WRITERS: usize = 2;
+    let barrier = Arc::new(Barrier::new(WRITERS + 2));
+    let per = DICT_BLOCKS / WRITERS;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let (vol, started, completed, trims, barrier) = (
+                Arc::clone(&vol),
+                Arc::clone(&started),
+                Arc::clone(&completed),
+                Arc::clone(&trims),
+                Arc::clone(&barrier),
+            );
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(200 + t as u64);
+                let range = t * per..(t + 1) * per;
+                let mut last: Vec<Option<Vec<u8>>> =
+                    range.clone().map(|b| Some(log_block(b, 1))).collect();
+                let mut ver = vec![1u64; per];
+                barrier.wait();
+                for _ in 0..700 {
+                    let b = rng.random_range(range.clone());
+                    let n = rng.random_range(1..=8usize).min(range.end - b);
+                    let trim = rng.random_range(0..100) >= 85;
+                    let mut data = Vec::with_capacity(n * BS);
+                    for k in b..b + n {
+                        let i = k - range.start;
+                        ver[i] += 1;
+                        if trim {
+                            trims.lock().expect("lock").insert((k, ver[i]));
+                            last[i] = None;
+                        } else {
+                            let d = log_block(k, ver[i]);
+                            data.extend_from_slice(&d);
+                            last[i] = Some(d);
+                        }
+                        started[k].store(ver[i], Ordering::SeqCst);
+                    }
+                    if trim {
+                        vol.trim((b * BS) as u64, (n * BS) as u64).expect("trim");
+                    } else {
+                        vol.write((b * BS) as u64, &data, false).expect("write");
+                    }
+                    for k in b..b + n {
+                        completed[k].store(ver[k - range.start], Ordering::SeqCst);
+                    }
+                }
+                (range, last)
+            })
+        })
+        .collect();
+    let retrainer = {
+        let (vol, stop, barrier) = (Arc::clone(&vol), Arc::clone(&stop), Arc::clone(&barrier));
+        std::thread::spawn(move || {
+            barrier.wait();
+            let mut installed = 0;
+            let mut seed = 300;
+            while !stop.load(Ordering::SeqCst) || installed < 4 {
+                seed += 1;
+                installed += usize::from(vol.retrain_dictionary(samples(seed)).expect("retrain"));
+                vol.checkpoint().expect("checkpoint");
+                vol.compact(&|_, _| {}).expect("compact");
+                vol.clean().expect("clean");
+                vol.checkpoint().expect("checkpoint");
+                if seed > 340 {
+                    break;
+                }
+            }
+            installed
+        })
+    };
+    let reader = {
+        let (vol, started, completed, trims, stop) = (
+            Arc::clone(&vol),
+            Arc::clone(&started),
+            Arc::clone(&completed),
+            Arc::clone(&trims),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(6);
+            let mut buf = vec![0u8; BS];
+            let mut reads = 0u64;
+            while !stop.load(Ordering::SeqCst) || reads < 2000 {
+                let b = rng.random_range(0..DICT_BLOCKS);
+                let lo = completed[b].load(Ordering::SeqCst);
+                vol.read((b * BS) as u64, &mut buf)
+                    .unwrap_or_else(|e| panic!("block {b}: {e}"));
+                let hi = started[b].load(Ordering::SeqCst);
+                if buf.iter().all(|&x| x == 0) {
+                    let t = trims.lock().expect("lock");
+                    assert!(
+                        (lo..=hi).any(|v| t.contains(&(b, v))),
+                        "block {b}: zeros, but no trim among versions {lo}..={hi}"
+                    );
+                } else {
+                    let (id, v) = header(&buf);
+                    assert!(
+                        id == b as u64 && (lo..=hi).contains(&v) && buf == log_block(b, v),
+                        "block {b}: read ({id}, {v}), expected a version in {lo}..={hi}"
+                    );
+                }
+                reads += 1;
+            }
+        })
+    };
+    barrier.wait();
+    let mut expect: Vec<Vec<u8>> = vec![vec![0u8; BS]; DICT_BLOCKS];
+    for w in writers {
+        let (range, last) = w.join().expect("writer");
+        for (k, d) in range.zip(last) {
+            expect[k] = d.unwrap_or_else(|| vec![0u8; BS]);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    reader.join().expect("reader");
+    let installed = retrainer.join().expect("retrainer");
+    // Two fit in the region: installs after the second reused a retired one's id and room.
+    assert!(installed >= 4, "only {installed} retrains installed");
+    verify_dict_volume(&vol, &expect, "live");
+    vol.close().expect("close");
+    drop(vol);
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), dict_open()).expect("reopen");
+    verify_dict_volume(&vol, &expect, "reopened");
+}
+
+/// A closed dictionary volume whose blocks all name one dictionary (A) while a newer one (B)
+/// serves new blocks; the region is full (two), so the next install needs A's room.
+fn two_dictionary_image() -> Vec<u8> {
+    let (disk, vol) = sim_volume_with(&dict_create(), dict_open());
+    let write = |v: u64| {
+        for b in 0..DICT_BLOCKS {
+            vol.write((b * BS) as u64, &log_block(b, v), false)
+                .expect("write");
+        }
+    };
+    write(1);
+    vol.retrain_dictionary(samples(100)).expect("retrain");
+    write(2);
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    assert!(vol.retrain_dictionary(samples(101)).expect("retrain"));
+    let stats = vol.stats();
+    let mut live: Vec<_> = stats
+        .dictionaries
+        .iter()
+        .map(|d| (d.active, d.live_blocks))
+        .collect();
+    live.sort();
+    assert_eq!(
+        live,
+        vec![(false, Some(DICT_BLOCKS as u64)), (true, Some(0))],
+        "A names every block, B none"
+    );
+    vol.close().expect("close");
+    drop(vol);
+    disk.current_image()
+}
+
+/// The steps swept by hypothesis 2c-2e: blocks move off A (host overwrites, then `compact`'s
+/// migration), checkpoints retire and free A, a retrain reuses its room, new blocks
+/// name the new dictionary. Stops at the first error (the power loss).
+fn retire_phase(vol: &Volume, exp: &mut Expect) -> Result<(), String> {
+    let write = |exp: &mut Expect, from: usize, to: usize, v: u64| {
+        for b in from..to {
+            let d = log_block(b, v);
+            exp.wrote(b, &d);
+            vol.write((b * BS) as u64, &d, false)
+                .map_err(|e| format!("write: {e}"))?;
+        }
+        Ok::<(), String>(())
+    };
+    let flush = |exp: &mut Expect| {
+        vol.flush().map_err(|e| format!("flush: {e}"))?;
+        exp.flushed();
+        Ok::<(), String>(())
+    };
+    write(exp, 0, DICT_BLOCKS / 2, 3)?;
+    flush(exp)?;
+    write(exp, DICT_BLOCKS / 2, DICT_BLOCKS * 3 / 4, 4)?;
+    flush(exp)?;
+    vol.compact(&|_, _| {})
+        .map_err(|e| format!("compact: {e}"))?;
+    flush(exp)?;
+    for _ in 0..2 {
+        vol.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
+        exp.flushed();
+    }
+    vol.retrain_dictionary(samples(102))
+        .map_err(|e| format!("retrain: {e}"))?;
+    write(exp, 0, DICT_BLOCKS / 8, 5)?;
+    flush(exp)?;
+    write(exp, DICT_BLOCKS / 8, DICT_BLOCKS / 4, 6)?;
+    Ok(())
+}
+
+/// Hypotheses 2c, 2d, 2e: a crash at any storage operation while blocks move off a
+/// dictionary, it is retired, freed and its room reused. Recovery rolls forward segments whose
+/// records name dictionaries; the per-dictionary counts it starts from (the checkpoint's
+/// directory) plus the replay must equal a recount of the map (`check`, right after the
+/// open), every block must read its flushed value or a later one (never an error, never
+/// another dictionary's decoding), and the recovered volume must go on retiring and reusing.
+#[test]
+fn a_crash_around_retirement_and_room_reuse_recovers_exact_counts() {
+    let image = two_dictionary_image();
+    let base_data: Vec<Vec<u8>> = (0..DICT_BLOCKS).map(|b| log_block(b, 2)).collect();
+    let fresh = || {
+        let mut exp = Expect::new(DICT_BLOCKS);
+        exp.durable = base_data.clone();
+        exp
+    };
+    // Probe: the phase retires A and reuses its id.
+    let disk = Arc::new(SimStorage::from_image(image.clone()));
+    let vol = Volume::open(Box::new(Arc::clone(&disk)), dict_open()).expect("open");
+    let a = vol
+        .stats()
+        .dictionaries
+        .iter()
+        .find(|d| !d.active)
+        .expect("A")
+        .id;
+    let base = disk.ops();
+    let mut exp = fresh();
+    retire_phase(&vol, &mut exp).expect("probe");
+    let total = disk.ops() - base;
+    let ids: Vec<(u16, bool)> = vol
+        .stats()
+        .dictionaries
+        .iter()
+        .map(|d| (d.id, d.active))
+        .collect();
+    // (Ids come back as late as possible, `dicts::place`: A's room is reused, its id is not.)
+    assert!(
+        ids.len() == 2 && ids.iter().all(|&(id, _)| id != a),
+        "A ({a}) retired and its room reused by a new dictionary: {ids:?}"
+    );
+    exp.verify(&vol, "probe");
+    drop(vol);
+    let step = (total / 150).max(1);
+    for (n, at) in (0..total).step_by(step as usize).enumerate() {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), dict_open()).expect("open");
+        disk.set_power_loss_at(disk.ops() + at);
+        let mut exp = fresh();
+        let _ = retire_phase(&vol, &mut exp);
+        let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(n as u64));
+        vol.abandon();
+        let disk = Arc::new(SimStorage::from_image(crashed));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), dict_open())
+            .unwrap_or_else(|e| panic!("crash at {at}: open: {e}"));
+        let ctx = format!("crash at {at}");
+        // `verify` runs `check` first thing after the open: counts against the map.
+        exp.verify(&vol, &ctx);
+        let now: Vec<Vec<u8>> = (0..DICT_BLOCKS)
+            .map(|b| read_block(&vol, b as u64).expect("read"))
+            .collect();
+        verify_dict_volume(&vol, &now, &ctx);
+        // The recovered volume retires and reuses room too.
+        let mut now = now;
+        for (b, d) in now.iter_mut().enumerate().skip(DICT_BLOCKS / 2) {
+            *d = log_block(b, 7);
+            vol.write((b * BS) as u64, d, false)
+                .expect("write after recovery");
+        }
+        vol.compact(&|_, _| {}).expect("compact");
+        verify_dict_volume(&vol, &now, &ctx);
+        vol.retrain_dictionary(samples(103)).expect("retrain");
+        for (b, d) in now.iter_mut().enumerate().take(DICT_BLOCKS / 4) {
+            *d = log_block(b, 8);
+            vol.write((b * BS) as u64, d, false)
+                .expect("write after retrain");
+        }
+        vol.close().expect("close");
+        drop(vol);
+        let vol = Volume::open(Box::new(disk), dict_open()).expect("reopen");
+        verify_dict_volume(&vol, &now, &format!("{ctx}, reopened"));
+    }
+}
+
+/// Hypothesis 2b (id reuse): ids wrap around within 1..=127 once retired ones are free. A block
+/// written long ago names dictionary X and is never rewritten; more than 127 dictionaries are
+/// installed and retired after it (each one's blocks trimmed), so every other id is handed out
+/// again. X must never be: the block would decode with another dictionary's content (wrong
+/// data for lz4, see above). Also across a reopen in the middle.
+#[test]
+fn ids_wrap_around_but_never_onto_a_dictionary_a_live_block_names() {
+    // 128 MiB logical (thin: an 8 MiB data area): a 128 KiB region holds four dictionaries,
+    // so X, the one in use and a new one fit together.
+    let create = CreateOptions {
+        unit_bytes: Some(4096),
+        capacity_bytes: Some(8 << 20),
+        ..small_volume(128 << 20, 16384, Codec::Lz4, 1, 8)
+    };
+    let open = || OpenOptions {
+        background_cleaner: false,
+        ..dict_open()
+    };
+    let (disk, vol) = sim_volume_with(&create, open());
+    let mut vol = vol;
+    vol.retrain_dictionary(samples(1)).expect("retrain");
+    let keep = log_block(0, 1);
+    vol.write(0, &keep, false).expect("write");
+    let x = vol
+        .stats()
+        .dictionaries
+        .iter()
+        .find(|d| d.active)
+        .expect("X")
+        .id;
+    let mut seen: HashSet<u16> = HashSet::new();
+    let mut reused = 0;
+    for round in 0..140u64 {
+        // The blocks of the dictionary in use die, so it can be retired and its room reused.
+        for b in 1..9 {
+            vol.write((b * BS) as u64, &log_block(b, round + 2), false)
+                .expect("write");
+        }
+        vol.trim(BS as u64, 8 * BS as u64).expect("trim");
+        vol.checkpoint().expect("checkpoint");
+        vol.checkpoint().expect("checkpoint");
+        assert!(
+            vol.retrain_dictionary(samples(10 + round % 7))
+                .expect("retrain"),
+            "round {round}: nothing installed: {:?}",
+            vol.stats().dictionaries
+        );
+        let id = vol
+            .stats()
+            .dictionaries
+            .iter()
+            .find(|d| d.active)
+            .expect("active")
+            .id;
+        assert_ne!(
+            id, x,
+            "round {round}: X's id handed out while block 0 names it"
+        );
+        reused += usize::from(!seen.insert(id));
+        if round == 70 {
+            vol.close().expect("close");
+            drop(vol);
+            vol = Volume::open(Box::new(Arc::clone(&disk)), open()).expect("reopen");
+        }
+        assert!(
+            read_block(&vol, 0).expect("block 0") == keep,
+            "round {round}: block 0"
+        );
+    }
+    assert!(reused > 0, "no id came back: the test exercised nothing");
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "check: {report:?}");
+}
+
+/// A simulated disk that parks the next read of a whole extent (a cleaning pass reading a
+/// victim) once armed, telling the test its offset, until released; it reports the offsets of
+/// the writes it is given.
+struct ParkVictimRead {
+    disk: Arc<SimStorage>,
+    extent_bytes: usize,
+    armed: AtomicBool,
+    parked: Mutex<std::sync::mpsc::Sender<u64>>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+    writes: Mutex<Vec<u64>>,
+}
+
+impl Storage for ParkVictimRead {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        if buf.len() == self.extent_bytes && self.armed.swap(false, Ordering::SeqCst) {
+            self.parked
+                .lock()
+                .expect("lock")
+                .send(offset)
+                .expect("test gone");
+            self.release
+                .lock()
+                .expect("lock")
+                .recv()
+                .expect("test gone");
+        }
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        self.writes.lock().expect("lock").push(offset);
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// Hypothesis 1e, the interleaving: pass P1 (the cleaner) lists its victims and reads them
+/// without the state lock; a writer short of space runs `make_space`, which takes the victims
+/// back (clears `State::cleaning`, bumps `clean_gen`) and cleans some of them; pass P3 (another
+/// cleaning round) then lists one of the rest, V, and reads it. P1's commit must not unlist V:
+/// P3 still reads it. If it did, the host could empty V, a checkpoint release it and a writer
+/// reuse it while P3 reads, and P3 would move V's new blocks with bytes from what it read.
+#[test]
+fn a_pass_dropped_by_make_space_does_not_unlist_a_later_pass_victim() {
+    let opts = tight();
+    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let (ptx, prx) = std::sync::mpsc::channel();
+    let (rtx, rrx) = std::sync::mpsc::channel();
+    let park = Arc::new(ParkVictimRead {
+        disk: Arc::clone(&disk),
+        extent_bytes: sb.extent_bytes as usize,
+        armed: AtomicBool::new(false),
+        parked: Mutex::new(ptx),
+        release: Mutex::new(rrx),
+        writes: Mutex::default(),
+    });
+    let open = OpenOptions {
+        clean_watermarks: Some((80, 89)),
+        ..open_opts_sync()
+    };
+    let vol =
+        Arc::new(Volume::create_with(Box::new(Arc::clone(&park)), &opts, open).expect("create"));
+    let mut rng = SmallRng::seed_from_u64(31);
+    let mut model = vec![vec![0u8; BS]; BLOCKS];
+    let put = |vol: &Volume, b: usize, rng: &mut SmallRng, model: &mut [Vec<u8>]| {
+        let d = versioned(b, rng.random(), rng);
+        vol.write((b * BS) as u64, &d, false).expect("write");
+        model[b] = d;
+    };
+    for b in 0..LIVE {
+        put(&vol, b, &mut rng, &mut model);
+    }
+    // A few extents with dead space (the first ones written): P1 takes them all.
+    for b in (0..70).step_by(2) {
+        vol.trim((b * BS) as u64, BS as u64).expect("trim");
+        model[b] = vec![0u8; BS];
+    }
+    vol.checkpoint().expect("checkpoint");
+    // P1: parks reading its first victim.
+    park.armed.store(true, Ordering::SeqCst);
+    let p1 = {
+        let vol = Arc::clone(&vol);
+        std::thread::spawn(move || vol.clean())
+    };
+    let first = prx.recv().expect("P1 parked");
+    // Writes into the holes until one ran make_space (P1's victims taken back): the writer's
+    // cleaning ahead finds no victim (P1 lists them), so opening extents reaches the reserve.
+    let runs = vol.stats().counters.cleaner_runs;
+    let mut b = LIVE;
+    while vol.stats().counters.cleaner_runs == runs && b < BLOCKS {
+        put(&vol, b, &mut rng, &mut model);
+        b += 1;
+    }
+    assert!(b < BLOCKS, "make_space never ran");
+    // P3: another round, parked reading its first victim V.
+    park.armed.store(true, Ordering::SeqCst);
+    let p3 = {
+        let vol = Arc::clone(&vol);
+        std::thread::spawn(move || vol.clean())
+    };
+    let v_offset = prx.recv().expect("P3 parked");
+    let v = (v_offset - sb.data_offset) / u64::from(sb.extent_bytes);
+    assert!(first >= sb.data_offset && v_offset >= sb.data_offset);
+    // P1 goes on: its commit finds its pass dropped.
+    rtx.send(()).expect("release P1");
+    p1.join().expect("P1").expect("P1 clean");
+    // The host empties every extent (V too) and a checkpoint releases what is empty and not
+    // being read; writers then open extents again, V among them if it was released (or taken
+    // back by `make_space` again, which makes P3 drop its pass).
+    vol.trim(0, SIZE).expect("trim all");
+    model.iter_mut().for_each(|m| m.fill(0));
+    vol.checkpoint().expect("checkpoint");
+    let v_range =
+        sb.extent_offset(v as u32)..sb.extent_offset(v as u32) + u64::from(sb.extent_bytes);
+    park.writes.lock().expect("lock").clear();
+    for b in 0..LIVE {
+        put(&vol, b, &mut rng, &mut model);
+        vol.flush().expect("flush");
+        if park
+            .writes
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|o| v_range.contains(o))
+        {
+            // Blocks that stay in V's buffer (not yet on the disk) when P3 reads it.
+            for k in LIVE..LIVE + 2 {
+                put(&vol, k, &mut rng, &mut model);
+            }
+            break;
+        }
+    }
+    rtx.send(()).expect("release P3");
+    p3.join().expect("P3").expect("P3 clean");
+    for (b, want) in model.iter().enumerate() {
+        let got = read_block(&vol, b as u64).unwrap_or_else(|e| panic!("block {b}: {e}"));
+        assert!(got == *want, "block {b} is not its last write");
+    }
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "check: {report:?}");
+}
+
+/// Hypothesis 1b with threads: two writers on halves of the volume, each flushing every few
+/// writes, while their writes clean ahead (one cleans, the other waits for it or writes); power
+/// is lost at a storage operation spread over the run. Every block of a writer reads the value
+/// it had at that writer's last completed flush or one it wrote since.
+#[test]
+fn flushes_racing_clean_ahead_survive_a_crash() {
+    let opts = tight();
+    let (image, data) = filled_image(&opts);
+    const WRITERS: usize = 2;
+    let per = LIVE / WRITERS;
+    // One run; returns the storage operations it took.
+    let run = |lose_at: Option<u64>, seed: u64| -> u64 {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = Arc::new(
+            Volume::open(
+                Box::new(Arc::clone(&disk)),
+                open_opts_with(IoOptions::reordered(seed)),
+            )
+            .expect("open"),
+        );
+        let base = disk.ops();
+        let runs = vol.stats().counters.cleaner_runs;
+        if let Some(at) = lose_at {
+            disk.set_power_loss_at(base + at);
+        }
+        let barrier = Arc::new(Barrier::new(WRITERS));
+        let threads: Vec<_> = (0..WRITERS)
+            .map(|t| {
+                let (vol, barrier, data) = (Arc::clone(&vol), Arc::clone(&barrier), data.clone());
+                std::thread::spawn(move || {
+                    let range = t * per..(t + 1) * per;
+                    let mut exp = expect_from(&data);
+                    let mut rng = SmallRng::seed_from_u64(seed * 10 + t as u64);
+                    barrier.wait();
+                    for i in 0..80u64 {
+                        let b = rng.random_range(range.clone());
+                        let n = rng.random_range(1..=4usize).min(range.end - b);
+                        let mut buf = Vec::with_capacity(n * BS);
+                        for k in b..b + n {
+                            let d = versioned(k, 1000 + i, &mut rng);
+                            exp.wrote(k, &d);
+                            buf.extend_from_slice(&d);
+                        }
+                        if vol.write((b * BS) as u64, &buf, false).is_err() {
+                            break;
+                        }
+                        if i % 4 == 3 {
+                            if vol.flush().is_err() {
+                                break;
+                            }
+                            exp.flushed();
+                        }
+                    }
+                    (range, exp)
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads
+            .into_iter()
+            .map(|h| h.join().expect("writer"))
+            .collect();
+        let ops = disk.ops() - base;
+        let vol = Arc::into_inner(vol).expect("writers done");
+        let Some(at) = lose_at else {
+            assert!(
+                vol.stats().counters.cleaner_runs > runs + 3,
+                "the writers hardly clean"
+            );
+            return ops;
+        };
+        let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(seed));
+        vol.abandon();
+        let vol = Volume::open(
+            Box::new(Arc::new(SimStorage::from_image(crashed))),
+            open_opts_sync(),
+        )
+        .unwrap_or_else(|e| panic!("crash at {at}: open: {e}"));
+        for (range, exp) in results {
+            for b in range {
+                let got = read_block(&vol, b as u64)
+                    .unwrap_or_else(|e| panic!("crash at {at}: block {b}: {e}"));
+                assert!(
+                    got == exp.durable[b] || exp.since[b].contains(&got),
+                    "crash at {at}: block {b} lost a flushed write"
+                );
+            }
+        }
+        let report = vol.check(&|_, _| {});
+        assert!(report.is_clean(), "crash at {at}: check: {report:?}");
+        ops
+    };
+    let total = run(None, 0);
+    for n in 1..=40u64 {
+        run(Some(total * n / 41), n);
+    }
+}
