@@ -969,10 +969,11 @@ impl Inner {
         }
         // Cleaning ahead is an optimisation: a failure of it (a victim that does not read) must
         // not refuse a write that fits. make_space meets the same error only if the write
-        // needs the space; a failed device write or sync has tripped the fence, so the write
-        // fails below all the same.
+        // needs the space. A failed device write or sync has tripped the fence: then this
+        // write fails too, before it takes effect, like every write after it.
         if let Err(e) = self.clean_ahead(data.len()) {
             tracing::warn!("cleaning ahead of a write failed: {e}");
+            self.check_writable()?;
         }
         self.wait_for_queue_refill(data.len());
         let bs = BLOCK_BYTES as u64;
@@ -999,10 +1000,11 @@ impl Inner {
             st.ckpt_wanted
         };
         self.issue_sealed()?;
-        // The write itself is done: a dictionary that fails to install must not fail it. A
-        // failed write or sync there has tripped the fence, so what follows fails anyway.
+        // The write itself is done: a dictionary that fails to install must not fail it, unless
+        // a failed write or sync there has tripped the fence (then no write succeeds).
         if let Err(e) = self.train_if_ready() {
             tracing::warn!("trained dictionary not installed: {e}");
+            self.check_writable()?;
         }
         if fua {
             self.flush()?;

@@ -229,6 +229,11 @@ fn overwrite_phase(
         }
         vol.write((b * BS) as u64, &data, false)
             .map_err(|e| (format!("write {i}: {e}"), b..b + n))?;
+        // Nothing but this thread touches the disk here (no background cleaner): a volume that
+        // stopped during the write stopped because of it, and then the write must fail.
+        if let Some(why) = vol.stats().failed {
+            panic!("write {i} returned Ok, but the volume stopped during it: {why}");
+        }
         if i % 8 == 7 {
             vol.flush().map_err(|e| (format!("flush {i}: {e}"), 0..0))?;
             exp.flushed();
