@@ -12,7 +12,6 @@ from zbdlab.bench.report import write_results
 from zbdlab.bench.settings import Settings
 from zbdlab.config import parse_study
 from zbdlab.stats.compare import Options
-from zbdlab.targets.cleanup import CleanupStack
 
 
 def test_engine_figures_compare_with_codec_times_threads_and_one_thread() -> None:
@@ -54,22 +53,6 @@ def test_fio_jobs_set_data_flush_and_halves() -> None:
     rand = nbd.fio_job(nbd.TEST_BY_KEY["randread_qd16"], 1 << 30, 5, target).render().splitlines()
     assert "time_based" in rand and "runtime=5" in rand and "iodepth=16" in rand
     assert "end_fsync=1" not in rand
-
-
-def test_zbd_serves_with_o_direct_on_the_slow_disk_only(tmp_path: Path) -> None:
-    # The slow-disk targets compare zbd with qemu-nbd --cache=none: O_DIRECT on both sides.
-    stack = CleanupStack("test")
-    try:
-        argv = {
-            (arm, direct): nbd.Server(arm, "zbd", tmp_path, 1 << 20, None, stack, direct=direct).argv()  # type: ignore[arg-type]
-            for arm in ("zbd-lz4", "qemu-nbd")
-            for direct in (False, True)
-        }
-    finally:
-        stack.close()
-    assert "--direct" in argv["zbd-lz4", True] and "--direct" not in argv["zbd-lz4", False]
-    assert "--direct" not in argv["qemu-nbd", True] and "--cache=none" in argv["qemu-nbd", False]
-    assert all("O_DIRECT" in nbd.IO_MODES[p] for p in ("nbd-fast", "nbd-slow"))
 
 
 def test_nbd_figures_attach_goals_and_zbd_ratio() -> None:
