@@ -529,7 +529,7 @@ fn samples(seed: u64) -> Vec<Vec<u8>> {
 /// the right length: nothing notices. Shown here by rewriting one map entry (both copies,
 /// checksums valid) to name the other dictionary of the volume.
 #[test]
-#[ignore = "bug: a block decoded with the wrong dictionary returns wrong data, not an error (block CRC covers stored bytes only); see notes/review3.md"]
+#[ignore = "bug: a block decoded with the wrong dictionary returns wrong data, not an error (block CRC covers stored bytes only); docs/design.md, Trained dictionaries, Limits"]
 fn a_block_misattributed_to_another_dictionary_is_an_error_never_data() {
     // zstd frames name their dictionary (a mismatch fails to decode); lz4 blocks do not.
     for codec in [Codec::Zstd(1), Codec::Lz4] {
