@@ -139,41 +139,14 @@ fn clean_ahead_beside_writers_trims_readers_and_the_cleaner_keeps_the_latest() {
             })
         })
         .collect();
-    let reader = {
-        let (vol, started, completed, trims, stop) = (
-            Arc::clone(&vol),
-            Arc::clone(&started),
-            Arc::clone(&completed),
-            Arc::clone(&trims),
-            Arc::clone(&stop),
-        );
-        std::thread::spawn(move || {
-            let mut rng = SmallRng::seed_from_u64(5);
-            let mut buf = vec![0u8; BS];
-            let mut reads = 0u64;
-            while !stop.load(Ordering::SeqCst) || reads < 2000 {
-                let b = rng.random_range(0..LIVE);
-                let lo = completed[b].load(Ordering::SeqCst);
-                vol.read((b * BS) as u64, &mut buf).expect("read");
-                let hi = started[b].load(Ordering::SeqCst);
-                if buf.iter().all(|&x| x == 0) {
-                    let t = trims.lock().expect("lock");
-                    assert!(
-                        (lo..=hi).any(|v| t.contains(&(b, v))),
-                        "block {b}: zeros, but no trim among versions {lo}..={hi}"
-                    );
-                } else {
-                    let (id, v) = header(&buf);
-                    assert_eq!(id, b as u64, "block {b} reads another block's data");
-                    assert!(
-                        (lo..=hi).contains(&v),
-                        "block {b}: version {v}, expected {lo}..={hi}"
-                    );
-                }
-                reads += 1;
-            }
-        })
-    };
+    let reader = spawn_checking_reader(
+        Arc::clone(&vol),
+        [Arc::clone(&started), Arc::clone(&completed)],
+        Arc::clone(&trims),
+        Arc::clone(&stop),
+        (LIVE, 5),
+        |_, _, _| true,
+    );
     barrier.wait();
     let mut expect: Vec<Vec<u8>> = vec![vec![0u8; BS]; BLOCKS];
     for w in writers {
@@ -201,6 +174,46 @@ fn clean_ahead_beside_writers_trims_readers_and_the_cleaner_keeps_the_latest() {
     drop(vol);
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("reopen");
     verify(&vol, "reopened");
+}
+
+/// The reader of the race tests: random single-block reads of `blocks` blocks (seeded) until
+/// `stop` and at least 2,000 reads, each checked against the writers' bookkeeping: a version
+/// between the block's last completed and last started write (and `data_ok` of its bytes), or
+/// zeros only if a trim is among those versions.
+fn spawn_checking_reader(
+    vol: Arc<Volume>,
+    [started, completed]: [Arc<Vec<AtomicU64>>; 2],
+    trims: Arc<Mutex<HashSet<(usize, u64)>>>,
+    stop: Arc<AtomicBool>,
+    (blocks, seed): (usize, u64),
+    data_ok: fn(usize, u64, &[u8]) -> bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut buf = vec![0u8; BS];
+        let mut reads = 0u64;
+        while !stop.load(Ordering::SeqCst) || reads < 2000 {
+            let b = rng.random_range(0..blocks);
+            let lo = completed[b].load(Ordering::SeqCst);
+            vol.read((b * BS) as u64, &mut buf)
+                .unwrap_or_else(|e| panic!("block {b}: {e}"));
+            let hi = started[b].load(Ordering::SeqCst);
+            if buf.iter().all(|&x| x == 0) {
+                let t = trims.lock().expect("lock");
+                assert!(
+                    (lo..=hi).any(|v| t.contains(&(b, v))),
+                    "block {b}: zeros, but no trim among versions {lo}..={hi}"
+                );
+            } else {
+                let (id, v) = header(&buf);
+                assert!(
+                    id == b as u64 && (lo..=hi).contains(&v) && data_ok(b, v, &buf),
+                    "block {b}: read ({id}, {v}), expected a version in {lo}..={hi}"
+                );
+            }
+            reads += 1;
+        }
+    })
 }
 
 /// The overwrite phase of the sweeps: multi-block random overwrites of the live blocks of a
@@ -733,41 +746,14 @@ fn retirement_race(create: &CreateOptions, watermarks: (u8, u8)) {
             installed
         })
     };
-    let reader = {
-        let (vol, started, completed, trims, stop) = (
-            Arc::clone(&vol),
-            Arc::clone(&started),
-            Arc::clone(&completed),
-            Arc::clone(&trims),
-            Arc::clone(&stop),
-        );
-        std::thread::spawn(move || {
-            let mut rng = SmallRng::seed_from_u64(6);
-            let mut buf = vec![0u8; BS];
-            let mut reads = 0u64;
-            while !stop.load(Ordering::SeqCst) || reads < 2000 {
-                let b = rng.random_range(0..DICT_BLOCKS);
-                let lo = completed[b].load(Ordering::SeqCst);
-                vol.read((b * BS) as u64, &mut buf)
-                    .unwrap_or_else(|e| panic!("block {b}: {e}"));
-                let hi = started[b].load(Ordering::SeqCst);
-                if buf.iter().all(|&x| x == 0) {
-                    let t = trims.lock().expect("lock");
-                    assert!(
-                        (lo..=hi).any(|v| t.contains(&(b, v))),
-                        "block {b}: zeros, but no trim among versions {lo}..={hi}"
-                    );
-                } else {
-                    let (id, v) = header(&buf);
-                    assert!(
-                        id == b as u64 && (lo..=hi).contains(&v) && buf == log_block(b, v),
-                        "block {b}: read ({id}, {v}), expected a version in {lo}..={hi}"
-                    );
-                }
-                reads += 1;
-            }
-        })
-    };
+    let reader = spawn_checking_reader(
+        Arc::clone(&vol),
+        [Arc::clone(&started), Arc::clone(&completed)],
+        Arc::clone(&trims),
+        Arc::clone(&stop),
+        (DICT_BLOCKS, 6),
+        |b, v, buf| buf == log_block(b, v),
+    );
     barrier.wait();
     let mut expect: Vec<Vec<u8>> = vec![vec![0u8; BS]; DICT_BLOCKS];
     for w in writers {
