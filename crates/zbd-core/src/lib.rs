@@ -17,6 +17,7 @@ mod handle;
 pub mod io;
 pub mod layout;
 mod map;
+mod par;
 mod readcache;
 mod recovery;
 pub mod sim;

@@ -22,7 +22,6 @@ use crate::storage::Storage;
 use crate::writeback::Outbox;
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
-use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -36,12 +35,14 @@ pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
 pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
 /// Whether new volumes train and use dictionaries unless told otherwise (docs/savings.md).
 pub const DICTIONARY_DEFAULT: bool = false;
-/// Requests with at least this many blocks are compressed / decompressed in parallel.
-const PARALLEL_BLOCKS_MIN: usize = 4;
-/// Reads of at least this many blocks (256 KiB) are streaming: they use the read cache but do
-/// not fill it. A sequential scan would evict what random reads come back for, and copying its
-/// bytes into the cache was a measurable part of a sequential read's CPU time.
-const STREAMING_BLOCKS_MIN: u64 = 64;
+/// Requests with at least this many units (or, on reads, runs of blocks decoded together) are
+/// compressed / decompressed in parallel (par.rs).
+const PARALLEL_ITEMS_MIN: usize = 2;
+/// Reads of at least this many blocks (128 KiB, the size of the kernel's readahead requests)
+/// are streaming: they use the read cache but do not fill it. A sequential scan would evict
+/// what random reads come back for, and copying its bytes into the cache was a measurable part
+/// of a sequential read's CPU time (a third of 128 KiB reads' on one core: issue 13).
+const STREAMING_BLOCKS_MIN: u64 = 32;
 
 /// Open-time tunables.
 #[derive(Clone, Debug)]
@@ -650,12 +651,10 @@ impl Inner {
                 (_, None) => vec![corrupt(start)],
             }
         };
-        Ok(if count as usize >= PARALLEL_BLOCKS_MIN {
-            let parts: Vec<_> = work.into_par_iter().map(decode).collect();
-            parts.into_iter().flatten().collect()
-        } else {
-            work.into_iter().flat_map(decode).collect()
-        })
+        Ok(crate::par::map(work, PARALLEL_ITEMS_MIN, decode)
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     /// Map lookup under the state lock; returns with the reuse gate held shared so the extents
@@ -1031,11 +1030,7 @@ impl Inner {
             let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
             (r.start, self.prepare_unit(bytes))
         };
-        let prepared: Vec<(usize, Vec<Prepared>)> = if nonzero.len() >= PARALLEL_BLOCKS_MIN {
-            pieces.par_iter().map(prep).collect()
-        } else {
-            pieces.iter().map(prep).collect()
-        };
+        let prepared = crate::par::map(pieces.iter().collect(), PARALLEL_ITEMS_MIN, prep);
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         for (start, mut ps) in prepared {

@@ -1,0 +1,93 @@
+//! A parallel map in which the calling thread does its share.
+//!
+//! A write compresses the units of its request on every core, and a read decodes them the
+//! same way. rayon's parallel iterators, called from a thread outside rayon's pool (an NBD
+//! connection thread, a bench client), hand all the work to the pool and park the caller
+//! until it is done: on two cores the caller sleeps while the pool's two threads work, and
+//! between requests those threads spin looking for more (issue 13's profile: 20 % of both
+//! cores idle or yielding during sequential writes). Here the caller claims items itself from a
+//! shared counter while helpers on the pool claim from the same counter; a helper that starts
+//! late, because the pool is busy with another request's items, finds nothing left and returns
+//! at once. With as many callers as cores, each mostly does its own items.
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Applies `f` to every item, in parallel, on the calling thread and up to one helper per other
+/// core; returns the results in the order of `items`. Fewer than `min_items` items run on the
+/// calling thread alone (waking a helper costs more than it saves).
+pub fn map<I: Send, T: Send>(items: Vec<I>, min_items: usize, f: impl Fn(I) -> T + Sync) -> Vec<T> {
+    let n = items.len();
+    let helpers = rayon::current_num_threads()
+        .saturating_sub(1)
+        .min(n.saturating_sub(1));
+    if n < min_items.max(2) || helpers == 0 {
+        return items.into_iter().map(f).collect();
+    }
+    // One slot per item: its input until claimed, then its result. Each slot is taken by the
+    // one thread that claimed its index, so its lock is never contended.
+    let slots: Vec<Mutex<Slot<I, T>>> = items
+        .into_iter()
+        .map(|i| Mutex::new(Slot::Input(i)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = slots.get(k) else { break };
+        let input = std::mem::replace(&mut *slot.lock(), Slot::Taken);
+        if let Slot::Input(i) = input {
+            let out = f(i);
+            *slot.lock() = Slot::Output(out);
+        }
+    };
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    slots
+        .into_iter()
+        .map(|s| match s.into_inner() {
+            Slot::Output(t) => t,
+            // in_place_scope returns only once every spawned helper has returned, and every
+            // index below `n` was claimed by a thread that ran `work` to the end.
+            Slot::Input(_) | Slot::Taken => unreachable!("par::map: an item was left undone"),
+        })
+        .collect()
+}
+
+enum Slot<I, T> {
+    Input(I),
+    Taken,
+    Output(T),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_come_back_in_order_and_each_item_runs_once() {
+        let runs = AtomicUsize::new(0);
+        for n in [0, 1, 2, 3, 17, 1000] {
+            runs.store(0, Ordering::Relaxed);
+            let out = map((0..n).collect(), 2, |i: usize| {
+                runs.fetch_add(1, Ordering::Relaxed);
+                i * 3
+            });
+            assert_eq!(out, (0..n).map(|i| i * 3).collect::<Vec<_>>());
+            assert_eq!(runs.load(Ordering::Relaxed), n);
+        }
+    }
+
+    #[test]
+    fn items_may_be_mutable_borrows() {
+        let mut data = vec![0u8; 64];
+        let parts: Vec<(usize, &mut [u8])> = data.chunks_mut(4).enumerate().collect();
+        let _ = map(parts, 2, |(k, p)| p.fill(k as u8));
+        for (k, p) in data.chunks(4).enumerate() {
+            assert!(p.iter().all(|&b| b == k as u8));
+        }
+    }
+}
