@@ -175,3 +175,16 @@ def test_summary_renders_again_from_figures_json(tmp_path: Path) -> None:
     again = report.rerender(tmp_path, 0.9).read_text()
     assert again == first  # same figures, same seed: the same intervals
     assert "| nbd-slow: w | 2.00 |" in again  # the targets table names the group
+
+
+def test_engine_arms_run_pinned_to_as_many_cores_as_threads() -> None:
+    import os
+
+    import pytest
+
+    from zbdlab.app import HostError
+
+    cpus = sorted(os.sched_getaffinity(0))
+    assert engine.pinned(1) == ["taskset", "--cpu-list", str(cpus[0])]
+    with pytest.raises(HostError, match=f"{len(cpus) + 1} threads need"):
+        engine.pinned(len(cpus) + 1)

@@ -3,11 +3,18 @@
 One arm is one (codec, threads) pair; each `zbd bench engine` call measures the codec alone on one
 core on the same data in the same process, so "engine / codec" is a same-run ratio within every
 round, and "2 threads / 1 thread" compares arms of the same rounds.
+
+"Threads" are cores: an arm of N client threads runs pinned to N cores (taskset), since one client
+thread on unpinned cores already compresses on all of them (zbd-core's par.rs), and "2 threads / 1
+thread" would then compare two cores with two cores. Its volume file is in RAM (tmpfs) when there is
+one, so that the figure is the engine's CPU cost per byte, not the disk's speed: the nbd groups
+measure disks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,10 +32,38 @@ def arm_name(codec: str, threads: int) -> str:
     return f"{codec}/{threads}t"
 
 
-def measure(zbd: str, codec: str, threads: int, size: str, raw: Path, tag: str) -> Metrics:
-    argv = [zbd, "bench", "engine", "--codec", codec, "--threads", str(threads), "--size", size]
-    argv += ["--no-wa", "--json"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+RAM_DIR = Path("/dev/shm")
+
+
+def volume_dir(settings: Settings) -> Path:
+    """Where the engine's volume files go: tmpfs if the machine has one, else the work directory."""
+    return RAM_DIR if RAM_DIR.is_dir() and os.access(RAM_DIR, os.W_OK) else settings.work_dir
+
+
+def pinned(threads: int) -> list[str]:
+    """A taskset prefix giving the process the first `threads` CPUs it may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < threads:
+        raise HostError(
+            f"engine group: {threads} threads need {threads} cores, this process may use {len(cpus)}"
+        )
+    return ["taskset", "--cpu-list", ",".join(str(c) for c in cpus[:threads])]
+
+
+def measure(zbd: str, codec: str, threads: int, settings: Settings, raw: Path, tag: str) -> Metrics:
+    argv = [
+        zbd,
+        "bench",
+        "engine",
+        "--codec",
+        codec,
+        "--threads",
+        str(threads),
+        "--size",
+        settings.engine_size,
+    ]
+    argv += ["--dir", str(volume_dir(settings)), "--no-wa", "--json"]
+    proc = subprocess.run(pinned(threads) + argv, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         line = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise HostError(f"{' '.join(argv[:3])} failed: {line} (a zbd without --codec/--threads is too old)")
@@ -84,7 +119,12 @@ def figures(rounds: Rounds) -> list[Figure]:
     return out
 
 
-def run(zbd: str, settings: Settings, raw: Path) -> list[Figure]:
+def run(zbd: str, settings: Settings, raw: Path, notes: list[str]) -> list[Figure]:
+    where = volume_dir(settings)
+    what = " (tmpfs: the engine's CPU cost, not a disk's speed)" if where == RAM_DIR else ""
+    notes.append(
+        f"engine: N threads = N client threads pinned to N cores (taskset); volume files in {where}{what}"
+    )
     arms = {arm_name(c, t): (zbd, c, t) for c in CODECS for t in THREADS}
     if settings.base_zbd:
         arms |= {arm + BASE: (settings.base_zbd, c, t) for arm, (_, c, t) in list(arms.items())}
@@ -95,7 +135,7 @@ def run(zbd: str, settings: Settings, raw: Path) -> list[Figure]:
             binary,
             codec,
             threads,
-            settings.engine_size,
+            settings,
             raw,
             f"{arm.replace('/', '-').replace(':', '')}-r{r + 1}",
         )

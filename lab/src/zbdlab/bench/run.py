@@ -59,7 +59,7 @@ def run_group(
 ) -> tuple[list[Figure], list[str]]:
     """One group's figures, and a Markdown table of its own (fs) or none."""
     if group == "engine":
-        return engine.run(zbd, settings, graw), []
+        return engine.run(zbd, settings, graw, notes), []
     if group == "nbd-fast":
         with tempfile.TemporaryDirectory(prefix="zbd-bench-", dir=settings.work_dir) as disk:
             return nbd.run(group, zbd, settings, graw, Path(disk), notes, settings.progress), []
