@@ -20,6 +20,8 @@ const CLEANER_POLL: Duration = Duration::from_millis(200);
 struct Signal {
     stop: bool,
     kick: bool,
+    /// A write asked for a checkpoint (`Inner::checkpoint_asked`).
+    checkpoint: bool,
 }
 
 /// A compressed block volume. `Send + Sync`: share it as `Arc<Volume>`.
@@ -41,10 +43,12 @@ impl Volume {
                 .spawn(move || cleaner_loop(&inner, &signal))
                 .ok()
         });
+        let cleaner = cleaner.flatten();
+        inner.checkpoint_in_background(cleaner.is_some());
         Volume {
             inner,
             signal,
-            cleaner: cleaner.flatten(),
+            cleaner,
         }
     }
 
@@ -100,18 +104,23 @@ impl Volume {
     /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let r = self.inner.write(offset, data, fua);
+        self.kick_checkpoint_if_asked();
         self.kick_if_low();
         r
     }
 
     /// Writes zeros over a range (whole blocks become zero-state entries, no data stored).
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.write_zeroes(offset, len)
+        let r = self.inner.write_zeroes(offset, len);
+        self.kick_checkpoint_if_asked();
+        r
     }
 
     /// Discards a range; it reads back as zeros and its space is reclaimable at once.
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.trim(offset, len)
+        let r = self.inner.trim(offset, len);
+        self.kick_checkpoint_if_asked();
+        r
     }
 
     /// Makes everything written so far durable.
@@ -182,6 +191,15 @@ impl Volume {
         }
     }
 
+    /// Hands a checkpoint a write asked for to the background thread.
+    fn kick_checkpoint_if_asked(&self) {
+        if self.inner.take_checkpoint_request() {
+            let (m, cv) = &*self.signal;
+            m.lock().checkpoint = true;
+            cv.notify_one();
+        }
+    }
+
     fn stop_cleaner(&self) {
         let (m, cv) = &*self.signal;
         m.lock().stop = true;
@@ -203,15 +221,24 @@ impl Drop for Volume {
 fn cleaner_loop(inner: &Inner, signal: &(Mutex<Signal>, Condvar)) {
     let (m, cv) = signal;
     loop {
-        {
+        let checkpoint = {
             let mut s = m.lock();
-            if !s.stop && !s.kick {
+            if !s.stop && !s.kick && !s.checkpoint {
                 cv.wait_for(&mut s, CLEANER_POLL);
             }
             if s.stop {
                 return;
             }
             s.kick = false;
+            std::mem::take(&mut s.checkpoint)
+        };
+        // A failed checkpoint leaves it wanted: the next write asks again, and a write that
+        // finds the allocation queue empty writes it itself (`State::alloc`) and sees the
+        // error. A failed sync has tripped the fence: every later write and flush fails.
+        if checkpoint {
+            if let Err(e) = inner.checkpoint_unlocked(true) {
+                tracing::warn!("background checkpoint failed: {e}");
+            }
         }
         // Errors (e.g. NoSpace while relocating) end this round; host writes see them directly.
         let _ = inner.background_round();

@@ -13,15 +13,24 @@
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Applies `f` to every item, in parallel, on the calling thread and up to one helper per other
-/// core; returns the results in the order of `items`. Fewer than `min_items` items run on the
-/// calling thread alone (waking a helper costs more than it saves).
+/// Callers inside [`map`] now, across the process.
+static CALLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Applies `f` to every item, in parallel, on the calling thread and up to one helper per core
+/// that no other caller is using; returns the results in the order of `items`. Fewer than
+/// `min_items` items run on the calling thread alone (waking a helper costs more than it saves),
+/// and so do all items when there are as many callers as cores: then every core already has its
+/// caller, and waking helpers only costs (a sixth of two cores' time on 128 KiB reads).
 pub fn map<I: Send, T: Send>(items: Vec<I>, min_items: usize, f: impl Fn(I) -> T + Sync) -> Vec<T> {
     let n = items.len();
-    let helpers = rayon::current_num_threads()
-        .saturating_sub(1)
-        .min(n.saturating_sub(1));
-    if n < min_items.max(2) || helpers == 0 {
+    if n < min_items.max(2) {
+        return items.into_iter().map(f).collect();
+    }
+    let _caller = Caller::enter();
+    // rayon's pool has one thread per core this process may use (affinity counted).
+    let idle = rayon::current_num_threads().saturating_sub(CALLERS.load(Ordering::Relaxed));
+    let helpers = idle.min(n - 1);
+    if helpers == 0 {
         return items.into_iter().map(f).collect();
     }
     // One slot per item: its input until claimed, then its result. Each slot is taken by the
@@ -57,6 +66,22 @@ pub fn map<I: Send, T: Send>(items: Vec<I>, min_items: usize, f: impl Fn(I) -> T
         .collect()
 }
 
+/// Counts a caller in [`CALLERS`] while it lives (also when `f` panics).
+struct Caller;
+
+impl Caller {
+    fn enter() -> Caller {
+        CALLERS.fetch_add(1, Ordering::Relaxed);
+        Caller
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        CALLERS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 enum Slot<I, T> {
     Input(I),
     Taken,
@@ -83,7 +108,7 @@ mod tests {
 
     #[test]
     fn items_may_be_mutable_borrows() {
-        let mut data = vec![0u8; 64];
+        let mut data = [0u8; 64];
         let parts: Vec<(usize, &mut [u8])> = data.chunks_mut(4).enumerate().collect();
         let _ = map(parts, 2, |(k, p)| p.fill(k as u8));
         for (k, p) in data.chunks(4).enumerate() {

@@ -55,7 +55,8 @@ pub struct OpenOptions {
     pub buffer_bytes: usize,
     /// Aging timeout of open extents.
     pub aging: Duration,
-    /// Run the background cleaner thread (foreground cleaning happens regardless).
+    /// Run the background thread: the cleaner (foreground cleaning happens regardless) and the
+    /// checkpoints writes ask for (without it, the write that asks writes it).
     pub background_cleaner: bool,
     /// Cleaner watermarks (low, high) in % of free extents; default: those set at create time.
     pub clean_watermarks: Option<(u8, u8)>,
@@ -156,6 +157,11 @@ pub(crate) struct Inner {
     clean_ahead_lock: Mutex<()>,
     /// `State::extents_opened` when cleaning ahead last ended (`clean_ahead`).
     clean_ahead_opened: AtomicU64,
+    /// A background thread (handle.rs) writes the checkpoints that writes ask for, so a write
+    /// does not wait for the checkpoint's syncs; without one, the write writes it.
+    ckpt_in_background: AtomicBool,
+    /// A write asked for a checkpoint that the background thread has not taken yet.
+    ckpt_requested: AtomicBool,
     /// Cleaner watermarks, % of extents free.
     pub(crate) clean_low_pct: u8,
     pub(crate) clean_high_pct: u8,
@@ -422,6 +428,8 @@ impl Inner {
             ckpt_lock: Mutex::new(()),
             clean_ahead_lock: Mutex::new(()),
             clean_ahead_opened: AtomicU64::new(u64::MAX),
+            ckpt_in_background: AtomicBool::new(false),
+            ckpt_requested: AtomicBool::new(false),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -1009,7 +1017,7 @@ impl Inner {
             self.flush()?;
         }
         if wanted {
-            self.checkpoint_unlocked(true)?;
+            self.checkpoint_asked()?;
         }
         Ok(())
     }
@@ -1030,7 +1038,12 @@ impl Inner {
             let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
             (r.start, self.prepare_unit(bytes))
         };
-        let prepared = crate::par::map(pieces.iter().collect(), PARALLEL_ITEMS_MIN, prep);
+        // `none` only copies and checksums: a helper's wake-up costs more than it takes over.
+        let min = match self.codec {
+            Codec::None => usize::MAX,
+            _ => PARALLEL_ITEMS_MIN,
+        };
+        let prepared = crate::par::map(pieces.iter().collect(), min, prep);
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         for (start, mut ps) in prepared {
@@ -1184,9 +1197,35 @@ impl Inner {
         }
         self.issue_sealed()?;
         if wanted {
-            self.checkpoint_unlocked(true)?;
+            self.checkpoint_asked()?;
         }
         Ok(())
+    }
+
+    /// A write saw the allocation queue ask for its refill (`State::ckpt_wanted`): the
+    /// background thread writes the checkpoint when there is one, while this write returns
+    /// and later ones go on with the queue's last eighth (`buffer::refill_at`); a write that
+    /// finds the queue that low waits for it (`wait_for_queue_refill`). On this machine's disk
+    /// a sequential writer spent a third of its time in these syncs (issue 13). A checkpoint
+    /// is not what makes writes durable (a flush is), so the write need not wait for it; a
+    /// failed sync there trips the fence and fails every later write and flush.
+    fn checkpoint_asked(&self) -> Result<()> {
+        if self.ckpt_in_background.load(Ordering::Relaxed) {
+            self.ckpt_requested.store(true, Ordering::Release);
+            return Ok(());
+        }
+        self.checkpoint_unlocked(true)
+    }
+
+    /// Whether writes leave their checkpoints to a background thread (handle.rs), which then
+    /// takes them with [`Inner::take_checkpoint_request`].
+    pub(crate) fn checkpoint_in_background(&self, on: bool) {
+        self.ckpt_in_background.store(on, Ordering::Relaxed);
+    }
+
+    /// A checkpoint a write asked for since the last call (cleared by the call).
+    pub(crate) fn take_checkpoint_request(&self) -> bool {
+        self.ckpt_requested.swap(false, Ordering::AcqRel)
     }
 
     /// When the allocation queue has fewer extents left than a write of `bytes` may open and

@@ -100,7 +100,7 @@ pub struct BufferConfig {
 }
 
 /// Queued extents left when the allocation queue asks for a refill (`State::alloc`): enough
-/// for the writes that come while the checkpoint syncs.
+/// for the writes that come while the checkpoint syncs (in the background thread: handle.rs).
 pub(crate) fn refill_at(sb: &crate::format::Superblock) -> usize {
     (sb.queue_len as usize / 8).max(1)
 }
