@@ -1206,7 +1206,7 @@ impl Inner {
     /// background thread writes the checkpoint when there is one, while this write returns
     /// and later ones go on with the queue's last eighth (`buffer::refill_at`); a write that
     /// finds the queue that low waits for it (`wait_for_queue_refill`). On this machine's disk
-    /// a sequential writer spent a third of its time in these syncs (issue 13). A checkpoint
+    /// a sequential writer spent about half its time in these syncs (issue 13). A checkpoint
     /// is not what makes writes durable (a flush is), so the write need not wait for it; a
     /// failed sync there trips the fence and fails every later write and flush.
     fn checkpoint_asked(&self) -> Result<()> {
