@@ -11,16 +11,13 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
-use std::time::Duration;
 use zbd_core::format::Superblock;
 use zbd_core::{Codec, SimStorage, Volume};
 
 const SIZE: u64 = 4 << 20;
 const BLOCKS: usize = SIZE as usize / BS;
-/// Only to turn a deadlock into a failure: nothing waits for it to pass.
-const STUCK: Duration = Duration::from_secs(120);
 
 struct Rig {
     disk: Arc<SimStorage>,
@@ -50,17 +47,6 @@ fn rig() -> Rig {
 
 fn reopen(image: Vec<u8>) -> Volume {
     Volume::open(Box::new(SimStorage::from_image(image)), open_opts()).expect("reopen")
-}
-
-/// Runs `f` on another thread; fails the test if it has not finished after `STUCK` (it is
-/// then blocked behind the parked checkpoint).
-fn must_finish<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(STUCK)
-        .unwrap_or_else(|_| panic!("{what} waited for the checkpoint's parked storage call"))
 }
 
 fn metadata_ranges(sb: &Superblock) -> (Range<u64>, Range<u64>) {

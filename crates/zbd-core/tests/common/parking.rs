@@ -8,6 +8,7 @@ use rand::Rng;
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use zbd_core::{SimStorage, Storage, Volume};
 
 /// Which storage call parks.
@@ -29,6 +30,8 @@ pub struct Parking {
     parked: Mutex<Sender<()>>,
     release: Mutex<Receiver<()>>,
     watch: Mutex<WriteWatch>,
+    /// Name of the thread that parked last (which thread writes a checkpoint).
+    parked_by: Mutex<Option<String>>,
 }
 
 impl Parking {
@@ -42,12 +45,18 @@ impl Parking {
             parked: Mutex::new(ptx),
             release: Mutex::new(rrx),
             watch: Mutex::new(None),
+            parked_by: Mutex::new(None),
         });
         (park, prx, rtx)
     }
 
     pub fn arm(&self, trap: Trap) {
         *self.trap.lock().expect("lock") = Some((trap, 0));
+    }
+
+    /// The name of the thread that parked last (`None`: none did, or it has no name).
+    pub fn parked_by(&self) -> Option<String> {
+        self.parked_by.lock().expect("lock").clone()
     }
 
     /// Tells `seen` (once) when a write starts in one of `ranges`.
@@ -82,6 +91,7 @@ impl Parking {
             hit
         };
         if hit {
+            *self.parked_by.lock().expect("lock") = std::thread::current().name().map(String::from);
             self.parked
                 .lock()
                 .expect("lock")
@@ -181,4 +191,18 @@ pub fn write_some(vol: &Volume, exp: &mut Expect, rng: &mut SmallRng, n: usize) 
         exp.wrote(b, &data);
         vol.write((b * BS) as u64, &data, false).expect("write");
     }
+}
+
+/// Only to turn a deadlock into a failure: nothing waits for it to pass.
+pub const STUCK: Duration = Duration::from_secs(120);
+
+/// Runs `f` on another thread; fails the test if it has not finished after `STUCK` (it is
+/// then blocked behind a parked storage call).
+pub fn must_finish<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(STUCK)
+        .unwrap_or_else(|_| panic!("{what} waited for the checkpoint's parked storage call"))
 }
