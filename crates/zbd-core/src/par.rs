@@ -115,4 +115,60 @@ mod tests {
             assert!(p.iter().all(|&b| b == k as u8));
         }
     }
+
+    /// A panicking item reaches the caller, on whichever thread it ran, and leaves no caller
+    /// counted: were `Caller` not dropped on unwind, every later map would run without helpers.
+    #[test]
+    fn a_panic_reaches_the_caller_and_does_not_stay_counted() {
+        const ROUNDS: usize = 64;
+        let caller = std::thread::current().id();
+        let mut helped = 0;
+        for round in 0..ROUNDS {
+            let on_helper = std::sync::atomic::AtomicBool::new(false);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                map((0..64).collect(), 2, |i: usize| {
+                    if std::thread::current().id() != caller {
+                        on_helper.store(true, Ordering::SeqCst);
+                        panic!("item {i} on a helper");
+                    }
+                    // Every other round the caller panics too.
+                    assert!(round % 2 == 0 || i != 63, "item {i} on the caller");
+                    i
+                })
+            }));
+            let helper_ran = on_helper.load(Ordering::SeqCst);
+            helped += usize::from(helper_ran);
+            assert_eq!(
+                r.is_err(),
+                helper_ran || round % 2 == 1,
+                "round {round}: a panic was lost, or one came from nowhere"
+            );
+        }
+        // Other tests of this binary may be inside `map` now, a few at most.
+        assert!(
+            CALLERS.load(Ordering::Relaxed) < ROUNDS / 2,
+            "callers stay counted after panics"
+        );
+        let out = map((0..100).collect(), 2, |i: usize| i + 1);
+        assert_eq!(out, (1..101).collect::<Vec<_>>());
+        eprintln!("helpers took items in {helped} of {ROUNDS} rounds");
+    }
+
+    /// With one thread in the pool (one core, or a process pinned to one), everything runs on
+    /// the caller and nothing waits for a helper.
+    #[test]
+    fn one_core_runs_every_item_on_the_caller() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        pool.install(|| {
+            let caller = std::thread::current().id();
+            let out = map((0..50).collect(), 2, |i: usize| {
+                assert_eq!(std::thread::current().id(), caller, "item {i} on a helper");
+                i * 2
+            });
+            assert_eq!(out, (0..50).map(|i| i * 2).collect::<Vec<_>>());
+        });
+    }
 }
