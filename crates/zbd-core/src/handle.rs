@@ -232,8 +232,8 @@ fn cleaner_loop(inner: &Inner, signal: &(Mutex<Signal>, Condvar)) {
             s.kick = false;
             std::mem::take(&mut s.checkpoint)
         };
-        // A failed checkpoint leaves it wanted: the next write asks again, and a write that
-        // finds the allocation queue empty writes it itself (`State::alloc`) and sees the
+        // After a failed checkpoint the next allocation from the low queue asks again, and a
+        // write that finds the queue empty writes one itself (`State::alloc`) and sees the
         // error. A failed sync has tripped the fence: every later write and flush fails.
         if checkpoint {
             if let Err(e) = inner.checkpoint_unlocked(true) {
