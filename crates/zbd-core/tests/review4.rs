@@ -123,6 +123,20 @@ fn writes_until_a_checkpoint_is_asked() -> (usize, Option<String>) {
     (n, by)
 }
 
+/// Writes the last `n` blocks and flushes, beside the parked checkpoint: both must succeed.
+fn write_last_blocks_and_flush(r: &Rig, exp: &mut Expect, n: u64) {
+    for i in 0..n {
+        let b = BLOCKS - 1 - i as usize;
+        let d = block(1000 + i);
+        exp.wrote(b, &d);
+        r.vol.write((b * BS) as u64, &d, false).expect("write");
+    }
+    r.vol
+        .flush()
+        .expect("a flush beside the checkpoint in flight");
+    exp.flushed();
+}
+
 /// A volume with its background thread whose first `n` writes (see
 /// [`writes_until_a_checkpoint_is_asked`]) asked for a checkpoint, and that checkpoint parked
 /// at its root write by the background thread (the writes all returned).
@@ -178,16 +192,7 @@ fn the_background_thread_writes_the_checkpoint_a_write_asks_for() {
     // Checkpoint in flight (segments and map pages synced, root not written): writes and a
     // flush go on, and a crash now keeps every flushed block.
     let mut rng = SmallRng::seed_from_u64(4);
-    for i in 0..5u64 {
-        let b = BLOCKS - 1 - i as usize;
-        let d = block(1000 + i);
-        exp.wrote(b, &d);
-        r.vol.write((b * BS) as u64, &d, false).expect("write");
-    }
-    r.vol
-        .flush()
-        .expect("a flush beside the checkpoint in flight");
-    exp.flushed();
+    write_last_blocks_and_flush(&r, &mut exp, 5);
     let d = block(2000);
     exp.wrote(0, &d);
     r.vol.write(0, &d, false).expect("write");
@@ -259,16 +264,7 @@ fn the_background_thread_writes_the_checkpoint_a_write_asks_for() {
 #[test]
 fn a_failed_sync_of_a_background_checkpoint_fails_every_later_flush_and_write() {
     let (r, mut exp) = background_checkpoint_parked(asking_writes());
-    for i in 0..4u64 {
-        let b = BLOCKS - 1 - i as usize;
-        let d = block(1000 + i);
-        exp.wrote(b, &d);
-        r.vol.write((b * BS) as u64, &d, false).expect("write");
-    }
-    r.vol
-        .flush()
-        .expect("a flush beside the checkpoint in flight");
-    exp.flushed();
+    write_last_blocks_and_flush(&r, &mut exp, 4);
     // The checkpoint's next sync (its last, after the root) parks, then fails.
     r.park.arm(Trap::Sync(1));
     r.release.send(()).expect("release the root write");
