@@ -331,6 +331,7 @@ impl Inner {
             free: Default::default(),
             queue: VecDeque::new(),
             open: Vec::new(),
+            room: Vec::new(),
             next_seq: ck.write_seq + 1,
             ckpt_seq: ck.seq,
             next_alloc_seq: ck.next_alloc_seq,
@@ -506,6 +507,7 @@ impl Inner {
         if buf.is_empty() {
             return Ok(());
         }
+        let _busy = crate::par::busy();
         let bs = BLOCK_BYTES as u64;
         let first = offset / bs;
         let count = (offset + buf.len() as u64 - 1) / bs - first + 1;
@@ -974,6 +976,7 @@ impl Inner {
         if data.is_empty() {
             return Ok(());
         }
+        let _busy = crate::par::busy();
         // Cleaning ahead is an optimisation: a failure of it (a victim that does not read) must
         // not refuse a write that fits. make_space meets the same error only if the write
         // needs the space. A failed device write or sync has tripped the fence: then this
