@@ -68,6 +68,9 @@ pub struct State {
     pub queue: VecDeque<QueueEntry>,
     /// The extent buffer.
     pub open: Vec<OpenExtent>,
+    /// `open[i].free_bytes()` for every `i`, kept beside `open` by every change to an open
+    /// extent (`State::note_room`): `place` scans these few bytes, not the extents themselves.
+    pub room: Vec<u32>,
     /// Next record write sequence.
     pub next_seq: u64,
     /// Sequence of the durable checkpoint.
@@ -277,7 +280,7 @@ impl State {
                 oe.records.extend(records);
                 oe.last_used = Instant::now();
                 let extent = oe.extent;
-                let nearly_full = oe.free_bytes(ext_bytes) < SECTOR_BYTES;
+                let nearly_full = self.note_room(slot, ext_bytes) < SECTOR_BYTES;
                 for i in 0..blocks {
                     let entry = MapEntry {
                         state: BlockState::Data,
@@ -373,6 +376,7 @@ impl State {
         let oe = &mut self.open[slot];
         oe.records.push(Record::new(kind, lba, count, seq));
         oe.last_used = Instant::now();
+        self.note_room(slot, cx.sb.extent_bytes as usize);
         Ok(())
     }
 

@@ -111,14 +111,26 @@ impl State {
     /// used one when the buffer is full.
     pub(crate) fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
         let ext_bytes = cx.sb.extent_bytes as usize;
-        let best = self
-            .open
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| o.fits(len, records, ext_bytes))
-            .min_by_key(|(_, o)| o.free_bytes(ext_bytes))
-            .map(|(i, _)| i);
-        if let Some(i) = best {
+        debug_assert!(
+            self.room.len() == self.open.len()
+                && (self.open.iter().zip(&self.room))
+                    .all(|(o, &r)| o.free_bytes(ext_bytes) == r as usize),
+            "room out of step with the open extents"
+        );
+        // An extent with less room than `len` minus two sectors cannot fit it (`room` is after
+        // padding, which a segment's end may lose or gain, and a v2 segment takes at least two
+        // sectors): only the others are checked exactly. Same choice as a scan of every extent.
+        let least = len.saturating_sub(2 * SECTOR_BYTES);
+        let mut best: Option<(usize, u32)> = None;
+        for (i, &room) in self.room.iter().enumerate() {
+            if (room as usize) >= least
+                && best.is_none_or(|(_, r)| room < r)
+                && self.open[i].fits(len, records, ext_bytes)
+            {
+                best = Some((i, room));
+            }
+        }
+        if let Some((i, _)) = best {
             return Ok(i);
         }
         if self.open.len() >= self.buffer.max_open.max(1) {
@@ -134,6 +146,13 @@ impl State {
         }
         self.open_new(cx)?;
         Ok(self.open.len() - 1)
+    }
+
+    /// Records the room left in open extent `i` after a change to it; returns it.
+    pub(crate) fn note_room(&mut self, i: usize, ext_bytes: usize) -> usize {
+        let room = self.open[i].free_bytes(ext_bytes);
+        self.room[i] = room as u32;
+        room
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
@@ -163,6 +182,8 @@ impl State {
             opened: now,
             last_used: now,
         });
+        self.room.push(0);
+        self.note_room(self.open.len() - 1, cx.sb.extent_bytes as usize);
         Ok(())
     }
 
@@ -229,6 +250,7 @@ impl State {
         oe.durable_end += n;
         oe.payload_len = 0;
         oe.records.clear();
+        self.note_room(i, cx.sb.extent_bytes as usize);
         self.counters.data_bytes_written += n as u64;
         Ok(())
     }
@@ -237,6 +259,7 @@ impl State {
     pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
         self.write_segment(cx, i)?;
         let oe = self.open.swap_remove(i);
+        self.room.swap_remove(i);
         let stamp = self.next_seq as u32;
         let x = &mut self.extents[oe.extent as usize];
         x.state = if x.live_blocks == 0 {
@@ -263,11 +286,10 @@ impl State {
 
     /// Writes every pending segment (no sync). Extents too full to take another block are closed.
     pub fn write_pending(&mut self, cx: &Ctx) -> Result<()> {
-        let ext_bytes = cx.sb.extent_bytes as usize;
         let mut i = 0;
         while i < self.open.len() {
             self.write_segment(cx, i)?;
-            if self.open[i].free_bytes(ext_bytes) < SECTOR_BYTES {
+            if (self.room[i] as usize) < SECTOR_BYTES {
                 self.close_open(cx, i)?;
             } else {
                 i += 1;
