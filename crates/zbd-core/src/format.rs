@@ -946,15 +946,21 @@ impl SegmentHeader {
 /// padded to a sector. A v2 segment takes at least two sectors, so that its header and footer
 /// never share one.
 pub fn segment_padded_len(version: u32, payload_len: usize, records: usize) -> u64 {
+    let raw = segment_raw_len(version, payload_len, records);
+    if version < 2 {
+        return align_up(raw, SECTOR_BYTES as u64);
+    }
+    align_up(raw, SECTOR_BYTES as u64).max(2 * SECTOR_BYTES as u64)
+}
+
+/// Bytes of a segment before padding: header (and footer, v2), payload, record table (and its
+/// copy, v2). Never more than [`segment_padded_len`].
+pub fn segment_raw_len(version: u32, payload_len: usize, records: usize) -> u64 {
     let table = records * RECORD_BYTES;
     if version < 2 {
-        return align_up(
-            (SEGMENT_HEADER_BYTES + payload_len + table) as u64,
-            SECTOR_BYTES as u64,
-        );
+        return (SEGMENT_HEADER_BYTES + payload_len + table) as u64;
     }
-    let raw = 2 * SEGMENT_HEADER_BYTES + payload_len + 2 * table;
-    align_up(raw as u64, SECTOR_BYTES as u64).max(2 * SECTOR_BYTES as u64)
+    (2 * SEGMENT_HEADER_BYTES + payload_len + 2 * table) as u64
 }
 
 fn encode_seg_block(hb: &mut [u8], magic: &[u8; 8], uuid: &[u8; 16], h: &SegmentHeader) {

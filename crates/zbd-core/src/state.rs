@@ -20,7 +20,6 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Life cycle of an extent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,9 +67,9 @@ pub struct State {
     pub queue: VecDeque<QueueEntry>,
     /// The extent buffer.
     pub open: Vec<OpenExtent>,
-    /// `open[i].free_bytes()` for every `i`, kept beside `open` by every change to an open
+    /// The room of `open[i]` for every `i`, kept beside `open` by every change to an open
     /// extent (`State::note_room`): `place` scans these few bytes, not the extents themselves.
-    pub room: Vec<u32>,
+    pub room: Vec<crate::buffer::Room>,
     /// Next record write sequence.
     pub next_seq: u64,
     /// Sequence of the durable checkpoint.
@@ -274,11 +273,12 @@ impl State {
                         ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
                     });
                 }
+                let used = self.next_seq;
                 let oe = &mut self.open[slot];
                 oe.buf[offset..offset + bytes.len()].copy_from_slice(&bytes);
                 oe.payload_len += bytes.len();
                 oe.records.extend(records);
-                oe.last_used = Instant::now();
+                oe.last_used = used;
                 let extent = oe.extent;
                 let nearly_full = self.note_room(slot, ext_bytes) < SECTOR_BYTES;
                 for i in 0..blocks {
@@ -375,7 +375,7 @@ impl State {
         let seq = self.take_seq();
         let oe = &mut self.open[slot];
         oe.records.push(Record::new(kind, lba, count, seq));
-        oe.last_used = Instant::now();
+        oe.last_used = seq;
         self.note_room(slot, cx.sb.extent_bytes as usize);
         Ok(())
     }

@@ -6,7 +6,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    seal_segment, segment_padded_len, QueueEntry, Record, SegmentHeader, SECTOR_BYTES,
+    seal_segment, segment_padded_len, segment_raw_len, QueueEntry, Record, SegmentHeader,
+    SECTOR_BYTES,
 };
 use crate::state::{Ctx, ExtentState, State};
 use std::sync::atomic::Ordering;
@@ -34,8 +35,8 @@ pub struct OpenExtent {
     pub records: Vec<Record>,
     /// When it was opened (aging timeout).
     pub opened: Instant,
-    /// Last append (LRU eviction).
-    pub last_used: Instant,
+    /// `State::next_seq` at its last append: the least recently used has the smallest.
+    pub last_used: u64,
 }
 
 impl OpenExtent {
@@ -56,6 +57,35 @@ impl OpenExtent {
     pub(crate) fn free_bytes(&self, extent_bytes: usize) -> usize {
         extent_bytes.saturating_sub(self.end_with(0, 1))
     }
+
+    /// What `place` needs to know of it, in a few bytes.
+    fn room(&self, extent_bytes: usize) -> Room {
+        let raw_end = self.durable_end as u64
+            + segment_raw_len(self.version, self.payload_len, self.records.len() + 1);
+        Room {
+            free: self.free_bytes(extent_bytes) as u32,
+            // Padding only adds to a segment: no payload larger than this fits with any number
+            // of records.
+            payload_max: (extent_bytes as u64).saturating_sub(raw_end) as u32,
+            last_used: self.last_used,
+            opened: self.opened,
+        }
+    }
+}
+
+/// What the scans of every open extent for each block placed (`State::place`) and each write
+/// (`State::age`) need to know of one, kept beside it in `State::room`: these scans read a
+/// few bytes per extent instead of the extents themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    /// `OpenExtent::free_bytes`: what best fit minimises.
+    pub free: u32,
+    /// The largest payload that could fit at all: no other extent is looked at.
+    pub payload_max: u32,
+    /// `OpenExtent::last_used`.
+    pub last_used: u64,
+    /// `OpenExtent::opened`.
+    pub opened: Instant,
 }
 
 /// A block ready to be stored.
@@ -113,21 +143,18 @@ impl State {
         let ext_bytes = cx.sb.extent_bytes as usize;
         debug_assert!(
             self.room.len() == self.open.len()
-                && (self.open.iter().zip(&self.room))
-                    .all(|(o, &r)| o.free_bytes(ext_bytes) == r as usize),
+                && (self.open.iter().zip(&self.room)).all(|(o, &r)| o.room(ext_bytes) == r),
             "room out of step with the open extents"
         );
-        // An extent with less room than `len` minus two sectors cannot fit it (`room` is after
-        // padding, which a segment's end may lose or gain, and a v2 segment takes at least two
-        // sectors): only the others are checked exactly. Same choice as a scan of every extent.
-        let least = len.saturating_sub(2 * SECTOR_BYTES);
+        // Best fit, as a scan of every open extent would choose (the first of the fullest that
+        // fit), looking only at those whose room says the payload could fit.
         let mut best: Option<(usize, u32)> = None;
-        for (i, &room) in self.room.iter().enumerate() {
-            if (room as usize) >= least
-                && best.is_none_or(|(_, r)| room < r)
+        for (i, room) in self.room.iter().enumerate() {
+            if room.payload_max as usize >= len
+                && best.is_none_or(|(_, free)| room.free < free)
                 && self.open[i].fits(len, records, ext_bytes)
             {
-                best = Some((i, room));
+                best = Some((i, room.free));
             }
         }
         if let Some((i, _)) = best {
@@ -135,10 +162,10 @@ impl State {
         }
         if self.open.len() >= self.buffer.max_open.max(1) {
             let lru = self
-                .open
+                .room
                 .iter()
                 .enumerate()
-                .min_by_key(|(_, o)| o.last_used)
+                .min_by_key(|(_, r)| r.last_used)
                 .map(|(i, _)| i);
             if let Some(i) = lru {
                 self.close_open(cx, i)?;
@@ -148,11 +175,10 @@ impl State {
         Ok(self.open.len() - 1)
     }
 
-    /// Records the room left in open extent `i` after a change to it; returns it.
+    /// Records the room left in open extent `i` after a change to it; returns its free bytes.
     pub(crate) fn note_room(&mut self, i: usize, ext_bytes: usize) -> usize {
-        let room = self.open[i].free_bytes(ext_bytes);
-        self.room[i] = room as u32;
-        room
+        self.room[i] = self.open[i].room(ext_bytes);
+        self.room[i].free as usize
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
@@ -170,7 +196,6 @@ impl State {
         let q = self.alloc(cx)?;
         self.extents_opened += 1;
         self.extents[q.extent as usize].state = ExtentState::Open;
-        let now = Instant::now();
         self.open.push(OpenExtent {
             extent: q.extent,
             alloc_seq: q.alloc_seq,
@@ -179,11 +204,12 @@ impl State {
             durable_end: 0,
             payload_len: 0,
             records: Vec::new(),
-            opened: now,
-            last_used: now,
+            opened: Instant::now(),
+            last_used: self.next_seq,
         });
-        self.room.push(0);
-        self.note_room(self.open.len() - 1, cx.sb.extent_bytes as usize);
+        let new = self.open.len() - 1;
+        self.room
+            .push(self.open[new].room(cx.sb.extent_bytes as usize));
         Ok(())
     }
 
@@ -275,9 +301,9 @@ impl State {
     pub fn age(&mut self, cx: &Ctx) -> Result<()> {
         let now = Instant::now();
         while let Some(i) = self
-            .open
+            .room
             .iter()
-            .position(|o| now.duration_since(o.opened) > self.buffer.aging)
+            .position(|r| now.duration_since(r.opened) > self.buffer.aging)
         {
             self.close_open(cx, i)?;
         }
@@ -289,12 +315,66 @@ impl State {
         let mut i = 0;
         while i < self.open.len() {
             self.write_segment(cx, i)?;
-            if (self.room[i] as usize) < SECTOR_BYTES {
+            if (self.room[i].free as usize) < SECTOR_BYTES {
                 self.close_open(cx, i)?;
             } else {
                 i += 1;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(version: u32, durable_end: usize, payload_len: usize, records: usize) -> OpenExtent {
+        OpenExtent {
+            extent: 0,
+            alloc_seq: 0,
+            version,
+            buf: Vec::new(),
+            durable_end,
+            payload_len,
+            records: vec![Record::new(crate::format::RecordKind::Zero, 0, 1, 0); records],
+            opened: Instant::now(),
+            last_used: 0,
+        }
+    }
+
+    /// `place` skips an extent whose `payload_max` is below the payload: that must never skip
+    /// one that fits, for any fill, version or number of records.
+    #[test]
+    fn payload_max_never_hides_an_extent_that_fits() {
+        const EXT: usize = 32 * 1024;
+        let mut checked = 0;
+        for version in [1, 2] {
+            for durable_end in (0..EXT).step_by(SECTOR_BYTES * 7) {
+                for payload_len in [0, 1, 100, 511, 512, 3000, 4096, 9000] {
+                    for records in [0, 1, 2, 5] {
+                        let oe = extent(version, durable_end, payload_len, records);
+                        let room = oe.room(EXT);
+                        for len in (0..=EXT).step_by(97) {
+                            for n in [1, 2, 16] {
+                                if oe.fits(len, n, EXT) {
+                                    checked += 1;
+                                    assert!(
+                                        len <= room.payload_max as usize,
+                                        "v{version} end {durable_end} payload {payload_len} \
+                                         records {records}: {len} bytes x {n} fit, max {}",
+                                        room.payload_max
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            checked > 10_000,
+            "too few fitting cases exercised: {checked}"
+        );
     }
 }
