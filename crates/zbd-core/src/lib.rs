@@ -37,7 +37,7 @@ pub use layout::{parse_size, CreateOptions};
 pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
 pub use sim::SimStorage;
 pub use stats::{Counters, DictStat, Stats, UnitSizeStat};
-pub use storage::{FileStorage, Storage};
+pub use storage::{FileStorage, MemStorage, Storage};
 pub use volume::{
     AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT, DICTIONARY_DEFAULT,
     READ_CACHE_BYTES_DEFAULT,

@@ -285,6 +285,33 @@ fn bench_engine_takes_codec_and_thread_counts() {
         v["wa_4k_write_flush"].is_null(),
         "--no-wa skips the WA runs"
     );
+    assert_eq!(v["ram"], false, "a volume file unless --ram");
+    let out = zbd()
+        .args([
+            "bench",
+            "engine",
+            "--ram",
+            "--threads",
+            "1",
+            "--no-wa",
+            "--json",
+        ])
+        .args(["--size", "2M"])
+        .output()
+        .expect("bench --ram");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["ram"], true);
+    assert!(v["runs"][0]["read_mb_s"].as_f64().expect("r") > 0.0);
+    zbd()
+        .args(["bench", "engine", "--ram", "--direct"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--direct"));
     zbd()
         .args(["bench", "engine", "--threads", "0"])
         .assert()

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
-use zbd_core::{codec, Codec, CreateOptions, FileStorage, OpenOptions, Volume};
+use zbd_core::{
+    codec, Codec, CreateOptions, FileStorage, MemStorage, OpenOptions, Storage, Volume,
+};
 
 /// Arguments of `zbd bench`.
 #[derive(clap::Args)]
@@ -55,8 +57,12 @@ enum What {
         #[arg(long)]
         no_wa: bool,
         /// Open the volume file with O_DIRECT (bypass the page cache).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "ram")]
         direct: bool,
+        /// Keep the volume in RAM (no file, no system call below the engine): the engine's own
+        /// cost, as `make bench` measures it.
+        #[arg(long, conflicts_with = "dir")]
+        ram: bool,
         /// I/O threads below the engine (0: synchronous device writes, the old path).
         #[arg(long, default_value_t = zbd_core::IoOptions::default().threads)]
         io_threads: usize,
@@ -97,6 +103,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             threads,
             no_wa,
             direct,
+            ram,
             io_threads,
             json,
         } => {
@@ -109,6 +116,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 threads,
                 wa: !no_wa,
                 direct,
+                ram,
                 io_threads,
                 json,
             };
@@ -264,6 +272,7 @@ struct EngineReport {
     raw_decompress_mb_s: f64,
     unit_bytes: usize,
     direct: bool,
+    ram: bool,
     io_threads: usize,
     runs: Vec<EngineRun>,
     savings_pct: f64,
@@ -286,6 +295,7 @@ struct EngineOpts {
     threads: Vec<usize>,
     wa: bool,
     direct: bool,
+    ram: bool,
     io_threads: usize,
     json: bool,
 }
@@ -310,10 +320,16 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
         let mut opts = CreateOptions::new(bytes);
         opts.codec = o.codec;
         let sb = zbd_core::layout::plan(&opts)?;
-        let mut storage = FileStorage::create(&path, sb.total_bytes())?;
-        if o.direct {
-            storage = storage.into_direct(&path)?;
-        }
+        let storage: Box<dyn Storage> = if o.ram {
+            Box::new(MemStorage::new(sb.total_bytes()))
+        } else {
+            let storage = FileStorage::create(&path, sb.total_bytes())?;
+            if o.direct {
+                Box::new(storage.into_direct(&path)?)
+            } else {
+                Box::new(storage)
+            }
+        };
         let open = OpenOptions {
             io: zbd_core::IoOptions {
                 threads: o.io_threads,
@@ -321,7 +337,7 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
             },
             ..OpenOptions::default()
         };
-        let vol = Arc::new(Volume::create_with(Box::new(storage), &opts, open)?);
+        let vol = Arc::new(Volume::create_with(storage, &opts, open)?);
         let w = timed(&vol, &data, bytes, threads, true)?;
         let r = timed(&vol, &data, bytes, threads, false)?;
         savings = vol.stats().savings_pct;
@@ -334,7 +350,9 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
             read_ratio: read_mb_s / raw.decompress_mb_s,
         });
         drop(vol);
-        std::fs::remove_file(&path)?;
+        if !o.ram {
+            std::fs::remove_file(&path)?;
+        }
     }
     let (wa_mixed, wa_rand) = if o.wa {
         (
@@ -351,6 +369,7 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
         raw_decompress_mb_s: raw.decompress_mb_s,
         unit_bytes,
         direct: o.direct,
+        ram: o.ram,
         io_threads: o.io_threads,
         runs,
         savings_pct: savings,
