@@ -6,9 +6,10 @@ round, and "2 threads / 1 thread" compares arms of the same rounds.
 
 "Threads" are cores: an arm of N client threads runs pinned to N cores (taskset), since one client
 thread on unpinned cores already compresses on all of them (zbd-core's par.rs), and "2 threads / 1
-thread" would then compare two cores with two cores. Its volume file is in RAM (tmpfs) when there is
-one, so that the figure is the engine's CPU cost per byte, not the disk's speed: the nbd groups
-measure disks.
+thread" would then compare two cores with two cores. Its volume is in the process's RAM (`--ram`: no
+file, no system call below the engine), so that the figure is the engine's own CPU cost per byte:
+the nbd and fs groups measure the kernel and the disks. (A volume file in tmpfs, as in stop 21,
+also counts the kernel's page allocation for every byte written: a sixth of a 1-thread lz4 write.)
 """
 
 from __future__ import annotations
@@ -30,14 +31,6 @@ GOAL_CODEC = Goal(at_least=0.8)  # >= 0.8x (codec speed x threads)
 
 def arm_name(codec: str, threads: int) -> str:
     return f"{codec}/{threads}t"
-
-
-RAM_DIR = Path("/dev/shm")
-
-
-def volume_dir(settings: Settings) -> Path:
-    """Where the engine's volume files go: tmpfs if the machine has one, else the work directory."""
-    return RAM_DIR if RAM_DIR.is_dir() and os.access(RAM_DIR, os.W_OK) else settings.work_dir
 
 
 def pinned(threads: int) -> list[str]:
@@ -62,11 +55,11 @@ def measure(zbd: str, codec: str, threads: int, settings: Settings, raw: Path, t
         "--size",
         settings.engine_size,
     ]
-    argv += ["--dir", str(volume_dir(settings)), "--no-wa", "--json"]
+    argv += ["--ram", "--no-wa", "--json"]
     proc = subprocess.run(pinned(threads) + argv, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         line = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise HostError(f"{' '.join(argv[:3])} failed: {line} (a zbd without --codec/--threads is too old)")
+        raise HostError(f"{' '.join(argv[:3])} failed: {line} (a zbd without --ram is too old)")
     (raw / f"engine-{tag}.json").write_text(proc.stdout)
     doc = json.loads(proc.stdout)
     run = doc["runs"][0]
@@ -120,10 +113,9 @@ def figures(rounds: Rounds) -> list[Figure]:
 
 
 def run(zbd: str, settings: Settings, raw: Path, notes: list[str]) -> list[Figure]:
-    where = volume_dir(settings)
-    what = " (tmpfs: the engine's CPU cost, not a disk's speed)" if where == RAM_DIR else ""
     notes.append(
-        f"engine: N threads = N client threads pinned to N cores (taskset); volume files in {where}{what}"
+        "engine: N threads = N client threads pinned to N cores (taskset); volumes in the process's RAM"
+        " (`zbd bench engine --ram`: the engine's own CPU cost, no file or kernel below it)"
     )
     arms = {arm_name(c, t): (zbd, c, t) for c in CODECS for t in THREADS}
     if settings.base_zbd:
