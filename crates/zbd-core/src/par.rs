@@ -224,6 +224,37 @@ mod tests {
         assert!(!counted());
     }
 
+    /// Maps inside the items of a map, on the pool's own threads (where a waiting scope runs
+    /// other items on the same stack) and from outside: every result comes back, nothing
+    /// hangs, and each thread is counted after an inner map exactly as before it.
+    #[test]
+    fn nested_maps_on_pool_threads_finish_and_leave_counts_as_they_were() {
+        let counted = || COUNTED.with(Cell::get);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("pool");
+        let nested = || {
+            map((0..16).collect(), 2, |i: usize| {
+                let before = counted();
+                let inner = map((0..16).collect(), 2, |j: usize| {
+                    let before = counted();
+                    let sum: usize = map((0..8).collect(), 2, |k: usize| k).iter().sum();
+                    assert_eq!(counted(), before, "innermost map changed the count");
+                    j + sum
+                });
+                assert_eq!(counted(), before, "inner map changed the count");
+                inner.iter().sum::<usize>() + i
+            })
+        };
+        let want: Vec<usize> = (0..16)
+            .map(|i| (0..16).map(|j| j + 28).sum::<usize>() + i)
+            .collect();
+        assert_eq!(pool.install(nested), want);
+        assert_eq!(nested(), want);
+        assert!(!counted(), "the caller stays counted");
+    }
+
     /// With one thread in the pool (one core, or a process pinned to one), everything runs on
     /// the caller and nothing waits for a helper.
     #[test]

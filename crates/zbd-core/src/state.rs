@@ -373,9 +373,12 @@ impl State {
         }
         let slot = self.place(cx, 0, 1)?;
         let seq = self.take_seq();
+        let used = self.next_seq;
         let oe = &mut self.open[slot];
         oe.records.push(Record::new(kind, lba, count, seq));
-        oe.last_used = seq;
+        // As for a data append (put_block): the sequence after its record, else it ties with
+        // the extent whose block took the sequence before it, and LRU may close this one.
+        oe.last_used = used;
         self.note_room(slot, cx.sb.extent_bytes as usize);
         Ok(())
     }

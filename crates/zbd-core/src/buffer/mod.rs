@@ -35,7 +35,8 @@ pub struct OpenExtent {
     pub records: Vec<Record>,
     /// When it was opened (aging timeout).
     pub opened: Instant,
-    /// `State::next_seq` at its last append: the least recently used has the smallest.
+    /// `State::next_seq` just after its last append (or at its opening): the least recently
+    /// used has the smallest, and no two extents appended to have the same.
     pub last_used: u64,
 }
 
