@@ -308,6 +308,11 @@ fn bench_engine_takes_codec_and_thread_counts() {
     assert_eq!(v["ram"], true);
     assert!(v["runs"][0]["read_mb_s"].as_f64().expect("r") > 0.0);
     zbd()
+        .args(["bench", "engine", "--ram", "--size", "1T"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--ram: a "));
+    zbd()
         .args(["bench", "engine", "--ram", "--direct"])
         .assert()
         .failure()

@@ -312,6 +312,17 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     plan.codec = o.codec;
     let unit_bytes = usize::from(zbd_core::layout::plan(&plan)?.unit_blocks) * 4096;
     let units: Vec<Vec<u8>> = data.chunks_exact(unit_bytes).map(|c| c.to_vec()).collect();
+    if o.ram {
+        // Refused here, with the reason, rather than killed by the kernel halfway.
+        let need = zbd_core::layout::plan(&plan)?.total_bytes();
+        if let Some(have) = mem_available().filter(|&have| need > have) {
+            return Err(anyhow!(
+                "--ram: a {} MiB volume does not fit in the {} MiB of RAM available (smaller --size, or a file with --dir)",
+                need >> 20,
+                have >> 20
+            ));
+        }
+    }
     let raw = measure(o.codec, &units);
     let mut runs = Vec::new();
     let mut savings = 0.0;
@@ -409,6 +420,20 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// MemAvailable of /proc/meminfo in bytes (None where there is none).
+fn mem_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// Seconds to write (or read) `bytes` sequentially with `threads` threads, each owning a slice.
