@@ -83,15 +83,16 @@ pub fn map<I: Send, T: Send>(items: Vec<I>, min_items: usize, f: impl Fn(I) -> T
 /// thread already counted is not counted twice.
 pub fn busy() -> Caller {
     if COUNTED.with(Cell::get) {
-        return Caller(false);
+        return Caller(false, std::marker::PhantomData);
     }
     COUNTED.with(|c| c.set(true));
     CALLERS.fetch_add(1, Ordering::Relaxed);
-    Caller(true)
+    Caller(true, std::marker::PhantomData)
 }
 
-/// See [`busy`]; `true` when this guard did the counting.
-pub struct Caller(bool);
+/// See [`busy`]; `true` when this guard did the counting. Not `Send`: dropped on another
+/// thread it would clear that thread's count.
+pub struct Caller(bool, std::marker::PhantomData<*const ()>);
 
 impl Drop for Caller {
     fn drop(&mut self) {

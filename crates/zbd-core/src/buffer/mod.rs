@@ -197,7 +197,7 @@ impl State {
         let q = self.alloc(cx)?;
         self.extents_opened += 1;
         self.extents[q.extent as usize].state = ExtentState::Open;
-        self.open.push(OpenExtent {
+        let oe = OpenExtent {
             extent: q.extent,
             alloc_seq: q.alloc_seq,
             version: cx.sb.version,
@@ -207,10 +207,9 @@ impl State {
             records: Vec::new(),
             opened: Instant::now(),
             last_used: self.next_seq,
-        });
-        let new = self.open.len() - 1;
-        self.room
-            .push(self.open[new].room(cx.sb.extent_bytes as usize));
+        };
+        self.room.push(oe.room(cx.sb.extent_bytes as usize));
+        self.open.push(oe);
         Ok(())
     }
 
