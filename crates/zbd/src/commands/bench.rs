@@ -310,11 +310,12 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     // size (sequential requests fill whole units), not 4 KiB blocks, whose speed differs.
     let mut plan = CreateOptions::new(bytes);
     plan.codec = o.codec;
-    let unit_bytes = usize::from(zbd_core::layout::plan(&plan)?.unit_blocks) * 4096;
+    let planned = zbd_core::layout::plan(&plan)?;
+    let unit_bytes = usize::from(planned.unit_blocks) * 4096;
     let units: Vec<Vec<u8>> = data.chunks_exact(unit_bytes).map(|c| c.to_vec()).collect();
     if o.ram {
         // Refused here, with the reason, rather than killed by the kernel halfway.
-        let need = zbd_core::layout::plan(&plan)?.total_bytes();
+        let need = planned.total_bytes();
         if let Some(have) = mem_available().filter(|&have| need > have) {
             return Err(anyhow!(
                 "--ram: a {} MiB volume does not fit in the {} MiB of RAM available (smaller --size, or a file with --dir)",
