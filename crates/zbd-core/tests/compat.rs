@@ -3,9 +3,9 @@
 //! reported, not returned. A format change bumps FORMAT_VERSION and adds a new fixture next to
 //! these. Version-1 volumes stay writable under their own rules.
 
-mod common;
-
+use flate2::read::GzDecoder;
 use rand::SeedableRng;
+use std::io::Read;
 use std::sync::Arc;
 use zbd_core::{Codec, CreateOptions, Error, OpenOptions, SimStorage, Volume};
 
@@ -43,6 +43,18 @@ fn expected_block(lba: u64) -> Vec<u8> {
         .collect()
 }
 
+fn load(path: &str) -> Vec<u8> {
+    let mut gz = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut gz))
+        .expect("fixture");
+    let mut img = Vec::new();
+    GzDecoder::new(&gz[..])
+        .read_to_end(&mut img)
+        .expect("gunzip");
+    img
+}
+
 fn opts() -> OpenOptions {
     OpenOptions {
         background_cleaner: false,
@@ -53,10 +65,8 @@ fn opts() -> OpenOptions {
 #[test]
 fn fixtures_open_and_read_back() {
     for (version, path) in FIXTURES {
-        let vol = Volume::open_read_only(Box::new(SimStorage::from_image(common::gunzip_fixture(
-            path,
-        ))))
-        .unwrap_or_else(|e| panic!("open v{version}: {e}"));
+        let vol = Volume::open_read_only(Box::new(SimStorage::from_image(load(path))))
+            .unwrap_or_else(|e| panic!("open v{version}: {e}"));
         assert_eq!(vol.stats().format_version, version);
         for lba in 0..SIZE / 4096 {
             let mut b = vec![0u8; 4096];
@@ -72,7 +82,7 @@ fn fixtures_open_and_read_back() {
 #[test]
 fn fixture_damage_is_reported() {
     for (version, path) in FIXTURES {
-        let mut img = common::gunzip_fixture(path);
+        let mut img = load(path);
         let disk = SimStorage::from_image(img.clone());
         let data_offset = Volume::open_read_only(Box::new(disk))
             .expect("open")
@@ -96,9 +106,7 @@ fn fixture_damage_is_reported() {
 /// and survives a crash like any other.
 #[test]
 fn v1_volume_stays_writable_under_its_own_rules() {
-    let disk = Arc::new(SimStorage::from_image(common::gunzip_fixture(
-        FIXTURES[0].1,
-    )));
+    let disk = Arc::new(SimStorage::from_image(load(FIXTURES[0].1)));
     let vol = Volume::open(Box::new(Arc::clone(&disk)), opts()).expect("open v1 writable");
     let fresh = vec![0x5a; 4096];
     vol.write(3 * 4096, &fresh, false).expect("write");

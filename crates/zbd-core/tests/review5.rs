@@ -9,8 +9,10 @@
 mod common;
 
 use common::*;
+use flate2::read::GzDecoder;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Volume};
@@ -255,7 +257,14 @@ fn v1_fixture_under_the_same_workload() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/v1-small.zbd.gz"
     );
-    let img = gunzip_fixture(path);
+    let mut gz = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut gz))
+        .expect("fixture");
+    let mut img = Vec::new();
+    GzDecoder::new(&gz[..])
+        .read_to_end(&mut img)
+        .expect("gunzip");
     for seed in 30..33 {
         let disk = Arc::new(SimStorage::from_image(img.clone()));
         let open = OpenOptions {

@@ -343,17 +343,3 @@ pub fn newest_checkpoint(
         .expect("a checkpoint");
     (sb, ck)
 }
-
-/// A committed, gzip'd volume image (tests/fixtures), whole, in RAM.
-pub fn gunzip_fixture(path: &str) -> Vec<u8> {
-    use std::io::Read;
-    let mut gz = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut gz))
-        .expect("fixture");
-    let mut img = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..])
-        .read_to_end(&mut img)
-        .expect("gunzip");
-    img
-}
