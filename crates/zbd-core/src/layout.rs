@@ -8,8 +8,19 @@ use crate::format::{
     MAP_PAGE_BYTES, SECTOR_BYTES, SUPERBLOCK_BYTES, UNIT_BLOCKS_MAX,
 };
 
-/// Default extent size (paper: 32 KiB; 16–64 KiB performed best).
+/// Default extent size of the library (paper: 32 KiB; 16–64 KiB performed best): the geometry
+/// the engine's tests are written for.
 pub const EXTENT_BYTES_DEFAULT: u32 = 32 * 1024;
+/// Extent size `zbd create` gives a volume on a file or block device. An extent is the unit of
+/// device writes (one segment per extent as it fills); on this machine's disk, which is bound by
+/// write operations more than bytes, 128 KiB extents wrote 1.35x faster than 32 KiB with lz4 and
+/// put zbd `none` level with qemu-nbd, and a `none` volume wastes 1 % of each extent instead of 9 %
+/// (7 blocks with their records fill 29 of 32 KiB). docs/benchmarks.md, "Stop 23".
+pub const FILE_EXTENT_BYTES_DEFAULT: u32 = 128 * 1024;
+/// Extent size `zbd create` gives a RADOS volume: each extent write is one OSD operation, and 32
+/// KiB extents made sequential writes OSD-bound (8x the operations of 256 KiB, half the
+/// throughput in the same run; docs/ceph.md).
+pub const RADOS_EXTENT_BYTES_DEFAULT: u32 = 256 * 1024;
 /// Recovery reads at most this many bytes of extents (sets the allocation queue length).
 pub const RECOVERY_BYTES_MAX: u64 = 32 * 1024 * 1024;
 /// Allocation queue length bounds.

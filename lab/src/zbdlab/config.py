@@ -53,7 +53,7 @@ class ConfigError(UserError):
 @dataclass(frozen=True)
 class ZbdSpec:
     codec: str = "lz4"
-    extent_size_bytes: int = 32 << 10
+    extent_size_bytes: int = 128 << 10  # `zbd create`'s default on a file
     logical_size_bytes: int | None = None  # default: the backing size
 
 
@@ -553,7 +553,7 @@ def _zbd(source: str, index: int, table: dict[str, Any], size: int) -> ZbdSpec:
     codec = t.string("codec", "lz4")
     if not _codec(codec, ZBD_CODECS):
         raise t.fail("codec", f"unknown codec {codec!r} (expected lz4, zstd:N, zlib:N, lzo, none)")
-    extent = t.size("extent_size", 32 << 10)
+    extent = t.size("extent_size", ZbdSpec.extent_size_bytes)
     if extent < (8 << 10) or extent > (1 << 20) or extent & (extent - 1):
         raise t.fail("extent_size", f"a power of two from 8K to 1M, got {extent}")
     logical = t.size("logical_size", None)

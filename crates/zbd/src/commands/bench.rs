@@ -302,13 +302,22 @@ struct EngineOpts {
 
 const REQUEST_BYTES: usize = 128 * 1024;
 
+/// A volume as `zbd create` makes one on a file (its extent size), so that the benches measure
+/// what users get.
+pub(super) fn file_volume(logical_bytes: u64) -> CreateOptions {
+    CreateOptions {
+        extent_bytes: zbd_core::layout::FILE_EXTENT_BYTES_DEFAULT,
+        ..CreateOptions::new(logical_bytes)
+    }
+}
+
 fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     let dir = tempdir_in(dir)?;
     let data = Arc::new(sample::mixed(32 << 20));
     let bytes = bytes / REQUEST_BYTES as u64 * REQUEST_BYTES as u64;
     // The reference is the codec on what the engine compresses: units of the volume's unit
     // size (sequential requests fill whole units), not 4 KiB blocks, whose speed differs.
-    let mut plan = CreateOptions::new(bytes);
+    let mut plan = file_volume(bytes);
     plan.codec = o.codec;
     let planned = zbd_core::layout::plan(&plan)?;
     let unit_bytes = usize::from(planned.unit_blocks) * 4096;
@@ -329,7 +338,7 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     let mut savings = 0.0;
     for &threads in &o.threads {
         let path = dir.0.join(format!("engine-{threads}.zbd"));
-        let mut opts = CreateOptions::new(bytes);
+        let mut opts = file_volume(bytes);
         opts.codec = o.codec;
         let sb = zbd_core::layout::plan(&opts)?;
         let storage: Box<dyn Storage> = if o.ram {
@@ -485,7 +494,7 @@ fn timed(
 /// Write amplification of repeated "write 4 KiB at a random place, flush".
 fn wa_small_sync(dir: &std::path::Path, incompressible: bool) -> Result<f64> {
     let path = dir.join("wa.zbd");
-    let opts = CreateOptions::new(256 << 20);
+    let opts = file_volume(256 << 20);
     let sb = zbd_core::layout::plan(&opts)?;
     let vol = Volume::create(
         Box::new(FileStorage::create(&path, sb.total_bytes())?),

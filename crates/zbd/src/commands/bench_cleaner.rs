@@ -26,7 +26,7 @@ fn volume(dir: &Path, name: &str, capacity: u64, background: bool) -> Result<(Pa
     let path = dir.join(name);
     let opts = CreateOptions {
         capacity_bytes: Some(capacity),
-        ..CreateOptions::new(capacity * 4)
+        ..super::bench::file_volume(capacity * 4)
     };
     let sb = zbd_core::layout::plan(&opts)?;
     let open = OpenOptions {

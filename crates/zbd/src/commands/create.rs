@@ -19,7 +19,7 @@ pub struct Args {
     /// Codec: lz4, zstd[:LEVEL], zlib[:LEVEL], lzo or none.
     #[arg(long, default_value = "lz4")]
     codec: String,
-    /// Extent size, a power of two from 8K to 1M [default: 32K; 256K for rados:POOL/NAME,
+    /// Extent size, a power of two from 8K to 1M [default: 128K; 256K for rados:POOL/NAME,
     /// where every extent write is one RADOS operation].
     #[arg(long)]
     extent_size: Option<String>,
@@ -55,15 +55,13 @@ pub struct Args {
 pub fn run(a: Args) -> Result<ExitCode> {
     let size = size_arg("--size", &a.size)?;
     let target = Target::parse(&a.path)?;
-    // On RADOS each extent write is an OSD operation: 32 KiB extents made sequential writes
-    // OSD-bound (8x the operations of 256 KiB, half the throughput in the same run).
     let extent_size = a.extent_size.clone().unwrap_or_else(|| {
-        if target.file().is_some() {
-            "32K"
+        let bytes = if target.file().is_some() {
+            zbd_core::layout::FILE_EXTENT_BYTES_DEFAULT
         } else {
-            "256K"
-        }
-        .to_string()
+            zbd_core::layout::RADOS_EXTENT_BYTES_DEFAULT
+        };
+        format!("{}K", bytes / 1024)
     });
     let extent = size_arg("--extent-size", &extent_size)?;
     let codec: Codec = a.codec.parse().map_err(|e| anyhow!("--codec: {e}"))?;
