@@ -371,9 +371,19 @@ fn compact_runs_offline_and_keeps_data() {
 #[test]
 fn create_refuses_a_unit_size_the_extent_cannot_hold() {
     let (_dir, vol, _input) = fixture(4096);
-    on("create", &vol, &["--size", "4M", "--unit-size", "64K"])
-        .failure()
-        .stderr(predicate::str::contains("does not fit extents of 32K"));
+    on(
+        "create",
+        &vol,
+        &["--size", "4M", "--unit-size", "64K", "--extent-size", "32K"],
+    )
+    .failure()
+    .stderr(predicate::str::contains("does not fit extents of 32K"));
+    // A file's default extents (128K) hold the largest unit.
+    on("create", &vol, &["--size", "4M", "--unit-size", "64K"]).success();
+    on("stat", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("lz4 / 128.00 KiB"));
+    std::fs::remove_file(&vol).expect("remove");
     on("create", &vol, &["--size", "4M", "--unit-size", "12K"])
         .failure()
         .stderr(predicate::str::contains("--unit-size '12K'"));
