@@ -631,13 +631,31 @@ mod tests {
         }
     }
 
+    /// Returns once every I/O thread waits for work (a state, polled: no thread signals it).
+    fn all_asleep<S: Storage>(q: &QueuedStorage<S>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while {
+            let s = q.shared.queue.lock();
+            s.sleeping - s.wakes < q.shared.threads
+        } {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the I/O threads never went to sleep"
+            );
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn a_backlog_is_written_without_a_sync_and_a_small_one_by_drop() {
         let (tx, rx) = std::sync::mpsc::channel();
         let size = 4 * WAKE_BYTES;
         let disk = Arc::new(Told(SimStorage::new(size), Mutex::new(tx)));
         let q = QueuedStorage::new(Arc::clone(&disk), &opts(2, size)).expect("new");
-        // Enough for the I/O threads to wake on their own: every write arrives, no sync asked.
+        // From sleeping threads (a thread still starting up would take the first writes and
+        // leave the rest, under WAKE_BYTES, waiting): enough for a thread to wake on its own,
+        // so every write arrives, no sync asked.
+        all_asleep(&q);
         let n = (WAKE_BYTES / 4096) as u64;
         for i in 0..n {
             q.write_at(i * 4096, &[1; 4096]).expect("write");
@@ -651,7 +669,9 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, (0..n).map(|i| i * 4096).collect::<Vec<_>>());
         // One small write may wait for company; dropping the queue still writes it.
+        all_asleep(&q);
         q.write_at(size as u64 - 512, &[9; 512]).expect("write");
+        assert!(rx.try_recv().is_err(), "a lone small write woke a thread");
         drop(q);
         assert_eq!(rx.try_recv().ok(), Some(size as u64 - 512));
         assert!(disk.0.current_image()[size - 512..].iter().all(|&x| x == 9));
