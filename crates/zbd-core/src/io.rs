@@ -496,6 +496,7 @@ impl<S: Storage + 'static> Drop for QueuedStorage<S> {
 mod tests {
     use super::*;
     use crate::sim::SimStorage;
+    use rand::Rng;
 
     fn opts(threads: usize, queue_bytes: usize) -> IoOptions {
         IoOptions {
@@ -631,13 +632,31 @@ mod tests {
         }
     }
 
+    /// Returns once every I/O thread waits for work (a state, polled: no thread signals it).
+    fn all_asleep<S: Storage>(q: &QueuedStorage<S>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while {
+            let s = q.shared.queue.lock();
+            s.sleeping - s.wakes < q.shared.threads
+        } {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the I/O threads never went to sleep"
+            );
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn a_backlog_is_written_without_a_sync_and_a_small_one_by_drop() {
         let (tx, rx) = std::sync::mpsc::channel();
         let size = 4 * WAKE_BYTES;
         let disk = Arc::new(Told(SimStorage::new(size), Mutex::new(tx)));
         let q = QueuedStorage::new(Arc::clone(&disk), &opts(2, size)).expect("new");
-        // Enough for the I/O threads to wake on their own: every write arrives, no sync asked.
+        // From sleeping threads (a thread still starting up would take the first writes and
+        // leave the rest, under WAKE_BYTES, waiting): enough for a thread to wake on its own,
+        // so every write arrives, no sync asked.
+        all_asleep(&q);
         let n = (WAKE_BYTES / 4096) as u64;
         for i in 0..n {
             q.write_at(i * 4096, &[1; 4096]).expect("write");
@@ -651,10 +670,88 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, (0..n).map(|i| i * 4096).collect::<Vec<_>>());
         // One small write may wait for company; dropping the queue still writes it.
+        all_asleep(&q);
         q.write_at(size as u64 - 512, &[9; 512]).expect("write");
+        assert!(rx.try_recv().is_err(), "a lone small write woke a thread");
         drop(q);
         assert_eq!(rx.try_recv().ok(), Some(size as u64 - 512));
         assert!(disk.0.current_image()[size - 512..].iter().all(|&x| x == 9));
+    }
+
+    /// Writers that each own a region overlap their own writes and discards (so they wait on
+    /// the queue), read back, and sync, against every pool size and a queue from one byte to
+    /// roomy: nothing hangs, every read sees the writer's model, every sync makes it durable.
+    #[test]
+    fn stress_overlaps_reads_and_syncs_never_hang_or_lose_a_write() {
+        const REGION: usize = 96 << 10;
+        const WRITERS: usize = 3;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for threads in [1, 2, 4] {
+                for queue_bytes in [1, 3000, 64 << 10, 1 << 20] {
+                    let disk = Arc::new(SimStorage::new(REGION * WRITERS));
+                    let q = Arc::new(
+                        QueuedStorage::new(Arc::clone(&disk), &opts(threads, queue_bytes))
+                            .expect("new"),
+                    );
+                    std::thread::scope(|s| {
+                        for w in 0..WRITERS {
+                            let (q, disk) = (Arc::clone(&q), Arc::clone(&disk));
+                            s.spawn(move || {
+                                let base = w * REGION;
+                                let mut rng = SmallRng::seed_from_u64(
+                                    (threads * 1000 + queue_bytes + w) as u64,
+                                );
+                                // Known content of the region (None: discarded, anything).
+                                let mut model: Vec<Option<u8>> = vec![Some(0); REGION];
+                                for step in 0..400u32 {
+                                    let off = rng.random_range(0..REGION - 1);
+                                    let len = rng.random_range(1..=(REGION - off).min(40 << 10));
+                                    match rng.random_range(0..10) {
+                                        0..=5 => {
+                                            let v = (step % 251) as u8 + 1;
+                                            q.write_at((base + off) as u64, &vec![v; len])
+                                                .expect("write");
+                                            model[off..off + len].fill(Some(v));
+                                        }
+                                        6 => {
+                                            q.discard((base + off) as u64, len as u64)
+                                                .expect("discard");
+                                            model[off..off + len].fill(None);
+                                        }
+                                        7 | 8 => {
+                                            let mut b = vec![0u8; len];
+                                            q.read_at((base + off) as u64, &mut b).expect("read");
+                                            for (i, x) in b.iter().enumerate() {
+                                                if let Some(m) = model[off + i] {
+                                                    assert_eq!(*x, m, "read at {}", base + off + i);
+                                                }
+                                            }
+                                        }
+                                        _ => {
+                                            q.sync().expect("sync");
+                                            let img = disk.crash_image(&mut rng);
+                                            for (i, m) in model.iter().enumerate() {
+                                                if let Some(m) = m {
+                                                    assert_eq!(
+                                                        img[base + i],
+                                                        *m,
+                                                        "synced byte lost"
+                                                    );
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            });
+                        }
+                    });
+                }
+            }
+            tx.send(()).expect("send");
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(600))
+            .expect("a writer failed (see above) or the queue hung");
     }
 
     #[test]
