@@ -1312,8 +1312,8 @@ impl Inner {
     }
 
     /// Issues the segments sealed under the state lock to the storage (see writeback.rs). Called
-    /// after the lock is released: the storage hand-off wakes I/O threads, and a thread holding
-    /// the state lock must not wait for a core meanwhile.
+    /// after the lock is released: the storage hand-off may wake an I/O thread or wait for room
+    /// in the queue, and a thread holding the state lock must not wait meanwhile.
     fn issue_sealed(&self) -> Result<()> {
         self.outbox.issue_all(&self.storage)
     }
