@@ -188,3 +188,19 @@ def test_engine_arms_run_pinned_to_as_many_cores_as_threads() -> None:
     assert engine.pinned(1) == ["taskset", "--cpu-list", str(cpus[0])]
     with pytest.raises(HostError, match=f"{len(cpus) + 1} threads need"):
         engine.pinned(len(cpus) + 1)
+
+
+def test_a_group_that_fails_fails_the_command_after_writing_the_results(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    broken = tmp_path / "zbd"
+    broken.write_text("#!/bin/sh\necho 'zbd: broken on purpose' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    out = tmp_path / "results"
+    argv = [sys.executable, "-c", "from zbdlab.cli import main; main()", "bench", "--only", "engine"]
+    argv += ["--rounds", "1", "--zbd", str(broken), "-o", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout
+    assert "group failed: engine" in proc.stderr
+    assert "engine: FAILED" in (out / "summary.md").read_text()

@@ -21,7 +21,8 @@ def run_bench(
     repo: Path,
     out: Path | None = None,
     say: Callable[[str], None] = print,
-) -> Path:
+) -> tuple[Path, list[str]]:
+    """Runs `groups`; returns the summary's path and the groups that failed (their notes say why)."""
     when = datetime.now(UTC)
     out = out or results_dir(repo / "bench" / "results", short_commit(repo), when)
     raw = out / "raw"
@@ -29,6 +30,7 @@ def run_bench(
     env = machine(zbd, repo)  # sets $ZBD_BIN: the lab's targets (group fs) serve with the same binary
     figures: list[Figure] = []
     notes: list[str] = []
+    failed: list[str] = []
     tables: dict[str, list[str]] = {}
     settings.progress = settings.progress or (lambda message: say(f"  {message}"))
     for group in GROUPS:
@@ -42,6 +44,7 @@ def run_bench(
         except Exception as exc:  # one group failing (and cleaned up) leaves the others' figures
             notes.append(f"{group}: FAILED: {type(exc).__name__}: {exc}")
             say(f"  {group} failed: {exc}")
+            failed.append(group)
             continue
         figures += got
         if table:
@@ -51,7 +54,7 @@ def run_bench(
         f.compute(options)
     described = {**settings.describe(), "groups": list(groups), "zbd": zbd}
     summary = write_results(out, figures, env, described, notes, tables)
-    return summary
+    return summary, failed
 
 
 def run_group(
