@@ -12,9 +12,11 @@ cd "$(dirname "$0")/.."
 zbd=$(realpath "${ZBD_BIN:-target/release/zbd}")
 [[ -x "$zbd" ]] || { echo "bench: no zbd binary at $zbd (cargo build --release)" >&2; exit 1; }
 out=${BENCH_OUT:-bench/results/$(date -u +%F)-$(git rev-parse --short HEAD)}
-.venv/bin/zbdlab bench --zbd "$zbd" -o "$out" "$@"
+# A failed group (exit 1, named on stderr) still leaves the rest to run; its status is the end's.
+status=0
+.venv/bin/zbdlab bench --zbd "$zbd" -o "$out" "$@" || status=$?
 for arg in "$@"; do
-  [[ "$arg" == --quick || "$arg" == --only* ]] && exit 0
+  [[ "$arg" == --quick || "$arg" == --only* ]] && exit "$status"
 done
 other=$out/raw/other
 mkdir -p "$other"
@@ -37,3 +39,4 @@ for u in 4K 16K; do
 done
 echo "== heavy engine tests (ignored in make test)"
 cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture 2>&1 | tee "$other/heavy-tests.txt"
+exit "$status"
