@@ -15,6 +15,7 @@ out=${BENCH_OUT:-bench/results/$(date -u +%F)-$(git rev-parse --short HEAD)}
 # A failed group (exit 1, named on stderr) still leaves the rest to run; its status is the end's.
 status=0
 .venv/bin/zbdlab bench --zbd "$zbd" -o "$out" "$@" || status=$?
+[[ $status == 130 ]] && exit 130  # interrupted: stop here
 for arg in "$@"; do
   [[ "$arg" == --quick || "$arg" == --only* ]] && exit "$status"
 done
