@@ -204,6 +204,8 @@ fn crash_at_every_storage_operation() {
         (1u64, 8192u32, Codec::Lz4),
         (2, 16384, Codec::Zstd(1)),
         (3, 8192, Codec::None),
+        // `zbd create`'s extent size on a file.
+        (5, zbd_core::layout::FILE_EXTENT_BYTES_DEFAULT, Codec::Lz4),
     ] {
         points += sweep(seed, 160, extent, codec, 1);
     }
