@@ -566,10 +566,11 @@ mod tests {
         }
     }
 
-    /// Fails the first write only.
-    struct FailOnce(SimStorage, std::sync::atomic::AtomicBool);
+    /// A simulated disk that calls `hook` with the offset of every write before doing it (an
+    /// error fails the write).
+    struct Hooked<F>(SimStorage, F);
 
-    impl Storage for FailOnce {
+    impl<F: Fn(u64) -> Result<()> + Send + Sync> Storage for Hooked<F> {
         fn len_bytes(&self) -> Result<u64> {
             self.0.len_bytes()
         }
@@ -577,9 +578,7 @@ mod tests {
             self.0.read_at(offset, buf)
         }
         fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                return Err(Error::Io(io::Error::other("injected")));
-            }
+            (self.1)(offset)?;
             self.0.write_at(offset, data)
         }
         fn sync(&self) -> Result<()> {
@@ -593,7 +592,15 @@ mod tests {
     #[test]
     fn a_transient_write_error_fails_one_sync_then_the_write_is_retried() {
         for o in [opts(2, 1 << 20), IoOptions::reordered(9)] {
-            let disk = Arc::new(FailOnce(SimStorage::new(1 << 14), false.into()));
+            // Fails the first write only.
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            let disk = Arc::new(Hooked(SimStorage::new(1 << 14), move |_| {
+                if failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err(Error::Io(io::Error::other("injected")))
+                }
+            }));
             let q = QueuedStorage::new(Arc::clone(&disk), &o).expect("new");
             q.write_at(4096, &[7; 1024]).expect("queued");
             let mut b = [0u8; 1024];
@@ -606,29 +613,6 @@ mod tests {
                 img[4096..5120].iter().all(|&x| x == 7),
                 "retried write not durable"
             );
-        }
-    }
-
-    /// Reports every write it is given.
-    struct Told(SimStorage, Mutex<std::sync::mpsc::Sender<u64>>);
-
-    impl Storage for Told {
-        fn len_bytes(&self) -> Result<u64> {
-            self.0.len_bytes()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-            self.0.read_at(offset, buf)
-        }
-        fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-            self.0.write_at(offset, data)?;
-            let _ = self.1.lock().send(offset);
-            Ok(())
-        }
-        fn sync(&self) -> Result<()> {
-            self.0.sync()
-        }
-        fn discard(&self, offset: u64, len: u64) -> Result<()> {
-            self.0.discard(offset, len)
         }
     }
 
@@ -651,7 +635,11 @@ mod tests {
     fn a_backlog_is_written_without_a_sync_and_a_small_one_by_drop() {
         let (tx, rx) = std::sync::mpsc::channel();
         let size = 4 * WAKE_BYTES;
-        let disk = Arc::new(Told(SimStorage::new(size), Mutex::new(tx)));
+        // Reports every write it is given.
+        let disk = Arc::new(Hooked(SimStorage::new(size), move |offset| {
+            let _ = tx.send(offset);
+            Ok(())
+        }));
         let q = QueuedStorage::new(Arc::clone(&disk), &opts(2, size)).expect("new");
         // From sleeping threads (a thread still starting up would take the first writes and
         // leave the rest, under WAKE_BYTES, waiting): enough for a thread to wake on its own,
