@@ -317,9 +317,9 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     let bytes = bytes / REQUEST_BYTES as u64 * REQUEST_BYTES as u64;
     // The reference is the codec on what the engine compresses: units of the volume's unit
     // size (sequential requests fill whole units), not 4 KiB blocks, whose speed differs.
-    let mut plan = file_volume(bytes);
-    plan.codec = o.codec;
-    let planned = zbd_core::layout::plan(&plan)?;
+    let mut opts = file_volume(bytes);
+    opts.codec = o.codec;
+    let planned = zbd_core::layout::plan(&opts)?;
     let unit_bytes = usize::from(planned.unit_blocks) * 4096;
     let units: Vec<Vec<u8>> = data.chunks_exact(unit_bytes).map(|c| c.to_vec()).collect();
     if o.ram {
@@ -338,13 +338,10 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     let mut savings = 0.0;
     for &threads in &o.threads {
         let path = dir.0.join(format!("engine-{threads}.zbd"));
-        let mut opts = file_volume(bytes);
-        opts.codec = o.codec;
-        let sb = zbd_core::layout::plan(&opts)?;
         let storage: Box<dyn Storage> = if o.ram {
-            Box::new(MemStorage::new(sb.total_bytes()))
+            Box::new(MemStorage::new(planned.total_bytes()))
         } else {
-            let storage = FileStorage::create(&path, sb.total_bytes())?;
+            let storage = FileStorage::create(&path, planned.total_bytes())?;
             if o.direct {
                 Box::new(storage.into_direct(&path)?)
             } else {
