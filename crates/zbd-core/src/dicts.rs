@@ -27,11 +27,11 @@
 //! region is full, training waits until a retirement frees room; the newest dictionary stays
 //! in use meanwhile.
 
+use crate::backend::Storage;
 use crate::codec::dict::{self, Dictionary};
 use crate::codec::Codec;
 use crate::error::Result;
 use crate::format::{DictEntry, Superblock, BLOCK_BYTES, DICT_ENTRIES};
-use crate::storage::Storage;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -70,7 +70,7 @@ impl CreateOptions {
             clean_high_pct: CLEAN_HIGH_PCT_DEFAULT,
             queue_len: None,
             unit_bytes: None,
-            dictionary: crate::volume::DICTIONARY_DEFAULT,
+            dictionary: crate::engine::DICTIONARY_DEFAULT,
         }
     }
 }

@@ -4,44 +4,39 @@
 //! ever appended to, and found again through a persistent translation map. See docs/design.md
 //! for the design and docs/format.md for the on-disk format.
 
+pub mod backend;
 mod buffer;
 mod cleaner;
 pub mod codec;
 mod dicts;
+mod engine;
 pub mod error;
 mod extent_table;
-mod fence;
 pub mod format;
 mod free_list;
-mod handle;
-pub mod io;
 pub mod layout;
 mod map;
 mod par;
 mod readcache;
 mod recovery;
-pub mod sim;
 mod state;
 pub mod stats;
-pub mod storage;
 mod units;
 mod volume;
 mod writeback;
 
+pub use backend::{FileStorage, IoOptions, MemStorage, QueuedStorage, SimStorage, Storage};
 pub use cleaner::PassResult;
 pub use codec::Codec;
-pub use error::{Error, Result};
-pub use handle::Volume;
-pub use io::{IoOptions, QueuedStorage};
-pub use layout::{parse_size, CreateOptions};
-pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
-pub use sim::SimStorage;
-pub use stats::{Counters, DictStat, Stats, UnitSizeStat};
-pub use storage::{FileStorage, MemStorage, Storage};
-pub use volume::{
+pub use engine::{
     AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT, DICTIONARY_DEFAULT,
     READ_CACHE_BYTES_DEFAULT,
 };
+pub use error::{Error, Result};
+pub use layout::{parse_size, CreateOptions};
+pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
+pub use stats::{Counters, DictStat, Stats, UnitSizeStat};
+pub use volume::Volume;
 
 #[cfg(test)]
 mod send_sync {

@@ -7,6 +7,7 @@
 //! the crash from a damaged durable one by the durable write-sequence watermark that every v2
 //! segment header carries (docs/design.md, "Torn or damaged").
 
+use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
     parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record, RecordKind,
@@ -15,7 +16,6 @@ use crate::format::{
 };
 use crate::map::Map;
 use crate::state::{ExtentInfo, ExtentState};
-use crate::storage::Storage;
 use std::collections::{BTreeMap, HashSet};
 
 /// Reads the superblock (copy A, else copy B).

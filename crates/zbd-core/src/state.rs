@@ -3,6 +3,7 @@
 //! extent; flush and checkpoint make it durable. Compression, decompression and storage reads
 //! happen outside the lock (see volume.rs).
 
+use crate::backend::Storage;
 use crate::buffer::{BufferConfig, OpenExtent, Prepared};
 use crate::error::{Error, Result};
 use crate::extent_table::{ExtentTable, WrittenTable};
@@ -15,7 +16,6 @@ use crate::format::{
 use crate::free_list::FreeList;
 use crate::map::{Map, PageWrite, WrittenPages};
 use crate::stats::Counters;
-use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

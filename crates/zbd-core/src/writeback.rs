@@ -21,8 +21,8 @@
 //!
 //! Lock order: state lock, then `issue`, then `pending`.
 
+use crate::backend::Storage;
 use crate::error::Result;
-use crate::storage::Storage;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -94,7 +94,7 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::SimStorage;
+    use crate::backend::sim::SimStorage;
 
     #[test]
     fn segments_are_found_until_issued_and_refused_ones_stay() {

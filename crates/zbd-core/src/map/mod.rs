@@ -21,6 +21,7 @@
 
 mod cache;
 
+use crate::backend::Storage;
 use crate::error::Result;
 use crate::format::{
     encode_map_page, BlockState, Checkpoint, DictEntry, MapEntry, PageSlot, Superblock,
@@ -28,7 +29,6 @@ use crate::format::{
     MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX,
     VOLUME_COUNTERS,
 };
-use crate::storage::Storage;
 pub use cache::MAP_CACHE_BYTES_DEFAULT;
 use cache::{Cache, Frame};
 use std::collections::BTreeSet;

@@ -19,8 +19,8 @@
 //! issues them, in a seeded random order, when a sync, a full queue or an overlapping operation
 //! needs them, so crash tests replay exactly while writes complete out of issue order.
 
+use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -495,7 +495,7 @@ impl<S: Storage + 'static> Drop for QueuedStorage<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::SimStorage;
+    use crate::backend::sim::SimStorage;
     use rand::Rng;
 
     fn opts(threads: usize, queue_bytes: usize) -> IoOptions {

@@ -3,8 +3,8 @@
 //! writes are dropped, some or all, the error is reported once and the next sync succeeds), and
 //! flips bits, all driven by a caller's seeded RNG so any failure replays from its seed.
 
+use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::storage::Storage;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;

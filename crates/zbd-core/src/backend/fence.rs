@@ -8,8 +8,8 @@
 //! on disk (roll-forward checks every segment). Every write path goes through this wrapper, so
 //! the rule holds for flush, FUA, checkpoints, the cleaner, discards and segment write-back alike.
 
+use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::storage::Storage;
 use parking_lot::Mutex;
 
 /// A [`Storage`] that trips into the failed state on the first write or sync error.

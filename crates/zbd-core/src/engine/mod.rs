@@ -1,0 +1,335 @@
+//! The engine: the volume proper (`Inner`), split by what it does: `open` (create, open,
+//! recovery, close), `write`, `read`, `flush` (flush and checkpoints), `clean` (running the
+//! cleaner), `train` (dictionaries), `verify` (stats, check, scrub). The state behind the lock
+//! and its parts are in `state/`; [`crate::Volume`] (volume.rs) is the public handle.
+
+mod clean;
+mod flush;
+mod open;
+mod read;
+mod train;
+mod verify;
+mod write;
+
+use crate::backend::fence::Fenced;
+use crate::backend::queued::IoOptions;
+use crate::codec::Codec;
+use crate::error::{Error, Result};
+use crate::format::{MapEntry, Superblock, BLOCK_BYTES};
+use crate::map::MAP_CACHE_BYTES_DEFAULT;
+use crate::readcache::ReadCache;
+use crate::state::{Ctx, State};
+use crate::writeback::Outbox;
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default extent buffer size (paper: 16 MiB).
+pub const BUFFER_BYTES_DEFAULT: usize = 16 << 20;
+/// Default aging timeout of an open extent.
+pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
+/// Default budget of the read cache.
+pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
+/// Whether new volumes train and use dictionaries unless told otherwise (docs/savings.md).
+pub const DICTIONARY_DEFAULT: bool = false;
+/// Requests with at least this many units (or, on reads, runs of blocks decoded together) are
+/// compressed / decompressed in parallel (par.rs).
+const PARALLEL_ITEMS_MIN: usize = 2;
+/// Reads of at least this many blocks (128 KiB, the size of the kernel's readahead requests)
+/// are streaming: they use the read cache but do not fill it. A sequential scan would evict
+/// what random reads come back for, and copying its bytes into the cache was a measurable part
+/// of a sequential read's CPU time (a third of 128 KiB reads' on one core: issue 13).
+const STREAMING_BLOCKS_MIN: u64 = 32;
+
+/// Open-time tunables.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Open read-only (no recovery checkpoint; writes fail with `ReadOnly`).
+    pub read_only: bool,
+    /// Codec for new writes (default: the one recorded at create time).
+    pub codec: Option<Codec>,
+    /// Extent buffer size in bytes.
+    pub buffer_bytes: usize,
+    /// Aging timeout of open extents.
+    pub aging: Duration,
+    /// Run the background thread: the cleaner (foreground cleaning happens regardless) and the
+    /// checkpoints writes ask for (without it, the write that asks writes it).
+    pub background_cleaner: bool,
+    /// Cleaner watermarks (low, high) in % of free extents; default: those set at create time.
+    pub clean_watermarks: Option<(u8, u8)>,
+    /// How storage writes are issued (queued to I/O threads by default; see `io.rs`).
+    pub io: IoOptions,
+    /// Budget of the cache of stored block bytes recently read (0: none; see `readcache.rs`).
+    pub read_cache_bytes: usize,
+    /// Budget of the map page cache (see `map/`); dirty pages bring a checkpoint forward.
+    pub map_cache_bytes: usize,
+    /// Compression unit size of new writes (default: the one recorded at create time; 4K =
+    /// every block on its own).
+    pub unit_bytes: Option<u32>,
+    /// Train a dictionary from the first compressible blocks written and compress new blocks
+    /// with it (lz4 and zstd; see dicts.rs); `None`: as set at create time (superblock).
+    /// Dictionaries already in the volume are read whatever this says.
+    pub dictionary: Option<bool>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            codec: None,
+            buffer_bytes: BUFFER_BYTES_DEFAULT,
+            aging: AGING_DEFAULT,
+            background_cleaner: true,
+            clean_watermarks: None,
+            io: IoOptions::default(),
+            read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
+            map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
+            unit_bytes: None,
+            dictionary: None,
+        }
+    }
+}
+
+/// What a range of the volume holds (for NBD block status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum AllocState {
+    /// Stored data.
+    Data,
+    /// Written with zeros: reads zeros, takes no space.
+    Zero,
+    /// Never written or trimmed: reads zeros, takes no space.
+    Hole,
+}
+
+/// Result of [`crate::Volume::check`].
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct CheckReport {
+    /// Data blocks read and verified.
+    pub blocks_checked: u64,
+    /// Logical blocks that cannot be read back correctly.
+    pub damaged_blocks: Vec<u64>,
+    /// Metadata problems found (one line each).
+    pub metadata_problems: Vec<String>,
+    /// Damaged metadata copies whose other copy is intact: nothing is lost, and the next
+    /// checkpoint of a writable volume rewrites both copies (one line each).
+    pub repaired: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether nothing was found.
+    pub fn is_clean(&self) -> bool {
+        self.damaged_blocks.is_empty() && self.metadata_problems.is_empty()
+    }
+}
+
+/// The volume proper; [`crate::Volume`] wraps it with the background cleaner.
+pub(crate) struct Inner {
+    storage: Arc<Fenced>,
+    sb: Superblock,
+    codec: Codec,
+    /// Compression unit size of new writes, in blocks (1: every block on its own).
+    unit_blocks: u8,
+    read_only: bool,
+    state: Mutex<State>,
+    gate: RwLock<()>,
+    cache: ReadCache,
+    /// Sealed segments not yet issued (see writeback.rs).
+    outbox: Outbox,
+    /// Problems found at open: damaged checkpoint copies, unattributable log damage.
+    open_problems: Vec<String>,
+    open_repaired: Vec<String>,
+    /// Highest write sequence covered by a completed sync (see `Ctx::durable_seq`).
+    durable_seq: AtomicU64,
+    closed: AtomicBool,
+    host_bytes_read: AtomicU64,
+    storage_bytes_read: AtomicU64,
+    corrupt_reads: AtomicU64,
+    /// Readers waiting for the state lock; writers and the cleaner let them go first.
+    readers_waiting: AtomicUsize,
+    /// Held by a checkpoint written outside the state lock, from snapshot to commit (taken
+    /// before the state lock): such checkpoints run one at a time.
+    ckpt_lock: Mutex<()>,
+    /// Held by a writer cleaning before space runs out (`clean_ahead`): one at a time, the
+    /// others wait here, without the state lock.
+    clean_ahead_lock: Mutex<()>,
+    /// `State::extents_opened` when cleaning ahead last ended (`clean_ahead`).
+    clean_ahead_opened: AtomicU64,
+    /// A background thread (handle.rs) writes the checkpoints that writes ask for, so a write
+    /// does not wait for the checkpoint's syncs; without one, the write writes it.
+    ckpt_in_background: AtomicBool,
+    /// A write asked for a checkpoint that the background thread has not taken yet.
+    ckpt_requested: AtomicBool,
+    /// Cleaner watermarks, % of extents free.
+    pub(crate) clean_low_pct: u8,
+    pub(crate) clean_high_pct: u8,
+    /// Write sequence at the last cleaning attempt that made no progress (avoid spinning).
+    clean_idle_seq: AtomicU64,
+    /// Trained dictionaries (dicts.rs).
+    dicts: crate::dicts::Dicts,
+}
+
+/// Extents host writes leave to the cleaner: 2 % of the data area, 4..64.
+fn cleaner_reserve(extent_count: u32) -> usize {
+    (extent_count as usize / 50)
+        .clamp(4, 64)
+        .min(extent_count as usize / 4)
+}
+
+/// Stored bytes fetched for one block (`None` when it has none).
+/// The stored bytes of one block, as fetched: a slice of a device read, of the read cache or of
+/// an open extent's buffer, shared rather than copied.
+type Fetched = Result<Option<Bytes>>;
+
+/// The map entry of a source that is a block of a multi-block unit.
+fn unit_entry(src: &Source) -> Option<&MapEntry> {
+    match src {
+        Source::Bytes { entry, .. } | Source::Disk { entry } | Source::Decoded { entry, .. }
+            if entry.unit_blocks > 1 =>
+        {
+            Some(entry)
+        }
+        _ => None,
+    }
+}
+
+/// Where the stored bytes of one block are, as seen at lookup time.
+enum Source {
+    Zeros,
+    Bytes {
+        entry: MapEntry,
+        bytes: Bytes,
+    },
+    Disk {
+        entry: MapEntry,
+    },
+    /// A block of a unit whose decoded form is in the read cache.
+    Decoded {
+        entry: MapEntry,
+        unit: Arc<[u8]>,
+    },
+    Damaged,
+}
+
+impl Inner {
+    pub(super) fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            storage: &*self.storage,
+            sb: &self.sb,
+            gate: &self.gate,
+            durable_seq: &self.durable_seq,
+            cache: &self.cache,
+            outbox: &self.outbox,
+            codec: self.codec,
+            dicts: &self.dicts,
+            make_space: crate::cleaner::make_space,
+        }
+    }
+
+    /// Logical size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.sb.logical_blocks * BLOCK_BYTES as u64
+    }
+
+    /// The superblock (geometry).
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Codec used for new writes.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Takes the state lock for a write or cleaning step, letting waiting readers in first
+    /// (paper II-C: reads ahead of writes). Bounded, so writers cannot starve.
+    pub(super) fn lock_for_write(&self) -> parking_lot::MutexGuard<'_, State> {
+        const YIELDS_MAX: usize = 32;
+        for _ in 0..YIELDS_MAX {
+            if self.readers_waiting.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        self.state.lock()
+    }
+
+    pub(super) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        let size = self.size_bytes();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange { offset, len, size });
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        self.storage.check()
+    }
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+    use crate::backend::sim::SimStorage;
+    use crate::format::RecordKind;
+
+    fn raw_block(n: usize) -> Prepared {
+        Prepared::Data {
+            codec: codec::id::RAW,
+            bytes: vec![0x5a; n],
+            crc: 0,
+            blocks: 1,
+            dict: 0,
+        }
+    }
+
+    /// The extent buffer evicts the least recently appended extent. Here extent X took a trim
+    /// record after Y took its last block: Y goes, X stays (`last_used` of a data append and of
+    /// a range record must count alike, or the two tie and the first in `open` goes).
+    #[test]
+    fn lru_eviction_keeps_the_extent_a_range_record_went_to_last() {
+        let opts = CreateOptions {
+            extent_bytes: 16 * 1024,
+            codec: Codec::None,
+            unit_bytes: Some(4096),
+            dictionary: false,
+            ..CreateOptions::new(4 << 20)
+        };
+        let sb = plan(&opts).expect("plan");
+        let open_opts = OpenOptions {
+            background_cleaner: false,
+            ..OpenOptions::default()
+        };
+        let vol = Inner::create_with(
+            Box::new(SimStorage::new(sb.total_bytes() as usize)),
+            &opts,
+            open_opts,
+        )
+        .expect("create");
+        let cx = vol.ctx();
+        let mut st = vol.state.lock();
+        st.buffer.max_open = 2;
+        // X (open[0]) is filled most of the way; Y (open[1]) takes a block X has no room for.
+        st.put_block(&cx, 0, raw_block(12_000)).expect("put X");
+        st.put_block(&cx, 1, raw_block(4_500)).expect("put Y");
+        assert_eq!(st.open.len(), 2);
+        let (x, y) = (st.open[0].extent, st.open[1].extent);
+        // Best fit puts the trim record in X, the fuller: X is now the most recently used.
+        st.put_range(&cx, RecordKind::Trim, 100, 1).expect("trim");
+        assert_eq!(
+            st.open[0].records.last().map(|r| r.kind),
+            Some(RecordKind::Trim)
+        );
+        // Fits neither: the least recently used, Y, is closed for it.
+        st.put_block(&cx, 2, raw_block(12_000)).expect("put");
+        let open: Vec<u32> = st.open.iter().map(|o| o.extent).collect();
+        assert!(
+            open.contains(&x) && !open.contains(&y),
+            "evicted the extent used last: open {open:?}, x {x}, y {y}"
+        );
+    }
+}

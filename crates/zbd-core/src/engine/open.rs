@@ -1,0 +1,350 @@
+//! Open and close: formatting a new volume, opening one (superblock, checkpoint, extent
+//! table, roll-forward of the log tail, the recovery checkpoint), and a clean close.
+
+use super::*;
+use crate::backend::fence::Fenced;
+use crate::backend::queued::QueuedStorage;
+use crate::backend::Storage;
+use crate::buffer::BufferConfig;
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::extent_table::ExtentTable;
+use crate::format::{
+    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES,
+    CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
+    CKPT_FLAG_VOLUME_COUNTERS, SUPERBLOCK_BYTES,
+};
+use crate::layout::{plan, CreateOptions};
+use crate::map::Map;
+use crate::readcache::ReadCache;
+use crate::recovery;
+use crate::state::{ExtentState, State};
+use crate::stats::Counters;
+use crate::writeback::Outbox;
+use parking_lot::{Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+impl Inner {
+    /// Formats `storage` as a new volume and opens it with `open_opts`.
+    pub fn create_with(
+        storage: Box<dyn Storage>,
+        opts: &CreateOptions,
+        open_opts: OpenOptions,
+    ) -> Result<Inner> {
+        let mut sb = plan(opts)?;
+        sb.uuid = *uuid::Uuid::new_v4().as_bytes();
+        sb.created_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if storage.len_bytes()? < sb.total_bytes() {
+            return Err(Error::Invalid(format!(
+                "storage has {} bytes, the volume needs {}",
+                storage.len_bytes()?,
+                sb.total_bytes()
+            )));
+        }
+        let sbb = sb.encode();
+        storage.write_at(0, &sbb)?;
+        storage.write_at(SUPERBLOCK_BYTES as u64, &sbb)?;
+        let queue: Vec<QueueEntry> = (0..sb.queue_len)
+            .map(|e| QueueEntry {
+                extent: e,
+                alloc_seq: u64::from(e) + 1,
+            })
+            .collect();
+        let ck = Checkpoint {
+            seq: 1,
+            next_alloc_seq: u64::from(sb.queue_len) + 1,
+            queue,
+            // An empty volume: zero counters, every extent free (no table page written).
+            flags: if sb.version >= 2 {
+                CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_EXTENT_TABLE | CKPT_FLAG_SAVINGS_COUNTERS
+            } else {
+                0
+            },
+            ..Checkpoint::empty(&sb)
+        };
+        let ckb = ck.encode(&sb);
+        for copy in 0..sb.metadata_copies() {
+            // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1).
+            storage.write_at(
+                sb.checkpoint_slot_offset(0, copy),
+                &vec![0u8; sb.checkpoint_slot_bytes as usize],
+            )?;
+            storage.write_at(sb.checkpoint_slot_offset(1, copy), &ckb)?;
+        }
+        storage.sync()?;
+        Inner::open(storage, open_opts)
+    }
+
+    /// Opens a volume read-only.
+    pub fn open_read_only(storage: Box<dyn Storage>) -> Result<Inner> {
+        Inner::open(
+            storage,
+            OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// Opens a volume, recovering from a crash if needed.
+    pub fn open(storage: Box<dyn Storage>, opts: OpenOptions) -> Result<Inner> {
+        // The fence sits above the queue: a queued write that failed fails the next sync, and
+        // that failed sync fails the volume (the queue's retries never get to vouch for it).
+        let storage: Box<dyn Storage> = if opts.io.queues() && !opts.read_only {
+            Box::new(QueuedStorage::new(
+                Arc::<dyn Storage>::from(storage),
+                &opts.io,
+            )?)
+        } else {
+            storage
+        };
+        let storage = Arc::new(Fenced::new(storage));
+        let sb = recovery::read_superblock(&*storage)?;
+        let found = recovery::read_checkpoint(&*storage, &sb)?;
+        let ck = found.checkpoint;
+        // Nothing proportional to the map is read: pages come in on demand, counters and the
+        // extent table come with the checkpoint (v1 or without them: one scan, persisted by
+        // the next checkpoint).
+        let mut map = Map::open(storage.clone(), &sb, &ck, opts.map_cache_bytes);
+        let (table, extents) = match ExtentTable::load(&*storage, &sb, &ck)? {
+            Some(loaded) if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 => loaded,
+            _ => (
+                ExtentTable::unwritten(&sb),
+                recovery::account(&mut map, sb.extent_count)?,
+            ),
+        };
+        // Dictionary and unit-size counters of a checkpoint written by a build that did not
+        // keep them: one scan now, persisted by the next checkpoint. A read-only open reports
+        // them unknown instead (stats).
+        if !opts.read_only && !map.counters().savings_known {
+            map.recount(|_| {})?;
+        }
+        let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
+        let mut open_repaired = found.damaged_copies;
+        let mut open_problems = rolled.problems;
+        let loaded = crate::dicts::load(&*storage, &sb, &ck.dicts);
+        let codec = match opts.codec {
+            Some(c) => c,
+            None => Codec::from_id(sb.codec_id, sb.codec_level)?,
+        };
+        // Open extents are partly empty: keep them a small share of the data area (1/32) so a
+        // nearly full volume is not exhausted by its own buffer, and within the recovery queue.
+        let max_open = (opts.buffer_bytes / sb.extent_bytes as usize)
+            .min(sb.extent_count as usize / 32)
+            .clamp(1, (sb.queue_len as usize / 2).max(1));
+        let mut st = State {
+            map,
+            table,
+            extents,
+            free: Default::default(),
+            queue: VecDeque::new(),
+            open: Vec::new(),
+            room: Vec::new(),
+            next_seq: ck.write_seq + 1,
+            ckpt_seq: ck.seq,
+            next_alloc_seq: ck.next_alloc_seq,
+            counters: Counters::from_array(&ck.counters),
+            buffer: BufferConfig {
+                max_open,
+                aging: opts.aging,
+                reserve: cleaner_reserve(sb.extent_count),
+            },
+            replayed: 0,
+            dicts: ck.dicts,
+            // Dictionaries not listed by the checkpoint recovery starts from are free: the
+            // open's own checkpoint, below, is written before anything reuses them.
+            retiring: Vec::new(),
+            cleaning: Vec::new(),
+            units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
+            clean_gen: 0,
+            extents_opened: 0,
+            inflight: None,
+            ckpt_wanted: false,
+            refill_early: true,
+        };
+        apply_replay(&mut st, &sb, &rolled.replay)?;
+        st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
+        st.free = (0..sb.extent_count)
+            .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
+            .collect();
+        let counters = st.counters;
+        let (low, high) = opts
+            .clean_watermarks
+            .unwrap_or((sb.clean_low_pct, sb.clean_high_pct));
+        if low >= high || high > 90 {
+            return Err(Error::Invalid(format!(
+                "cleaner watermarks {low}/{high}: need low < high <= 90 (%)"
+            )));
+        }
+        // Units only where they pay and fit: not with `none`, never beyond the extent size.
+        // v1 map entries and checkpoints cannot say "unit": v1 volumes keep single blocks.
+        let unit_blocks = if codec.id() == codec::id::RAW || sb.version < 2 {
+            1
+        } else {
+            opts.unit_bytes
+                .map_or(sb.unit_blocks, |b| (b as usize / BLOCK_BYTES) as u8)
+                .clamp(1, crate::layout::unit_blocks_max(sb.extent_bytes))
+        };
+        let dicts = crate::dicts::Dicts::new(
+            opts.dictionary
+                .unwrap_or(sb.settings & crate::format::SB_SETTING_DICTIONARY != 0)
+                && !opts.read_only
+                && crate::dicts::Dicts::supports(codec)
+                && sb.version >= 2
+                && crate::dicts::content_bytes(&sb) >= crate::codec::dict::CONTENT_BYTES_MIN,
+            &sb,
+        );
+        // The newest dictionary serves new blocks, once the recovery checkpoint below has made
+        // both checkpoint slots list it (dicts.rs).
+        // Newest by training sequence (ids wrap around once retired ones are reused), the
+        // higher id first among equals (builds before retirement could give two the same).
+        let newest = ck
+            .dicts
+            .iter()
+            .filter(|e| e.id != 0 && loaded.dicts.iter().any(|d| d.id() == e.id))
+            .max_by_key(|e| (e.created_seq, e.id))
+            .map(|e| e.id);
+        for d in &loaded.dicts {
+            dicts.add(Arc::clone(d), Some(d.id()) == newest);
+        }
+        open_problems.extend(loaded.problems);
+        open_repaired.extend(loaded.repaired);
+        if !opts.read_only {
+            crate::dicts::repair(&*storage, &sb, &loaded.rewrite)?;
+        }
+        let vol = Inner {
+            storage,
+            sb,
+            codec,
+            unit_blocks,
+            read_only: opts.read_only,
+            state: Mutex::new(st),
+            gate: RwLock::new(()),
+            cache: ReadCache::new(opts.read_cache_bytes),
+            outbox: Outbox::default(),
+            open_problems,
+            open_repaired,
+            durable_seq: AtomicU64::new(rolled.durable_seq),
+            closed: AtomicBool::new(false),
+            host_bytes_read: AtomicU64::new(counters.host_bytes_read),
+            storage_bytes_read: AtomicU64::new(counters.storage_bytes_read),
+            corrupt_reads: AtomicU64::new(counters.corrupt_reads),
+            clean_low_pct: low,
+            clean_high_pct: high,
+            clean_idle_seq: AtomicU64::new(u64::MAX),
+            readers_waiting: AtomicUsize::new(0),
+            dicts,
+            ckpt_lock: Mutex::new(()),
+            clean_ahead_lock: Mutex::new(()),
+            clean_ahead_opened: AtomicU64::new(u64::MAX),
+            ckpt_in_background: AtomicBool::new(false),
+            ckpt_requested: AtomicBool::new(false),
+        };
+        if !vol.read_only {
+            // Make the replayed state durable and start a fresh allocation queue.
+            let mut st = vol.state.lock();
+            let cx = vol.ctx();
+            st.checkpoint(&cx)?;
+            drop(st);
+            vol.dicts.start_sampling_if_needed();
+        }
+        Ok(vol)
+    }
+
+    /// Makes `close` a no-op (see `Volume::abandon`).
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Flushes, writes a final checkpoint and marks the volume closed. Idempotent.
+    pub fn close(&self) -> Result<()> {
+        if self.read_only || self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        // A failed volume writes nothing more; the next open recovers from the disk.
+        self.storage.check()?;
+        let mut st = self.state.lock();
+        let cx = self.ctx();
+        let n = st.open.len();
+        for i in (0..n).rev() {
+            st.close_open(&cx, i)?;
+        }
+        self.sync_read_counters(&mut st);
+        st.checkpoint(&cx)
+    }
+}
+
+/// Applies roll-forward records to the map, in write-sequence order.
+fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) -> Result<()> {
+    let blocks = sb.logical_blocks;
+    for r in replay {
+        let rec = &r.record;
+        let end = rec.lba.saturating_add(u64::from(rec.count));
+        if end > blocks {
+            continue;
+        }
+        match rec.kind {
+            RecordKind::Data if r.damaged => {
+                // The cleaner copies stored bytes verbatim: if the block still maps to bytes
+                // with the same checksum (the victim's copy, kept until a checkpoint), those are
+                // the same data. Otherwise the newest version is lost: the block reads as an
+                // error, never as its older version.
+                let now = st.map.get(rec.lba)?;
+                let same = now.state == BlockState::Data
+                    && now.crc == rec.crc
+                    && u32::from(now.len) == rec.len
+                    && now.codec == rec.codec
+                    && now.unit_index == rec.unit_index
+                    && u16::from(now.unit_blocks) == rec.unit_blocks
+                    && u16::from(now.dict) == rec.dict;
+                if !same {
+                    st.set_entry(
+                        rec.lba,
+                        MapEntry {
+                            state: BlockState::Corrupt,
+                            ..MapEntry::UNMAPPED
+                        },
+                    )?;
+                }
+            }
+            RecordKind::Data => {
+                let entry = MapEntry {
+                    state: BlockState::Data,
+                    codec: rec.codec,
+                    len: rec.len as u16,
+                    extent: r.extent,
+                    offset: rec.offset,
+                    crc: rec.crc,
+                    unit_index: rec.unit_index,
+                    unit_blocks: rec.unit_blocks as u8,
+                    dict: rec.dict as u8,
+                };
+                st.set_entry(rec.lba, entry)?;
+            }
+            RecordKind::Zero => {
+                for l in rec.lba..end {
+                    st.set_entry(l, MapEntry::ZERO)?;
+                }
+            }
+            RecordKind::Trim => {
+                for l in rec.lba..end {
+                    st.set_entry(l, MapEntry::UNMAPPED)?;
+                }
+            }
+        }
+        st.next_seq = st.next_seq.max(rec.seq + 1);
+    }
+    st.replayed = replay.len() as u64;
+    // Extents that lost their last live block during replay are free after the recovery checkpoint.
+    for x in st.extents.iter_mut() {
+        if x.state == ExtentState::PendingFree {
+            x.state = ExtentState::Free;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! What a volume can say about itself: allocation (NBD block status), statistics, and the
+//! verification of `check` (offline) and `scrub` (online, rate-bounded).
+
+use super::*;
+use crate::backend::Storage;
+use crate::error::Result;
+use crate::format::{
+    decode_map_page, BlockState, MapEntry, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE,
+    MAP_PAGE_BYTES, PAGE_NONE, SUPERBLOCK_BYTES,
+};
+use crate::recovery;
+use crate::state::ExtentState;
+use crate::stats::Stats;
+use std::time::Duration;
+
+impl Inner {
+    /// Allocation state of a byte range, as runs of (length, state).
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
+        self.check_range(offset, len)?;
+        let mut runs: Vec<(u64, AllocState)> = Vec::new();
+        if len == 0 {
+            return Ok(runs);
+        }
+        let bs = BLOCK_BYTES as u64;
+        let end = offset + len;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let mut pos = offset;
+        let mut st = self.state.lock();
+        st.map.runs(first, last - first + 1, |state, blocks| {
+            let s = match state {
+                BlockState::Unmapped => AllocState::Hole,
+                BlockState::Zero => AllocState::Zero,
+                BlockState::Data | BlockState::Corrupt => AllocState::Data,
+            };
+            let run_end = ((pos / bs + blocks) * bs).min(end);
+            let n = run_end - pos;
+            match runs.last_mut() {
+                Some((l, last)) if *last == s => *l += n,
+                _ => runs.push((n, s)),
+            }
+            pos = run_end;
+        })?;
+        Ok(runs)
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        let mut st = self.state.lock();
+        self.sync_read_counters(&mut st);
+        // Counters kept exact on every map change: no scan.
+        let m = st.map.counters();
+        let (data, zero, raw, damaged, live) = (
+            m.data_blocks,
+            m.zero_blocks,
+            m.raw_blocks,
+            m.damaged_blocks,
+            m.live_bytes,
+        );
+        let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
+        let ratio = |blocks: u64, bytes: u64| {
+            if bytes == 0 {
+                0.0
+            } else {
+                (blocks * BLOCK_BYTES as u64) as f64 / bytes as f64
+            }
+        };
+        let (in_units, unit_live) = (m.unit_blocks, m.unit_bytes);
+        let eb = u64::from(self.sb.extent_bytes);
+        let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
+        let (free, open, closed, pending) = (
+            count(ExtentState::Free),
+            count(ExtentState::Open),
+            count(ExtentState::Closed),
+            count(ExtentState::PendingFree),
+        );
+        let in_use = open + closed;
+        let logical_in_use = (data + zero) * BLOCK_BYTES as u64;
+        let c = st.counters;
+        let written = c.data_bytes_written + c.metadata_bytes_written + c.cleaner_bytes_written;
+        Stats {
+            logical_bytes: self.size_bytes(),
+            codec: self.codec.to_string(),
+            extent_bytes: self.sb.extent_bytes,
+            data_area_bytes: u64::from(self.sb.extent_count) * eb,
+            metadata_bytes: self.sb.metadata_bytes(),
+            data_blocks: data,
+            zero_blocks: zero,
+            unmapped_blocks: unmapped,
+            raw_blocks: raw,
+            unit_bytes: u32::from(self.unit_blocks) * BLOCK_BYTES as u32,
+            unit_blocks: in_units,
+            unit_ratio: if unit_live == 0 {
+                0.0
+            } else {
+                (in_units * BLOCK_BYTES as u64) as f64 / unit_live as f64
+            },
+            single_ratio: if live == unit_live {
+                0.0
+            } else {
+                ((data - in_units) * BLOCK_BYTES as u64) as f64 / (live - unit_live) as f64
+            },
+            damaged_blocks: damaged,
+            logical_bytes_in_use: logical_in_use,
+            physical_bytes_live: live,
+            physical_bytes_allocated: (in_use + pending) * eb,
+            savings_pct: if logical_in_use == 0 {
+                0.0
+            } else {
+                100.0 * (1.0 - live as f64 / logical_in_use as f64)
+            },
+            compression_ratio: if live == 0 {
+                0.0
+            } else {
+                logical_in_use as f64 / live as f64
+            },
+            extents_total: u64::from(self.sb.extent_count),
+            extents_free: free,
+            extents_in_use: in_use,
+            extents_pending_free: pending,
+            extents_open: open,
+            dead_bytes: (in_use + pending) * eb - live,
+            write_amplification: if c.host_bytes_written == 0 {
+                0.0
+            } else {
+                written as f64 / c.host_bytes_written as f64
+            },
+            metadata_ram_bytes: st.map.ram_bytes()
+                + (st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>()) as u64,
+            map_cache: st.map.cache_stats(),
+            clean_low_pct: self.clean_low_pct,
+            clean_high_pct: self.clean_high_pct,
+            recovery_records_replayed: st.replayed,
+            format_version: self.sb.version,
+            failed: self.storage.failure(),
+            counters: c,
+            dictionary: self.dicts.enabled,
+            dictionary_setting: self.sb.settings & crate::format::SB_SETTING_DICTIONARY != 0,
+            dictionaries: {
+                let active = self.dicts.active().map(|d| d.id());
+                st.dicts
+                    .iter()
+                    .filter(|d| d.id != 0)
+                    .map(|d| crate::stats::DictStat {
+                        id: d.id,
+                        bytes: d.len,
+                        trained_seq: d.created_seq,
+                        loaded: self.dicts.get(d.id as u8).is_some(),
+                        active: active == Some(d.id),
+                        live_blocks: m
+                            .savings_known
+                            .then(|| m.by_dict[usize::from(d.id) % crate::map::DICT_IDS]),
+                    })
+                    .collect()
+            },
+            savings_known: m.savings_known,
+            dict_blocks: m.dict_blocks,
+            dict_ratio: ratio(m.dict_blocks, m.dict_bytes),
+            // Raw blocks never use a dictionary: left out, so the two ratios compare what a
+            // dictionary changes on blocks that compress at all.
+            nodict_blocks: data.saturating_sub(m.dict_blocks + raw),
+            nodict_ratio: ratio(
+                data.saturating_sub(m.dict_blocks + raw),
+                live.saturating_sub(m.dict_bytes + raw * BLOCK_BYTES as u64),
+            ),
+            units_by_size: crate::map::UNIT_SIZE_CLASSES
+                .iter()
+                .zip(m.by_unit)
+                .map(|(&max, (blocks, bytes))| crate::stats::UnitSizeStat {
+                    max_unit_bytes: u32::from(max) * BLOCK_BYTES as u32,
+                    blocks,
+                    ratio: ratio(blocks, bytes),
+                })
+                .collect(),
+        }
+    }
+
+    /// Verifies metadata and the checksum of every stored block. `progress(done, total)` is
+    /// called now and then.
+    pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        self.verify(progress, None)
+    }
+
+    /// A check of a volume in use (`zbd scrub`): reads at most `rate` stored bytes per second
+    /// (unbounded if `None`) so host I/O goes on, and records when it ended and what it found
+    /// (`zbd stat`, persisted with the next checkpoint).
+    pub fn scrub(&self, rate: Option<u64>, progress: &dyn Fn(u64, u64)) -> CheckReport {
+        let report = self.verify(progress, rate.filter(|&r| r > 0));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut st = self.state.lock();
+        st.counters.last_scrub_unix = now;
+        st.counters.last_scrub_damaged = report.damaged_blocks.len() as u64;
+        report
+    }
+
+    pub(super) fn verify(&self, progress: &dyn Fn(u64, u64), rate: Option<u64>) -> CheckReport {
+        let mut report = CheckReport::default();
+        // Reading the whole map (to check the live accounting) also finds every damaged page.
+        {
+            let mut st = self.state.lock();
+            let mut kept = st.map.counters();
+            let fresh = match recovery::account(&mut st.map, self.sb.extent_count) {
+                Ok(f) => f,
+                Err(e) => {
+                    report.metadata_problems.push(format!("map: {e}"));
+                    Vec::new()
+                }
+            };
+            for (i, (a, b)) in fresh.iter().zip(st.extents.iter()).enumerate() {
+                if a.live_bytes != b.live_bytes || a.live_blocks != b.live_blocks {
+                    report
+                        .metadata_problems
+                        .push(format!("extent {i}: live accounting differs from the map"));
+                }
+            }
+            let now = st.map.counters();
+            if !kept.savings_known {
+                // Not kept by the build that wrote the checkpoint: nothing to compare.
+                (
+                    kept.dict_blocks,
+                    kept.dict_bytes,
+                    kept.by_unit,
+                    kept.by_dict,
+                ) = (now.dict_blocks, now.dict_bytes, now.by_unit, now.by_dict);
+                kept.savings_known = true;
+            }
+            if !fresh.is_empty() && now != kept {
+                report
+                    .metadata_problems
+                    .push("volume counters differ from the map (recounted)".into());
+            }
+        }
+        let (damaged_pages, repaired_pages) = {
+            let st = self.state.lock();
+            (st.map.damaged_pages(), st.map.repaired_pages())
+        };
+        for p in &damaged_pages {
+            report.metadata_problems.push(format!(
+                "map page {p} is damaged; its blocks are unreadable"
+            ));
+        }
+        report
+            .metadata_problems
+            .extend(self.open_problems.iter().cloned());
+        report.repaired.extend(self.open_repaired.iter().cloned());
+        report.repaired.extend(
+            repaired_pages
+                .iter()
+                .map(|p| format!("map page {p}: one copy is damaged, the other is intact")),
+        );
+        self.check_map_copies(&mut report, &damaged_pages);
+        for copy in 0..2u64 {
+            let mut b = vec![0u8; SUPERBLOCK_BYTES];
+            let ok = self
+                .storage
+                .read_at(copy * SUPERBLOCK_BYTES as u64, &mut b)
+                .is_ok()
+                && Superblock::decode(&b).is_ok_and(|sb| sb == self.sb);
+            if !ok {
+                report.metadata_problems.push(format!(
+                    "superblock copy {} is damaged",
+                    ["A", "B"][copy as usize]
+                ));
+            }
+        }
+        let total = self.sb.logical_blocks;
+        const CHUNK: u64 = 256;
+        let started = std::time::Instant::now();
+        let mut bytes_read = 0u64;
+        let mut lba = 0;
+        let mut scratch = Vec::new();
+        while lba < total {
+            let n = CHUNK.min(total - lba);
+            let (mut mapped, mut bytes) = (0u64, 0u64);
+            let counted = self.state.lock().map.for_each_data_in(lba, n, |_, e| {
+                mapped += 1;
+                bytes += u64::from(e.len);
+            });
+            if let Err(e) = counted {
+                report.metadata_problems.push(format!("map: {e}"));
+                break;
+            }
+            if let Some(rate) = rate {
+                // Pace the reads: this chunk may start once the bytes read so far took their
+                // share of time at `rate`.
+                bytes_read += bytes;
+                let due = Duration::from_secs_f64(bytes_read as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            scratch.resize(n as usize * BLOCK_BYTES, 0);
+            match self.read_into(lba, n, false, &mut scratch) {
+                Ok(blocks) => {
+                    for (i, r) in blocks.into_iter().enumerate() {
+                        if r.is_err() {
+                            report.damaged_blocks.push(lba + i as u64);
+                        }
+                    }
+                }
+                Err(e) => {
+                    report.metadata_problems.push(format!("map: {e}"));
+                    break;
+                }
+            }
+            report.blocks_checked += mapped;
+            lba += n;
+            progress(lba, total);
+        }
+        report
+    }
+
+    /// Reads every copy of every current map page: a damaged copy is reported and, on a writable
+    /// volume, the page is rewritten (both copies, into the other slot) by the next checkpoint.
+    pub(super) fn check_map_copies(&self, report: &mut CheckReport, damaged_pages: &[u32]) {
+        let (slots, gen) = {
+            let st = self.state.lock();
+            (st.map.slots().to_vec(), st.ckpt_seq)
+        };
+        let mut buf = vec![0u8; MAP_PAGE_BYTES];
+        let mut entries = vec![MapEntry::UNMAPPED; MAP_ENTRIES_PER_PAGE];
+        let mut rewrite = Vec::new();
+        for (p, &slot) in slots.iter().enumerate() {
+            if slot == PAGE_NONE || damaged_pages.contains(&(p as u32)) {
+                continue;
+            }
+            let start = p * MAP_ENTRIES_PER_PAGE;
+            let n = MAP_ENTRIES_PER_PAGE.min(self.sb.logical_blocks as usize - start);
+            for copy in 0..self.sb.metadata_copies() {
+                let off = self.sb.map_page_offset(p as u32, slot - 1, copy);
+                let ok = self.storage.read_at(off, &mut buf).is_ok()
+                    && decode_map_page(&buf, p as u32, gen, &mut entries[..n]).is_ok();
+                if !ok && self.state.lock().ckpt_seq != gen {
+                    // A checkpoint moved the page meanwhile: what was read may be its new copy
+                    // being written. The next scrub looks again.
+                    continue;
+                }
+                if !ok {
+                    let line = format!("map page {p}: copy {copy} is damaged");
+                    if !report.repaired.iter().any(|l| l.starts_with(&line)) {
+                        report.repaired.push(format!("{line}, the other is intact"));
+                    }
+                    rewrite.push(p as u32);
+                }
+            }
+        }
+        if !self.read_only && !rewrite.is_empty() {
+            self.state.lock().map.mark_dirty(rewrite);
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The write path: compress outside the lock (single blocks or compression units, in
+//! parallel), then, under the state lock, place into the extent buffer and set the map
+//! (`State::put_block`); partial blocks by read-modify-write; zeroes and trims as ranges.
+
+use super::*;
+use crate::backend::Storage;
+use crate::buffer::Prepared;
+use crate::codec::{self, unit, Codec};
+use crate::error::{Error, Result};
+use crate::format::{BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES};
+use crate::state::{is_zero, State};
+
+impl Inner {
+    /// Whether `p` names no dictionary or one the directory lists (`State::lists_dict`).
+    pub(super) fn listed(st: &State, p: &Prepared) -> bool {
+        match p {
+            Prepared::Zero => true,
+            Prepared::Data { dict, .. } => st.lists_dict(*dict),
+        }
+    }
+
+    /// Compresses one full block (outside any lock).
+    pub(super) fn prepare(&self, block: &[u8]) -> Prepared {
+        if is_zero(block) {
+            return Prepared::Zero;
+        }
+        let active = self.dicts.active();
+        let z = match &active {
+            Some(d) => d.compress(self.codec, block),
+            None => self.codec.compress(block),
+        };
+        // Keep the compressed form only if it saves at least one sector.
+        let (codec, bytes, dict) = match z {
+            Some(z) if z.len() + SECTOR_BYTES <= BLOCK_BYTES => {
+                if active.is_some() {
+                    self.dicts.note(BLOCK_BYTES, z.len());
+                }
+                self.dicts.sample(block);
+                (self.codec.id(), z, active.map_or(0, |d| d.id() as u8))
+            }
+            _ => (codec::id::RAW, block.to_vec(), 0),
+        };
+        let crc = crc32c::crc32c(&bytes);
+        Prepared::Data {
+            codec,
+            bytes,
+            crc,
+            blocks: 1,
+            dict,
+        }
+    }
+
+    /// Compresses consecutive non-zero blocks as one unit (outside any lock). A unit that does
+    /// not save a sector is stored as raw single blocks: never more than `none` would store,
+    /// and reads of them decode nothing.
+    pub(super) fn prepare_unit(&self, data: &[u8]) -> Vec<Prepared> {
+        let n = data.len() / BLOCK_BYTES;
+        if n == 1 {
+            return vec![self.prepare(data)];
+        }
+        let active = self.dicts.active();
+        match unit::compress_unit(self.codec, active.as_deref(), data) {
+            Ok(u) if u.codec_id != codec::id::RAW => {
+                if u.dict_id != 0 {
+                    self.dicts.note(data.len(), u.bytes.len());
+                }
+                self.dicts.sample(data);
+                let crc = crc32c::crc32c(&u.bytes);
+                vec![Prepared::Data {
+                    codec: u.codec_id,
+                    bytes: u.bytes,
+                    crc,
+                    blocks: n as u8,
+                    dict: u.dict_id as u8,
+                }]
+            }
+            _ => data
+                .chunks(BLOCK_BYTES)
+                .map(|b| Prepared::Data {
+                    codec: codec::id::RAW,
+                    bytes: b.to_vec(),
+                    crc: crc32c::crc32c(b),
+                    blocks: 1,
+                    dict: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Writes `data` at byte `offset`. With `fua`, returns only once the data is durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let _busy = crate::par::busy();
+        // Cleaning ahead is an optimisation: a failure of it (a victim that does not read) must
+        // not refuse a write that fits. make_space meets the same error only if the write
+        // needs the space. A failed device write or sync has tripped the fence: then this
+        // write fails too, before it takes effect, like every write after it.
+        if let Err(e) = self.clean_ahead(data.len()) {
+            tracing::warn!("cleaning ahead of a write failed: {e}");
+            self.check_writable()?;
+        }
+        self.wait_for_queue_refill(data.len());
+        let bs = BLOCK_BYTES as u64;
+        let end = offset + data.len() as u64;
+        let first_full = offset.div_ceil(bs);
+        let end_full = end / bs;
+        if first_full >= end_full {
+            // Everything inside one or two partial blocks.
+            self.write_partial_range(offset, data)?;
+        } else {
+            let head = (first_full * bs - offset) as usize;
+            let tail_start = (end_full * bs - offset) as usize;
+            if head > 0 {
+                self.write_partial_range(offset, &data[..head])?;
+            }
+            self.write_full_blocks(first_full, &data[head..tail_start])?;
+            if tail_start < data.len() {
+                self.write_partial_range(end_full * bs, &data[tail_start..])?;
+            }
+        }
+        let wanted = {
+            let mut st = self.state.lock();
+            st.counters.host_bytes_written += data.len() as u64;
+            st.ckpt_wanted
+        };
+        self.issue_sealed()?;
+        // The write itself is done: a dictionary that fails to install must not fail it, unless
+        // a failed write or sync there has tripped the fence (then no write succeeds).
+        if let Err(e) = self.train_if_ready() {
+            tracing::warn!("trained dictionary not installed: {e}");
+            self.check_writable()?;
+        }
+        if fua {
+            self.flush()?;
+        }
+        if wanted {
+            self.checkpoint_asked()?;
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks: runs of non-zero blocks become compression units (aligned to LBA
+    /// multiples of the unit size, `unit::plan_units`), zero blocks map states.
+    pub(super) fn write_full_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
+        let nonzero: Vec<bool> = data.chunks(BLOCK_BYTES).map(|b| !is_zero(b)).collect();
+        let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut at = 0;
+        for u in unit::plan_units(first, &nonzero, usize::from(self.unit_blocks)) {
+            pieces.extend((at..u.start).map(|i| i..i + 1));
+            at = u.end;
+            pieces.push(u);
+        }
+        pieces.extend((at..nonzero.len()).map(|i| i..i + 1));
+        let prep = |r: &std::ops::Range<usize>| {
+            let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
+            (r.start, self.prepare_unit(bytes))
+        };
+        // `none` only copies and checksums: a helper's wake-up costs more than it takes over.
+        let min = match self.codec {
+            Codec::None => usize::MAX,
+            _ => PARALLEL_ITEMS_MIN,
+        };
+        let prepared = crate::par::map(pieces.iter().collect(), min, prep);
+        let mut st = self.lock_for_write();
+        let cx = self.ctx();
+        for (start, mut ps) in prepared {
+            let mut lba = first + start as u64;
+            if !ps.iter().all(|p| Self::listed(&st, p)) {
+                // Compressed with a dictionary retired meanwhile: compress again (rare).
+                let n: usize = ps.iter().map(Prepared::blocks).sum();
+                ps = self.prepare_unit(&data[start * BLOCK_BYTES..(start + n) * BLOCK_BYTES]);
+            }
+            for p in ps {
+                let n = match &p {
+                    Prepared::Zero => 1,
+                    Prepared::Data { blocks, .. } => u64::from(*blocks),
+                };
+                st.put_block(&cx, lba, p)?;
+                lba += n;
+            }
+        }
+        st.age(&cx)
+    }
+
+    /// Writes bytes that lie within partial blocks (read-modify-write per block).
+    pub(super) fn write_partial_range(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let bs = BLOCK_BYTES as u64;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = offset + pos as u64;
+            let lba = at / bs;
+            let within = (at % bs) as usize;
+            let n = (BLOCK_BYTES - within).min(data.len() - pos);
+            self.rmw_block(lba, within, &data[pos..pos + n])?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write of one block, optimistic: if the block changed between our read and our
+    /// update (a concurrent write to another part of it), start again so neither write is lost.
+    /// Bounded: after `RMW_OPTIMISTIC_MAX` lost races the block is read, patched and stored
+    /// under the state lock, which no other write can overtake.
+    pub(super) fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
+        const RMW_OPTIMISTIC_MAX: usize = 8;
+        for _ in 0..RMW_OPTIMISTIC_MAX {
+            let (sources, gate) = self.lookup(lba, 1, false)?;
+            let seen = match &sources[0] {
+                Source::Bytes { entry, .. }
+                | Source::Disk { entry }
+                | Source::Decoded { entry, .. } => *entry,
+                Source::Zeros | Source::Damaged => MapEntry::UNMAPPED,
+            };
+            let stored = self.fetch(&sources, true, true).pop().unwrap_or(Ok(None));
+            drop(gate);
+            let mut block = match (&sources[0], stored?) {
+                (Source::Zeros, _) => vec![0u8; BLOCK_BYTES],
+                (Source::Damaged, _) => return Err(Error::Corrupt { lba }),
+                (_, Some(bytes)) => {
+                    let mut block = vec![0u8; BLOCK_BYTES];
+                    self.decode_block(lba, &seen, &bytes, &mut block)?;
+                    block
+                }
+                (_, None) => return Err(Error::Corrupt { lba }),
+            };
+            block[within..within + patch.len()].copy_from_slice(patch);
+            let mut p = self.prepare(&block);
+            let mut st = self.lock_for_write();
+            let now = st.map.get(lba)?;
+            let unchanged = now == seen
+                || (seen.state == BlockState::Unmapped && now.state != BlockState::Data);
+            if !unchanged {
+                continue;
+            }
+            if !Self::listed(&st, &p) {
+                // Compressed with a dictionary retired meanwhile: compress again (rare).
+                p = self.prepare(&block);
+            }
+            let cx = self.ctx();
+            return st.put_block(&cx, lba, p);
+        }
+        self.rmw_block_locked(lba, within, patch)
+    }
+
+    /// The pessimistic read-modify-write: everything under the state lock (rare: only after
+    /// repeated races on one block). Holding the lock also keeps any extent from being reused,
+    /// so the storage read needs no reuse gate.
+    pub(super) fn rmw_block_locked(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
+        let mut st = self.lock_for_write();
+        let entry = st.map.get(lba)?;
+        let mut block = match entry.state {
+            BlockState::Unmapped | BlockState::Zero => vec![0u8; BLOCK_BYTES],
+            BlockState::Corrupt => return Err(Error::Corrupt { lba }),
+            BlockState::Data => {
+                let (s, n) = (entry.offset as usize, entry.len as usize);
+                let open = st.open.iter().find(|o| o.extent == entry.extent);
+                let waiting = || self.outbox.find(entry.extent, entry.offset, n);
+                let stored = match open.map(|o| o.buf[s..s + n].to_vec()).or_else(waiting) {
+                    Some(bytes) => bytes,
+                    None => {
+                        let mut b = vec![0u8; n];
+                        self.storage
+                            .read_at(self.sb.extent_offset(entry.extent) + s as u64, &mut b)?;
+                        b
+                    }
+                };
+                let mut block = vec![0u8; BLOCK_BYTES];
+                self.decode_block(lba, &entry, &stored, &mut block)?;
+                block
+            }
+        };
+        block[within..within + patch.len()].copy_from_slice(patch);
+        let p = self.prepare(&block);
+        let cx = self.ctx();
+        st.put_block(&cx, lba, p)
+    }
+
+    /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.range_op(offset, len, RecordKind::Zero)
+    }
+
+    /// Discards a range: whole blocks become holes; partial blocks at the edges are zeroed so the
+    /// whole range reads back as zeros.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.range_op(offset, len, RecordKind::Trim)
+    }
+
+    pub(super) fn range_op(&self, offset: u64, len: u64, kind: RecordKind) -> Result<()> {
+        self.check_writable()?;
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = BLOCK_BYTES as u64;
+        let end = offset + len;
+        let first_full = offset.div_ceil(bs);
+        let end_full = end / bs;
+        if first_full >= end_full {
+            return self.write_partial_range(offset, &vec![0u8; len as usize]);
+        }
+        // Whole blocks first: they free space the partial edges may need on a full volume.
+        let wanted = {
+            let mut st = self.lock_for_write();
+            let cx = self.ctx();
+            st.put_range(&cx, kind, first_full, end_full - first_full)?;
+            st.ckpt_wanted
+        };
+        if offset < first_full * bs {
+            self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
+        }
+        if end > end_full * bs {
+            self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
+        }
+        self.issue_sealed()?;
+        if wanted {
+            self.checkpoint_asked()?;
+        }
+        Ok(())
+    }
+
+    /// When the allocation queue has fewer extents left than a write of `bytes` may open and
+    /// the checkpoint that refills it is in flight, waits for that checkpoint without the state
+    /// lock (issue 9): otherwise the write runs the queue dry under the lock and waits there for
+    /// the checkpoint's syncs (`State::alloc` joins it), and every read waits with it.
+    pub(super) fn wait_for_queue_refill(&self, bytes: usize) {
+        let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
+        let waiting = {
+            let st = self.state.lock();
+            st.queue.len() <= need && st.inflight.is_some()
+        };
+        if waiting {
+            // The checkpoint in flight holds this from its snapshot to its commit.
+            drop(self.ckpt_lock.lock());
+        }
+    }
+
+    /// Issues the segments sealed under the state lock to the storage (see writeback.rs). Called
+    /// after the lock is released: the storage hand-off may wake an I/O thread or wait for room
+    /// in the queue, and a thread holding the state lock must not wait meanwhile.
+    pub(super) fn issue_sealed(&self) -> Result<()> {
+        self.outbox.issue_all(&self.storage)
+    }
+}

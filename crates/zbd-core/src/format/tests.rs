@@ -1,0 +1,259 @@
+//! Round trips and rejections of every on-disk structure.
+
+use super::*;
+
+fn sb(version: u32) -> Superblock {
+    let mut sb = Superblock {
+        version,
+        uuid: [7; 16],
+        logical_blocks: 1000,
+        extent_bytes: 32768,
+        extent_count: 40,
+        codec_id: 1,
+        codec_level: 0,
+        queue_len: 16,
+        map_pages: 4,
+        checkpoint_offset: 8192,
+        checkpoint_slot_bytes: 4096,
+        map_offset: 16384,
+        data_offset: 0,
+        clean_low_pct: 10,
+        clean_high_pct: 25,
+        settings: 0,
+        created_unix: 1,
+        checkpoint_offset1: 8192,
+        map_offset1: 16384,
+        extent_table_pages: 0,
+        extent_table_offset: [0, 0],
+        dict_bytes: 0,
+        dict_offset: [0, 0],
+        unit_blocks: 1,
+    };
+    if version >= 2 {
+        sb.extent_table_pages = 1;
+        sb.extent_table_offset = [16384 + 8 * 4096, 0];
+        sb.dict_offset = [16384 + 10 * 4096, 0];
+        sb.checkpoint_offset1 = 16384 + 10 * 4096;
+        sb.map_offset1 = sb.checkpoint_offset1 + 8192;
+        sb.extent_table_offset[1] = sb.map_offset1 + 8 * 4096;
+        sb.dict_offset[1] = sb.extent_table_offset[1] + 2 * 4096;
+        sb.data_offset = sb.dict_offset[1];
+    } else {
+        sb.data_offset = 65536;
+    }
+    sb
+}
+
+#[test]
+fn superblock_round_trip_and_damage() {
+    for v in [1, 2] {
+        let sb = sb(v);
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b).ok(), Some(sb));
+        b[33] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(Error::CorruptMetadata(_))
+        ));
+    }
+    assert!(matches!(
+        Superblock::decode(&[0u8; 4096]),
+        Err(Error::NotAVolume(_))
+    ));
+}
+
+#[test]
+fn superblock_keeps_settings_in_v2_only() {
+    let mut v2 = sb(2);
+    v2.settings = SB_SETTING_DICTIONARY;
+    let b = v2.encode();
+    assert_eq!(get_u32(&b, 160), SB_SETTING_DICTIONARY);
+    assert_eq!(Superblock::decode(&b).ok(), Some(v2));
+    let mut v1 = sb(1);
+    v1.settings = SB_SETTING_DICTIONARY;
+    assert_eq!(
+        Superblock::decode(&v1.encode()).map(|s| s.settings).ok(),
+        Some(0)
+    );
+}
+
+#[test]
+fn superblock_keeps_the_unit_size_in_v2_only() {
+    let mut v2 = sb(2);
+    v2.unit_blocks = 4;
+    assert_eq!(Superblock::decode(&v2.encode()).ok(), Some(v2.clone()));
+    // Volumes made before units (byte 51 zero) write single blocks.
+    let mut b = v2.encode();
+    b[51] = 0;
+    let crc = crc_skipping(&b, 12);
+    put_u32(&mut b, 12, crc);
+    assert_eq!(Superblock::decode(&b).map(|s| s.unit_blocks).ok(), Some(1));
+    for bad in [3u8, 32] {
+        b[51] = bad;
+        let crc = crc_skipping(&b, 12);
+        put_u32(&mut b, 12, crc);
+        assert!(Superblock::decode(&b).is_err(), "unit of {bad} blocks");
+    }
+    let mut v1 = sb(1);
+    v1.unit_blocks = 4;
+    assert_eq!(
+        Superblock::decode(&v1.encode()).map(|s| s.unit_blocks).ok(),
+        Some(1)
+    );
+}
+
+#[test]
+fn map_entries_of_units_round_trip_in_the_reserved_bits() {
+    let entries = [
+        MapEntry {
+            state: BlockState::Data,
+            codec: 2,
+            len: 65024,
+            extent: 7,
+            offset: (1 << 20) - 512,
+            crc: 0xdead_beef,
+            unit_index: 15,
+            unit_blocks: 16,
+            dict: 0,
+        },
+        MapEntry {
+            state: BlockState::Data,
+            codec: 1,
+            len: 3000,
+            extent: 1,
+            offset: 4096,
+            crc: 5,
+            unit_index: 0,
+            unit_blocks: 1,
+            dict: 127,
+        },
+        MapEntry::ZERO,
+        MapEntry {
+            state: BlockState::Corrupt,
+            ..MapEntry::UNMAPPED
+        },
+    ];
+    let page = encode_map_page(3, 9, &entries);
+    // Single blocks keep the v1 encoding: state byte 2, location word = offset.
+    let o = MAP_PAGE_HEADER_BYTES + MAP_ENTRY_BYTES;
+    assert_eq!(page[o], 2);
+    let mut out = [MapEntry::UNMAPPED; 4];
+    decode_map_page(&page, 3, 9, &mut out).expect("decode");
+    assert_eq!(out, entries);
+    // Unit fields: state byte bits 3-7, location word bits 20-24 and 25-31.
+    assert_eq!(page[MAP_PAGE_HEADER_BYTES], 2 | (15 << 3));
+    assert_eq!(
+        get_u32(&page, MAP_PAGE_HEADER_BYTES + 8),
+        ((1 << 20) - 512) | (15 << 20)
+    );
+}
+
+#[test]
+fn records_of_units_and_dictionaries_are_supported_within_their_ranges() {
+    let r = |index: u8, blocks: u16, dict: u16| Record {
+        unit_index: index,
+        unit_blocks: blocks,
+        dict,
+        ..Record::new(RecordKind::Data, 0, 1, 1)
+    };
+    assert!(!r(0, 1, 0).uses_unsupported_features());
+    assert!(!r(3, 4, 0).uses_unsupported_features());
+    assert!(!r(15, 16, 0).uses_unsupported_features());
+    assert!(r(4, 4, 0).uses_unsupported_features());
+    assert!(r(0, 17, 0).uses_unsupported_features());
+    assert!(r(0, 0, 0).uses_unsupported_features());
+    assert!(!r(0, 4, 1).uses_unsupported_features());
+    assert!(!r(0, 1, 127).uses_unsupported_features());
+    // A map entry holds 7 bits of dictionary id.
+    assert!(r(0, 1, 128).uses_unsupported_features());
+    assert!(r(0, 4, 0).in_unit() && !r(0, 1, 0).in_unit());
+}
+
+#[test]
+fn checkpoint_round_trip() {
+    for v in [1, 2] {
+        let sb = sb(v);
+        let mut c = Checkpoint::empty(&sb);
+        c.seq = 9;
+        c.write_seq = 100;
+        c.next_alloc_seq = 50;
+        c.counters = [3; COUNTERS];
+        c.queue = vec![QueueEntry {
+            extent: 4,
+            alloc_seq: 49,
+        }];
+        c.page_slots = vec![0, 1, 2, 1];
+        let mut b = c.encode(&sb);
+        assert_eq!(Checkpoint::decode(&b, &sb).ok(), Some(c));
+        let at = if v == 1 {
+            CHECKPOINT_HEADER_BYTES
+        } else {
+            CHECKPOINT_V2_HEADER_BYTES
+        };
+        b[at] ^= 4;
+        assert!(Checkpoint::decode(&b, &sb).is_err());
+    }
+}
+
+#[test]
+fn segment_round_trip_rejects_other_generation_and_survives_header_damage() {
+    for version in [1u32, 2] {
+        let mut ext = vec![0u8; 8192];
+        let payload_at = 512 + SEGMENT_HEADER_BYTES;
+        ext[payload_at..payload_at + 10].copy_from_slice(b"0123456789");
+        let r = Record {
+            len: 10,
+            offset: payload_at as u32,
+            crc: 1,
+            ..Record::new(RecordKind::Data, 3, 1, 5)
+        };
+        let h = SegmentHeader {
+            version,
+            alloc_seq: 77,
+            extent: 2,
+            seg_offset: 512,
+            payload_len: 10,
+            record_count: 1,
+            durable_seq: if version >= 2 { 4 } else { 0 },
+        };
+        let n = seal_segment(&mut ext, &[9; 16], &h, &[r]);
+        assert_eq!(n % SECTOR_BYTES, 0);
+        let owner = SegmentOwner {
+            uuid: &[9; 16],
+            version,
+            extent: 2,
+            alloc_seq: 77,
+        };
+        assert_eq!(parse_segment(&ext, &owner, 512).ok(), Some((h, vec![r])));
+        let other = SegmentOwner {
+            alloc_seq: 78,
+            ..owner
+        };
+        assert!(parse_segment(&ext, &other, 512).is_err());
+        // One bit of the record count: the header fails, the footer (v2) still reads.
+        ext[512 + 44] ^= 1;
+        assert!(parse_segment(&ext, &owner, 512).is_err());
+        let footer = parse_segment_footer(&ext, &owner, 512 + n);
+        assert_eq!(footer.ok(), (version >= 2).then(|| (h, vec![r])));
+    }
+}
+
+#[test]
+fn decoders_reject_short_and_garbage_input() {
+    let sb = sb(2);
+    for len in [0usize, 1, 63, 64, 100, 4095] {
+        let b = vec![0xffu8; len];
+        assert!(Superblock::decode(&b).is_err());
+        assert!(Checkpoint::decode(&b, &sb).is_err());
+        let mut out = [MapEntry::UNMAPPED; 4];
+        assert!(decode_map_page(&b, 0, 1, &mut out).is_err());
+        let owner = SegmentOwner {
+            uuid: &[0xff; 16],
+            version: 2,
+            extent: u32::MAX,
+            alloc_seq: u64::MAX,
+        };
+        assert!(parse_segment(&b, &owner, 0).is_err());
+        assert!(parse_segment_footer(&b, &owner, len).is_err());
+    }
+}
