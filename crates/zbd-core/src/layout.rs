@@ -32,6 +32,9 @@ pub const CLEAN_LOW_PCT_DEFAULT: u8 = 10;
 /// Default high watermark.
 pub const CLEAN_HIGH_PCT_DEFAULT: u8 = 25;
 
+/// Whether new volumes train and use dictionaries unless told otherwise (docs/savings.md).
+pub const DICTIONARY_DEFAULT: bool = false;
+
 /// Parameters of `Volume::create`.
 #[derive(Clone, Debug)]
 pub struct CreateOptions {
@@ -70,7 +73,7 @@ impl CreateOptions {
             clean_high_pct: CLEAN_HIGH_PCT_DEFAULT,
             queue_len: None,
             unit_bytes: None,
-            dictionary: crate::engine::DICTIONARY_DEFAULT,
+            dictionary: DICTIONARY_DEFAULT,
         }
     }
 }

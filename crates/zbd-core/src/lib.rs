@@ -11,9 +11,8 @@ pub mod codec;
 mod dicts;
 mod engine;
 pub mod error;
-mod extent_table;
+mod extents;
 pub mod format;
-mod free_list;
 pub mod layout;
 mod map;
 mod par;
@@ -29,11 +28,11 @@ pub use backend::{FileStorage, IoOptions, MemStorage, QueuedStorage, SimStorage,
 pub use cleaner::PassResult;
 pub use codec::Codec;
 pub use engine::{
-    AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT, DICTIONARY_DEFAULT,
+    AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
     READ_CACHE_BYTES_DEFAULT,
 };
 pub use error::{Error, Result};
-pub use layout::{parse_size, CreateOptions};
+pub use layout::{parse_size, CreateOptions, DICTIONARY_DEFAULT};
 pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
 pub use stats::{Counters, DictStat, Stats, UnitSizeStat};
 pub use volume::Volume;

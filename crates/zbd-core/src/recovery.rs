@@ -9,13 +9,13 @@
 
 use crate::backend::Storage;
 use crate::error::{Error, Result};
+use crate::extents::{ExtentInfo, ExtentState};
 use crate::format::{
     parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record, RecordKind,
     SegmentHeader, SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, CKPT_FLAGS_INCOMPAT_KNOWN,
     SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::map::Map;
-use crate::state::{ExtentInfo, ExtentState};
 use std::collections::{BTreeMap, HashSet};
 
 /// Reads the superblock (copy A, else copy B).

@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::error::Result;
-use crate::state::{ExtentState, State};
+use crate::extents::ExtentState;
+use crate::state::State;
 use std::sync::atomic::Ordering;
 
 impl Inner {

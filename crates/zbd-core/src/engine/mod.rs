@@ -32,8 +32,6 @@ pub const BUFFER_BYTES_DEFAULT: usize = 16 << 20;
 pub const AGING_DEFAULT: Duration = Duration::from_secs(30);
 /// Default budget of the read cache.
 pub const READ_CACHE_BYTES_DEFAULT: usize = 32 << 20;
-/// Whether new volumes train and use dictionaries unless told otherwise (docs/savings.md).
-pub const DICTIONARY_DEFAULT: bool = false;
 /// Requests with at least this many units (or, on reads, runs of blocks decoded together) are
 /// compressed / decompressed in parallel (par.rs).
 const PARALLEL_ITEMS_MIN: usize = 2;

@@ -8,7 +8,8 @@ use crate::backend::Storage;
 use crate::buffer::BufferConfig;
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::extent_table::ExtentTable;
+use crate::extents::ExtentState;
+use crate::extents::ExtentTable;
 use crate::format::{
     BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES,
     CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
@@ -18,7 +19,7 @@ use crate::layout::{plan, CreateOptions};
 use crate::map::Map;
 use crate::readcache::ReadCache;
 use crate::recovery;
-use crate::state::{ExtentState, State};
+use crate::state::State;
 use crate::stats::Counters;
 use crate::writeback::Outbox;
 use parking_lot::{Mutex, RwLock};

@@ -4,12 +4,12 @@
 use super::*;
 use crate::backend::Storage;
 use crate::error::Result;
+use crate::extents::ExtentState;
 use crate::format::{
     decode_map_page, BlockState, MapEntry, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE,
     MAP_PAGE_BYTES, PAGE_NONE, SUPERBLOCK_BYTES,
 };
 use crate::recovery;
-use crate::state::ExtentState;
 use crate::stats::Stats;
 use std::time::Duration;
 
@@ -125,7 +125,7 @@ impl Inner {
                 written as f64 / c.host_bytes_written as f64
             },
             metadata_ram_bytes: st.map.ram_bytes()
-                + (st.extents.len() * std::mem::size_of::<crate::state::ExtentInfo>()) as u64,
+                + (st.extents.len() * std::mem::size_of::<crate::extents::ExtentInfo>()) as u64,
             map_cache: st.map.cache_stats(),
             clean_low_pct: self.clean_low_pct,
             clean_high_pct: self.clean_high_pct,

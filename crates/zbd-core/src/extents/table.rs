@@ -7,13 +7,13 @@
 //! extents, and a page whose extents are all free goes back to that slot instead of being written. A page with no intact copy makes open fall back to
 //! recounting from the map (nothing is lost: the table is derived data).
 
+use super::{ExtentInfo, ExtentState};
 use crate::backend::Storage;
 use crate::error::Result;
 use crate::format::{
     Checkpoint, PageSlot, Superblock, CKPT_FLAG_EXTENT_TABLE, EXTENT_TABLE_ENTRIES_PER_PAGE,
     MAP_PAGE_BYTES, PAGE_NONE,
 };
-use crate::state::{ExtentInfo, ExtentState};
 
 const HEADER_BYTES: usize = 16;
 const ENTRY_BYTES: usize = 8;

@@ -25,28 +25,20 @@
 //!   are recompressed and everything is packed, under the lock: victims that do not pack into
 //!   fewer extents are dropped.
 
+mod policy;
+
+pub use policy::Mode;
+
 use crate::error::Result;
+use crate::extents::ExtentState;
 use crate::format::{
     seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, BLOCK_BYTES,
-    RECORD_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
-use crate::state::{Ctx, ExtentInfo, ExtentState, State};
+use crate::state::{Ctx, State};
 use parking_lot::MutexGuard;
 use std::collections::HashMap;
 
-/// How a pass chooses its victims.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Background / foreground cleaning: cost-benefit, stop at the gain target.
-    Incremental,
-    /// Offline compaction: least live first, as many as one pass allows.
-    Compact,
-}
-
-/// Net extents an incremental pass aims to free.
-const PASS_GAIN_TARGET: usize = 8;
-/// Victims per pass at most.
-const PASS_VICTIMS_MAX: usize = 128;
 /// Output extents per pass at most.
 const PASS_OUTPUTS_MAX: usize = 64;
 /// Victims of one migration batch (`migrate`): half the outputs a pass may use, so a batch
@@ -73,59 +65,6 @@ impl PassResult {
     pub fn progressed(&self) -> bool {
         self.reclaimed > self.outputs
     }
-}
-
-fn cost_benefit(x: &ExtentInfo, extent_bytes: f64, now: u64) -> f64 {
-    let u = f64::from(x.live_bytes) / extent_bytes;
-    let age = (f64::from((now as u32).wrapping_sub(x.stamp))) + 1.0;
-    (1.0 - u) * age / (1.0 + u)
-}
-
-/// Bytes an extent's live blocks take in an output extent (payload and records).
-fn footprint(x: &ExtentInfo) -> usize {
-    // v2 segments carry their record table twice (v1 once: the estimate errs on the safe side).
-    x.live_bytes as usize + x.live_blocks as usize * 2 * RECORD_BYTES
-}
-
-/// Chooses the victims of a pass, best first.
-fn choose_victims(st: &State, extent_bytes: usize, mode: Mode, outputs_max: usize) -> Vec<u32> {
-    let usable = extent_bytes - 2 * SEGMENT_HEADER_BYTES - SECTOR_BYTES;
-    let now = st.next_seq;
-    let mut cands: Vec<(f64, u32)> = st
-        .extents
-        .iter()
-        .enumerate()
-        .filter(|(i, x)| {
-            x.state == ExtentState::Closed
-                && footprint(x) < usable
-                && !st.cleaning.contains(&(*i as u32))
-        })
-        .map(|(i, x)| {
-            let key = match mode {
-                Mode::Incremental => -cost_benefit(x, extent_bytes as f64, now),
-                Mode::Compact => f64::from(x.live_bytes),
-            };
-            (key, i as u32)
-        })
-        .collect();
-    cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut victims = Vec::new();
-    let mut need = 0usize;
-    for &(_, v) in &cands {
-        let add = footprint(&st.extents[v as usize]);
-        if (need + add).div_ceil(usable) > outputs_max {
-            continue;
-        }
-        victims.push(v);
-        need += add;
-        let gain = victims.len().saturating_sub(need.div_ceil(usable));
-        if (mode == Mode::Incremental && gain >= PASS_GAIN_TARGET)
-            || victims.len() >= PASS_VICTIMS_MAX
-        {
-            break;
-        }
-    }
-    victims
 }
 
 /// One stored item a pass moves: a single block, or a compression unit with its live blocks
@@ -367,7 +306,14 @@ fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
         return Vec::new();
     }
     // Victims may need more outputs than are free: `stream` then reuses drained victims.
-    choose_victims(st, cx.sb.extent_bytes as usize, mode, PASS_OUTPUTS_MAX)
+    policy::choose_victims(
+        &st.extents,
+        &st.cleaning,
+        st.next_seq,
+        cx.sb.extent_bytes as usize,
+        mode,
+        PASS_OUTPUTS_MAX,
+    )
 }
 
 /// Packs the items of `victims` into output extents, dropping the least beneficial victim and

@@ -1,0 +1,359 @@
+//! Checkpoints in three phases: a snapshot under the state lock (`begin_checkpoint`), the
+//! storage writes and syncs without it (`CheckpointIo::run`), the commit under it
+//! (`finish_checkpoint`); dictionaries are retired and freed at checkpoint boundaries.
+
+use super::{Ctx, State};
+use crate::error::{Error, Result};
+use crate::extents::{ExtentState, WrittenTable};
+use crate::format::{
+    Checkpoint, DictEntry, QueueEntry, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES,
+    CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
+    CKPT_FLAG_VOLUME_COUNTERS,
+};
+use crate::map::{PageWrite, WrittenPages};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl State {
+    /// Drops from the directory every dictionary no live block names, other than the one new
+    /// blocks use and any not loaded (an install lists its dictionary before loading it), when
+    /// the per-dictionary counts are known. Called by the snapshot of checkpoint `seq`, which
+    /// is the first not to list them.
+    fn retire_dicts(&mut self, cx: &Ctx, seq: u64) {
+        let counts = self.map.counters();
+        if !counts.savings_known {
+            return;
+        }
+        let current = cx.dicts.current_id();
+        for e in self.dicts.iter_mut() {
+            if e.id == 0
+                || Some(e.id) == current
+                || counts.by_dict[usize::from(e.id) % crate::map::DICT_IDS] != 0
+                || cx.dicts.get(e.id as u8).is_none()
+            {
+                continue;
+            }
+            self.retiring.push((*e, seq));
+            *e = DictEntry::default();
+        }
+    }
+
+    /// After checkpoint `seq` committed: dictionaries retired by an earlier checkpoint are in
+    /// neither slot any more, so their id and region bytes are free; they are unloaded under
+    /// the reuse gate (a read that looked up a block naming one before it died has finished).
+    fn free_retired(&mut self, cx: &Ctx, seq: u64) {
+        if !self.retiring.iter().any(|&(_, at)| at < seq) {
+            return;
+        }
+        let _exclusive = cx.gate.write();
+        self.retiring.retain(|(e, at)| {
+            if *at < seq {
+                cx.dicts.remove(e.id as u8);
+                false
+            } else {
+                true
+            }
+        });
+        cx.dicts.resume();
+    }
+
+    /// Writes a checkpoint, all of it under the state lock (the caller holds it and cannot let
+    /// it go: the queue ran dry, the map cache is full of pinned pages, recovery, close). A
+    /// checkpoint another thread is writing outside the lock is waited for and committed first
+    /// (see [`State::begin_checkpoint`]). `Volume::checkpoint_unlocked` is the usual way.
+    pub fn checkpoint(&mut self, cx: &Ctx) -> Result<()> {
+        let io = self.begin_checkpoint(cx)?;
+        let r = io.run(cx);
+        self.finish_checkpoint(cx, io.seq, r)
+    }
+
+    /// Phase 1 of a checkpoint (state lock held): seals the pending segments into the outbox and
+    /// takes a snapshot of everything the checkpoint writes (dirty map pages, changed
+    /// extent-table pages, the checkpoint itself with a fresh allocation queue and the extents
+    /// it releases). Phase 2, [`CheckpointIo::run`], needs no lock; phase 3,
+    /// [`State::finish_checkpoint`], commits under the lock once it is durable. One checkpoint
+    /// at a time: one still in flight (another thread's phase 2) is waited for, lock held (its
+    /// phase 2 never takes the lock), and committed here.
+    pub fn begin_checkpoint(&mut self, cx: &Ctx) -> Result<CheckpointIo> {
+        self.join_checkpoint(cx)?;
+        self.write_pending(cx)?;
+        // It syncs everything sealed so far, like a flush (and counts as one, as it always did).
+        self.counters.flushes += 1;
+        let seq = self.ckpt_seq + 1;
+        let watermark = self.next_seq - 1;
+        self.retire_dicts(cx, seq);
+        // The directory carries each dictionary's live-block count (docs/format.md).
+        let by_dict = self.map.counters().by_dict;
+        for e in self.dicts.iter_mut().filter(|e| e.id != 0) {
+            e.live_blocks = by_dict[usize::from(e.id) % crate::map::DICT_IDS];
+        }
+        let (mut writes, pages) = self.map.snapshot(seq)?;
+        self.counters.metadata_bytes_written += pages.bytes;
+        let v2 = cx.sb.version >= 2;
+        let (table_writes, table) = self.table.snapshot(cx.sb, &self.extents, seq);
+        writes.extend(table_writes);
+        self.counters.metadata_bytes_written += table.bytes;
+        // Extents free once this checkpoint is durable: no map entry of the snapshot references
+        // them. Extents that become pending free from now on wait for the next checkpoint.
+        let released: Vec<u32> = (0..self.extents.len() as u32)
+            .filter(|&e| {
+                self.extents[e as usize].state == ExtentState::PendingFree
+                    && !self.cleaning.contains(&e)
+            })
+            .collect();
+        // The new queue lists every extent writers may open before the next checkpoint is
+        // durable: the open ones, the rest of the current queue (writers go on taking from it
+        // until the commit) and fresh ones.
+        let mut queue: Vec<QueueEntry> = self
+            .open
+            .iter()
+            .map(|o| QueueEntry {
+                extent: o.extent,
+                alloc_seq: o.alloc_seq,
+            })
+            .collect();
+        queue.extend(self.queue.iter().copied());
+        // Fresh extents come from the free list, then the released ones, in that order; the
+        // commit takes the same ones off (nothing else changes the free list meanwhile), so the
+        // list is not copied here.
+        let want = (cx.sb.queue_len as usize).saturating_sub(queue.len());
+        let mut next_alloc = self.next_alloc_seq;
+        let mut fresh = Vec::new();
+        for e in self.free.iter().chain(released.iter().copied()).take(want) {
+            let q = QueueEntry {
+                extent: e,
+                alloc_seq: next_alloc,
+            };
+            queue.push(q);
+            fresh.push(q);
+            next_alloc += 1;
+        }
+        self.counters.checkpoints += 1;
+        let (page_slots, page_summaries) = self.map.checkpoint_arrays(&pages);
+        let ck = Checkpoint {
+            seq,
+            write_seq: watermark,
+            next_alloc_seq: next_alloc,
+            counters: self.counters.to_array(),
+            queue,
+            page_slots,
+            page_summaries: if v2 { page_summaries } else { Vec::new() },
+            // Counters and extent table are exact as of this checkpoint: open needs no scan.
+            flags: if v2 {
+                CKPT_FLAG_VOLUME_COUNTERS
+                    | CKPT_FLAG_EXTENT_TABLE
+                    | if self.map.counters().savings_known {
+                        CKPT_FLAG_SAVINGS_COUNTERS | CKPT_FLAG_DICT_COUNTS
+                    } else {
+                        0
+                    }
+            } else {
+                0
+            } | if self.units_flag {
+                CKPT_FLAG_COMPRESSION_UNITS
+            } else {
+                0
+            } | if self.dicts.iter().any(|d| d.id != 0) {
+                CKPT_FLAG_DICTIONARIES
+            } else {
+                0
+            },
+            volume_counters: self.map.counters().to_array(),
+            extent_table_slots: table.slots.clone(),
+            dicts: self.dicts,
+        };
+        let bytes = ck.encode(cx.sb);
+        let bytes: Arc<[u8]> = bytes.into();
+        let copies: Vec<PageWrite> = (0..cx.sb.metadata_copies())
+            .map(|copy| (cx.sb.checkpoint_slot_offset(seq, copy), Arc::clone(&bytes)))
+            .collect();
+        self.counters.metadata_bytes_written += (bytes.len() * copies.len()) as u64;
+        let done = Arc::new(Done::default());
+        self.inflight = Some(InFlight {
+            seq,
+            pages,
+            table,
+            fresh,
+            released,
+            next_alloc,
+            done: Arc::clone(&done),
+        });
+        self.ckpt_wanted = false;
+        Ok(CheckpointIo {
+            seq,
+            watermark,
+            pages: Mutex::new(writes),
+            checkpoint: copies,
+            done: DoneOnDrop(done),
+        })
+    }
+
+    /// Waits for the checkpoint in flight, if any (another thread's phase 2), and commits it.
+    /// Called with the state lock held: phase 2 never takes it, so this cannot deadlock.
+    pub fn join_checkpoint(&mut self, cx: &Ctx) -> Result<()> {
+        let Some(f) = &self.inflight else {
+            return Ok(());
+        };
+        let (seq, ok) = (f.seq, f.done.wait());
+        let r = if ok {
+            Ok(())
+        } else {
+            Err(Error::Failed(format!(
+                "checkpoint {seq} could not be written"
+            )))
+        };
+        self.finish_checkpoint(cx, seq, r)
+    }
+
+    /// Phase 3 of a checkpoint (state lock held): `r` is how its phase 2 went. Durable: commit in
+    /// RAM. Failed (the fence has tripped, the volume writes nothing more): what the snapshot
+    /// took is dirty again. Nothing to do if a thread that waited for it did this already.
+    pub fn finish_checkpoint(&mut self, cx: &Ctx, seq: u64, r: Result<()>) -> Result<()> {
+        if self.inflight.as_ref().is_none_or(|f| f.seq != seq) {
+            return r;
+        }
+        let f = self.inflight.take().expect("checked above");
+        if r.is_err() {
+            self.map.abort();
+            self.table.abort();
+            return r;
+        }
+        self.ckpt_seq = seq;
+        self.free_retired(cx, seq);
+        self.map.commit(seq, f.pages);
+        self.table.commit(f.table);
+        self.next_alloc_seq = f.next_alloc;
+        // Writers took extents from the front of the queue meanwhile; what is left of it comes
+        // first in the new checkpoint's queue too (after the extents that were open), then the
+        // fresh ones. Only checkpoints change the free list, one at a time.
+        self.free.extend(f.released.iter().copied());
+        for _ in 0..f.fresh.len() {
+            self.free.pop_front();
+        }
+        self.queue.extend(f.fresh);
+        self.refill_early = self.queue.len() > crate::buffer::refill_at(cx.sb);
+        // Every released extent is already in the free list (and maybe the new queue): mark them
+        // all free before anything can fail, or a leftover "pending free" one would be released
+        // (and queued) again by the next checkpoint and handed out twice. Nothing turned them
+        // into anything else meanwhile: only recovery maps blocks into extents not open.
+        let released = f.released;
+        for &e in &released {
+            debug_assert_eq!(self.extents[e as usize].state, ExtentState::PendingFree);
+            self.extents[e as usize].state = ExtentState::Free;
+        }
+        if released.is_empty() {
+            return Ok(());
+        }
+        let _exclusive = cx.gate.write();
+        cx.cache.forget(&released);
+        // `released` is in ascending extent order: neighbouring extents go back in one call, so
+        // an overwrite that frees a thousand adjacent extents costs one discard, not a thousand,
+        // while the gate is held.
+        debug_assert!(released.windows(2).all(|w| w[0] < w[1]));
+        for run in released.chunk_by(|a, b| *b == *a + 1) {
+            let (Some(&first), count) = (run.first(), run.len() as u64) else {
+                continue;
+            };
+            // Give the space back to the host (sparse file) or the device (discard). Best effort
+            // (format.md: a discard may take effect or not): a device that rejects it only keeps
+            // the space allocated, so its error must not fail the write that led here.
+            let _ = cx.storage.discard(
+                cx.sb.extent_offset(first),
+                count * u64::from(cx.sb.extent_bytes),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What a checkpoint between snapshot and commit needs at its commit.
+pub struct InFlight {
+    seq: u64,
+    pages: WrittenPages,
+    table: WrittenTable,
+    /// Queue entries added to the current queue at commit: the first ones of the free list
+    /// followed by `released`.
+    fresh: Vec<QueueEntry>,
+    /// Extents that turn free at commit.
+    released: Vec<u32>,
+    next_alloc: u64,
+    done: Arc<Done>,
+}
+
+/// How a checkpoint's phase 2 ended, for a thread waiting to commit it.
+#[derive(Default)]
+pub struct Done {
+    ok: Mutex<Option<bool>>,
+    cv: Condvar,
+}
+
+impl Done {
+    fn set(&self, ok: bool) {
+        let mut g = self.ok.lock();
+        if g.is_none() {
+            *g = Some(ok);
+        }
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let mut g = self.ok.lock();
+        loop {
+            if let Some(ok) = *g {
+                return ok;
+            }
+            self.cv.wait(&mut g);
+        }
+    }
+}
+
+/// Reports failure if phase 2 ends without saying how (a panic): a waiter must not hang.
+struct DoneOnDrop(Arc<Done>);
+
+impl Drop for DoneOnDrop {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
+/// Phase 2 of a checkpoint: the storage writes and syncs of a snapshot, run without the state
+/// lock (reads and writes go on meanwhile).
+pub struct CheckpointIo {
+    /// Sequence of the checkpoint.
+    pub seq: u64,
+    /// Highest write sequence sealed into the outbox by phase 1.
+    watermark: u64,
+    /// Map and extent-table pages, dropped as they are written (with the I/O queue's own copy
+    /// they would otherwise be in RAM twice until the commit).
+    pages: Mutex<Vec<PageWrite>>,
+    /// Every copy of the checkpoint.
+    checkpoint: Vec<PageWrite>,
+    done: DoneOnDrop,
+}
+
+impl CheckpointIo {
+    /// Checkpoint order (docs/design.md): segments, sync; map and table pages, sync; the
+    /// checkpoint copies, sync. Everything goes through the fence: the first error stops the
+    /// volume, and the checkpoint is not committed.
+    pub fn run(&self, cx: &Ctx) -> Result<()> {
+        let r = self.write(cx);
+        self.done.0.set(r.is_ok());
+        r
+    }
+
+    fn write(&self, cx: &Ctx) -> Result<()> {
+        cx.outbox.issue_all(cx.storage)?;
+        cx.storage.sync()?;
+        cx.durable_seq.fetch_max(self.watermark, Ordering::SeqCst);
+        let pages = std::mem::take(&mut *self.pages.lock());
+        for (offset, bytes) in pages {
+            cx.storage.write_shared(offset, &bytes)?;
+        }
+        cx.storage.sync()?;
+        for (offset, bytes) in &self.checkpoint {
+            cx.storage.write_shared(*offset, bytes)?;
+        }
+        cx.storage.sync()
+    }
+}

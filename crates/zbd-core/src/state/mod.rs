@@ -1,0 +1,318 @@
+//! What ties the engine together under the volume's state lock: a block goes into the extent
+//! buffer (`buffer/`), its new location into the map (`map/`), with exact live accounting per
+//! extent; flush and checkpoint make it durable. Compression, decompression and storage reads
+//! happen outside the lock (see volume.rs).
+
+use crate::backend::Storage;
+use crate::buffer::{BufferConfig, OpenExtent, Prepared};
+mod checkpoint;
+mod place;
+
+pub use checkpoint::InFlight;
+
+use crate::error::{Error, Result};
+use crate::extents::{ExtentInfo, ExtentState, ExtentTable, FreeList};
+use crate::format::{
+    BlockState, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock, BLOCK_BYTES,
+    DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+};
+use crate::map::Map;
+use crate::stats::Counters;
+use parking_lot::RwLock;
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
+
+/// Everything behind the state lock.
+pub struct State {
+    /// Logical block -> location.
+    pub map: Map,
+    /// Where the persisted extent table is (v2).
+    pub table: ExtentTable,
+    /// Per-extent accounting.
+    pub extents: Vec<ExtentInfo>,
+    /// Free extents not in the allocation queue.
+    pub free: FreeList,
+    /// Allocation queue of the durable checkpoint (extents not yet opened).
+    pub queue: VecDeque<QueueEntry>,
+    /// The extent buffer.
+    pub open: Vec<OpenExtent>,
+    /// The room of `open[i]` for every `i`, kept beside `open` by every change to an open
+    /// extent (`State::note_room`): `place` scans these few bytes, not the extents themselves.
+    pub room: Vec<crate::buffer::Room>,
+    /// Next record write sequence.
+    pub next_seq: u64,
+    /// Sequence of the durable checkpoint.
+    pub ckpt_seq: u64,
+    /// Next allocation sequence.
+    pub next_alloc_seq: u64,
+    /// Lifetime counters.
+    pub counters: Counters,
+    /// Buffer tunables.
+    pub buffer: BufferConfig,
+    /// Records replayed at open.
+    pub replayed: u64,
+    /// Dictionary directory: what the next checkpoint lists (dicts.rs; entries are added by an
+    /// install and removed by the checkpoint that retires them).
+    pub dicts: [DictEntry; DICT_ENTRIES],
+    /// Dictionaries retired (dropped from the directory) by the checkpoint of the given
+    /// sequence: their id and region bytes stay reserved until a later checkpoint commits, so
+    /// both checkpoint slots no longer list them (dicts.rs, "Retirement order").
+    pub retiring: Vec<(DictEntry, u64)>,
+    /// Victims of a cleaning pass that reads them without the state lock
+    /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
+    pub cleaning: Vec<u32>,
+    /// Checkpoints carry `CKPT_FLAG_COMPRESSION_UNITS`: set (durably) before the first unit
+    /// record is written, so only volumes that use units have it.
+    pub units_flag: bool,
+    /// Bumped when foreground cleaning takes the listed victims back (`cleaner::make_space`):
+    /// a pass that started under an older value drops its work at commit.
+    pub clean_gen: u64,
+    /// Extents opened for writing since the volume was opened (paces `Volume::clean_ahead`).
+    pub extents_opened: u64,
+    /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
+    pub inflight: Option<InFlight>,
+    /// A checkpoint should come soon (the queue runs low, dirty map pages pile up): the next
+    /// caller that can let the state lock go writes it (`Volume::checkpoint_unlocked`).
+    pub ckpt_wanted: bool,
+    /// The allocation queue asks for its refill early (not when the last checkpoint left it
+    /// low: nothing was free to add, and asking again after every write would only sync).
+    pub refill_early: bool,
+}
+
+/// Read-only context the state operations need.
+pub struct Ctx<'a> {
+    /// Storage.
+    pub storage: &'a dyn Storage,
+    /// Readers of extents hold this shared; reusing an extent takes it exclusively, so a read
+    /// that looked up an extent never sees it rewritten under it.
+    pub gate: &'a RwLock<()>,
+    /// Geometry.
+    pub sb: &'a Superblock,
+    /// Highest write sequence covered by a completed sync; every segment carries it (v2), so
+    /// recovery can tell a damaged durable segment from one torn by the crash.
+    pub durable_seq: &'a AtomicU64,
+    /// Stored bytes recently read; reused extents must be forgotten (under the gate).
+    pub cache: &'a crate::readcache::ReadCache,
+    /// Sealed segments waiting to be issued to the storage (outside the state lock).
+    pub outbox: &'a crate::writeback::Outbox,
+    /// Frees extents when host writes run short (the cleaner's foreground pass; passed in so
+    /// the state does not depend on the cleaner).
+    pub make_space: fn(&mut State, &Ctx) -> Result<()>,
+    /// Codec of new writes (the cleaner recompresses the live blocks of mostly dead units).
+    pub codec: crate::codec::Codec,
+    /// Loaded dictionaries (the cleaner decodes and recompresses units with them).
+    pub dicts: &'a crate::dicts::Dicts,
+}
+
+impl State {
+    /// Sets the map entry of `lba`, keeping extent accounting exact.
+    pub fn set_entry(&mut self, lba: u64, new: MapEntry) -> Result<()> {
+        if let Some(old) = self.map.set(lba, new)? {
+            self.account(old, new);
+        }
+        Ok(())
+    }
+
+    /// Moves one block's live accounting from `old`'s extent to `new`'s.
+    fn account(&mut self, old: MapEntry, new: MapEntry) {
+        if old.state == BlockState::Data && old.extent < self.extents.len() as u32 {
+            self.table.touch(old.extent);
+        }
+        if new.state == BlockState::Data {
+            self.table.touch(new.extent);
+        }
+        if old.state == BlockState::Data {
+            if let Some(x) = self.extents.get_mut(old.extent as usize) {
+                x.live_bytes -= crate::units::share(&old);
+                x.live_blocks -= 1;
+                if x.live_blocks == 0 && x.state == ExtentState::Closed {
+                    x.state = ExtentState::PendingFree;
+                }
+            }
+        }
+        if new.state == BlockState::Data {
+            let x = &mut self.extents[new.extent as usize];
+            x.live_bytes += crate::units::share(&new);
+            x.live_blocks += 1;
+            if x.state == ExtentState::PendingFree || x.state == ExtentState::Free {
+                // Only recovery maps blocks into non-open extents.
+                x.state = ExtentState::Closed;
+            }
+        }
+    }
+
+    /// Whether a block may name dictionary `dict` now: none, or one the directory lists (a
+    /// retired dictionary must not gain blocks again; writers that compressed with it before
+    /// it was retired compress again).
+    pub fn lists_dict(&self, dict: u8) -> bool {
+        dict == 0 || self.dicts.iter().any(|d| d.id == u16::from(dict))
+    }
+
+    /// Hands out the next record write sequence.
+    pub fn take_seq(&mut self) -> u64 {
+        let s = self.next_seq;
+        self.next_seq += 1;
+        s
+    }
+
+    /// Stores one prepared block (or unit: its blocks from `lba`).
+    pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
+        match p {
+            Prepared::Zero => {
+                let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
+                self.set_entry(lba, MapEntry::ZERO)?;
+                if !logged {
+                    self.checkpoint(cx)?;
+                }
+            }
+            Prepared::Data {
+                codec,
+                bytes,
+                crc,
+                blocks,
+                dict,
+            } => {
+                debug_assert!(self.lists_dict(dict), "dictionary {dict} is not listed");
+                if blocks > 1 && !self.units_flag {
+                    // Durable before any record that needs it.
+                    self.units_flag = true;
+                    self.checkpoint(cx)?;
+                }
+                let n = usize::from(blocks);
+                let slot = self.place(cx, bytes.len(), n)?;
+                let ext_bytes = cx.sb.extent_bytes as usize;
+                let offset = {
+                    let oe = &self.open[slot];
+                    oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len
+                };
+                // One record per block, all naming the unit's bytes (format.md).
+                let mut records = Vec::with_capacity(n);
+                for i in 0..blocks {
+                    let seq = self.take_seq();
+                    records.push(Record {
+                        codec,
+                        len: bytes.len() as u32,
+                        offset: offset as u32,
+                        crc,
+                        unit_index: i,
+                        unit_blocks: u16::from(blocks),
+                        dict: u16::from(dict),
+                        ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
+                    });
+                }
+                let used = self.next_seq;
+                let oe = &mut self.open[slot];
+                oe.buf[offset..offset + bytes.len()].copy_from_slice(&bytes);
+                oe.payload_len += bytes.len();
+                oe.records.extend(records);
+                oe.last_used = used;
+                let extent = oe.extent;
+                let nearly_full = self.note_room(slot, ext_bytes) < SECTOR_BYTES;
+                for i in 0..blocks {
+                    let entry = MapEntry {
+                        state: BlockState::Data,
+                        codec,
+                        len: bytes.len() as u16,
+                        extent,
+                        offset: offset as u32,
+                        crc,
+                        unit_index: i,
+                        unit_blocks: blocks,
+                        dict,
+                    };
+                    self.set_entry(lba + u64::from(i), entry)?;
+                }
+                if nearly_full {
+                    self.close_open(cx, slot)?;
+                }
+            }
+        }
+        self.checkpoint_if_map_full(cx)
+    }
+
+    /// Brings the next checkpoint forward when dirty map pages fill most of the map cache
+    /// (they stay pinned until a checkpoint writes them): asks for one outside the lock at
+    /// three quarters of the budget, writes one here, lock held, only at the whole budget
+    /// (pages kept being dirtied while the one asked for was written).
+    pub fn checkpoint_if_map_full(&mut self, cx: &Ctx) -> Result<()> {
+        if self.map.needs_checkpoint() {
+            self.checkpoint(cx)?;
+        } else if self.map.wants_checkpoint() && self.inflight.is_none() {
+            self.ckpt_wanted = true;
+        }
+        Ok(())
+    }
+
+    /// Records a zero or trim range and applies it to the map.
+    pub fn put_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u64) -> Result<()> {
+        let mut done = 0;
+        let mut logged = true;
+        while done < count && logged {
+            let n = (count - done).min(u64::from(u32::MAX));
+            logged = self.log_range(cx, kind, lba + done, n as u32)?;
+            done += n;
+        }
+        let entry = if kind == RecordKind::Zero {
+            MapEntry::ZERO
+        } else {
+            MapEntry::UNMAPPED
+        };
+        let mut olds = Vec::new();
+        self.map.set_range(lba, count, entry, |old| {
+            if old.state == BlockState::Data {
+                olds.push(old);
+            }
+        })?;
+        for old in olds {
+            self.account(old, entry);
+        }
+        if !logged {
+            self.checkpoint(cx)?;
+        }
+        self.checkpoint_if_map_full(cx)
+    }
+
+    /// Logs a zero or trim range; false when the data area is so full that no extent can take
+    /// even a record. The caller then applies the range to the map and writes a checkpoint,
+    /// which makes it durable without a record (and releases the space it freed): zeroing and
+    /// trimming free space, so they must never fail for lack of it, or a full volume could not
+    /// be emptied again.
+    fn log_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<bool> {
+        match self.append_range(cx, kind, lba, count) {
+            Ok(()) => Ok(true),
+            Err(Error::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn append_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<()> {
+        // Extend the previous record when nothing was recorded in between (sequential zeroing).
+        let last_seq = self.next_seq.wrapping_sub(1);
+        for oe in self.open.iter_mut() {
+            if let Some(r) = oe.records.last_mut() {
+                if r.kind == kind && r.seq == last_seq && r.lba + u64::from(r.count) == lba {
+                    if let Some(c) = r.count.checked_add(count) {
+                        r.count = c;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let slot = self.place(cx, 0, 1)?;
+        let seq = self.take_seq();
+        let used = self.next_seq;
+        let oe = &mut self.open[slot];
+        oe.records.push(Record::new(kind, lba, count, seq));
+        // As for a data append (put_block): the sequence after its record, else it ties with
+        // the extent whose block took the sequence before it, and LRU may close this one.
+        oe.last_used = used;
+        self.note_room(slot, cx.sb.extent_bytes as usize);
+        Ok(())
+    }
+}
+
+/// Whether a 4 KiB block is all zeros.
+pub fn is_zero(block: &[u8]) -> bool {
+    debug_assert_eq!(block.len(), BLOCK_BYTES);
+    block.iter().all(|&b| b == 0)
+}

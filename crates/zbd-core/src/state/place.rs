@@ -1,0 +1,200 @@
+//! The state's side of the extent buffer: placing a block (best fit, else a new extent from
+//! the allocation queue, evicting the least recently used), sealing segments into the outbox,
+//! closing and aging open extents.
+
+use super::{Ctx, State};
+use crate::buffer::{refill_at, OpenExtent, CLEANER_EXTENTS_MIN};
+use crate::error::{Error, Result};
+use crate::extents::ExtentState;
+use crate::format::{seal_segment, QueueEntry, SegmentHeader, SECTOR_BYTES};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+impl State {
+    /// Chooses the open extent for `len` payload bytes and `records` records: best fit
+    /// (fullest extent that still has room), else a new extent, evicting the least recently
+    /// used one when the buffer is full.
+    pub(crate) fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
+        let ext_bytes = cx.sb.extent_bytes as usize;
+        debug_assert!(
+            self.room.len() == self.open.len()
+                && (self.open.iter().zip(&self.room)).all(|(o, &r)| o.room(ext_bytes) == r),
+            "room out of step with the open extents"
+        );
+        // Best fit, as a scan of every open extent would choose (the first of the fullest that
+        // fit), looking only at those whose room says the payload could fit.
+        let mut best: Option<(usize, u32)> = None;
+        for (i, room) in self.room.iter().enumerate() {
+            if room.payload_max as usize >= len
+                && best.is_none_or(|(_, free)| room.free < free)
+                && self.open[i].fits(len, records, ext_bytes)
+            {
+                best = Some((i, room.free));
+            }
+        }
+        if let Some((i, _)) = best {
+            return Ok(i);
+        }
+        if self.open.len() >= self.buffer.max_open.max(1) {
+            let lru = self
+                .room
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, r)| r.last_used)
+                .map(|(i, _)| i);
+            if let Some(i) = lru {
+                self.close_open(cx, i)?;
+            }
+        }
+        self.open_new(cx)?;
+        Ok(self.open.len() - 1)
+    }
+
+    /// Records the room left in open extent `i` after a change to it; returns its free bytes.
+    pub(crate) fn note_room(&mut self, i: usize, ext_bytes: usize) -> usize {
+        self.room[i] = self.open[i].room(ext_bytes);
+        self.room[i].free as usize
+    }
+
+    fn open_new(&mut self, cx: &Ctx) -> Result<()> {
+        if self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) {
+            // Space is short: host writes wait for the cleaner (run inline, under the lock).
+            (cx.make_space)(self, cx)?;
+        }
+        // The last free extents belong to the cleaner even when cleaning could not help just
+        // now: with nothing left to compact into, dead space made later (the host trims or
+        // overwrites half of every extent) could never be reclaimed and NoSpace would stick
+        // although the live data fits. Zero and trim ranges need no extent (`log_range`).
+        if self.free_now() <= CLEANER_EXTENTS_MIN {
+            return Err(Error::NoSpace);
+        }
+        let q = self.alloc(cx)?;
+        self.extents_opened += 1;
+        self.extents[q.extent as usize].state = ExtentState::Open;
+        let oe = OpenExtent {
+            extent: q.extent,
+            alloc_seq: q.alloc_seq,
+            version: cx.sb.version,
+            buf: vec![0; cx.sb.extent_bytes as usize],
+            durable_end: 0,
+            payload_len: 0,
+            records: Vec::new(),
+            opened: Instant::now(),
+            last_used: self.next_seq,
+        };
+        self.room.push(oe.room(cx.sb.extent_bytes as usize));
+        self.open.push(oe);
+        Ok(())
+    }
+
+    /// Extents free now (queued or free).
+    pub fn free_now(&self) -> usize {
+        self.queue.len() + self.free.len()
+    }
+
+    /// Opening `need` more extents would reach the point where opening one cleans under the
+    /// state lock (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
+    pub fn space_short_for(&self, need: usize) -> bool {
+        self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) + need
+    }
+
+    /// Whether cleaning ahead goes on once `reclaimed` emptied victims are free (after a
+    /// checkpoint): until the goal of foreground cleaning under the lock (`make_space`).
+    pub fn space_short_after(&self, reclaimed: usize) -> bool {
+        self.free_now() + reclaimed <= 2 * self.buffer.reserve
+    }
+
+    /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
+    /// (which also releases extents freed since the last one).
+    /// The refill is asked for early (an eighth of the queue left), to run outside the state
+    /// lock (`Volume::checkpoint_unlocked`); only a queue that runs dry all the same makes the
+    /// caller write it (or wait for the one in flight) with the lock held.
+    pub fn alloc(&mut self, cx: &Ctx) -> Result<QueueEntry> {
+        if self.queue.is_empty() {
+            self.join_checkpoint(cx)?;
+        }
+        if self.queue.is_empty() {
+            self.checkpoint(cx)?;
+        }
+        let q = self.queue.pop_front().ok_or(Error::NoSpace)?;
+        if self.refill_early && self.queue.len() <= refill_at(cx.sb) && self.inflight.is_none() {
+            self.ckpt_wanted = true;
+        }
+        Ok(q)
+    }
+
+    /// Seals the pending segment of open extent `i` and hands it to the outbox, which issues it
+    /// to the storage once the state lock is released (no sync).
+    pub(crate) fn write_segment(&mut self, cx: &Ctx, i: usize) -> Result<()> {
+        let oe = &mut self.open[i];
+        if oe.records.is_empty() {
+            return Ok(());
+        }
+        let h = SegmentHeader {
+            version: cx.sb.version,
+            alloc_seq: oe.alloc_seq,
+            extent: oe.extent,
+            seg_offset: oe.durable_end as u32,
+            payload_len: oe.payload_len as u32,
+            record_count: oe.records.len() as u32,
+            durable_seq: cx.durable_seq.load(Ordering::SeqCst),
+        };
+        let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
+        let start = oe.durable_end;
+        cx.outbox.push(
+            oe.extent,
+            start,
+            cx.sb.extent_offset(oe.extent) + start as u64,
+            &oe.buf[start..start + n],
+        );
+        oe.durable_end += n;
+        oe.payload_len = 0;
+        oe.records.clear();
+        self.note_room(i, cx.sb.extent_bytes as usize);
+        self.counters.data_bytes_written += n as u64;
+        Ok(())
+    }
+
+    /// Writes back open extent `i` and drops it from the buffer.
+    pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
+        self.write_segment(cx, i)?;
+        let oe = self.open.swap_remove(i);
+        self.room.swap_remove(i);
+        let stamp = self.next_seq as u32;
+        let x = &mut self.extents[oe.extent as usize];
+        x.state = if x.live_blocks == 0 {
+            ExtentState::PendingFree
+        } else {
+            ExtentState::Closed
+        };
+        x.stamp = stamp;
+        Ok(())
+    }
+
+    /// Closes extents past the aging timeout.
+    pub fn age(&mut self, cx: &Ctx) -> Result<()> {
+        let now = Instant::now();
+        while let Some(i) = self
+            .room
+            .iter()
+            .position(|r| now.duration_since(r.opened) > self.buffer.aging)
+        {
+            self.close_open(cx, i)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every pending segment (no sync). Extents too full to take another block are closed.
+    pub fn write_pending(&mut self, cx: &Ctx) -> Result<()> {
+        let mut i = 0;
+        while i < self.open.len() {
+            self.write_segment(cx, i)?;
+            if (self.room[i].free as usize) < SECTOR_BYTES {
+                self.close_open(cx, i)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+}
