@@ -4,7 +4,10 @@
 //! timeout. Extents come from the checkpoint's allocation queue (`alloc`), which is what bounds
 //! recovery to the queued extents.
 
-use crate::format::{segment_padded_len, segment_raw_len, Record};
+use crate::format::{
+    seal_segment, segment_padded_len, segment_raw_len, Record, RecordKind, SegmentHeader,
+    SEGMENT_HEADER_BYTES,
+};
 use std::time::{Duration, Instant};
 
 /// Free extents host writes never take: what the cleaner compacts partly dead extents into (one
@@ -54,7 +57,7 @@ impl OpenExtent {
     }
 
     /// What `place` needs to know of it, in a few bytes.
-    pub(crate) fn room(&self, extent_bytes: usize) -> Room {
+    fn room(&self, extent_bytes: usize) -> Room {
         let raw_end = self.durable_end as u64
             + segment_raw_len(self.version, self.payload_len, self.records.len() + 1);
         Room {
@@ -125,14 +128,192 @@ pub struct BufferConfig {
 }
 
 /// Queued extents left when the allocation queue asks for a refill (`State::alloc`): enough
-/// for the writes that come while the checkpoint syncs (in the background thread: handle.rs).
+/// for the writes that come while the checkpoint syncs (in the background thread: volume.rs).
 pub(crate) fn refill_at(sb: &crate::format::Superblock) -> usize {
     (sb.queue_len as usize / 8).max(1)
+}
+
+/// The open extents, each with its [`Room`] kept beside it (the invariant `room[i] ==
+/// open[i].room(..)` is kept by every change, all of which go through this type).
+pub struct ExtentBuffer {
+    open: Vec<OpenExtent>,
+    room: Vec<Room>,
+    config: BufferConfig,
+    extent_bytes: usize,
+}
+
+impl ExtentBuffer {
+    /// An empty buffer for extents of `extent_bytes`.
+    pub fn new(config: BufferConfig, extent_bytes: usize) -> Self {
+        ExtentBuffer {
+            open: Vec::new(),
+            room: Vec::new(),
+            config,
+            extent_bytes,
+        }
+    }
+
+    /// Its tunables.
+    pub fn config(&self) -> &BufferConfig {
+        &self.config
+    }
+
+    /// Its tunables, to change (tests).
+    #[cfg(test)]
+    pub fn config_mut(&mut self) -> &mut BufferConfig {
+        &mut self.config
+    }
+
+    /// Open extents.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Open extent `i`.
+    pub fn get(&self, i: usize) -> &OpenExtent {
+        &self.open[i]
+    }
+
+    /// Every open extent.
+    pub fn iter(&self) -> impl Iterator<Item = &OpenExtent> {
+        self.open.iter()
+    }
+
+    /// Where open extent `extent` is in the buffer, if it is open.
+    pub fn position(&self, extent: u32) -> Option<usize> {
+        self.open.iter().position(|o| o.extent == extent)
+    }
+
+    /// Best fit for `len` payload bytes and `records` records: the first of the fullest open
+    /// extents they fit in, looking only at those whose room says the payload could fit.
+    pub fn best_fit(&self, len: usize, records: usize) -> Option<usize> {
+        debug_assert!(
+            self.room.len() == self.open.len()
+                && (self.open.iter().zip(&self.room)).all(|(o, &r)| o.room(self.extent_bytes) == r),
+            "room out of step with the open extents"
+        );
+        let mut best: Option<(usize, u32)> = None;
+        for (i, room) in self.room.iter().enumerate() {
+            if room.payload_max as usize >= len
+                && best.is_none_or(|(_, free)| room.free < free)
+                && self.open[i].fits(len, records, self.extent_bytes)
+            {
+                best = Some((i, room.free));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    /// Whether another extent may open only after one is closed.
+    pub fn is_full(&self) -> bool {
+        self.open.len() >= self.config.max_open.max(1)
+    }
+
+    /// The least recently used open extent.
+    pub fn least_recently_used(&self) -> Option<usize> {
+        (self.room.iter().enumerate())
+            .min_by_key(|(_, r)| r.last_used)
+            .map(|(i, _)| i)
+    }
+
+    /// The first open extent past the aging timeout at `now`.
+    pub fn aged(&self, now: Instant) -> Option<usize> {
+        (self.room.iter()).position(|r| now.duration_since(r.opened) > self.config.aging)
+    }
+
+    /// Free bytes left in open extent `i` for one more block's payload.
+    pub fn free_bytes(&self, i: usize) -> usize {
+        self.room[i].free as usize
+    }
+
+    /// Adds a newly opened extent (it becomes the last).
+    pub fn push(&mut self, oe: OpenExtent) {
+        self.room.push(oe.room(self.extent_bytes));
+        self.open.push(oe);
+    }
+
+    /// Takes open extent `i` out of the buffer (the last one takes its place).
+    pub fn remove(&mut self, i: usize) -> OpenExtent {
+        self.room.swap_remove(i);
+        self.open.swap_remove(i)
+    }
+
+    /// Where the next payload appended to open extent `i` starts in the extent.
+    pub fn next_offset(&self, i: usize) -> usize {
+        let oe = &self.open[i];
+        oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len
+    }
+
+    /// Appends a payload and the records naming it to the pending segment of open extent `i`
+    /// (at [`ExtentBuffer::next_offset`]); `used` is its new last use. Returns its free bytes.
+    pub fn append(&mut self, i: usize, bytes: &[u8], records: Vec<Record>, used: u64) -> usize {
+        let offset = self.next_offset(i);
+        let oe = &mut self.open[i];
+        oe.buf[offset..offset + bytes.len()].copy_from_slice(bytes);
+        oe.payload_len += bytes.len();
+        oe.records.extend(records);
+        oe.last_used = used;
+        self.note_room(i)
+    }
+
+    /// Extends the zero or trim record written last (sequence `last_seq`) by `count` blocks if
+    /// it ends at `lba` (sequential zeroing); false when there is no such record.
+    pub fn extend_range(&mut self, kind: RecordKind, lba: u64, count: u32, last_seq: u64) -> bool {
+        for oe in self.open.iter_mut() {
+            if let Some(r) = oe.records.last_mut() {
+                if r.kind == kind && r.seq == last_seq && r.lba + u64::from(r.count) == lba {
+                    if let Some(c) = r.count.checked_add(count) {
+                        r.count = c;
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Seals the pending segment of open extent `i` (nothing when it has no record): returns
+    /// the extent, the segment's start in it and its bytes, to be written there.
+    pub fn seal(
+        &mut self,
+        i: usize,
+        uuid: &[u8; 16],
+        durable_seq: u64,
+    ) -> Option<(u32, usize, &[u8])> {
+        let oe = &mut self.open[i];
+        if oe.records.is_empty() {
+            return None;
+        }
+        let h = SegmentHeader {
+            version: oe.version,
+            alloc_seq: oe.alloc_seq,
+            extent: oe.extent,
+            seg_offset: oe.durable_end as u32,
+            payload_len: oe.payload_len as u32,
+            record_count: oe.records.len() as u32,
+            durable_seq,
+        };
+        let n = seal_segment(&mut oe.buf, uuid, &h, &oe.records);
+        let start = oe.durable_end;
+        oe.durable_end += n;
+        oe.payload_len = 0;
+        oe.records.clear();
+        self.note_room(i);
+        let oe = &self.open[i];
+        Some((oe.extent, start, &oe.buf[start..start + n]))
+    }
+
+    /// Records the room left in open extent `i` after a change to it; returns its free bytes.
+    fn note_room(&mut self, i: usize) -> usize {
+        self.room[i] = self.open[i].room(self.extent_bytes);
+        self.room[i].free as usize
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::SECTOR_BYTES;
 
     fn extent(version: u32, durable_end: usize, payload_len: usize, records: usize) -> OpenExtent {
         OpenExtent {

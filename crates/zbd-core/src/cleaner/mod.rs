@@ -641,7 +641,7 @@ pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
     {
         st.checkpoint(cx)?;
     }
-    let goal = st.buffer.reserve * 2;
+    let goal = st.buffer.config().reserve * 2;
     let pending = |st: &State| {
         st.extents
             .iter()

@@ -109,7 +109,7 @@ impl Inner {
                 let checkpoint = pending > 0
                     && (done
                         || pending >= CHECKPOINT_AFTER_RECLAIMED
-                        || st.free_now() <= st.buffer.reserve);
+                        || st.free_now() <= st.buffer.config().reserve);
                 if !r.progressed() {
                     self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
                 }
@@ -141,7 +141,7 @@ impl Inner {
         let mut total = crate::cleaner::PassResult::default();
         let mut st = self.state.lock();
         let cx = self.ctx();
-        let n = st.open.len();
+        let n = st.buffer.len();
         for i in (0..n).rev() {
             st.close_open(&cx, i)?;
         }

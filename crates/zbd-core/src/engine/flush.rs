@@ -24,7 +24,7 @@ impl Inner {
         self.checkpoint_unlocked(true)
     }
 
-    /// Whether writes leave their checkpoints to a background thread (handle.rs), which then
+    /// Whether writes leave their checkpoints to a background thread (volume.rs), which then
     /// takes them with [`Inner::take_checkpoint_request`].
     pub(crate) fn checkpoint_in_background(&self, on: bool) {
         self.ckpt_in_background.store(on, Ordering::Relaxed);
@@ -47,7 +47,7 @@ impl Inner {
         };
         // Sync outside the lock: reads and writes go on meanwhile. Segments written after this
         // point belong to later flushes; the ones above are covered by this sync. Only once it
-        // succeeded do they count as durable (a failed sync stops the volume: fence.rs).
+        // succeeded do they count as durable (a failed sync stops the volume: backend/fence.rs).
         self.issue_sealed()?;
         self.storage.sync()?;
         self.durable_seq.fetch_max(covered, Ordering::SeqCst);
@@ -60,7 +60,7 @@ impl Inner {
         self.checkpoint_unlocked(false)
     }
 
-    /// Writes a checkpoint in three phases (state.rs, `begin_checkpoint`): the snapshot under
+    /// Writes a checkpoint in three phases (state/checkpoint.rs, `begin_checkpoint`): the snapshot under
     /// the state lock, its writes and syncs with the lock released (reads and writes go on),
     /// the commit under the lock again. A second caller waits for the first (`ckpt_lock`); a
     /// thread that must checkpoint with the state lock held waits for and commits the one in

@@ -5,7 +5,7 @@ use super::*;
 use crate::backend::fence::Fenced;
 use crate::backend::queued::QueuedStorage;
 use crate::backend::Storage;
-use crate::buffer::BufferConfig;
+use crate::buffer::{BufferConfig, ExtentBuffer};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::extents::ExtentState;
@@ -144,17 +144,18 @@ impl Inner {
             extents,
             free: Default::default(),
             queue: VecDeque::new(),
-            open: Vec::new(),
-            room: Vec::new(),
             next_seq: ck.write_seq + 1,
             ckpt_seq: ck.seq,
             next_alloc_seq: ck.next_alloc_seq,
             counters: Counters::from_array(&ck.counters),
-            buffer: BufferConfig {
-                max_open,
-                aging: opts.aging,
-                reserve: cleaner_reserve(sb.extent_count),
-            },
+            buffer: ExtentBuffer::new(
+                BufferConfig {
+                    max_open,
+                    aging: opts.aging,
+                    reserve: cleaner_reserve(sb.extent_count),
+                },
+                sb.extent_bytes as usize,
+            ),
             replayed: 0,
             dicts: ck.dicts,
             // Dictionaries not listed by the checkpoint recovery starts from are free: the
@@ -271,7 +272,7 @@ impl Inner {
         self.storage.check()?;
         let mut st = self.state.lock();
         let cx = self.ctx();
-        let n = st.open.len();
+        let n = st.buffer.len();
         for i in (0..n).rev() {
             st.close_open(&cx, i)?;
         }

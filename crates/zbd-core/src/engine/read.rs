@@ -204,7 +204,7 @@ impl Inner {
                 Some((extent, i)) if extent == entry.extent => i,
                 _ if entry.state != BlockState::Data => None,
                 _ => {
-                    let i = st.open.iter().position(|o| o.extent == entry.extent);
+                    let i = st.buffer.position(entry.extent);
                     last = Some((entry.extent, i));
                     i
                 }
@@ -212,7 +212,7 @@ impl Inner {
             out.push(match entry.state {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
                 BlockState::Corrupt => Source::Damaged,
-                BlockState::Data => match open.map(|i| &st.open[i]) {
+                BlockState::Data => match open.map(|i| st.buffer.get(i)) {
                     Some(o)
                         if !medium
                             || entry.offset as usize + entry.len as usize > o.durable_end =>

@@ -257,7 +257,7 @@ impl Inner {
             BlockState::Corrupt => return Err(Error::Corrupt { lba }),
             BlockState::Data => {
                 let (s, n) = (entry.offset as usize, entry.len as usize);
-                let open = st.open.iter().find(|o| o.extent == entry.extent);
+                let open = st.buffer.position(entry.extent).map(|i| st.buffer.get(i));
                 let waiting = || self.outbox.find(entry.extent, entry.offset, n);
                 let stored = match open.map(|o| o.buf[s..s + n].to_vec()).or_else(waiting) {
                     Some(bytes) => bytes,

@@ -106,7 +106,7 @@ impl State {
         // durable: the open ones, the rest of the current queue (writers go on taking from it
         // until the commit) and fresh ones.
         let mut queue: Vec<QueueEntry> = self
-            .open
+            .buffer
             .iter()
             .map(|o| QueueEntry {
                 extent: o.extent,

@@ -1,10 +1,10 @@
 //! What ties the engine together under the volume's state lock: a block goes into the extent
 //! buffer (`buffer/`), its new location into the map (`map/`), with exact live accounting per
 //! extent; flush and checkpoint make it durable. Compression, decompression and storage reads
-//! happen outside the lock (see volume.rs).
+//! happen outside the lock (engine/write.rs, engine/read.rs).
 
 use crate::backend::Storage;
-use crate::buffer::{BufferConfig, OpenExtent, Prepared};
+use crate::buffer::{ExtentBuffer, Prepared};
 mod checkpoint;
 mod place;
 
@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState, ExtentTable, FreeList};
 use crate::format::{
     BlockState, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock, BLOCK_BYTES,
-    DICT_ENTRIES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    DICT_ENTRIES, SECTOR_BYTES,
 };
 use crate::map::Map;
 use crate::stats::Counters;
@@ -34,11 +34,6 @@ pub struct State {
     pub free: FreeList,
     /// Allocation queue of the durable checkpoint (extents not yet opened).
     pub queue: VecDeque<QueueEntry>,
-    /// The extent buffer.
-    pub open: Vec<OpenExtent>,
-    /// The room of `open[i]` for every `i`, kept beside `open` by every change to an open
-    /// extent (`State::note_room`): `place` scans these few bytes, not the extents themselves.
-    pub room: Vec<crate::buffer::Room>,
     /// Next record write sequence.
     pub next_seq: u64,
     /// Sequence of the durable checkpoint.
@@ -47,8 +42,8 @@ pub struct State {
     pub next_alloc_seq: u64,
     /// Lifetime counters.
     pub counters: Counters,
-    /// Buffer tunables.
-    pub buffer: BufferConfig,
+    /// The extent buffer: the open extents.
+    pub buffer: ExtentBuffer,
     /// Records replayed at open.
     pub replayed: u64,
     /// Dictionary directory: what the next checkpoint lists (dicts.rs; entries are added by an
@@ -180,11 +175,7 @@ impl State {
                 }
                 let n = usize::from(blocks);
                 let slot = self.place(cx, bytes.len(), n)?;
-                let ext_bytes = cx.sb.extent_bytes as usize;
-                let offset = {
-                    let oe = &self.open[slot];
-                    oe.durable_end + SEGMENT_HEADER_BYTES + oe.payload_len
-                };
+                let offset = self.buffer.next_offset(slot);
                 // One record per block, all naming the unit's bytes (format.md).
                 let mut records = Vec::with_capacity(n);
                 for i in 0..blocks {
@@ -201,13 +192,8 @@ impl State {
                     });
                 }
                 let used = self.next_seq;
-                let oe = &mut self.open[slot];
-                oe.buf[offset..offset + bytes.len()].copy_from_slice(&bytes);
-                oe.payload_len += bytes.len();
-                oe.records.extend(records);
-                oe.last_used = used;
-                let extent = oe.extent;
-                let nearly_full = self.note_room(slot, ext_bytes) < SECTOR_BYTES;
+                let extent = self.buffer.get(slot).extent;
+                let nearly_full = self.buffer.append(slot, &bytes, records, used) < SECTOR_BYTES;
                 for i in 0..blocks {
                     let entry = MapEntry {
                         state: BlockState::Data,
@@ -288,25 +274,16 @@ impl State {
     fn append_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<()> {
         // Extend the previous record when nothing was recorded in between (sequential zeroing).
         let last_seq = self.next_seq.wrapping_sub(1);
-        for oe in self.open.iter_mut() {
-            if let Some(r) = oe.records.last_mut() {
-                if r.kind == kind && r.seq == last_seq && r.lba + u64::from(r.count) == lba {
-                    if let Some(c) = r.count.checked_add(count) {
-                        r.count = c;
-                        return Ok(());
-                    }
-                }
-            }
+        if self.buffer.extend_range(kind, lba, count, last_seq) {
+            return Ok(());
         }
         let slot = self.place(cx, 0, 1)?;
         let seq = self.take_seq();
         let used = self.next_seq;
-        let oe = &mut self.open[slot];
-        oe.records.push(Record::new(kind, lba, count, seq));
-        // As for a data append (put_block): the sequence after its record, else it ties with
-        // the extent whose block took the sequence before it, and LRU may close this one.
-        oe.last_used = used;
-        self.note_room(slot, cx.sb.extent_bytes as usize);
+        // As for a data append (put_block): last used at the sequence after its record, else it
+        // ties with the extent whose block took the sequence before it, and LRU may close this.
+        let record = Record::new(kind, lba, count, seq);
+        self.buffer.append(slot, &[], vec![record], used);
         Ok(())
     }
 }

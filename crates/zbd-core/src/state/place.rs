@@ -6,7 +6,7 @@ use super::{Ctx, State};
 use crate::buffer::{refill_at, OpenExtent, CLEANER_EXTENTS_MIN};
 use crate::error::{Error, Result};
 use crate::extents::ExtentState;
-use crate::format::{seal_segment, QueueEntry, SegmentHeader, SECTOR_BYTES};
+use crate::format::{QueueEntry, SECTOR_BYTES};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -15,49 +15,20 @@ impl State {
     /// (fullest extent that still has room), else a new extent, evicting the least recently
     /// used one when the buffer is full.
     pub(crate) fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
-        let ext_bytes = cx.sb.extent_bytes as usize;
-        debug_assert!(
-            self.room.len() == self.open.len()
-                && (self.open.iter().zip(&self.room)).all(|(o, &r)| o.room(ext_bytes) == r),
-            "room out of step with the open extents"
-        );
-        // Best fit, as a scan of every open extent would choose (the first of the fullest that
-        // fit), looking only at those whose room says the payload could fit.
-        let mut best: Option<(usize, u32)> = None;
-        for (i, room) in self.room.iter().enumerate() {
-            if room.payload_max as usize >= len
-                && best.is_none_or(|(_, free)| room.free < free)
-                && self.open[i].fits(len, records, ext_bytes)
-            {
-                best = Some((i, room.free));
-            }
-        }
-        if let Some((i, _)) = best {
+        if let Some(i) = self.buffer.best_fit(len, records) {
             return Ok(i);
         }
-        if self.open.len() >= self.buffer.max_open.max(1) {
-            let lru = self
-                .room
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, r)| r.last_used)
-                .map(|(i, _)| i);
-            if let Some(i) = lru {
+        if self.buffer.is_full() {
+            if let Some(i) = self.buffer.least_recently_used() {
                 self.close_open(cx, i)?;
             }
         }
         self.open_new(cx)?;
-        Ok(self.open.len() - 1)
-    }
-
-    /// Records the room left in open extent `i` after a change to it; returns its free bytes.
-    pub(crate) fn note_room(&mut self, i: usize, ext_bytes: usize) -> usize {
-        self.room[i] = self.open[i].room(ext_bytes);
-        self.room[i].free as usize
+        Ok(self.buffer.len() - 1)
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
-        if self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) {
+        if self.free_now() <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
             (cx.make_space)(self, cx)?;
         }
@@ -82,8 +53,7 @@ impl State {
             opened: Instant::now(),
             last_used: self.next_seq,
         };
-        self.room.push(oe.room(cx.sb.extent_bytes as usize));
-        self.open.push(oe);
+        self.buffer.push(oe);
         Ok(())
     }
 
@@ -95,13 +65,13 @@ impl State {
     /// Opening `need` more extents would reach the point where opening one cleans under the
     /// state lock (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
     pub fn space_short_for(&self, need: usize) -> bool {
-        self.free_now() <= self.buffer.reserve.max(CLEANER_EXTENTS_MIN) + need
+        self.free_now() <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + need
     }
 
     /// Whether cleaning ahead goes on once `reclaimed` emptied victims are free (after a
     /// checkpoint): until the goal of foreground cleaning under the lock (`make_space`).
     pub fn space_short_after(&self, reclaimed: usize) -> bool {
-        self.free_now() + reclaimed <= 2 * self.buffer.reserve
+        self.free_now() + reclaimed <= 2 * self.buffer.config().reserve
     }
 
     /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint
@@ -126,40 +96,19 @@ impl State {
     /// Seals the pending segment of open extent `i` and hands it to the outbox, which issues it
     /// to the storage once the state lock is released (no sync).
     pub(crate) fn write_segment(&mut self, cx: &Ctx, i: usize) -> Result<()> {
-        let oe = &mut self.open[i];
-        if oe.records.is_empty() {
-            return Ok(());
+        let durable_seq = cx.durable_seq.load(Ordering::SeqCst);
+        if let Some((extent, start, bytes)) = self.buffer.seal(i, &cx.sb.uuid, durable_seq) {
+            let offset = cx.sb.extent_offset(extent) + start as u64;
+            cx.outbox.push(extent, start, offset, bytes);
+            self.counters.data_bytes_written += bytes.len() as u64;
         }
-        let h = SegmentHeader {
-            version: cx.sb.version,
-            alloc_seq: oe.alloc_seq,
-            extent: oe.extent,
-            seg_offset: oe.durable_end as u32,
-            payload_len: oe.payload_len as u32,
-            record_count: oe.records.len() as u32,
-            durable_seq: cx.durable_seq.load(Ordering::SeqCst),
-        };
-        let n = seal_segment(&mut oe.buf, &cx.sb.uuid, &h, &oe.records);
-        let start = oe.durable_end;
-        cx.outbox.push(
-            oe.extent,
-            start,
-            cx.sb.extent_offset(oe.extent) + start as u64,
-            &oe.buf[start..start + n],
-        );
-        oe.durable_end += n;
-        oe.payload_len = 0;
-        oe.records.clear();
-        self.note_room(i, cx.sb.extent_bytes as usize);
-        self.counters.data_bytes_written += n as u64;
         Ok(())
     }
 
     /// Writes back open extent `i` and drops it from the buffer.
     pub fn close_open(&mut self, cx: &Ctx, i: usize) -> Result<()> {
         self.write_segment(cx, i)?;
-        let oe = self.open.swap_remove(i);
-        self.room.swap_remove(i);
+        let oe = self.buffer.remove(i);
         let stamp = self.next_seq as u32;
         let x = &mut self.extents[oe.extent as usize];
         x.state = if x.live_blocks == 0 {
@@ -174,11 +123,7 @@ impl State {
     /// Closes extents past the aging timeout.
     pub fn age(&mut self, cx: &Ctx) -> Result<()> {
         let now = Instant::now();
-        while let Some(i) = self
-            .room
-            .iter()
-            .position(|r| now.duration_since(r.opened) > self.buffer.aging)
-        {
+        while let Some(i) = self.buffer.aged(now) {
             self.close_open(cx, i)?;
         }
         Ok(())
@@ -187,9 +132,9 @@ impl State {
     /// Writes every pending segment (no sync). Extents too full to take another block are closed.
     pub fn write_pending(&mut self, cx: &Ctx) -> Result<()> {
         let mut i = 0;
-        while i < self.open.len() {
+        while i < self.buffer.len() {
             self.write_segment(cx, i)?;
-            if (self.room[i].free as usize) < SECTOR_BYTES {
+            if self.buffer.free_bytes(i) < SECTOR_BYTES {
                 self.close_open(cx, i)?;
             } else {
                 i += 1;
