@@ -94,3 +94,15 @@ def test_raw_output_stays_beside_a_results_directory_outside_the_repository(tmp_
     repo = tmp_path / "repo"
     assert raw_dir(repo, repo / "bench" / "results" / "r") == repo / "bench" / "raw" / "r"
     assert raw_dir(repo, tmp_path / "elsewhere") == tmp_path / "elsewhere" / "raw"
+
+
+def test_summary_sections_follow_the_order_groups_run_in(tmp_path: Path) -> None:
+    from zbdlab.bench.core import Figure
+    from zbdlab.bench.report import write_results
+    from zbdlab.stats.compare import Options
+
+    figs = [Figure("engine", "lz4 write", [90.0] * 3, [100.0] * 3).compute(Options())]
+    tables = {"latency": ["| latency table |"], "fs": ["| fs table |"]}
+    text = write_results(tmp_path, figs, {"tools": {}}, {}, [], tables, {"latency": {"x": 1}}).read_text()
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert [h.split()[1] for h in heads] == ["Engine", "Through", "Read"]  # engine, fs, latency

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from zbdlab.bench.core import Figure, Goal, median
+from zbdlab.bench.settings import ALL_GROUPS, DEFAULT_GROUPS
 from zbdlab.monitors import environment
 from zbdlab.stats.compare import Options
 
@@ -34,8 +35,19 @@ GROUP_TITLES = {
     "ceph": "zbd on RADOS against RBD (scripts/bench-ceph.sh)",
     "rados-ab": "Two zbd binaries on one RADOS cluster (scripts/bench-rados-ab.sh)",
 }
+# Sections of summary.md in the order the groups run (nbd-fast's transport figures after it)
+SECTION_ORDER = (
+    "engine",
+    "nbd-fast",
+    "transport",
+    *(g for g in ALL_GROUPS if g not in ("engine", "nbd-fast")),
+)
 # The only files a results directory holds (figures the code draws would join them as PNG/SVG)
 RESULT_FILES = ("summary.md", "figures.json", "environment.json")
+
+
+def section_rank(group: str) -> int:
+    return SECTION_ORDER.index(group) if group in SECTION_ORDER else len(SECTION_ORDER)
 
 
 def short_commit(repo: Path) -> str:
@@ -47,8 +59,6 @@ def short_commit(repo: Path) -> str:
 
 def results_dir(root: Path, commit: str, when: datetime, groups: Sequence[str] = ()) -> Path:
     """root/<date>-<commit>-<groups>: the groups joined by "+", or "all" for every default group."""
-    from zbdlab.bench.settings import DEFAULT_GROUPS
-
     label = "all" if set(groups) == set(DEFAULT_GROUPS) else "+".join(groups)
     name = f"{when:%Y-%m-%d}-{commit}"
     return root / (f"{name}-{label}" if label else name)
@@ -153,7 +163,8 @@ def summary_markdown(
             "",
         ]
     tables = tables or {}
-    for group in dict.fromkeys([*tables, *(f.group for f in figures)]):
+    present = dict.fromkeys([*(f.group for f in figures), *tables])
+    for group in sorted(present, key=section_rank):
         lines += [f"## {GROUP_TITLES.get(group, group)}", ""]
         if group in tables:
             lines += [*tables[group], ""]

@@ -44,8 +44,8 @@ ROOTLESS_GROUPS = {"engine", "builtin", "scale", "latency"}  # the others mount,
 @click.option(
     "--base-zbd",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="A second zbd binary (e.g. main's) measured in the same rounds: engine and NBD figures "
-    "'this / base'.",
+    help="A second zbd binary (e.g. main's) measured in the same rounds: engine, NBD and latency "
+    "figures 'this / base' (and the group rados-ab).",
 )
 @click.option(
     "--rerender",
