@@ -9,7 +9,7 @@ ZBD := target/release/zbd
 FEATURES := --features zbd/ceph
 export ZBD_BIN := $(abspath $(ZBD))
 
-.PHONY: all deps deps-ceph build test test-rust test-lab demo bench check fmt clean fuzz fuzz-seeds
+.PHONY: all deps deps-ceph build test test-rust test-lab test-heavy demo bench check fmt clean fuzz fuzz-seeds
 
 all: build
 
@@ -42,10 +42,24 @@ test-lab:
 demo: deps build
 	bash scripts/demo.sh
 
-# Same-run ratios under bench/results/ (docs/benchmarks.md); BENCH_ARGS=--quick for a short run.
+# Every benchmark through `zbdlab bench` (docs/benchmarks.md): summaries in bench/results/<run>/,
+# raw tool output in bench/raw/<run>/ (ignored). BENCH_ARGS=--quick: the ratio groups, short;
+# BENCH_ARGS="--only GROUP": one group. A full run ends with the heavy tests; a failed group still
+# leaves the others (and the tests) to run, and an interrupted run stops at once.
 bench: deps deps-ceph build
-	bash scripts/bench.sh $(BENCH_ARGS)
-	bash scripts/bench-ceph.sh
+	@status=0; $(VENV)/bin/zbdlab bench $(BENCH_ARGS) || status=$$?; \
+	if [ $$status = 130 ]; then exit 130; fi; \
+	$(if $(filter --quick --only%,$(BENCH_ARGS)),,$(MAKE) test-heavy || status=$$?;) \
+	exit $$status
+
+# Engine tests with 4 KiB and 16 KiB compression units (default 8 KiB), then the ignored heavy
+# tests (crash sweeps; about 4 minutes).
+test-heavy: build
+	for u in 4K 16K; do \
+	  ZBD_TEST_UNIT_SIZE=$$u $(CARGO) test --release -p zbd-core --test model --test crash --test faults \
+	    --test volume --test readcache || exit 1; \
+	done
+	$(CARGO) test --release -p zbd-core -- --ignored --skip make_v1_fixture
 
 # Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.
 fuzz:

@@ -6,7 +6,8 @@
 #   2. fio over NBD (fio's nbd engine): sequential 1M write/read, 4 KiB random write/read.
 # zbd serves `rados:zbdpool/vol`; qemu-nbd serves `rbd:rbdpool/img` through qemu's rbd driver
 # (qemu-block-extra). Both become block devices the same way (`zbd attach`: nbdfuse + loop).
-# Results: bench/results/ceph-<UTC time>.json and a summary on stdout; details on stderr.
+# Results: JSON in $BENCH_CEPH_OUT (default bench/raw/ceph-<UTC time>.json, ignored by git) and on
+# stdout; details on stderr. `zbdlab bench --only ceph` runs it and keeps the JSON in its results.
 #   scripts/bench-ceph.sh [SIZE (default 2G)] [RANDOM_SECONDS (default 20)]
 # ZBD_SERVE_ARGS adds options to `zbd serve` (e.g. "--threads 16").
 set -euo pipefail
@@ -23,9 +24,8 @@ done
 # The machine's load when we start and end: numbers from a busy machine are noise.
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 work=$(mktemp -d /tmp/zbd-bench-ceph.XXXXXX)
-results=bench/results
-mkdir -p "$results"
-out="$results/ceph-$(date -u +%Y%m%dT%H%M%SZ).json"
+out=${BENCH_CEPH_OUT:-bench/raw/ceph-$(date -u +%Y%m%dT%H%M%SZ).json}
+mkdir -p "$(dirname "$out")"
 pids=()
 attached=""
 mounted=""

@@ -1,4 +1,10 @@
-"""The results directory of one `zbdlab bench`: summary.md, figures.json, environment.json, raw/."""
+"""The results of one `zbdlab bench`.
+
+The results directory (bench/results/<date>-<commit>-<groups>/, committed) holds only what a reader
+uses: summary.md, figures.json and environment.json. What the tools wrote (fio JSON and job files,
+logs, the fs study and its runs, the scripts' outputs) goes to a raw directory beside it,
+bench/raw/<same name>/, which git ignores.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from zbdlab.bench.core import Figure, Goal, median
+from zbdlab.bench.settings import ALL_GROUPS, DEFAULT_GROUPS
 from zbdlab.monitors import environment
 from zbdlab.stats.compare import Options
 
@@ -21,7 +28,26 @@ GROUP_TITLES = {
     "nbd-slow": "Over NBD, slow disk (100 MB/s, 2 ms per request)",
     "transport": "The transport of this machine (nbdfuse + loop), any NBD server",
     "fs": "Through a filesystem (the lab's study runner)",
+    "builtin": "zbd's built-in benchmarks (`zbd bench codec`, `engine`, `cleaner`)",
+    "scale": "RAM and open time at scale (scripts/bench-scale.sh)",
+    "latency": "Read latency behind checkpoints and the cleaner (scripts/bench-latency.sh)",
+    "savings": "Space savings against btrfs and ZFS, read cost per unit size (scripts/bench-savings.sh)",
+    "ceph": "zbd on RADOS against RBD (scripts/bench-ceph.sh)",
+    "rados-ab": "Two zbd binaries on one RADOS cluster (scripts/bench-rados-ab.sh)",
 }
+# Sections of summary.md in the order the groups run (nbd-fast's transport figures after it)
+SECTION_ORDER = (
+    "engine",
+    "nbd-fast",
+    "transport",
+    *(g for g in ALL_GROUPS if g not in ("engine", "nbd-fast")),
+)
+# The only files a results directory holds (figures the code draws would join them as PNG/SVG)
+RESULT_FILES = ("summary.md", "figures.json", "environment.json")
+
+
+def section_rank(group: str) -> int:
+    return SECTION_ORDER.index(group) if group in SECTION_ORDER else len(SECTION_ORDER)
 
 
 def short_commit(repo: Path) -> str:
@@ -31,8 +57,20 @@ def short_commit(repo: Path) -> str:
     return proc.stdout.strip() or "unknown"
 
 
-def results_dir(root: Path, commit: str, when: datetime) -> Path:
-    return root / f"{when:%Y-%m-%d}-{commit}"
+def results_dir(root: Path, commit: str, when: datetime, groups: Sequence[str] = ()) -> Path:
+    """root/<date>-<commit>-<groups>: the groups joined by "+", or "all" for every default group."""
+    label = "all" if set(groups) == set(DEFAULT_GROUPS) else "+".join(groups)
+    name = f"{when:%Y-%m-%d}-{commit}"
+    return root / (f"{name}-{label}" if label else name)
+
+
+def raw_dir(repo: Path, out: Path) -> Path:
+    """Where the tools' own output goes: bench/raw/<name> for a results directory under
+    bench/results/ (ignored by git), else <out>/raw (a directory outside the repository's results)."""
+    results = (repo / "bench" / "results").resolve()
+    if out.resolve().parent == results:
+        return repo / "bench" / "raw" / out.name
+    return out / "raw"
 
 
 def machine(zbd: str, repo: Path) -> dict[str, Any]:
@@ -125,7 +163,8 @@ def summary_markdown(
             "",
         ]
     tables = tables or {}
-    for group in dict.fromkeys([*tables, *(f.group for f in figures)]):
+    present = dict.fromkeys([*(f.group for f in figures), *tables])
+    for group in sorted(present, key=section_rank):
         lines += [f"## {GROUP_TITLES.get(group, group)}", ""]
         if group in tables:
             lines += [*tables[group], ""]
@@ -174,7 +213,10 @@ def write_results(
     settings: dict[str, Any],
     notes: Sequence[str],
     tables: dict[str, list[str]] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> Path:
+    """summary.md, figures.json (figures with their per-round values, notes, the groups' tables and
+    the script groups' numbers under "data") and environment.json, nothing else."""
     out.mkdir(parents=True, exist_ok=True)
     settings = {**settings, "loadavg_end": [round(v, 2) for v in os.getloadavg()]}
     (out / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
@@ -183,6 +225,7 @@ def write_results(
         "figures": [f.as_dict() for f in figures],
         "notes": list(notes),
         "tables": tables or {},
+        "data": data or {},
     }
     (out / "figures.json").write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
     summary = out / "summary.md"

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Same-run ratio groups (`--quick` runs these alone)
 GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
+# Groups that run zbd's own benchmarks or a script under scripts/ and keep its summary
+# (zbdlab.bench.scripts); `rados-ab` runs only when asked for, with --base-zbd.
+SCRIPT_GROUPS = ("builtin", "scale", "latency", "savings", "ceph")
+ASKED_ONLY = ("rados-ab",)
+ALL_GROUPS = (*GROUPS, *SCRIPT_GROUPS, *ASKED_ONLY)
+# What a plain `zbdlab bench` (`make bench`) runs
+DEFAULT_GROUPS = (*GROUPS, *SCRIPT_GROUPS)
 BASE = "@base"  # suffix of the arms served by Settings.base_zbd
 
 
@@ -27,13 +35,20 @@ class Settings:
     confidence: float = 0.90
     # a second zbd binary (e.g. main's) measured in the same rounds: engine and NBD figures "this / base"
     base_zbd: str | None = None
+    short: bool = False  # --quick: the script groups' short runs too (QUICK=1 for scripts/bench-scale.sh)
     progress: Callable[[str], None] | None = field(default=None, repr=False)
 
     @classmethod
     def quick(cls) -> Settings:
         # Fewer rounds (3: intervals stay wide) on smaller devices: a smoke run while developing.
         return cls(
-            rounds=3, engine_size="128M", nbd_size="256M", nbd_runtime_s=3, slow_size="128M", fs_file="64M"
+            rounds=3,
+            engine_size="128M",
+            nbd_size="256M",
+            nbd_runtime_s=3,
+            slow_size="128M",
+            fs_file="64M",
+            short=True,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -48,4 +63,5 @@ class Settings:
             "work_dir": str(self.work_dir),
             "confidence": self.confidence,
             "base_zbd": self.base_zbd,
+            "short": self.short,
         }

@@ -1,4 +1,4 @@
-"""`zbdlab bench [--quick] [--only GROUP]... [-o DIR]`: the ratios of `make bench`."""
+"""`zbdlab bench [--quick] [--only GROUP]... [-o DIR]`: every benchmark of `make bench`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import click
 
 from zbdlab.app import EXIT_FAILED, UserError, repo_root, zbd_binary
 
-GROUP_NAMES = ("engine", "nbd-fast", "nbd-slow", "fs")  # zbdlab.bench.settings.GROUPS (no numpy here)
+# zbdlab.bench.settings' GROUPS, SCRIPT_GROUPS and ASKED_ONLY (not imported: no numpy here)
+RATIO_GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
+DEFAULT_GROUPS = (*RATIO_GROUPS, "builtin", "scale", "latency", "savings", "ceph")
+GROUP_NAMES = (*DEFAULT_GROUPS, "rados-ab")
+ROOTLESS_GROUPS = {"engine", "builtin", "scale", "latency"}  # the others mount, attach or loop
 
 
 @click.command(name="bench")
@@ -20,14 +24,16 @@ GROUP_NAMES = ("engine", "nbd-fast", "nbd-slow", "fs")  # zbdlab.bench.settings.
     "only",
     multiple=True,
     type=click.Choice(GROUP_NAMES),
-    help="Run only this group (repeatable; default: all).",
+    help="Run only this group (repeatable; default: every group but rados-ab; --quick: the ratio groups "
+    "engine, nbd-fast, nbd-slow and fs).",
 )
 @click.option("--rounds", type=click.IntRange(1, 100), help="Rounds per group (default 5; --quick 3).")
 @click.option(
     "-o",
     "--output",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Results directory (default: bench/results/<date>-<commit>).",
+    help="Results directory (default: bench/results/<date>-<commit>-<groups>; the tools' raw output "
+    "goes to bench/raw/<same name>, ignored by git).",
 )
 @click.option(
     "--zbd",
@@ -38,8 +44,8 @@ GROUP_NAMES = ("engine", "nbd-fast", "nbd-slow", "fs")  # zbdlab.bench.settings.
 @click.option(
     "--base-zbd",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="A second zbd binary (e.g. main's) measured in the same rounds: engine and NBD figures "
-    "'this / base'.",
+    help="A second zbd binary (e.g. main's) measured in the same rounds: engine, NBD and latency "
+    "figures 'this / base' (and the group rados-ab).",
 )
 @click.option(
     "--rerender",
@@ -61,7 +67,8 @@ def command(
     rerender: Path | None,
     work_dir: Path | None,
 ) -> None:
-    """Measure zbd as same-run ratios in alternating rounds, check the targets, write the results."""
+    """Measure zbd as same-run ratios in alternating rounds, check the targets, run the other
+    benchmarks (scripts/bench-*.sh), write the results."""
     from zbdlab.bench.report import rerender as render_again
     from zbdlab.bench.run import run_bench
     from zbdlab.bench.settings import Settings
@@ -82,14 +89,15 @@ def command(
     try:
         if binary is None:
             raise UserError("no zbd binary (build it with `cargo build --release` or pass --zbd)")
-        if os.geteuid() != 0 and set(only or GROUP_NAMES) - {"engine"}:
-            raise UserError("the nbd and fs groups need root (loop devices, mounts); try --only engine")
+        groups = list(only or (RATIO_GROUPS if quick else DEFAULT_GROUPS))
+        if os.geteuid() != 0 and (needs_root := sorted(set(groups) - ROOTLESS_GROUPS)):
+            raise UserError(
+                f"groups {', '.join(needs_root)} need root (loop devices, mounts); try --only engine"
+            )
         # SIGTERM like Ctrl-C: the groups' loop devices, mounts and servers are undone by their
         # `finally`s, which a process killed by the default SIGTERM action never runs
         with signals.raising(Interrupted):
-            summary, failed = run_bench(
-                binary, settings, list(only or GROUP_NAMES), repo_root(), output, click.echo
-            )
+            summary, failed = run_bench(binary, settings, groups, repo_root(), output, click.echo)
     except (Interrupted, KeyboardInterrupt) as exc:
         click.echo(f"zbdlab bench: interrupted ({exc or 'SIGINT'}); cleaned up", err=True)
         sys.exit(130)

@@ -1,1 +1,0 @@
-fio --output-format=json+ --output=/work/main/bench/results/2026-11-24-89df5c4-fs/raw/fs/fs-study/raw/btrfs-force-zstd1.r05.rand.fs67108864-rs4096-t1/fs67108864-rs4096-t1-random_write.json /work/main/bench/results/2026-11-24-89df5c4-fs/raw/fs/fs-study/raw/btrfs-force-zstd1.r05.rand.fs67108864-rs4096-t1/fs67108864-rs4096-t1-random_write.fio

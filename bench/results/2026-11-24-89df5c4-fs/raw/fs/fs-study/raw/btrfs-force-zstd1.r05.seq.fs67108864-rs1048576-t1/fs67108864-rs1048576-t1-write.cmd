@@ -1,1 +1,0 @@
-fio --output-format=json+ --output=/work/main/bench/results/2026-11-24-89df5c4-fs/raw/fs/fs-study/raw/btrfs-force-zstd1.r05.seq.fs67108864-rs1048576-t1/fs67108864-rs1048576-t1-write.json /work/main/bench/results/2026-11-24-89df5c4-fs/raw/fs/fs-study/raw/btrfs-force-zstd1.r05.seq.fs67108864-rs1048576-t1/fs67108864-rs1048576-t1-write.fio

@@ -1,1 +1,0 @@
-fio --output-format=json+ --output=/work/main/bench/results/2026-11-24-89df5c4-fs/raw/fs/fs-study/raw/btrfs-zstd1.r02.seq.fs67108864-rs1048576-t1/fs67108864-rs1048576-t1-read.json /work/main/bench/results/2026-11-24-89df5c4-fs/raw/fs/fs-study/raw/btrfs-zstd1.r02.seq.fs67108864-rs1048576-t1/fs67108864-rs1048576-t1-read.fio

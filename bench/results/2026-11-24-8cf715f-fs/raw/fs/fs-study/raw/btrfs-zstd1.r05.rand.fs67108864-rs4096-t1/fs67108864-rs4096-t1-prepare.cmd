@@ -1,1 +1,0 @@
-fio --output-format=json+ --output=/work/main/bench/results/2026-11-24-8cf715f/raw/fs/fs-study/raw/btrfs-zstd1.r05.rand.fs67108864-rs4096-t1/fs67108864-rs4096-t1-prepare.json /work/main/bench/results/2026-11-24-8cf715f/raw/fs/fs-study/raw/btrfs-zstd1.r05.rand.fs67108864-rs4096-t1/fs67108864-rs4096-t1-prepare.fio

@@ -1,1 +1,0 @@
-fio --output-format=json+ --output=/work/main/bench/results/2026-11-24-8cf715f/raw/fs/fs-study/raw/ext4-on-zbd-lz4.r03.rand.fs67108864-rs4096-t1/fs67108864-rs4096-t1-prepare.json /work/main/bench/results/2026-11-24-8cf715f/raw/fs/fs-study/raw/ext4-on-zbd-lz4.r03.rand.fs67108864-rs4096-t1/fs67108864-rs4096-t1-prepare.fio

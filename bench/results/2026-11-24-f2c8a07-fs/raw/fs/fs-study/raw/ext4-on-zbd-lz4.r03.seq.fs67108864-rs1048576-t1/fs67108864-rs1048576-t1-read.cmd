@@ -1,1 +1,0 @@
-fio --output-format=json+ --output=/work/main/bench/results/2026-11-24-f2c8a07/raw/fs/fs-study/raw/ext4-on-zbd-lz4.r03.seq.fs67108864-rs1048576-t1/fs67108864-rs1048576-t1-read.json /work/main/bench/results/2026-11-24-f2c8a07/raw/fs/fs-study/raw/ext4-on-zbd-lz4.r03.seq.fs67108864-rs1048576-t1/fs67108864-rs1048576-t1-read.fio

@@ -1,0 +1,195 @@
+"""The groups that are not same-run ratios: zbd's built-in benchmarks and the scripts under scripts/.
+
+Each runs its tool with the raw directory as its output directory (bench/raw/<run>/<group>/, ignored
+by git) and hands back what a reader needs: Markdown lines for summary.md and the small summary the
+tool itself writes (JSON, or tab-separated tables turned into rows) for figures.json. Which file is
+the summary is each tool's own convention, named below; the rest of what it wrote stays raw.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zbdlab.app import HostError
+from zbdlab.bench.settings import Settings
+
+Result = tuple[list[str], dict[str, Any]]  # summary lines, data for figures.json
+TERMINATE_WAIT_S = 120  # for a script's cleanup (servers, mounts, a Ceph cluster) after SIGTERM
+LOG_TAIL_LINES = 3  # of a failed tool's log, quoted in the error
+
+
+def run_tool(
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> str:
+    """Runs `argv`, its stdout line by line into `log` (and `progress`), its stderr into `log` too;
+    returns its stdout. A failure names the log and quotes its last lines."""
+    kept: list[str] = []
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=sink, text=True, env={**os.environ, **(env or {})}, cwd=cwd
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                sink.write(line)
+                sink.flush()
+                kept.append(line)
+                if progress:
+                    progress(line.rstrip())
+            code = proc.wait()
+        except BaseException:  # interrupted: the script's own EXIT trap undoes what it set up
+            proc.terminate()
+            proc.wait(timeout=TERMINATE_WAIT_S)
+            raise
+    if code != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-LOG_TAIL_LINES:]
+        raise HostError(f"{' '.join(argv[:3])} exited {code} (log: {log}): " + " / ".join(tail))
+    return "".join(kept)
+
+
+def fenced(title: str, text: str) -> list[str]:
+    return [f"### {title}", "", "```", *text.rstrip().splitlines(), "```", ""]
+
+
+def demoted(markdown: str) -> list[str]:
+    """A tool's own Markdown summary under a group heading: its title dropped, headings one level down."""
+    lines = markdown.rstrip().splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    return ["#" + line if line.startswith("#") else line for line in lines]
+
+
+def tsv_rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def builtin(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """`zbd bench codec` (the built-in mixed sample), `engine` (write amplification of 4 KiB write +
+    flush) and `cleaner` (random overwrites at 50/75/90 % live)."""
+    runs = [
+        ("codec", "codec cost on 4 KiB blocks (`zbd bench codec`)", ["codec"]),
+        ("engine", "write amplification (`zbd bench engine --size 256M`)", ["engine", "--size", "256M"]),
+        (
+            "cleaner",
+            "cleaner (`zbd bench cleaner --capacity 64M --factor 4`)",
+            ["cleaner", "--capacity", "64M", "--factor", "4", "--csv", str(raw / "cleaner-series.csv")],
+        ),
+    ]
+    lines: list[str] = []
+    data: dict[str, Any] = {}
+    for name, title, args in runs:
+        text = run_tool([zbd, "bench", *args], raw / f"{name}.txt", progress=settings.progress)
+        lines += fenced(title, text)
+        data[name] = text.rstrip().splitlines()
+    return lines, data
+
+
+def scale(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-scale.sh: its log, scale.txt, is the summary (one line per measurement)."""
+    env = {"ZBD_BIN": zbd, **({"QUICK": "1"} if settings.short else {})}
+    run_tool(
+        ["bash", str(repo / "scripts" / "bench-scale.sh"), str(raw)],
+        raw / "log.txt",
+        env,
+        repo,
+        settings.progress,
+    )
+    measured = (raw / "scale.txt").read_text().strip().splitlines()
+    return [f"- {line}" for line in measured] + [""], {"lines": measured}
+
+
+def latency(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-latency.sh (this binary, and --base-zbd if given): latency.md and latency.json."""
+    argv = ["bash", str(repo / "scripts" / "bench-latency.sh"), str(raw)]
+    argv += [settings.base_zbd] if settings.base_zbd else []
+    env = {"ZBD_BIN": zbd, "LAT_DIR": str(settings.work_dir)}
+    run_tool(argv, raw / "log.txt", env, repo, settings.progress)
+    return demoted((raw / "latency.md").read_text()) + [""], json.loads((raw / "latency.json").read_text())
+
+
+def savings(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-savings.sh: summary.md (scripts/savings_project.py), space.tsv and read.tsv."""
+    env = {
+        "ZBD_BIN": zbd,
+        "SAVINGS_ZFS": os.environ.get("SAVINGS_ZFS", "1"),
+        "SAVINGS_UNITS": os.environ.get("SAVINGS_UNITS", "4K 8K 16K"),
+    }
+    run_tool(
+        ["bash", str(repo / "scripts" / "bench-savings.sh"), str(raw)],
+        raw / "log.txt",
+        env,
+        repo,
+        settings.progress,
+    )
+    data = {"space": tsv_rows(raw / "space.tsv"), "read": tsv_rows(raw / "read.tsv")}
+    return demoted((raw / "summary.md").read_text()) + [""], data
+
+
+def ceph(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-ceph.sh (a throwaway cluster): its JSON, as a table zbd / RBD."""
+    result = raw / "ceph.json"
+    env = {"ZBD_BIN": zbd, "BENCH_CEPH_OUT": str(result)}
+    run_tool(["bash", str(repo / "scripts" / "bench-ceph.sh")], raw / "log.txt", env, repo, settings.progress)
+    doc = json.loads(result.read_text())
+    return ceph_table(doc), doc
+
+
+def ceph_table(doc: dict[str, Any]) -> list[str]:
+    rows = [
+        ("bytes the pool stores after the tree copy", "stored_bytes", 1e-6, "MB"),
+        ("1 MiB seq write", "seq_write_mbps", 1, "MB/s"),
+        ("1 MiB seq read", "seq_read_mbps", 1, "MB/s"),
+        ("4 KiB rand write QD16", "rand_write_4k_iops", 1e-3, "k IOPS"),
+        ("4 KiB rand read QD16", "rand_read_4k_iops", 1e-3, "k IOPS"),
+    ]
+    ratios = doc.get("ratios_zbd_over_rbd", {})
+    lines = [
+        f"Device {doc.get('size')}, tree of {doc.get('tree_bytes', 0) / 1e6:.1f} MB; "
+        f"load {doc.get('loadavg', {}).get('start')} -> {doc.get('loadavg', {}).get('end')}.",
+        "",
+        "| measure | zbd | RBD | zbd / RBD |",
+        "|---|---|---|---|",
+    ]
+    for label, key, scale_by, unit in rows:
+        pair = doc.get(key, {})
+        ratio = ratios.get(key)
+        zbd, rbd = (f"{pair.get(side, 0) * scale_by:.1f} {unit}" for side in ("zbd", "rbd"))
+        lines.append(f"| {label} | {zbd} | {rbd} | {'-' if ratio is None else f'{ratio:.3f}'} |")
+    return [*lines, ""]
+
+
+def rados_ab(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-rados-ab.sh write and read, base (A) against this binary (B), 3 rounds."""
+    if not settings.base_zbd:
+        raise HostError("group rados-ab compares two binaries: pass --base-zbd")
+    lines: list[str] = []
+    data: dict[str, Any] = {}
+    for mode in ("write", "read"):
+        argv = ["bash", str(repo / "scripts" / "bench-rados-ab.sh"), mode, settings.base_zbd, zbd, "3"]
+        text = run_tool(argv, raw / f"{mode}.txt", {"ZBD_BIN": zbd}, repo, settings.progress)
+        lines += fenced(f"{mode}: A = base {settings.base_zbd}, B = {zbd}", text)
+        data[mode] = text.rstrip().splitlines()
+    return lines, data
+
+
+SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
+    "builtin": builtin,
+    "scale": scale,
+    "latency": latency,
+    "savings": savings,
+    "ceph": ceph,
+    "rados-ab": rados_ab,
+}
