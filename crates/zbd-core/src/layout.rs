@@ -15,7 +15,7 @@ pub const EXTENT_BYTES_DEFAULT: u32 = 32 * 1024;
 /// device writes (one segment per extent as it fills); on this machine's disk, which is bound by
 /// write operations more than bytes, 128 KiB extents wrote 1.35x faster than 32 KiB with lz4 and
 /// put zbd `none` level with qemu-nbd, and a `none` volume wastes 1 % of each extent instead of 9 %
-/// (7 blocks with their records fill 29 of 32 KiB). docs/benchmarks.md, "Stop 23".
+/// (7 blocks with their records fill 29 of 32 KiB). docs/benchmarks-history.md, "Stop 23".
 pub const FILE_EXTENT_BYTES_DEFAULT: u32 = 128 * 1024;
 /// Extent size `zbd create` gives a RADOS volume: each extent write is one OSD operation, and 32
 /// KiB extents made sequential writes OSD-bound (8x the operations of 256 KiB, half the

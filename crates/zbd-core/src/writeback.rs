@@ -3,7 +3,7 @@
 //! Sealing a segment (records, checksums) needs the state; handing its bytes to the storage does
 //! not, and that hand-off is what used to stall everyone: a queued write woke an I/O thread
 //! (now one per 256 KiB queued, backend/queued.rs), the scheduler ran it at once, and the thread that held
-//! the state lock waited for a core (`docs/benchmarks.md`, "Write path"); a full queue also makes
+//! the state lock waited for a core (`docs/benchmarks-history.md`, "Write path"); a full queue also makes
 //! the writer wait. So a sealed segment is pushed here under the state lock
 //! (cheap: a move) and issued to the storage after the lock is released, by the thread that
 //! sealed it or by whoever needs it on the storage first.
