@@ -132,7 +132,6 @@ def measure(ctx: Context) -> Measured:
             ["setup", *(OP_LABELS[o] for o in OPS)], rows, "% average throughput increase from compression"
         ),
         notes=notes,
-        commands=ctx.commands,
     )
 
 

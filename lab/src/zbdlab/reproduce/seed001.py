@@ -98,7 +98,7 @@ def postmark_measure(ctx: Context) -> Measured:
         ),
         "Ext2 and Ext3 are made by mkfs.ext4 -t ext2/ext3 and run by the kernel's ext4 driver (as on any current kernel)",
     ]
-    return Measured(Table(PM_COLUMNS, rows, "MiB/s"), notes=notes, commands=ctx.commands)
+    return Measured(Table(PM_COLUMNS, rows, "MiB/s"), notes=notes)
 
 
 def _order(table: Table, column: str) -> list[str]:
@@ -216,7 +216,7 @@ def compare_measure(ctx: Context) -> Measured:
         f"the full comparison page: {out}/index.html (zbdlab compare, the thesis' section 5.2 tool)",
         "positive: Ext4 faster than XFS",
     ]
-    return Measured(Table(CMP_COLUMNS, rows, "% Ext4 vs XFS"), notes=notes, commands=ctx.commands)
+    return Measured(Table(CMP_COLUMNS, rows, "% Ext4 vs XFS"), notes=notes)
 
 
 def run_compare(ctx: Context, results: Path, out: Path) -> None:

@@ -72,7 +72,6 @@ def table1_measure(ctx: Context) -> Measured:
     return Measured(
         table,
         notes=["data: zbd's built-in mixed sample (16 MiB: text, binary, zeros), cut into 4 KiB blocks"],
-        commands=ctx.commands,
     )
 
 
@@ -200,7 +199,7 @@ def table2_measure(ctx: Context) -> Measured:
         "savings: a block is kept compressed only if that saves a sector), i.e. block level without the file "
         "system's metadata",
     ]
-    return Measured(Table(TABLE2_COLUMNS, rows, "space savings, %"), notes=notes, commands=ctx.commands)
+    return Measured(Table(TABLE2_COLUMNS, rows, "space savings, %"), notes=notes)
 
 
 def table2_compare(seed: Table, ours: Measured) -> Verdict:
@@ -382,7 +381,7 @@ def fig2_measure(ctx: Context) -> Measured:
         memory_text(ctx.quick),
         "PostMark writes its own text (about 1.2:1), the paper modified it to write real mail (about 1.5:1, Table II mbox)",
     ]
-    return Measured(Table(FIG2_COLUMNS, rows, "PostMark transactions/s"), notes=notes, commands=ctx.commands)
+    return Measured(Table(FIG2_COLUMNS, rows, "PostMark transactions/s"), notes=notes)
 
 
 def fig2_compare(seed: Table, ours: Measured) -> Verdict:
@@ -525,7 +524,6 @@ def fig10_measure(ctx: Context) -> Measured:
     return Measured(
         Table(["extent", "PostMark (tps)", "random 4K read (IOPS)"], rows, "operations/s"),
         notes=notes,
-        commands=ctx.commands,
     )
 
 
@@ -681,7 +679,7 @@ def fig11_measure(ctx: Context) -> Measured:
         "fio in a memory cgroup smaller than the file set (zbdlab memory_limit), so reads reach the disk as "
         "SPEC SFS's data set larger than the server's memory made them",
     ]
-    return Measured(Table(FIG11_COLUMNS, rows, "MiB"), notes=notes, commands=ctx.commands)
+    return Measured(Table(FIG11_COLUMNS, rows, "MiB"), notes=notes)
 
 
 def _zbd_split(results: ResultsDir) -> dict[str, tuple[int, int, int]]:
@@ -805,7 +803,7 @@ def fig12_measure(ctx: Context) -> Measured:
         f"free extents ranged {min(free):.0f} %..{max(free):.0f} % (watermarks 10 % / 25 %, as in the seed)",
         f"the series: {csv_path.name} (and {csv_path.with_suffix('.svg').name}, zbd's own plot)",
     ]
-    return Measured(table, notes=notes, commands=ctx.commands, extra={"series": str(csv_path)})
+    return Measured(table, notes=notes, extra={"series": str(csv_path)})
 
 
 def fig12_compare(seed: Table, ours: Measured) -> Verdict:

@@ -80,7 +80,7 @@ def measure(ctx: Context) -> Measured:
         "Filebench is replaced by zbdlab's fio-based personalities with Filebench's flows (docs/workloads.md)",
         "ZFS is zfs-fuse: FUSE bounds it; the thesis ran ZFS on Linux in the kernel",
     ]
-    return Measured(Table(COLUMNS, rows, "MB/s"), notes=notes, commands=ctx.commands)
+    return Measured(Table(COLUMNS, rows, "MB/s"), notes=notes)
 
 
 def compare(seed: Table, ours: Measured) -> Verdict:
