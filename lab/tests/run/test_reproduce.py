@@ -184,6 +184,58 @@ def test_every_generated_study_is_valid_at_both_sizes() -> None:
                 assert list(factory.build(study.source, spec).cells()), (study.source, spec.name)
 
 
+def test_study_builders_give_the_keys_asked_for_and_no_others() -> None:
+    import tomllib
+
+    from zbdlab.reproduce.studies import study_head, target, zbd_table
+
+    tool = tomllib.loads(study_head("x: y", "repro-x", repetitions=2, cache="warm", seed=7))
+    assert tool == {
+        "version": 1,
+        "name": "repro-x",
+        "repetitions": 2,
+        "cache": "warm",
+        "seed": 7,
+        "data": {"kind": "tool"},
+    }
+    head = study_head(
+        "x",
+        "n",
+        repetitions=1,
+        cache="cold",
+        seed=1,
+        compress_percentage=50,
+        format="once",
+        memory_limit="16M",
+    )
+    assert head.startswith("# zbdlab reproduce x\n") and head.endswith("\n\n")
+    synthetic = tomllib.loads(head)
+    assert synthetic["data"] == {"kind": "synthetic", "compress_percentage": 50}
+    assert (synthetic["format"], synthetic["memory_limit"]) == ("once", "16M")
+    text = (
+        target("a", "xfs", "1G")
+        + "\n"
+        + target(
+            "b",
+            "xfs",
+            "2G",
+            devices=3,
+            throttle='{ rate = "100M" }',
+            lines=zbd_table(codec="lzo", extent_size="8K"),
+        )
+    )
+    a, b = tomllib.loads(text)["targets"]
+    assert a == {"name": "a", "fs": "xfs", "size": "1G"}
+    assert b == {
+        "name": "b",
+        "fs": "xfs",
+        "size": "2G",
+        "devices": 3,
+        "throttle": {"rate": "100M"},
+        "zbd": {"codec": "lzo", "extent_size": "8K"},
+    }
+
+
 def test_spread_note_gives_the_interval_or_says_there_is_none() -> None:
     from zbdlab.reproduce.context import spread_note
     from zbdlab.stats.describe import describe

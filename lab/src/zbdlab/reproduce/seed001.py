@@ -23,6 +23,7 @@ from zbdlab.reproduce.model import (
     change_verdict,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
 from zbdlab.results.schema import RunRecord
 
 DOC = "001 (BSc thesis, Brno 2011)"
@@ -35,25 +36,21 @@ FILESYSTEMS = (  # row, fs, mkfs options: mkfs.ext4 -t ext2/ext3 makes the older
 
 
 def postmark_study(quick: bool) -> str:
-    targets = "\n".join(
-        f'[[targets]]\nname = "{row.lower()}"\nfs = "{fs}"\nsize = "{"1G" if quick else "4G"}"\n{extra}\n'
-        for row, fs, extra in FILESYSTEMS
-    )
+    size = "1G" if quick else "4G"
+    targets = "\n".join(target(row.lower(), fs, size, lines=f"{extra}\n") for row, fs, extra in FILESYSTEMS)
     # thesis: files of 8..16 KiB, 131,072 files, 4 transactions per file, read:append 10:1 (bias_read 9,
     # the nearest in PostMark's tenths), create:delete 5:1 (bias_create 8)
     # full: a quarter of the thesis' 131,072 files would take 2 min a run; 8,192 is 4x the quick run
     number = 2048 if quick else 8192
-    return f"""# zbdlab reproduce 001-postmark: the thesis' PostMark configuration, scaled
-version = 1
-name = "repro-001-postmark"
-repetitions = 4
-cache = "warm"
-format = "once"
-seed = 2011
-[data]
-kind = "tool"
-
-{targets}
+    head = study_head(
+        "001-postmark: the thesis' PostMark configuration, scaled",
+        "repro-001-postmark",
+        repetitions=4,
+        cache="warm",
+        format="once",
+        seed=2011,
+    )
+    return f"""{head}{targets}
 [workloads.postmark]
 kind = "postmark"
 number = {number}
@@ -159,27 +156,17 @@ POSTMARK = Reproduction(
 
 
 def iozone_study(quick: bool) -> str:
-    return f"""# zbdlab reproduce 001-compare: IOzone on Ext4 and XFS (buffered), for zbdlab compare
-version = 1
-name = "repro-001-iozone"
-repetitions = 3
-cache = "cold"
-format = "once"
-seed = 2011
-[data]
-kind = "synthetic"
-compress_percentage = 0
-
-[[targets]]
-name = "xfs"
-fs = "xfs"
-size = "1G"
-
-[[targets]]
-name = "ext4"
-fs = "ext4"
-size = "1G"
-
+    head = study_head(
+        "001-compare: IOzone on Ext4 and XFS (buffered), for zbdlab compare",
+        "repro-001-iozone",
+        repetitions=3,
+        cache="cold",
+        format="once",
+        seed=2011,
+        compress_percentage=0,
+    )
+    targets = "\n".join(target(fs, fs, "1G") for fs in ("xfs", "ext4"))
+    return f"""{head}{targets}
 [workloads.iozone]
 kind = "iozone"
 file_sizes = {'["4M", "16M"]' if quick else '["4M", "16M", "64M"]'}

@@ -30,6 +30,7 @@ from zbdlab.reproduce.model import (
     pct_change,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target, zbd_table
 from zbdlab.results.schema import RunRecord
 
 DOC = "002 (ZBD paper, FORTH)"
@@ -142,23 +143,16 @@ def table2_study(sets: list[datasets.DataSet], quick: bool) -> str:
         f'[workloads.{s.name}]\nkind = "copy"\noperations = ["tree"]\ntree_source = "{s.path}"\n'
         for s in sets
     )
-    return f"""# zbdlab reproduce 002-table2: each data set copied onto ZFS (zfs-fuse, lzjb)
-version = 1
-name = "repro-002-table2"
-repetitions = 1
-cache = "cold"
-format = "repetition"
-seed = 2
-[data]
-kind = "tool"
-
-[[targets]]
-name = "zfs-lzjb"
-fs = "zfs"
-size = "{"1G" if quick else "4G"}"
-compression = "lzjb"
-
-{workloads}"""
+    head = study_head(
+        "002-table2: each data set copied onto ZFS (zfs-fuse, lzjb)",
+        "repro-002-table2",
+        repetitions=1,
+        cache="cold",
+        format="repetition",
+        seed=2,
+    )
+    zfs = target("zfs-lzjb", "zfs", "1G" if quick else "4G", lines='compression = "lzjb"\n')
+    return f"{head}{zfs}\n{workloads}"
 
 
 TABLE2_COLUMNS = ["data", "MB", "gzip -r", "gzip .tar", "ZFS", "ZBD (zlib)", "ZBD (lzo)"]
@@ -316,23 +310,23 @@ bias_read = 4
 # Quick studies format each target once and reuse it across repetitions (the runner fstrims after
 # every run, so zbd gets the deleted files' extents back): provisioning a zbd volume and mkfs per
 # repetition costs more than the quick runs themselves.
-FORMAT_ONCE = 'format = "once"'
+FORMAT_ONCE = "once"
 # PostMark makes and deletes its whole data set within one run, and the random reads are O_DIRECT, so
 # a cold cache between runs proves nothing there, and it was most of the time (remount with a zbd
 # serve restart, sync, drop_caches, fincore: about 25 s per run at load 25). Warm: no remount, and
 # the runner discards each unit's first run, so 4 repetitions keep 3.
-POSTMARK_CACHE = 'repetitions = 4\ncache = "warm"'
+POSTMARK_REPETITIONS, POSTMARK_CACHE = 4, "warm"
 
 
 def native_and_zbd_targets(size: str, keep: tuple[str, ...] | None = None) -> str:
     """XFS on the throttled disk, and XFS on a zbd volume with lzo, zlib-1 and no compression on it."""
     return "\n".join(
-        f'[[targets]]\nname = "{name}"\nfs = "xfs"\nsize = "{size}"\nthrottle = {THROTTLE}\n{zbd}'
+        target(name, "xfs", size, throttle=THROTTLE, lines=zbd)
         for name, zbd in (
             ("native", ""),
-            ("zbd-lzo", '[targets.zbd]\ncodec = "lzo"\n'),
-            ("zbd-zlib", '[targets.zbd]\ncodec = "zlib:1"\n'),
-            ("zbd-none", '[targets.zbd]\ncodec = "none"\n'),
+            ("zbd-lzo", zbd_table(codec="lzo")),
+            ("zbd-zlib", zbd_table(codec="zlib:1")),
+            ("zbd-none", zbd_table(codec="none")),
         )
         if keep is None or name in keep
     )
@@ -343,17 +337,16 @@ def fig2_study(quick: bool, cpus: int) -> str:
     # one CPU only for the target the seed's CPU claim is about (zlib)
     keep = ("zbd-zlib",) if cpus == 1 else None
     targets = native_and_zbd_targets(size, keep)
-    return f"""# zbdlab reproduce 002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk
-version = 1
-name = "repro-002-fig2"
-{POSTMARK_CACHE}
-{FORMAT_ONCE}
-memory_limit = "{memory_limit(quick)}"
-seed = 2
-[data]
-kind = "tool"
-
-{targets}
+    head = study_head(
+        "002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk",
+        "repro-002-fig2",
+        repetitions=POSTMARK_REPETITIONS,
+        cache=POSTMARK_CACHE,
+        format=FORMAT_ONCE,
+        memory_limit=memory_limit(quick),
+        seed=2,
+    )
+    return f"""{head}{targets}
 [workloads.postmark]
 {postmark_table(quick)}"""
 
@@ -448,31 +441,28 @@ EXTENTS_FULL = ("8K", "32K", "128K", "1M")
 
 def fig10_study(quick: bool) -> str:
     extents = EXTENTS_QUICK if quick else EXTENTS_FULL
+    size, logical_size = ("2G", "768M") if quick else ("8G", "3G")
     targets = "\n".join(
-        f"""[[targets]]
-name = "zbd-lzo-{e}"
-fs = "xfs"
-size = "{"2G" if quick else "8G"}"
-throttle = {THROTTLE}
-[targets.zbd]
-codec = "lzo"
-extent_size = "{e}"
-logical_size = "{"768M" if quick else "3G"}"
-"""
+        target(
+            f"zbd-lzo-{e}",
+            "xfs",
+            size,
+            throttle=THROTTLE,
+            lines=zbd_table(codec="lzo", extent_size=e, logical_size=logical_size),
+        )
         for e in extents
     )
-    return f"""# zbdlab reproduce 002-fig10: extent size sweep, PostMark and 4 KiB random reads
-version = 1
-name = "repro-002-fig10"
-{POSTMARK_CACHE}
-{FORMAT_ONCE}
-memory_limit = "{memory_limit(quick)}"
-seed = 10
-[data]
-kind = "synthetic"
-compress_percentage = 50
-
-{targets}
+    head = study_head(
+        "002-fig10: extent size sweep, PostMark and 4 KiB random reads",
+        "repro-002-fig10",
+        repetitions=POSTMARK_REPETITIONS,
+        cache=POSTMARK_CACHE,
+        format=FORMAT_ONCE,
+        memory_limit=memory_limit(quick),
+        seed=10,
+        compress_percentage=50,
+    )
+    return f"""{head}{targets}
 [workloads.postmark]
 {postmark_table(quick)}
 [workloads.randread]
@@ -583,19 +573,17 @@ FIG10 = Reproduction(
 
 def fig11_study(quick: bool) -> str:
     targets = native_and_zbd_targets("1G" if quick else "4G")
-    return f"""# zbdlab reproduce 002-fig11: I/O volume of a file-server mix, native vs ZBD
-version = 1
-name = "repro-002-fig11"
-repetitions = {2 if quick else 3}
-cache = "cold"
-{FORMAT_ONCE}
-memory_limit = "{"48M" if quick else "64M"}"
-seed = 11
-[data]
-kind = "synthetic"
-compress_percentage = 50
-
-{targets}
+    head = study_head(
+        "002-fig11: I/O volume of a file-server mix, native vs ZBD",
+        "repro-002-fig11",
+        repetitions=2 if quick else 3,
+        cache="cold",
+        format=FORMAT_ONCE,
+        memory_limit="48M" if quick else "64M",
+        seed=11,
+        compress_percentage=50,
+    )
+    return f"""{head}{targets}
 [workloads.fileserver]
 kind = "fileserver"
 scale = {0.06 if quick else 0.1}
@@ -702,12 +690,12 @@ def _zbd_split(results: ResultsDir) -> dict[str, tuple[int, int, int]]:
 def fig11_compare(seed: Table, ours: Measured) -> Verdict:
     t = ours.table
     verdicts = []
-    for label, target in (("lzo", "zbd-lzo"), ("zlib", "zbd-zlib"), ("pass-through", "zbd-none")):
+    for label, name in (("lzo", "zbd-lzo"), ("zlib", "zbd-zlib"), ("pass-through", "zbd-none")):
         verdicts.append(
             change_verdict(
                 f"{label} total I/O",
                 seed.value(f"ZBD ({label})", "total"),
-                t.value(target, "total vs native (%, per fio byte)"),
+                t.value(name, "total vs native (%, per fio byte)"),
                 40,
             )
         )
@@ -715,7 +703,7 @@ def fig11_compare(seed: Table, ours: Measured) -> Verdict:
             change_verdict(
                 f"{label} writes",
                 seed.value(f"ZBD ({label})", "write"),
-                t.value(target, "written vs native (%, per fio byte)"),
+                t.value(name, "written vs native (%, per fio byte)"),
                 20,
             )
         )

@@ -17,6 +17,7 @@ from zbdlab.reproduce.model import (
     pct_change,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
 
 DOC = "003 (course report, ZFS vs ext4)"
 # workload -> (compress_percentage, dedupe_percentage, declared compression, declared dedup)
@@ -42,34 +43,22 @@ compress_percentage = {c}
 """
         for name, (c, d, _rc, _rd) in DATA.items()
     )
-    return f"""# zbdlab reproduce 003: achieved vs declared compression and dedup ratios on ZFS
-version = 1
-name = "repro-003"
-repetitions = {1 if quick else 3}
-cache = "cold"
-seed = 3
-[data]
-kind = "synthetic"
-compress_percentage = 0
-
-[[targets]]
-name = "zfs"
-fs = "zfs"
-size = "1G"
-
-[[targets]]
-name = "zfs-lzjb"
-fs = "zfs"
-size = "1G"
-compression = "lzjb"
-
-[[targets]]
-name = "zfs-dedup"
-fs = "zfs"
-size = "1G"
-dedup = true
-
-{workloads}"""
+    head = study_head(
+        "003: achieved vs declared compression and dedup ratios on ZFS",
+        "repro-003",
+        repetitions=1 if quick else 3,
+        cache="cold",
+        seed=3,
+        compress_percentage=0,
+    )
+    targets = "\n".join(
+        [
+            target("zfs", "zfs", "1G"),
+            target("zfs-lzjb", "zfs", "1G", lines='compression = "lzjb"\n'),
+            target("zfs-dedup", "zfs", "1G", lines="dedup = true\n"),
+        ]
+    )
+    return f"{head}{targets}\n{workloads}"
 
 
 COLUMNS = ["data", "declared", "achieved", "achieved vs declared (%)", "CPU s per GB written"]

@@ -18,6 +18,7 @@ from zbdlab.reproduce.model import (
     Verdict,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
 
 DOC = "004 (BSc thesis, Skovde 2015)"
 PERSONALITIES = ("fileserver", "oltp", "webserver")
@@ -25,36 +26,33 @@ THROTTLE = '{ rate = "100M", latency = "4ms" }'
 
 
 def study(quick: bool) -> str:
-    def target(name: str, fs: str, extra: str = "", devices: int = 1) -> str:
-        return f'[[targets]]\nname = "{name}"\nfs = "{fs}"\nsize = "1G"\ndevices = {devices}\nthrottle = {THROTTLE}\n{extra}\n'
+    def one(name: str, fs: str, extra: str = "", devices: int = 1) -> str:
+        return target(name, fs, "1G", devices=devices, throttle=THROTTLE, lines=f"{extra}\n")
 
-    targets = [target("btrfs", "btrfs"), target("zfs", "zfs")]
+    targets = [one("btrfs", "btrfs"), one("zfs", "zfs")]
     if not quick:
         targets += [
-            target("ext4", "ext4"),
-            target("xfs", "xfs"),
-            target("btrfs-raid10", "btrfs", 'raid = "raid10"', 4),
-            target("zfs-raid10", "zfs", 'layout = "raid10"', 4),
-            target("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 4),
-            target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
+            one("ext4", "ext4"),
+            one("xfs", "xfs"),
+            one("btrfs-raid10", "btrfs", 'raid = "raid10"', 4),
+            one("zfs-raid10", "zfs", 'layout = "raid10"', 4),
+            one("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 4),
+            one("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
         f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.04}\nruntime_s = {3 if quick else 5}\n'
         for p in PERSONALITIES
     )
-    return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
-version = 1
-name = "repro-004"
-repetitions = 4
-cache = "warm"
-format = "once"
-seed = 2015
-[data]
-kind = "synthetic"
-compress_percentage = 0
-
-{"".join(targets)}
-{workloads}"""
+    head = study_head(
+        "004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks",
+        "repro-004",
+        repetitions=4,
+        cache="warm",
+        format="once",
+        seed=2015,
+        compress_percentage=0,
+    )
+    return f"{head}{''.join(targets)}\n{workloads}"
 
 
 ROWS = (("btrfs", "btrfs"), ("ZFS", "zfs"), ("ext4", "ext4"), ("XFS", "xfs"))
