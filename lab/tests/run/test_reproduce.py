@@ -245,6 +245,28 @@ def test_spread_note_gives_the_interval_or_says_there_is_none() -> None:
     assert "n=3" in note and "zbd 7 (1 run, no interval)" in note
 
 
+def test_medians_noted_is_medians_and_the_spread_note_of_the_same_runs() -> None:
+    from zbdlab.reproduce.context import by_target, medians, medians_noted, spread_note, spreads
+    from zbdlab.results.schema import RunRecord
+
+    records = [
+        RunRecord(
+            run_id=f"{t}{i}",
+            target=t,
+            workload="w",
+            operation="write",
+            repetition=i,
+            iops=v,
+            discarded=i == 0,
+        )
+        for t, values in (("native", [99.0, 10.0, 12.0, 14.0]), ("zbd", [99.0, 7.0, None, 9.0]))
+        for i, v in enumerate(values)
+    ]
+    table, note = medians_noted("IOPS", records, by_target, lambda r: r.iops)
+    assert table == medians(records, by_target, lambda r: r.iops) == {("native",): 12.0, ("zbd",): 8.0}
+    assert note == spread_note("IOPS", spreads(records, by_target, lambda r: r.iops))
+
+
 def test_the_sets_are_sized_to_their_budgets() -> None:
     """The run time is designed: every figure declares its work and cost per unit, and the sets'
     planned totals stay within what they are sized for (a design check, no timing measured here)."""

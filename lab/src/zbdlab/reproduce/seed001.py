@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from zbdlab.reproduce.context import Context, medians, spread_note, spreads, study_part
+from zbdlab.reproduce.context import Context, by_target, medians, spread_note, spreads, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -76,8 +76,8 @@ def postmark_measure(ctx: Context) -> Measured:
 
         return rate
 
-    read = medians(results.records, lambda r: (r.target,), per_s("bytes_read"))
-    write = medians(results.records, lambda r: (r.target,), per_s("bytes_written"))
+    read = medians(results.records, by_target, per_s("bytes_read"))
+    write = medians(results.records, by_target, per_s("bytes_written"))
     read_mib = per_s("bytes_read")
     rows = [
         [
@@ -91,7 +91,7 @@ def postmark_measure(ctx: Context) -> Measured:
         "bytes PostMark read and wrote (its report) per second of its whole run (wall clock), median of repetitions",
         spread_note(
             "read MiB/s",
-            spreads(results.records, lambda r: (r.target,), lambda r: (read_mib(r) or 0) / 2**20),
+            spreads(results.records, by_target, lambda r: (read_mib(r) or 0) / 2**20),
         ),
         "Ext2 and Ext3 are made by mkfs.ext4 -t ext2/ext3 and run by the kernel's ext4 driver (as on any current kernel)",
     ]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from zbdlab.parsers.results import ResultsDir
 from zbdlab.reproduce import datasets
-from zbdlab.reproduce.context import Context, medians, memory_note, spread_note, spreads, study_part
+from zbdlab.reproduce.context import Context, by_target, medians, medians_noted, memory_note, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -359,14 +359,9 @@ def fig2_measure(ctx: Context) -> Measured:
     rows, spread = [], []
     for cpus in (1, 2):
         results = ctx.study(f"cpus{cpus}", fig2_study(ctx.quick, cpus), cpus=cpus)
-        tps = medians(results.records, lambda r: (r.target,), postmark_rate(ctx.quick))
+        tps, note = medians_noted(f"{cpus} CPU(s)", results.records, by_target, postmark_rate(ctx.quick))
         rows.append([cpus, *[round(tps.get((t,), math.nan), 1) for t in FIG2_TARGETS]])
-        spread.append(
-            spread_note(
-                f"{cpus} CPU(s)", spreads(results.records, lambda r: (r.target,), postmark_rate(ctx.quick))
-            )
-        )
-        spread.append(memory_note(results.records))
+        spread += [note, memory_note(results.records)]
     notes = [
         "PostMark transactions per second of its whole run (wall clock), median of repetitions",
         *spread,
@@ -476,36 +471,18 @@ direct = true
 
 def fig10_measure(ctx: Context) -> Measured:
     results = ctx.study("study", fig10_study(ctx.quick))
-    tps = medians(
-        (r for r in results.records if r.workload == "postmark"),
-        lambda r: (r.target,),
-        postmark_rate(ctx.quick),
-    )
-    rr = medians(
-        (r for r in results.records if r.operation == "random_read"), lambda r: (r.target,), lambda r: r.iops
-    )
+    postmark = [r for r in results.records if r.workload == "postmark"]
+    reads = [r for r in results.records if r.operation == "random_read"]
+    tps, tps_note = medians_noted("PostMark", postmark, by_target, postmark_rate(ctx.quick))
+    rr, rr_note = medians_noted("random 4K reads", reads, by_target, lambda r: r.iops)
     rows = []
     for e in EXTENTS_QUICK if ctx.quick else EXTENTS_FULL:
         t = f"zbd-lzo-{e}"
         rows.append([e, round(tps.get((t,), math.nan), 1), round(rr.get((t,), math.nan), 1)])
     notes = [
         "PostMark: transactions/s of its whole run (wall clock); random read: 4 KiB O_DIRECT reads/s of a file written just before (TPC-C stand-in)",
-        spread_note(
-            "PostMark",
-            spreads(
-                (r for r in results.records if r.workload == "postmark"),
-                lambda r: (r.target,),
-                postmark_rate(ctx.quick),
-            ),
-        ),
-        spread_note(
-            "random 4K reads",
-            spreads(
-                (r for r in results.records if r.operation == "random_read"),
-                lambda r: (r.target,),
-                lambda r: r.iops,
-            ),
-        ),
+        tps_note,
+        rr_note,
         memory_note(results.records),
         f"XFS on ZBD (lzo) on the throttled disk; {memory_text(ctx.quick)}",
         "zbd volumes of a smaller logical size than the image (768 MiB on 2 GiB quick): with 8 KiB extents zbd "
@@ -616,11 +593,12 @@ def _per_logical(
 
 def fig11_measure(ctx: Context) -> Measured:
     results = ctx.study("study", fig11_study(ctx.quick))
-    read = medians(results.records, lambda r: (r.target,), lambda r: r.backing_bytes_read)
-    written = medians(results.records, lambda r: (r.target,), lambda r: r.backing_bytes_written)
-    total_per = medians(
+    read = medians(results.records, by_target, lambda r: r.backing_bytes_read)
+    written = medians(results.records, by_target, lambda r: r.backing_bytes_written)
+    total_per, total_note = medians_noted(
+        "device bytes per fio byte",
         results.records,
-        lambda r: (r.target,),
+        by_target,
         _per_logical(
             lambda r: (r.backing_bytes_read or 0) + (r.backing_bytes_written or 0),
             lambda r: (r.logical_bytes_read or 0) + (r.logical_bytes_written or 0),
@@ -628,7 +606,7 @@ def fig11_measure(ctx: Context) -> Measured:
     )
     written_per = medians(
         results.records,
-        lambda r: (r.target,),
+        by_target,
         _per_logical(lambda r: r.backing_bytes_written, lambda r: r.logical_bytes_written),
     )
     split = _zbd_split(results)
@@ -652,17 +630,7 @@ def fig11_measure(ctx: Context) -> Measured:
         "are not counted as moving more (SPEC SFS ran at a fixed 3,400 ops/s)",
         "zbd split: `zbd stat --json` lifetime counters of the volume after the run (mkfs included)",
         "the file-server mix is zbdlab's fileserver personality (fio, Filebench's flow), 50 % compressible data",
-        spread_note(
-            "device bytes per fio byte",
-            spreads(
-                results.records,
-                lambda r: (r.target,),
-                _per_logical(
-                    lambda r: (r.backing_bytes_read or 0) + (r.backing_bytes_written or 0),
-                    lambda r: (r.logical_bytes_read or 0) + (r.logical_bytes_written or 0),
-                ),
-            ),
-        ),
+        total_note,
         memory_note(results.records),
         "fio in a memory cgroup smaller than the file set (zbdlab memory_limit), so reads reach the disk as "
         "SPEC SFS's data set larger than the server's memory made them",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from zbdlab.reproduce.context import Context, mb_s, medians, spread_note, spreads, study_part
+from zbdlab.reproduce.context import Context, mb_s, medians_noted, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -62,7 +62,7 @@ COLUMNS = ["file system", "fileserver (MB/s)", "oltp (MB/s)", "webserver (MB/s)"
 def measure(ctx: Context) -> Measured:
     results = ctx.study("study", study(ctx.quick))
     # warm cache: the runner marks each unit's first run discarded, as the thesis discarded run 1 of 20
-    med = medians(results.records, lambda r: (r.target, r.workload), mb_s)
+    med, spread = medians_noted("MB/s", results.records, lambda r: (r.target, r.workload), mb_s)
     rows = [[label, *(round(med.get((t, p), math.nan), 1) for p in PERSONALITIES)] for label, t in ROWS]
     if not ctx.quick:
         for label, t in (
@@ -74,7 +74,7 @@ def measure(ctx: Context) -> Measured:
             rows.append([label, *(round(med.get((t, p), math.nan), 1) for p in PERSONALITIES)])
     notes = [
         "median throughput of the non-discarded runs (the first run of each unit is discarded, as in the thesis)",
-        spread_note("MB/s", spreads(results.records, lambda r: (r.target, r.workload), mb_s)),
+        spread,
         "Filebench is replaced by zbdlab's fio-based personalities with Filebench's flows (docs/workloads.md)",
         "ZFS is zfs-fuse: FUSE bounds it; the thesis ran ZFS on Linux in the kernel",
     ]
