@@ -318,6 +318,22 @@ FORMAT_ONCE = "once"
 POSTMARK_REPETITIONS, POSTMARK_CACHE = 4, "warm"
 
 
+def postmark_head(
+    what: str, name: str, quick: bool, seed: int, compress_percentage: int | None = None
+) -> str:
+    """The head of a study that runs PostMark (fig2, fig10): warm, formatted once, in the memory group."""
+    return study_head(
+        what,
+        name,
+        repetitions=POSTMARK_REPETITIONS,
+        cache=POSTMARK_CACHE,
+        format=FORMAT_ONCE,
+        memory_limit=memory_limit(quick),
+        seed=seed,
+        compress_percentage=compress_percentage,
+    )
+
+
 def native_and_zbd_targets(size: str, keep: tuple[str, ...] | None = None) -> str:
     """XFS on the throttled disk, and XFS on a zbd volume with lzo, zlib-1 and no compression on it."""
     return "\n".join(
@@ -337,13 +353,10 @@ def fig2_study(quick: bool, cpus: int) -> str:
     # one CPU only for the target the seed's CPU claim is about (zlib)
     keep = ("zbd-zlib",) if cpus == 1 else None
     targets = native_and_zbd_targets(size, keep)
-    head = study_head(
+    head = postmark_head(
         "002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk",
         "repro-002-fig2",
-        repetitions=POSTMARK_REPETITIONS,
-        cache=POSTMARK_CACHE,
-        format=FORMAT_ONCE,
-        memory_limit=memory_limit(quick),
+        quick,
         seed=2,
     )
     return f"""{head}{targets}
@@ -447,13 +460,10 @@ def fig10_study(quick: bool) -> str:
         )
         for e in extents
     )
-    head = study_head(
+    head = postmark_head(
         "002-fig10: extent size sweep, PostMark and 4 KiB random reads",
         "repro-002-fig10",
-        repetitions=POSTMARK_REPETITIONS,
-        cache=POSTMARK_CACHE,
-        format=FORMAT_ONCE,
-        memory_limit=memory_limit(quick),
+        quick,
         seed=10,
         compress_percentage=50,
     )
