@@ -184,6 +184,58 @@ def test_every_generated_study_is_valid_at_both_sizes() -> None:
                 assert list(factory.build(study.source, spec).cells()), (study.source, spec.name)
 
 
+def test_study_builders_give_the_keys_asked_for_and_no_others() -> None:
+    import tomllib
+
+    from zbdlab.reproduce.studies import study_head, target, zbd_table
+
+    tool = tomllib.loads(study_head("x: y", "repro-x", repetitions=2, cache="warm", seed=7))
+    assert tool == {
+        "version": 1,
+        "name": "repro-x",
+        "repetitions": 2,
+        "cache": "warm",
+        "seed": 7,
+        "data": {"kind": "tool"},
+    }
+    head = study_head(
+        "x",
+        "n",
+        repetitions=1,
+        cache="cold",
+        seed=1,
+        compress_percentage=50,
+        format="once",
+        memory_limit="16M",
+    )
+    assert head.startswith("# zbdlab reproduce x\n") and head.endswith("\n\n")
+    synthetic = tomllib.loads(head)
+    assert synthetic["data"] == {"kind": "synthetic", "compress_percentage": 50}
+    assert (synthetic["format"], synthetic["memory_limit"]) == ("once", "16M")
+    text = (
+        target("a", "xfs", "1G")
+        + "\n"
+        + target(
+            "b",
+            "xfs",
+            "2G",
+            devices=3,
+            throttle='{ rate = "100M" }',
+            lines=zbd_table(codec="lzo", extent_size="8K"),
+        )
+    )
+    a, b = tomllib.loads(text)["targets"]
+    assert a == {"name": "a", "fs": "xfs", "size": "1G"}
+    assert b == {
+        "name": "b",
+        "fs": "xfs",
+        "size": "2G",
+        "devices": 3,
+        "throttle": {"rate": "100M"},
+        "zbd": {"codec": "lzo", "extent_size": "8K"},
+    }
+
+
 def test_spread_note_gives_the_interval_or_says_there_is_none() -> None:
     from zbdlab.reproduce.context import spread_note
     from zbdlab.stats.describe import describe
@@ -191,6 +243,28 @@ def test_spread_note_gives_the_interval_or_says_there_is_none() -> None:
     note = spread_note("tps", {("native",): describe([10.0, 12.0, 14.0]), ("zbd",): describe([7.0])})
     assert note.startswith("tps, median per repetition set: native 12 (90 % CI of the mean 8.6")
     assert "n=3" in note and "zbd 7 (1 run, no interval)" in note
+
+
+def test_medians_noted_is_medians_and_the_spread_note_of_the_same_runs() -> None:
+    from zbdlab.reproduce.context import by_target, medians, medians_noted, spread_note, spreads
+    from zbdlab.results.schema import RunRecord
+
+    records = [
+        RunRecord(
+            run_id=f"{t}{i}",
+            target=t,
+            workload="w",
+            operation="write",
+            repetition=i,
+            iops=v,
+            discarded=i == 0,
+        )
+        for t, values in (("native", [99.0, 10.0, 12.0, 14.0]), ("zbd", [99.0, 7.0, None, 9.0]))
+        for i, v in enumerate(values)
+    ]
+    table, note = medians_noted("IOPS", records, by_target, lambda r: r.iops)
+    assert table == medians(records, by_target, lambda r: r.iops) == {("native",): 12.0, ("zbd",): 8.0}
+    assert note == spread_note("IOPS", spreads(records, by_target, lambda r: r.iops))
 
 
 def test_the_sets_are_sized_to_their_budgets() -> None:

@@ -16,8 +16,6 @@ from typing import Any
 from zbdlab.parsers.model import BYTES_PER_MB, CellKey, DataSet, InputError, Sample
 from zbdlab.results.schema import SCHEMA_VERSION, RunRecord
 
-_KNOWN = set(RunRecord.field_names())
-
 
 @dataclass
 class ResultsDir:
@@ -74,7 +72,7 @@ def load_results_dir(path: Path) -> ResultsDir:
         if int(row.get("schema_version", 1)) > SCHEMA_VERSION:
             result.warnings.append(f"{runs_file}:{number}: newer schema_version {row['schema_version']}")
         try:
-            record = RunRecord(**{k: v for k, v in row.items() if k in _KNOWN})
+            record = RunRecord.from_row(row)
         except TypeError as exc:
             result.warnings.append(f"{runs_file}:{number}: missing field ({exc}), skipped")
             continue

@@ -221,6 +221,24 @@ def spreads(
     return {k: describe(vs) for k, vs in _groups(records, key, value).items()}
 
 
+def medians_noted(
+    what: str,
+    records: Iterable[RunRecord],
+    key: Callable[[RunRecord], Key],
+    value: Callable[[RunRecord], float | None],
+) -> tuple[dict[Key, float], str]:
+    """`medians` of the groups, and the `spread_note` of the same groups: the table's numbers and the
+    note that says how far apart their runs were, from one pass over the records."""
+    groups = _groups(records, key, value)
+    summaries = {k: describe(vs) for k, vs in groups.items()}
+    return {k: statistics.median(vs) for k, vs in groups.items()}, spread_note(what, summaries)
+
+
+def by_target(r: RunRecord) -> Key:
+    """The group key of a figure whose rows are targets."""
+    return (r.target,)
+
+
 def spread_note(what: str, summaries: dict[Key, Summary]) -> str:
     """One line: per key, median, 90 % CI of the mean and n (n = 1: the single value, no interval)."""
 

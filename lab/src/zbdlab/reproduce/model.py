@@ -67,11 +67,11 @@ class Verdict:
 
 @dataclass
 class Measured:
-    """What running our side gives: the table in the seed's shape, plus what went into it."""
+    """What running our side gives: the table in the seed's shape, plus what went into it. What was
+    run (zbdlab run ..., zbd bench ...) is not here: the Context records every command it runs."""
 
     table: Table
     notes: list[str] = field(default_factory=list)  # how it was measured, anything a reader must know
-    commands: list[str] = field(default_factory=list)  # what was run (zbdlab run ..., zbd bench ...)
     extra: dict[str, Any] = field(default_factory=dict)  # anything compare() needs besides the table
 
 

@@ -22,6 +22,7 @@ from zbdlab.reproduce.model import (
     pct_change,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
 
 DOC = "000 (MSc thesis, Oslo 2014)"
 OPS = ("write", "read", "random_read", "random_write")
@@ -43,30 +44,24 @@ PAIRS = (  # (row, uncompressed target, compressed target)
 def study(quick: bool) -> str:
     size, raid_size = ("1G", "512M") if quick else ("2G", "1G")
 
-    def target(name: str, fs: str, extra: str, devices: int = 1) -> str:
-        return f"""[[targets]]
-name = "{name}"
-fs = "{fs}"
-size = "{raid_size if devices > 1 else size}"
-devices = {devices}
-throttle = {THROTTLE}
-{extra}
-"""
+    def one(name: str, fs: str, extra: str, devices: int = 1) -> str:
+        disk = raid_size if devices > 1 else size
+        return target(name, fs, disk, devices=devices, throttle=THROTTLE, lines=f"{extra}\n")
 
     targets = "".join(
         [
-            target("zfs", "zfs", ""),
-            target("zfs-lzjb", "zfs", 'compression = "lzjb"'),
-            target("btrfs", "btrfs", ""),
-            target("btrfs-lzo", "btrfs", 'compress = "lzo"\ncompress_force = true'),
+            one("zfs", "zfs", ""),
+            one("zfs-lzjb", "zfs", 'compression = "lzjb"'),
+            one("btrfs", "btrfs", ""),
+            one("btrfs-lzo", "btrfs", 'compress = "lzo"\ncompress_force = true'),
             *(
                 []
                 if quick
                 else [
-                    target("zfs-raidz", "zfs", 'layout = "raidz"', 3),
-                    target("zfs-raidz-lzjb", "zfs", 'layout = "raidz"\ncompression = "lzjb"', 3),
-                    target("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 3),
-                    target(
+                    one("zfs-raidz", "zfs", 'layout = "raidz"', 3),
+                    one("zfs-raidz-lzjb", "zfs", 'layout = "raidz"\ncompression = "lzjb"', 3),
+                    one("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 3),
+                    one(
                         "btrfs-raid5-lzo",
                         "btrfs",
                         'raid = "raid5"\nmetadata_raid = "raid1"\ncompress = "lzo"\ncompress_force = true',
@@ -80,18 +75,16 @@ throttle = {THROTTLE}
     # and the thread runs never entered it; each cell is 4 cold cycles (zfs-fuse restarts) per run
     files = '["64M"]' if quick else '["128M"]'
     records = '["1M"]'
-    return f"""# zbdlab reproduce 000: ZFS/btrfs compression on vs off, IOzone, throttled disks
-version = 1
-name = "repro-000"
-repetitions = 3
-cache = "cold"
-format = "once"
-seed = 2014
-[data]
-kind = "synthetic"
-compress_percentage = 90
-
-{targets}
+    head = study_head(
+        "000: ZFS/btrfs compression on vs off, IOzone, throttled disks",
+        "repro-000",
+        repetitions=3,
+        cache="cold",
+        format="once",
+        seed=2014,
+        compress_percentage=90,
+    )
+    return f"""{head}{targets}
 [workloads.iozone]
 kind = "iozone"
 file_sizes = {files}
@@ -132,7 +125,6 @@ def measure(ctx: Context) -> Measured:
             ["setup", *(OP_LABELS[o] for o in OPS)], rows, "% average throughput increase from compression"
         ),
         notes=notes,
-        commands=ctx.commands,
     )
 
 

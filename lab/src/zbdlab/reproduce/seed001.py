@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from zbdlab.reproduce.context import Context, medians, spread_note, spreads, study_part
+from zbdlab.reproduce.context import Context, by_target, medians, spread_note, spreads, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -23,6 +23,7 @@ from zbdlab.reproduce.model import (
     change_verdict,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
 from zbdlab.results.schema import RunRecord
 
 DOC = "001 (BSc thesis, Brno 2011)"
@@ -35,25 +36,21 @@ FILESYSTEMS = (  # row, fs, mkfs options: mkfs.ext4 -t ext2/ext3 makes the older
 
 
 def postmark_study(quick: bool) -> str:
-    targets = "\n".join(
-        f'[[targets]]\nname = "{row.lower()}"\nfs = "{fs}"\nsize = "{"1G" if quick else "4G"}"\n{extra}\n'
-        for row, fs, extra in FILESYSTEMS
-    )
+    size = "1G" if quick else "4G"
+    targets = "\n".join(target(row.lower(), fs, size, lines=f"{extra}\n") for row, fs, extra in FILESYSTEMS)
     # thesis: files of 8..16 KiB, 131,072 files, 4 transactions per file, read:append 10:1 (bias_read 9,
     # the nearest in PostMark's tenths), create:delete 5:1 (bias_create 8)
     # full: a quarter of the thesis' 131,072 files would take 2 min a run; 8,192 is 4x the quick run
     number = 2048 if quick else 8192
-    return f"""# zbdlab reproduce 001-postmark: the thesis' PostMark configuration, scaled
-version = 1
-name = "repro-001-postmark"
-repetitions = 4
-cache = "warm"
-format = "once"
-seed = 2011
-[data]
-kind = "tool"
-
-{targets}
+    head = study_head(
+        "001-postmark: the thesis' PostMark configuration, scaled",
+        "repro-001-postmark",
+        repetitions=4,
+        cache="warm",
+        format="once",
+        seed=2011,
+    )
+    return f"""{head}{targets}
 [workloads.postmark]
 kind = "postmark"
 number = {number}
@@ -79,8 +76,8 @@ def postmark_measure(ctx: Context) -> Measured:
 
         return rate
 
-    read = medians(results.records, lambda r: (r.target,), per_s("bytes_read"))
-    write = medians(results.records, lambda r: (r.target,), per_s("bytes_written"))
+    read = medians(results.records, by_target, per_s("bytes_read"))
+    write = medians(results.records, by_target, per_s("bytes_written"))
     read_mib = per_s("bytes_read")
     rows = [
         [
@@ -94,11 +91,11 @@ def postmark_measure(ctx: Context) -> Measured:
         "bytes PostMark read and wrote (its report) per second of its whole run (wall clock), median of repetitions",
         spread_note(
             "read MiB/s",
-            spreads(results.records, lambda r: (r.target,), lambda r: (read_mib(r) or 0) / 2**20),
+            spreads(results.records, by_target, lambda r: (read_mib(r) or 0) / 2**20),
         ),
         "Ext2 and Ext3 are made by mkfs.ext4 -t ext2/ext3 and run by the kernel's ext4 driver (as on any current kernel)",
     ]
-    return Measured(Table(PM_COLUMNS, rows, "MiB/s"), notes=notes, commands=ctx.commands)
+    return Measured(Table(PM_COLUMNS, rows, "MiB/s"), notes=notes)
 
 
 def _order(table: Table, column: str) -> list[str]:
@@ -159,27 +156,17 @@ POSTMARK = Reproduction(
 
 
 def iozone_study(quick: bool) -> str:
-    return f"""# zbdlab reproduce 001-compare: IOzone on Ext4 and XFS (buffered), for zbdlab compare
-version = 1
-name = "repro-001-iozone"
-repetitions = 3
-cache = "cold"
-format = "once"
-seed = 2011
-[data]
-kind = "synthetic"
-compress_percentage = 0
-
-[[targets]]
-name = "xfs"
-fs = "xfs"
-size = "1G"
-
-[[targets]]
-name = "ext4"
-fs = "ext4"
-size = "1G"
-
+    head = study_head(
+        "001-compare: IOzone on Ext4 and XFS (buffered), for zbdlab compare",
+        "repro-001-iozone",
+        repetitions=3,
+        cache="cold",
+        format="once",
+        seed=2011,
+        compress_percentage=0,
+    )
+    targets = "\n".join(target(fs, fs, "1G") for fs in ("xfs", "ext4"))
+    return f"""{head}{targets}
 [workloads.iozone]
 kind = "iozone"
 file_sizes = {'["4M", "16M"]' if quick else '["4M", "16M", "64M"]'}
@@ -216,7 +203,7 @@ def compare_measure(ctx: Context) -> Measured:
         f"the full comparison page: {out}/index.html (zbdlab compare, the thesis' section 5.2 tool)",
         "positive: Ext4 faster than XFS",
     ]
-    return Measured(Table(CMP_COLUMNS, rows, "% Ext4 vs XFS"), notes=notes, commands=ctx.commands)
+    return Measured(Table(CMP_COLUMNS, rows, "% Ext4 vs XFS"), notes=notes)
 
 
 def run_compare(ctx: Context, results: Path, out: Path) -> None:

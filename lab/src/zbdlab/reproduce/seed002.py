@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from zbdlab.parsers.results import ResultsDir
 from zbdlab.reproduce import datasets
-from zbdlab.reproduce.context import Context, medians, memory_note, spread_note, spreads, study_part
+from zbdlab.reproduce.context import Context, by_target, medians, medians_noted, memory_note, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -30,6 +30,7 @@ from zbdlab.reproduce.model import (
     pct_change,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target, zbd_table
 from zbdlab.results.schema import RunRecord
 
 DOC = "002 (ZBD paper, FORTH)"
@@ -72,7 +73,6 @@ def table1_measure(ctx: Context) -> Measured:
     return Measured(
         table,
         notes=["data: zbd's built-in mixed sample (16 MiB: text, binary, zeros), cut into 4 KiB blocks"],
-        commands=ctx.commands,
     )
 
 
@@ -143,23 +143,16 @@ def table2_study(sets: list[datasets.DataSet], quick: bool) -> str:
         f'[workloads.{s.name}]\nkind = "copy"\noperations = ["tree"]\ntree_source = "{s.path}"\n'
         for s in sets
     )
-    return f"""# zbdlab reproduce 002-table2: each data set copied onto ZFS (zfs-fuse, lzjb)
-version = 1
-name = "repro-002-table2"
-repetitions = 1
-cache = "cold"
-format = "repetition"
-seed = 2
-[data]
-kind = "tool"
-
-[[targets]]
-name = "zfs-lzjb"
-fs = "zfs"
-size = "{"1G" if quick else "4G"}"
-compression = "lzjb"
-
-{workloads}"""
+    head = study_head(
+        "002-table2: each data set copied onto ZFS (zfs-fuse, lzjb)",
+        "repro-002-table2",
+        repetitions=1,
+        cache="cold",
+        format="repetition",
+        seed=2,
+    )
+    zfs = target("zfs-lzjb", "zfs", "1G" if quick else "4G", lines='compression = "lzjb"\n')
+    return f"{head}{zfs}\n{workloads}"
 
 
 TABLE2_COLUMNS = ["data", "MB", "gzip -r", "gzip .tar", "ZFS", "ZBD (zlib)", "ZBD (lzo)"]
@@ -200,7 +193,7 @@ def table2_measure(ctx: Context) -> Measured:
         "savings: a block is kept compressed only if that saves a sector), i.e. block level without the file "
         "system's metadata",
     ]
-    return Measured(Table(TABLE2_COLUMNS, rows, "space savings, %"), notes=notes, commands=ctx.commands)
+    return Measured(Table(TABLE2_COLUMNS, rows, "space savings, %"), notes=notes)
 
 
 def table2_compare(seed: Table, ours: Measured) -> Verdict:
@@ -317,23 +310,39 @@ bias_read = 4
 # Quick studies format each target once and reuse it across repetitions (the runner fstrims after
 # every run, so zbd gets the deleted files' extents back): provisioning a zbd volume and mkfs per
 # repetition costs more than the quick runs themselves.
-FORMAT_ONCE = 'format = "once"'
+FORMAT_ONCE = "once"
 # PostMark makes and deletes its whole data set within one run, and the random reads are O_DIRECT, so
 # a cold cache between runs proves nothing there, and it was most of the time (remount with a zbd
 # serve restart, sync, drop_caches, fincore: about 25 s per run at load 25). Warm: no remount, and
 # the runner discards each unit's first run, so 4 repetitions keep 3.
-POSTMARK_CACHE = 'repetitions = 4\ncache = "warm"'
+POSTMARK_REPETITIONS, POSTMARK_CACHE = 4, "warm"
+
+
+def postmark_head(
+    what: str, name: str, quick: bool, seed: int, compress_percentage: int | None = None
+) -> str:
+    """The head of a study that runs PostMark (fig2, fig10): warm, formatted once, in the memory group."""
+    return study_head(
+        what,
+        name,
+        repetitions=POSTMARK_REPETITIONS,
+        cache=POSTMARK_CACHE,
+        format=FORMAT_ONCE,
+        memory_limit=memory_limit(quick),
+        seed=seed,
+        compress_percentage=compress_percentage,
+    )
 
 
 def native_and_zbd_targets(size: str, keep: tuple[str, ...] | None = None) -> str:
     """XFS on the throttled disk, and XFS on a zbd volume with lzo, zlib-1 and no compression on it."""
     return "\n".join(
-        f'[[targets]]\nname = "{name}"\nfs = "xfs"\nsize = "{size}"\nthrottle = {THROTTLE}\n{zbd}'
+        target(name, "xfs", size, throttle=THROTTLE, lines=zbd)
         for name, zbd in (
             ("native", ""),
-            ("zbd-lzo", '[targets.zbd]\ncodec = "lzo"\n'),
-            ("zbd-zlib", '[targets.zbd]\ncodec = "zlib:1"\n'),
-            ("zbd-none", '[targets.zbd]\ncodec = "none"\n'),
+            ("zbd-lzo", zbd_table(codec="lzo")),
+            ("zbd-zlib", zbd_table(codec="zlib:1")),
+            ("zbd-none", zbd_table(codec="none")),
         )
         if keep is None or name in keep
     )
@@ -344,17 +353,13 @@ def fig2_study(quick: bool, cpus: int) -> str:
     # one CPU only for the target the seed's CPU claim is about (zlib)
     keep = ("zbd-zlib",) if cpus == 1 else None
     targets = native_and_zbd_targets(size, keep)
-    return f"""# zbdlab reproduce 002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk
-version = 1
-name = "repro-002-fig2"
-{POSTMARK_CACHE}
-{FORMAT_ONCE}
-memory_limit = "{memory_limit(quick)}"
-seed = 2
-[data]
-kind = "tool"
-
-{targets}
+    head = postmark_head(
+        "002-fig2: PostMark on XFS, native vs XFS on zbd, on a throttled disk",
+        "repro-002-fig2",
+        quick,
+        seed=2,
+    )
+    return f"""{head}{targets}
 [workloads.postmark]
 {postmark_table(quick)}"""
 
@@ -367,14 +372,9 @@ def fig2_measure(ctx: Context) -> Measured:
     rows, spread = [], []
     for cpus in (1, 2):
         results = ctx.study(f"cpus{cpus}", fig2_study(ctx.quick, cpus), cpus=cpus)
-        tps = medians(results.records, lambda r: (r.target,), postmark_rate(ctx.quick))
+        tps, note = medians_noted(f"{cpus} CPU(s)", results.records, by_target, postmark_rate(ctx.quick))
         rows.append([cpus, *[round(tps.get((t,), math.nan), 1) for t in FIG2_TARGETS]])
-        spread.append(
-            spread_note(
-                f"{cpus} CPU(s)", spreads(results.records, lambda r: (r.target,), postmark_rate(ctx.quick))
-            )
-        )
-        spread.append(memory_note(results.records))
+        spread += [note, memory_note(results.records)]
     notes = [
         "PostMark transactions per second of its whole run (wall clock), median of repetitions",
         *spread,
@@ -382,7 +382,7 @@ def fig2_measure(ctx: Context) -> Measured:
         memory_text(ctx.quick),
         "PostMark writes its own text (about 1.2:1), the paper modified it to write real mail (about 1.5:1, Table II mbox)",
     ]
-    return Measured(Table(FIG2_COLUMNS, rows, "PostMark transactions/s"), notes=notes, commands=ctx.commands)
+    return Measured(Table(FIG2_COLUMNS, rows, "PostMark transactions/s"), notes=notes)
 
 
 def fig2_compare(seed: Table, ours: Measured) -> Verdict:
@@ -449,31 +449,25 @@ EXTENTS_FULL = ("8K", "32K", "128K", "1M")
 
 def fig10_study(quick: bool) -> str:
     extents = EXTENTS_QUICK if quick else EXTENTS_FULL
+    size, logical_size = ("2G", "768M") if quick else ("8G", "3G")
     targets = "\n".join(
-        f"""[[targets]]
-name = "zbd-lzo-{e}"
-fs = "xfs"
-size = "{"2G" if quick else "8G"}"
-throttle = {THROTTLE}
-[targets.zbd]
-codec = "lzo"
-extent_size = "{e}"
-logical_size = "{"768M" if quick else "3G"}"
-"""
+        target(
+            f"zbd-lzo-{e}",
+            "xfs",
+            size,
+            throttle=THROTTLE,
+            lines=zbd_table(codec="lzo", extent_size=e, logical_size=logical_size),
+        )
         for e in extents
     )
-    return f"""# zbdlab reproduce 002-fig10: extent size sweep, PostMark and 4 KiB random reads
-version = 1
-name = "repro-002-fig10"
-{POSTMARK_CACHE}
-{FORMAT_ONCE}
-memory_limit = "{memory_limit(quick)}"
-seed = 10
-[data]
-kind = "synthetic"
-compress_percentage = 50
-
-{targets}
+    head = postmark_head(
+        "002-fig10: extent size sweep, PostMark and 4 KiB random reads",
+        "repro-002-fig10",
+        quick,
+        seed=10,
+        compress_percentage=50,
+    )
+    return f"""{head}{targets}
 [workloads.postmark]
 {postmark_table(quick)}
 [workloads.randread]
@@ -487,36 +481,18 @@ direct = true
 
 def fig10_measure(ctx: Context) -> Measured:
     results = ctx.study("study", fig10_study(ctx.quick))
-    tps = medians(
-        (r for r in results.records if r.workload == "postmark"),
-        lambda r: (r.target,),
-        postmark_rate(ctx.quick),
-    )
-    rr = medians(
-        (r for r in results.records if r.operation == "random_read"), lambda r: (r.target,), lambda r: r.iops
-    )
+    postmark = [r for r in results.records if r.workload == "postmark"]
+    reads = [r for r in results.records if r.operation == "random_read"]
+    tps, tps_note = medians_noted("PostMark", postmark, by_target, postmark_rate(ctx.quick))
+    rr, rr_note = medians_noted("random 4K reads", reads, by_target, lambda r: r.iops)
     rows = []
     for e in EXTENTS_QUICK if ctx.quick else EXTENTS_FULL:
         t = f"zbd-lzo-{e}"
         rows.append([e, round(tps.get((t,), math.nan), 1), round(rr.get((t,), math.nan), 1)])
     notes = [
         "PostMark: transactions/s of its whole run (wall clock); random read: 4 KiB O_DIRECT reads/s of a file written just before (TPC-C stand-in)",
-        spread_note(
-            "PostMark",
-            spreads(
-                (r for r in results.records if r.workload == "postmark"),
-                lambda r: (r.target,),
-                postmark_rate(ctx.quick),
-            ),
-        ),
-        spread_note(
-            "random 4K reads",
-            spreads(
-                (r for r in results.records if r.operation == "random_read"),
-                lambda r: (r.target,),
-                lambda r: r.iops,
-            ),
-        ),
+        tps_note,
+        rr_note,
         memory_note(results.records),
         f"XFS on ZBD (lzo) on the throttled disk; {memory_text(ctx.quick)}",
         "zbd volumes of a smaller logical size than the image (768 MiB on 2 GiB quick): with 8 KiB extents zbd "
@@ -525,7 +501,6 @@ def fig10_measure(ctx: Context) -> Measured:
     return Measured(
         Table(["extent", "PostMark (tps)", "random 4K read (IOPS)"], rows, "operations/s"),
         notes=notes,
-        commands=ctx.commands,
     )
 
 
@@ -585,19 +560,17 @@ FIG10 = Reproduction(
 
 def fig11_study(quick: bool) -> str:
     targets = native_and_zbd_targets("1G" if quick else "4G")
-    return f"""# zbdlab reproduce 002-fig11: I/O volume of a file-server mix, native vs ZBD
-version = 1
-name = "repro-002-fig11"
-repetitions = {2 if quick else 3}
-cache = "cold"
-{FORMAT_ONCE}
-memory_limit = "{"48M" if quick else "64M"}"
-seed = 11
-[data]
-kind = "synthetic"
-compress_percentage = 50
-
-{targets}
+    head = study_head(
+        "002-fig11: I/O volume of a file-server mix, native vs ZBD",
+        "repro-002-fig11",
+        repetitions=2 if quick else 3,
+        cache="cold",
+        format=FORMAT_ONCE,
+        memory_limit="48M" if quick else "64M",
+        seed=11,
+        compress_percentage=50,
+    )
+    return f"""{head}{targets}
 [workloads.fileserver]
 kind = "fileserver"
 scale = {0.06 if quick else 0.1}
@@ -630,11 +603,12 @@ def _per_logical(
 
 def fig11_measure(ctx: Context) -> Measured:
     results = ctx.study("study", fig11_study(ctx.quick))
-    read = medians(results.records, lambda r: (r.target,), lambda r: r.backing_bytes_read)
-    written = medians(results.records, lambda r: (r.target,), lambda r: r.backing_bytes_written)
-    total_per = medians(
+    read = medians(results.records, by_target, lambda r: r.backing_bytes_read)
+    written = medians(results.records, by_target, lambda r: r.backing_bytes_written)
+    total_per, total_note = medians_noted(
+        "device bytes per fio byte",
         results.records,
-        lambda r: (r.target,),
+        by_target,
         _per_logical(
             lambda r: (r.backing_bytes_read or 0) + (r.backing_bytes_written or 0),
             lambda r: (r.logical_bytes_read or 0) + (r.logical_bytes_written or 0),
@@ -642,7 +616,7 @@ def fig11_measure(ctx: Context) -> Measured:
     )
     written_per = medians(
         results.records,
-        lambda r: (r.target,),
+        by_target,
         _per_logical(lambda r: r.backing_bytes_written, lambda r: r.logical_bytes_written),
     )
     split = _zbd_split(results)
@@ -666,22 +640,12 @@ def fig11_measure(ctx: Context) -> Measured:
         "are not counted as moving more (SPEC SFS ran at a fixed 3,400 ops/s)",
         "zbd split: `zbd stat --json` lifetime counters of the volume after the run (mkfs included)",
         "the file-server mix is zbdlab's fileserver personality (fio, Filebench's flow), 50 % compressible data",
-        spread_note(
-            "device bytes per fio byte",
-            spreads(
-                results.records,
-                lambda r: (r.target,),
-                _per_logical(
-                    lambda r: (r.backing_bytes_read or 0) + (r.backing_bytes_written or 0),
-                    lambda r: (r.logical_bytes_read or 0) + (r.logical_bytes_written or 0),
-                ),
-            ),
-        ),
+        total_note,
         memory_note(results.records),
         "fio in a memory cgroup smaller than the file set (zbdlab memory_limit), so reads reach the disk as "
         "SPEC SFS's data set larger than the server's memory made them",
     ]
-    return Measured(Table(FIG11_COLUMNS, rows, "MiB"), notes=notes, commands=ctx.commands)
+    return Measured(Table(FIG11_COLUMNS, rows, "MiB"), notes=notes)
 
 
 def _zbd_split(results: ResultsDir) -> dict[str, tuple[int, int, int]]:
@@ -704,12 +668,12 @@ def _zbd_split(results: ResultsDir) -> dict[str, tuple[int, int, int]]:
 def fig11_compare(seed: Table, ours: Measured) -> Verdict:
     t = ours.table
     verdicts = []
-    for label, target in (("lzo", "zbd-lzo"), ("zlib", "zbd-zlib"), ("pass-through", "zbd-none")):
+    for label, name in (("lzo", "zbd-lzo"), ("zlib", "zbd-zlib"), ("pass-through", "zbd-none")):
         verdicts.append(
             change_verdict(
                 f"{label} total I/O",
                 seed.value(f"ZBD ({label})", "total"),
-                t.value(target, "total vs native (%, per fio byte)"),
+                t.value(name, "total vs native (%, per fio byte)"),
                 40,
             )
         )
@@ -717,7 +681,7 @@ def fig11_compare(seed: Table, ours: Measured) -> Verdict:
             change_verdict(
                 f"{label} writes",
                 seed.value(f"ZBD ({label})", "write"),
-                t.value(target, "written vs native (%, per fio byte)"),
+                t.value(name, "written vs native (%, per fio byte)"),
                 20,
             )
         )
@@ -805,7 +769,7 @@ def fig12_measure(ctx: Context) -> Measured:
         f"free extents ranged {min(free):.0f} %..{max(free):.0f} % (watermarks 10 % / 25 %, as in the seed)",
         f"the series: {csv_path.name} (and {csv_path.with_suffix('.svg').name}, zbd's own plot)",
     ]
-    return Measured(table, notes=notes, commands=ctx.commands, extra={"series": str(csv_path)})
+    return Measured(table, notes=notes, extra={"series": str(csv_path)})
 
 
 def fig12_compare(seed: Table, ours: Measured) -> Verdict:

@@ -17,6 +17,8 @@ from zbdlab.reproduce.model import (
     pct_change,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
+from zbdlab.results.schema import RunRecord
 
 DOC = "003 (course report, ZFS vs ext4)"
 # workload -> (compress_percentage, dedupe_percentage, declared compression, declared dedup)
@@ -42,34 +44,22 @@ compress_percentage = {c}
 """
         for name, (c, d, _rc, _rd) in DATA.items()
     )
-    return f"""# zbdlab reproduce 003: achieved vs declared compression and dedup ratios on ZFS
-version = 1
-name = "repro-003"
-repetitions = {1 if quick else 3}
-cache = "cold"
-seed = 3
-[data]
-kind = "synthetic"
-compress_percentage = 0
-
-[[targets]]
-name = "zfs"
-fs = "zfs"
-size = "1G"
-
-[[targets]]
-name = "zfs-lzjb"
-fs = "zfs"
-size = "1G"
-compression = "lzjb"
-
-[[targets]]
-name = "zfs-dedup"
-fs = "zfs"
-size = "1G"
-dedup = true
-
-{workloads}"""
+    head = study_head(
+        "003: achieved vs declared compression and dedup ratios on ZFS",
+        "repro-003",
+        repetitions=1 if quick else 3,
+        cache="cold",
+        seed=3,
+        compress_percentage=0,
+    )
+    targets = "\n".join(
+        [
+            target("zfs", "zfs", "1G"),
+            target("zfs-lzjb", "zfs", "1G", lines='compression = "lzjb"\n'),
+            target("zfs-dedup", "zfs", "1G", lines="dedup = true\n"),
+        ]
+    )
+    return f"{head}{targets}\n{workloads}"
 
 
 COLUMNS = ["data", "declared", "achieved", "achieved vs declared (%)", "CPU s per GB written"]
@@ -80,8 +70,8 @@ def measure(ctx: Context) -> Measured:
     comp = medians(results.records, lambda r: (r.workload, r.target), lambda r: r.compression_ratio)
     dedup = medians(results.records, lambda r: (r.workload, r.target), lambda r: r.dedup_ratio)
 
-    def cpu(r: object) -> float | None:
-        user, system, written = r.cpu_user_s, r.cpu_system_s, r.logical_bytes_written  # type: ignore[attr-defined]
+    def cpu(r: RunRecord) -> float | None:
+        user, system, written = r.cpu_user_s, r.cpu_system_s, r.logical_bytes_written
         return (
             (user + system) / (written / 1e9) if user is not None and system is not None and written else None
         )
@@ -89,28 +79,22 @@ def measure(ctx: Context) -> Measured:
     cost = medians(results.records, lambda r: (r.workload, r.target), cpu)
     rows = []
     for name, (_c, _d, rc, rd) in DATA.items():
-        if rd == 1.0:
-            got = comp.get((name, "zfs-lzjb"), math.nan)
-            rows.append(
-                [
-                    f"{name}: compression (lzjb)",
-                    rc,
-                    round(got, 2),
-                    round(pct_change(got, rc), 1),
-                    round(cost.get((name, "zfs-lzjb"), math.nan), 2),
-                ]
-            )
-        else:
-            got = dedup.get((name, "zfs-dedup"), math.nan)
-            rows.append(
-                [
-                    f"{name}: dedup",
-                    rd,
-                    round(got, 2),
-                    round(pct_change(got, rd), 1),
-                    round(cost.get((name, "zfs-dedup"), math.nan), 2),
-                ]
-            )
+        # a data set declared with a dedup ratio is measured on the dedup pool, the others on lzjb
+        label, on, declared, achieved = (
+            (f"{name}: compression (lzjb)", "zfs-lzjb", rc, comp)
+            if rd == 1.0
+            else (f"{name}: dedup", "zfs-dedup", rd, dedup)
+        )
+        got = achieved.get((name, on), math.nan)
+        rows.append(
+            [
+                label,
+                declared,
+                round(got, 2),
+                round(pct_change(got, declared), 1),
+                round(cost.get((name, on), math.nan), 2),
+            ]
+        )
     plain = cost.get(("dedup3", "zfs"), math.nan)
     rows.append(
         [
@@ -126,7 +110,7 @@ def measure(ctx: Context) -> Measured:
         "with buffer_compress_percentage and dedupe_percentage (docs/workloads.md), vdbench's with compratio/dedupratio",
         "CPU: user + system seconds of the whole machine per GB written (zfs-fuse does the work in a user process)",
     ]
-    return Measured(Table(COLUMNS, rows, "ratio (x : 1)"), notes=notes, commands=ctx.commands)
+    return Measured(Table(COLUMNS, rows, "ratio (x : 1)"), notes=notes)
 
 
 def compare(seed: Table, ours: Measured) -> Verdict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from zbdlab.reproduce.context import Context, mb_s, medians, spread_note, spreads, study_part
+from zbdlab.reproduce.context import Context, mb_s, medians_noted, study_part
 from zbdlab.reproduce.model import (
     DIFFERENT,
     SAME,
@@ -18,6 +18,7 @@ from zbdlab.reproduce.model import (
     Verdict,
     worst,
 )
+from zbdlab.reproduce.studies import study_head, target
 
 DOC = "004 (BSc thesis, Skovde 2015)"
 PERSONALITIES = ("fileserver", "oltp", "webserver")
@@ -25,36 +26,33 @@ THROTTLE = '{ rate = "100M", latency = "4ms" }'
 
 
 def study(quick: bool) -> str:
-    def target(name: str, fs: str, extra: str = "", devices: int = 1) -> str:
-        return f'[[targets]]\nname = "{name}"\nfs = "{fs}"\nsize = "1G"\ndevices = {devices}\nthrottle = {THROTTLE}\n{extra}\n'
+    def one(name: str, fs: str, extra: str = "", devices: int = 1) -> str:
+        return target(name, fs, "1G", devices=devices, throttle=THROTTLE, lines=f"{extra}\n")
 
-    targets = [target("btrfs", "btrfs"), target("zfs", "zfs")]
+    targets = [one("btrfs", "btrfs"), one("zfs", "zfs")]
     if not quick:
         targets += [
-            target("ext4", "ext4"),
-            target("xfs", "xfs"),
-            target("btrfs-raid10", "btrfs", 'raid = "raid10"', 4),
-            target("zfs-raid10", "zfs", 'layout = "raid10"', 4),
-            target("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 4),
-            target("zfs-raidz", "zfs", 'layout = "raidz"', 4),
+            one("ext4", "ext4"),
+            one("xfs", "xfs"),
+            one("btrfs-raid10", "btrfs", 'raid = "raid10"', 4),
+            one("zfs-raid10", "zfs", 'layout = "raid10"', 4),
+            one("btrfs-raid5", "btrfs", 'raid = "raid5"\nmetadata_raid = "raid1"', 4),
+            one("zfs-raidz", "zfs", 'layout = "raidz"', 4),
         ]
     workloads = "\n".join(
         f'[workloads.{p}]\nkind = "{p}"\nscale = {0.03 if quick else 0.04}\nruntime_s = {3 if quick else 5}\n'
         for p in PERSONALITIES
     )
-    return f"""# zbdlab reproduce 004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks
-version = 1
-name = "repro-004"
-repetitions = 4
-cache = "warm"
-format = "once"
-seed = 2015
-[data]
-kind = "synthetic"
-compress_percentage = 0
-
-{"".join(targets)}
-{workloads}"""
+    head = study_head(
+        "004: Filebench personalities on btrfs, ZFS, ext4, XFS, throttled disks",
+        "repro-004",
+        repetitions=4,
+        cache="warm",
+        format="once",
+        seed=2015,
+        compress_percentage=0,
+    )
+    return f"{head}{''.join(targets)}\n{workloads}"
 
 
 ROWS = (("btrfs", "btrfs"), ("ZFS", "zfs"), ("ext4", "ext4"), ("XFS", "xfs"))
@@ -64,7 +62,7 @@ COLUMNS = ["file system", "fileserver (MB/s)", "oltp (MB/s)", "webserver (MB/s)"
 def measure(ctx: Context) -> Measured:
     results = ctx.study("study", study(ctx.quick))
     # warm cache: the runner marks each unit's first run discarded, as the thesis discarded run 1 of 20
-    med = medians(results.records, lambda r: (r.target, r.workload), mb_s)
+    med, spread = medians_noted("MB/s", results.records, lambda r: (r.target, r.workload), mb_s)
     rows = [[label, *(round(med.get((t, p), math.nan), 1) for p in PERSONALITIES)] for label, t in ROWS]
     if not ctx.quick:
         for label, t in (
@@ -76,11 +74,11 @@ def measure(ctx: Context) -> Measured:
             rows.append([label, *(round(med.get((t, p), math.nan), 1) for p in PERSONALITIES)])
     notes = [
         "median throughput of the non-discarded runs (the first run of each unit is discarded, as in the thesis)",
-        spread_note("MB/s", spreads(results.records, lambda r: (r.target, r.workload), mb_s)),
+        spread,
         "Filebench is replaced by zbdlab's fio-based personalities with Filebench's flows (docs/workloads.md)",
         "ZFS is zfs-fuse: FUSE bounds it; the thesis ran ZFS on Linux in the kernel",
     ]
-    return Measured(Table(COLUMNS, rows, "MB/s"), notes=notes, commands=ctx.commands)
+    return Measured(Table(COLUMNS, rows, "MB/s"), notes=notes)
 
 
 def compare(seed: Table, ours: Measured) -> Verdict:

@@ -42,19 +42,6 @@ from zbdlab.targets.zbd import zbd_problem
 from zbdlab.targets.zfs import ZfsService, kernel_zfs_present
 from zbdlab.workloads.base import Measurement, RunContext, Workload, WorkloadError
 
-# what a workload's Measurement and the results row share, copied as they are
-_MEASURED = (
-    "throughput_bytes_per_s",
-    "iops",
-    "latency_p50_us",
-    "latency_p95_us",
-    "latency_p99_us",
-    "latency_p999_us",
-    "logical_bytes_written",
-    "logical_bytes_read",
-)
-
-
 CSV_INTERVAL_S = 30  # runs.csv is rewritten at most this often during a study, and at its end
 
 
@@ -441,7 +428,7 @@ class Runner:
             self.store.write_json(f"raw/{run_id}/monitors.json", monitors)
             self.store.write_json(f"raw/{run_id}/commands.json", {"workload": m.commands})
             # a workload may know its data better than the study (postmark writes its own text)
-            label = getattr(m, "data_label", None)
+            label = m.data_label
             warnings = list(common)
             # working set: the cell's files, else what the operation moved (personalities, postmark)
             moved = max(m.logical_bytes_written or 0, m.logical_bytes_read or 0)
@@ -464,16 +451,15 @@ class Runner:
                     "the workload did not report this operation's start/end: no CPU or device I/O"
                 )
             records.append(
-                RunRecord(
+                RunRecord.of(
+                    m,
                     run_id=run_id,
                     target=unit.target,
                     workload=unit.workload,
-                    operation=m.operation,
                     repetition=unit.repetition,
                     file_size_bytes=cell.file_size_bytes,
                     record_size_bytes=cell.record_size_bytes,
                     threads=cell.threads,
-                    **{name: getattr(m, name) for name in _MEASURED},
                     cpu_user_s=d.get("cpu_user_s"),
                     cpu_system_s=d.get("cpu_system_s"),
                     cpu_iowait_s=d.get("cpu_iowait_s"),

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from zbdlab.results.schema import OperationRecord
+
 
 @dataclass(frozen=True)
 class DataSpec:
@@ -71,23 +73,14 @@ class Cell:
         return "-".join(parts)
 
 
-@dataclass
-class Measurement:
-    """What one operation of a cell measured, in the units its names say."""
+@dataclass(kw_only=True)
+class Measurement(OperationRecord):
+    """What one operation of a cell measured: the run record's measured fields (`OperationRecord`,
+    units in the names), plus how the workload got them, which goes under raw/ rather than into the
+    row."""
 
-    operation: str
-    throughput_bytes_per_s: float | None = None
-    iops: float | None = None
-    latency_p50_us: float | None = None
-    latency_p95_us: float | None = None
-    latency_p99_us: float | None = None
-    latency_p999_us: float | None = None
-    elapsed_s: float | None = None
-    logical_bytes_written: int | None = None
-    logical_bytes_read: int | None = None
     commands: list[list[str]] = field(default_factory=list)  # exact argv of every tool run
     raw_files: list[Path] = field(default_factory=list)  # raw outputs saved under ctx.raw_dir
-    extra: dict[str, Any] = field(default_factory=dict)
     # What the operation really wrote, when the workload knows better than ctx.data (postmark writes
     # its own text whatever the study declares). None: ctx.data.label applies.
     data_label: str | None = None
