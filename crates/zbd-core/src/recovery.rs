@@ -51,6 +51,8 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
 
 /// The checkpoint recovery starts from, and what was noticed on the way.
 pub struct FoundCheckpoint {
+    /// Its bytes as read (an intact copy), for [`make_durable`].
+    pub bytes: Vec<u8>,
     /// The newest checkpoint with at least one intact copy.
     pub checkpoint: Checkpoint,
     /// Damaged copies of it (they are superseded by the next checkpoint).
@@ -62,12 +64,18 @@ pub struct FoundCheckpoint {
 pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCheckpoint> {
     let mut found: Vec<(u64, u8, Option<Checkpoint>)> = Vec::new();
     let mut b = vec![0u8; sb.checkpoint_slot_bytes as usize];
+    let mut bytes: Option<(u64, Vec<u8>)> = None;
     for copy in 0..sb.metadata_copies() {
         for slot in 0..2u64 {
             storage.read_at(sb.checkpoint_slot_offset(slot, copy), &mut b)?;
             let c = Checkpoint::decode(&b, sb)
                 .ok()
                 .filter(|c| c.seq % 2 == slot);
+            if let Some(c) = &c {
+                if bytes.as_ref().is_none_or(|(seq, _)| c.seq > *seq) {
+                    bytes = Some((c.seq, b.clone()));
+                }
+            }
             found.push((slot, copy, c));
         }
     }
@@ -92,6 +100,7 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
         .map(|(_, copy, _)| format!("checkpoint {} copy {copy} is damaged", best.seq))
         .collect();
     Ok(FoundCheckpoint {
+        bytes: bytes.map(|(_, b)| b).unwrap_or_default(),
         checkpoint: best,
         damaged_copies,
     })
@@ -175,6 +184,9 @@ pub struct RollForward {
     pub durable_seq: u64,
     /// Damage that could not be attributed to blocks (one line each).
     pub problems: Vec<String>,
+    /// `(offset, bytes)` of each queued extent that holds replayed records, up to the end of
+    /// its last valid segment, as read: what [`make_durable`] writes again.
+    pub tail: Vec<(u64, Vec<u8>)>,
 }
 
 /// All valid segments of one extent image, by offset: headers found at sector starts, and (v2)
@@ -216,6 +228,7 @@ pub fn roll_forward(
     let mut durable_seq = ck.write_seq;
     let mut gaps: Vec<(u32, usize, usize)> = Vec::new();
     let mut ext = vec![0u8; sb.extent_bytes as usize];
+    let mut tail = Vec::new();
     for q in &ck.queue {
         if q.extent >= sb.extent_count {
             return Err(Error::CorruptMetadata(format!(
@@ -245,6 +258,7 @@ pub fn roll_forward(
         };
         let index = index_segments(&ext, &owner);
         let mut at = 0usize;
+        let replayed_before = found.len();
         loop {
             let (h, records) = match index.get(&at) {
                 Some(seg) => seg,
@@ -277,6 +291,9 @@ pub fn roll_forward(
             }
             at += h.padded_len() as usize;
         }
+        if found.len() > replayed_before {
+            tail.push((base, ext[..at.min(ext.len())].to_vec()));
+        }
     }
     // Torn (not covered by a sync): drop. Covered: damage.
     found.retain(|r| !r.damaged || r.record.seq <= durable_seq);
@@ -308,5 +325,38 @@ pub fn roll_forward(
         replay: found,
         durable_seq,
         problems,
+        tail,
     })
+}
+
+/// Writes again, and syncs, what recovery trusted without knowing it is on the medium: the log
+/// tail it replays and the checkpoint it starts from (sequence and bytes). Called by a writable open before it writes
+/// anything else.
+///
+/// Why (docs/design.md, "Failed syncs"): after a failed fsync Linux marks the dirty pages clean
+/// and keeps them readable, so a reopen in the same boot reads segments and a checkpoint that
+/// never reached the disk, and they pass every check. Replaying them and then checkpointing
+/// would let the recovery checkpoint free the extents of the older, durable values (and
+/// overwrite the older durable checkpoint slot) on the strength of bytes a power cut then
+/// takes away. Rewriting them dirties those pages again, so the sync puts them on the medium
+/// (or fails, and the open with it); in every other case it writes the same bytes again. Its
+/// cost is bounded by the queue (`queue_len` extents) and one checkpoint slot.
+pub fn make_durable(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    checkpoint: (u64, &[u8]),
+    tail: &[(u64, Vec<u8>)],
+) -> Result<()> {
+    for (offset, bytes) in tail {
+        storage.write_at(*offset, bytes)?;
+    }
+    if !tail.is_empty() {
+        storage.sync()?;
+    }
+    // Both copies of its slot (a damaged one is repaired too), after the log it covers.
+    let (seq, bytes) = checkpoint;
+    for copy in 0..sb.metadata_copies() {
+        storage.write_at(sb.checkpoint_slot_offset(seq, copy), bytes)?;
+    }
+    storage.sync()
 }

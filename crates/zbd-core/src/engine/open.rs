@@ -126,6 +126,9 @@ impl Inner {
             map.recount(|_| {})?;
         }
         let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
+        if !opts.read_only {
+            recovery::make_durable(&*storage, &sb, (ck.seq, &found.bytes), &rolled.tail)?;
+        }
         let mut open_repaired = found.damaged_copies;
         let mut open_problems = rolled.problems;
         let loaded = crate::dicts::load(&*storage, &sb, &ck.dicts);
