@@ -113,6 +113,10 @@ pub struct CheckReport {
     /// Damaged metadata copies whose other copy is intact: nothing is lost, and the next
     /// checkpoint of a writable volume rewrites both copies (one line each).
     pub repaired: Vec<String>,
+    /// Damaged blocks this check put into the damaged state (a writable volume): they read as
+    /// errors without touching the medium until overwritten or trimmed.
+    #[serde(default)]
+    pub marked_damaged: u64,
 }
 
 impl CheckReport {

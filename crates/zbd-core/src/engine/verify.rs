@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::backend::Storage;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::extents::ExtentState;
 use crate::format::{
     decode_map_page, BlockState, MapEntry, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE,
@@ -174,17 +174,63 @@ impl Inner {
         }
     }
 
+    /// A data block a check found damaged (its stored bytes fail their checksum) takes the
+    /// damaged state, so reads answer EIO without touching the medium, `zbd stat` counts it
+    /// and its extent's space can be reclaimed; it stays so until overwritten or trimmed.
+    /// Only on a writable volume, and only if the block still maps where it did when it failed
+    /// (read again between two looks at its entry under the lock: a write in between wins).
+    /// Persisted by the next checkpoint; until then a crash leaves it as it was, damaged.
+    fn remember_damage(&self, lba: u64) -> bool {
+        if self.read_only || self.storage.check().is_err() {
+            return false;
+        }
+        let Ok(before) = self.state.lock().map.get(lba) else {
+            return false;
+        };
+        if before.state != BlockState::Data {
+            return false;
+        }
+        let mut block = vec![0u8; BLOCK_BYTES];
+        let still_bad = match self.read_into(lba, 1, false, &mut block) {
+            Ok(r) => matches!(r.first(), Some(Err(Error::Corrupt { .. }))),
+            Err(_) => false,
+        };
+        let mut st = self.state.lock();
+        if !still_bad || st.map.get(lba).ok() != Some(before) {
+            return false;
+        }
+        let damaged = MapEntry {
+            state: BlockState::Corrupt,
+            ..MapEntry::UNMAPPED
+        };
+        st.set_entry(lba, damaged).is_ok()
+    }
+
     /// Verifies metadata and the checksum of every stored block. `progress(done, total)` is
     /// called now and then.
     pub fn check(&self, progress: &dyn Fn(u64, u64)) -> CheckReport {
-        self.verify(progress, None)
+        let mut report = self.verify(progress, None);
+        self.persist_damage(&mut report);
+        report
+    }
+
+    /// Makes the damaged state of blocks a check marked durable now (a checkpoint).
+    fn persist_damage(&self, report: &mut CheckReport) {
+        if report.marked_damaged > 0 {
+            if let Err(e) = self.checkpoint() {
+                report.metadata_problems.push(format!(
+                    "damaged blocks could not be recorded (checkpoint: {e})"
+                ));
+            }
+        }
     }
 
     /// A check of a volume in use (`zbd scrub`): reads at most `rate` stored bytes per second
     /// (unbounded if `None`) so host I/O goes on, and records when it ended and what it found
     /// (`zbd stat`, persisted with the next checkpoint).
     pub fn scrub(&self, rate: Option<u64>, progress: &dyn Fn(u64, u64)) -> CheckReport {
-        let report = self.verify(progress, rate.filter(|&r| r > 0));
+        let mut report = self.verify(progress, rate.filter(|&r| r > 0));
+        self.persist_damage(&mut report);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -295,8 +341,12 @@ impl Inner {
             match self.read_into(lba, n, false, &mut scratch) {
                 Ok(blocks) => {
                     for (i, r) in blocks.into_iter().enumerate() {
-                        if r.is_err() {
-                            report.damaged_blocks.push(lba + i as u64);
+                        if let Err(e) = r {
+                            let at = lba + i as u64;
+                            report.damaged_blocks.push(at);
+                            if matches!(e, Error::Corrupt { .. }) && self.remember_damage(at) {
+                                report.marked_damaged += 1;
+                            }
                         }
                     }
                 }
