@@ -49,6 +49,27 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
     Ok(sb)
 }
 
+/// Writes a damaged superblock copy again from the intact one (a writable open): the
+/// superblock is written only at create time, so nothing else would ever repair it. Returns
+/// whether a copy was rewritten.
+pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<bool> {
+    let mut copies = [vec![0u8; SUPERBLOCK_BYTES], vec![0u8; SUPERBLOCK_BYTES]];
+    let mut intact = [false; 2];
+    for (copy, b) in copies.iter_mut().enumerate() {
+        intact[copy] = storage.read_at((copy * SUPERBLOCK_BYTES) as u64, b).is_ok()
+            && Superblock::decode(b).is_ok_and(|c| c == *sb);
+    }
+    let Some(good) = intact.iter().position(|&ok| ok) else {
+        return Ok(false);
+    };
+    let Some(bad) = intact.iter().position(|&ok| !ok) else {
+        return Ok(false);
+    };
+    storage.write_at((bad * SUPERBLOCK_BYTES) as u64, &copies[good])?;
+    storage.sync()?;
+    Ok(true)
+}
+
 /// The checkpoint recovery starts from, and what was noticed on the way.
 pub struct FoundCheckpoint {
     /// Its bytes as read (an intact copy), for [`make_durable`].

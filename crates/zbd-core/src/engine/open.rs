@@ -127,6 +127,7 @@ impl Inner {
         }
         let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
         if !opts.read_only {
+            recovery::repair_superblock(&*storage, &sb)?;
             recovery::make_durable(&*storage, &sb, (ck.seq, &found.bytes), &rolled.tail)?;
         }
         let mut open_repaired = found.damaged_copies;
