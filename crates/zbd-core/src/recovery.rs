@@ -7,13 +7,13 @@
 //! the crash from a damaged durable one by the durable write-sequence watermark that every v2
 //! segment header carries (docs/design.md, "Torn or damaged").
 
-use crate::backend::Storage;
+use crate::backend::{Storage, WRITE_ALIGN_MAX};
 use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState};
 use crate::format::{
-    parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record, RecordKind,
-    SegmentHeader, SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT, CKPT_FLAGS_INCOMPAT_KNOWN,
-    SECTOR_BYTES, SUPERBLOCK_BYTES,
+    align_up, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
+    RecordKind, SegmentHeader, SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT,
+    CKPT_FLAGS_INCOMPAT_KNOWN, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::map::Map;
 use std::collections::{BTreeMap, HashSet};
@@ -244,6 +244,7 @@ pub fn roll_forward(
     storage: &dyn Storage,
     sb: &Superblock,
     ck: &Checkpoint,
+    write_align: usize,
 ) -> Result<RollForward> {
     let mut found: Vec<Replayed> = Vec::new();
     let mut durable_seq = ck.write_seq;
@@ -285,7 +286,13 @@ pub fn roll_forward(
                 Some(seg) => seg,
                 None => match index.range(at + 1..).next() {
                     Some((&next, _)) => {
-                        gaps.push((q.extent, at, next));
+                        // A writer padded its segment to a device block (zeros up to the next
+                        // boundary of at most WRITE_ALIGN_MAX): not a gap.
+                        let padding = next <= align_up(at as u64, WRITE_ALIGN_MAX as u64) as usize
+                            && ext[at..next].iter().all(|&b| b == 0);
+                        if !padding {
+                            gaps.push((q.extent, at, next));
+                        }
                         at = next;
                         continue;
                     }
@@ -313,7 +320,10 @@ pub fn roll_forward(
             at += h.padded_len() as usize;
         }
         if found.len() > replayed_before {
-            tail.push((base, ext[..at.min(ext.len())].to_vec()));
+            // Rewritten in whole device blocks (make_durable): what lies past the last segment
+            // up to the boundary is written back as it was read.
+            let end = (align_up(at as u64, write_align as u64) as usize).min(ext.len());
+            tail.push((base, ext[..end].to_vec()));
         }
     }
     // Torn (not covered by a sync): drop. Covered: damage.

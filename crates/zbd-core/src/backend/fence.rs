@@ -67,6 +67,10 @@ impl Storage for Fenced {
         self.inner.len_bytes()
     }
 
+    fn write_align(&self) -> usize {
+        self.inner.write_align()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, buf)
     }

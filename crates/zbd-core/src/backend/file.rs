@@ -1,7 +1,7 @@
 //! A regular file or block device as storage: an exclusive `flock`, optional O_DIRECT, hole
 //! punching or BLKDISCARD for freed extents.
 
-use super::Storage;
+use super::{Storage, WRITE_ALIGN_MAX};
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
@@ -17,6 +17,10 @@ pub struct FileStorage {
     block_device: bool,
     /// With O_DIRECT: the alignment offsets, lengths and buffers must have.
     direct: Option<usize>,
+    /// What writes are aligned to so that nothing below reads before it writes
+    /// ([`Storage::write_align`]): the direct-I/O alignment the kernel reports (the logical
+    /// block of the device under it), 512 where it reports none.
+    write_align: usize,
     /// Buffered bytes written since writeback of the file was last started
     /// (`WRITEBACK_START_BYTES`).
     unstarted: AtomicU64,
@@ -89,11 +93,18 @@ impl FileStorage {
         let block_device = file.metadata()?.file_type().is_block_device();
         // Block devices report length 0 in metadata; seeking to the end gives the real size.
         let len = file.seek(SeekFrom::End(0))?;
+        let write_align = match dio_align(&file) {
+            Ok(Some(a)) if a.is_power_of_two() && (ENGINE_ALIGN..=WRITE_ALIGN_MAX).contains(&a) => {
+                a
+            }
+            _ => ENGINE_ALIGN,
+        };
         Ok(FileStorage {
             file,
             len,
             block_device,
             direct: None,
+            write_align,
             unstarted: AtomicU64::new(0),
         })
     }
@@ -102,32 +113,30 @@ impl FileStorage {
     /// Fails with a clear error when the file system or device cannot do it, or needs a larger
     /// alignment than the engine's 512-byte sectors.
     pub fn into_direct(mut self, path: &Path) -> Result<Self> {
-        use rustix::fs::{AtFlags, StatxFlags};
         let unsupported = |why: String| {
             Error::Invalid(format!(
                 "--direct: {} cannot be used with O_DIRECT: {why}",
                 path.display()
             ))
         };
-        let st = rustix::fs::statx(&self.file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN)
-            .map_err(|e| Error::Io(e.into()))?;
         // Kernels before 6.1 do not report the alignment: assume the common 512 bytes (a device
         // that needs more fails its first write with EINVAL).
-        let align = if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 {
-            if st.stx_dio_offset_align == 0 {
+        let align = match dio_align(&self.file).map_err(|e| Error::Io(e.into()))? {
+            Some(0) => {
                 return Err(unsupported(
                     "its file system does not support direct I/O".into(),
-                ));
+                ))
             }
-            st.stx_dio_offset_align as usize
-        } else {
-            ENGINE_ALIGN
+            Some(a) => a,
+            None => ENGINE_ALIGN,
         };
-        if align > ENGINE_ALIGN || !align.is_power_of_two() {
+        if align > WRITE_ALIGN_MAX || !align.is_power_of_two() {
             return Err(unsupported(format!(
-                "it needs {align}-byte aligned I/O and zbd writes {ENGINE_ALIGN}-byte sectors"
+                "it needs {align}-byte aligned I/O and zbd aligns its writes to at most \
+                 {WRITE_ALIGN_MAX} bytes"
             )));
         }
+        self.write_align = self.write_align.max(align);
         let flags = rustix::fs::fcntl_getfl(&self.file).map_err(|e| Error::Io(e.into()))?;
         rustix::fs::fcntl_setfl(&self.file, flags | rustix::fs::OFlags::DIRECT)
             .map_err(|e| unsupported(e.to_string()))?;
@@ -180,6 +189,18 @@ impl FileStorage {
     }
 }
 
+/// The direct-I/O offset alignment the kernel reports for `file` (6.1+: `statx` DIOALIGN; for a
+/// block device its logical block size); `None` when it reports none, `Some(0)` when the file
+/// system cannot do direct I/O.
+fn dio_align(file: &File) -> rustix::io::Result<Option<usize>> {
+    use rustix::fs::{AtFlags, StatxFlags};
+    let st = rustix::fs::statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN)?;
+    Ok(
+        (st.stx_mask & StatxFlags::DIOALIGN.bits() != 0)
+            .then_some(st.stx_dio_offset_align as usize),
+    )
+}
+
 /// A zeroed buffer whose start is aligned for O_DIRECT (over-allocated, then sliced: no unsafe).
 struct AlignedBuf {
     buf: Vec<u8>,
@@ -202,6 +223,10 @@ impl AlignedBuf {
 impl Storage for FileStorage {
     fn len_bytes(&self) -> Result<u64> {
         Ok(self.len)
+    }
+
+    fn write_align(&self) -> usize {
+        self.write_align
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {

@@ -16,6 +16,12 @@ pub use queued::{IoOptions, QueuedStorage};
 pub use sim::SimStorage;
 
 use crate::error::Result;
+use crate::format::SECTOR_BYTES;
+
+/// The largest write alignment the engine pads to (4 KiB-sector devices). Every on-disk
+/// structure other than log segments (superblocks, checkpoint slots, map and table pages,
+/// dictionary regions, extents) is laid out in multiples of 4 KiB already.
+pub const WRITE_ALIGN_MAX: usize = 4096;
 
 /// Byte-addressed storage below a volume. Implementations must be usable from many threads.
 ///
@@ -41,6 +47,12 @@ pub trait Storage: Send + Sync {
     fn sync(&self) -> Result<()>;
     /// Releases a range (punches a hole in a file; BLKDISCARD on a block device). Best effort.
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    /// Writes at offsets and of lengths that are multiples of this need no read-modify-write
+    /// below (the device's logical block where it is known): the engine pads its log segments
+    /// to it. A power of two from 512 to [`WRITE_ALIGN_MAX`].
+    fn write_align(&self) -> usize {
+        SECTOR_BYTES
+    }
     /// Reads several ranges, each `(offset, buffer)` filled as by `read_at`; one result per
     /// range. The engine hands it every extent one host read needs. A local file reads them one
     /// after the other (the default); a network store, where each read is a round trip, has
@@ -74,5 +86,8 @@ impl<S: Storage + ?Sized> Storage for std::sync::Arc<S> {
     }
     fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
         (**self).read_many(reads)
+    }
+    fn write_align(&self) -> usize {
+        (**self).write_align()
     }
 }

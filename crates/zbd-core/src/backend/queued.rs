@@ -397,6 +397,10 @@ impl<S: Storage + 'static> QueuedStorage<S> {
 }
 
 impl<S: Storage + 'static> Storage for QueuedStorage<S> {
+    fn write_align(&self) -> usize {
+        self.shared.storage.write_align()
+    }
+
     fn len_bytes(&self) -> Result<u64> {
         self.shared.storage.len_bytes()
     }

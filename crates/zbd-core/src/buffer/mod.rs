@@ -5,7 +5,7 @@
 //! recovery to the queued extents.
 
 use crate::format::{
-    seal_segment, segment_padded_len, segment_raw_len, Record, RecordKind, SegmentHeader,
+    align_up, seal_segment, segment_padded_len, segment_raw_len, Record, RecordKind, SegmentHeader,
     SEGMENT_HEADER_BYTES,
 };
 use std::time::{Duration, Instant};
@@ -140,16 +140,25 @@ pub struct ExtentBuffer {
     room: Vec<Room>,
     config: BufferConfig,
     extent_bytes: usize,
+    /// Sealed segments are padded to this (`Storage::write_align`), so each write-back covers
+    /// whole device blocks and the next segment starts on one.
+    write_align: usize,
 }
 
 impl ExtentBuffer {
-    /// An empty buffer for extents of `extent_bytes`.
-    pub fn new(config: BufferConfig, extent_bytes: usize) -> Self {
+    /// An empty buffer for extents of `extent_bytes`, sealing segments padded to `write_align`
+    /// (a power of two that divides `extent_bytes`).
+    pub fn new(config: BufferConfig, extent_bytes: usize, write_align: usize) -> Self {
+        assert!(
+            write_align.is_power_of_two() && extent_bytes.is_multiple_of(write_align),
+            "write alignment {write_align} does not divide extents of {extent_bytes}"
+        );
         ExtentBuffer {
             open: Vec::new(),
             room: Vec::new(),
             config,
             extent_bytes,
+            write_align,
         }
     }
 
@@ -273,7 +282,8 @@ impl ExtentBuffer {
     }
 
     /// Seals the pending segment of open extent `i` (nothing when it has no record): returns
-    /// the extent, the segment's start in it and its bytes, to be written there.
+    /// the extent, the segment's start in it and its bytes, to be written there, padded with
+    /// zeros to the write alignment (the next segment starts past the padding).
     pub fn seal(
         &mut self,
         i: usize,
@@ -295,6 +305,11 @@ impl ExtentBuffer {
         };
         let n = seal_segment(&mut oe.buf, uuid, &h, &oe.records);
         let start = oe.durable_end;
+        debug_assert_eq!(start % self.write_align, 0, "segment start not aligned");
+        // The extent's bytes past the segment were never written (zeros): padding. The extent
+        // size is a multiple of the alignment, so the padded end stays inside it.
+        let n = align_up((start + n) as u64, self.write_align as u64) as usize - start;
+        debug_assert!(oe.buf[start..start + n].len() == n && start + n <= oe.buf.len());
         oe.durable_end += n;
         oe.payload_len = 0;
         oe.records.clear();

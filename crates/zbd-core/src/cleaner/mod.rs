@@ -500,6 +500,8 @@ fn commit(
             durable_seq: cx.durable_seq.load(std::sync::atomic::Ordering::SeqCst),
         };
         let n = seal_segment(&mut buf, &cx.sb.uuid, &h, &records);
+        // Padded to the write alignment: the buffer past the segment is zeros.
+        let n = crate::format::align_up(n as u64, cx.write_align as u64) as usize;
         cx.outbox
             .push(q.extent, 0, cx.sb.extent_offset(q.extent), &buf[..n]);
         st.counters.cleaner_bytes_written += n as u64;

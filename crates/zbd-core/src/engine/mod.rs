@@ -144,6 +144,8 @@ pub(crate) struct Inner {
     open_repaired: Vec<String>,
     /// Highest write sequence covered by a completed sync (see `Ctx::durable_seq`).
     durable_seq: AtomicU64,
+    /// Log segments are padded to this (see `Ctx::write_align`).
+    write_align: usize,
     closed: AtomicBool,
     host_bytes_read: AtomicU64,
     storage_bytes_read: AtomicU64,
@@ -221,6 +223,7 @@ impl Inner {
             sb: &self.sb,
             gate: &self.gate,
             durable_seq: &self.durable_seq,
+            write_align: self.write_align,
             cache: &self.cache,
             outbox: &self.outbox,
             codec: self.codec,

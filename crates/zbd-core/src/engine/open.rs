@@ -4,7 +4,7 @@
 use super::*;
 use crate::backend::fence::Fenced;
 use crate::backend::queued::QueuedStorage;
-use crate::backend::Storage;
+use crate::backend::{Storage, WRITE_ALIGN_MAX};
 use crate::buffer::{BufferConfig, ExtentBuffer};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
@@ -13,7 +13,7 @@ use crate::extents::ExtentTable;
 use crate::format::{
     BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES,
     CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
-    CKPT_FLAG_VOLUME_COUNTERS, SUPERBLOCK_BYTES,
+    CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::layout::{plan, CreateOptions};
 use crate::map::Map;
@@ -125,7 +125,8 @@ impl Inner {
         if !opts.read_only && !map.counters().savings_known {
             map.recount(|_| {})?;
         }
-        let rolled = recovery::roll_forward(&*storage, &sb, &ck)?;
+        let write_align = segment_align(&*storage, &sb);
+        let rolled = recovery::roll_forward(&*storage, &sb, &ck, write_align)?;
         if !opts.read_only {
             recovery::repair_superblock(&*storage, &sb)?;
             recovery::make_durable(&*storage, &sb, (ck.seq, &found.bytes), &rolled.tail)?;
@@ -159,6 +160,7 @@ impl Inner {
                     reserve: cleaner_reserve(sb.extent_count),
                 },
                 sb.extent_bytes as usize,
+                write_align,
             ),
             replayed: 0,
             dicts: ck.dicts,
@@ -236,6 +238,7 @@ impl Inner {
             open_problems,
             open_repaired,
             durable_seq: AtomicU64::new(rolled.durable_seq),
+            write_align,
             closed: AtomicBool::new(false),
             host_bytes_read: AtomicU64::new(counters.host_bytes_read),
             storage_bytes_read: AtomicU64::new(counters.storage_bytes_read),
@@ -282,6 +285,22 @@ impl Inner {
         }
         self.sync_read_counters(&mut st);
         st.checkpoint(&cx)
+    }
+}
+
+/// What this open pads log segments to: the storage's write alignment when zbd supports it (a
+/// power of two up to 4 KiB dividing the extent size, format v2), else 512 bytes. Readers of
+/// any build find segments at any sector, so the padding is no format change (format.md).
+fn segment_align(storage: &dyn Storage, sb: &Superblock) -> usize {
+    let a = storage.write_align();
+    if sb.version >= 2
+        && a.is_power_of_two()
+        && (SECTOR_BYTES..=WRITE_ALIGN_MAX).contains(&a)
+        && (sb.extent_bytes as usize).is_multiple_of(a)
+    {
+        a
+    } else {
+        SECTOR_BYTES
     }
 }
 

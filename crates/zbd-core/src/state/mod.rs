@@ -86,6 +86,9 @@ pub struct Ctx<'a> {
     /// Highest write sequence covered by a completed sync; every segment carries it (v2), so
     /// recovery can tell a damaged durable segment from one torn by the crash.
     pub durable_seq: &'a AtomicU64,
+    /// Log segments are padded to this many bytes (the storage's `write_align`: 4 KiB on a
+    /// 4 KiB-sector device), so no device write covers part of a logical block.
+    pub write_align: usize,
     /// Stored bytes recently read; reused extents must be forgotten (under the gate).
     pub cache: &'a crate::readcache::ReadCache,
     /// Sealed segments waiting to be issued to the storage (outside the state lock).
