@@ -259,10 +259,22 @@ pub fn roll_forward(
             )));
         }
         let base = sb.extent_offset(q.extent);
+        // Records in it may be newer than every copy the map has: without them blocks would
+        // read older data, so the open stops, saying where and what to do.
+        let unreadable = |e: Error| {
+            Error::CorruptMetadata(format!(
+                "the log tail cannot be read: extent {} at byte {base}: {e}; the volume \
+                 cannot be recovered without it: copy the device (e.g. with ddrescue) and open \
+                 the copy",
+                q.extent
+            ))
+        };
         // Most queued extents were never used: look at the first sector before reading it all.
         // (v2 reads any extent whose first sector is not blank, so a damaged first header does
         // not hide the extent.)
-        storage.read_at(base, &mut ext[..SECTOR_BYTES])?;
+        storage
+            .read_at(base, &mut ext[..SECTOR_BYTES])
+            .map_err(unreadable)?;
         let used = if sb.version >= 2 {
             ext[..SECTOR_BYTES].iter().any(|&b| b != 0)
         } else {
@@ -271,7 +283,7 @@ pub fn roll_forward(
         if !used {
             continue;
         }
-        storage.read_at(base, &mut ext)?;
+        storage.read_at(base, &mut ext).map_err(unreadable)?;
         let owner = SegmentOwner {
             uuid: &sb.uuid,
             version: sb.version,

@@ -306,9 +306,10 @@ fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
         return Vec::new();
     }
     // Victims may need more outputs than are free: `stream` then reuses drained victims.
+    let busy: Vec<u32> = st.cleaning.iter().chain(&st.unreadable).copied().collect();
     policy::choose_victims(
         &st.extents,
-        &st.cleaning,
+        &busy,
         st.next_seq,
         cx.sb.extent_bytes as usize,
         mode,
@@ -362,15 +363,45 @@ fn fit(
 /// Reads the victims whole (paper: extents are read in full), their last segments issued
 /// first (they may still wait in the outbox). Needs no state lock: victims stay allocated while
 /// they are read (lock held, or listed in `State::cleaning`).
-fn read_victims(cx: &Ctx, victims: &[u32]) -> Result<HashMap<u32, Vec<u8>>> {
+/// The victims read, and those whose bytes the storage would not give (`unreadable`).
+struct Images {
+    images: HashMap<u32, Vec<u8>>,
+    unreadable: Vec<u32>,
+}
+
+impl Images {
+    /// Leaves out of `victims` those that could not be read and lists them in the state: the
+    /// cleaner no longer chooses them (their blocks read as I/O errors until overwritten, and
+    /// the extent is freed like any other once none is live). Failing the pass instead would
+    /// fail every later one on the same victim and end, once free extents ran out, in NoSpace.
+    fn keep_readable(&self, st: &mut State, victims: &mut Vec<u32>) {
+        for &v in &self.unreadable {
+            if !st.unreadable.contains(&v) {
+                tracing::warn!(
+                    "cleaner: extent {v} cannot be read; its blocks are left where they are"
+                );
+                st.unreadable.push(v);
+            }
+        }
+        victims.retain(|v| self.images.contains_key(v));
+    }
+}
+
+fn read_victims(cx: &Ctx, victims: &[u32]) -> Result<Images> {
     cx.outbox.issue_all(cx.storage)?;
     let mut images = HashMap::with_capacity(victims.len());
+    let mut unreadable = Vec::new();
     for &v in victims {
         let mut buf = vec![0u8; cx.sb.extent_bytes as usize];
-        cx.storage.read_at(cx.sb.extent_offset(v), &mut buf)?;
+        let at = cx.sb.extent_offset(v);
+        // A second try: a read error that passes is not worth giving up an extent for.
+        if cx.storage.read_at(at, &mut buf).is_err() && cx.storage.read_at(at, &mut buf).is_err() {
+            unreadable.push(v);
+            continue;
+        }
         images.insert(v, buf);
     }
-    Ok(images)
+    Ok(Images { images, unreadable })
 }
 
 /// Finds the live blocks of the victims (read: `images`), packs them and writes the outputs,
@@ -529,8 +560,10 @@ pub fn pass(st: &mut State, cx: &Ctx, mode: Mode) -> Result<PassResult> {
     if victims.is_empty() {
         return Ok(PassResult::default());
     }
-    let images = read_victims(cx, &victims)?;
-    commit(st, cx, victims, &images, false)
+    let read = read_victims(cx, &victims)?;
+    let mut victims = victims;
+    read.keep_readable(st, &mut victims);
+    commit(st, cx, victims, &read.images, false)
 }
 
 /// Live blocks that name a dictionary other than the current one (0 when the counts are not
@@ -577,13 +610,16 @@ pub fn migrate(st: &mut State, cx: &Ctx, mut victims: Vec<u32>) -> Result<PassRe
     // Only closed extents are cleaned (open ones are closed by `compact` first), and none a
     // background pass is reading.
     victims.retain(|&v| {
-        st.extents[v as usize].state == ExtentState::Closed && !st.cleaning.contains(&v)
+        st.extents[v as usize].state == ExtentState::Closed
+            && !st.cleaning.contains(&v)
+            && !st.unreadable.contains(&v)
     });
     if victims.is_empty() || st.free_now() == 0 {
         return Ok(PassResult::default());
     }
-    let images = read_victims(cx, &victims)?;
-    commit(st, cx, victims, &images, true)
+    let read = read_victims(cx, &victims)?;
+    read.keep_readable(st, &mut victims);
+    commit(st, cx, victims, &read.images, true)
 }
 
 /// One incremental pass that holds the state lock (`lock`) only to choose its victims and to
@@ -614,14 +650,16 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
     if st.clean_gen == gen {
         st.cleaning.retain(|v| !victims.contains(v));
     }
-    let images = images?;
+    let read = images?;
     // Taken back: drop the pass (nothing moved yet; the next one chooses again). Host writes
     // may have taken free extents meanwhile: `commit` packs for what is free now, dropping
     // victims (or the pass).
     if st.clean_gen != gen {
         return Ok(PassResult::default());
     }
-    commit(&mut st, cx, victims, &images, false)
+    let mut victims = victims;
+    read.keep_readable(&mut st, &mut victims);
+    commit(&mut st, cx, victims, &read.images, false)
 }
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.

@@ -168,6 +168,7 @@ impl Inner {
             // open's own checkpoint, below, is written before anything reuses them.
             retiring: Vec::new(),
             cleaning: Vec::new(),
+            unreadable: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
             clean_gen: 0,
             extents_opened: 0,

@@ -238,6 +238,7 @@ impl State {
         // (and queued) again by the next checkpoint and handed out twice. Nothing turned them
         // into anything else meanwhile: only recovery maps blocks into extents not open.
         let released = f.released;
+        self.unreadable.retain(|e| !released.contains(e));
         for &e in &released {
             debug_assert_eq!(self.extents[e as usize].state, ExtentState::PendingFree);
             self.extents[e as usize].state = ExtentState::Free;

@@ -53,6 +53,9 @@ pub struct State {
     /// sequence: their id and region bytes stay reserved until a later checkpoint commits, so
     /// both checkpoint slots no longer list them (dicts.rs, "Retirement order").
     pub retiring: Vec<(DictEntry, u64)>,
+    /// Extents the cleaner could not read (twice): it no longer chooses them; one leaves the
+    /// list when a checkpoint frees it (no live block left).
+    pub unreadable: Vec<u32>,
     /// Victims of a cleaning pass that reads them without the state lock
     /// (`cleaner::pass_unlocked`): not released by a checkpoint, not chosen by another pass.
     pub cleaning: Vec<u32>,
