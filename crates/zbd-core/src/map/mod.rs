@@ -21,17 +21,19 @@
 
 mod cache;
 mod counters;
+mod pager;
 
 use crate::backend::Storage;
 use crate::error::Result;
 use crate::format::{
     encode_map_page, BlockState, Checkpoint, MapEntry, PageSlot, Superblock, BLOCK_BYTES,
     CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS,
-    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX,
+    MAP_ENTRIES_PER_PAGE, PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX,
 };
 pub use cache::MAP_CACHE_BYTES_DEFAULT;
 use cache::{Cache, Frame};
 pub use counters::{MapCounters, DICT_IDS, UNIT_SIZE_CLASSES};
+use pager::{PageRead, Pager};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -111,12 +113,9 @@ pub struct MapCacheStats {
 
 /// The map of one volume.
 pub struct Map {
-    storage: Arc<dyn Storage>,
+    /// Reads pages from their durable slots: the only part of the map that does I/O.
+    pager: Pager,
     sb: Superblock,
-    /// Sequence of the durable checkpoint: a page claiming a newer one is stale.
-    gen: u64,
-    /// Slot of each page in the durable checkpoint.
-    slots: Vec<PageSlot>,
     /// Summary of each page out of the cache (`SUMMARY_*`); for a resident page, of its
     /// durable content when clean.
     summary: Vec<u8>,
@@ -172,10 +171,8 @@ impl Map {
             })
             .collect();
         Map {
-            storage,
+            pager: Pager::new(storage, sb, ck.seq, ck.page_slots.clone()),
             sb: sb.clone(),
-            gen: ck.seq,
-            slots: ck.page_slots.clone(),
             summary,
             cache: Cache::new(cache_bytes),
             dirty: vec![0; pages.div_ceil(64)],
@@ -218,6 +215,8 @@ impl Map {
             dirty_pages: self.dirty_count as u64,
             budget_pages: self.cache.budget() as u64,
             reserved_pages: self.cache.reserved() as u64,
+            faults: self.pager.faults,
+            bytes_read: self.pager.bytes_read,
             ..self.stats
         }
     }
@@ -226,7 +225,7 @@ impl Map {
     /// dirty bits).
     pub fn ram_bytes(&self) -> u64 {
         ((self.cache.len() + self.cache.reserved()) * cache::FRAME_BYTES
-            + self.slots.len() * 2
+            + self.pager.slots().len() * 2
             + self.dirty.len() * 8) as u64
     }
 
@@ -282,31 +281,20 @@ impl Map {
     fn read_page(&mut self, p: u32) -> Result<Box<[MapEntry]>> {
         let n = self.entries_in(p);
         let mut entries = vec![MapEntry::UNMAPPED; n].into_boxed_slice();
-        let slot = self.slots[p as usize];
-        if slot == PAGE_NONE {
-            return Ok(entries);
-        }
-        let mut buf = vec![0u8; MAP_PAGE_BYTES];
-        for copy in 0..self.sb.metadata_copies() {
-            self.storage
-                .read_at(self.sb.map_page_offset(p, slot - 1, copy), &mut buf)?;
-            self.stats.faults += 1;
-            self.stats.bytes_read += MAP_PAGE_BYTES as u64;
-            if decode_page(&buf, p, &self.sb, self.gen, &mut entries) {
-                if copy > 0 && self.repaired.insert(p) {
+        match self.pager.read(p, &mut entries)? {
+            PageRead::Intact => {}
+            PageRead::Repaired => {
+                if self.repaired.insert(p) {
                     // Rewritten, both copies, by the next checkpoint.
                     self.set_dirty(p);
                 }
-                return Ok(entries);
             }
-        }
-        entries.fill(MapEntry {
-            state: BlockState::Corrupt,
-            ..MapEntry::UNMAPPED
-        });
-        if self.damaged.insert(p) {
-            // What the page held is lost, its blocks are damaged from now on.
-            self.counters.damaged_blocks += n as u64;
+            PageRead::Damaged => {
+                if self.damaged.insert(p) {
+                    // What the page held is lost, its blocks are damaged from now on.
+                    self.counters.damaged_blocks += n as u64;
+                }
+            }
         }
         Ok(entries)
     }
@@ -482,7 +470,7 @@ impl Map {
 
     /// Slot of every page in the durable checkpoint.
     pub fn slots(&self) -> &[PageSlot] {
-        &self.slots
+        self.pager.slots()
     }
 
     /// Calls `f(lba, entry)` for every block in state `Data` in `first..first + count`, in LBA
@@ -610,7 +598,11 @@ impl Map {
                     pages.push((p, PAGE_NONE, sum));
                     continue;
                 }
-                let slot = if self.slots[p as usize] == 1 { 2 } else { 1 };
+                let slot = if self.pager.slots()[p as usize] == 1 {
+                    2
+                } else {
+                    1
+                };
                 let page: Arc<[u8]> = encode_map_page(p, seq, &entries).into();
                 encoded += page.len();
                 // Every copy (v2: two, a metadata half apart): one bad sector loses nothing.
@@ -644,7 +636,7 @@ impl Map {
     /// Page slots and summaries of the whole map as checkpoint `written` records them (for its
     /// encoding; dropped after).
     pub fn checkpoint_arrays(&self, written: &WrittenPages) -> (Vec<PageSlot>, Vec<u8>) {
-        let mut slots = self.slots.clone();
+        let mut slots = self.pager.slots().to_vec();
         let mut summaries = self.summary.clone();
         for &(p, slot, sum) in &written.pages {
             slots[p as usize] = slot;
@@ -659,13 +651,12 @@ impl Map {
         // Slots change only here, and summaries of pages outside the snapshot are the durable
         // ones in both: take the snapshot's, except for a page changed again since that is not
         // resident (its summary is its content now, e.g. a whole-page trim).
-        for (p, slot, sum) in written.pages {
-            self.slots[p as usize] = slot;
+        for &(p, _, sum) in &written.pages {
             if !self.is_dirty(p) || self.cache.contains(p) {
                 self.summary[p as usize] = sum;
             }
         }
-        self.gen = seq;
+        self.pager.commit(seq, &written.pages);
         self.writing.fill(0);
         // The snapshot's pages are gone (written): their room goes back to the cache.
         self.reserve(0);
