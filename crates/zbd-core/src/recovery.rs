@@ -51,8 +51,8 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
 
 /// Writes a damaged superblock copy again from the intact one (a writable open): the
 /// superblock is written only at create time, so nothing else would ever repair it. Returns
-/// whether a copy was rewritten.
-pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<bool> {
+/// what was repaired, for `check` to report.
+pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<Option<String>> {
     let mut copies = [vec![0u8; SUPERBLOCK_BYTES], vec![0u8; SUPERBLOCK_BYTES]];
     let mut intact = [false; 2];
     for (copy, b) in copies.iter_mut().enumerate() {
@@ -60,14 +60,19 @@ pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<bool>
             && Superblock::decode(b).is_ok_and(|c| c == *sb);
     }
     let Some(good) = intact.iter().position(|&ok| ok) else {
-        return Ok(false);
+        return Ok(None);
     };
     let Some(bad) = intact.iter().position(|&ok| !ok) else {
-        return Ok(false);
+        return Ok(None);
     };
     storage.write_at((bad * SUPERBLOCK_BYTES) as u64, &copies[good])?;
     storage.sync()?;
-    Ok(true)
+    let name = |copy: usize| ["A", "B"][copy];
+    Ok(Some(format!(
+        "superblock copy {} was damaged: rewritten from copy {}",
+        name(bad),
+        name(good)
+    )))
 }
 
 /// The checkpoint recovery starts from, and what was noticed on the way.

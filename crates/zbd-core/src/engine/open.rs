@@ -127,11 +127,11 @@ impl Inner {
         }
         let write_align = segment_align(&*storage, &sb);
         let rolled = recovery::roll_forward(&*storage, &sb, &ck, write_align)?;
+        let mut open_repaired = found.damaged_copies;
         if !opts.read_only {
-            recovery::repair_superblock(&*storage, &sb)?;
+            open_repaired.extend(recovery::repair_superblock(&*storage, &sb)?);
             recovery::make_durable(&*storage, &sb, (ck.seq, &found.bytes), &rolled.tail)?;
         }
-        let mut open_repaired = found.damaged_copies;
         let mut open_problems = rolled.problems;
         let loaded = crate::dicts::load(&*storage, &sb, &ck.dicts);
         let codec = match opts.codec {
