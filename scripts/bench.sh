@@ -35,8 +35,8 @@ echo "== space savings vs btrfs and ZFS, 4 KiB reads per compression unit size (
 SAVINGS_ZFS=${SAVINGS_ZFS:-1} SAVINGS_UNITS="4K 8K 16K" bash scripts/bench-savings.sh "$other/savings" | tee "$other/savings.txt"
 for u in 4K 16K; do
   echo "== engine tests with $u units instead of the default 8 KiB"
-  ZBD_TEST_UNIT_SIZE=$u cargo test --release -p zbd-core --test model --test crash --test faults \
-    --test volume --test readcache 2>&1 | tee "$other/tests-$u-units.txt"
+  ZBD_TEST_UNIT_SIZE=$u cargo test --release -p zbd-core --test model --test durability --test engine -- \
+    sequential:: crash:: faults::beyond_power_loss:: volume:: read::cache:: 2>&1 | tee "$other/tests-$u-units.txt"
 done
 echo "== heavy engine tests (ignored in make test)"
 cargo test --release -p zbd-core -- --ignored --skip make_v1_fixture 2>&1 | tee "$other/heavy-tests.txt"

@@ -1,4 +1,5 @@
-//! Shared test helpers: seeded data and workloads, and a plain byte-vector model of a volume.
+//! Shared test helpers of the engine's test binaries (engine, durability, model): seeded data
+//! and workloads, a plain byte-vector model of a volume, and storages that inject faults.
 #![allow(dead_code)]
 
 use rand::rngs::SmallRng;
@@ -7,9 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
 
+mod images;
 mod parking;
+mod races;
+#[allow(unused_imports)]
+pub use images::*;
 #[allow(unused_imports)]
 pub use parking::*;
+#[allow(unused_imports)]
+pub use races::*;
 
 pub const BS: usize = 4096;
 
@@ -343,3 +350,24 @@ pub fn newest_checkpoint(
         .expect("a checkpoint");
     (sb, ck)
 }
+
+/// Reopens the volume on `disk` with the test options.
+pub fn reopen(disk: &Arc<SimStorage>) -> Volume {
+    Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen")
+}
+
+/// A block that compresses to about 1.2 KiB (several per 8 KiB extent).
+pub fn part_random(rng: &mut SmallRng) -> Vec<u8> {
+    let mut b = fill(rng, Fill::Random, 1200);
+    b.resize(BS, 0);
+    b
+}
+
+/// An I/O mode of the engine, by name.
+pub type IoMode = (&'static str, fn() -> IoOptions);
+
+pub const IO_MODES: [IoMode; 3] = [
+    ("synchronous", IoOptions::synchronous),
+    ("reordered", || IoOptions::reordered(11)),
+    ("threads", IoOptions::default),
+];
