@@ -8,9 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
 
+mod faulty;
 mod images;
 mod parking;
 mod races;
+#[allow(unused_imports)]
+pub use faulty::*;
 #[allow(unused_imports)]
 pub use images::*;
 #[allow(unused_imports)]
@@ -251,31 +254,6 @@ pub fn sim_volume_with(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimStora
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
     let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open).expect("create");
     (disk, vol)
-}
-
-/// A disk whose discard (hole punch / block discard) always fails with EIO, e.g. a device that
-/// rejects the request: discard only gives space back, so the volume must carry on. Extents
-/// reused on it always still hold their previous life's segments.
-pub struct NoDiscard(pub Arc<SimStorage>);
-
-impl zbd_core::Storage for NoDiscard {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.0.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.0.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.0.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.0.sync()
-    }
-    fn discard(&self, _offset: u64, _len: u64) -> zbd_core::Result<()> {
-        Err(zbd_core::Error::Io(std::io::Error::other(
-            "discard rejected",
-        )))
-    }
 }
 
 /// Flips a bit in every slot and copy of map page `page`: the page has no intact copy left.

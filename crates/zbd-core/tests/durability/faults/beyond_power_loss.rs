@@ -247,33 +247,6 @@ fn damage_to_one_metadata_copy_loses_nothing() {
     }
 }
 
-/// Fails the first write it is given after `armed` is set, once; everything else passes through.
-struct FailOneWrite {
-    disk: Arc<SimStorage>,
-    armed: std::sync::atomic::AtomicBool,
-}
-
-impl zbd_core::Storage for FailOneWrite {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Io(std::io::Error::from_raw_os_error(errno::EIO)));
-        }
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
-    }
-}
-
 /// With writes queued to I/O threads, a segment write that fails once (a transient EIO) is
 /// reported by the next flush, which fails the volume; the I/O layer would retry the write at a
 /// later sync and succeed, but that must not make the volume writable again before reopening,

@@ -49,48 +49,6 @@ fn failing_discard_neither_fails_writes_nor_double_allocates() {
     check(&reopen(&disk), "reopened");
 }
 
-/// A disk on which exactly one storage operation (read, write, sync or discard, counted from
-/// when the fault is armed) fails with EIO; the process goes on, unlike a power cut.
-struct OneFault {
-    disk: Arc<SimStorage>,
-    countdown: std::sync::atomic::AtomicI64,
-}
-
-impl OneFault {
-    fn hit(&self) -> zbd_core::Result<()> {
-        if self
-            .countdown
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
-            == 0
-        {
-            return Err(Error::Io(std::io::Error::other("injected EIO")));
-        }
-        Ok(())
-    }
-}
-
-impl zbd_core::Storage for OneFault {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.hit()?;
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.hit()?;
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.hit()?;
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.hit()?;
-        self.disk.discard(offset, len)
-    }
-}
-
 /// One I/O error injected at each storage operation of a workload in turn (redb's fuzzer does
 /// this). A failed read fails that request only (each of its blocks then holds the old or the
 /// new data) and the volume carries on. A failed write or sync stops the volume (the failed

@@ -7,7 +7,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use zbd_core::{Codec, SimStorage, Storage, Volume};
+use zbd_core::{Codec, SimStorage, Volume};
 
 /// The value a block reads now: the last written since the flush, else the flushed one.
 fn latest(exp: &Expect, b: usize) -> &[u8] {
@@ -157,36 +157,6 @@ fn a_snapshot_larger_than_the_map_cache_keeps_reads_fresh_and_flushed_writes() {
     }
     for k in [0, 1, 2, 3, 5, 8, 13, 21, 34] {
         crash_with_a_snapshot_larger_than_the_cache(Trap::Write(pages.clone()), Some(k), 50 + k);
-    }
-}
-
-/// Fails, once armed, the first write that starts in `range` (a transient EIO); the rest pass.
-struct FailWriteIn {
-    disk: Arc<SimStorage>,
-    range: Mutex<Option<Range<u64>>>,
-}
-
-impl Storage for FailWriteIn {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        let mut r = self.range.lock().expect("lock");
-        if r.as_ref().is_some_and(|r| r.contains(&offset)) {
-            *r = None;
-            return Err(zbd_core::Error::Io(std::io::Error::other("transient EIO")));
-        }
-        drop(r);
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
     }
 }
 
