@@ -5,9 +5,9 @@ mod common;
 
 use std::process::Command;
 
-use common::raw::RawClient;
 use common::{noise, run, tool, TestServer};
 use zbd_nbd::wire;
+use zbd_testkit::nbd::RawClient;
 
 const SIZE: u64 = 8 << 20;
 

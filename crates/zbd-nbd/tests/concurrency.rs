@@ -6,8 +6,8 @@ mod common;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use common::raw::RawClient;
 use zbd_nbd::{wire, Export, ExportError, ExportResult, Listen, Server, ServerConfig};
+use zbd_testkit::nbd::RawClient;
 
 /// Reads at offset 0 wait (up to 10 s) for a read at offset 8192, which opens the gate.
 struct GateExport {

@@ -6,8 +6,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::noise;
-use common::raw::RawClient;
 use zbd_nbd::{wire, Export, ExportResult, Listen, MemExport, Server, ServerConfig};
+use zbd_testkit::nbd::RawClient;
 
 const SIZE: u64 = 4 << 20;
 

@@ -6,9 +6,9 @@ mod common;
 use std::io::Read;
 use std::time::Duration;
 
-use common::raw::RawClient;
 use common::{noise, TestServer};
 use zbd_nbd::{wire, MemExport, ServerConfig};
+use zbd_testkit::nbd::RawClient;
 
 const SIZE: u64 = 8 << 20;
 const BUDGET: u64 = 1 << 20;

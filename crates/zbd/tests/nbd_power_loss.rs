@@ -11,11 +11,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nbd_support::client::Client;
 use nbd_support::{
     can_mount, create_volume, fingerprint, run, tools, tree, wait_until, Attached, Mounted, Served,
     VolatileDisk,
 };
+use zbd_testkit::nbd::Client;
 
 const BLOCK: usize = 4096;
 const BLOCKS: u64 = 2048;

@@ -6,8 +6,8 @@ mod nbd_support;
 
 use std::process::{Command, Stdio};
 
-use nbd_support::client::Client;
 use nbd_support::{create_volume, run, stdout, tools, Served, ZBD};
+use zbd_testkit::nbd::Client;
 
 const BLOCK: usize = 4096;
 /// The block whose stored bytes get damaged, and the blocks written around it so that its

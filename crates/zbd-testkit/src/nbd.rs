@@ -1,7 +1,11 @@
-//! A deliberately dumb NBD client that sends exactly the bytes a test asks for, so tests can send
-//! malformed packets and see what the server does.
+//! NBD test clients over a Unix socket. `RawClient` sends exactly the bytes a test asks for,
+//! so tests can send malformed packets and see what the server does. `Client` is a minimal
+//! blocking client (fixed newstyle, NBD_OPT_GO, simple replies) for tests that need to know
+//! exactly which writes and flushes were acknowledged; it returns errors instead of panicking,
+//! since a server killed on purpose is part of those tests. Both take the protocol's constants
+//! from `zbd_nbd::wire`, the server's own definitions.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -51,7 +55,7 @@ impl RawClient {
             assert!(
                 matches!(
                     e.kind(),
-                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
                 ),
                 "send failed other than by the server closing: {e}"
             );
@@ -199,7 +203,7 @@ impl RawClient {
         match self.stream.read(&mut first) {
             Ok(0) => return None,
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return None,
             Err(e) => panic!("reading a reply: {e}"),
         }
         let rest = self.read_exact(3);
@@ -253,8 +257,123 @@ impl RawClient {
         match self.stream.read(&mut byte) {
             Ok(0) => true,
             Ok(_) => false,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => true,
             Err(e) => panic!("waiting for the server to close: {e}"),
         }
+    }
+}
+
+/// A minimal blocking NBD client: one request at a time, errors returned, never panics.
+pub struct Client {
+    stream: UnixStream,
+    pub size: u64,
+    next_handle: u64,
+}
+
+fn protocol(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+impl Client {
+    pub fn connect(socket: &Path) -> io::Result<Client> {
+        let mut stream = UnixStream::connect(socket)?;
+        let mut greeting = [0u8; 18];
+        stream.read_exact(&mut greeting)?;
+        if greeting[0..8] != wire::NBDMAGIC.to_be_bytes()
+            || greeting[8..16] != wire::IHAVEOPT.to_be_bytes()
+        {
+            return Err(protocol("bad greeting".into()));
+        }
+        stream.write_all(&(wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES).to_be_bytes())?;
+        // The default export, no info requests.
+        let data = RawClient::go_data("", &[]);
+        let mut go = wire::IHAVEOPT.to_be_bytes().to_vec();
+        go.extend_from_slice(&wire::OPT_GO.to_be_bytes());
+        go.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        go.extend_from_slice(&data);
+        stream.write_all(&go)?;
+        let mut size = None;
+        loop {
+            let mut header = [0u8; 20];
+            stream.read_exact(&mut header)?;
+            let reply = u32::from_be_bytes(header[12..16].try_into().expect("4"));
+            let length = u32::from_be_bytes(header[16..20].try_into().expect("4")) as usize;
+            let mut data = vec![0u8; length];
+            stream.read_exact(&mut data)?;
+            match reply {
+                wire::REP_ACK => break,
+                wire::REP_INFO if data.len() >= 12 && data[0..2] == [0, 0] => {
+                    size = Some(u64::from_be_bytes(data[2..10].try_into().expect("8")));
+                }
+                wire::REP_INFO => {}
+                other => return Err(protocol(format!("GO failed: reply {other:#x}"))),
+            }
+        }
+        let size = size.ok_or_else(|| protocol("no NBD_INFO_EXPORT".into()))?;
+        Ok(Client {
+            stream,
+            size,
+            next_handle: 1,
+        })
+    }
+
+    fn request(
+        &mut self,
+        flags: u16,
+        command: u16,
+        offset: u64,
+        length: u32,
+        data: &[u8],
+    ) -> io::Result<u64> {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let header = wire::RequestHeader {
+            magic: wire::REQUEST_MAGIC,
+            flags,
+            command,
+            handle,
+            offset,
+            length,
+        };
+        let mut out = header.encode().to_vec();
+        out.extend_from_slice(data);
+        self.stream.write_all(&out)?;
+        Ok(handle)
+    }
+
+    fn reply(&mut self, handle: u64, data: &mut [u8]) -> io::Result<()> {
+        let mut header = [0u8; 16];
+        self.stream.read_exact(&mut header)?;
+        if header[0..4] != wire::SIMPLE_REPLY_MAGIC.to_be_bytes() {
+            return Err(protocol("bad reply magic".into()));
+        }
+        let error = u32::from_be_bytes(header[4..8].try_into().expect("4"));
+        if u64::from_be_bytes(header[8..16].try_into().expect("8")) != handle {
+            return Err(protocol("reply for another handle".into()));
+        }
+        if error != 0 {
+            return Err(io::Error::other(format!("server error {error}")));
+        }
+        self.stream.read_exact(data)
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let flags = if fua { wire::CMD_FLAG_FUA } else { 0 };
+        let handle = self.request(flags, wire::CMD_WRITE, offset, data.len() as u32, data)?;
+        self.reply(handle, &mut [])
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        let handle = self.request(0, wire::CMD_FLUSH, 0, 0, &[])?;
+        self.reply(handle, &mut [])
+    }
+
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let handle = self.request(0, wire::CMD_READ, offset, buf.len() as u32, &[])?;
+        self.reply(handle, buf)
+    }
+
+    pub fn disconnect(mut self) {
+        let _ = self.request(0, wire::CMD_DISC, 0, 0, &[]);
     }
 }
