@@ -329,6 +329,17 @@ pub fn newest_checkpoint(
     (sb, ck)
 }
 
+/// `full` under `ZBD_TEST_HEAVY=1` (`make test-heavy`), else `light`: the size of a sweep that
+/// `make test` samples (every n-th crash point, fewer points) to stay within its time, and
+/// `make test-heavy` runs whole.
+pub fn full_or_light<T>(full: T, light: T) -> T {
+    if std::env::var_os("ZBD_TEST_HEAVY").is_some_and(|v| v == "1") {
+        full
+    } else {
+        light
+    }
+}
+
 /// Reopens the volume on `disk` with the test options.
 pub fn reopen(disk: &Arc<SimStorage>) -> Volume {
     Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen")

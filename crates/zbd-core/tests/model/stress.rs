@@ -352,7 +352,7 @@ fn threads_with_background_cleaner_match_the_model() {
 }
 
 #[test]
-#[ignore = "heavy: run by make bench"]
+#[ignore = "heavy: run by make test-heavy"]
 fn threads_with_background_cleaner_many_seeds() {
     let base = seed_from_env(1000);
     for seed in base..base + 20 {

@@ -106,7 +106,7 @@ fn overwrites_forever_at_90_percent_live() {
 }
 
 #[test]
-#[ignore = "heavy: run by make bench"]
+#[ignore = "heavy: run by make test-heavy"]
 fn overwrites_forever_heavy() {
     for (pct, seed) in [(50, 2), (75, 3), (90, 4)] {
         overwrite_at(pct, 40, seed);

@@ -253,8 +253,9 @@ fn crash_at_every_storage_operation_around_retirement() {
     assert!(ids.len() <= 2, "the region holds two: {ids:?}");
     verify(&vol, &model, u64::MAX);
     drop(vol);
-    // Every operation (the scenario is mostly retirement, reuse and migration), bounded.
-    let step = (total / 600).max(1);
+    // Every operation (the scenario is mostly retirement, reuse and migration), bounded: 600
+    // crash points under make test-heavy, 200 spread the same way under make test.
+    let step = (total / full_or_light(600, 200)).max(1);
     for (n, at) in (0..total).step_by(step as usize).enumerate() {
         crash_run(at, n as u64);
     }
