@@ -1,11 +1,9 @@
 //! Malformed and hostile input, sent byte by byte by a raw client. After every case a good
 //! client must still work and the export must hold exactly what good clients wrote.
 
-mod common;
-
 use std::process::Command;
 
-use common::{noise, run, tool, TestServer};
+use crate::common::{noise, run, tool, TestServer};
 use zbd_nbd::wire;
 use zbd_testkit::nbd::RawClient;
 

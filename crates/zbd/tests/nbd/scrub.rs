@@ -2,11 +2,9 @@
 //! writes to it over NBD; a bit flipped in the backing file under the server is found, reported
 //! (by block) and never returned as data: the client's read fails with EIO.
 
-mod nbd_support;
-
 use std::process::{Command, Stdio};
 
-use nbd_support::{create_volume, run, stdout, tools, Served, ZBD};
+use crate::nbd_support::{create_volume, run, stdout, tools, Served, ZBD};
 use zbd_testkit::nbd::Client;
 
 const BLOCK: usize = 4096;

@@ -1,11 +1,9 @@
 //! FLUSH/FUA semantics across connections (what NBD_FLAG_CAN_MULTI_CONN promises) and graceful
 //! shutdown, checked against an export that keeps unflushed writes apart from durable ones.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::noise;
+use crate::common::noise;
 use zbd_nbd::{wire, Export, ExportResult, Listen, MemExport, Server, ServerConfig};
 use zbd_testkit::nbd::RawClient;
 
@@ -86,7 +84,7 @@ struct Running {
 
 impl Running {
     fn start() -> Self {
-        common::init_logging();
+        crate::common::init_logging();
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("nbd.sock");
         let export = Arc::new(VolatileExport::new());

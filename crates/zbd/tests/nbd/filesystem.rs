@@ -2,13 +2,11 @@
 //! mkfs → mount → copy real trees → unmount → fsck → remount → every file matches; the volume
 //! stores less than it holds; detach and stop leave a volume `zbd check` finds clean.
 
-mod nbd_support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use nbd_support::{
+use crate::nbd_support::{
     can_mount, control_socket, create_volume, fingerprint, run, stdout, tools, tree, Attached,
     Mounted, Served, ZBD,
 };

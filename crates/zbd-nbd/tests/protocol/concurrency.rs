@@ -1,8 +1,6 @@
 //! Requests on one connection run concurrently and reply out of order: a read that cannot finish
 //! until the client has seen the reply to a later read, and sent a third one, must still succeed.
 
-mod common;
-
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -54,7 +52,7 @@ impl Export for GateExport {
 
 #[test]
 fn a_later_request_can_overtake_an_earlier_one() {
-    common::init_logging();
+    crate::common::init_logging();
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("nbd.sock");
     let export = Arc::new(GateExport {

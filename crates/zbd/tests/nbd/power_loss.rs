@@ -4,14 +4,12 @@
 //! last flushed version or a later one that was really written. Flushes are sent on the other
 //! connection than the writes, so they cover writes completed elsewhere (NBD_FLAG_CAN_MULTI_CONN).
 
-mod nbd_support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nbd_support::{
+use crate::nbd_support::{
     can_mount, create_volume, fingerprint, run, tools, tree, wait_until, Attached, Mounted, Served,
     VolatileDisk,
 };
@@ -246,7 +244,7 @@ fn power_loss_keeps_every_flushed_block() {
         disk = VolatileDisk::start(&image, &dir.path().join("disk"));
         device = Attached::new(&disk.socket, &state_dir);
     }
-    run(Command::new(nbd_support::ZBD)
+    run(Command::new(crate::nbd_support::ZBD)
         .arg("check")
         .arg(&device.device));
 }

@@ -1,11 +1,9 @@
 //! Real NBD clients (libnbd's nbdinfo and nbdcopy, qemu-img, qemu-io, fio's nbd engine) against
 //! an in-process server on a Unix socket.
 
-mod common;
-
 use std::process::Command;
 
-use common::{file_bytes, noise, run, stdout, tool, TestServer};
+use crate::common::{file_bytes, noise, run, stdout, tool, TestServer};
 use zbd_nbd::{Export, MemExport, ServerConfig};
 
 const MIB: u64 = 1 << 20;
@@ -276,7 +274,7 @@ fn tcp_listener_serves_on_loopback() {
     let Some(nbdinfo) = tool("nbdinfo") else {
         return;
     };
-    common::init_logging();
+    crate::common::init_logging();
     let export = std::sync::Arc::new(MemExport::new(MIB));
     let address = "127.0.0.1:0".parse().expect("address");
     let server = zbd_nbd::Server::bind(

@@ -1,12 +1,10 @@
 //! The server's bounds: the payload cap follows the in-flight budget, connections over the limit
 //! wait to be accepted, and clients that leave or stall mid-request give back what they held.
 
-mod common;
-
 use std::io::Read;
 use std::time::Duration;
 
-use common::{noise, TestServer};
+use crate::common::{noise, TestServer};
 use zbd_nbd::{wire, MemExport, ServerConfig};
 use zbd_testkit::nbd::RawClient;
 
