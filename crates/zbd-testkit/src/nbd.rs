@@ -12,6 +12,27 @@ use std::time::Duration;
 
 use zbd_nbd::wire;
 
+/// A request header as the server's own encoder writes it.
+fn request_header(
+    flags: u16,
+    command: u16,
+    handle: u64,
+    offset: u64,
+    length: u32,
+) -> [u8; wire::REQUEST_HEADER_BYTES] {
+    wire::RequestHeader {
+        magic: wire::REQUEST_MAGIC,
+        flags,
+        command,
+        handle,
+        offset,
+        length,
+    }
+    .encode()
+}
+
+/// Sends exactly the bytes a test asks for and reads replies field by field; panics on I/O
+/// errors (a server that hangs fails the read timeout instead of the test run).
 pub struct RawClient {
     pub stream: UnixStream,
 }
@@ -179,15 +200,7 @@ impl RawClient {
     }
 
     pub fn request(&mut self, flags: u16, command: u16, handle: u64, offset: u64, length: u32) {
-        let header = wire::RequestHeader {
-            magic: wire::REQUEST_MAGIC,
-            flags,
-            command,
-            handle,
-            offset,
-            length,
-        };
-        self.send(&header.encode());
+        self.send(&request_header(flags, command, handle, offset, length));
     }
 
     /// Reads one reply (one simple reply, or one structured chunk). For a simple reply to a
@@ -327,15 +340,7 @@ impl Client {
     ) -> io::Result<u64> {
         let handle = self.next_handle;
         self.next_handle += 1;
-        let header = wire::RequestHeader {
-            magic: wire::REQUEST_MAGIC,
-            flags,
-            command,
-            handle,
-            offset,
-            length,
-        };
-        let mut out = header.encode().to_vec();
+        let mut out = request_header(flags, command, handle, offset, length).to_vec();
         out.extend_from_slice(data);
         self.stream.write_all(&out)?;
         Ok(handle)

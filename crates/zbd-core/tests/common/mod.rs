@@ -1,5 +1,6 @@
-//! Shared test helpers of the engine's test binaries (engine, durability, model): seeded data
-//! and workloads, a plain byte-vector model of a volume, and storages that inject faults.
+//! Shared test helpers of the engine's test binaries (engine, durability, model; zbd's ceph test
+//! includes this file too): seeded data and workloads, a plain byte-vector model of a volume,
+//! and storages that inject faults.
 #![allow(dead_code)]
 
 use rand::rngs::SmallRng;

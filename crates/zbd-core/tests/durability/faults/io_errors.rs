@@ -110,6 +110,9 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op], io: Io
     let sb = zbd_core::layout::plan(opts).expect("plan");
     let blocks = size as usize / BS;
     let mut fault_at = 0i64;
+    // Each operation in turn under make test-heavy; every third under make test (the whole
+    // sweep is over a minute on two cores).
+    let step = full_or_light(1, 3);
     let mut stopped_runs = 0;
     loop {
         let sim = Arc::new(SimStorage::new(sb.total_bytes() as usize));
@@ -224,7 +227,7 @@ fn io_fault_sweep(size: u64, opts: &zbd_core::CreateOptions, work: &[Op], io: Io
             break;
         }
         assert!(failed <= 1, "{ctx}: {failed} requests failed after one EIO");
-        fault_at += 1;
+        fault_at += step;
     }
     assert!(
         fault_at > 100,
