@@ -179,7 +179,7 @@ fn sweep_with(
             .unwrap_or_else(|e| panic!("{ctx}: reopen failed: {e}"));
         verify(&vol2, &exp, &ctx);
         // The recovered volume keeps working and survives a clean reopen.
-        if c % 7 == 0 {
+        if c.is_multiple_of(7) {
             vol2.write(0, &vec![0xa5; BS], false)
                 .unwrap_or_else(|e| panic!("{ctx}: write after recovery: {e}"));
             vol2.close()
