@@ -52,14 +52,19 @@ bench: deps deps-ceph build
 	$(if $(filter --quick --only%,$(BENCH_ARGS)),,$(MAKE) test-heavy || status=$$?;) \
 	exit $$status
 
-# Engine tests with 4 KiB and 16 KiB compression units (default 8 KiB), then the ignored heavy
-# tests (crash sweeps; about 4 minutes).
+# What make test leaves out to stay short, in release: the sweeps it samples, whole
+# (ZBD_TEST_HEAVY=1); the tests marked #[ignore = "heavy: ..."]; the engine tests with 4 KiB and
+# 16 KiB compression units (default 8 KiB). make_fixture rewrites a committed file (only with
+# ZBD_WRITE_FIXTURE=1) and the misattributed-dictionary test is a known bug (issue 26).
 test-heavy: build
+	ZBD_TEST_HEAVY=1 $(CARGO) test --release -p zbd-core
+	$(CARGO) test --release -p zbd-core -- --ignored --skip make_fixture \
+		--skip a_block_misattributed_to_another_dictionary_is_an_error_never_data
 	for u in 4K 16K; do \
-	  ZBD_TEST_UNIT_SIZE=$$u $(CARGO) test --release -p zbd-core --test model --test crash --test faults \
-	    --test volume --test readcache || exit 1; \
+	  ZBD_TEST_UNIT_SIZE=$$u $(CARGO) test --release -p zbd-core --test model --test durability \
+	    --test engine -- sequential:: crash:: faults::beyond_power_loss:: volume:: read::cache:: \
+	    || exit 1; \
 	done
-	$(CARGO) test --release -p zbd-core -- --ignored --skip make_v1_fixture
 
 # Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.
 fuzz:

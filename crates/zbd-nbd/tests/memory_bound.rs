@@ -10,10 +10,10 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::noise;
-use common::raw::RawClient;
 use zbd_nbd::{
     wire, Export, ExportResult, Extent, InflightBudget, Listen, MemExport, Server, ServerConfig,
 };
+use zbd_testkit::nbd::RawClient;
 
 const CLIENTS: usize = 4;
 const THREADS: usize = 4;

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use nbd_support::client::Client;
 use nbd_support::{
     can_mount, fingerprint, run, tools, tree, wait_until, Attached, Mounted, Served, ZBD,
 };
@@ -22,6 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use zbd_core::{Codec, Storage, Volume};
 use zbd_rados::{ClusterOptions, RadosStorage, RadosTarget};
+use zbd_testkit::nbd::Client;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/ceph-cluster.sh");
 const POOL: &str = "zbdtest";

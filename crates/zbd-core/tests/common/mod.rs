@@ -1,4 +1,6 @@
-//! Shared test helpers: seeded data and workloads, and a plain byte-vector model of a volume.
+//! Shared test helpers of the engine's test binaries (engine, durability, model; zbd's ceph test
+//! includes this file too): seeded data and workloads, a plain byte-vector model of a volume,
+//! and storages that inject faults.
 #![allow(dead_code)]
 
 use rand::rngs::SmallRng;
@@ -7,9 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
 
+mod faulty;
+mod images;
 mod parking;
+mod races;
+#[allow(unused_imports)]
+pub use faulty::*;
+#[allow(unused_imports)]
+pub use images::*;
 #[allow(unused_imports)]
 pub use parking::*;
+#[allow(unused_imports)]
+pub use races::*;
 
 pub const BS: usize = 4096;
 
@@ -246,31 +257,6 @@ pub fn sim_volume_with(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimStora
     (disk, vol)
 }
 
-/// A disk whose discard (hole punch / block discard) always fails with EIO, e.g. a device that
-/// rejects the request: discard only gives space back, so the volume must carry on. Extents
-/// reused on it always still hold their previous life's segments.
-pub struct NoDiscard(pub Arc<SimStorage>);
-
-impl zbd_core::Storage for NoDiscard {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.0.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.0.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.0.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.0.sync()
-    }
-    fn discard(&self, _offset: u64, _len: u64) -> zbd_core::Result<()> {
-        Err(zbd_core::Error::Io(std::io::Error::other(
-            "discard rejected",
-        )))
-    }
-}
-
 /// Flips a bit in every slot and copy of map page `page`: the page has no intact copy left.
 pub fn damage_map_page_everywhere(disk: &SimStorage, sb: &zbd_core::format::Superblock, page: u32) {
     for copy in 0..sb.metadata_copies() {
@@ -343,3 +329,35 @@ pub fn newest_checkpoint(
         .expect("a checkpoint");
     (sb, ck)
 }
+
+/// `full` under `ZBD_TEST_HEAVY=1` (`make test-heavy`), else `light`: the size of a sweep that
+/// `make test` samples (every n-th crash point, fewer points) to stay within its time, and
+/// `make test-heavy` runs whole.
+pub fn full_or_light<T>(full: T, light: T) -> T {
+    if std::env::var_os("ZBD_TEST_HEAVY").is_some_and(|v| v == "1") {
+        full
+    } else {
+        light
+    }
+}
+
+/// Reopens the volume on `disk` with the test options.
+pub fn reopen(disk: &Arc<SimStorage>) -> Volume {
+    Volume::open(Box::new(Arc::clone(disk)), open_opts()).expect("reopen")
+}
+
+/// A block that compresses to about 1.2 KiB (several per 8 KiB extent).
+pub fn part_random(rng: &mut SmallRng) -> Vec<u8> {
+    let mut b = fill(rng, Fill::Random, 1200);
+    b.resize(BS, 0);
+    b
+}
+
+/// An I/O mode of the engine, by name.
+pub type IoMode = (&'static str, fn() -> IoOptions);
+
+pub const IO_MODES: [IoMode; 3] = [
+    ("synchronous", IoOptions::synchronous),
+    ("reordered", || IoOptions::reordered(11)),
+    ("threads", IoOptions::default),
+];

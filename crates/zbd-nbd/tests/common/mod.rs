@@ -2,16 +2,16 @@
 //! stops (shutdown, join) when dropped, and helpers to run external clients.
 #![allow(dead_code)]
 
-pub mod raw;
-
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+// Not every test binary runs tools.
 use zbd_nbd::{
     InflightBudget, Listen, MemExport, Server, ServerConfig, ServerError, ShutdownHandle,
 };
+#[allow(unused_imports)]
+pub use zbd_testkit::process::{run, stdout, tool};
 
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
@@ -88,39 +88,6 @@ impl Drop for TestServer {
             let _ = thread.join();
         }
     }
-}
-
-/// Some(path) if the tool is installed; otherwise prints why the test is skipped.
-pub fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|candidate| candidate.is_file())
-    });
-    if found.is_none() {
-        eprintln!("SKIPPED: `{name}` is not installed (run scripts/install-deps.sh)");
-    }
-    found
-}
-
-/// Runs a command, panics with its output if it fails.
-pub fn run(command: &mut Command) -> Output {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    if !output.status.success() {
-        panic!(
-            "{command:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    output
-}
-
-pub fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Deterministic, poorly compressible bytes.

@@ -3,28 +3,16 @@
 //! condition (pidfile, socket, process exit) with a deadline, never a bare sleep.
 #![allow(dead_code)]
 
-pub mod client;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)]
+pub use zbd_testkit::process::{run, stdout, tools};
+
 pub const ZBD: &str = env!("CARGO_BIN_EXE_zbd");
 const DEADLINE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(20);
-
-/// Some(()) if every tool is installed; otherwise prints why the test is skipped.
-pub fn tools(names: &[&str]) -> Option<()> {
-    for name in names {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()));
-        if !found {
-            eprintln!("SKIPPED: `{name}` is not installed (run scripts/install-deps.sh)");
-            return None;
-        }
-    }
-    Some(())
-}
 
 /// True if we may mount and make loop devices (root in CI); prints why not otherwise.
 pub fn can_mount() -> bool {
@@ -38,26 +26,6 @@ pub fn can_mount() -> bool {
         eprintln!("SKIPPED: needs root for losetup and mount");
     }
     root && Path::new("/dev/fuse").exists()
-}
-
-pub fn run(command: &mut Command) -> Output {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    if !output.status.success() {
-        panic!(
-            "{command:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    output
-}
-
-pub fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {

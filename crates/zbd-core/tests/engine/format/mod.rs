@@ -1,0 +1,6 @@
+//! The on-disk format and the codecs: committed fixtures of every format version keep opening,
+//! and every codec round-trips real files. Guards against format changes that strand old
+//! volumes and codec paths that change bytes.
+
+mod codecs_real_files;
+mod compat;

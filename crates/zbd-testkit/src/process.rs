@@ -1,0 +1,42 @@
+//! External tools: finding them and running them with their output in the panic message.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Some(path) if the tool is installed; otherwise prints why the test is skipped.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    });
+    if found.is_none() {
+        eprintln!("SKIPPED: `{name}` is not installed (run scripts/install-deps.sh)");
+    }
+    found
+}
+
+/// Some(()) if every tool is installed; otherwise prints why the test is skipped.
+pub fn tools(names: &[&str]) -> Option<()> {
+    names.iter().try_for_each(|name| tool(name).map(drop))
+}
+
+/// Runs a command (stdin closed), panics with its output if it fails.
+pub fn run(command: &mut Command) -> Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    if !output.status.success() {
+        panic!(
+            "{command:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    output
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
