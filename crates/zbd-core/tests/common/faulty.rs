@@ -25,6 +25,10 @@ pub trait Hooks {
     fn before_discard(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
+    /// What it reports as `Storage::write_align`.
+    fn align(&self) -> usize {
+        512
+    }
 }
 
 /// `Storage` for types implementing [`Hooks`] (a blanket impl of the foreign trait is not
@@ -51,11 +55,22 @@ macro_rules! hooked_storage {
                 self.before_discard(offset, len)?;
                 self.disk().discard(offset, len)
             }
+            fn write_align(&self) -> usize {
+                self.align()
+            }
         }
     )*};
 }
 
-hooked_storage!(NoDiscard, OneFault, FailOneWrite, FailWriteIn, Faulty);
+hooked_storage!(
+    NoDiscard,
+    OneFault,
+    FailOneWrite,
+    FailWriteIn,
+    Faulty,
+    BadSpot,
+    FourKn
+);
 
 /// The error every storage here injects.
 pub fn eio() -> Error {
@@ -210,5 +225,73 @@ impl Hooks for Faulty {
             return Err(eio());
         }
         Ok(())
+    }
+}
+
+/// Reads of one byte range fail (EIO) once armed: a bad spot on the medium.
+pub struct BadSpot {
+    pub disk: Arc<SimStorage>,
+    pub range: Range<u64>,
+    pub armed: AtomicBool,
+    pub failed: AtomicU64,
+}
+
+impl Hooks for BadSpot {
+    fn disk(&self) -> &SimStorage {
+        &self.disk
+    }
+    fn before_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset + buf.len() as u64;
+        if self.armed.load(Ordering::SeqCst) && offset < self.range.end && end > self.range.start {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(eio());
+        }
+        Ok(())
+    }
+}
+
+/// A simulated disk with 4 KiB logical blocks: it refuses (and counts) any write or discard that
+/// does not cover whole blocks, as O_DIRECT on a 4Kn device does.
+pub struct FourKn {
+    pub disk: Arc<SimStorage>,
+    pub unaligned: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+impl FourKn {
+    pub const BLOCK: u64 = 4096;
+
+    pub fn new(disk: &Arc<SimStorage>) -> Arc<FourKn> {
+        Arc::new(FourKn {
+            disk: Arc::clone(disk),
+            unaligned: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        })
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if !offset.is_multiple_of(Self::BLOCK) || !len.is_multiple_of(Self::BLOCK) {
+            self.unaligned.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Io(std::io::Error::other(format!(
+                "unaligned write of {len} bytes at {offset}"
+            ))));
+        }
+        Ok(())
+    }
+}
+
+impl Hooks for FourKn {
+    fn disk(&self) -> &SimStorage {
+        &self.disk
+    }
+    fn before_write(&self, offset: u64, len: usize) -> Result<()> {
+        self.check(offset, len as u64)
+    }
+    fn before_discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)
+    }
+    fn align(&self) -> usize {
+        Self::BLOCK as usize
     }
 }

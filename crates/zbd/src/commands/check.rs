@@ -1,13 +1,12 @@
 //! `zbd check`: verify metadata and every block checksum; non-zero exit lists the damage.
 
 use super::open_read_only;
-use crate::target::{CephArgs, Target};
+use crate::target::CephArgs;
 use anyhow::{anyhow, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use zbd_core::{OpenOptions, Volume};
 
 /// Arguments of `zbd check`.
 #[derive(clap::Args)]
@@ -57,13 +56,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
 /// next checkpoints rewrite damaged map-page copies; a check of the writable volume marks
 /// damaged blocks; a clean close persists it all.
 fn repair(a: &Args) -> Result<()> {
-    let target = Target::parse(&a.path)?;
-    let storage = target.open(&a.ceph, true)?;
-    let opts = OpenOptions {
-        background_cleaner: false,
-        ..OpenOptions::default()
-    };
-    let vol = Volume::open(storage, opts).map_err(|e| anyhow!("{target}: {e}"))?;
+    let (target, vol) = super::open_offline(&a.path, &a.ceph)?;
     let bar = Progress::new(!a.json);
     let report = vol.check(&|done, total| bar.set(done, total));
     bar.finish();

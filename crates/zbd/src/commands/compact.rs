@@ -1,13 +1,12 @@
 //! `zbd compact`: offline cleaning of every extent with dead space, with progress.
 
 use super::human;
-use crate::target::{CephArgs, Target};
-use anyhow::{anyhow, Result};
+use crate::target::CephArgs;
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use zbd_core::{OpenOptions, Volume};
 
 /// Arguments of `zbd compact`.
 #[derive(clap::Args)]
@@ -19,13 +18,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let target = Target::parse(&a.path)?;
-    let storage = target.open(&a.ceph, true)?;
-    let opts = OpenOptions {
-        background_cleaner: false,
-        ..OpenOptions::default()
-    };
-    let vol = Volume::open(storage, opts).map_err(|e| anyhow!("{target}: {e}"))?;
+    let (target, vol) = super::open_offline(&a.path, &a.ceph)?;
     let before = vol.stats();
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);

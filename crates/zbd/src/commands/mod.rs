@@ -35,6 +35,19 @@ pub fn open_read_only(path: &Path, ceph: &CephArgs) -> Result<Volume> {
     Volume::open_read_only(storage).map_err(|e| anyhow!("{target}: {e}"))
 }
 
+/// Opens a volume not in use for offline maintenance (compact, check --repair): writable, no
+/// background thread. Returns its name for messages too.
+pub fn open_offline(path: &Path, ceph: &CephArgs) -> Result<(Target, Volume)> {
+    let target = Target::parse(path)?;
+    let storage = target.open(ceph, true)?;
+    let opts = zbd_core::OpenOptions {
+        background_cleaner: false,
+        ..zbd_core::OpenOptions::default()
+    };
+    let vol = Volume::open(storage, opts).map_err(|e| anyhow!("{target}: {e}"))?;
+    Ok((target, vol))
+}
+
 /// Human-readable binary size.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

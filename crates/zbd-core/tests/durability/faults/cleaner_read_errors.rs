@@ -8,38 +8,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use zbd_core::{Codec, CreateOptions, SimStorage, Storage, Volume};
-
-/// Reads of one byte range fail (EIO) once armed: a bad spot on the medium.
-struct BadSpot {
-    disk: Arc<SimStorage>,
-    range: (u64, u64),
-    armed: AtomicBool,
-    failed: AtomicU64,
-}
-
-impl Storage for BadSpot {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        let end = offset + buf.len() as u64;
-        if self.armed.load(Ordering::SeqCst) && offset < self.range.1 && end > self.range.0 {
-            self.failed.fetch_add(1, Ordering::SeqCst);
-            return Err(zbd_core::Error::Io(std::io::Error::other("bad spot")));
-        }
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
-    }
-}
+use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
 
 #[test]
 fn an_unreadable_victim_is_left_alone_and_writes_go_on() {
@@ -62,7 +31,7 @@ fn an_unreadable_victim_is_left_alone_and_writes_go_on() {
     let at = sb.extent_offset(first);
     let bad = Arc::new(BadSpot {
         disk: Arc::clone(&disk),
-        range: (at, at + u64::from(sb.extent_bytes)),
+        range: at..at + u64::from(sb.extent_bytes),
         armed: AtomicBool::new(false),
         failed: AtomicU64::new(0),
     });

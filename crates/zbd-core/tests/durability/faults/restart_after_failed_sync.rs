@@ -18,17 +18,15 @@ fn block(seed: u64) -> Vec<u8> {
 
 /// Block 3 = A, flushed and checkpointed; block 3 = B, and the first sync at or after the
 /// `at`-th storage operation from there fails (dropping some of what it covered, chosen by
-/// `seed`): the flush's, or one of a checkpoint's three; the volume fences and is reopened on
-/// the same disk; block 5 = C is written and flushed, more checkpoints reuse freed extents; the
-/// power is cut. Returns what blocks 3 and 5 read then.
-fn run(at: u64, seed: u64) -> (zbd_core::Result<Vec<u8>>, zbd_core::Result<Vec<u8>>) {
+/// `seed`): the flush's, or one of a checkpoint's three. The volume fences and is dropped;
+/// returns its disk, whose reads still see what the failed sync dropped.
+fn fenced_after_b(at: u64, seed: u64) -> Arc<SimStorage> {
     let opts = small_volume(SIZE, 32768, Codec::Lz4, 4, 16);
     let (disk, vol) = sim_volume_with(&opts, open_opts_sync());
-    let (a, b, c) = (block(1), block(2), block(3));
-    vol.write(3 * BS as u64, &a, false).expect("write A");
+    vol.write(3 * BS as u64, &block(1), false).expect("write A");
     vol.flush().expect("flush A");
     vol.checkpoint().expect("checkpoint A");
-    vol.write(3 * BS as u64, &b, false).expect("write B");
+    vol.write(3 * BS as u64, &block(2), false).expect("write B");
     disk.fail_sync_at(disk.ops() + at, seed);
     // Flushes and checkpoints (bounded) until the sync fails.
     for _ in 0..8 {
@@ -40,6 +38,15 @@ fn run(at: u64, seed: u64) -> (zbd_core::Result<Vec<u8>>, zbd_core::Result<Vec<u
     }
     assert_eq!(disk.sync_failures(), 1, "no sync failed");
     vol.abandon();
+    disk
+}
+
+/// [`fenced_after_b`], then the volume is reopened on the same disk; block 5 = C is written and
+/// flushed, more checkpoints reuse freed extents; the power is cut. Returns what blocks 3 and 5
+/// read then.
+fn run(at: u64, seed: u64) -> (zbd_core::Result<Vec<u8>>, zbd_core::Result<Vec<u8>>) {
+    let disk = fenced_after_b(at, seed);
+    let c = block(3);
     // Same boot: the disk's reads still see the dropped writes.
     let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("reopen");
     vol.write(5 * BS as u64, &c, false).expect("write C");
@@ -96,26 +103,11 @@ fn flushed_blocks_survive_a_same_boot_reopen_after_a_failed_sync_and_a_power_cut
 #[test]
 fn a_power_cut_during_the_reopen_after_a_failed_sync_keeps_flushed_blocks() {
     let (a, b) = (block(1), block(2));
-    let opts = small_volume(SIZE, 32768, Codec::Lz4, 4, 16);
     let mut cuts = 0;
     for at in 0..16 {
         for seed in 0..4 {
             for cut in 0..40 {
-                let (disk, vol) = sim_volume_with(&opts, open_opts_sync());
-                vol.write(3 * BS as u64, &a, false).expect("write A");
-                vol.flush().expect("flush A");
-                vol.checkpoint().expect("checkpoint A");
-                vol.write(3 * BS as u64, &b, false).expect("write B");
-                disk.fail_sync_at(disk.ops() + at, seed);
-                for _ in 0..8 {
-                    if disk.sync_failures() > 0 {
-                        break;
-                    }
-                    let _ = vol.flush();
-                    let _ = vol.checkpoint();
-                }
-                assert_eq!(disk.sync_failures(), 1, "no sync failed");
-                vol.abandon();
+                let disk = fenced_after_b(at, seed);
                 disk.set_power_loss_at(disk.ops() + cut);
                 let reopened = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync());
                 if let Ok(vol) = reopened {

@@ -7,63 +7,11 @@ use super::block_device::{is_root, Loop};
 use crate::common::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use zbd_core::{Codec, SimStorage, Storage, Volume};
 
-const ALIGN: u64 = 4096;
-
-/// A simulated disk with 4 KiB logical blocks: it refuses (and counts) any write that does not
-/// cover whole blocks, as O_DIRECT on a 4Kn device does.
-struct FourKn {
-    disk: Arc<SimStorage>,
-    unaligned: AtomicU64,
-    writes: AtomicU64,
-}
-
-impl FourKn {
-    fn check(&self, offset: u64, len: usize) -> zbd_core::Result<()> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        if !offset.is_multiple_of(ALIGN) || !(len as u64).is_multiple_of(ALIGN) {
-            self.unaligned.fetch_add(1, Ordering::Relaxed);
-            return Err(zbd_core::Error::Io(std::io::Error::other(format!(
-                "unaligned write of {len} bytes at {offset}"
-            ))));
-        }
-        Ok(())
-    }
-}
-
-impl Storage for FourKn {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.check(offset, data.len())?;
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.check(offset, len as usize)?;
-        self.disk.discard(offset, len)
-    }
-    fn write_align(&self) -> usize {
-        ALIGN as usize
-    }
-}
-
-fn four_kn(disk: &Arc<SimStorage>) -> Arc<FourKn> {
-    Arc::new(FourKn {
-        disk: Arc::clone(disk),
-        unaligned: AtomicU64::new(0),
-        writes: AtomicU64::new(0),
-    })
-}
+const ALIGN: u64 = FourKn::BLOCK;
 
 #[test]
 fn every_write_on_a_4k_device_is_aligned_and_reads_back() {
@@ -73,7 +21,7 @@ fn every_write_on_a_4k_device_is_aligned_and_reads_back() {
         let opts = small_volume(SIZE, 32768, Codec::Lz4, 2, 16);
         let sb = zbd_core::layout::plan(&opts).expect("plan");
         let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-        let dev = four_kn(&disk);
+        let dev = FourKn::new(&disk);
         let vol =
             Volume::create_with(Box::new(Arc::clone(&dev)), &opts, open_opts()).expect("create");
         let mut model = vec![0u8; SIZE as usize];
@@ -103,7 +51,7 @@ fn every_write_on_a_4k_device_is_aligned_and_reads_back() {
         // Power cut, then reopen on the same 4 KiB device: the flushed state, still aligned.
         let image = disk.crash_image(&mut SmallRng::seed_from_u64(seed));
         let disk = Arc::new(SimStorage::from_image(image));
-        let dev = four_kn(&disk);
+        let dev = FourKn::new(&disk);
         let vol = Volume::open(Box::new(Arc::clone(&dev)), open_opts()).expect("reopen");
         vol.read(0, &mut back).expect("read after the crash");
         assert!(back == flushed, "seed {seed}: flushed data lost");
