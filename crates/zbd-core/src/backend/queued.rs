@@ -279,6 +279,15 @@ impl<S: Storage> Shared<S> {
         }
     }
 
+    /// Tells every worker to stop once the queue is empty, and waits until they have.
+    fn stop_workers(&self, workers: Vec<JoinHandle<()>>) {
+        self.queue.lock().stop = true;
+        self.work.notify_all();
+        for h in workers {
+            let _ = h.join();
+        }
+    }
+
     /// Wakes sleeping workers for the work waiting: one per `WAKE_BYTES`, or one per operation
     /// while someone waits on the queue. Called with the queue locked, after anything that adds
     /// work or a waiter.
@@ -351,6 +360,17 @@ pub struct QueuedStorage<S: Storage + 'static> {
 impl<S: Storage + 'static> QueuedStorage<S> {
     /// Wraps `storage`; `opts.queues()` must hold (else use `storage` directly).
     pub fn new(storage: S, opts: &IoOptions) -> Result<Self> {
+        Self::with_spawn(storage, opts, |name, body| {
+            std::thread::Builder::new().name(name).spawn(body)
+        })
+    }
+
+    /// [`QueuedStorage::new`], starting each I/O thread with `spawn` (tests inject failures).
+    fn with_spawn(
+        storage: S,
+        opts: &IoOptions,
+        mut spawn: impl FnMut(String, Box<dyn FnOnce() + Send>) -> io::Result<JoinHandle<()>>,
+    ) -> Result<Self> {
         let reorder = opts.reorder_seed.is_some();
         let threads = if reorder { 0 } else { opts.threads.max(1) };
         let shared = Arc::new(Shared {
@@ -368,11 +388,14 @@ impl<S: Storage + 'static> QueuedStorage<S> {
         let mut workers = Vec::with_capacity(threads);
         for i in 0..threads {
             let s = Arc::clone(&shared);
-            let h = std::thread::Builder::new()
-                .name(format!("zbd-io-{i}"))
-                .spawn(move || s.worker())
-                .map_err(Error::Io)?;
-            workers.push(h);
+            match spawn(format!("zbd-io-{i}"), Box::new(move || s.worker())) {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    // The threads already started would sleep for ever, holding the storage.
+                    shared.stop_workers(workers);
+                    return Err(Error::Io(e));
+                }
+            }
         }
         Ok(QueuedStorage { shared, workers })
     }
@@ -484,11 +507,7 @@ impl<S: Storage + 'static> Drop for QueuedStorage<S> {
         // Queued writes still reach the storage, as a page cache's would after the process died;
         // errors no longer matter to anyone.
         self.drain();
-        self.shared.queue.lock().stop = true;
-        self.shared.work.notify_all();
-        for h in self.workers.drain(..) {
-            let _ = h.join();
-        }
+        self.shared.stop_workers(std::mem::take(&mut self.workers));
     }
 }
 
@@ -756,5 +775,38 @@ mod tests {
         for i in 0..64usize {
             assert!(img[i * 1024..(i + 1) * 1024].iter().all(|&x| x == i as u8));
         }
+    }
+
+    #[test]
+    fn a_thread_that_fails_to_start_leaves_none_running() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let finished = Arc::new(AtomicUsize::new(0));
+        let disk = Arc::new(SimStorage::new(1 << 14));
+        let mut started = 0;
+        let spawned =
+            QueuedStorage::with_spawn(Arc::clone(&disk), &opts(4, 1 << 20), |name, body| {
+                // The third thread cannot start; the first two must be stopped and joined.
+                started += 1;
+                if started == 3 {
+                    return Err(io::Error::other("injected: cannot spawn"));
+                }
+                let finished = Arc::clone(&finished);
+                std::thread::Builder::new().name(name).spawn(move || {
+                    body();
+                    finished.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+        assert!(spawned.is_err(), "a failed spawn was not reported");
+        // Joined, not just told to stop: both threads have returned, and nothing holds the disk.
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            2,
+            "started I/O threads left running"
+        );
+        assert_eq!(
+            Arc::strong_count(&disk),
+            1,
+            "an I/O thread still holds the storage"
+        );
     }
 }
