@@ -14,6 +14,7 @@
 //!   the range over what it read (so it never waits for a write).
 //! - Operations on overlapping ranges run in issue order: the later one waits for the earlier.
 //! - The bytes queued are bounded: a writer waits when the queue is full.
+//! - A storage call that panics fails its operation with an I/O error; the thread lives on.
 //!
 //! A test mode ([`IoOptions::reorder_seed`]) uses no threads: it holds writes and discards and
 //! issues them, in a seeded random order, when a sync, a full queue or an overlapping operation
@@ -249,11 +250,32 @@ impl<S: Storage> Shared<S> {
         Ok(())
     }
 
+    /// Runs one operation on the storage. A panic in the storage is that operation's I/O error:
+    /// unwinding out of a worker would leave it counted as awake (so later work woke no thread)
+    /// and its operation pending for ever (so every sync and the drop hung). As an error, the
+    /// write fails like any other: the next sync reports it (tripping the engine's fence) and
+    /// it is retried.
     fn run(&self, op: &Op) -> Result<()> {
-        match &op.data {
+        let call = std::panic::AssertUnwindSafe(|| match &op.data {
             Some(d) => self.storage.write_at(op.offset, d),
             None => self.storage.discard(op.offset, op.len),
-        }
+        });
+        std::panic::catch_unwind(call).unwrap_or_else(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_string());
+            let kind = if op.data.is_some() {
+                "write"
+            } else {
+                "discard"
+            };
+            Err(Error::Io(io::Error::other(format!(
+                "the storage panicked in a {kind} at {}: {what}",
+                op.offset
+            ))))
+        })
     }
 
     fn worker(&self) {
@@ -808,5 +830,62 @@ mod tests {
             1,
             "an I/O thread still holds the storage"
         );
+    }
+
+    #[test]
+    fn a_storage_write_that_panics_fails_a_sync_and_the_threads_keep_serving() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // On a thread of its own: a write lost to a dead thread hangs sync and drop for ever.
+        std::thread::spawn(move || {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (unwound_tx, unwound_rx) = std::sync::mpsc::channel::<()>();
+            let size = 4 * WAKE_BYTES;
+            let first = Mutex::new(Some(unwound_tx));
+            let disk = Arc::new(Hooked(SimStorage::new(size), move |offset| {
+                if let Some(unwound) = first.lock().take() {
+                    // Dropped by the unwinding: the receiver sees its channel close.
+                    let _unwound = unwound;
+                    panic!("injected panic in a storage write at {offset}");
+                }
+                let _ = tx.send(offset);
+                Ok(())
+            }));
+            let q = QueuedStorage::new(Arc::clone(&disk), &opts(2, size)).expect("new");
+            all_asleep(&q);
+            // Big enough to wake one thread on its own; that thread's write panics.
+            q.write_at(0, &vec![1; WAKE_BYTES]).expect("write");
+            assert!(unwound_rx.recv().is_err(), "no panic was injected");
+            // As much again: the other thread (or the one that panicked, still awake) must write
+            // it, no sync asked. Failure is reported before `q` is dropped: drop would hang.
+            q.write_at(WAKE_BYTES as u64, &vec![2; WAKE_BYTES])
+                .expect("write");
+            let seen = rx.recv_timeout(std::time::Duration::from_secs(30)).ok();
+            if seen != Some(WAKE_BYTES as u64) {
+                let _ = done_tx.send(Err(format!(
+                    "a backlog was left queued with no I/O thread woken (saw {seen:?})"
+                )));
+                return;
+            }
+            // The panic is an error that the next sync reports; the one after retries the write.
+            assert!(
+                q.sync().is_err(),
+                "a write that panicked was taken as written"
+            );
+            q.sync().expect("second sync retries the write");
+            let img = disk.0.current_image();
+            assert!(
+                img[..WAKE_BYTES].iter().all(|&x| x == 1),
+                "retried write lost"
+            );
+            assert!(img[WAKE_BYTES..2 * WAKE_BYTES].iter().all(|&x| x == 2));
+            drop(q);
+            let _ = done_tx.send(Ok(()));
+        });
+        let outcome = done_rx
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .expect("failed (see above) or hung");
+        if let Err(why) = outcome {
+            panic!("{why}");
+        }
     }
 }
