@@ -58,6 +58,7 @@ pub fn requests(input: &[u8]) {
         payload_bytes_max: PAYLOAD_BYTES_MAX,
         threads: 1,
         budget: Arc::clone(&budget),
+        payload_timeout: crate::limits::CLIENT_READ_TIMEOUT,
     };
     transmission::serve(stream, &connection, &context);
     assert_eq!(budget.held_bytes(), 0, "a request kept its budget");

@@ -33,10 +33,16 @@ pub const STRING_BYTES_MAX: usize = 4096;
 /// Longest error message we send in a structured error chunk.
 pub const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
 
-/// A client must finish each handshake read, and send a WRITE's payload once its header has
-/// arrived, within this time; a payload holds budget, so a stalled sender cannot keep it.
-/// Between requests a connection may stay idle for ever.
+/// A client must finish each handshake read, and send each piece of a WRITE's payload once its
+/// header has arrived, within this time; a payload holds budget, so a stalled sender cannot keep
+/// it. Between requests a connection may stay idle for ever.
 pub const CLIENT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The slowest a WRITE payload may arrive: the whole payload must be in within
+/// [`CLIENT_READ_TIMEOUT`] plus its length at this rate once its budget is granted (30 s for
+/// 4 KiB, 38 s for 1 MiB, 286 s for 32 MiB), so a client trickling a byte now and then cannot
+/// hold its budget for ever. 1 Mbit/s: a link slower than that is too slow for a block device.
+pub const PAYLOAD_RATE_BYTES_PER_SECOND_MIN: u64 = 128 << 10;
 
 /// A reply that the client does not read within this time breaks the connection, so a stuck
 /// client cannot hold worker threads (and the socket lock) forever.
@@ -66,3 +72,4 @@ const _: () = assert!(STRING_BYTES_MAX < OPTION_BYTES_MAX as usize);
 const _: () = assert!(THREADS_PER_CONNECTION_MIN <= THREADS_PER_CONNECTION_MAX);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= WRITE_SKIP_BYTES_MAX);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT as u64 <= INFLIGHT_BYTES_DEFAULT);
+const _: () = assert!(PAYLOAD_RATE_BYTES_PER_SECOND_MIN > 0);

@@ -437,6 +437,7 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
         payload_bytes_max: shared.config.effective_payload_bytes_max(),
         threads: shared.config.threads_per_connection,
         budget: Arc::clone(&shared.budget),
+        payload_timeout: shared.config.client_read_timeout,
     };
     transmission::serve(reader, &connection, &context);
     tracing::info!(conn = id, "client disconnected");

@@ -2,10 +2,11 @@
 //! each checks and runs its own request against the export and writes the reply, in whatever
 //! order they finish, under the socket's write lock.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::budget::{Grant, InflightBudget};
 use crate::export::{Export, ExportError, Extent};
@@ -28,6 +29,26 @@ impl ReplySink for Stream {
 
 impl ReplySink for io::Sink {
     fn close(&mut self) {}
+}
+
+/// The read side of a connection. Its read timeout (set by the server for the whole
+/// connection) is the longest a WRITE payload may stall; transmission shortens it while a payload
+/// nears its deadline, so the deadline holds however the client spaces its bytes.
+pub(crate) trait ClientReader: Read {
+    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()>;
+}
+
+impl ClientReader for BufReader<Stream> {
+    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        self.get_ref().set_read_timeout(Some(timeout))
+    }
+}
+
+/// Fuzzing: the whole stream is already there, nothing can stall.
+impl ClientReader for &[u8] {
+    fn set_read_timeout(&mut self, _timeout: Duration) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// State of one connection shared by its threads.
@@ -76,6 +97,9 @@ pub(crate) struct Context {
     pub threads: usize,
     /// Shared by every connection of the server.
     pub budget: Arc<InflightBudget>,
+    /// How long a WRITE payload may stall (see [`limits::CLIENT_READ_TIMEOUT`]); also the base
+    /// of the whole payload's deadline.
+    pub payload_timeout: Duration,
 }
 
 /// A checked request, ready to run.
@@ -149,6 +173,61 @@ fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool>
     Ok(true)
 }
 
+/// The latest a WRITE payload of `length` bytes must have arrived, its reading having started at
+/// `start`: the stall timeout, plus the time the payload takes at the slowest rate we accept.
+fn payload_deadline(start: Instant, length: u32, stall_timeout: Duration) -> Instant {
+    let transfer = Duration::from_secs_f64(
+        f64::from(length) / limits::PAYLOAD_RATE_BYTES_PER_SECOND_MIN as f64,
+    );
+    start + stall_timeout + transfer
+}
+
+/// Reads a WRITE payload, which holds budget: no read may stall longer than `stall_timeout`
+/// (the socket's own read timeout), and the whole payload must arrive by `deadline`, so a client
+/// trickling a byte now and then cannot keep its budget for ever.
+fn read_payload(
+    reader: &mut impl ClientReader,
+    data: &mut [u8],
+    deadline: Instant,
+    stall_timeout: Duration,
+) -> io::Result<()> {
+    let mut filled = 0;
+    let mut shortened = false;
+    let outcome = loop {
+        if filled == data.len() {
+            break Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "payload not complete by its deadline ({filled} of {} bytes)",
+                    data.len()
+                ),
+            ));
+        }
+        // Only a payload already slower than the slowest rate pays for the extra system call.
+        if left < stall_timeout {
+            if let Err(error) = reader.set_read_timeout(left) {
+                break Err(error);
+            }
+            shortened = true;
+        }
+        match reader.read(&mut data[filled..]) {
+            Ok(0) => break Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(count) => filled += count,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => break Err(error),
+        }
+    };
+    if shortened {
+        // Back to the connection's own timeout (the connection is dropped anyway on a failure).
+        reader.set_read_timeout(stall_timeout)?;
+    }
+    outcome
+}
+
 /// Runs the transmission phase until the client disconnects (DISC, EOF), breaks the protocol,
 /// or the server shuts the socket's read side; returns once every request read has replied.
 ///
@@ -158,7 +237,11 @@ fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool>
 /// out in completion order, and at most `threads` requests are in flight. Their buffers come out
 /// of the server-wide budget, taken while holding the read side, so a connection that must wait
 /// for memory stops reading its socket.
-pub(crate) fn serve<R: Read + Send>(reader: R, connection: &Arc<Connection>, context: &Context) {
+pub(crate) fn serve<R: ClientReader + Send>(
+    reader: R,
+    connection: &Arc<Connection>,
+    context: &Context,
+) {
     // None once the connection is finished: the other threads stop at their next turn.
     let reader = Mutex::new(Some(reader));
     std::thread::scope(|scope| {
@@ -181,7 +264,11 @@ pub(crate) fn serve<R: Read + Send>(reader: R, connection: &Arc<Connection>, con
     }
 }
 
-fn serve_requests<R: Read>(reader: &Mutex<Option<R>>, connection: &Connection, context: &Context) {
+fn serve_requests<R: ClientReader>(
+    reader: &Mutex<Option<R>>,
+    connection: &Connection,
+    context: &Context,
+) {
     loop {
         let next = {
             let Ok(mut guard) = reader.lock() else {
@@ -219,7 +306,7 @@ enum Next<'a> {
 
 /// Reads and checks one request (with its payload). Rejections are answered right here.
 fn read_request<'a>(
-    reader: &mut impl Read,
+    reader: &mut impl ClientReader,
     connection: &Connection,
     context: &'a Context,
 ) -> Next<'a> {
@@ -261,8 +348,10 @@ fn read_request<'a>(
         // Waits while the budget is spent: this connection reads nothing more meanwhile.
         grant = context.budget.acquire(u64::from(header.length));
         let mut data = vec![0u8; header.length as usize];
-        if let Err(error) = reader.read_exact(&mut data) {
-            // A timeout here means the client stalled mid-payload while holding budget.
+        // From now: a wait for budget is not the client's doing.
+        let deadline = payload_deadline(Instant::now(), header.length, context.payload_timeout);
+        if let Err(error) = read_payload(reader, &mut data, deadline, context.payload_timeout) {
+            // A timeout here means the client stalled or trickled mid-payload, holding budget.
             tracing::warn!(
                 conn = id,
                 "connection lost or stalled inside a WRITE payload: {error}"
@@ -666,5 +755,86 @@ mod tests {
             "bad",
         );
         assert_eq!(simple.len(), wire::SIMPLE_REPLY_BYTES);
+    }
+
+    /// A client sends a WRITE header, then its payload one byte per half read timeout: no single
+    /// read ever times out, yet the request must be cut off (its budget given back) once the
+    /// payload is overdue. Each pause between bytes is a read of the client socket that also
+    /// watches for the server closing it; at most 40 bytes are trickled.
+    #[test]
+    fn a_trickled_write_payload_is_cut_off_at_its_deadline() {
+        use std::os::unix::net::UnixStream;
+
+        let timeout = Duration::from_millis(300);
+        let (mut client, server_side) = UnixStream::pair().unwrap();
+        let server_side = Stream::Unix(server_side);
+        server_side.set_read_timeout(Some(timeout)).unwrap();
+        let writer = server_side.try_clone().unwrap();
+        let session = Session {
+            structured: false,
+            allocation_context: None,
+            transmission_flags: 0,
+        };
+        let connection = Arc::new(Connection::new(1, session, Box::new(writer)));
+        let budget = Arc::new(InflightBudget::new(1 << 20));
+        let context = Context {
+            export: Arc::new(crate::mem::MemExport::new(1 << 20)),
+            payload_bytes_max: 1 << 20,
+            threads: 1,
+            budget: Arc::clone(&budget),
+            payload_timeout: timeout,
+        };
+        let served = std::thread::spawn(move || {
+            serve(BufReader::new(server_side), &connection, &context);
+        });
+        let header = RequestHeader {
+            magic: wire::REQUEST_MAGIC,
+            flags: 0,
+            command: wire::CMD_WRITE,
+            handle: 7,
+            offset: 0,
+            length: 4096,
+        };
+        let started = Instant::now();
+        client.write_all(&header.encode()).unwrap();
+        client.set_read_timeout(Some(timeout / 2)).unwrap();
+        let mut closed = false;
+        for _ in 0..40 {
+            if client.write_all(&[0x55]).is_err() {
+                closed = true;
+                break;
+            }
+            match client.read(&mut [0u8; 1]) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(_) => panic!("a reply to a WRITE whose payload never arrived"),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let elapsed = started.elapsed();
+        assert!(
+            closed,
+            "a client trickling its WRITE payload was still served after {elapsed:?}"
+        );
+        assert!(
+            elapsed >= timeout,
+            "cut off after {elapsed:?}, before its deadline"
+        );
+        served.join().unwrap();
+        assert_eq!(
+            budget.held_bytes(),
+            0,
+            "the trickled request kept its budget"
+        );
     }
 }

@@ -14,6 +14,7 @@
 //!   the range over what it read (so it never waits for a write).
 //! - Operations on overlapping ranges run in issue order: the later one waits for the earlier.
 //! - The bytes queued are bounded: a writer waits when the queue is full.
+//! - A storage call that panics fails its operation with an I/O error; the thread lives on.
 //!
 //! A test mode ([`IoOptions::reorder_seed`]) uses no threads: it holds writes and discards and
 //! issues them, in a seeded random order, when a sync, a full queue or an overlapping operation
@@ -249,11 +250,32 @@ impl<S: Storage> Shared<S> {
         Ok(())
     }
 
+    /// Runs one operation on the storage. A panic in the storage is that operation's I/O error:
+    /// unwinding out of a worker would leave it counted as awake (so later work woke no thread)
+    /// and its operation pending for ever (so every sync and the drop hung). As an error, the
+    /// write fails like any other: the next sync reports it (tripping the engine's fence) and
+    /// it is retried.
     fn run(&self, op: &Op) -> Result<()> {
-        match &op.data {
+        let call = std::panic::AssertUnwindSafe(|| match &op.data {
             Some(d) => self.storage.write_at(op.offset, d),
             None => self.storage.discard(op.offset, op.len),
-        }
+        });
+        std::panic::catch_unwind(call).unwrap_or_else(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_string());
+            let kind = if op.data.is_some() {
+                "write"
+            } else {
+                "discard"
+            };
+            Err(Error::Io(io::Error::other(format!(
+                "the storage panicked in a {kind} at {}: {what}",
+                op.offset
+            ))))
+        })
     }
 
     fn worker(&self) {
@@ -276,6 +298,15 @@ impl<S: Storage> Shared<S> {
             }
             q.wakes = q.wakes.saturating_sub(1);
             q.sleeping -= 1;
+        }
+    }
+
+    /// Tells every worker to stop once the queue is empty, and waits until they have.
+    fn stop_workers(&self, workers: Vec<JoinHandle<()>>) {
+        self.queue.lock().stop = true;
+        self.work.notify_all();
+        for h in workers {
+            let _ = h.join();
         }
     }
 
@@ -351,6 +382,17 @@ pub struct QueuedStorage<S: Storage + 'static> {
 impl<S: Storage + 'static> QueuedStorage<S> {
     /// Wraps `storage`; `opts.queues()` must hold (else use `storage` directly).
     pub fn new(storage: S, opts: &IoOptions) -> Result<Self> {
+        Self::with_spawn(storage, opts, |name, body| {
+            std::thread::Builder::new().name(name).spawn(body)
+        })
+    }
+
+    /// [`QueuedStorage::new`], starting each I/O thread with `spawn` (tests inject failures).
+    fn with_spawn(
+        storage: S,
+        opts: &IoOptions,
+        mut spawn: impl FnMut(String, Box<dyn FnOnce() + Send>) -> io::Result<JoinHandle<()>>,
+    ) -> Result<Self> {
         let reorder = opts.reorder_seed.is_some();
         let threads = if reorder { 0 } else { opts.threads.max(1) };
         let shared = Arc::new(Shared {
@@ -368,11 +410,14 @@ impl<S: Storage + 'static> QueuedStorage<S> {
         let mut workers = Vec::with_capacity(threads);
         for i in 0..threads {
             let s = Arc::clone(&shared);
-            let h = std::thread::Builder::new()
-                .name(format!("zbd-io-{i}"))
-                .spawn(move || s.worker())
-                .map_err(Error::Io)?;
-            workers.push(h);
+            match spawn(format!("zbd-io-{i}"), Box::new(move || s.worker())) {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    // The threads already started would sleep for ever, holding the storage.
+                    shared.stop_workers(workers);
+                    return Err(Error::Io(e));
+                }
+            }
         }
         Ok(QueuedStorage { shared, workers })
     }
@@ -488,11 +533,7 @@ impl<S: Storage + 'static> Drop for QueuedStorage<S> {
         // Queued writes still reach the storage, as a page cache's would after the process died;
         // errors no longer matter to anyone.
         self.drain();
-        self.shared.queue.lock().stop = true;
-        self.shared.work.notify_all();
-        for h in self.workers.drain(..) {
-            let _ = h.join();
-        }
+        self.shared.stop_workers(std::mem::take(&mut self.workers));
     }
 }
 
@@ -759,6 +800,96 @@ mod tests {
         let img = disk.current_image();
         for i in 0..64usize {
             assert!(img[i * 1024..(i + 1) * 1024].iter().all(|&x| x == i as u8));
+        }
+    }
+
+    #[test]
+    fn a_thread_that_fails_to_start_leaves_none_running() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let finished = Arc::new(AtomicUsize::new(0));
+        let disk = Arc::new(SimStorage::new(1 << 14));
+        let mut started = 0;
+        let spawned =
+            QueuedStorage::with_spawn(Arc::clone(&disk), &opts(4, 1 << 20), |name, body| {
+                // The third thread cannot start; the first two must be stopped and joined.
+                started += 1;
+                if started == 3 {
+                    return Err(io::Error::other("injected: cannot spawn"));
+                }
+                let finished = Arc::clone(&finished);
+                std::thread::Builder::new().name(name).spawn(move || {
+                    body();
+                    finished.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+        assert!(spawned.is_err(), "a failed spawn was not reported");
+        // Joined, not just told to stop: both threads have returned, and nothing holds the disk.
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            2,
+            "started I/O threads left running"
+        );
+        assert_eq!(
+            Arc::strong_count(&disk),
+            1,
+            "an I/O thread still holds the storage"
+        );
+    }
+
+    #[test]
+    fn a_storage_write_that_panics_fails_a_sync_and_the_threads_keep_serving() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // On a thread of its own: a write lost to a dead thread hangs sync and drop for ever.
+        std::thread::spawn(move || {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (unwound_tx, unwound_rx) = std::sync::mpsc::channel::<()>();
+            let size = 4 * WAKE_BYTES;
+            let first = Mutex::new(Some(unwound_tx));
+            let disk = Arc::new(Hooked(SimStorage::new(size), move |offset| {
+                if let Some(unwound) = first.lock().take() {
+                    // Dropped by the unwinding: the receiver sees its channel close.
+                    let _unwound = unwound;
+                    panic!("injected panic in a storage write at {offset}");
+                }
+                let _ = tx.send(offset);
+                Ok(())
+            }));
+            let q = QueuedStorage::new(Arc::clone(&disk), &opts(2, size)).expect("new");
+            all_asleep(&q);
+            // Big enough to wake one thread on its own; that thread's write panics.
+            q.write_at(0, &vec![1; WAKE_BYTES]).expect("write");
+            assert!(unwound_rx.recv().is_err(), "no panic was injected");
+            // As much again: the other thread (or the one that panicked, still awake) must write
+            // it, no sync asked. Failure is reported before `q` is dropped: drop would hang.
+            q.write_at(WAKE_BYTES as u64, &vec![2; WAKE_BYTES])
+                .expect("write");
+            let seen = rx.recv_timeout(std::time::Duration::from_secs(30)).ok();
+            if seen != Some(WAKE_BYTES as u64) {
+                let _ = done_tx.send(Err(format!(
+                    "a backlog was left queued with no I/O thread woken (saw {seen:?})"
+                )));
+                return;
+            }
+            // The panic is an error that the next sync reports; the one after retries the write.
+            assert!(
+                q.sync().is_err(),
+                "a write that panicked was taken as written"
+            );
+            q.sync().expect("second sync retries the write");
+            let img = disk.0.current_image();
+            assert!(
+                img[..WAKE_BYTES].iter().all(|&x| x == 1),
+                "retried write lost"
+            );
+            assert!(img[WAKE_BYTES..2 * WAKE_BYTES].iter().all(|&x| x == 2));
+            drop(q);
+            let _ = done_tx.send(Ok(()));
+        });
+        let outcome = done_rx
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .expect("failed (see above) or hung");
+        if let Err(why) = outcome {
+            panic!("{why}");
         }
     }
 }
