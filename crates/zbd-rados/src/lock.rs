@@ -406,11 +406,6 @@ impl Keeper {
         });
         self.shared.record(rc)
     }
-
-    /// Why the lock is lost, if it is.
-    pub(crate) fn lost(&self) -> Option<String> {
-        self.shared.lost.lock().clone()
-    }
 }
 
 impl Drop for Keeper {

@@ -409,12 +409,6 @@ impl RadosStorage {
         inflight.first_error.get_or_insert_with(|| message.clone());
         io_error(message)
     }
-
-    /// Why this server may no longer write, if it may not: its lock is lost, or could not
-    /// be confirmed lately (lock.rs).
-    pub fn lock_lost(&self) -> Option<String> {
-        self.keeper.lost()
-    }
 }
 
 impl Storage for RadosStorage {

@@ -579,6 +579,52 @@ fn crash_keeps_every_flushed_block(cluster: &Cluster) {
     run(cluster.zbd().arg("check").arg(&volume));
 }
 
+/// A discard the OSDs reject (here: it times out while the only OSD is frozen) fails alone:
+/// the writes and syncs after it succeed (docs/design.md: a rejected discard never trips the
+/// fence). The discarded ranges read as zeros or as their old bytes (the OSD may still apply a
+/// request its client gave up on).
+fn rejected_discard_does_not_fail_later_syncs(cluster: &Cluster) {
+    const SIZE: u64 = 1 << 20;
+    let t = target("rejected-discard");
+    let options = ClusterOptions {
+        op_timeout: Duration::from_secs(SHORT_OP_TIMEOUT),
+        ..cluster.options()
+    };
+    let storage = RadosStorage::create(&options, &t, SIZE, 64 << 10, 0, false).expect("create");
+    let data: Vec<u8> = (0..256 << 10).map(|i: u32| (i % 251) as u8).collect();
+    storage.write_at(0, &data).expect("write");
+    storage.sync().expect("sync");
+    cluster.script("pause-osd");
+    // A whole object (remove) and part of one (zero): both time out.
+    let issued = storage
+        .discard(0, 64 << 10)
+        .and_then(|()| storage.discard(70_000, 1000));
+    // A read of the range waits for the discards (then times out itself): bounded by the op
+    // timeout, it is how we know they have failed.
+    let mut buf = vec![0u8; 80_000];
+    let read = storage.read_at(0, &mut buf);
+    cluster.script("resume-osd");
+    issued.expect("starting the discards");
+    assert!(read.is_err(), "a read succeeded with the OSD frozen");
+    storage
+        .write_at(200_000, &data[..4096])
+        .expect("write after");
+    storage
+        .sync()
+        .expect("a sync after a rejected discard must succeed");
+    let mut all = vec![0u8; data.len()];
+    storage.read_at(0, &mut all).expect("read");
+    let mut expected = data.clone();
+    expected[200_000..204_096].copy_from_slice(&data[..4096]);
+    for range in [0..64 << 10, 70_000..71_000] {
+        let old_or_zero = all[range.clone()] == expected[range.clone()]
+            || all[range.clone()].iter().all(|&b| b == 0);
+        assert!(old_or_zero, "discarded range {range:?} holds other bytes");
+        expected[range.clone()].copy_from_slice(&all[range]);
+    }
+    assert!(all == expected, "content outside the discards differs");
+}
+
 /// The lock lease of the servers of the takeover tests (the shortest zbd accepts): a paused
 /// server's watch expires this long after its last ping, and then another may take over.
 const LEASE: &str = "10";
@@ -914,6 +960,10 @@ fn main() -> ExitCode {
         (
             "crash_keeps_every_flushed_block",
             crash_keeps_every_flushed_block,
+        ),
+        (
+            "rejected_discard_does_not_fail_later_syncs",
+            rejected_discard_does_not_fail_later_syncs,
         ),
         (
             "takeover_fences_a_paused_server",
