@@ -749,6 +749,50 @@ fn takeover_fences_a_paused_server(cluster: &Cluster) {
     );
 }
 
+/// `zbd unlock` of a live, idle server: it is blocklisted, and its timer finds the lock lost
+/// within a quarter lease, with no request from anyone; its next flush fails, and a new server
+/// gets the volume at once.
+fn unlocked_server_notices_on_its_timer(cluster: &Cluster) {
+    let volume = cluster.create("unlocked", "16M", &["--object-size", "1M"]);
+    let (dir1, dir2) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let mut server1 = cluster.serve(&volume, dir1.path(), &["--rados-lock-lease", LEASE]);
+    let mut client = Client::connect(&server1.socket).expect("connect");
+    client
+        .write(0, &content(0, 1), false)
+        .expect("write before");
+    client.flush().expect("flush before");
+    let unlocked = run(cluster.zbd().arg("unlock").arg(&volume));
+    assert!(
+        String::from_utf8_lossy(&unlocked.stdout).contains("blocklisted"),
+        "unlock did not blocklist"
+    );
+    let started = Instant::now();
+    let log = dir1.path().join("serve.log");
+    wait_until("server 1 to find its lock lost", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("lost the volume's lock"))
+    });
+    let noticed = started.elapsed();
+    let written = client.write(4096, &content(1, 1), false);
+    let flushed = client.flush();
+    assert!(
+        written.is_err() || flushed.is_err(),
+        "server 1 wrote and flushed after losing its lock"
+    );
+    drop(client);
+    server1.stop();
+    let server2 = cluster.serve(&volume, dir2.path(), &[]);
+    let mut expected = vec![0u64; BLOCKS as usize];
+    expected[0] = 1;
+    check_blocks(&server2.socket, &expected, &expected);
+    println!(
+        "unlock of a live server: it found its lock lost after {:.1} s (lease {LEASE} s)",
+        noticed.as_secs_f64()
+    );
+}
+
 /// `kill -9` of a server, then `zbd serve` again: the new server takes the dead one's lock
 /// over at once (its PID is dead on this host), no `zbd unlock` and no lease to wait for,
 /// and every flushed block is there.
@@ -968,6 +1012,10 @@ fn main() -> ExitCode {
         (
             "takeover_fences_a_paused_server",
             takeover_fences_a_paused_server,
+        ),
+        (
+            "unlocked_server_notices_on_its_timer",
+            unlocked_server_notices_on_its_timer,
         ),
         (
             "restart_after_kill_needs_no_unlock",
