@@ -220,6 +220,10 @@ pub(crate) fn acquire(
             }
             // The notify waited NOTIFY_TIMEOUT: ask again.
             Holder::Unresponsive => continue,
+            // Bounded like the rest: a lock that keeps being retaken by others is in use.
+            Holder::Gone(_) if Instant::now() >= deadline => {
+                return Err(in_use(crate::describe(holder)))
+            }
             Holder::Gone(why) => {
                 take_over(io, target, holder, 0)?;
                 tracing::warn!(

@@ -1,4 +1,4 @@
-//! `zbd unlock rados:POOL/NAME`: break the lock a crashed `zbd serve` left on a RADOS volume.
+//! `zbd unlock rados:POOL/NAME`: break the lock on a RADOS volume whatever its holder is doing.
 //!
 //! Breaking a lock is only safe if its holder can no longer write: a server that is merely cut
 //! off from the cluster (or paused) could come back and overwrite what the new owner writes.
