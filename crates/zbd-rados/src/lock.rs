@@ -106,9 +106,15 @@ fn assess(io: &IoCtx, target: &RadosTarget, holder: &Locker) -> Result<Holder, R
         // Not a client we can ask: leave it to `zbd unlock`.
         return Ok(Holder::Alive);
     };
-    let notified = io
-        .notify(&target.header_object(), NOTIFY_TIMEOUT)
-        .map_err(|rc| op_error(io, target, "asking the lock holder whether it is alive", rc))?;
+    let notified = match io.notify(&target.header_object(), NOTIFY_TIMEOUT) {
+        Ok(notified) => notified,
+        // Nobody's answer is known: never take that for the holder being gone.
+        Err(rc) if rc == -libc::ETIMEDOUT => return Ok(Holder::Unresponsive),
+        Err(rc) => {
+            let what = "asking the lock holder whether it is alive";
+            return Err(op_error(io, target, what, rc));
+        }
+    };
     if notified.acked.iter().any(|&(client, _)| client == id) {
         Ok(Holder::Alive)
     } else if notified.missed.iter().any(|&(client, _)| client == id) {

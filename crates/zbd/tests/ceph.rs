@@ -716,8 +716,14 @@ fn takeover_fences_a_paused_server(cluster: &Cluster) {
         acknowledged.len()
     );
     assert!(
-        log2.contains("took over the lock"),
-        "server 2 did not say it took over: {log2}"
+        log2.contains("took over the lock") && log2.contains("no watch"),
+        "server 2 did not say it took over an expired watch: {log2}"
+    );
+    // Server 1 kept its watch (pinged every 5 s) until up to a lease after its pause: server
+    // 2 must have waited for it to expire, not taken the silence for death.
+    assert!(
+        waited >= Duration::from_secs(5),
+        "server 2 took over after {waited:?}, before server 1's watch could expire"
     );
     assert!(
         acknowledged.is_empty(),
