@@ -30,6 +30,9 @@ pub struct ClusterOptions {
     /// An OSD request that is not answered within this long fails with ETIMEDOUT (reported as
     /// an I/O error); zero waits forever, like RBD by default.
     pub op_timeout: Duration,
+    /// The lock's lease (lock.rs): the watch on the header expires this long after the
+    /// holder's last sign of life, and then another server may take the volume over.
+    pub lock_lease: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -39,6 +42,7 @@ impl Default for ClusterOptions {
             id: None,
             connect_timeout: Duration::from_secs(10),
             op_timeout: Duration::from_secs(60),
+            lock_lease: Duration::from_secs(30),
         }
     }
 }
@@ -202,7 +206,13 @@ impl Cluster {
         let rc = unsafe {
             (self.api.rados_blocklist_add)(self.handle, address.as_ptr() as *mut c_char, expire)
         };
-        check(rc, "adding to the blocklist")
+        check(rc, "adding to the blocklist")?;
+        // Our next requests then carry the map that lists it: an OSD must catch up with that
+        // map before serving them, so from then on it refuses the old holder (as librbd does
+        // before it breaks a lock).
+        // SAFETY: valid, connected handle.
+        let rc = unsafe { (self.api.rados_wait_for_latest_osdmap)(self.handle) };
+        check(rc, "waiting for the OSD map with the blocklist entry")
     }
 }
 
@@ -410,6 +420,139 @@ impl IoCtx {
         Ok(c)
     }
 
+    /// Starts asserting that this client holds the exclusive lock `name` on `object` with
+    /// `cookie` (the `lock` object class's `assert_locked`): 0 when it does, EBUSY when
+    /// someone else holds it, ENOENT when nobody does, ESHUTDOWN when this client is
+    /// blocklisted.
+    pub fn aio_assert_locked(
+        &self,
+        object: &str,
+        name: &str,
+        cookie: &str,
+    ) -> Result<Completion, i32> {
+        let mut c = Completion::new(self.api, object)?;
+        c.data = assert_locked_input(name, cookie);
+        let (class, method) = (oid("lock"), oid("assert_locked"));
+        // SAFETY: as in aio_zero; the input bytes are owned by `c` (librados copies them
+        // anyway), `prval` is null (the operation's result is enough).
+        unsafe {
+            c.write_op = (self.api.rados_create_write_op)();
+            if c.write_op.is_null() {
+                c.started = false;
+                return Err(-libc::ENOMEM);
+            }
+            (self.api.rados_write_op_exec)(
+                c.write_op,
+                class.as_ptr(),
+                method.as_ptr(),
+                c.data.as_ptr() as *const c_char,
+                c.data.len(),
+                ptr::null_mut(),
+            );
+        }
+        // SAFETY: op, completion and object name live in `c` until it has waited.
+        let rc = unsafe {
+            (self.api.rados_aio_write_op_operate)(
+                c.write_op,
+                self.io,
+                c.handle,
+                c.oid.as_ptr(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if rc < 0 {
+            c.started = false;
+            return Err(rc);
+        }
+        Ok(c)
+    }
+
+    /// Watches `object`: the OSD keeps the watch while this client pings it (librados does,
+    /// every few seconds) and drops it `timeout_seconds` after the last ping. Every notify
+    /// sent to the object is acknowledged at once, which is how another client tells that
+    /// we are alive.
+    pub fn watch(self: &Arc<Self>, object: &str, timeout_seconds: u32) -> Result<Watch, i32> {
+        let context = Box::new(WatchContext {
+            api: self.api,
+            io: self.io,
+            oid: oid(object),
+        });
+        let mut handle = 0u64;
+        let arg = &*context as *const WatchContext as *mut std::ffi::c_void;
+        // SAFETY: `handle` is a valid out pointer; `arg` points to the boxed context, which
+        // the returned Watch keeps (at a fixed heap address) until it has unwatched and
+        // flushed every callback (Watch::drop); the callback only reads it.
+        let rc = unsafe {
+            (self.api.rados_watch3)(
+                self.io,
+                context.oid.as_ptr(),
+                &mut handle,
+                Some(acknowledge_notify),
+                None,
+                timeout_seconds,
+                arg,
+            )
+        };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(Watch {
+            context,
+            handle,
+            io: Arc::clone(self),
+        })
+    }
+
+    /// Whether `watch` is still registered: Ok(ms since the OSD last confirmed it), or the
+    /// error that broke it (ENOTCONN: it timed out; ESHUTDOWN: blocklisted).
+    pub fn watch_check(&self, watch: &Watch) -> Result<u32, i32> {
+        // SAFETY: valid context; an unknown handle is reported as an error, not undefined.
+        let rc = unsafe { (self.api.rados_watch_check)(self.io, watch.handle) };
+        if rc < 0 {
+            return Err(rc);
+        }
+        Ok(rc as u32)
+    }
+
+    /// Notifies the watchers of `object` and waits up to `timeout`: the (client id, watch
+    /// handle) pairs that acknowledged, and those whose watch is registered but did not
+    /// answer in time. A client with no watch on the object is in neither list.
+    pub fn notify(&self, object: &str, timeout: Duration) -> Result<Notified, i32> {
+        let o = oid(object);
+        let mut reply: *mut c_char = ptr::null_mut();
+        let mut reply_len = 0usize;
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        // SAFETY: NUL-terminated name; an empty payload; valid out pointers. librados
+        // allocates the reply, which is freed below with rados_buffer_free.
+        let rc = unsafe {
+            (self.api.rados_notify2)(
+                self.io,
+                o.as_ptr(),
+                ptr::null(),
+                0,
+                timeout_ms,
+                &mut reply,
+                &mut reply_len,
+            )
+        };
+        let bytes = if reply.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: librados returned `reply_len` bytes at `reply`; copied, then freed once.
+            unsafe {
+                let copy = std::slice::from_raw_parts(reply as *const u8, reply_len).to_vec();
+                (self.api.rados_buffer_free)(reply);
+                copy
+            }
+        };
+        // A timed-out notify still says who answered; without that list it says nothing.
+        if rc < 0 && (rc != -libc::ETIMEDOUT || bytes.is_empty()) {
+            return Err(rc);
+        }
+        decode_notify_reply(&bytes).ok_or(-libc::EBADMSG)
+    }
+
     /// Takes the exclusive lock `name` on `object` (creating the object if needed), with no
     /// expiry. EBUSY: someone else holds it.
     pub fn lock_exclusive(&self, object: &str, name: &str, cookie: &str) -> Result<(), i32> {
@@ -529,6 +672,127 @@ impl IoCtx {
     }
 }
 
+/// The input of `cls_lock`'s `assert_locked` (`cls_lock_assert_op` in Ceph's
+/// cls/lock/cls_lock_ops.h, version 1): name, type (1: exclusive), cookie, tag (ours is
+/// empty), in Ceph's encoding (little-endian, strings as u32 length + bytes), after the
+/// version header (struct version, compat version, u32 length of what follows).
+fn assert_locked_input(name: &str, cookie: &str) -> Vec<u8> {
+    const LOCK_EXCLUSIVE: u8 = 1;
+    let mut body = Vec::new();
+    let string = |body: &mut Vec<u8>, text: &str| {
+        body.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        body.extend_from_slice(text.as_bytes());
+    };
+    string(&mut body, name);
+    body.push(LOCK_EXCLUSIVE);
+    string(&mut body, cookie);
+    string(&mut body, "");
+    let mut out = vec![1u8, 1u8];
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Who answered a notify: (client id, watch handle) pairs.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Notified {
+    /// Acknowledged in time.
+    pub acked: Vec<(u64, u64)>,
+    /// Registered, but did not acknowledge in time.
+    pub missed: Vec<(u64, u64)>,
+}
+
+/// Decodes the OSD's notify reply (Watch.cc, `Notify::maybe_complete_notify`): a map from
+/// (client id, watch handle) to reply payload, then a list of the (client id, watch handle)
+/// pairs that did not answer. `None` if it is malformed.
+fn decode_notify_reply(bytes: &[u8]) -> Option<Notified> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let part = bytes.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(part)
+    };
+    let mut notified = Notified::default();
+    if bytes.is_empty() {
+        return Some(notified);
+    }
+    let read_u32 = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap_or([0; 4]));
+    let read_u64 = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+    let acks = read_u32(take(4)?);
+    for _ in 0..acks {
+        let gid = read_u64(take(8)?);
+        let handle = read_u64(take(8)?);
+        let len = read_u32(take(4)?) as usize;
+        take(len)?;
+        notified.acked.push((gid, handle));
+    }
+    let missed = read_u32(take(4)?);
+    for _ in 0..missed {
+        let gid = read_u64(take(8)?);
+        let handle = read_u64(take(8)?);
+        notified.missed.push((gid, handle));
+    }
+    Some(notified)
+}
+
+/// What a watch's callback needs to acknowledge a notify.
+struct WatchContext {
+    api: &'static Api,
+    io: ffi::rados_ioctx_t,
+    oid: CString,
+}
+
+/// Called by librados (on its own thread) for every notify on a watched object: acknowledge
+/// it at once, empty payload.
+unsafe extern "C" fn acknowledge_notify(
+    arg: *mut std::ffi::c_void,
+    notify_id: u64,
+    handle: u64,
+    _notifier: u64,
+    _data: *mut std::ffi::c_void,
+    _data_len: usize,
+) {
+    // SAFETY: `arg` is the WatchContext the Watch owns; librados calls back only between
+    // rados_watch3 and the rados_watch_flush of Watch::drop, while it is alive. notify_ack
+    // only queues a message (it does not wait), so it may be called from the callback.
+    unsafe {
+        let context = &*(arg as *const WatchContext);
+        (context.api.rados_notify_ack)(
+            context.io,
+            context.oid.as_ptr(),
+            notify_id,
+            handle,
+            ptr::null(),
+            0,
+        );
+    }
+}
+
+/// A watch on an object ([`IoCtx::watch`]); dropping it unwatches. It keeps its I/O context
+/// alive (the callback uses it).
+pub struct Watch {
+    context: Box<WatchContext>,
+    handle: u64,
+    io: Arc<IoCtx>,
+}
+
+// SAFETY: the context is only read (by callbacks and Drop); librados watch calls are
+// thread-safe.
+unsafe impl Send for Watch {}
+unsafe impl Sync for Watch {}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rados_watch3 on `self.io`, which this Watch keeps
+        // alive; after rados_watch_flush no callback runs any more, so the context may be
+        // freed.
+        unsafe {
+            (self.context.api.rados_unwatch2)(self.io.io, self.handle);
+            (self.context.api.rados_watch_flush)(self.io.cluster.handle);
+        }
+    }
+}
+
 /// An asynchronous operation in flight; owns everything librados may still read.
 pub struct Completion {
     api: &'static Api,
@@ -605,5 +869,41 @@ impl Drop for Completion {
             (self.api.rados_aio_release)(self.handle);
         }
         self.data.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assert_locked_input_is_cls_lock_assert_op_v1() {
+        let got = assert_locked_input("zbd", "c1");
+        let mut want = vec![1, 1, 18, 0, 0, 0];
+        want.extend_from_slice(&[3, 0, 0, 0, b'z', b'b', b'd', 1]);
+        want.extend_from_slice(&[2, 0, 0, 0, b'c', b'1', 0, 0, 0, 0]);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn notify_reply_names_who_answered_and_who_did_not() {
+        let mut reply = Vec::new();
+        reply.extend_from_slice(&1u32.to_le_bytes());
+        reply.extend_from_slice(&4151u64.to_le_bytes());
+        reply.extend_from_slice(&7u64.to_le_bytes());
+        reply.extend_from_slice(&2u32.to_le_bytes());
+        reply.extend_from_slice(b"ok");
+        reply.extend_from_slice(&1u32.to_le_bytes());
+        reply.extend_from_slice(&4200u64.to_le_bytes());
+        reply.extend_from_slice(&9u64.to_le_bytes());
+        assert_eq!(
+            decode_notify_reply(&reply),
+            Some(Notified {
+                acked: vec![(4151, 7)],
+                missed: vec![(4200, 9)],
+            })
+        );
+        assert_eq!(decode_notify_reply(&reply[..reply.len() - 1]), None);
+        assert_eq!(decode_notify_reply(&[]), Some(Notified::default()));
     }
 }

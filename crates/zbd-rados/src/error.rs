@@ -93,6 +93,10 @@ pub enum RadosError {
 pub fn errno_text(rc: i32) -> String {
     match -rc {
         libc::ETIMEDOUT => "timed out (is an OSD down? see --rados-op-timeout)".to_string(),
+        // EBLOCKLISTED in Ceph.
+        libc::ESHUTDOWN => {
+            "refused: this client is blocklisted (another server took the volume over)".to_string()
+        }
         e => std::io::Error::from_raw_os_error(e).to_string(),
     }
 }

@@ -24,6 +24,11 @@ pub type rados_ioctx_t = *mut c_void;
 pub type rados_completion_t = *mut c_void;
 pub type rados_write_op_t = *mut c_void;
 pub type rados_callback_t = Option<unsafe extern "C" fn(cb: rados_completion_t, arg: *mut c_void)>;
+/// `rados_watchcb2_t`: (arg, notify_id, watch handle, notifier id, data, data_len).
+pub type rados_watchcb2_t =
+    Option<unsafe extern "C" fn(*mut c_void, u64, u64, u64, *mut c_void, usize)>;
+/// `rados_watcherrcb_t`: (arg, watch handle, error).
+pub type rados_watcherrcb_t = Option<unsafe extern "C" fn(*mut c_void, u64, c_int)>;
 
 /// Declares the function table [`Api`] and its loader: one field per C function, resolved by
 /// its own name (or, where Ceph renamed it, the old name when the new one is missing).
@@ -70,6 +75,7 @@ librados! {
     rados_ioctx_destroy: fn(rados_ioctx_t);
     // `blacklist` before Ceph 16; both take (cluster, char *client_address, uint32_t expire).
     rados_blocklist_add | rados_blacklist_add: fn(rados_t, *mut c_char, u32) -> c_int;
+    rados_wait_for_latest_osdmap: fn(rados_t) -> c_int;
     rados_read: fn(rados_ioctx_t, *const c_char, *mut c_char, usize, u64) -> c_int;
     rados_write_full: fn(rados_ioctx_t, *const c_char, *const c_char, usize) -> c_int;
     rados_aio_create_completion: fn(
@@ -103,6 +109,14 @@ librados! {
     rados_write_op_assert_exists: fn(rados_write_op_t);
     rados_write_op_truncate: fn(rados_write_op_t, u64);
     rados_write_op_zero: fn(rados_write_op_t, u64, u64);
+    rados_write_op_exec: fn(
+        rados_write_op_t,
+        *const c_char,
+        *const c_char,
+        *const c_char,
+        usize,
+        *mut c_int,
+    );
     rados_aio_write_op_operate: fn(
         rados_write_op_t,
         rados_ioctx_t,
@@ -111,6 +125,29 @@ librados! {
         *mut libc::time_t,
         c_int,
     ) -> c_int;
+    rados_watch3: fn(
+        rados_ioctx_t,
+        *const c_char,
+        *mut u64,
+        rados_watchcb2_t,
+        rados_watcherrcb_t,
+        u32,
+        *mut c_void,
+    ) -> c_int;
+    rados_unwatch2: fn(rados_ioctx_t, u64) -> c_int;
+    rados_watch_check: fn(rados_ioctx_t, u64) -> c_int;
+    rados_watch_flush: fn(rados_t) -> c_int;
+    rados_notify2: fn(
+        rados_ioctx_t,
+        *const c_char,
+        *const c_char,
+        c_int,
+        u64,
+        *mut *mut c_char,
+        *mut usize,
+    ) -> c_int;
+    rados_notify_ack: fn(rados_ioctx_t, *const c_char, u64, u64, *const c_char, c_int) -> c_int;
+    rados_buffer_free: fn(*mut c_char);
     rados_lock_exclusive: fn(
         rados_ioctx_t,
         *const c_char,

@@ -8,6 +8,7 @@
 mod client;
 mod error;
 mod ffi;
+mod lock;
 mod readahead;
 mod storage;
 

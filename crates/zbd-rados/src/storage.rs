@@ -3,6 +3,7 @@
 
 use crate::client::{Cluster, ClusterOptions, Completion, IoCtx, Locker};
 use crate::error::{errno_text, RadosError};
+use crate::lock::{self, op_error, Keeper};
 use crate::readahead::{Chunk, ReadAhead, CHUNK_BYTES};
 use crate::RadosTarget;
 use parking_lot::Mutex;
@@ -23,8 +24,6 @@ const MAX_INFLIGHT_BYTES: u64 = 64 << 20;
 pub const SMALL_OBJECT_SIZE: u64 = 8 << 10;
 /// Reads larger than this are split into parts read in parallel.
 const READ_PART_BYTES: u64 = 256 << 10;
-/// Name of the `cls_lock` lock on the header object.
-const LOCK_NAME: &str = "zbd";
 const HEADER_MAGIC: &str = "zbd-rados-volume 1";
 
 /// A volume's header: what `create` chose.
@@ -96,8 +95,9 @@ struct Op {
     start: u64,
     end: u64,
     bytes: u64,
-    /// A missing object is fine for removes and zeroes (discard of never-written space).
-    missing_ok: bool,
+    /// A remove or zero: best effort, its failure is not kept (a missing object is fine
+    /// anyway: discard of never-written space).
+    discard: bool,
     completion: Completion,
 }
 
@@ -106,8 +106,8 @@ struct Inflight {
     next_seq: u64,
     ops: BTreeMap<u64, Arc<Op>>,
     bytes: u64,
-    /// The first failed write: every later `sync` fails with it (a lost write cannot be made
-    /// durable again by retrying).
+    /// The first failed write (or lost lock): every later `sync` fails with it (a lost write
+    /// cannot be made durable again by retrying). Discards never set it.
     first_error: Option<String>,
 }
 
@@ -123,10 +123,10 @@ struct Piece {
 
 /// A zbd volume's storage in a RADOS pool, holding the volume's exclusive lock while open.
 pub struct RadosStorage {
-    io: IoCtx,
+    io: Arc<IoCtx>,
     target: RadosTarget,
     header: Header,
-    cookie: String,
+    keeper: Keeper,
     inflight: Mutex<Inflight>,
     readahead: ReadAhead,
 }
@@ -141,11 +141,11 @@ impl RadosStorage {
         options: &ClusterOptions,
         target: &RadosTarget,
     ) -> std::result::Result<Self, RadosError> {
-        let io = Cluster::connect(options)?.pool(&target.pool)?;
+        let io = Arc::new(Cluster::connect(options)?.pool(&target.pool)?);
         let header =
             read_header(&io, target)?.ok_or_else(|| RadosError::NoVolume(target.to_string()))?;
-        let cookie = lock(&io, target)?;
-        Ok(Self::new(io, target, header, cookie))
+        let keeper = lock::acquire(&io, target, options.lock_lease, false)?;
+        Ok(Self::new(io, target, header, keeper))
     }
 
     /// Creates a volume of `size` bytes striped over objects of `object_size` bytes (its first
@@ -166,17 +166,17 @@ impl RadosStorage {
                 "--object-size {object_size}: must be a power of two from 64K to 32M"
             )));
         }
-        let io = Cluster::connect(options)?.pool(&target.pool)?;
+        let io = Arc::new(Cluster::connect(options)?.pool(&target.pool)?);
         // Lock first (this creates an empty header object): nobody else may use or create the
         // volume while we look at it. An empty header means "no volume".
-        let cookie = lock(&io, target)?;
+        let keeper = lock::acquire(&io, target, options.lock_lease, true)?;
         let new = Header {
             size,
             object_size,
             // Whole objects (may pass the end of a tiny volume: then it is all small objects).
             small_bytes: metadata_bytes.next_multiple_of(object_size),
         };
-        let storage = Self::new(io, target, new, cookie);
+        let storage = Self::new(io, target, new, keeper);
         match read_header(&storage.io, target) {
             Ok(None) => {}
             Ok(Some(_)) | Err(RadosError::BadHeader { .. }) if !force => {
@@ -193,12 +193,12 @@ impl RadosStorage {
         Ok(storage)
     }
 
-    fn new(io: IoCtx, target: &RadosTarget, header: Header, cookie: String) -> Self {
+    fn new(io: Arc<IoCtx>, target: &RadosTarget, header: Header, keeper: Keeper) -> Self {
         RadosStorage {
             io,
             target: target.clone(),
             header,
-            cookie,
+            keeper,
             inflight: Mutex::new(Inflight::default()),
             readahead: ReadAhead::default(),
         }
@@ -267,13 +267,13 @@ impl RadosStorage {
 
     /// Registers a started operation; waits for the oldest ones while too many bytes are in
     /// flight.
-    fn track(&self, start: u64, len: u64, missing_ok: bool, completion: Completion) {
+    fn track(&self, start: u64, len: u64, discard: bool, completion: Completion) {
         let bytes = len.max(1);
         let op = Arc::new(Op {
             start,
             end: start + len,
             bytes,
-            missing_ok,
+            discard,
             completion,
         });
         let mut inflight = self.inflight.lock();
@@ -303,7 +303,9 @@ impl RadosStorage {
                 continue; // another thread retired it (and recorded its result)
             }
             inflight.bytes -= op.bytes;
-            let failed = rc < 0 && !(op.missing_ok && rc == -libc::ENOENT);
+            // A rejected discard leaves old bytes in freed space, which the engine never
+            // trusts (docs/design.md, "Failed syncs"): it must not fail later syncs.
+            let failed = rc < 0 && !op.discard;
             if failed && inflight.first_error.is_none() {
                 inflight.first_error = Some(format!(
                     "{}: writing object {} failed: {}",
@@ -401,8 +403,8 @@ impl RadosStorage {
         Some(Chunk::new(start, parts))
     }
 
-    fn started(&self, what: &str, rc: i32) -> Error {
-        let message = format!("{}: {what}: {}", self.target, errno_text(rc));
+    /// A write that could not be started: it fails, and so does every later sync.
+    fn started(&self, message: String) -> Error {
         let mut inflight = self.inflight.lock();
         inflight.first_error.get_or_insert_with(|| message.clone());
         io_error(message)
@@ -458,6 +460,7 @@ impl Storage for RadosStorage {
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
+        self.keeper.writable().map_err(|why| self.started(why))?;
         let issue = || {
             let mut at = 0usize;
             for Piece {
@@ -467,10 +470,10 @@ impl Storage for RadosStorage {
                 let piece = data[at..at + n as usize].to_vec();
                 let start = offset + at as u64;
                 at += n as usize;
-                let c = self
-                    .io
-                    .aio_write(&object, within, piece)
-                    .map_err(|rc| self.started("starting a write", rc))?;
+                let c = self.io.aio_write(&object, within, piece).map_err(|rc| {
+                    let what = format!("{}: starting a write", self.target);
+                    self.started(format!("{what}: {}", errno_text(rc)))
+                })?;
                 self.track(start, n, false, c);
             }
             Ok(())
@@ -481,7 +484,11 @@ impl Storage for RadosStorage {
         issued
     }
 
+    /// Waits for the writes issued before it; asserts the lock meanwhile (one more
+    /// operation in flight, no added round trip): a server that lost its lock never reports
+    /// a sync as successful.
     fn sync(&self) -> Result<()> {
+        let locked = self.keeper.start_assert();
         let issued = self.inflight.lock().next_seq;
         let ops: Vec<_> = {
             let inflight = self.inflight.lock();
@@ -492,14 +499,22 @@ impl Storage for RadosStorage {
                 .collect()
         };
         self.retire(ops);
-        match &self.inflight.lock().first_error {
+        let locked = self.keeper.finish_assert(locked);
+        let mut inflight = self.inflight.lock();
+        if let Err(why) = locked {
+            inflight.first_error.get_or_insert(why);
+        }
+        match &inflight.first_error {
             Some(message) => Err(io_error(message.clone())),
             None => Ok(()),
         }
     }
 
+    /// Best effort: a discard that fails, or is refused because the lock is not confirmed,
+    /// fails alone and never makes a later sync fail.
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
+        self.keeper.writable().map_err(io_error)?;
         let issue = || {
             let mut at = offset;
             for Piece {
@@ -515,7 +530,13 @@ impl Storage for RadosStorage {
                     let to_end = within + n == object_size;
                     self.io.aio_zero(&object, within, n, to_end)
                 }
-                .map_err(|rc| self.started("starting a discard", rc))?;
+                .map_err(|rc| {
+                    io_error(format!(
+                        "{}: starting a discard: {}",
+                        self.target,
+                        errno_text(rc)
+                    ))
+                })?;
                 self.track(at, n, true, c);
                 at += n;
             }
@@ -531,24 +552,9 @@ impl Drop for RadosStorage {
     fn drop(&mut self) {
         // Completions wait for their operations when dropped; then give the volume back. The
         // read-ahead's reads too, now: after `io` is destroyed they would never complete.
+        // The keeper, dropped after this, unwatches and releases the lock.
         self.wait_for(|_| true);
         self.readahead.clear();
-        let _ = self
-            .io
-            .unlock(&self.target.header_object(), LOCK_NAME, &self.cookie);
-    }
-}
-
-fn op_error(io: &IoCtx, target: &RadosTarget, what: &str, rc: i32) -> RadosError {
-    if rc == -libc::EACCES || rc == -libc::EPERM {
-        return RadosError::Permission {
-            user: io.cluster().user().to_string(),
-            what: format!("{what} of {target}"),
-        };
-    }
-    RadosError::Op {
-        what: format!("{target}: {what}"),
-        reason: errno_text(rc),
     }
 }
 
@@ -574,36 +580,6 @@ fn read_header(
         })
 }
 
-/// Takes the volume's exclusive lock; the cookie names this host and process so that a second
-/// opener can say who holds it.
-fn lock(io: &IoCtx, target: &RadosTarget) -> std::result::Result<String, RadosError> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let cookie = format!("zbd:{}:{}:{nanos:08x}", host.trim(), std::process::id());
-    match io.lock_exclusive(&target.header_object(), LOCK_NAME, &cookie) {
-        Ok(()) => Ok(cookie),
-        Err(rc) if rc == -libc::EBUSY || rc == -libc::EEXIST => {
-            let holder = lockers(io, target)?
-                .first()
-                .map(describe)
-                .unwrap_or_else(|| "another client (it just let go: retry)".into());
-            Err(RadosError::InUse {
-                volume: target.to_string(),
-                holder,
-            })
-        }
-        Err(rc) => Err(op_error(io, target, "locking the volume", rc)),
-    }
-}
-
-fn lockers(io: &IoCtx, target: &RadosTarget) -> std::result::Result<Vec<Locker>, RadosError> {
-    io.lockers(&target.header_object(), LOCK_NAME)
-        .map_err(|rc| op_error(io, target, "listing the volume's lock", rc))
-}
-
 /// "client.4151 at 127.0.0.1:0/2215 (zbd PID 812 on host web1)".
 pub fn describe(locker: &Locker) -> String {
     let mut text = format!("{} at {}", locker.client, locker.address);
@@ -614,34 +590,23 @@ pub fn describe(locker: &Locker) -> String {
     text
 }
 
-/// Breaks the lock of a volume whose holder died. With `blocklist`, first adds the holder's
-/// address to the OSD blocklist (for `blocklist_seconds`, 0: the cluster's default) so that it
-/// can never write again, even if it was only cut off and comes back. Returns the holders.
+/// Breaks the lock of a volume (`zbd unlock`), whatever its holder is doing: each holder is
+/// first added to the OSD blocklist (for `blocklist_seconds`, 0: the cluster's default), so
+/// that it can never write again, even if it was only cut off or paused and comes back.
+/// There is no way to skip that: a holder that still runs would overwrite the next owner's
+/// writes. Returns the holders.
 pub fn break_lock(
     options: &ClusterOptions,
     target: &RadosTarget,
-    blocklist: bool,
     blocklist_seconds: u32,
 ) -> std::result::Result<Vec<Locker>, RadosError> {
     let io = Cluster::connect(options)?.pool(&target.pool)?;
     if read_header(&io, target)?.is_none() {
         return Err(RadosError::NoVolume(target.to_string()));
     }
-    let holders = lockers(&io, target)?;
+    let holders = lock::lockers(&io, target)?;
     for holder in &holders {
-        if blocklist {
-            io.cluster()
-                .blocklist(&holder.address, blocklist_seconds)
-                .map_err(|e| match e {
-                    RadosError::Op { reason, .. } => RadosError::Op {
-                        what: format!("blocklisting {} (its lock is left as is)", holder.address),
-                        reason,
-                    },
-                    e => e,
-                })?;
-        }
-        io.break_lock(&target.header_object(), LOCK_NAME, holder)
-            .map_err(|rc| op_error(&io, target, "breaking the lock", rc))?;
+        lock::take_over(&io, target, holder, blocklist_seconds)?;
     }
     Ok(holders)
 }

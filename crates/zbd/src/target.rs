@@ -22,6 +22,10 @@ pub struct CephArgs {
     /// Seconds to wait for the cluster's monitors when connecting.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     pub ceph_connect_timeout: u64,
+    /// Seconds a server that stopped answering (crashed, paused, cut off) keeps a rados:
+    /// volume's lock before another server may take the volume over (blocklisting it first).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub rados_lock_lease: u64,
 }
 
 /// A volume argument.
@@ -146,5 +150,6 @@ pub fn cluster_options(ceph: &CephArgs) -> zbd_rados::ClusterOptions {
         id: ceph.ceph_id.clone(),
         connect_timeout: Duration::from_secs(ceph.ceph_connect_timeout.max(1)),
         op_timeout: Duration::from_secs(ceph.rados_op_timeout),
+        lock_lease: Duration::from_secs(ceph.rados_lock_lease.max(1)),
     }
 }

@@ -579,6 +579,258 @@ fn crash_keeps_every_flushed_block(cluster: &Cluster) {
     run(cluster.zbd().arg("check").arg(&volume));
 }
 
+/// A discard the OSDs reject (here: it times out while the only OSD is frozen) fails alone:
+/// the writes and syncs after it succeed (docs/design.md: a rejected discard never trips the
+/// fence). The discarded ranges read as zeros or as their old bytes (the OSD may still apply a
+/// request its client gave up on).
+fn rejected_discard_does_not_fail_later_syncs(cluster: &Cluster) {
+    const SIZE: u64 = 1 << 20;
+    let t = target("rejected-discard");
+    let options = ClusterOptions {
+        op_timeout: Duration::from_secs(SHORT_OP_TIMEOUT),
+        ..cluster.options()
+    };
+    let storage = RadosStorage::create(&options, &t, SIZE, 64 << 10, 0, false).expect("create");
+    let data: Vec<u8> = (0..256 << 10).map(|i: u32| (i % 251) as u8).collect();
+    storage.write_at(0, &data).expect("write");
+    storage.sync().expect("sync");
+    cluster.script("pause-osd");
+    // A whole object (remove) and part of one (zero): both time out.
+    let issued = storage
+        .discard(0, 64 << 10)
+        .and_then(|()| storage.discard(70_000, 1000));
+    // A read of the range waits for the discards (then times out itself): bounded by the op
+    // timeout, it is how we know they have failed.
+    let mut buf = vec![0u8; 80_000];
+    let read = storage.read_at(0, &mut buf);
+    cluster.script("resume-osd");
+    issued.expect("starting the discards");
+    assert!(read.is_err(), "a read succeeded with the OSD frozen");
+    storage
+        .write_at(200_000, &data[..4096])
+        .expect("write after");
+    storage
+        .sync()
+        .expect("a sync after a rejected discard must succeed");
+    let mut all = vec![0u8; data.len()];
+    storage.read_at(0, &mut all).expect("read");
+    let mut expected = data.clone();
+    expected[200_000..204_096].copy_from_slice(&data[..4096]);
+    for range in [0..64 << 10, 70_000..71_000] {
+        let old_or_zero = all[range.clone()] == expected[range.clone()]
+            || all[range.clone()].iter().all(|&b| b == 0);
+        assert!(old_or_zero, "discarded range {range:?} holds other bytes");
+        expected[range.clone()].copy_from_slice(&all[range]);
+    }
+    assert!(all == expected, "content outside the discards differs");
+}
+
+/// The lock lease of the servers of the takeover tests (the shortest zbd accepts): a paused
+/// server's watch expires this long after its last ping, and then another may take over.
+const LEASE: &str = "10";
+
+/// Sends `signal` to `pid`.
+fn signal(pid: u32, signal: &str) {
+    run(Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string()));
+}
+
+/// Server 1 writes and flushes, then is paused (SIGSTOP) past its lease; server 2 takes the
+/// volume over (blocklisting server 1 first) and writes; server 1 is resumed: every write and
+/// flush it is then asked for fails, it fences itself, and none of its writes lands. After
+/// both stop, the volume holds exactly server 2's view, which includes what server 1 flushed
+/// before the takeover, and `zbd check` is clean.
+fn takeover_fences_a_paused_server(cluster: &Cluster) {
+    const FLUSHED_BY_1: std::ops::Range<u64> = 0..512;
+    const WRITTEN_BY_2: std::ops::Range<u64> = 256..768;
+    let volume = cluster.create("takeover", "16M", &["--object-size", "1M"]);
+    let (dir1, dir2) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let lease = ["--rados-lock-lease", LEASE];
+    let mut expected = vec![0u64; BLOCKS as usize];
+    let mut server1 = cluster.serve(&volume, dir1.path(), &lease);
+    let mut client1 = Client::connect(&server1.socket).expect("connect");
+    for block in FLUSHED_BY_1 {
+        client1
+            .write(block * BLOCK as u64, &content(block, 1), false)
+            .expect("write");
+        expected[block as usize] = 1;
+    }
+    client1.flush().expect("flush");
+    signal(server1.pid(), "STOP");
+    // Server 2 waits for server 1's watch to expire, then takes over; resume server 1 if
+    // anything below fails, so that dropping it can stop it.
+    let resume1 = |served: &Served| signal(served.pid(), "CONT");
+    let taken = catch_unwind(AssertUnwindSafe(|| {
+        let started = Instant::now();
+        let server2 = cluster.serve(&volume, dir2.path(), &lease);
+        (server2, started.elapsed())
+    }));
+    let (mut server2, waited) = match taken {
+        Ok(taken) => taken,
+        Err(panic) => {
+            resume1(&server1);
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let log2 = std::fs::read_to_string(dir2.path().join("serve.log")).unwrap_or_default();
+    let seen = check_blocks(&server2.socket, &expected, &expected);
+    assert_eq!(
+        seen, expected,
+        "server 2 does not see what server 1 flushed"
+    );
+    let mut client2 = Client::connect(&server2.socket).expect("connect");
+    for block in WRITTEN_BY_2 {
+        client2
+            .write(block * BLOCK as u64, &content(block, 2), false)
+            .expect("server 2 write");
+        expected[block as usize] = 2;
+    }
+    client2.flush().expect("server 2 flush");
+    resume1(&server1);
+    // Server 1, resumed: FUA writes (each one must reach the storage), then flushes.
+    let (mut failed, mut acknowledged) = (0u64, Vec::new());
+    let mut first_error = None;
+    let writes1: Vec<u64> = (0..BLOCKS).step_by(2).collect();
+    for &block in &writes1 {
+        match client1.write(block * BLOCK as u64, &content(block, 3), true) {
+            Ok(()) => acknowledged.push(block),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    let flushes_failed = (0..3).filter(|_| client1.flush().is_err()).count();
+    drop(client1);
+    let log1 = std::fs::read_to_string(dir1.path().join("serve.log")).unwrap_or_default();
+    println!(
+        "takeover: server 2 took over after {:.1} s; server 1 resumed: {} FUA writes, {failed} \
+         failed ({:?}), {} acknowledged, {flushes_failed}/3 flushes failed",
+        waited.as_secs_f64(),
+        writes1.len(),
+        first_error.as_deref().unwrap_or("-"),
+        acknowledged.len()
+    );
+    assert!(
+        log2.contains("took over the lock") && log2.contains("no watch"),
+        "server 2 did not say it took over an expired watch: {log2}"
+    );
+    // Server 1 kept its watch (pinged every 5 s) until up to a lease after its pause: server
+    // 2 must have waited for it to expire, not taken the silence for death.
+    assert!(
+        waited >= Duration::from_secs(5),
+        "server 2 took over after {waited:?}, before server 1's watch could expire"
+    );
+    assert!(
+        acknowledged.is_empty(),
+        "server 1 acknowledged {acknowledged:?}"
+    );
+    assert_eq!(flushes_failed, 3, "a flush of server 1 succeeded");
+    assert!(
+        log1.contains("lost the volume's lock") || log1.contains("blocklisted"),
+        "server 1 did not say why it stopped: {log1}"
+    );
+    let fenced = log1.lines().find(|l| l.contains("stopped writing"));
+    println!("takeover: server 1 logged: {}", fenced.unwrap_or("-"));
+    assert!(fenced.is_some(), "server 1 did not fence itself: {log1}");
+    // Server 1 may fail to close (its volume failed); server 2 closes cleanly.
+    server1.stop();
+    assert!(server2.stop(), "server 2 did not stop cleanly");
+    drop(client2);
+    let server3 = cluster.serve(&volume, dir2.path(), &[]);
+    let found = check_blocks(&server3.socket, &expected, &expected);
+    assert_eq!(found, expected);
+    drop(server3);
+    run(cluster.zbd().arg("check").arg(&volume));
+    println!(
+        "takeover: {} blocks checked exact ({} of server 1 flushed before, {} of server 2), zbd \
+         check clean",
+        BLOCKS,
+        FLUSHED_BY_1.end - FLUSHED_BY_1.start,
+        WRITTEN_BY_2.end - WRITTEN_BY_2.start
+    );
+}
+
+/// `zbd unlock` of a live, idle server: it is blocklisted, and its timer finds the lock lost
+/// within a quarter lease, with no request from anyone; its next flush fails, and a new server
+/// gets the volume at once.
+fn unlocked_server_notices_on_its_timer(cluster: &Cluster) {
+    let volume = cluster.create("unlocked", "16M", &["--object-size", "1M"]);
+    let (dir1, dir2) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let mut server1 = cluster.serve(&volume, dir1.path(), &["--rados-lock-lease", LEASE]);
+    let mut client = Client::connect(&server1.socket).expect("connect");
+    client
+        .write(0, &content(0, 1), false)
+        .expect("write before");
+    client.flush().expect("flush before");
+    let unlocked = run(cluster.zbd().arg("unlock").arg(&volume));
+    assert!(
+        String::from_utf8_lossy(&unlocked.stdout).contains("blocklisted"),
+        "unlock did not blocklist"
+    );
+    let started = Instant::now();
+    let log = dir1.path().join("serve.log");
+    wait_until("server 1 to find its lock lost", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("lost the volume's lock"))
+    });
+    let noticed = started.elapsed();
+    let written = client.write(4096, &content(1, 1), false);
+    let flushed = client.flush();
+    assert!(
+        written.is_err() || flushed.is_err(),
+        "server 1 wrote and flushed after losing its lock"
+    );
+    drop(client);
+    server1.stop();
+    let server2 = cluster.serve(&volume, dir2.path(), &[]);
+    let mut expected = vec![0u64; BLOCKS as usize];
+    expected[0] = 1;
+    check_blocks(&server2.socket, &expected, &expected);
+    println!(
+        "unlock of a live server: it found its lock lost after {:.1} s (lease {LEASE} s)",
+        noticed.as_secs_f64()
+    );
+}
+
+/// `kill -9` of a server, then `zbd serve` again: the new server takes the dead one's lock
+/// over at once (its PID is dead on this host), no `zbd unlock` and no lease to wait for,
+/// and every flushed block is there.
+fn restart_after_kill_needs_no_unlock(cluster: &Cluster) {
+    let volume = cluster.create("restart", "16M", &["--object-size", "1M"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut durable = vec![0u64; BLOCKS as usize];
+    let mut served = cluster.serve(&volume, dir.path(), &[]);
+    let mut client = Client::connect(&served.socket).expect("connect");
+    for block in 0..300 {
+        client
+            .write(block * BLOCK as u64, &content(block, 1), false)
+            .expect("write");
+        durable[block as usize] = 1;
+    }
+    client.flush().expect("flush");
+    served.kill();
+    drop(client);
+    let started = Instant::now();
+    let served = cluster.serve(&volume, dir.path(), &[]);
+    let waited = started.elapsed();
+    // The default lease is 30 s: taking over a dead PID must not wait for it.
+    assert!(waited < Duration::from_secs(20), "restart took {waited:?}");
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
+    assert!(log.contains("has exited"), "no takeover logged: {log}");
+    check_blocks(&served.socket, &durable, &durable);
+    println!(
+        "restart after kill -9: serving again after {:.1} s",
+        waited.as_secs_f64()
+    );
+}
+
 /// How long the OSD stays frozen in the outage test: a few seconds, far below the first
 /// server's op timeout and within the PG read lease (scripts/ceph-cluster.sh explains why that
 /// matters on a one-OSD cluster).
@@ -758,6 +1010,22 @@ fn main() -> ExitCode {
         (
             "crash_keeps_every_flushed_block",
             crash_keeps_every_flushed_block,
+        ),
+        (
+            "rejected_discard_does_not_fail_later_syncs",
+            rejected_discard_does_not_fail_later_syncs,
+        ),
+        (
+            "takeover_fences_a_paused_server",
+            takeover_fences_a_paused_server,
+        ),
+        (
+            "unlocked_server_notices_on_its_timer",
+            unlocked_server_notices_on_its_timer,
+        ),
+        (
+            "restart_after_kill_needs_no_unlock",
+            restart_after_kill_needs_no_unlock,
         ),
         (
             "osd_outage_waits_then_fails_past_timeout",

@@ -1,9 +1,10 @@
-//! `zbd unlock rados:POOL/NAME`: break the lock a crashed `zbd serve` left on a RADOS volume.
+//! `zbd unlock rados:POOL/NAME`: break the lock on a RADOS volume whatever its holder is doing.
 //!
 //! Breaking a lock is only safe if its holder can no longer write: a server that is merely cut
-//! off from the cluster could come back and overwrite what the new owner writes. So, like
-//! `rbd lock remove`, the holder's address is first added to the OSD blocklist (docs/ceph.md,
-//! "The lock and fencing").
+//! off from the cluster (or paused) could come back and overwrite what the new owner writes.
+//! So, like `rbd lock remove`, the holder's address is always added to the OSD blocklist first
+//! (docs/ceph.md, "The lock and fencing"); there is no option to skip it. A server that
+//! crashed does not need this command: the next `zbd serve` takes its lock over.
 
 use crate::target::{CephArgs, Target};
 use anyhow::{bail, Result};
@@ -15,10 +16,6 @@ use std::process::ExitCode;
 pub struct Args {
     /// The volume, rados:POOL/NAME.
     path: PathBuf,
-    /// Do not blocklist the holder first. Only when you know it is dead (process gone, host
-    /// powered off): otherwise it may still write and corrupt the volume.
-    #[arg(long)]
-    no_blocklist: bool,
     /// How long the holder stays blocklisted, in seconds [default: the cluster's, one hour].
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     blocklist_expire: u32,
@@ -34,27 +31,22 @@ pub fn run(a: Args) -> Result<ExitCode> {
             let holders = zbd_rados::break_lock(
                 &crate::target::cluster_options(&a.ceph),
                 &rados,
-                !a.no_blocklist,
                 a.blocklist_expire,
             )?;
             if holders.is_empty() {
                 println!("{rados} was not locked");
             }
             for holder in &holders {
-                let fenced = if a.no_blocklist {
-                    String::new()
-                } else {
-                    format!(" (blocklisted {})", holder.address)
-                };
                 println!(
-                    "broke the lock of {} on {rados}{fenced}",
-                    zbd_rados::describe(holder)
+                    "broke the lock of {} on {rados} (blocklisted {})",
+                    zbd_rados::describe(holder),
+                    holder.address
                 );
             }
             Ok(ExitCode::SUCCESS)
         }
         Target::File(path) => {
-            let _ = (a.no_blocklist, a.blocklist_expire, a.ceph);
+            let _ = (a.blocklist_expire, a.ceph);
             bail!(
                 "{}: only rados:POOL/NAME volumes have a lock to break (a file's lock dies with its process)",
                 path.display()
