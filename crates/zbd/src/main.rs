@@ -2,10 +2,12 @@
 //! Thin: parse arguments, dispatch to one module per subcommand, print one error line.
 
 mod commands;
+mod log;
 mod sample;
 mod target;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -63,8 +65,26 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("zbd: error: {e:#}");
+            log::flush(std::time::Duration::from_secs(1));
+            let _ = writeln!(std::io::stderr(), "zbd: error: {}", error_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the line already holds
+/// (an error that prints its source in its own message, as thiserror's `{source}` does).
+fn error_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }

@@ -5,11 +5,14 @@
 //! used. Otherwise: `nbdfuse` exposes the export as a file in a FUSE mount (we wait for its
 //! pidfile, never sleep), and `losetup --find --show --sector-size 4096` makes a loop device of it.
 
+use std::io::ErrorKind;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// Where attach records go unless `--state-dir` says otherwise.
@@ -35,6 +38,10 @@ pub struct AttachArgs {
     /// Directory for attach records and nbdfuse mount points.
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Seconds to wait for a server that is still starting (its socket missing or not yet
+    /// answering); 0 tries once.
+    #[arg(long, default_value_t = 30)]
+    pub wait: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,12 +113,7 @@ fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
 
 pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
     let args = &args;
-    if !args.socket.exists() {
-        bail!(
-            "no NBD server socket at {} (start one with `zbd serve --socket`)",
-            args.socket.display()
-        );
-    }
+    wait_for_server(&args.socket, Duration::from_secs(args.wait))?;
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("cannot create --state-dir {}", args.state_dir.display()))?;
     let kernel = match args.method {
@@ -283,5 +285,53 @@ fn wait_for_pidfile(pidfile: &Path, child: &mut std::process::Child) -> Result<u
             bail!("nbdfuse wrote no pidfile within {READY_TIMEOUT:?}");
         }
         std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Waits, at most `wait`, until a server accepts connections on `socket` (`zbd serve` started
+/// just before may still be opening its volume); then says in one line what is wrong.
+fn wait_for_server(socket: &Path, wait: Duration) -> Result<()> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let error = match UnixStream::connect(socket) {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        if Instant::now() >= deadline {
+            return Err(server_absent(socket, &error, wait));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// One line saying why no server answers on `socket`.
+fn server_absent(socket: &Path, error: &std::io::Error, wait: Duration) -> anyhow::Error {
+    let shown = socket.display();
+    let waited = if wait.is_zero() {
+        String::new()
+    } else {
+        format!(" after waiting {}s", wait.as_secs())
+    };
+    match std::fs::symlink_metadata(socket) {
+        Err(_) => {
+            let parent = socket.parent().filter(|p| !p.as_os_str().is_empty());
+            match parent.filter(|p| !p.is_dir()) {
+                Some(parent) => anyhow!(
+                    "no NBD server socket at {shown}: directory {} does not exist",
+                    parent.display()
+                ),
+                None => anyhow!(
+                    "no NBD server socket at {shown}{waited} (start one with `zbd serve --socket`)"
+                ),
+            }
+        }
+        Ok(meta) if !meta.file_type().is_socket() => {
+            anyhow!("{shown} is not a socket (--socket takes the one `zbd serve` listens on)")
+        }
+        Ok(_) if error.kind() == ErrorKind::ConnectionRefused => anyhow!(
+            "stale socket {shown}: no server listens on it{waited} (the server that made it \
+             exited; `zbd serve` replaces it when started again)"
+        ),
+        Ok(_) => anyhow!("cannot connect to {shown}{waited}: {error}"),
     }
 }

@@ -31,7 +31,7 @@ pub struct ServeArgs {
     pub path: PathBuf,
     #[command(flatten)]
     pub ceph: CephArgs,
-    /// Unix socket to listen on [default: /run/zbd/<volume name>.sock].
+    /// Unix socket to listen on [default: /run/zbd/<volume file name>-<hash of its path>.sock].
     #[arg(long, conflicts_with = "listen")]
     pub socket: Option<PathBuf>,
     /// Listen on TCP instead: HOST:PORT, or just PORT for 127.0.0.1:PORT.
@@ -74,6 +74,9 @@ pub struct ServeArgs {
     #[arg(long, value_parser = ["on", "off"])]
     pub dict: Option<String>,
 }
+
+/// How long an exiting server waits for its last log lines to be written.
+const LOG_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Smallest `--map-cache`: a few map pages.
 const MAP_CACHE_MIN: u64 = 16 << 10;
@@ -192,17 +195,39 @@ impl Export for VolumeExport {
     }
 }
 
-/// Control socket of a volume served from `volume`: `/run/zbd/ctl-<hash of its canonical path>`
-/// (a hash keeps it under the 108-byte limit of socket paths).
-pub fn control_socket_path(volume: &Path) -> PathBuf {
+/// FNV-1a hash of a volume's canonical path: stable across builds and versions, unlike std's
+/// hasher, so a restarted server (or another zbd command) finds the same socket names.
+fn path_hash(volume: &Path) -> u64 {
     let canonical = std::fs::canonicalize(volume).unwrap_or_else(|_| volume.to_path_buf());
-    // FNV-1a: stable across builds and versions, unlike std's hasher.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in canonical.as_os_str().as_encoded_bytes() {
         hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    Path::new(RUN_DIR).join(format!("ctl-{hash:016x}.sock"))
+    hash
+}
+
+/// Control socket of a volume served from `volume`: `/run/zbd/ctl-<hash of its canonical path>`
+/// (a hash keeps it under the 108-byte limit of socket paths).
+pub fn control_socket_path(volume: &Path) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("ctl-{:016x}.sock", path_hash(volume)))
+}
+
+/// Longest volume name kept in a default socket name (socket paths end at 108 bytes).
+const SOCKET_NAME_CHARS_MAX: usize = 48;
+
+/// Default NBD socket of a volume: `/run/zbd/<file name>-<8 hex digits of its full path's
+/// hash>.sock`, readable, and distinct for two volumes with the same file name.
+pub fn default_socket_path(volume: &Path) -> PathBuf {
+    let name: String = volume
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "volume".into())
+        .chars()
+        .take(SOCKET_NAME_CHARS_MAX)
+        .collect();
+    let short = path_hash(volume) as u32;
+    Path::new(RUN_DIR).join(format!("{name}-{short:08x}.sock"))
 }
 
 /// Asks the server serving `volume` for `zbd stat`'s output (JSON or text); None if no server
@@ -280,12 +305,12 @@ fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
                     let _ = s.write_all(format!("progress {done} {total}\n").as_bytes());
                 }
             });
-            eprintln!(
+            crate::log::line(format!(
                 "zbd: scrub finished: {} blocks verified, {} damaged, {} metadata problems",
                 report.blocks_checked,
                 report.damaged_blocks.len(),
                 report.metadata_problems.len()
-            );
+            ));
             let reply = serde_json::to_string(&report)
                 .map(|json| format!("report {json}\n"))
                 .unwrap_or_else(|e| format!("cannot encode the report: {e}\n"));
@@ -350,15 +375,20 @@ fn listen_address(args: &ServeArgs) -> Result<Listen> {
         return Ok(Listen::Tcp(address));
     }
     let socket = match &args.socket {
-        Some(socket) => socket.clone(),
+        Some(socket) => {
+            let parent = socket.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(parent) = parent.filter(|p| !p.is_dir()) {
+                bail!(
+                    "--socket {}: directory {} does not exist",
+                    socket.display(),
+                    parent.display()
+                );
+            }
+            socket.clone()
+        }
         None => {
-            let name = args
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "volume".into());
             std::fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
-            Path::new(RUN_DIR).join(format!("{name}.sock"))
+            default_socket_path(&args.path)
         }
     };
     Ok(Listen::Unix(socket))
@@ -471,12 +501,15 @@ fn stop_on_signals(
 }
 
 /// The server logs one line per connection and per rejected request; `ZBD_LOG` filters
-/// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`).
+/// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`). Lines go through [`crate::log`]'s queue, so
+/// a slow or closed stderr never blocks or kills a server thread.
 fn init_logging() {
+    crate::log::install();
     let filter = tracing_subscriber::EnvFilter::try_from_env("ZBD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::log::QueueWriter)
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
         .try_init();
@@ -505,12 +538,12 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    eprintln!(
+    crate::log::line(format!(
         "zbd: serving {} ({} bytes) on {}",
         args.path.display(),
         volume.size_bytes(),
         uri(server.listen(), &args.export)
-    );
+    ));
     let served = server.serve();
     signals.close();
     let _ = signal_thread.join();
@@ -519,6 +552,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     drop(volume);
     served.context("NBD server failed")?;
     closed?;
-    eprintln!("zbd: stopped, volume closed cleanly");
+    crate::log::line("zbd: stopped, volume closed cleanly");
+    crate::log::flush(LOG_FLUSH_TIMEOUT);
     Ok(ExitCode::SUCCESS)
 }

