@@ -347,9 +347,11 @@ fn spawn_control(
                     continue;
                 }
                 let reply = match request.trim() {
-                    "stats json" => serde_json::to_string_pretty(&volume.stats())
-                        .map(|text| text + "\n")
-                        .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n")),
+                    "stats json" => {
+                        serde_json::to_string_pretty(&super::stat::Report::of(&volume.stats()))
+                            .map(|text| text + "\n")
+                            .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n"))
+                    }
                     "stats text" => super::stat::render(&name, &volume.stats()),
                     other => format!("unknown control request {other:?}\n"),
                 };
