@@ -3,6 +3,7 @@
 
 mod commands;
 mod log;
+mod metrics;
 mod sample;
 mod target;
 

@@ -381,3 +381,254 @@ fn stat_separates_data_savings_from_zero_and_unwritten_blocks() {
     assert!(line.contains(&format!("{data_pct:.1} %")), "{line}");
     assert!(text.contains("zero / never written"), "{text}");
 }
+
+/// Runs `promtool check metrics` on `text`; None if promtool is not installed.
+fn promtool_check(text: &str) -> Option<Result<(), String>> {
+    use std::io::Write;
+    if !have("promtool") {
+        return None;
+    }
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(said)
+    })
+}
+
+/// The value of the first sample of `name` in exposition text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn copy_into(volume: &Path, dir: &Path) {
+    let mut input = random_bytes(256 << 10, 7);
+    input.extend((0..768 << 10).map(|i| b"metrics of a compressed volume\n"[i % 31]));
+    let file = dir.join("in.bin");
+    std::fs::write(&file, &input).expect("input");
+    let out = Command::new(ZBD)
+        .arg("copy")
+        .arg(volume)
+        .arg(&file)
+        .output()
+        .expect("zbd copy");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `zbd stat --prometheus` prints metrics promtool accepts (no lint warnings either), with the
+/// physical bytes `zbd stat --json` reports.
+#[test]
+fn stat_prometheus_passes_promtool() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    copy_into(&volume, dir.path());
+    let out = Command::new(ZBD)
+        .args(["stat", "--prometheus"])
+        .arg(&volume)
+        .output()
+        .expect("zbd stat --prometheus");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = stat_json(&volume);
+    let live = json["physical_bytes_live"].as_f64().expect("live bytes");
+    assert!(live > 0.0);
+    assert_eq!(
+        sample(&text, "zbd_physical_live_bytes"),
+        Some(live),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE zbd_flushes_total counter"), "{text}");
+    match promtool_check(&text) {
+        None => eprintln!("skipped promtool: not installed (Debian package prometheus)"),
+        Some(result) => result.unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{text}")),
+    }
+}
+
+/// `GET path` on 127.0.0.1:port; the response body if the status is 200.
+fn http_get(address: &str, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| e.to_string())?;
+    let (head, body) = response.split_once("\r\n\r\n").ok_or("no header end")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head.to_string());
+    }
+    Ok(body.to_string())
+}
+
+/// A process stopped by PID when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free loopback port (bound then released: another process could take it meanwhile, which
+/// would fail the test loudly, not wrongly).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// `zbd serve --metrics` answers on loopback with metrics promtool accepts, counts the NBD
+/// requests served, and a real Prometheus scraping it reports the physical bytes `zbd stat
+/// --json` does.
+#[test]
+fn serve_metrics_are_scraped_by_prometheus() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    copy_into(&volume, dir.path());
+    let socket = dir.path().join("v.sock");
+    let log = dir.path().join("serve.log");
+    let file = std::fs::File::create(&log).expect("log");
+    let _server = Server::start(
+        &volume,
+        &[
+            "--socket",
+            socket.to_str().expect("path"),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        Stdio::from(file),
+    );
+    let mut address = String::new();
+    wait_until("the metrics line", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(rest) = text.split("metrics on http://").nth(1) {
+            address = rest.split('/').next().unwrap_or_default().to_string();
+        }
+        !address.is_empty()
+    });
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+    if have("nbdinfo") {
+        let uri = format!("nbd+unix:///?socket={}", socket.display());
+        let out = Command::new("nbdinfo")
+            .arg("--map")
+            .arg(&uri)
+            .output()
+            .expect("nbdinfo");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let body = http_get(&address, "/metrics").expect("GET /metrics");
+    assert!(
+        http_get(&address, "/other").is_err(),
+        "only /metrics is served"
+    );
+    if have("nbdinfo") {
+        let statuses = body
+            .lines()
+            .find(|l| l.starts_with("zbd_nbd_requests_total{") && l.contains("op=\"block_status\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        assert!(statuses.is_some_and(|n| n >= 1.0), "{body}");
+    }
+    assert!(
+        body.contains("zbd_nbd_request_duration_seconds_bucket{"),
+        "{body}"
+    );
+    match promtool_check(&body) {
+        None => eprintln!("skipped promtool: not installed (Debian package prometheus)"),
+        Some(result) => result.unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{body}")),
+    }
+    let live = stat_json(&volume)["physical_bytes_live"]
+        .as_f64()
+        .expect("live bytes");
+
+    if !have("prometheus") {
+        eprintln!("skipped the Prometheus scrape: prometheus not installed");
+        return;
+    }
+    let port = free_port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: zbd\n    \
+             static_configs:\n      - targets: ['{address}']\n"
+        ),
+    )
+    .expect("config");
+    let prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.path().join("prometheus.log")).expect("log"),
+        ))
+        .spawn()
+        .expect("start prometheus");
+    let _prometheus = Reaped(prometheus);
+    let api = format!("127.0.0.1:{port}");
+    let mut scraped = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while scraped.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never returned zbd_physical_live_bytes: {}",
+            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let Ok(body) = http_get(&api, "/api/v1/query?query=zbd_physical_live_bytes") else {
+            continue;
+        };
+        let reply: serde_json::Value = serde_json::from_str(&body).expect("api json");
+        scraped = reply["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok());
+    }
+    assert_eq!(scraped, Some(live));
+}

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::metrics::{Op, Requests};
 use crate::target::{CephArgs, Target};
 use anyhow::{bail, Context, Result};
 use zbd_core::{AllocState, OpenOptions, Volume};
@@ -73,6 +74,10 @@ pub struct ServeArgs {
     /// [default: as set by `zbd create --dict`].
     #[arg(long, value_parser = ["on", "off"])]
     pub dict: Option<String>,
+    /// Serve Prometheus metrics over HTTP at ADDR (`/metrics`): PORT binds 127.0.0.1:PORT,
+    /// HOST:PORT binds as given (give a host to expose them beyond this machine).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 /// How long an exiting server waits for its last log lines to be written.
@@ -116,10 +121,27 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(config)
 }
 
-/// Serves `zbd_core::Volume` through the NBD server's `Export` trait.
+/// Serves `zbd_core::Volume` through the NBD server's `Export` trait, counting and timing every
+/// request for the metrics.
 pub struct VolumeExport {
     volume: Arc<Volume>,
     read_only: bool,
+    requests: Arc<Requests>,
+}
+
+impl VolumeExport {
+    /// Runs one request of `op` over `bytes`, recording its outcome and time.
+    fn timed<T>(
+        &self,
+        op: Op,
+        bytes: u64,
+        call: impl FnOnce() -> ExportResult<T>,
+    ) -> ExportResult<T> {
+        let started = Instant::now();
+        let result = call();
+        self.requests.record(op, bytes, started, result.is_ok());
+        result
+    }
 }
 
 fn export_error(error: zbd_core::Error) -> ExportError {
@@ -140,23 +162,27 @@ impl Export for VolumeExport {
         self.read_only
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
-        self.volume.read(offset, buf).map_err(export_error)
+        let bytes = buf.len() as u64;
+        self.timed(Op::Read, bytes, || {
+            self.volume.read(offset, buf).map_err(export_error)
+        })
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
-        self.volume.write(offset, data, fua).map_err(export_error)
+        self.timed(Op::Write, data.len() as u64, || {
+            self.volume.write(offset, data, fua).map_err(export_error)
+        })
     }
     fn flush(&self) -> ExportResult<()> {
-        if self.read_only {
-            return Ok(());
-        }
-        self.volume.flush().map_err(export_error)
+        self.timed(Op::Flush, 0, || self.flush_volume())
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> ExportResult<()> {
-        self.volume.trim(offset, length).map_err(export_error)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        self.timed(Op::Trim, length, || {
+            self.volume.trim(offset, length).map_err(export_error)?;
+            if fua {
+                self.flush_volume()?;
+            }
+            Ok(())
+        })
     }
     fn write_zeroes(
         &self,
@@ -167,15 +193,30 @@ impl Export for VolumeExport {
     ) -> ExportResult<()> {
         // Zero blocks become a map state with no data either way; block status reports them as
         // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
-        self.volume
-            .write_zeroes(offset, length)
-            .map_err(export_error)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        self.timed(Op::WriteZeroes, length, || {
+            self.volume
+                .write_zeroes(offset, length)
+                .map_err(export_error)?;
+            if fua {
+                self.flush_volume()?;
+            }
+            Ok(())
+        })
     }
     fn block_status(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
+        self.timed(Op::BlockStatus, length, || self.allocation(offset, length))
+    }
+}
+
+impl VolumeExport {
+    fn flush_volume(&self) -> ExportResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.volume.flush().map_err(export_error)
+    }
+
+    fn allocation(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
         let runs = self
             .volume
             .allocation(offset, length)
@@ -230,20 +271,14 @@ pub fn default_socket_path(volume: &Path) -> PathBuf {
     Path::new(RUN_DIR).join(format!("{name}-{short:08x}.sock"))
 }
 
-/// Asks the server serving `volume` for `zbd stat`'s output (JSON or text); None if no server
-/// answers for it.
-pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
+/// Sends one request (`stats json`, `stats text`, `metrics`) to the server serving `volume`
+/// and returns its reply; None if no server answers for it.
+pub fn query_control(volume: &Path, request: &str) -> Option<String> {
     let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .ok()?;
-    stream
-        .write_all(if json {
-            b"stats json\n"
-        } else {
-            b"stats text\n"
-        })
-        .ok()?;
+    stream.write_all(format!("{request}\n").as_bytes()).ok()?;
     let mut reply = String::new();
     std::io::Read::read_to_string(&mut stream, &mut reply).ok()?;
     (!reply.is_empty()).then_some(reply)
@@ -327,6 +362,7 @@ fn spawn_control(
     listener: UnixListener,
     volume: std::sync::Weak<Volume>,
     name: String,
+    requests: Arc<Requests>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("zbd-control".into())
@@ -353,6 +389,7 @@ fn spawn_control(
                             .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n"))
                     }
                     "stats text" => super::stat::render(&name, &volume.stats()),
+                    "metrics" => crate::metrics::render(&name, &volume.stats(), Some(&requests)),
                     other => format!("unknown control request {other:?}\n"),
                 };
                 let mut stream = &stream;
@@ -469,7 +506,11 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
 }
 
 /// Binds the control socket and starts answering on it; the guard removes the socket.
-fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
+fn start_control(
+    volume: &Arc<Volume>,
+    path: &Path,
+    requests: &Arc<Requests>,
+) -> Result<RemoveOnDrop> {
     let control_path = control_socket_path(path);
     if let Some(parent) = control_path.parent() {
         std::fs::create_dir_all(parent)
@@ -480,7 +521,12 @@ fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(control, Arc::downgrade(volume), path.display().to_string())?;
+    spawn_control(
+        control,
+        Arc::downgrade(volume),
+        path.display().to_string(),
+        Arc::clone(requests),
+    )?;
     Ok(guard)
 }
 
@@ -524,12 +570,28 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let config = server_config(args)?;
     let listen = listen_address(args)?;
     let volume = open_volume(args, map_cache_bytes(args)?)?;
+    let requests = Arc::new(Requests::default());
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
         read_only: args.read_only,
+        requests: Arc::clone(&requests),
     });
     let server = Server::bind(&listen, export, config)?;
-    let _control = start_control(&volume, &args.path)?;
+    let _control = start_control(&volume, &args.path, &requests)?;
+    if let Some(address) = &args.metrics {
+        let address = crate::metrics::parse_address(address)?;
+        let weak = Arc::downgrade(&volume);
+        let name = args.path.display().to_string();
+        let bound = crate::metrics::spawn_http(address, move || {
+            let volume = weak.upgrade()?;
+            Some(crate::metrics::render(
+                &name,
+                &volume.stats(),
+                Some(&requests),
+            ))
+        })?;
+        crate::log::line(format!("zbd: metrics on http://{bound}/metrics"));
+    }
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {

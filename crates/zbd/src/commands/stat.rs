@@ -15,15 +15,19 @@ pub struct Args {
     #[command(flatten)]
     ceph: CephArgs,
     /// Print JSON instead of text.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     json: bool,
+    /// Print Prometheus metrics (text format), e.g. for node_exporter's textfile collector;
+    /// a served volume's include its requests.
+    #[arg(long)]
+    prometheus: bool,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let vol = match open_read_only(&a.path, &a.ceph) {
         Ok(vol) => vol,
         // Locked by `zbd serve`: ask the server.
-        Err(error) => match super::serve::query_stats(&a.path, a.json) {
+        Err(error) => match super::serve::query_control(&a.path, request(&a)) {
             Some(report) => {
                 print!("{report}");
                 return Ok(ExitCode::SUCCESS);
@@ -32,12 +36,28 @@ pub fn run(a: Args) -> Result<ExitCode> {
         },
     };
     let s = vol.stats();
-    if a.json {
+    if a.prometheus {
+        print!(
+            "{}",
+            crate::metrics::render(&a.path.display().to_string(), &s, None)
+        );
+    } else if a.json {
         println!("{}", serde_json::to_string_pretty(&Report::of(&s))?);
     } else {
         print!("{}", render(&a.path.display().to_string(), &s));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to ask the server of a served volume.
+fn request(a: &Args) -> &'static str {
+    if a.prometheus {
+        "metrics"
+    } else if a.json {
+        "stats json"
+    } else {
+        "stats text"
+    }
 }
 
 /// Logical block size: what every map entry covers.
