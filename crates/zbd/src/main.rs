@@ -44,6 +44,8 @@ enum Command {
     Attach(commands::attach::AttachArgs),
     /// Undo `zbd attach`.
     Detach(commands::detach::DetachArgs),
+    /// Every volume served on this host, with its socket, size, savings and state.
+    List(commands::list::Args),
     /// Break the lock a crashed server left on a rados:POOL/NAME volume (fences it first).
     Unlock(commands::unlock::Args),
 }
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Attach(a) => commands::attach::run(a),
         Command::Detach(a) => commands::detach::run(a),
+        Command::List(a) => commands::list::run(a),
         Command::Unlock(a) => commands::unlock::run(a),
     };
     match result {

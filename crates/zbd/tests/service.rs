@@ -632,3 +632,82 @@ fn serve_metrics_are_scraped_by_prometheus() {
     }
     assert_eq!(scraped, Some(live));
 }
+
+/// `zbd list` shows two served volumes (socket, size, savings, state) and a dead control socket
+/// (a server killed with SIGKILL leaves one) as dead, without failing.
+#[test]
+fn list_shows_served_volumes_and_a_dead_socket() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut servers = Vec::new();
+    for name in ["one.zbd", "two.zbd"] {
+        let volume = dir.path().join(name);
+        create(&volume, "16M");
+        copy_into(&volume, dir.path());
+        let socket = volume.with_extension("sock");
+        servers.push((
+            Server::start(
+                &volume,
+                &["--socket", socket.to_str().expect("path")],
+                Stdio::null(),
+            ),
+            volume,
+            socket,
+        ));
+    }
+    // A dead control socket, removed when the test ends.
+    struct Removed(PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    std::fs::create_dir_all("/run/zbd").expect("run dir");
+    let dead = Removed(PathBuf::from(format!(
+        "/run/zbd/ctl-test-dead-{}.sock",
+        std::process::id()
+    )));
+    drop(std::os::unix::net::UnixListener::bind(&dead.0).expect("bind"));
+
+    let out = Command::new(ZBD)
+        .args(["list", "--json"])
+        .output()
+        .expect("zbd list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let entries = list.as_array().expect("array");
+    for (server, volume, socket) in &mut servers {
+        let pid = server.child().id();
+        let entry = entries
+            .iter()
+            .find(|e| e["pid"] == pid)
+            .unwrap_or_else(|| panic!("{} not listed: {list}", volume.display()));
+        assert_eq!(entry["state"], "serving", "{entry}");
+        assert_eq!(entry["volume"], volume.to_str().expect("path"), "{entry}");
+        assert_eq!(entry["socket"], socket.to_str().expect("path"), "{entry}");
+        assert_eq!(entry["size_bytes"], 16 << 20, "{entry}");
+        let savings = entry["data_savings_pct"].as_f64().expect("savings");
+        assert!(savings > 10.0, "{entry}");
+    }
+    let dead_entry = entries
+        .iter()
+        .find(|e| e["control"] == dead.0.to_str().expect("path"))
+        .unwrap_or_else(|| panic!("dead socket not listed: {list}"));
+    assert_eq!(dead_entry["state"], "dead");
+
+    let out = Command::new(ZBD).arg("list").output().expect("zbd list");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("STATE"), "{text}");
+    for (_, volume, _) in &servers {
+        let line = text
+            .lines()
+            .find(|l| l.contains(volume.to_str().expect("path")))
+            .unwrap_or_else(|| panic!("{} not in the table: {text}", volume.display()));
+        assert!(line.starts_with("serving"), "{line}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("dead")), "{text}");
+}

@@ -361,9 +361,10 @@ fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
 fn spawn_control(
     listener: UnixListener,
     volume: std::sync::Weak<Volume>,
-    name: String,
+    info: ServedInfo,
     requests: Arc<Requests>,
 ) -> std::io::Result<()> {
+    let name = info.volume.clone();
     std::thread::Builder::new()
         .name("zbd-control".into())
         .spawn(move || {
@@ -390,6 +391,9 @@ fn spawn_control(
                     }
                     "stats text" => super::stat::render(&name, &volume.stats()),
                     "metrics" => crate::metrics::render(&name, &volume.stats(), Some(&requests)),
+                    "info" => serde_json::to_string(&info)
+                        .map(|text| text + "\n")
+                        .unwrap_or_else(|e| format!("cannot encode info: {e}\n")),
                     other => format!("unknown control request {other:?}\n"),
                 };
                 let mut stream = &stream;
@@ -505,10 +509,27 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
     Ok(Arc::new(volume))
 }
 
+/// What the control socket's `info` request answers (`zbd list`), one JSON line.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ServedInfo {
+    /// The volume as given to `zbd serve`.
+    pub volume: String,
+    /// NBD URI clients connect to.
+    pub uri: String,
+    /// Unix socket served on (None: TCP).
+    pub socket: Option<PathBuf>,
+    /// The server's process.
+    pub pid: u32,
+    pub read_only: bool,
+    /// `--metrics` address bound, if any.
+    pub metrics: Option<String>,
+}
+
 /// Binds the control socket and starts answering on it; the guard removes the socket.
 fn start_control(
     volume: &Arc<Volume>,
     path: &Path,
+    info: ServedInfo,
     requests: &Arc<Requests>,
 ) -> Result<RemoveOnDrop> {
     let control_path = control_socket_path(path);
@@ -521,13 +542,31 @@ fn start_control(
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(
-        control,
-        Arc::downgrade(volume),
-        path.display().to_string(),
-        Arc::clone(requests),
-    )?;
+    spawn_control(control, Arc::downgrade(volume), info, Arc::clone(requests))?;
     Ok(guard)
+}
+
+/// Serves `--metrics` on its own thread; returns the address bound.
+fn start_metrics(
+    address: &str,
+    volume: &Arc<Volume>,
+    path: &Path,
+    requests: &Arc<Requests>,
+) -> Result<SocketAddr> {
+    let address = crate::metrics::parse_address(address)?;
+    let weak = Arc::downgrade(volume);
+    let name = path.display().to_string();
+    let requests = Arc::clone(requests);
+    let bound = crate::metrics::spawn_http(address, move || {
+        let volume = weak.upgrade()?;
+        Some(crate::metrics::render(
+            &name,
+            &volume.stats(),
+            Some(&requests),
+        ))
+    })?;
+    crate::log::line(format!("zbd: metrics on http://{bound}/metrics"));
+    Ok(bound)
 }
 
 /// SIGTERM and SIGINT start a graceful shutdown; returns the handle that stops listening.
@@ -577,21 +616,22 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         requests: Arc::clone(&requests),
     });
     let server = Server::bind(&listen, export, config)?;
-    let _control = start_control(&volume, &args.path, &requests)?;
-    if let Some(address) = &args.metrics {
-        let address = crate::metrics::parse_address(address)?;
-        let weak = Arc::downgrade(&volume);
-        let name = args.path.display().to_string();
-        let bound = crate::metrics::spawn_http(address, move || {
-            let volume = weak.upgrade()?;
-            Some(crate::metrics::render(
-                &name,
-                &volume.stats(),
-                Some(&requests),
-            ))
-        })?;
-        crate::log::line(format!("zbd: metrics on http://{bound}/metrics"));
-    }
+    let metrics = match &args.metrics {
+        Some(address) => Some(start_metrics(address, &volume, &args.path, &requests)?),
+        None => None,
+    };
+    let info = ServedInfo {
+        volume: args.path.display().to_string(),
+        uri: uri(server.listen(), &args.export),
+        socket: match server.listen() {
+            Listen::Unix(path) => Some(std::path::absolute(path).unwrap_or_else(|_| path.clone())),
+            Listen::Tcp(_) => None,
+        },
+        pid: std::process::id(),
+        read_only: args.read_only,
+        metrics: metrics.map(|bound| bound.to_string()),
+    };
+    let _control = start_control(&volume, &args.path, info, &requests)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {
