@@ -4,8 +4,10 @@
 mod commands;
 mod log;
 mod metrics;
+mod notify;
 mod sample;
 mod target;
+mod volumes;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;

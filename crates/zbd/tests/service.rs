@@ -711,3 +711,189 @@ fn list_shows_served_volumes_and_a_dead_socket() {
     }
     assert!(text.lines().any(|l| l.starts_with("dead")), "{text}");
 }
+
+/// The units under packaging/systemd, their `/usr/bin/zbd` pointed at the binary under test,
+/// pass `systemd-analyze verify` without a warning, and keep systemd from restarting a fenced
+/// volume (exit 3, tested below).
+#[test]
+fn units_pass_systemd_analyze_verify() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/systemd");
+    let serve = std::fs::read_to_string(units.join("zbd@.service")).expect("zbd@.service");
+    assert!(serve.contains("\nType=notify\n"), "{serve}");
+    assert!(serve.contains("\nRestartPreventExitStatus=3\n"), "{serve}");
+    assert!(serve.contains("\nExecStart=/usr/bin/zbd serve --from-list %i\n"));
+    if !have("systemd-analyze") {
+        eprintln!("skipped systemd-analyze verify: systemd-analyze not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for unit in ["zbd@.service", "zbd-attach@.service"] {
+        let text = std::fs::read_to_string(units.join(unit)).expect("unit");
+        std::fs::write(dir.path().join(unit), text.replace("/usr/bin/zbd", ZBD)).expect("copy");
+        let instance = unit.replace("@.", "@test.");
+        std::os::unix::fs::symlink(unit, dir.path().join(&instance)).expect("instance");
+    }
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(dir.path().join("zbd@test.service"))
+        .arg(dir.path().join("zbd-attach@test.service"))
+        .env("SYSTEMD_LOG_LEVEL", "notice")
+        .output()
+        .expect("systemd-analyze");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.trim().is_empty(), "warnings: {said}");
+}
+
+/// What zbd@NAME.service runs: `zbd serve --from-list NAME` serves the list's volume with its
+/// options, sends READY=1 to $NOTIFY_SOCKET only once its socket answers, STOPPING=1 on
+/// SIGTERM, and exits 0; then what zbd-attach@NAME.service runs attaches it as /dev/zbd/NAME.
+#[test]
+fn serve_from_list_notifies_systemd_when_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    let socket = dir.path().join("listed.sock");
+    let name = format!("test-{}", std::process::id());
+    let list = dir.path().join("volumes");
+    std::fs::write(
+        &list,
+        format!(
+            "# test list\nother /nonexistent.zbd\n{name}  {}  socket={},map-cache=1M\n",
+            volume.display(),
+            socket.display()
+        ),
+    )
+    .expect("list");
+    let notify_path = dir.path().join("notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
+    notify.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let child = Command::new(ZBD)
+        .args(["serve", "--from-list", &name, "--list"])
+        .arg(&list)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("zbd serve --from-list");
+    let mut server = Server {
+        child: Some(child),
+        volume: volume.clone(),
+    };
+    let mut message = [0u8; 256];
+    let n = notify
+        .recv(&mut message)
+        .expect("READY=1 within the deadline");
+    let ready = String::from_utf8_lossy(&message[..n]).into_owned();
+    assert!(ready.starts_with("READY=1\n"), "{ready}");
+    assert!(
+        ready.contains(&format!("MAINPID={}", server.child().id())),
+        "{ready}"
+    );
+    // Ready means answering: no retry here.
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    if have("nbdinfo") {
+        assert_eq!(nbdinfo_size(&uri), Ok(16 << 20));
+    } else {
+        std::os::unix::net::UnixStream::connect(&socket).expect("socket answers at READY=1");
+    }
+
+    if ["nbdfuse", "fusermount3", "losetup"]
+        .iter()
+        .all(|t| have(t))
+    {
+        let state = dir.path().join("state");
+        let out = Command::new(ZBD)
+            .args(["attach", "--from-list", &name, "--list"])
+            .arg(&list)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--method", "fuse"])
+            .output()
+            .expect("zbd attach --from-list");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let link = PathBuf::from(format!("/dev/zbd/{name}"));
+        let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let target = std::fs::read_link(&link);
+        let detach = Command::new(ZBD)
+            .arg("detach")
+            .arg(&link)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .expect("zbd detach");
+        let _ = std::fs::remove_file(&link);
+        assert_eq!(target.expect("link"), PathBuf::from(&device));
+        assert!(
+            detach.status.success(),
+            "{}",
+            String::from_utf8_lossy(&detach.stderr)
+        );
+        assert!(!link.exists(), "detach removes the link");
+    } else {
+        eprintln!("skipped attach --from-list: nbdfuse, fusermount3 or losetup missing");
+    }
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &server.child().id().to_string()])
+        .status();
+    let n = notify.recv(&mut message).expect("STOPPING=1");
+    assert_eq!(&message[..n], b"STOPPING=1");
+    let status = server.terminate().expect("exits");
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A tmpfs mount, unmounted when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A volume that fenced itself (its final flush hit ENOSPC on a full tmpfs) makes the server
+/// exit 3, which zbd@.service's RestartPreventExitStatus= keeps from being restarted.
+#[test]
+fn fenced_volume_exits_3() {
+    if !have("nbdcopy") {
+        eprintln!("skipped: nbdcopy not installed (libnbd-bin)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4M", "tmpfs"])
+        .arg(&mnt)
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    let _mount = Mounted(mnt.clone());
+    let volume = mnt.join("v.zbd");
+    create(&volume, "64M");
+    let input = dir.path().join("random");
+    std::fs::write(&input, random_bytes(16 << 20, 99)).expect("input");
+    let socket = dir.path().join("v.sock");
+    let mut server = Server::start(
+        &volume,
+        &["--socket", socket.to_str().expect("path")],
+        Stdio::null(),
+    );
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    // Fails or not, depending on when the storage runs out: the fence is what counts.
+    let _ = Command::new("timeout")
+        .args(["60", "nbdcopy"])
+        .arg(&input)
+        .arg(&uri)
+        .output();
+    let status = server.terminate().expect("exits");
+    assert_eq!(status.code(), Some(3), "{status}");
+}

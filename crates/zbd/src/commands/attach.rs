@@ -24,8 +24,15 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 #[derive(clap::Args, Debug)]
 pub struct AttachArgs {
     /// Unix socket of the NBD server (`zbd serve --socket`).
-    #[arg(long)]
-    pub socket: PathBuf,
+    #[arg(long, required_unless_present = "from_list")]
+    pub socket: Option<PathBuf>,
+    /// Attach the volume named NAME in the volume list (`--list`): its socket and read-only
+    /// setting, and a link /dev/zbd/NAME to the device (what `zbd-attach@NAME.service` runs).
+    #[arg(long, value_name = "NAME", conflicts_with = "socket")]
+    pub from_list: Option<String>,
+    /// The volume list read by `--from-list`.
+    #[arg(long, value_name = "FILE", default_value = crate::volumes::DEFAULT_LIST)]
+    pub list: PathBuf,
     /// Export name to ask for (empty: the default export).
     #[arg(long, default_value = "")]
     pub export: String,
@@ -111,9 +118,29 @@ fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
+/// Directory of the `/dev/zbd/NAME` links made for list entries.
+pub const LINK_DIR: &str = "/dev/zbd";
+
+pub fn run(mut args: AttachArgs) -> Result<std::process::ExitCode> {
+    let mut link = None;
+    if let Some(name) = &args.from_list {
+        let entry = crate::volumes::find(&args.list, name)?;
+        if !entry.attach()? {
+            println!(
+                "{}: attach=no in {}, nothing to attach",
+                entry.name, entry.origin
+            );
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        args.socket = Some(entry.socket());
+        args.read_only |= entry.option("read-only").is_some();
+        if let Some(Some(export)) = entry.option("export") {
+            args.export = export.to_string();
+        }
+        link = Some(Path::new(LINK_DIR).join(&entry.name));
+    }
     let args = &args;
-    wait_for_server(&args.socket, Duration::from_secs(args.wait))?;
+    wait_for_server(args.socket(), Duration::from_secs(args.wait))?;
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("cannot create --state-dir {}", args.state_dir.display()))?;
     let kernel = match args.method {
@@ -127,8 +154,31 @@ pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
         attach_fuse(args)?
     };
     write_record(&args.state_dir, &attachment)?;
+    if let Some(link) = &link {
+        make_link(link, attachment.device())?;
+    }
     println!("{}", attachment.device().display());
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+impl AttachArgs {
+    fn socket(&self) -> &Path {
+        self.socket.as_deref().unwrap_or(Path::new(""))
+    }
+}
+
+/// Points `link` (`/dev/zbd/NAME`) at `device`, replacing a link left by an earlier attach, so
+/// fstab can name the volume's filesystem by a stable path.
+fn make_link(link: &Path, device: &Path) -> Result<()> {
+    if let Some(parent) = link.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    if std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::remove_file(link).with_context(|| format!("cannot replace {}", link.display()))?;
+    }
+    std::os::unix::fs::symlink(device, link)
+        .with_context(|| format!("cannot link {} to {}", link.display(), device.display()))
 }
 
 pub(crate) fn which(tool: &str) -> Option<PathBuf> {
@@ -171,7 +221,7 @@ fn attach_kernel(args: &AttachArgs) -> Result<Attachment> {
     let mut command = Command::new(client);
     command
         .arg("-unix")
-        .arg(&args.socket)
+        .arg(args.socket())
         .arg(&device)
         .args(["-b", "4096"]);
     if !args.export.is_empty() {
@@ -204,7 +254,7 @@ fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
     }
     command
         .arg(mountpoint.join("disk"))
-        .arg(uri(&args.socket, &args.export))
+        .arg(uri(args.socket(), &args.export))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

@@ -29,7 +29,15 @@ pub const RUN_DIR: &str = "/run/zbd";
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Volume to serve (made by `zbd create`): file, block device or rados:POOL/NAME.
-    pub path: PathBuf,
+    #[arg(required_unless_present = "from_list")]
+    pub path: Option<PathBuf>,
+    /// Serve the volume named NAME in the volume list (`--list`) with its options instead
+    /// (what `zbd@NAME.service` runs).
+    #[arg(long, value_name = "NAME", conflicts_with = "path")]
+    pub from_list: Option<String>,
+    /// The volume list read by `--from-list`.
+    #[arg(long, value_name = "FILE", default_value = crate::volumes::DEFAULT_LIST)]
+    pub list: PathBuf,
     #[command(flatten)]
     pub ceph: CephArgs,
     /// Unix socket to listen on [default: /run/zbd/<volume file name>-<hash of its path>.sock].
@@ -82,6 +90,44 @@ pub struct ServeArgs {
 
 /// How long an exiting server waits for its last log lines to be written.
 const LOG_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl ServeArgs {
+    /// The volume served (`path`, or the list entry's once [`resolve_list`] ran).
+    pub fn volume(&self) -> &Path {
+        self.path.as_deref().unwrap_or(Path::new(""))
+    }
+}
+
+/// `zbd serve --from-list NAME`: the list entry's volume and options, parsed as if given on the
+/// command line (so they are checked as flags are), errors naming the list's line.
+fn resolve_list(args: ServeArgs) -> Result<ServeArgs> {
+    let Some(name) = &args.from_list else {
+        return Ok(args);
+    };
+    #[derive(clap::Parser)]
+    struct Line {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    let entry = crate::volumes::find(&args.list, name)?;
+    let argv = std::iter::once(std::ffi::OsString::from("serve")).chain(entry.serve_args());
+    let line = <Line as clap::Parser>::try_parse_from(argv).map_err(|e| {
+        let said = e.to_string();
+        let first = said
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ");
+        anyhow::anyhow!("{}: {first}", entry.origin)
+    })?;
+    Ok(line.serve)
+}
+
+/// Exit status of a server whose volume fenced itself (stopped writing after a failed write or
+/// sync: docs/design.md, "Failed syncs"). `zbd@.service` lists it in RestartPreventExitStatus=,
+/// so systemd does not restart onto a disk that just failed; an admin looks first
+/// (docs/operations.md).
+pub const EXIT_FENCED: u8 = 3;
 
 /// Smallest `--map-cache`: a few map pages.
 const MAP_CACHE_MIN: u64 = 16 << 10;
@@ -431,7 +477,7 @@ fn listen_address(args: &ServeArgs) -> Result<Listen> {
         }
         None => {
             std::fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
-            default_socket_path(&args.path)
+            default_socket_path(args.volume())
         }
     };
     Ok(Listen::Unix(socket))
@@ -486,7 +532,7 @@ fn limit_malloc_arenas() {
 fn limit_malloc_arenas() {}
 
 fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> {
-    let target = Target::parse(&args.path)?;
+    let target = Target::parse(args.volume())?;
     if target.file().is_some_and(|path| !path.exists()) {
         bail!("no volume at {target} (make one with `zbd create`)");
     }
@@ -603,7 +649,7 @@ fn init_logging() {
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
-    let args = &args;
+    let args = &resolve_list(args)?;
     limit_malloc_arenas();
     init_logging();
     let config = server_config(args)?;
@@ -617,11 +663,11 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     });
     let server = Server::bind(&listen, export, config)?;
     let metrics = match &args.metrics {
-        Some(address) => Some(start_metrics(address, &volume, &args.path, &requests)?),
+        Some(address) => Some(start_metrics(address, &volume, args.volume(), &requests)?),
         None => None,
     };
     let info = ServedInfo {
-        volume: args.path.display().to_string(),
+        volume: args.volume().display().to_string(),
         uri: uri(server.listen(), &args.export),
         socket: match server.listen() {
             Listen::Unix(path) => Some(std::path::absolute(path).unwrap_or_else(|_| path.clone())),
@@ -631,7 +677,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         read_only: args.read_only,
         metrics: metrics.map(|bound| bound.to_string()),
     };
-    let _control = start_control(&volume, &args.path, info, &requests)?;
+    let _control = start_control(&volume, args.volume(), info, &requests)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {
@@ -644,16 +690,28 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     };
     crate::log::line(format!(
         "zbd: serving {} ({} bytes) on {}",
-        args.path.display(),
+        args.volume().display(),
         volume.size_bytes(),
         uri(server.listen(), &args.export)
     ));
+    crate::notify::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
     let served = server.serve();
+    crate::notify::notify("STOPPING=1");
     signals.close();
     let _ = signal_thread.join();
+    let fenced = volume.stats().failed;
     let closed = volume.close().context("cannot close the volume cleanly");
     // The last handle: dropping it releases the storage (a RADOS volume's lock) now.
     drop(volume);
+    // A fence tripped by the final flush fails `served` too: the fence decides the exit.
+    if let Some(why) = fenced {
+        crate::log::line(format!(
+            "zbd: stopped; the volume fenced itself after {why} (exit {EXIT_FENCED}: not \
+             restarted by zbd@.service; see docs/operations.md)"
+        ));
+        crate::log::flush(LOG_FLUSH_TIMEOUT);
+        return Ok(ExitCode::from(EXIT_FENCED));
+    }
     served.context("NBD server failed")?;
     closed?;
     crate::log::line("zbd: stopped, volume closed cleanly");
