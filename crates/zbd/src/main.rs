@@ -9,7 +9,7 @@ mod sample;
 mod target;
 mod volumes;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -48,6 +48,12 @@ enum Command {
     Detach(commands::detach::DetachArgs),
     /// Every volume served on this host, with its socket, size, savings and state.
     List(commands::list::Args),
+    /// Write the manual pages (zbd.1, zbd-SUBCOMMAND.1) into DIR.
+    #[command(hide = true)]
+    GenMan(commands::docs::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(commands::docs::CompletionsArgs),
     /// Break the lock a crashed server left on a rados:POOL/NAME volume (fences it first).
     Unlock(commands::unlock::Args),
 }
@@ -66,6 +72,8 @@ fn main() -> ExitCode {
         Command::Attach(a) => commands::attach::run(a),
         Command::Detach(a) => commands::detach::run(a),
         Command::List(a) => commands::list::run(a),
+        Command::GenMan(a) => commands::docs::man(Cli::command(), a),
+        Command::Completions(a) => commands::docs::completions(Cli::command(), a),
         Command::Unlock(a) => commands::unlock::run(a),
     };
     match result {

@@ -897,3 +897,127 @@ fn fenced_volume_exits_3() {
     let status = server.terminate().expect("exits");
     assert_eq!(status.code(), Some(3), "{status}");
 }
+
+/// `zbd gen-man DIR` writes a page per visible subcommand, rendered from the clap definition
+/// (the flags added here are in it); `zbd completions bash` is a script bash accepts.
+#[test]
+fn manual_and_completions_come_from_the_cli() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let man = dir.path().join("man1");
+    let out = Command::new(ZBD)
+        .arg("gen-man")
+        .arg(&man)
+        .output()
+        .expect("zbd gen-man");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for page in [
+        "zbd.1",
+        "zbd-serve.1",
+        "zbd-list.1",
+        "zbd-stat.1",
+        "zbd-attach.1",
+    ] {
+        assert!(man.join(page).is_file(), "{page} missing");
+    }
+    assert!(!man.join("zbd-help.1").exists());
+    assert!(
+        !man.join("zbd-gen-man.1").exists(),
+        "hidden commands have no page"
+    );
+    let serve = std::fs::read_to_string(man.join("zbd-serve.1")).expect("page");
+    assert!(
+        serve.contains("metrics") && serve.contains("from\\-list"),
+        "{serve}"
+    );
+
+    let out = Command::new(ZBD)
+        .args(["completions", "bash"])
+        .output()
+        .expect("zbd completions");
+    assert!(out.status.success());
+    let script = dir.path().join("zbd.bash");
+    std::fs::write(&script, &out.stdout).expect("script");
+    let syntax = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .status()
+        .expect("bash -n");
+    assert!(syntax.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--prometheus"));
+}
+
+/// The alert rules docs/operations.md recommends are valid Prometheus rules.
+#[test]
+fn alert_rules_pass_promtool() {
+    if !have("promtool") {
+        eprintln!("skipped: promtool not installed (Debian package prometheus)");
+        return;
+    }
+    let rules =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/prometheus/zbd-alerts.yml");
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("promtool");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
+}
+
+/// `make deb`'s script packages the binary, units, the volume list as a conffile, man pages,
+/// completions and docs (built here from the test's binary).
+#[test]
+fn debian_package_holds_the_service_files() {
+    if !have("dpkg-deb") {
+        eprintln!("skipped: dpkg-deb not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-deb.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--bin", ZBD, "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("build-deb.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deb = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let contents = Command::new("dpkg-deb")
+        .args(["-c", &deb])
+        .output()
+        .expect("dpkg-deb -c");
+    let listing = String::from_utf8_lossy(&contents.stdout);
+    for file in [
+        "./usr/bin/zbd",
+        "./usr/lib/systemd/system/zbd@.service",
+        "./usr/lib/systemd/system/zbd-attach@.service",
+        "./etc/zbd/volumes",
+        "./usr/share/man/man1/zbd-serve.1.gz",
+        "./usr/share/bash-completion/completions/zbd",
+        "./usr/share/zsh/vendor-completions/_zbd",
+        "./usr/share/doc/zbd/operations.md",
+    ] {
+        assert!(listing.contains(file), "{file} missing:\n{listing}");
+    }
+    let conffiles = Command::new("dpkg-deb")
+        .args(["-I", &deb, "conffiles"])
+        .output()
+        .expect("conffiles");
+    assert_eq!(
+        String::from_utf8_lossy(&conffiles.stdout).trim(),
+        "/etc/zbd/volumes"
+    );
+}
