@@ -146,12 +146,13 @@ fn serve_outlives_a_closed_stderr_and_exits_0_on_sigterm() {
     let socket_arg = socket.to_str().expect("path");
     let mut server = Server::start(&volume, &["--socket", socket_arg], Stdio::piped());
     let stderr = server.child().stderr.take().expect("stderr pipe");
-    let mut first = String::new();
-    BufReader::new(stderr)
-        .read_line(&mut first)
-        .expect("first log line");
-    assert!(first.contains("serving"), "first line: {first}");
-    // The reader is gone now (as `head -1` exits): every later log line meets EPIPE.
+    let mut lines = BufReader::new(stderr).lines();
+    let first = lines.next().expect("a log line").expect("first log line");
+    assert!(first.starts_with("zbd: opened "), "first line: {first}");
+    let second = lines.next().expect("a log line").expect("second log line");
+    assert!(second.contains("serving"), "second line: {second}");
+    drop(lines);
+    // The reader is gone now (as `head -2` exits): every later log line meets EPIPE.
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     for attempt in 0..3 {
         let size = nbdinfo_size(&uri).unwrap_or_else(|e| panic!("attempt {attempt}: {e}"));
@@ -1020,4 +1021,72 @@ fn debian_package_holds_the_service_files() {
         String::from_utf8_lossy(&conffiles.stdout).trim(),
         "/etc/zbd/volumes"
     );
+}
+
+/// `zbd create` warns when the data area cannot hold the logical size (thin provisioning), and
+/// only then.
+#[test]
+fn create_warns_when_over_committed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (capacity, warned) in [(Some("16M"), true), (None, false)] {
+        let volume = dir.path().join(format!("v{warned}.zbd"));
+        let mut command = Command::new(ZBD);
+        command.arg("create").arg(&volume).args(["--size", "64M"]);
+        if let Some(capacity) = capacity {
+            command.args(["--capacity", capacity]);
+        }
+        let out = command.output().expect("zbd create");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(
+            stderr.contains("warning: over-committed"),
+            warned,
+            "{stderr}"
+        );
+    }
+}
+
+/// After a crash (SIGKILL) the next server says in its first line what recovery replayed.
+#[test]
+fn serve_logs_what_recovery_replayed() {
+    if !have("nbdcopy") {
+        eprintln!("skipped: nbdcopy not installed (libnbd-bin)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    let input = dir.path().join("random");
+    std::fs::write(&input, random_bytes(1 << 20, 5)).expect("input");
+    let socket = dir.path().join("v.sock");
+    let socket_arg = socket.to_str().expect("path");
+    let mut server = Server::start(&volume, &["--socket", socket_arg], Stdio::null());
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let out = Command::new("nbdcopy")
+        .arg(&input)
+        .arg(&uri)
+        .output()
+        .expect("nbdcopy");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut child = server.child.take().expect("child");
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let log = dir.path().join("again.log");
+    let file = std::fs::File::create(&log).expect("log");
+    let _again = Server::start(&volume, &["--socket", socket_arg], Stdio::from(file));
+    let mut first = String::new();
+    wait_until("the opened line", || {
+        first = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        first.contains("serving") || first.starts_with("zbd: opened")
+    });
+    assert!(first.contains("recovered: replayed"), "{first}");
 }

@@ -592,6 +592,29 @@ fn start_control(
     Ok(guard)
 }
 
+/// One line saying what opening found: the recovery's work, a fence, known damage.
+fn log_opened(path: &Path, stats: &zbd_core::Stats) {
+    let split = super::stat::Savings::of(stats);
+    let mut line = format!(
+        "zbd: opened {} (format {}, {} logical, {} of data stored in {})",
+        path.display(),
+        stats.format_version,
+        super::human(stats.logical_bytes),
+        super::human(split.data_logical_bytes),
+        super::human(split.data_stored_bytes)
+    );
+    if stats.recovery_records_replayed > 0 {
+        line += &format!(
+            "; recovered: replayed {} log records since the last checkpoint",
+            stats.recovery_records_replayed
+        );
+    }
+    if stats.damaged_blocks > 0 {
+        line += &format!("; {} blocks known damaged", stats.damaged_blocks);
+    }
+    crate::log::line(line);
+}
+
 /// Serves `--metrics` on its own thread; returns the address bound.
 fn start_metrics(
     address: &str,
@@ -655,6 +678,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let config = server_config(args)?;
     let listen = listen_address(args)?;
     let volume = open_volume(args, map_cache_bytes(args)?)?;
+    log_opened(args.volume(), &volume.stats());
     let requests = Arc::new(Requests::default());
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
