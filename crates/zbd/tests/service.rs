@@ -1090,3 +1090,56 @@ fn serve_logs_what_recovery_replayed() {
     });
     assert!(first.contains("recovered: replayed"), "{first}");
 }
+
+/// `zbd attach --uri nbd://HOST:PORT` attaches a volume served on TCP (`zbd serve --listen`).
+#[test]
+fn attach_takes_a_tcp_uri() {
+    for tool in ["nbdfuse", "fusermount3", "losetup"] {
+        if !have(tool) {
+            eprintln!("skipped: {tool} not installed");
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _server = Server::start(&volume, &["--listen", &listen], Stdio::null());
+    let state = dir.path().join("state");
+    let out = Command::new(ZBD)
+        .args([
+            "attach",
+            "--uri",
+            &format!("nbd://{listen}"),
+            "--method",
+            "fuse",
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .expect("zbd attach --uri");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let size = Command::new("blockdev")
+        .args(["--getsize64", &device])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let detach = Command::new(ZBD)
+        .arg("detach")
+        .arg(&device)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .expect("zbd detach");
+    assert!(
+        detach.status.success(),
+        "{}",
+        String::from_utf8_lossy(&detach.stderr)
+    );
+    assert_eq!(size.expect("blockdev"), (16u64 << 20).to_string());
+}

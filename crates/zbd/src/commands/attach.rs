@@ -24,8 +24,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 #[derive(clap::Args, Debug)]
 pub struct AttachArgs {
     /// Unix socket of the NBD server (`zbd serve --socket`).
-    #[arg(long, required_unless_present = "from_list")]
+    #[arg(long, required_unless_present_any = ["from_list", "uri"])]
     pub socket: Option<PathBuf>,
+    /// A server on TCP instead (`zbd serve --listen`): nbd://HOST[:PORT][/EXPORT].
+    #[arg(long, conflicts_with_all = ["socket", "from_list"])]
+    pub uri: Option<String>,
     /// Attach the volume named NAME in the volume list (`--list`): its socket and read-only
     /// setting, and a link /dev/zbd/NAME to the device (what `zbd-attach@NAME.service` runs).
     #[arg(long, value_name = "NAME", conflicts_with = "socket")]
@@ -139,8 +142,17 @@ pub fn run(mut args: AttachArgs) -> Result<std::process::ExitCode> {
         }
         link = Some(Path::new(LINK_DIR).join(&entry.name));
     }
+    let tcp = args.uri.as_deref().map(parse_tcp_uri).transpose()?;
+    if let Some(tcp) = &tcp {
+        if !tcp.export.is_empty() {
+            args.export = tcp.export.clone();
+        }
+    }
     let args = &args;
-    wait_for_server(args.socket(), Duration::from_secs(args.wait))?;
+    match &tcp {
+        Some(tcp) => wait_for_tcp_server(tcp, Duration::from_secs(args.wait))?,
+        None => wait_for_server(args.socket(), Duration::from_secs(args.wait))?,
+    }
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("cannot create --state-dir {}", args.state_dir.display()))?;
     let kernel = match args.method {
@@ -219,11 +231,11 @@ fn attach_kernel(args: &AttachArgs) -> Result<Attachment> {
         })
         .context("no free /dev/nbd* device")?;
     let mut command = Command::new(client);
-    command
-        .arg("-unix")
-        .arg(args.socket())
-        .arg(&device)
-        .args(["-b", "4096"]);
+    match args.uri.as_deref().map(parse_tcp_uri).transpose()? {
+        Some(tcp) => command.arg(&tcp.host).arg(tcp.port.to_string()),
+        None => command.arg("-unix").arg(args.socket()),
+    };
+    command.arg(&device).args(["-b", "4096"]);
     if !args.export.is_empty() {
         command.arg("-N").arg(&args.export);
     }
@@ -254,7 +266,10 @@ fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
     }
     command
         .arg(mountpoint.join("disk"))
-        .arg(uri(args.socket(), &args.export))
+        .arg(match &args.uri {
+            Some(tcp) => tcp.clone(),
+            None => uri(args.socket(), &args.export),
+        })
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -383,5 +398,93 @@ fn server_absent(socket: &Path, error: &std::io::Error, wait: Duration) -> anyho
              exited; `zbd serve` replaces it when started again)"
         ),
         Ok(_) => anyhow!("cannot connect to {shown}{waited}: {error}"),
+    }
+}
+
+/// A server on TCP, from `--uri nbd://HOST[:PORT][/EXPORT]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TcpServer {
+    host: String,
+    port: u16,
+    export: String,
+}
+
+/// The NBD port when a URI names none.
+const NBD_PORT_DEFAULT: u16 = 10809;
+
+fn parse_tcp_uri(text: &str) -> Result<TcpServer> {
+    let bad = || anyhow!("--uri {text:?}: expected nbd://HOST[:PORT][/EXPORT]");
+    let rest = text.strip_prefix("nbd://").ok_or_else(bad)?;
+    let (authority, export) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => {
+            (host, port.parse::<u16>().map_err(|_| bad())?)
+        }
+        _ => (authority, NBD_PORT_DEFAULT),
+    };
+    if host.is_empty() || export.contains('?') {
+        return Err(bad());
+    }
+    Ok(TcpServer {
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+        export: export.to_string(),
+    })
+}
+
+/// Waits, at most `wait`, until the TCP server accepts connections.
+fn wait_for_tcp_server(server: &TcpServer, wait: Duration) -> Result<()> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let deadline = Instant::now() + wait;
+    let shown = format!("{}:{}", server.host, server.port);
+    loop {
+        let error = match (server.host.as_str(), server.port).to_socket_addrs() {
+            Ok(mut addresses) => match addresses.next() {
+                Some(address) => match TcpStream::connect_timeout(&address, POLL_INTERVAL * 50) {
+                    Ok(_) => return Ok(()),
+                    Err(error) => error.to_string(),
+                },
+                None => "the host has no address".to_string(),
+            },
+            Err(error) => error.to_string(),
+        };
+        if Instant::now() >= deadline {
+            bail!("no NBD server answers at {shown} ({error})");
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_uris_parse_with_defaults() {
+        let parsed = parse_tcp_uri("nbd://127.0.0.1:10810/vol").expect("uri");
+        assert_eq!(
+            parsed,
+            TcpServer {
+                host: "127.0.0.1".into(),
+                port: 10810,
+                export: "vol".into()
+            }
+        );
+        let parsed = parse_tcp_uri("nbd://localhost").expect("uri");
+        assert_eq!(
+            (parsed.port, parsed.export.as_str()),
+            (NBD_PORT_DEFAULT, "")
+        );
+        for bad in [
+            "nbd+unix:///?socket=/s",
+            "nbd://:1/",
+            "nbd://h:port/",
+            "http://h/",
+        ] {
+            assert!(parse_tcp_uri(bad).is_err(), "{bad}");
+        }
     }
 }
