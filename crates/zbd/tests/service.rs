@@ -253,14 +253,34 @@ fn attach_waits_for_a_starting_server() {
         .spawn()
         .expect("zbd attach");
     // Started after attach: attach must not give up on the missing socket.
-    let _server = Server::start(
+    let mut server = Server::start(
         &volume,
         &["--socket", socket.to_str().expect("path")],
         Stdio::null(),
     );
     let out = attach.wait_with_output().expect("attach output");
     let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut listed = None;
+    let mnt = dir.path().join("mnt");
     if out.status.success() {
+        // zbd list names the device and where it is mounted.
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let mkfs = Command::new("mkfs.ext4").args(["-q", &device]).status();
+        let mount = Command::new("mount").arg(&device).arg(&mnt).status();
+        let list = Command::new(ZBD)
+            .args(["list", "--json", "--state-dir"])
+            .arg(&state)
+            .output()
+            .expect("zbd list");
+        let _ = Command::new("umount").arg(&mnt).status();
+        assert!(mkfs.is_ok_and(|s| s.success()) && mount.is_ok_and(|s| s.success()));
+        let list: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
+        let pid = server.child().id();
+        listed = list
+            .as_array()
+            .and_then(|l| l.iter().find(|e| e["pid"] == pid).cloned())
+            .map(|e| (e["device"].clone(), e["mountpoint"].clone()));
+        assert!(listed.is_some(), "{list}");
         let detach = Command::new(ZBD)
             .arg("detach")
             .arg(&device)
@@ -280,6 +300,9 @@ fn attach_waits_for_a_starting_server() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(device.starts_with("/dev/"), "{device}");
+    let (listed_device, listed_mountpoint) = listed.expect("listed");
+    assert_eq!(listed_device, device.as_str());
+    assert_eq!(listed_mountpoint, mnt.to_str().expect("path"));
 }
 
 /// An error names its path once, and its cause once (a missing socket directory).

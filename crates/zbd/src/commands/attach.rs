@@ -98,6 +98,17 @@ pub fn record_path(state_dir: &Path, device: &Path) -> PathBuf {
     state_dir.join(format!("attach-{name}.json"))
 }
 
+/// An attach record: what was done, and which server it attached (`zbd list` shows the device
+/// beside its server). Records written before `server` existed read with it unset.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    #[serde(flatten)]
+    pub attachment: Attachment,
+    /// The server's Unix socket (canonical), or its `nbd://` URI.
+    #[serde(default)]
+    pub server: Option<String>,
+}
+
 pub fn read_record(state_dir: &Path, device: &Path) -> Result<Attachment> {
     let path = record_path(state_dir, device);
     let text = std::fs::read_to_string(&path).with_context(|| {
@@ -107,18 +118,44 @@ pub fn read_record(state_dir: &Path, device: &Path) -> Result<Attachment> {
             device.display()
         )
     })?;
-    serde_json::from_str(&text).with_context(|| format!("corrupt attach record {}", path.display()))
+    let record: Record = serde_json::from_str(&text)
+        .with_context(|| format!("corrupt attach record {}", path.display()))?;
+    Ok(record.attachment)
 }
 
-fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
-    let path = record_path(state_dir, attachment.device());
+/// Every readable attach record in `state_dir` (`zbd list`); unreadable ones are skipped.
+pub fn read_records(state_dir: &Path) -> Vec<Record> {
+    let Ok(listing) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    listing
+        .filter_map(|item| item.ok().map(|item| item.path()))
+        .filter(|path| {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.starts_with("attach-") && n.ends_with(".json"))
+        })
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .filter_map(|text| serde_json::from_str(&text).ok())
+        .collect()
+}
+
+fn write_record(state_dir: &Path, record: &Record) -> Result<()> {
+    let path = record_path(state_dir, record.attachment.device());
     let temporary = path.with_extension("json.tmp");
-    let text = serde_json::to_string_pretty(attachment)?;
+    let text = serde_json::to_string_pretty(record)?;
     std::fs::write(&temporary, text)
         .with_context(|| format!("cannot write {}", temporary.display()))?;
     std::fs::rename(&temporary, &path)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// How a record names the server at `socket` (and how `zbd list` matches it).
+pub fn socket_key(socket: &Path) -> String {
+    std::fs::canonicalize(socket)
+        .unwrap_or_else(|_| socket.to_path_buf())
+        .display()
+        .to_string()
 }
 
 /// Directory of the `/dev/zbd/NAME` links made for list entries.
@@ -165,7 +202,15 @@ pub fn run(mut args: AttachArgs) -> Result<std::process::ExitCode> {
     } else {
         attach_fuse(args)?
     };
-    write_record(&args.state_dir, &attachment)?;
+    let record = Record {
+        attachment,
+        server: Some(match &args.uri {
+            Some(uri) => uri.clone(),
+            None => socket_key(args.socket()),
+        }),
+    };
+    write_record(&args.state_dir, &record)?;
+    let attachment = record.attachment;
     if let Some(link) = &link {
         make_link(link, attachment.device())?;
     }

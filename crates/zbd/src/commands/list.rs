@@ -20,6 +20,9 @@ pub struct Args {
     /// Print JSON (one array) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Directory of attach records (as given to `zbd attach`), for the DEVICE column.
+    #[arg(long, default_value = super::attach::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
 }
 
 /// Time one server may take to answer; a hung server is listed as not answering.
@@ -42,6 +45,10 @@ pub struct Entry {
     pub physical_bytes_live: Option<u64>,
     /// Why the volume stopped writing, when it did.
     pub failed: Option<String>,
+    /// Block device `zbd attach` made of it.
+    pub device: Option<PathBuf>,
+    /// Where that device is mounted.
+    pub mountpoint: Option<String>,
 }
 
 fn ask(control: &Path, request: &str) -> std::io::Result<String> {
@@ -65,6 +72,8 @@ fn entry(control: PathBuf) -> Entry {
         data_compression_ratio: None,
         physical_bytes_live: None,
         failed: None,
+        device: None,
+        mountpoint: None,
     };
     let info = match ask(&entry.control, "info") {
         Ok(reply) => reply,
@@ -115,11 +124,35 @@ fn control_sockets(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(sockets)
 }
 
+/// Fills in the device attached from each served volume and its mount point.
+fn add_devices(entries: &mut [Entry], state_dir: &Path) {
+    let records = super::attach::read_records(state_dir);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for entry in entries.iter_mut() {
+        let Some(info) = &entry.info else { continue };
+        let key = match &info.socket {
+            Some(socket) => super::attach::socket_key(socket),
+            None => info.uri.clone(),
+        };
+        let Some(record) = records.iter().find(|r| r.server.as_deref() == Some(&key)) else {
+            continue;
+        };
+        let device = record.attachment.device().to_path_buf();
+        entry.mountpoint = mounts
+            .lines()
+            .map(|line| line.split(' ').collect::<Vec<_>>())
+            .find(|fields| fields.first().map(Path::new) == Some(device.as_path()))
+            .and_then(|fields| fields.get(1).map(|m| m.replace("\\040", " ")));
+        entry.device = Some(device);
+    }
+}
+
 pub fn run(a: Args) -> Result<ExitCode> {
-    let entries: Vec<Entry> = control_sockets(Path::new(RUN_DIR))?
+    let mut entries: Vec<Entry> = control_sockets(Path::new(RUN_DIR))?
         .into_iter()
         .map(entry)
         .collect();
+    add_devices(&mut entries, &a.state_dir);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&entries)?);
     } else {
@@ -130,8 +163,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
 
 fn table(entries: &[Entry]) -> String {
     let mut out = format!(
-        "{:<10} {:>10} {:>14} {:>8}  {:<28} {}\n",
-        "STATE", "SIZE", "DATA SAVINGS", "PID", "VOLUME", "SOCKET"
+        "{:<10} {:>10} {:>14} {:>8}  {:<28} {:<28} {:<12} {}\n",
+        "STATE", "SIZE", "DATA SAVINGS", "PID", "VOLUME", "SOCKET", "DEVICE", "MOUNTED ON"
     );
     for e in entries {
         let (volume, socket, pid) = match &e.info {
@@ -149,13 +182,17 @@ fn table(entries: &[Entry]) -> String {
             _ => "-".into(),
         };
         out.push_str(&format!(
-            "{:<10} {:>10} {:>14} {:>8}  {:<28} {}\n",
+            "{:<10} {:>10} {:>14} {:>8}  {:<28} {:<28} {:<12} {}\n",
             e.state,
             e.size_bytes.map_or("-".into(), human),
             savings,
             pid,
             volume,
-            socket
+            socket,
+            e.device
+                .as_ref()
+                .map_or("-".into(), |d| d.display().to_string()),
+            e.mountpoint.as_deref().unwrap_or("-")
         ));
     }
     out
