@@ -90,11 +90,55 @@ fn push(bytes: Vec<u8>) {
     }
 }
 
+/// Whether [`line`] writes JSON objects (`zbd serve --log-format json`), like tracing's events.
+static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`line`] write one JSON object per line, in the shape of tracing-subscriber's JSON
+/// events (`timestamp`, `level`, `fields.message`, `target`), so a collector parses both alike.
+pub fn set_json(json: bool) {
+    JSON.store(json, Ordering::Relaxed);
+}
+
 /// Logs one line (a newline is added).
 pub fn line(text: impl Into<String>) {
     let mut text = text.into();
+    if JSON.load(Ordering::Relaxed) {
+        let event = serde_json::json!({
+            "timestamp": rfc3339_now(),
+            "level": "INFO",
+            "fields": { "message": text },
+            "target": "zbd",
+        });
+        text = event.to_string();
+    }
     text.push('\n');
     push(text.into_bytes());
+}
+
+/// Now as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC), without a date crate.
+fn rfc3339_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let seconds = now.as_secs();
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        now.subsec_micros()
+    )
 }
 
 /// Waits, at most `timeout`, until every line queued so far is written (before exiting).

@@ -1166,3 +1166,68 @@ fn attach_takes_a_tcp_uri() {
     );
     assert_eq!(size.expect("blockdev"), (16u64 << 20).to_string());
 }
+
+/// `--log-format json`: every line the server writes, its own and tracing's, is one JSON object
+/// with a timestamp, a level and a message.
+#[test]
+fn serve_logs_json_lines() {
+    let hour_now = || {
+        Command::new("date")
+            .args(["-u", "+%Y-%m-%dT%H"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .expect("date")
+    };
+    let hour_before = hour_now();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "16M");
+    let socket = dir.path().join("v.sock");
+    let log = dir.path().join("serve.log");
+    let file = std::fs::File::create(&log).expect("log");
+    let mut server = Server::start(
+        &volume,
+        &[
+            "--socket",
+            socket.to_str().expect("path"),
+            "--log-format",
+            "json",
+        ],
+        Stdio::from(file),
+    );
+    if have("nbdinfo") {
+        let uri = format!("nbd+unix:///?socket={}", socket.display());
+        nbdinfo_size(&uri).expect("nbdinfo");
+    }
+    let status = server.terminate().expect("exits");
+    assert!(status.success());
+    let hour_after = hour_now();
+    let text = std::fs::read_to_string(&log).expect("log");
+    let mut messages = Vec::new();
+    for line in text.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        let timestamp = event["timestamp"].as_str().expect("timestamp");
+        assert!(timestamp.ends_with('Z') && timestamp.len() >= 20, "{line}");
+        assert!(event["level"].is_string(), "{line}");
+        messages.push(
+            event["fields"]["message"]
+                .as_str()
+                .expect("message")
+                .to_string(),
+        );
+        if event["target"] == "zbd" {
+            // Ours are formatted by hand: the clock hour date(1) gave before or after.
+            let hour = timestamp.get(..13).expect("hour");
+            assert!(
+                hour == hour_before || hour == hour_after,
+                "{hour} vs {hour_before}"
+            );
+        }
+    }
+    assert!(messages.iter().any(|m| m.contains("serving")), "{text}");
+    assert!(
+        messages.iter().any(|m| m.contains("closed cleanly")),
+        "{text}"
+    );
+}

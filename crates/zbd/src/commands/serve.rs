@@ -82,6 +82,10 @@ pub struct ServeArgs {
     /// [default: as set by `zbd create --dict`].
     #[arg(long, value_parser = ["on", "off"])]
     pub dict: Option<String>,
+    /// Log format: `text` (one line per event) or `json` (one JSON object per line, for
+    /// journald's structured fields or a collector).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Serve Prometheus metrics over HTTP at ADDR (`/metrics`): PORT binds 127.0.0.1:PORT,
     /// HOST:PORT binds as given (give a host to expose them beyond this machine).
     #[arg(long, value_name = "ADDR")]
@@ -280,6 +284,12 @@ impl VolumeExport {
             })
             .collect())
     }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// FNV-1a hash of a volume's canonical path: stable across builds and versions, unlike std's
@@ -659,22 +669,29 @@ fn stop_on_signals(
 /// The server logs one line per connection and per rejected request; `ZBD_LOG` filters
 /// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`). Lines go through [`crate::log`]'s queue, so
 /// a slow or closed stderr never blocks or kills a server thread.
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     crate::log::install();
     let filter = tracing_subscriber::EnvFilter::try_from_env("ZBD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_writer(|| crate::log::QueueWriter)
         .log_internal_errors(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter)
-        .try_init();
+        .with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => {
+            crate::log::set_json(true);
+            builder.json().with_ansi(false).try_init()
+        }
+    };
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let args = &resolve_list(args)?;
     limit_malloc_arenas();
-    init_logging();
+    init_logging(args.log_format);
     let config = server_config(args)?;
     let listen = listen_address(args)?;
     let volume = open_volume(args, map_cache_bytes(args)?)?;
