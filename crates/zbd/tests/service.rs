@@ -1231,3 +1231,24 @@ fn serve_logs_json_lines() {
         "{text}"
     );
 }
+
+/// A pidfile left by a killed server is removed as soon as the next one starts, so a script
+/// waiting for the pidfile does not take the new server as ready too early (here: it never
+/// gets ready, and the stale file must not remain).
+#[test]
+fn serve_removes_a_stale_pidfile_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("zbd.pid");
+    std::fs::write(&pidfile, "999999\n").expect("stale pidfile");
+    let out = Command::new(ZBD)
+        .arg("serve")
+        .arg(dir.path().join("missing.zbd"))
+        .arg("--socket")
+        .arg(dir.path().join("s.sock"))
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .output()
+        .expect("zbd serve");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!pidfile.exists(), "stale pidfile left in place");
+}

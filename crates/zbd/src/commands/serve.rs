@@ -692,6 +692,18 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let args = &resolve_list(args)?;
     limit_malloc_arenas();
     init_logging(args.log_format);
+    // A pidfile left by a server killed with SIGKILL would tell a script waiting for this one
+    // that it is ready before it is: gone from the start, written again once clients can connect.
+    if let Some(pidfile) = &args.pidfile {
+        match std::fs::remove_file(pidfile) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot remove --pidfile {}", pidfile.display()))
+            }
+        }
+    }
     let config = server_config(args)?;
     let listen = listen_address(args)?;
     let volume = open_volume(args, map_cache_bytes(args)?)?;
