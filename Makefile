@@ -9,7 +9,8 @@ ZBD := target/release/zbd
 FEATURES := --features zbd/ceph
 export ZBD_BIN := $(abspath $(ZBD))
 
-.PHONY: all deps deps-ceph build test test-rust test-lab test-heavy demo bench check fmt clean fuzz fuzz-seeds
+.PHONY: all deps deps-ceph build test test-rust test-lab test-heavy demo bench check fmt clean fuzz fuzz-seeds \
+	man completions deb install-service
 
 all: build
 
@@ -73,6 +74,26 @@ fuzz:
 # Regenerates the committed seed corpus (fuzz/corpus) from real encodings.
 fuzz-seeds:
 	$(CARGO) run -q --manifest-path fuzz/Cargo.toml -p zbd-fuzz-seeds -- fuzz/corpus
+
+# Manual pages and shell completions, generated from the CLI definition (zbd gen-man, zbd completions).
+man: build
+	$(ZBD) gen-man target/man/man1
+
+completions: build
+	mkdir -p target/completions
+	for shell in bash zsh fish; do $(ZBD) completions $$shell >target/completions/zbd.$$shell || exit 1; done
+
+# The Debian package (dpkg-deb): binary, units, /etc/zbd/volumes, man pages, completions, docs.
+deb: build
+	bash scripts/build-deb.sh --bin $(ZBD)
+
+# Installs the binary, units and volume list on this host without a package (docs/operations.md).
+install-service: build
+	install -Dm755 $(ZBD) /usr/local/bin/zbd
+	install -Dm644 packaging/systemd/zbd@.service /etc/systemd/system/zbd@.service
+	install -Dm644 packaging/systemd/zbd-attach@.service /etc/systemd/system/zbd-attach@.service
+	sed -i 's|/usr/bin/zbd|/usr/local/bin/zbd|' /etc/systemd/system/zbd@.service /etc/systemd/system/zbd-attach@.service
+	test -e /etc/zbd/volumes || install -Dm644 packaging/volumes /etc/zbd/volumes
 
 check:
 	$(CARGO) fmt --all -- --check

@@ -11,6 +11,7 @@ packages=(
   e2fsprogs xfsprogs btrfs-progs btrfs-compsize zfs-fuse
   util-linux procps psmisc sysstat
   librados2                         # loaded by zbd for rados:POOL/NAME volumes (not to build)
+  prometheus                        # promtool + a real server: the metrics tests
 )
 for flag in "$@"; do
   case $flag in

@@ -2,10 +2,15 @@
 //! Thin: parse arguments, dispatch to one module per subcommand, print one error line.
 
 mod commands;
+mod log;
+mod metrics;
+mod notify;
 mod sample;
 mod target;
+mod volumes;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -41,6 +46,14 @@ enum Command {
     Attach(commands::attach::AttachArgs),
     /// Undo `zbd attach`.
     Detach(commands::detach::DetachArgs),
+    /// Every volume served on this host, with its socket, size, savings and state.
+    List(commands::list::Args),
+    /// Write the manual pages (zbd.1, zbd-SUBCOMMAND.1) into DIR.
+    #[command(hide = true)]
+    GenMan(commands::docs::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(commands::docs::CompletionsArgs),
     /// Break the lock a crashed server left on a rados:POOL/NAME volume (fences it first).
     Unlock(commands::unlock::Args),
 }
@@ -58,13 +71,34 @@ fn main() -> ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Attach(a) => commands::attach::run(a),
         Command::Detach(a) => commands::detach::run(a),
+        Command::List(a) => commands::list::run(a),
+        Command::GenMan(a) => commands::docs::man(Cli::command(), a),
+        Command::Completions(a) => commands::docs::completions(Cli::command(), a),
         Command::Unlock(a) => commands::unlock::run(a),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("zbd: error: {e:#}");
+            log::flush(std::time::Duration::from_secs(1));
+            let _ = writeln!(std::io::stderr(), "zbd: error: {}", error_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the line already holds
+/// (an error that prints its source in its own message, as thiserror's `{source}` does).
+fn error_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }

@@ -5,11 +5,14 @@
 //! used. Otherwise: `nbdfuse` exposes the export as a file in a FUSE mount (we wait for its
 //! pidfile, never sleep), and `losetup --find --show --sector-size 4096` makes a loop device of it.
 
+use std::io::ErrorKind;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// Where attach records go unless `--state-dir` says otherwise.
@@ -21,8 +24,18 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 #[derive(clap::Args, Debug)]
 pub struct AttachArgs {
     /// Unix socket of the NBD server (`zbd serve --socket`).
-    #[arg(long)]
-    pub socket: PathBuf,
+    #[arg(long, required_unless_present_any = ["from_list", "uri"])]
+    pub socket: Option<PathBuf>,
+    /// A server on TCP instead (`zbd serve --listen`): nbd://HOST[:PORT][/EXPORT].
+    #[arg(long, conflicts_with_all = ["socket", "from_list"])]
+    pub uri: Option<String>,
+    /// Attach the volume named NAME in the volume list (`--list`): its socket and read-only
+    /// setting, and a link /dev/zbd/NAME to the device (what `zbd-attach@NAME.service` runs).
+    #[arg(long, value_name = "NAME", conflicts_with = "socket")]
+    pub from_list: Option<String>,
+    /// The volume list read by `--from-list`.
+    #[arg(long, value_name = "FILE", default_value = crate::volumes::DEFAULT_LIST)]
+    pub list: PathBuf,
     /// Export name to ask for (empty: the default export).
     #[arg(long, default_value = "")]
     pub export: String,
@@ -35,6 +48,10 @@ pub struct AttachArgs {
     /// Directory for attach records and nbdfuse mount points.
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Seconds to wait for a server that is still starting (its socket missing or not yet
+    /// answering); 0 tries once.
+    #[arg(long, default_value_t = 30)]
+    pub wait: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +98,17 @@ pub fn record_path(state_dir: &Path, device: &Path) -> PathBuf {
     state_dir.join(format!("attach-{name}.json"))
 }
 
+/// An attach record: what was done, and which server it attached (`zbd list` shows the device
+/// beside its server). Records written before `server` existed read with it unset.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    #[serde(flatten)]
+    pub attachment: Attachment,
+    /// The server's Unix socket (canonical), or its `nbd://` URI.
+    #[serde(default)]
+    pub server: Option<String>,
+}
+
 pub fn read_record(state_dir: &Path, device: &Path) -> Result<Attachment> {
     let path = record_path(state_dir, device);
     let text = std::fs::read_to_string(&path).with_context(|| {
@@ -90,13 +118,31 @@ pub fn read_record(state_dir: &Path, device: &Path) -> Result<Attachment> {
             device.display()
         )
     })?;
-    serde_json::from_str(&text).with_context(|| format!("corrupt attach record {}", path.display()))
+    let record: Record = serde_json::from_str(&text)
+        .with_context(|| format!("corrupt attach record {}", path.display()))?;
+    Ok(record.attachment)
 }
 
-fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
-    let path = record_path(state_dir, attachment.device());
+/// Every readable attach record in `state_dir` (`zbd list`); unreadable ones are skipped.
+pub fn read_records(state_dir: &Path) -> Vec<Record> {
+    let Ok(listing) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    listing
+        .filter_map(|item| item.ok().map(|item| item.path()))
+        .filter(|path| {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.starts_with("attach-") && n.ends_with(".json"))
+        })
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .filter_map(|text| serde_json::from_str(&text).ok())
+        .collect()
+}
+
+fn write_record(state_dir: &Path, record: &Record) -> Result<()> {
+    let path = record_path(state_dir, record.attachment.device());
     let temporary = path.with_extension("json.tmp");
-    let text = serde_json::to_string_pretty(attachment)?;
+    let text = serde_json::to_string_pretty(record)?;
     std::fs::write(&temporary, text)
         .with_context(|| format!("cannot write {}", temporary.display()))?;
     std::fs::rename(&temporary, &path)
@@ -104,13 +150,45 @@ fn write_record(state_dir: &Path, attachment: &Attachment) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
+/// How a record names the server at `socket` (and how `zbd list` matches it).
+pub fn socket_key(socket: &Path) -> String {
+    std::fs::canonicalize(socket)
+        .unwrap_or_else(|_| socket.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Directory of the `/dev/zbd/NAME` links made for list entries.
+pub const LINK_DIR: &str = "/dev/zbd";
+
+pub fn run(mut args: AttachArgs) -> Result<std::process::ExitCode> {
+    let mut link = None;
+    if let Some(name) = &args.from_list {
+        let entry = crate::volumes::find(&args.list, name)?;
+        if !entry.attach()? {
+            println!(
+                "{}: attach=no in {}, nothing to attach",
+                entry.name, entry.origin
+            );
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        args.socket = Some(entry.socket());
+        args.read_only |= entry.option("read-only").is_some();
+        if let Some(Some(export)) = entry.option("export") {
+            args.export = export.to_string();
+        }
+        link = Some(Path::new(LINK_DIR).join(&entry.name));
+    }
+    let tcp = args.uri.as_deref().map(parse_tcp_uri).transpose()?;
+    if let Some(tcp) = &tcp {
+        if !tcp.export.is_empty() {
+            args.export = tcp.export.clone();
+        }
+    }
     let args = &args;
-    if !args.socket.exists() {
-        bail!(
-            "no NBD server socket at {} (start one with `zbd serve --socket`)",
-            args.socket.display()
-        );
+    match &tcp {
+        Some(tcp) => wait_for_tcp_server(tcp, Duration::from_secs(args.wait))?,
+        None => wait_for_server(args.socket(), Duration::from_secs(args.wait))?,
     }
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("cannot create --state-dir {}", args.state_dir.display()))?;
@@ -124,9 +202,40 @@ pub fn run(args: AttachArgs) -> Result<std::process::ExitCode> {
     } else {
         attach_fuse(args)?
     };
-    write_record(&args.state_dir, &attachment)?;
+    let record = Record {
+        attachment,
+        server: Some(match &args.uri {
+            Some(uri) => uri.clone(),
+            None => socket_key(args.socket()),
+        }),
+    };
+    write_record(&args.state_dir, &record)?;
+    let attachment = record.attachment;
+    if let Some(link) = &link {
+        make_link(link, attachment.device())?;
+    }
     println!("{}", attachment.device().display());
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+impl AttachArgs {
+    fn socket(&self) -> &Path {
+        self.socket.as_deref().unwrap_or(Path::new(""))
+    }
+}
+
+/// Points `link` (`/dev/zbd/NAME`) at `device`, replacing a link left by an earlier attach, so
+/// fstab can name the volume's filesystem by a stable path.
+fn make_link(link: &Path, device: &Path) -> Result<()> {
+    if let Some(parent) = link.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    if std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::remove_file(link).with_context(|| format!("cannot replace {}", link.display()))?;
+    }
+    std::os::unix::fs::symlink(device, link)
+        .with_context(|| format!("cannot link {} to {}", link.display(), device.display()))
 }
 
 pub(crate) fn which(tool: &str) -> Option<PathBuf> {
@@ -167,11 +276,11 @@ fn attach_kernel(args: &AttachArgs) -> Result<Attachment> {
         })
         .context("no free /dev/nbd* device")?;
     let mut command = Command::new(client);
-    command
-        .arg("-unix")
-        .arg(&args.socket)
-        .arg(&device)
-        .args(["-b", "4096"]);
+    match args.uri.as_deref().map(parse_tcp_uri).transpose()? {
+        Some(tcp) => command.arg(&tcp.host).arg(tcp.port.to_string()),
+        None => command.arg("-unix").arg(args.socket()),
+    };
+    command.arg(&device).args(["-b", "4096"]);
     if !args.export.is_empty() {
         command.arg("-N").arg(&args.export);
     }
@@ -202,7 +311,10 @@ fn attach_fuse(args: &AttachArgs) -> Result<Attachment> {
     }
     command
         .arg(mountpoint.join("disk"))
-        .arg(uri(&args.socket, &args.export))
+        .arg(match &args.uri {
+            Some(tcp) => tcp.clone(),
+            None => uri(args.socket(), &args.export),
+        })
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -283,5 +395,141 @@ fn wait_for_pidfile(pidfile: &Path, child: &mut std::process::Child) -> Result<u
             bail!("nbdfuse wrote no pidfile within {READY_TIMEOUT:?}");
         }
         std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Waits, at most `wait`, until a server accepts connections on `socket` (`zbd serve` started
+/// just before may still be opening its volume); then says in one line what is wrong.
+fn wait_for_server(socket: &Path, wait: Duration) -> Result<()> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let error = match UnixStream::connect(socket) {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        if Instant::now() >= deadline {
+            return Err(server_absent(socket, &error, wait));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// One line saying why no server answers on `socket`.
+fn server_absent(socket: &Path, error: &std::io::Error, wait: Duration) -> anyhow::Error {
+    let shown = socket.display();
+    let waited = if wait.is_zero() {
+        String::new()
+    } else {
+        format!(" after waiting {}s", wait.as_secs())
+    };
+    match std::fs::symlink_metadata(socket) {
+        Err(_) => {
+            let parent = socket.parent().filter(|p| !p.as_os_str().is_empty());
+            match parent.filter(|p| !p.is_dir()) {
+                Some(parent) => anyhow!(
+                    "no NBD server socket at {shown}: directory {} does not exist",
+                    parent.display()
+                ),
+                None => anyhow!(
+                    "no NBD server socket at {shown}{waited} (start one with `zbd serve --socket`)"
+                ),
+            }
+        }
+        Ok(meta) if !meta.file_type().is_socket() => {
+            anyhow!("{shown} is not a socket (--socket takes the one `zbd serve` listens on)")
+        }
+        Ok(_) if error.kind() == ErrorKind::ConnectionRefused => anyhow!(
+            "stale socket {shown}: no server listens on it{waited} (the server that made it \
+             exited; `zbd serve` replaces it when started again)"
+        ),
+        Ok(_) => anyhow!("cannot connect to {shown}{waited}: {error}"),
+    }
+}
+
+/// A server on TCP, from `--uri nbd://HOST[:PORT][/EXPORT]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TcpServer {
+    host: String,
+    port: u16,
+    export: String,
+}
+
+/// The NBD port when a URI names none.
+const NBD_PORT_DEFAULT: u16 = 10809;
+
+fn parse_tcp_uri(text: &str) -> Result<TcpServer> {
+    let bad = || anyhow!("--uri {text:?}: expected nbd://HOST[:PORT][/EXPORT]");
+    let rest = text.strip_prefix("nbd://").ok_or_else(bad)?;
+    let (authority, export) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => {
+            (host, port.parse::<u16>().map_err(|_| bad())?)
+        }
+        _ => (authority, NBD_PORT_DEFAULT),
+    };
+    if host.is_empty() || export.contains('?') {
+        return Err(bad());
+    }
+    Ok(TcpServer {
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+        export: export.to_string(),
+    })
+}
+
+/// Waits, at most `wait`, until the TCP server accepts connections.
+fn wait_for_tcp_server(server: &TcpServer, wait: Duration) -> Result<()> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let deadline = Instant::now() + wait;
+    let shown = format!("{}:{}", server.host, server.port);
+    loop {
+        let error = match (server.host.as_str(), server.port).to_socket_addrs() {
+            Ok(mut addresses) => match addresses.next() {
+                Some(address) => match TcpStream::connect_timeout(&address, POLL_INTERVAL * 50) {
+                    Ok(_) => return Ok(()),
+                    Err(error) => error.to_string(),
+                },
+                None => "the host has no address".to_string(),
+            },
+            Err(error) => error.to_string(),
+        };
+        if Instant::now() >= deadline {
+            bail!("no NBD server answers at {shown} ({error})");
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_uris_parse_with_defaults() {
+        let parsed = parse_tcp_uri("nbd://127.0.0.1:10810/vol").expect("uri");
+        assert_eq!(
+            parsed,
+            TcpServer {
+                host: "127.0.0.1".into(),
+                port: 10810,
+                export: "vol".into()
+            }
+        );
+        let parsed = parse_tcp_uri("nbd://localhost").expect("uri");
+        assert_eq!(
+            (parsed.port, parsed.export.as_str()),
+            (NBD_PORT_DEFAULT, "")
+        );
+        for bad in [
+            "nbd+unix:///?socket=/s",
+            "nbd://:1/",
+            "nbd://h:port/",
+            "http://h/",
+        ] {
+            assert!(parse_tcp_uri(bad).is_err(), "{bad}");
+        }
     }
 }

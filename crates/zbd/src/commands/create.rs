@@ -164,6 +164,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
         human(sb.metadata_bytes())
     );
     println!("  total          {}", human(sb.total_bytes()));
+    let data_area = u64::from(sb.extent_count) * u64::from(sb.extent_bytes);
+    if data_area < size {
+        // Thin provisioning: fine while data compresses, but a full data area fails writes.
+        eprintln!(
+            "zbd: warning: over-committed: the data area ({}) is smaller than the logical size \
+             ({}); writes fail with ENOSPC once it fills, which a filesystem may not recover \
+             from by itself. Watch `zbd stat` (extents free) or zbd_extents{{state=\"free\"}}.",
+            human(data_area),
+            human(size)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

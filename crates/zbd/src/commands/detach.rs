@@ -15,14 +15,22 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 #[derive(clap::Args, Debug)]
 pub struct DetachArgs {
-    /// Block device printed by `zbd attach` (e.g. /dev/loop3).
+    /// Block device printed by `zbd attach` (e.g. /dev/loop3), or its /dev/zbd/NAME link.
     pub device: PathBuf,
     /// Directory of attach records (as given to `zbd attach`).
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
 }
 
-pub fn run(args: DetachArgs) -> Result<std::process::ExitCode> {
+pub fn run(mut args: DetachArgs) -> Result<std::process::ExitCode> {
+    // `/dev/zbd/NAME` (made by `zbd attach --from-list`): detach its device, then remove it.
+    let link = std::fs::symlink_metadata(&args.device)
+        .is_ok_and(|m| m.file_type().is_symlink())
+        .then(|| args.device.clone());
+    if let Some(link) = &link {
+        args.device = std::fs::canonicalize(link)
+            .with_context(|| format!("{} points nowhere", link.display()))?;
+    }
     let args = &args;
     let attachment = read_record(&args.state_dir, &args.device)?;
     if let Some(target) = mounted_at(attachment.device())? {
@@ -46,6 +54,9 @@ pub fn run(args: DetachArgs) -> Result<std::process::ExitCode> {
     }
     let record = record_path(&args.state_dir, &args.device);
     std::fs::remove_file(&record).with_context(|| format!("cannot remove {}", record.display()))?;
+    if let Some(link) = &link {
+        let _ = std::fs::remove_file(link);
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }
 

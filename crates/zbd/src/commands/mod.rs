@@ -9,6 +9,8 @@ pub mod compact;
 pub mod copy;
 pub mod create;
 pub mod detach;
+pub mod docs;
+pub mod list;
 pub mod scrub;
 pub mod serve;
 pub mod stat;

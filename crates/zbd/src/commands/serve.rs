@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::metrics::{Op, Requests};
 use crate::target::{CephArgs, Target};
 use anyhow::{bail, Context, Result};
 use zbd_core::{AllocState, OpenOptions, Volume};
@@ -28,10 +29,18 @@ pub const RUN_DIR: &str = "/run/zbd";
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Volume to serve (made by `zbd create`): file, block device or rados:POOL/NAME.
-    pub path: PathBuf,
+    #[arg(required_unless_present = "from_list")]
+    pub path: Option<PathBuf>,
+    /// Serve the volume named NAME in the volume list (`--list`) with its options instead
+    /// (what `zbd@NAME.service` runs).
+    #[arg(long, value_name = "NAME", conflicts_with = "path")]
+    pub from_list: Option<String>,
+    /// The volume list read by `--from-list`.
+    #[arg(long, value_name = "FILE", default_value = crate::volumes::DEFAULT_LIST)]
+    pub list: PathBuf,
     #[command(flatten)]
     pub ceph: CephArgs,
-    /// Unix socket to listen on [default: /run/zbd/<volume name>.sock].
+    /// Unix socket to listen on [default: /run/zbd/<volume file name>-<hash of its path>.sock].
     #[arg(long, conflicts_with = "listen")]
     pub socket: Option<PathBuf>,
     /// Listen on TCP instead: HOST:PORT, or just PORT for 127.0.0.1:PORT.
@@ -73,7 +82,56 @@ pub struct ServeArgs {
     /// [default: as set by `zbd create --dict`].
     #[arg(long, value_parser = ["on", "off"])]
     pub dict: Option<String>,
+    /// Log format: `text` (one line per event) or `json` (one JSON object per line, for
+    /// journald's structured fields or a collector).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Serve Prometheus metrics over HTTP at ADDR (`/metrics`): PORT binds 127.0.0.1:PORT,
+    /// HOST:PORT binds as given (give a host to expose them beyond this machine).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
+
+/// How long an exiting server waits for its last log lines to be written.
+const LOG_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl ServeArgs {
+    /// The volume served (`path`, or the list entry's once [`resolve_list`] ran).
+    pub fn volume(&self) -> &Path {
+        self.path.as_deref().unwrap_or(Path::new(""))
+    }
+}
+
+/// `zbd serve --from-list NAME`: the list entry's volume and options, parsed as if given on the
+/// command line (so they are checked as flags are), errors naming the list's line.
+fn resolve_list(args: ServeArgs) -> Result<ServeArgs> {
+    let Some(name) = &args.from_list else {
+        return Ok(args);
+    };
+    #[derive(clap::Parser)]
+    struct Line {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    let entry = crate::volumes::find(&args.list, name)?;
+    let argv = std::iter::once(std::ffi::OsString::from("serve")).chain(entry.serve_args());
+    let line = <Line as clap::Parser>::try_parse_from(argv).map_err(|e| {
+        let said = e.to_string();
+        let first = said
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ");
+        anyhow::anyhow!("{}: {first}", entry.origin)
+    })?;
+    Ok(line.serve)
+}
+
+/// Exit status of a server whose volume fenced itself (stopped writing after a failed write or
+/// sync: docs/design.md, "Failed syncs"). `zbd@.service` lists it in RestartPreventExitStatus=,
+/// so systemd does not restart onto a disk that just failed; an admin looks first
+/// (docs/operations.md).
+pub const EXIT_FENCED: u8 = 3;
 
 /// Smallest `--map-cache`: a few map pages.
 const MAP_CACHE_MIN: u64 = 16 << 10;
@@ -113,10 +171,27 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(config)
 }
 
-/// Serves `zbd_core::Volume` through the NBD server's `Export` trait.
+/// Serves `zbd_core::Volume` through the NBD server's `Export` trait, counting and timing every
+/// request for the metrics.
 pub struct VolumeExport {
     volume: Arc<Volume>,
     read_only: bool,
+    requests: Arc<Requests>,
+}
+
+impl VolumeExport {
+    /// Runs one request of `op` over `bytes`, recording its outcome and time.
+    fn timed<T>(
+        &self,
+        op: Op,
+        bytes: u64,
+        call: impl FnOnce() -> ExportResult<T>,
+    ) -> ExportResult<T> {
+        let started = Instant::now();
+        let result = call();
+        self.requests.record(op, bytes, started, result.is_ok());
+        result
+    }
 }
 
 fn export_error(error: zbd_core::Error) -> ExportError {
@@ -137,23 +212,27 @@ impl Export for VolumeExport {
         self.read_only
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
-        self.volume.read(offset, buf).map_err(export_error)
+        let bytes = buf.len() as u64;
+        self.timed(Op::Read, bytes, || {
+            self.volume.read(offset, buf).map_err(export_error)
+        })
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
-        self.volume.write(offset, data, fua).map_err(export_error)
+        self.timed(Op::Write, data.len() as u64, || {
+            self.volume.write(offset, data, fua).map_err(export_error)
+        })
     }
     fn flush(&self) -> ExportResult<()> {
-        if self.read_only {
-            return Ok(());
-        }
-        self.volume.flush().map_err(export_error)
+        self.timed(Op::Flush, 0, || self.flush_volume())
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> ExportResult<()> {
-        self.volume.trim(offset, length).map_err(export_error)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        self.timed(Op::Trim, length, || {
+            self.volume.trim(offset, length).map_err(export_error)?;
+            if fua {
+                self.flush_volume()?;
+            }
+            Ok(())
+        })
     }
     fn write_zeroes(
         &self,
@@ -164,15 +243,30 @@ impl Export for VolumeExport {
     ) -> ExportResult<()> {
         // Zero blocks become a map state with no data either way; block status reports them as
         // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
-        self.volume
-            .write_zeroes(offset, length)
-            .map_err(export_error)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        self.timed(Op::WriteZeroes, length, || {
+            self.volume
+                .write_zeroes(offset, length)
+                .map_err(export_error)?;
+            if fua {
+                self.flush_volume()?;
+            }
+            Ok(())
+        })
     }
     fn block_status(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
+        self.timed(Op::BlockStatus, length, || self.allocation(offset, length))
+    }
+}
+
+impl VolumeExport {
+    fn flush_volume(&self) -> ExportResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.volume.flush().map_err(export_error)
+    }
+
+    fn allocation(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
         let runs = self
             .volume
             .allocation(offset, length)
@@ -192,33 +286,55 @@ impl Export for VolumeExport {
     }
 }
 
-/// Control socket of a volume served from `volume`: `/run/zbd/ctl-<hash of its canonical path>`
-/// (a hash keeps it under the 108-byte limit of socket paths).
-pub fn control_socket_path(volume: &Path) -> PathBuf {
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// FNV-1a hash of a volume's canonical path: stable across builds and versions, unlike std's
+/// hasher, so a restarted server (or another zbd command) finds the same socket names.
+fn path_hash(volume: &Path) -> u64 {
     let canonical = std::fs::canonicalize(volume).unwrap_or_else(|_| volume.to_path_buf());
-    // FNV-1a: stable across builds and versions, unlike std's hasher.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in canonical.as_os_str().as_encoded_bytes() {
         hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    Path::new(RUN_DIR).join(format!("ctl-{hash:016x}.sock"))
+    hash
 }
 
-/// Asks the server serving `volume` for `zbd stat`'s output (JSON or text); None if no server
-/// answers for it.
-pub fn query_stats(volume: &Path, json: bool) -> Option<String> {
+/// Control socket of a volume served from `volume`: `/run/zbd/ctl-<hash of its canonical path>`
+/// (a hash keeps it under the 108-byte limit of socket paths).
+pub fn control_socket_path(volume: &Path) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("ctl-{:016x}.sock", path_hash(volume)))
+}
+
+/// Longest volume name kept in a default socket name (socket paths end at 108 bytes).
+const SOCKET_NAME_CHARS_MAX: usize = 48;
+
+/// Default NBD socket of a volume: `/run/zbd/<file name>-<8 hex digits of its full path's
+/// hash>.sock`, readable, and distinct for two volumes with the same file name.
+pub fn default_socket_path(volume: &Path) -> PathBuf {
+    let name: String = volume
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "volume".into())
+        .chars()
+        .take(SOCKET_NAME_CHARS_MAX)
+        .collect();
+    let short = path_hash(volume) as u32;
+    Path::new(RUN_DIR).join(format!("{name}-{short:08x}.sock"))
+}
+
+/// Sends one request (`stats json`, `stats text`, `metrics`) to the server serving `volume`
+/// and returns its reply; None if no server answers for it.
+pub fn query_control(volume: &Path, request: &str) -> Option<String> {
     let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .ok()?;
-    stream
-        .write_all(if json {
-            b"stats json\n"
-        } else {
-            b"stats text\n"
-        })
-        .ok()?;
+    stream.write_all(format!("{request}\n").as_bytes()).ok()?;
     let mut reply = String::new();
     std::io::Read::read_to_string(&mut stream, &mut reply).ok()?;
     (!reply.is_empty()).then_some(reply)
@@ -280,12 +396,12 @@ fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
                     let _ = s.write_all(format!("progress {done} {total}\n").as_bytes());
                 }
             });
-            eprintln!(
+            crate::log::line(format!(
                 "zbd: scrub finished: {} blocks verified, {} damaged, {} metadata problems",
                 report.blocks_checked,
                 report.damaged_blocks.len(),
                 report.metadata_problems.len()
-            );
+            ));
             let reply = serde_json::to_string(&report)
                 .map(|json| format!("report {json}\n"))
                 .unwrap_or_else(|e| format!("cannot encode the report: {e}\n"));
@@ -301,8 +417,10 @@ fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
 fn spawn_control(
     listener: UnixListener,
     volume: std::sync::Weak<Volume>,
-    name: String,
+    info: ServedInfo,
+    requests: Arc<Requests>,
 ) -> std::io::Result<()> {
+    let name = info.volume.clone();
     std::thread::Builder::new()
         .name("zbd-control".into())
         .spawn(move || {
@@ -322,10 +440,16 @@ fn spawn_control(
                     continue;
                 }
                 let reply = match request.trim() {
-                    "stats json" => serde_json::to_string_pretty(&volume.stats())
-                        .map(|text| text + "\n")
-                        .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n")),
+                    "stats json" => {
+                        serde_json::to_string_pretty(&super::stat::Report::of(&volume.stats()))
+                            .map(|text| text + "\n")
+                            .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n"))
+                    }
                     "stats text" => super::stat::render(&name, &volume.stats()),
+                    "metrics" => crate::metrics::render(&name, &volume.stats(), Some(&requests)),
+                    "info" => serde_json::to_string(&info)
+                        .map(|text| text + "\n")
+                        .unwrap_or_else(|e| format!("cannot encode info: {e}\n")),
                     other => format!("unknown control request {other:?}\n"),
                 };
                 let mut stream = &stream;
@@ -350,15 +474,20 @@ fn listen_address(args: &ServeArgs) -> Result<Listen> {
         return Ok(Listen::Tcp(address));
     }
     let socket = match &args.socket {
-        Some(socket) => socket.clone(),
+        Some(socket) => {
+            let parent = socket.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(parent) = parent.filter(|p| !p.is_dir()) {
+                bail!(
+                    "--socket {}: directory {} does not exist",
+                    socket.display(),
+                    parent.display()
+                );
+            }
+            socket.clone()
+        }
         None => {
-            let name = args
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "volume".into());
             std::fs::create_dir_all(RUN_DIR).with_context(|| format!("cannot create {RUN_DIR}"))?;
-            Path::new(RUN_DIR).join(format!("{name}.sock"))
+            default_socket_path(args.volume())
         }
     };
     Ok(Listen::Unix(socket))
@@ -413,7 +542,7 @@ fn limit_malloc_arenas() {
 fn limit_malloc_arenas() {}
 
 fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> {
-    let target = Target::parse(&args.path)?;
+    let target = Target::parse(args.volume())?;
     if target.file().is_some_and(|path| !path.exists()) {
         bail!("no volume at {target} (make one with `zbd create`)");
     }
@@ -436,8 +565,29 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
     Ok(Arc::new(volume))
 }
 
+/// What the control socket's `info` request answers (`zbd list`), one JSON line.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ServedInfo {
+    /// The volume as given to `zbd serve`.
+    pub volume: String,
+    /// NBD URI clients connect to.
+    pub uri: String,
+    /// Unix socket served on (None: TCP).
+    pub socket: Option<PathBuf>,
+    /// The server's process.
+    pub pid: u32,
+    pub read_only: bool,
+    /// `--metrics` address bound, if any.
+    pub metrics: Option<String>,
+}
+
 /// Binds the control socket and starts answering on it; the guard removes the socket.
-fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
+fn start_control(
+    volume: &Arc<Volume>,
+    path: &Path,
+    info: ServedInfo,
+    requests: &Arc<Requests>,
+) -> Result<RemoveOnDrop> {
     let control_path = control_socket_path(path);
     if let Some(parent) = control_path.parent() {
         std::fs::create_dir_all(parent)
@@ -448,8 +598,54 @@ fn start_control(volume: &Arc<Volume>, path: &Path) -> Result<RemoveOnDrop> {
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(control, Arc::downgrade(volume), path.display().to_string())?;
+    spawn_control(control, Arc::downgrade(volume), info, Arc::clone(requests))?;
     Ok(guard)
+}
+
+/// One line saying what opening found: the recovery's work, a fence, known damage.
+fn log_opened(path: &Path, stats: &zbd_core::Stats) {
+    let split = super::stat::Savings::of(stats);
+    let mut line = format!(
+        "zbd: opened {} (format {}, {} logical, {} of data stored in {})",
+        path.display(),
+        stats.format_version,
+        super::human(stats.logical_bytes),
+        super::human(split.data_logical_bytes),
+        super::human(split.data_stored_bytes)
+    );
+    if stats.recovery_records_replayed > 0 {
+        line += &format!(
+            "; recovered: replayed {} log records since the last checkpoint",
+            stats.recovery_records_replayed
+        );
+    }
+    if stats.damaged_blocks > 0 {
+        line += &format!("; {} blocks known damaged", stats.damaged_blocks);
+    }
+    crate::log::line(line);
+}
+
+/// Serves `--metrics` on its own thread; returns the address bound.
+fn start_metrics(
+    address: &str,
+    volume: &Arc<Volume>,
+    path: &Path,
+    requests: &Arc<Requests>,
+) -> Result<SocketAddr> {
+    let address = crate::metrics::parse_address(address)?;
+    let weak = Arc::downgrade(volume);
+    let name = path.display().to_string();
+    let requests = Arc::clone(requests);
+    let bound = crate::metrics::spawn_http(address, move || {
+        let volume = weak.upgrade()?;
+        Some(crate::metrics::render(
+            &name,
+            &volume.stats(),
+            Some(&requests),
+        ))
+    })?;
+    crate::log::line(format!("zbd: metrics on http://{bound}/metrics"));
+    Ok(bound)
 }
 
 /// SIGTERM and SIGINT start a graceful shutdown; returns the handle that stops listening.
@@ -471,30 +667,70 @@ fn stop_on_signals(
 }
 
 /// The server logs one line per connection and per rejected request; `ZBD_LOG` filters
-/// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`).
-fn init_logging() {
+/// (default `info`, e.g. `ZBD_LOG=zbd_nbd=debug`). Lines go through [`crate::log`]'s queue, so
+/// a slow or closed stderr never blocks or kills a server thread.
+fn init_logging(format: LogFormat) {
+    crate::log::install();
     let filter = tracing_subscriber::EnvFilter::try_from_env("ZBD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter)
-        .try_init();
+    let builder = tracing_subscriber::fmt()
+        .with_writer(|| crate::log::QueueWriter)
+        .log_internal_errors(false)
+        .with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => {
+            crate::log::set_json(true);
+            builder.json().with_ansi(false).try_init()
+        }
+    };
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
-    let args = &args;
+    let args = &resolve_list(args)?;
     limit_malloc_arenas();
-    init_logging();
+    init_logging(args.log_format);
+    // A pidfile left by a server killed with SIGKILL would tell a script waiting for this one
+    // that it is ready before it is: gone from the start, written again once clients can connect.
+    if let Some(pidfile) = &args.pidfile {
+        match std::fs::remove_file(pidfile) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot remove --pidfile {}", pidfile.display()))
+            }
+        }
+    }
     let config = server_config(args)?;
     let listen = listen_address(args)?;
     let volume = open_volume(args, map_cache_bytes(args)?)?;
+    log_opened(args.volume(), &volume.stats());
+    let requests = Arc::new(Requests::default());
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
         read_only: args.read_only,
+        requests: Arc::clone(&requests),
     });
     let server = Server::bind(&listen, export, config)?;
-    let _control = start_control(&volume, &args.path)?;
+    let metrics = match &args.metrics {
+        Some(address) => Some(start_metrics(address, &volume, args.volume(), &requests)?),
+        None => None,
+    };
+    let info = ServedInfo {
+        volume: args.volume().display().to_string(),
+        uri: uri(server.listen(), &args.export),
+        socket: match server.listen() {
+            Listen::Unix(path) => Some(std::path::absolute(path).unwrap_or_else(|_| path.clone())),
+            Listen::Tcp(_) => None,
+        },
+        pid: std::process::id(),
+        read_only: args.read_only,
+        metrics: metrics.map(|bound| bound.to_string()),
+    };
+    let _control = start_control(&volume, args.volume(), info, &requests)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {
@@ -505,20 +741,33 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    eprintln!(
+    crate::log::line(format!(
         "zbd: serving {} ({} bytes) on {}",
-        args.path.display(),
+        args.volume().display(),
         volume.size_bytes(),
         uri(server.listen(), &args.export)
-    );
+    ));
+    crate::notify::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
     let served = server.serve();
+    crate::notify::notify("STOPPING=1");
     signals.close();
     let _ = signal_thread.join();
+    let fenced = volume.stats().failed;
     let closed = volume.close().context("cannot close the volume cleanly");
     // The last handle: dropping it releases the storage (a RADOS volume's lock) now.
     drop(volume);
+    // A fence tripped by the final flush fails `served` too: the fence decides the exit.
+    if let Some(why) = fenced {
+        crate::log::line(format!(
+            "zbd: stopped; the volume fenced itself after {why} (exit {EXIT_FENCED}: not \
+             restarted by zbd@.service; see docs/operations.md)"
+        ));
+        crate::log::flush(LOG_FLUSH_TIMEOUT);
+        return Ok(ExitCode::from(EXIT_FENCED));
+    }
     served.context("NBD server failed")?;
     closed?;
-    eprintln!("zbd: stopped, volume closed cleanly");
+    crate::log::line("zbd: stopped, volume closed cleanly");
+    crate::log::flush(LOG_FLUSH_TIMEOUT);
     Ok(ExitCode::SUCCESS)
 }
