@@ -402,22 +402,7 @@ impl IoCtx {
                 (self.api.rados_write_op_zero)(c.write_op, offset, len);
             }
         }
-        // SAFETY: op, completion and object name live in `c` until it has waited.
-        let rc = unsafe {
-            (self.api.rados_aio_write_op_operate)(
-                c.write_op,
-                self.io,
-                c.handle,
-                c.oid.as_ptr(),
-                ptr::null_mut(),
-                0,
-            )
-        };
-        if rc < 0 {
-            c.started = false;
-            return Err(rc);
-        }
-        Ok(c)
+        self.operate(c)
     }
 
     /// Starts asserting that this client holds the exclusive lock `name` on `object` with
@@ -450,6 +435,11 @@ impl IoCtx {
                 ptr::null_mut(),
             );
         }
+        self.operate(c)
+    }
+
+    /// Starts the write operation `c` holds on its object.
+    fn operate(&self, mut c: Completion) -> Result<Completion, i32> {
         // SAFETY: op, completion and object name live in `c` until it has waited.
         let rc = unsafe {
             (self.api.rados_aio_write_op_operate)(

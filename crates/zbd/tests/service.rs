@@ -29,6 +29,17 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Whether every tool is installed; says which one is not (the test then returns early).
+fn have_all(tools: &[&str]) -> bool {
+    match tools.iter().find(|t| !have(t)) {
+        Some(tool) => {
+            eprintln!("skipped: {tool} not installed");
+            false
+        }
+        None => true,
+    }
+}
+
 fn create(volume: &Path, size: &str) {
     let out = Command::new(ZBD)
         .arg("create")
@@ -231,11 +242,8 @@ fn attach_names_a_stale_socket_in_one_line() {
 /// `zbd attach` started before its server waits for it (bounded), then attaches.
 #[test]
 fn attach_waits_for_a_starting_server() {
-    for tool in ["nbdfuse", "fusermount3", "losetup"] {
-        if !have(tool) {
-            eprintln!("skipped: {tool} not installed");
-            return;
-        }
+    if !have_all(&["nbdfuse", "fusermount3", "losetup"]) {
+        return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let volume = dir.path().join("v.zbd");
@@ -1117,11 +1125,8 @@ fn serve_logs_what_recovery_replayed() {
 /// `zbd attach --uri nbd://HOST:PORT` attaches a volume served on TCP (`zbd serve --listen`).
 #[test]
 fn attach_takes_a_tcp_uri() {
-    for tool in ["nbdfuse", "fusermount3", "losetup"] {
-        if !have(tool) {
-            eprintln!("skipped: {tool} not installed");
-            return;
-        }
+    if !have_all(&["nbdfuse", "fusermount3", "losetup"]) {
+        return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let volume = dir.path().join("v.zbd");
