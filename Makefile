@@ -100,6 +100,7 @@ check:
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets $(FEATURES) -- -D warnings
+	python3 scripts/modgraph.py > /dev/null  # no import circles in zbd-core (docs/design.md, Layout)
 	$(VENV)/bin/ruff check lab
 	$(VENV)/bin/ruff format --check lab
 
