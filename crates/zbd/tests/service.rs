@@ -29,6 +29,22 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// `zbd detach DEVICE --state-dir STATE`, which must succeed.
+fn detach(device: impl AsRef<std::ffi::OsStr>, state: &std::path::Path) {
+    let out = Command::new(ZBD)
+        .arg("detach")
+        .arg(device)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .expect("zbd detach");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Whether every tool is installed; says which one is not (the test then returns early).
 fn have_all(tools: &[&str]) -> bool {
     match tools.iter().find(|t| !have(t)) {
@@ -289,18 +305,7 @@ fn attach_waits_for_a_starting_server() {
             .and_then(|l| l.iter().find(|e| e["pid"] == pid).cloned())
             .map(|e| (e["device"].clone(), e["mountpoint"].clone()));
         assert!(listed.is_some(), "{list}");
-        let detach = Command::new(ZBD)
-            .arg("detach")
-            .arg(&device)
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .expect("zbd detach");
-        assert!(
-            detach.status.success(),
-            "{}",
-            String::from_utf8_lossy(&detach.stderr)
-        );
+        detach(&device, &state);
     }
     assert!(
         out.status.success(),
@@ -1157,18 +1162,7 @@ fn attach_takes_a_tcp_uri() {
         .args(["--getsize64", &device])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let detach = Command::new(ZBD)
-        .arg("detach")
-        .arg(&device)
-        .arg("--state-dir")
-        .arg(&state)
-        .output()
-        .expect("zbd detach");
-    assert!(
-        detach.status.success(),
-        "{}",
-        String::from_utf8_lossy(&detach.stderr)
-    );
+    detach(&device, &state);
     assert_eq!(size.expect("blockdev"), (16u64 << 20).to_string());
 }
 
