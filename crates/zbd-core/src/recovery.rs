@@ -53,12 +53,7 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
 /// superblock is written only at create time, so nothing else would ever repair it. Returns
 /// what was repaired, for `check` to report.
 pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<Option<String>> {
-    let mut copies = [vec![0u8; SUPERBLOCK_BYTES], vec![0u8; SUPERBLOCK_BYTES]];
-    let mut intact = [false; 2];
-    for (copy, b) in copies.iter_mut().enumerate() {
-        intact[copy] = storage.read_at((copy * SUPERBLOCK_BYTES) as u64, b).is_ok()
-            && Superblock::decode(b).is_ok_and(|c| c == *sb);
-    }
+    let (copies, intact) = superblock_copies(storage, sb);
     let Some(good) = intact.iter().position(|&ok| ok) else {
         return Ok(None);
     };
@@ -67,12 +62,25 @@ pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<Optio
     };
     storage.write_at((bad * SUPERBLOCK_BYTES) as u64, &copies[good])?;
     storage.sync()?;
-    let name = |copy: usize| ["A", "B"][copy];
     Ok(Some(format!(
         "superblock copy {} was damaged: rewritten from copy {}",
-        name(bad),
-        name(good)
+        SUPERBLOCK_COPY_NAMES[bad], SUPERBLOCK_COPY_NAMES[good]
     )))
+}
+
+/// Names of the two superblock copies, as messages give them.
+pub const SUPERBLOCK_COPY_NAMES: [&str; 2] = ["A", "B"];
+
+/// Both superblock copies as read, and whether each is intact and equal to `sb` (what `check`
+/// reports and a writable open repairs).
+pub fn superblock_copies(storage: &dyn Storage, sb: &Superblock) -> ([Vec<u8>; 2], [bool; 2]) {
+    let mut copies = [vec![0u8; SUPERBLOCK_BYTES], vec![0u8; SUPERBLOCK_BYTES]];
+    let mut intact = [false; 2];
+    for (copy, b) in copies.iter_mut().enumerate() {
+        intact[copy] = storage.read_at((copy * SUPERBLOCK_BYTES) as u64, b).is_ok()
+            && Superblock::decode(b).is_ok_and(|c| c == *sb);
+    }
+    (copies, intact)
 }
 
 /// The checkpoint recovery starts from, and what was noticed on the way.

@@ -6,8 +6,8 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::extents::ExtentState;
 use crate::format::{
-    decode_map_page, BlockState, MapEntry, Superblock, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE,
-    MAP_PAGE_BYTES, PAGE_NONE, SUPERBLOCK_BYTES,
+    decode_map_page, BlockState, MapEntry, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES,
+    PAGE_NONE,
 };
 use crate::recovery;
 use crate::stats::Stats;
@@ -297,18 +297,12 @@ impl Inner {
                 .map(|p| format!("map page {p}: one copy is damaged, the other is intact")),
         );
         self.check_map_copies(&mut report, &damaged_pages);
-        for copy in 0..2u64 {
-            let mut b = vec![0u8; SUPERBLOCK_BYTES];
-            let ok = self
-                .storage
-                .read_at(copy * SUPERBLOCK_BYTES as u64, &mut b)
-                .is_ok()
-                && Superblock::decode(&b).is_ok_and(|sb| sb == self.sb);
+        let (_, intact) = recovery::superblock_copies(&*self.storage, &self.sb);
+        for (ok, name) in intact.iter().zip(recovery::SUPERBLOCK_COPY_NAMES) {
             if !ok {
-                report.metadata_problems.push(format!(
-                    "superblock copy {} is damaged",
-                    ["A", "B"][copy as usize]
-                ));
+                report
+                    .metadata_problems
+                    .push(format!("superblock copy {name} is damaged"));
             }
         }
         let total = self.sb.logical_blocks;
