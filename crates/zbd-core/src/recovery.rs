@@ -409,10 +409,12 @@ pub fn make_durable(
     if !tail.is_empty() {
         storage.sync()?;
     }
-    // Both copies of its slot (a damaged one is repaired too), after the log it covers.
+    // Both copies of its slot (a damaged one is repaired too), after the log it covers; one
+    // copy synced before the next is written, so a power cut mid-write leaves the other intact.
     let (seq, bytes) = checkpoint;
     for copy in 0..sb.metadata_copies() {
         storage.write_at(sb.checkpoint_slot_offset(seq, copy), bytes)?;
+        storage.sync()?;
     }
-    storage.sync()
+    Ok(())
 }
