@@ -1098,7 +1098,10 @@ fn serve_logs_what_recovery_replayed() {
     let socket_arg = socket.to_str().expect("path");
     let mut server = Server::start(&volume, &["--socket", socket_arg], Stdio::null());
     let uri = format!("nbd+unix:///?socket={}", socket.display());
+    // --flush: without it the data may still be queued in the server when it is killed, and
+    // there would be nothing on disk to replay.
     let out = Command::new("nbdcopy")
+        .arg("--flush")
         .arg(&input)
         .arg(&uri)
         .output()
