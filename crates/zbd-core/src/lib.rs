@@ -8,6 +8,7 @@ pub mod backend;
 mod buffer;
 mod cleaner;
 pub mod codec;
+pub mod dedup;
 mod dicts;
 mod engine;
 pub mod error;

@@ -38,6 +38,8 @@ enum Command {
     Compact(commands::compact::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
     Bench(commands::bench::Args),
+    /// Estimate what deduplication and compression would save on files, trees or images.
+    Estimate(commands::estimate::Args),
     /// Write a file into a volume and read it back (used by scripts/demo.sh).
     Copy(commands::copy::Args),
     /// Serve a volume over NBD until SIGTERM/SIGINT.
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
         Command::Compact(a) => commands::compact::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
+        Command::Estimate(a) => commands::estimate::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Attach(a) => commands::attach::run(a),
         Command::Detach(a) => commands::detach::run(a),

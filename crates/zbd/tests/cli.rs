@@ -458,3 +458,92 @@ fn check_repair_rewrites_a_damaged_superblock_copy() {
         .stdout(predicate::str::contains("clean"));
     zbd().arg("check").arg(&vol).assert().success();
 }
+
+/// Pseudo-random bytes (xorshift), so that no two blocks of a test repeat by accident.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn estimate_counts_duplicates_zeros_and_tails_of_a_tree() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).expect("dirs");
+    let a = noise(64 << 10, 1);
+    std::fs::write(tree.join("a"), &a).expect("a"); // 16 blocks
+    std::fs::write(tree.join("sub/copy-of-a"), &a).expect("copy"); // 16 duplicates
+    std::fs::write(tree.join("zeros"), vec![0u8; 8192]).expect("zeros"); // 2 zero blocks
+                                                                         // 1 block and a 100-byte tail padded to a block: 2 new blocks.
+    std::fs::write(tree.join("b"), noise(4096 + 100, 2)).expect("b");
+    // Half of a copied at another offset within a file: 8 more duplicates.
+    let mut c = noise(4096, 3);
+    c.extend_from_slice(&a[32 << 10..]);
+    std::fs::write(tree.join("sub/c"), c).expect("c"); // 1 new + 8 duplicates
+    let out = zbd()
+        .args(["estimate", "--json", "--dedup-index", "64K,16M"])
+        .arg(&tree)
+        .output()
+        .expect("estimate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["files"], 5);
+    assert_eq!(v["zero_blocks"], 2);
+    assert_eq!(v["nonzero_blocks"], 16 + 16 + 2 + 9);
+    assert_eq!(v["duplicate_blocks"], 16 + 8);
+    let distinct = 16.0 + 2.0 + 1.0;
+    assert!((v["dedup_ratio"].as_f64().expect("ratio") - 43.0 / distinct).abs() < 1e-9);
+    // Random data does not compress (but the zero-padded tail does): stored = payload + a record
+    // per distinct block.
+    let stored = v["stored_bytes"].as_u64().expect("stored");
+    assert!((18 * 4096..=19 * (4096 + 64)).contains(&stored), "{stored}");
+    for ix in v["indexes"].as_array().expect("indexes") {
+        assert_eq!(ix["found_blocks"], 24, "{ix}");
+        assert_eq!(ix["stored_bytes"], v["stored_bytes"], "{ix}");
+    }
+}
+
+#[test]
+fn estimate_text_and_errors_name_the_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("image");
+    let mut data = noise(32 << 10, 9);
+    data.extend_from_within(..);
+    std::fs::write(&f, data).expect("image");
+    zbd().arg("estimate").arg(&f).assert().success().stdout(
+        predicate::str::contains("duplicate blocks")
+            .and(predicate::str::contains("50.0 %"))
+            .and(predicate::str::contains("dedup 2.00:1"))
+            .and(predicate::str::contains("finds 100.0 %")),
+    );
+    let missing = dir.path().join("nope");
+    zbd()
+        .arg("estimate")
+        .arg(&missing)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(missing.to_str().expect("path")));
+    zbd()
+        .args(["estimate", "--dedup-index", "lots"])
+        .arg(&f)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--dedup-index 'lots'"));
+    zbd()
+        .args(["estimate", "--unit-size", "12K"])
+        .arg(&f)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--unit-size '12K'"));
+}

@@ -138,6 +138,16 @@ def savings(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     return demoted((raw / "summary.md").read_text()) + [""], data
 
 
+def dedup_index(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-dedup-index.py: summary.md and index.tsv (share of duplicates found per budget)."""
+    env = {"ZBD_BIN": zbd, "DEDUP_DIR": str(settings.work_dir)}
+    if settings.short:
+        env |= {"DEDUP_BASE_MB": "64", "DEDUP_TREE_MB": "100"}
+    argv = ["/usr/bin/python3", str(repo / "scripts" / "bench-dedup-index.py"), str(raw)]
+    run_tool(argv, raw / "log.txt", env, repo, settings.progress)
+    return demoted((raw / "summary.md").read_text()) + [""], {"index": tsv_rows(raw / "index.tsv")}
+
+
 def ceph(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     """scripts/bench-ceph.sh (a throwaway cluster): its JSON, as a table zbd / RBD."""
     result = raw / "ceph.json"
@@ -190,6 +200,7 @@ SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
     "scale": scale,
     "latency": latency,
     "savings": savings,
+    "dedup-index": dedup_index,
     "ceph": ceph,
     "rados-ab": rados_ab,
 }
