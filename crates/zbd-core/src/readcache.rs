@@ -16,6 +16,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 type Key = (u32, u32);
@@ -28,6 +29,24 @@ struct Gens {
     hot: HashMap<Key, Arc<[u8]>>,
     cold: HashMap<Key, Arc<[u8]>>,
     hot_bytes: usize,
+    cold_bytes: usize,
+}
+
+/// What the read cache did (`zbd stat`, the metrics).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ReadCacheStats {
+    /// Stored bytes found in the cache.
+    pub hits: u64,
+    /// Stored bytes looked up and not found (then read from the volume).
+    pub misses: u64,
+    /// Decoded units found (their decode skipped).
+    pub unit_hits: u64,
+    /// Decoded units looked up and not found.
+    pub unit_misses: u64,
+    /// Bytes held now.
+    pub bytes: u64,
+    /// Budget in bytes (0: the cache is off).
+    pub budget_bytes: u64,
 }
 
 /// See the module doc.
@@ -35,6 +54,10 @@ pub struct ReadCache {
     gens: Mutex<Gens>,
     /// Bytes per generation; 0 disables the cache.
     half: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    unit_hits: AtomicU64,
+    unit_misses: AtomicU64,
 }
 
 impl ReadCache {
@@ -43,20 +66,43 @@ impl ReadCache {
         ReadCache {
             gens: Mutex::new(Gens::default()),
             half: budget / 2,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            unit_hits: AtomicU64::new(0),
+            unit_misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Hits, misses and size so far.
+    pub fn stats(&self) -> ReadCacheStats {
+        let g = self.gens.lock();
+        ReadCacheStats {
+            hits: self.hits.load(Relaxed),
+            misses: self.misses.load(Relaxed),
+            unit_hits: self.unit_hits.load(Relaxed),
+            unit_misses: self.unit_misses.load(Relaxed),
+            bytes: (g.hot_bytes + g.cold_bytes) as u64,
+            budget_bytes: 2 * self.half as u64,
         }
     }
 
     /// The bytes stored at (extent, offset), if cached with length `len`.
     pub fn get(&self, extent: u32, offset: u32, len: usize) -> Option<Arc<[u8]>> {
+        let found = self.lookup((extent, offset), len);
+        count(found.is_some(), &self.hits, &self.misses, self.half);
+        found
+    }
+
+    fn lookup(&self, key: Key, len: usize) -> Option<Arc<[u8]>> {
         if self.half == 0 {
             return None;
         }
         let mut g = self.gens.lock();
-        let key = (extent, offset);
         if let Some(b) = g.hot.get(&key) {
             return (b.len() == len).then(|| Arc::clone(b));
         }
         let b = g.cold.remove(&key)?;
+        g.cold_bytes -= b.len();
         if b.len() != len {
             return None;
         }
@@ -66,7 +112,14 @@ impl ReadCache {
 
     /// The decoded unit stored at (extent, offset), if cached with `len` bytes.
     pub fn get_unit(&self, extent: u32, offset: u32, len: usize) -> Option<Arc<[u8]>> {
-        self.get(extent, offset | UNIT_KEY, len)
+        let found = self.lookup((extent, offset | UNIT_KEY), len);
+        count(
+            found.is_some(),
+            &self.unit_hits,
+            &self.unit_misses,
+            self.half,
+        );
+        found
     }
 
     /// Remembers the decoded form of the unit stored at (extent, offset).
@@ -95,7 +148,7 @@ impl ReadCache {
         g.hot_bytes += n;
         if g.hot_bytes >= half {
             g.cold = std::mem::take(&mut g.hot);
-            g.hot_bytes = 0;
+            g.cold_bytes = std::mem::take(&mut g.hot_bytes);
         }
     }
 
@@ -116,7 +169,15 @@ impl ReadCache {
             keep
         });
         g.hot_bytes -= freed;
-        g.cold.retain(|k, _| !gone(k));
+        let mut freed = 0;
+        g.cold.retain(|k, v| {
+            let keep = !gone(k);
+            if !keep {
+                freed += v.len();
+            }
+            keep
+        });
+        g.cold_bytes -= freed;
     }
 
     /// Bytes cached now (both generations).
@@ -124,6 +185,13 @@ impl ReadCache {
     fn bytes(&self) -> usize {
         let g = self.gens.lock();
         g.hot.values().chain(g.cold.values()).map(|b| b.len()).sum()
+    }
+}
+
+/// Counts a lookup of an enabled cache.
+fn count(hit: bool, hits: &AtomicU64, misses: &AtomicU64, half: usize) {
+    if half > 0 {
+        (if hit { hits } else { misses }).fetch_add(1, Relaxed);
     }
 }
 
@@ -163,5 +231,11 @@ mod tests {
         let off = ReadCache::new(0);
         off.put(1, 1, &[1]);
         assert!(off.get(1, 1, 1).is_none());
+        assert_eq!(off.stats().misses, 0, "a cache that is off counts nothing");
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses), (3, 2), "{s:?}");
+        assert_eq!((s.unit_hits, s.unit_misses), (1, 2), "{s:?}");
+        assert_eq!(s.bytes as usize, c.bytes(), "{s:?}");
+        assert!(s.bytes <= s.budget_bytes, "{s:?}");
     }
 }

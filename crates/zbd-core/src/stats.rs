@@ -137,6 +137,8 @@ pub struct Stats {
     pub metadata_ram_bytes: u64,
     /// Map page cache: hits, pages read, residency (the map is paged, see `map/`).
     pub map_cache: crate::map::MapCacheStats,
+    /// Read cache of stored bytes and decoded units: hits, misses, size.
+    pub read_cache: crate::readcache::ReadCacheStats,
     /// Cleaner low watermark in force (% free extents).
     pub clean_low_pct: u8,
     /// Cleaner high watermark in force.

@@ -359,6 +359,33 @@ fn io(t: &mut Text, s: &Stats) {
     ] {
         t.sample("zbd_map_cache_pages", &[("state", state)], pages as f64);
     }
+    let r = &s.read_cache;
+    for (name, help, stored, unit) in [
+        (
+            "zbd_read_cache_hits_total",
+            "Read cache lookups found in RAM: stored bytes, or a decoded unit (decode skipped).",
+            r.hits,
+            r.unit_hits,
+        ),
+        (
+            "zbd_read_cache_misses_total",
+            "Read cache lookups not found: stored bytes read from the volume, or a unit decoded.",
+            r.misses,
+            r.unit_misses,
+        ),
+    ] {
+        t.family(name, "counter", help);
+        t.sample(name, &[("kind", "stored")], stored as f64);
+        t.sample(name, &[("kind", "unit")], unit as f64);
+    }
+    t.family(
+        "zbd_read_cache_bytes",
+        "gauge",
+        "Read cache size, by state.",
+    );
+    for (state, bytes) in [("held", r.bytes), ("budget", r.budget_bytes)] {
+        t.sample("zbd_read_cache_bytes", &[("state", state)], bytes as f64);
+    }
 }
 
 fn health(t: &mut Text, s: &Stats) {

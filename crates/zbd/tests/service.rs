@@ -597,7 +597,33 @@ fn serve_metrics_are_scraped_by_prometheus() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    if have("nbdcopy") {
+        // Read everything back through the server: the read cache is asked for every block.
+        let uri = format!("nbd+unix:///?socket={}", socket.display());
+        let out = Command::new("nbdcopy")
+            .arg(&uri)
+            .arg("null:")
+            .output()
+            .expect("nbdcopy");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let body = http_get(&address, "/metrics").expect("GET /metrics");
+    if have("nbdcopy") {
+        let misses = body
+            .lines()
+            .find(|l| {
+                l.starts_with("zbd_read_cache_misses_total{") && l.contains("kind=\"stored\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        assert!(misses.is_some_and(|n| n >= 1.0), "{body}");
+        // `zbd stat` asks the server, which has served no read since.
+        let cache = stat_json(&volume)["read_cache"].clone();
+        assert_eq!(misses, cache["misses"].as_f64(), "{cache}\n{body}");
+    }
     assert!(
         http_get(&address, "/other").is_err(),
         "only /metrics is served"

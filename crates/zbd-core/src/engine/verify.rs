@@ -127,6 +127,7 @@ impl Inner {
             metadata_ram_bytes: st.map.ram_bytes()
                 + (st.extents.len() * std::mem::size_of::<crate::extents::ExtentInfo>()) as u64,
             map_cache: st.map.cache_stats(),
+            read_cache: self.cache.stats(),
             clean_low_pct: self.clean_low_pct,
             clean_high_pct: self.clean_high_pct,
             recovery_records_replayed: st.replayed,

@@ -155,6 +155,22 @@ pub fn render(name: &str, s: &Stats) -> String {
             human(s.metadata_ram_bytes)
         ),
     );
+    let r = &s.read_cache;
+    let rate = |hits: u64, misses: u64| match hits + misses {
+        0 => "-".to_string(),
+        n => format!("{:.1} %", 100.0 * hits as f64 / n as f64),
+    };
+    line(
+        "read cache",
+        format!(
+            "{} of {}; hit rate {} ({} lookups), decoded units {}",
+            human(r.bytes),
+            human(r.budget_bytes),
+            rate(r.hits, r.misses),
+            r.hits + r.misses,
+            rate(r.unit_hits, r.unit_misses)
+        ),
+    );
     line(
         "logical in use",
         format!(
