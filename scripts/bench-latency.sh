@@ -3,9 +3,13 @@
 # at iodepth 1 (fio's nbd engine on `zbd serve`, Unix socket) on an idle volume, then while a
 # writer overwrites at random (2:1 data, a flush every 64 writes) on a volume about 80 % live, so
 # that checkpoints come every 32 MiB of extents and the cleaner runs all along.
+# And the cost of a flush (issue 26): "4 KiB random write + flush" at iodepth 1 (every write
+# followed by an NBD FLUSH), its IOPS, flush latency and write amplification (storage bytes
+# written / host bytes written during the phase, from `zbd stat` before and after).
 # Per round and binary: a fresh volume (512 MiB logical, 320 MiB data area, lz4), filled once
-# sequentially, then the idle phase, then the loaded phase. Binaries alternate (A B, B A, ...), and
-# the summary gives medians over rounds and loaded/idle ratios (goal: p99.9 within 10x).
+# sequentially, then the flush phase, the idle phase and the loaded phase. Binaries alternate
+# (A B, B A, ...), and the summary gives medians over rounds and loaded/idle ratios (goal: p99.9
+# within 10x).
 #
 #   scripts/bench-latency.sh OUTDIR [BASE_ZBD]
 #
@@ -54,6 +58,10 @@ one() { # ARM BINARY ROUND
     local common=(--ioengine=nbd --uri="nbd+unix:///?socket=$sock" --bs=4k)
     fio_job "fill-$arm-$round" "${common[@]}" --name=fill --rw=write --bs=1M --iodepth=4 \
         --size=512M --end_fsync=1 "${data[@]}"
+    "$bin" stat --json "$vol" >"$out/raw/latency/flush-before-$arm-$round.json"
+    fio_job "flush-$arm-$round" "${common[@]}" --name=flusher --rw=randwrite --iodepth=1 --fsync=1 \
+        --time_based --runtime="$secs" --percentile_list=50:99:99.9 "${data[@]}"
+    "$bin" stat --json "$vol" >"$out/raw/latency/flush-after-$arm-$round.json"
     fio_job "idle-$arm-$round" "${common[@]}" --name=reader --rw=randread --iodepth=1 \
         --time_based --runtime="$secs" --percentile_list=99:99.9
     fio_job "loaded-$arm-$round" "${common[@]}" --time_based --runtime="$secs" \
@@ -78,10 +86,10 @@ for ((r = 1; r <= rounds; r++)); do
     done
 done
 
-python3 - "$out" "$rounds" "${arms[@]}" <<'EOF'
+python3 - "$out" "$rounds" "$secs" "${arms[@]}" <<'EOF'
 import json, statistics, sys
 from pathlib import Path
-out, rounds, arms = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+out, rounds, secs, arms = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 raw = out / "raw" / "latency"
 
 def pct(path, q):
@@ -90,9 +98,30 @@ def pct(path, q):
             return job["read"]["clat_ns"]["percentile"][q] / 1e3  # microseconds
     raise SystemExit(f"bench-latency: no reader job in {path}")
 
-rows, summary = [], {}
+def flush_phase(arm, r):
+    job = json.loads((raw / f"flush-{arm}-{r}.json").read_text())["jobs"][0]
+    sync = job["sync"]["lat_ns"]["percentile"]
+    before, after = (json.loads((raw / f"flush-{w}-{arm}-{r}.json").read_text())["counters"] for w in ("before", "after"))
+    delta = {k: after[k] - before[k] for k in after}
+    stored = delta["data_bytes_written"] + delta["metadata_bytes_written"] + delta["cleaner_bytes_written"]
+    return {
+        "write_iops": job["write"]["iops"],
+        "flush_p50_us": sync["50.000000"] / 1e3,
+        "flush_p99_us": sync["99.000000"] / 1e3,
+        "write_amplification": stored / max(1, delta["host_bytes_written"]),
+    }
+
+rows, flush_rows, summary = [], [], {}
 for arm in arms:
     s = {}
+    phases = [flush_phase(arm, r) for r in range(1, rounds + 1)]
+    for key in phases[0]:
+        s[f"flush_{key}"] = statistics.median(p[key] for p in phases)
+        s[f"flush_{key}_rounds"] = [p[key] for p in phases]
+    flush_rows.append(
+        f"| {arm} | {s['flush_write_iops']:.0f} | {s['flush_flush_p50_us']:.0f} | {s['flush_flush_p99_us']:.0f} "
+        f"| {s['flush_write_amplification']:.2f} |"
+    )
     for phase in ("idle", "loaded"):
         for q, name in (("99.000000", "p99"), ("99.900000", "p99.9")):
             vals = [pct(raw / f"{phase}-{arm}-{r}.json", q) for r in range(1, rounds + 1)]
@@ -116,6 +145,16 @@ text = [
     "| binary | idle p99 | idle p99.9 | loaded p99 | loaded p99.9 | loaded/idle p99.9 |",
     "|---|---|---|---|---|---|",
     *rows,
+    "",
+    "## 4 KiB random write + flush (issue 26)",
+    "",
+    f"fio nbd engine, iodepth 1, an NBD FLUSH after every write (2:1 data), {secs} s per round on the "
+    f"freshly filled volume; medians of {rounds} rounds. Write amplification: storage bytes written "
+    "(data, metadata, cleaner) / host bytes written during the phase.",
+    "",
+    "| binary | write+flush IOPS | flush p50 us | flush p99 us | write amplification |",
+    "|---|---|---|---|---|",
+    *flush_rows,
 ]
 (out / "latency.md").write_text("\n".join(text) + "\n")
 print("\n".join(text))
