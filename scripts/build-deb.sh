@@ -23,6 +23,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 
 install -Dm755 "$bin" "$stage/usr/bin/zbd"
+# The release profile keeps debug info for profiling; the package ships the binary without it.
+strip --strip-debug "$stage/usr/bin/zbd"
 install -Dm644 "$root/packaging/systemd/zbd@.service" "$stage/usr/lib/systemd/system/zbd@.service"
 install -Dm644 "$root/packaging/systemd/zbd-attach@.service" \
   "$stage/usr/lib/systemd/system/zbd-attach@.service"

@@ -1083,6 +1083,40 @@ fn debian_package_holds_the_service_files() {
         String::from_utf8_lossy(&conffiles.stdout).trim(),
         "/etc/zbd/volumes"
     );
+    // dpkg installs it into an empty root (its dependencies are not there: forced), and the
+    // installed binary runs and knows its version.
+    if !have("dpkg") {
+        return;
+    }
+    let root = dir.path().join("root");
+    for d in ["var/lib/dpkg/info", "var/lib/dpkg/updates"] {
+        std::fs::create_dir_all(root.join(d)).expect("dpkg dirs");
+    }
+    std::fs::write(root.join("var/lib/dpkg/status"), "").expect("status");
+    let installed = Command::new("dpkg")
+        .arg(format!("--root={}", root.display()))
+        .args([
+            "--force-depends",
+            "--force-script-chrootless",
+            "--force-not-root",
+            "-i",
+        ])
+        .arg(&deb)
+        .output()
+        .expect("dpkg -i");
+    assert!(
+        installed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    let version = Command::new(root.join("usr/bin/zbd"))
+        .arg("--version")
+        .output()
+        .expect("installed zbd");
+    assert!(
+        String::from_utf8_lossy(&version.stdout).starts_with("zbd "),
+        "{version:?}"
+    );
 }
 
 /// `zbd create` warns when the data area cannot hold the logical size (thin provisioning), and
