@@ -32,6 +32,7 @@ GROUP_TITLES = {
     "scale": "RAM and open time at scale (scripts/bench-scale.sh)",
     "latency": "Read latency behind checkpoints and the cleaner (scripts/bench-latency.sh)",
     "savings": "Space savings against btrfs and ZFS, read cost per unit size (scripts/bench-savings.sh)",
+    "metrics": "Cost of the metrics endpoint under 4 KiB random writes (scripts/bench-metrics.sh)",
     "dedup-index": "Dedup index: duplicates found against its RAM budget (scripts/bench-dedup-index.py)",
     "ceph": "zbd on RADOS against RBD (scripts/bench-ceph.sh)",
     "rados-ab": "Two zbd binaries on one RADOS cluster (scripts/bench-rados-ab.sh)",

@@ -120,6 +120,23 @@ def latency(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     return demoted((raw / "latency.md").read_text()) + [""], json.loads((raw / "latency.json").read_text())
 
 
+def metrics(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-metrics.sh: metrics.md and metrics.json (IOPS with and without the endpoint)."""
+    env = {
+        "ZBD_BIN": zbd,
+        "MET_DIR": str(settings.work_dir),
+        **({"MET_ROUNDS": "3"} if settings.short else {}),
+    }
+    run_tool(
+        ["bash", str(repo / "scripts" / "bench-metrics.sh"), str(raw)],
+        raw / "log.txt",
+        env,
+        repo,
+        settings.progress,
+    )
+    return demoted((raw / "metrics.md").read_text()) + [""], json.loads((raw / "metrics.json").read_text())
+
+
 def savings(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     """scripts/bench-savings.sh: summary.md (scripts/savings_project.py), space.tsv and read.tsv."""
     env = {
@@ -199,6 +216,7 @@ SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
     "builtin": builtin,
     "scale": scale,
     "latency": latency,
+    "metrics": metrics,
     "savings": savings,
     "dedup-index": dedup_index,
     "ceph": ceph,
