@@ -285,8 +285,14 @@ fn attach_waits_for_a_starting_server() {
     let out = attach.wait_with_output().expect("attach output");
     let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let mut listed = None;
+    let mut dio = None;
     let mnt = dir.path().join("mnt");
     if out.status.success() {
+        // No second page cache under the filesystem: the loop device does direct I/O.
+        let name = device.trim_start_matches("/dev/");
+        dio = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio"))
+            .ok()
+            .map(|v| v.trim().to_string());
         // zbd list names the device and where it is mounted.
         std::fs::create_dir(&mnt).expect("mkdir");
         let mkfs = Command::new("mkfs.ext4").args(["-q", &device]).status();
@@ -313,6 +319,11 @@ fn attach_waits_for_a_starting_server() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(device.starts_with("/dev/"), "{device}");
+    assert_eq!(
+        dio,
+        Some("1".to_string()),
+        "{device} does not do direct I/O"
+    );
     let (listed_device, listed_mountpoint) = listed.expect("listed");
     assert_eq!(listed_device, device.as_str());
     assert_eq!(listed_mountpoint, mnt.to_str().expect("path"));

@@ -90,6 +90,11 @@ impl FileStorage {
         // Exclusive advisory lock: a second zbd on the same volume gets a clear "in use" error.
         rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| Error::InUse(path.display().to_string()))?;
+        // The engine reads what its map names (a block, a unit, a record table) at scattered
+        // places, and the cleaner reads whole extents by itself: kernel readahead only
+        // multiplies the bytes read from the device (issue 30 measured 3.2x). Advice only: a
+        // file system that ignores it still works.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random);
         let block_device = file.metadata()?.file_type().is_block_device();
         // Block devices report length 0 in metadata; seeking to the end gives the real size.
         let len = file.seek(SeekFrom::End(0))?;
