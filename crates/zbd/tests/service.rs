@@ -4,7 +4,7 @@
 //! Servers are stopped by PID when a test ends, whether it passed or not; waits poll a condition
 //! with a deadline, never a bare sleep.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -1324,4 +1324,50 @@ fn serve_removes_a_stale_pidfile_at_start() {
         .expect("zbd serve");
     assert_eq!(out.status.code(), Some(1));
     assert!(!pidfile.exists(), "stale pidfile left in place");
+}
+
+/// A read that meets a damaged block says so in the server's log (once per block at first,
+/// never per retry forever), and the client gets an error, not data.
+#[test]
+fn serve_logs_damage_found_on_read() {
+    if !have("nbdcopy") {
+        eprintln!("skipped: nbdcopy not installed (libnbd-bin)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    create(&volume, "4M");
+    copy_into(&volume, dir.path());
+    let data_offset = stat_json(&volume)["metadata_bytes"]
+        .as_u64()
+        .expect("metadata bytes");
+    // Damage the first stored payload (just past the first segment header).
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&volume)
+        .expect("open");
+    f.seek(SeekFrom::Start(data_offset + 80)).expect("seek");
+    f.write_all(&[0xff, 0x00, 0xff]).expect("damage");
+    drop(f);
+    let socket = dir.path().join("v.sock");
+    let log = dir.path().join("serve.log");
+    let file = std::fs::File::create(&log).expect("log");
+    let _server = Server::start(
+        &volume,
+        &["--socket", socket.to_str().expect("path")],
+        Stdio::from(file),
+    );
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let out = Command::new("nbdcopy")
+        .arg(&uri)
+        .arg("null:")
+        .output()
+        .expect("nbdcopy");
+    assert!(!out.status.success(), "a damaged block was read as data");
+    let mut text = String::new();
+    wait_until("the damage line", || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("damaged data: block 0 ")
+    });
+    assert_eq!(text.matches("damaged data:").count(), 1, "{text}");
 }

@@ -18,6 +18,27 @@ impl Inner {
     /// like make_space: on a volume at its guaranteed overwrite fraction space is short all the
     /// time, and cleaning before every write would run passes that gain nothing. Writers that
     /// find one cleaning wait for it, without the state lock.
+    /// Says in the log, at most once a minute, that writers clean in the foreground: the
+    /// background cleaner is not keeping up (or the volume is nearly full of live data).
+    fn log_falling_behind(&self) {
+        const EVERY_S: u64 = 60;
+        let now = self.opened_at.elapsed().as_secs() + 1;
+        let last = self.behind_logged_at.load(Ordering::Relaxed);
+        if (last == 0 || now >= last + EVERY_S)
+            && self
+                .behind_logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let free = self.state.lock().free_now();
+            tracing::warn!(
+                "cleaner falling behind: writes are cleaning in the foreground ({free} of {} \
+                 extents free)",
+                self.sb.extent_count
+            );
+        }
+    }
+
     pub(super) fn clean_ahead(&self, bytes: usize) -> Result<()> {
         let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
         let due = |st: &State| {
@@ -32,6 +53,7 @@ impl Inner {
             // Another writer cleaned meanwhile.
             return Ok(());
         }
+        self.log_falling_behind();
         let cx = self.ctx();
         let mut reclaimed = 0usize;
         for _ in 0..crate::cleaner::FOREGROUND_PASSES_MAX {

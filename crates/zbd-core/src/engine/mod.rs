@@ -150,6 +150,12 @@ pub(crate) struct Inner {
     host_bytes_read: AtomicU64,
     storage_bytes_read: AtomicU64,
     corrupt_reads: AtomicU64,
+    /// Damaged block reads since this open (the log's rate limit; `corrupt_reads` is the total).
+    damaged_reads_since_open: AtomicU64,
+    /// When a writer last logged that it cleans in the foreground (seconds since
+    /// `opened_at` + 1; 0: never).
+    behind_logged_at: AtomicU64,
+    opened_at: std::time::Instant,
     /// Readers waiting for the state lock; writers and the cleaner let them go first.
     readers_waiting: AtomicUsize,
     /// Held by a checkpoint written outside the state lock, from snapshot to commit (taken

@@ -120,8 +120,7 @@ impl Inner {
                 (start..end).map(|_| Ok(())).collect()
             };
             let damaged = || {
-                self.corrupt_reads
-                    .fetch_add((end - start) as u64, Ordering::Relaxed);
+                self.note_damaged_read(lba, (end - start) as u64);
                 (start..end).map(corrupt).collect()
             };
             match (&sources[start], stored) {
@@ -384,10 +383,26 @@ impl Inner {
                 }
             };
         if !ok {
-            self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            self.note_damaged_read(lba, 1);
             return Err(Error::Corrupt { lba });
         }
         Ok(())
+    }
+
+    /// Counts `blocks` damaged blocks read from `lba` on, and says so in the log: the first ten
+    /// such reads since open, then the 16th, 32nd, 64th... (a filesystem retrying a bad block
+    /// must not flood the log, and a person must still learn that it goes on).
+    fn note_damaged_read(&self, lba: u64, blocks: u64) {
+        let total = self.corrupt_reads.fetch_add(blocks, Ordering::Relaxed) + blocks;
+        let before = self
+            .damaged_reads_since_open
+            .fetch_add(blocks, Ordering::Relaxed);
+        if before < 10 || (before + 1..=before + blocks).any(u64::is_power_of_two) {
+            tracing::warn!(
+                "damaged data: block {lba} fails its checksum and reads as an I/O error \
+                 ({total} damaged block reads in all; `zbd check` lists the blocks)"
+            );
+        }
     }
 
     /// Decodes a whole unit into `out` (`unit_blocks` x 4 KiB) after checking its CRC; `None`

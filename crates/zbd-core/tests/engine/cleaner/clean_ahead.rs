@@ -617,3 +617,48 @@ fn flushes_racing_clean_ahead_survive_a_crash() {
         run(Some(total * n / 41), n);
     }
 }
+
+/// A writer that has to clean in the foreground says so in the log (the background cleaner is
+/// not keeping up), and not at every write: at most once a minute.
+#[test]
+fn cleaning_in_the_foreground_is_logged_once_a_minute() {
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("sink").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let (image, _) = filled_image(&tight());
+    let vol = Volume::open(
+        Box::new(Arc::new(SimStorage::from_image(image))),
+        open_opts_sync(),
+    )
+    .expect("open");
+    let mut rng = SmallRng::seed_from_u64(11);
+    tracing::subscriber::with_default(subscriber, || {
+        for n in 0..3 * LIVE {
+            let b = rng.random_range(0..LIVE);
+            vol.write((b * BS) as u64, &versioned(b, 2 + n as u64, &mut rng), false)
+                .expect("write");
+        }
+    });
+    let cleaner_runs = vol.stats().counters.cleaner_runs;
+    let log = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf-8");
+    assert!(cleaner_runs > 1, "the test must make writers clean: {cleaner_runs} runs");
+    assert_eq!(
+        log.matches("cleaner falling behind").count(),
+        1,
+        "{cleaner_runs} cleaner runs, log:\n{log}"
+    );
+}
