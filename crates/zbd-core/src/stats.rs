@@ -129,6 +129,11 @@ pub struct Stats {
     pub extents_pending_free: u64,
     /// Extents open in the extent buffer.
     pub extents_open: u64,
+    /// Space reserve of this open, bytes (`OpenOptions::space_reserve_bytes` in whole extents):
+    /// free extents host writes leave for a filesystem's repair.
+    pub reserve_bytes: u64,
+    /// Whether this open lent the reserve to host writes (it opened at its reserve: full).
+    pub reserve_lent: bool,
     /// Bytes of extents that are in use but hold no live data (cleaner's work).
     pub dead_bytes: u64,
     /// (data + metadata + cleaner bytes written) / host bytes written.

@@ -118,6 +118,8 @@ impl Inner {
             extents_in_use: in_use,
             extents_pending_free: pending,
             extents_open: open,
+            reserve_bytes: st.space_reserve as u64 * eb,
+            reserve_lent: st.reserve_lent,
             dead_bytes: (in_use + pending) * eb - live,
             write_amplification: if c.host_bytes_written == 0 {
                 0.0
