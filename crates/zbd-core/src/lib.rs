@@ -34,7 +34,7 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use layout::{parse_size, CreateOptions, DICTIONARY_DEFAULT};
 pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
-pub use stats::{Counters, DictStat, Stats, UnitSizeStat};
+pub use stats::{Counters, DictStat, Space, Stats, UnitSizeStat};
 pub use volume::Volume;
 
 #[cfg(test)]

@@ -176,6 +176,22 @@ pub struct Stats {
     pub units_by_size: Vec<UnitSizeStat>,
 }
 
+/// How full the data area is, cheaply (`Volume::space`: no walk of the extents): what a
+/// server looks at often (warning threshold, `zbd serve --warn-used`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Space {
+    /// Stored bytes of live blocks (`Stats::physical_bytes_live`).
+    pub live_bytes: u64,
+    /// Size of the data area.
+    pub data_area_bytes: u64,
+    /// Extents free now (queued or on the free list).
+    pub extents_free: u64,
+    /// The space reserve of this open, bytes.
+    pub reserve_bytes: u64,
+    /// Whether it is lent to host writes.
+    pub reserve_lent: bool,
+}
+
 /// Blocks stored in units of one size class (`zbd stat`).
 #[derive(Clone, Debug, Serialize)]
 pub struct UnitSizeStat {

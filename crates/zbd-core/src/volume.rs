@@ -6,7 +6,7 @@ use crate::engine::{AllocState, CheckReport, Inner, OpenOptions};
 use crate::error::{Error, Result};
 use crate::format::Superblock;
 use crate::layout::CreateOptions;
-use crate::stats::Stats;
+use crate::stats::{Space, Stats};
 use crate::Codec;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
@@ -203,6 +203,18 @@ impl Volume {
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         self.inner.stats()
+    }
+
+    /// Sets the space reserve after opening (`OpenOptions::space_reserve_bytes`, e.g. as a
+    /// share of the data area, known only once open): lends it at once if the volume is at it,
+    /// as an open does. True when lent.
+    pub fn set_space_reserve(&self, bytes: u64) -> bool {
+        self.inner.set_space_reserve(bytes)
+    }
+
+    /// How full the data area is (cheap: no walk of the extent table, unlike `stats`).
+    pub fn space(&self) -> Space {
+        self.inner.space()
     }
 
     /// Verifies metadata and every stored block.

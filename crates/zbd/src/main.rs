@@ -7,6 +7,7 @@ mod metrics;
 mod notify;
 mod sample;
 mod target;
+mod thin;
 mod volumes;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -110,7 +110,8 @@ impl State {
             return false;
         }
         self.reserve_lent = true;
-        tracing::warn!(
+        // Debug: a server says it in its own words (`zbd serve`'s open line).
+        tracing::debug!(
             "space reserve lent: the volume opened at its reserve ({} extents free, reserve {}); \
              writes may use it now (to repair the filesystem: fsck), until free space is back \
              above {} extents",
