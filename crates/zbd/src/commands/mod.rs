@@ -10,6 +10,7 @@ pub mod copy;
 pub mod create;
 pub mod detach;
 pub mod docs;
+pub mod grow;
 pub mod list;
 pub mod scrub;
 pub mod serve;
