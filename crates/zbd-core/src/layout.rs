@@ -232,6 +232,124 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     })
 }
 
+/// Largest logical size, in bytes, the map region of `sb` holds: its pages are laid out at
+/// create time, and the regions after them leave no room to add any, so a volume grows in place
+/// only into the unused entries of its last map page.
+pub fn logical_bytes_max(sb: &Superblock) -> u64 {
+    u64::from(sb.map_pages) * MAP_ENTRIES_PER_PAGE as u64 * BLOCK_BYTES as u64
+}
+
+/// Largest data area, in extents, the extent table of `sb` holds: like the map, its pages are
+/// laid out at create time (before the data area), so only the unused entries of its last page
+/// can take new extents.
+pub fn extent_count_max(sb: &Superblock) -> u64 {
+    u64::from(sb.extent_table_pages) * EXTENT_TABLE_ENTRIES_PER_PAGE as u64
+}
+
+/// The superblock of `sb` grown to `logical_bytes` and/or a data area of `capacity_bytes`
+/// (rounded down to whole extents), or an error naming the limit. Growing changes nothing but
+/// these two counts: every region keeps its place, the new map entries and extents are those
+/// the last map and extent-table pages hold unused (unmapped, free), so any checkpoint of the
+/// volume reads the same under either superblock (docs/format.md, "Growing a volume").
+pub fn grow(
+    sb: &Superblock,
+    logical_bytes: Option<u64>,
+    capacity_bytes: Option<u64>,
+) -> Result<Superblock> {
+    if sb.version < 2 {
+        return Err(Error::Invalid(format!(
+            "format {} volumes cannot grow (no extent table); copy the data to a new volume",
+            sb.version
+        )));
+    }
+    let mut grown = sb.clone();
+    if let Some(bytes) = logical_bytes {
+        let current = sb.logical_blocks * BLOCK_BYTES as u64;
+        let max = logical_bytes_max(sb);
+        if !bytes.is_multiple_of(BLOCK_BYTES as u64) {
+            return Err(Error::Invalid(format!(
+                "size {bytes}: must be a multiple of 4K"
+            )));
+        }
+        if bytes < current {
+            return Err(Error::Invalid(format!(
+                "size {bytes}: smaller than the volume ({current} bytes); shrinking is not supported"
+            )));
+        }
+        if bytes > max {
+            return Err(Error::Invalid(format!(
+                "size {bytes}: the map region holds at most {max} bytes ({} pages of {} blocks, \
+                 laid out at create time); a larger logical size needs a format change \
+                 (docs/format.md, \"Growing a volume\")",
+                sb.map_pages, MAP_ENTRIES_PER_PAGE
+            )));
+        }
+        grown.logical_blocks = bytes / BLOCK_BYTES as u64;
+    }
+    if let Some(bytes) = capacity_bytes {
+        let extents = bytes / u64::from(sb.extent_bytes);
+        let max = extent_count_max(sb);
+        if extents < u64::from(sb.extent_count) {
+            return Err(Error::Invalid(format!(
+                "capacity {bytes}: smaller than the data area ({} bytes); shrinking is not \
+                 supported",
+                u64::from(sb.extent_count) * u64::from(sb.extent_bytes)
+            )));
+        }
+        if extents > max {
+            return Err(Error::Invalid(format!(
+                "capacity {bytes}: the extent table holds at most {max} extents ({} bytes; {} \
+                 pages of {} entries, laid out at create time); a larger data area needs a \
+                 format change (docs/format.md, \"Growing a volume\")",
+                max * u64::from(sb.extent_bytes),
+                sb.extent_table_pages,
+                EXTENT_TABLE_ENTRIES_PER_PAGE
+            )));
+        }
+        grown.extent_count = extents as u32;
+    }
+    // The same checks an open makes: whatever passes here decodes.
+    let encoded = grown.encode();
+    Superblock::decode(&encoded)?;
+    Ok(grown)
+}
+
+/// Writes the grown superblock `grown` over `old` on `storage`, which must already be long
+/// enough (a file extended and synced first). Crash safety, by the order of the writes:
+/// - before copy A is durable, the volume opens as it was (copy A decides, `read_superblock`;
+///   the longer file is allowed and unused);
+/// - copy A is written and synced alone: torn, its checksum fails and the open falls back to
+///   copy B, the old geometry; whole, it is the new geometry, which the storage already holds;
+/// - copy B last: until it is written, a writable open finds it unequal to copy A and rewrites
+///   it from A (`repair_superblock`), so the two never disagree for long and never both break.
+///
+/// Nothing else changes, and either geometry reads every checkpoint (see [`grow`]): no data is
+/// written, so none can be lost.
+pub fn write_grown_superblock(
+    storage: &dyn crate::backend::Storage,
+    old: &Superblock,
+    grown: &Superblock,
+) -> Result<()> {
+    let len = storage.len_bytes()?;
+    if len < grown.total_bytes() {
+        return Err(Error::Invalid(format!(
+            "storage has {len} bytes, the grown volume needs {}",
+            grown.total_bytes()
+        )));
+    }
+    if crate::recovery::read_superblock(storage)? != *old {
+        return Err(Error::Invalid(
+            "the volume changed while growing it (another zbd?); run zbd grow again".into(),
+        ));
+    }
+    let bytes = grown.encode();
+    storage.write_at(0, &bytes)?;
+    storage.sync()?;
+    storage.write_at(SUPERBLOCK_BYTES as u64, &bytes)?;
+    storage.sync()?;
+    Ok(())
+}
+
 /// Bytes of each dictionary region copy (reserved for trained dictionaries, issue 10): 1/1024
 /// of the logical size, at most 1 MiB, in whole 4 KiB pages (none below 4 MiB).
 pub fn dictionary_region_bytes(logical_bytes: u64) -> u32 {

@@ -36,7 +36,7 @@ pub use error::{Error, Result};
 pub use layout::{parse_size, CreateOptions, DICTIONARY_DEFAULT};
 pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
 pub use readcache::ReadCacheStats;
-pub use stats::{Counters, DictStat, Stats, UnitSizeStat};
+pub use stats::{Counters, DictStat, Space, Stats, UnitSizeStat};
 pub use volume::Volume;
 
 #[cfg(test)]

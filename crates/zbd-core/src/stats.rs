@@ -129,6 +129,11 @@ pub struct Stats {
     pub extents_pending_free: u64,
     /// Extents open in the extent buffer.
     pub extents_open: u64,
+    /// Space reserve of this open, bytes (`OpenOptions::space_reserve_bytes` in whole extents):
+    /// free extents host writes leave for a filesystem's repair.
+    pub reserve_bytes: u64,
+    /// Whether this open lent the reserve to host writes (it opened at its reserve: full).
+    pub reserve_lent: bool,
     /// Bytes of extents that are in use but hold no live data (cleaner's work).
     pub dead_bytes: u64,
     /// (data + metadata + cleaner bytes written) / host bytes written.
@@ -171,6 +176,22 @@ pub struct Stats {
     pub nodict_ratio: f64,
     /// Blocks in compression units by unit size class.
     pub units_by_size: Vec<UnitSizeStat>,
+}
+
+/// How full the data area is, cheaply (`Volume::space`: no walk of the extents): what a
+/// server looks at often (warning threshold, `zbd serve --warn-used`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Space {
+    /// Stored bytes of live blocks (`Stats::physical_bytes_live`).
+    pub live_bytes: u64,
+    /// Size of the data area.
+    pub data_area_bytes: u64,
+    /// Extents free now (queued or on the free list).
+    pub extents_free: u64,
+    /// The space reserve of this open, bytes.
+    pub reserve_bytes: u64,
+    /// Whether it is lent to host writes.
+    pub reserve_lent: bool,
 }
 
 /// Blocks stored in units of one size class (`zbd stat`).

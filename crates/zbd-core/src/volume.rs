@@ -3,18 +3,33 @@
 use crate::backend::Storage;
 use crate::cleaner::PassResult;
 use crate::engine::{AllocState, CheckReport, Inner, OpenOptions};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::Superblock;
 use crate::layout::CreateOptions;
-use crate::stats::Stats;
+use crate::stats::{Space, Stats};
 use crate::Codec;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the cleaner thread looks at the watermarks when nobody wakes it.
 const CLEANER_POLL: Duration = Duration::from_millis(200);
+
+/// Bumped whenever space may have been freed (a trim or zeroing, a cleaner round that freed
+/// extents): writers waiting for room (`Volume::wait_for_space`) try again.
+#[derive(Default)]
+struct Room {
+    generation: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Room {
+    fn freed(&self) {
+        *self.generation.lock() += 1;
+        self.freed.notify_all();
+    }
+}
 
 #[derive(Default)]
 struct Signal {
@@ -29,18 +44,21 @@ pub struct Volume {
     inner: Arc<Inner>,
     signal: Arc<(Mutex<Signal>, Condvar)>,
     cleaner: Option<JoinHandle<()>>,
+    room: Arc<Room>,
 }
 
 impl Volume {
     fn wrap(inner: Inner, background: bool) -> Volume {
         let inner = Arc::new(inner);
         let signal = Arc::new((Mutex::new(Signal::default()), Condvar::new()));
+        let room = Arc::new(Room::default());
         let cleaner = background.then(|| {
             let inner = Arc::clone(&inner);
             let signal = Arc::clone(&signal);
+            let room = Arc::clone(&room);
             std::thread::Builder::new()
                 .name("zbd-cleaner".into())
-                .spawn(move || cleaner_loop(&inner, &signal))
+                .spawn(move || cleaner_loop(&inner, &signal, &room))
                 .ok()
         });
         let cleaner = cleaner.flatten();
@@ -49,6 +67,7 @@ impl Volume {
             inner,
             signal,
             cleaner,
+            room,
         }
     }
 
@@ -113,6 +132,7 @@ impl Volume {
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         let r = self.inner.write_zeroes(offset, len);
         self.kick_checkpoint_if_asked();
+        self.room.freed();
         r
     }
 
@@ -120,7 +140,49 @@ impl Volume {
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
         let r = self.inner.trim(offset, len);
         self.kick_checkpoint_if_asked();
+        self.room.freed();
         r
+    }
+
+    /// Writes like [`Volume::write`], but a write that finds no space (`NoSpace`) waits for
+    /// room instead of failing at once (`zbd serve --when-full queue`, as dm-thin queues I/O
+    /// when its pool is full): it wakes the cleaner and tries again each time space may have
+    /// been freed (a trim or zeroing, a cleaner round that freed extents), until `deadline`;
+    /// then it fails with `NoSpace`. A failed write changed nothing another try would not
+    /// write again, so trying again is safe.
+    pub fn write_or_wait(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        deadline: Instant,
+    ) -> Result<()> {
+        loop {
+            let seen = *self.room.generation.lock();
+            match self.write(offset, data, fua) {
+                Err(Error::NoSpace) if Instant::now() < deadline => {}
+                other => return other,
+            }
+            if self.cleaner.is_some() {
+                let (m, cv) = &*self.signal;
+                m.lock().kick = true;
+                cv.notify_one();
+            }
+            let mut generation = self.room.generation.lock();
+            while *generation == seen {
+                if self
+                    .room
+                    .freed
+                    .wait_until(&mut generation, deadline)
+                    .timed_out()
+                {
+                    break;
+                }
+            }
+            if *generation == seen {
+                return Err(Error::NoSpace);
+            }
+        }
     }
 
     /// Makes everything written so far durable.
@@ -141,6 +203,18 @@ impl Volume {
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         self.inner.stats()
+    }
+
+    /// Sets the space reserve after opening (`OpenOptions::space_reserve_bytes`, e.g. as a
+    /// share of the data area, known only once open): lends it at once if the volume is at it,
+    /// as an open does. True when lent.
+    pub fn set_space_reserve(&self, bytes: u64) -> bool {
+        self.inner.set_space_reserve(bytes)
+    }
+
+    /// How full the data area is (cheap: no walk of the extent table, unlike `stats`).
+    pub fn space(&self) -> Space {
+        self.inner.space()
     }
 
     /// Verifies metadata and every stored block.
@@ -218,7 +292,7 @@ impl Drop for Volume {
     }
 }
 
-fn cleaner_loop(inner: &Inner, signal: &(Mutex<Signal>, Condvar)) {
+fn cleaner_loop(inner: &Inner, signal: &(Mutex<Signal>, Condvar), room: &Room) {
     let (m, cv) = signal;
     loop {
         let checkpoint = {
@@ -241,6 +315,10 @@ fn cleaner_loop(inner: &Inner, signal: &(Mutex<Signal>, Condvar)) {
             }
         }
         // Errors (e.g. NoSpace while relocating) end this round; host writes see them directly.
+        let free = inner.free_extents();
         let _ = inner.background_round();
+        if checkpoint || inner.free_extents() > free {
+            room.freed();
+        }
     }
 }

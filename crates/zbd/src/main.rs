@@ -7,6 +7,7 @@ mod metrics;
 mod notify;
 mod sample;
 mod target;
+mod thin;
 mod volumes;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -56,6 +57,8 @@ enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(hide = true)]
     Completions(commands::docs::CompletionsArgs),
+    /// Grow a volume's logical size or data area (offline, within the room its format has).
+    Grow(commands::grow::Args),
     /// Break the lock a crashed server left on a rados:POOL/NAME volume (fences it first).
     Unlock(commands::unlock::Args),
 }
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::GenMan(a) => commands::docs::man(Cli::command(), a),
         Command::Completions(a) => commands::docs::completions(Cli::command(), a),
         Command::Unlock(a) => commands::unlock::run(a),
+        Command::Grow(a) => commands::grow::run(a),
     };
     match result {
         Ok(code) => code,

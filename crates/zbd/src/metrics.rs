@@ -139,12 +139,18 @@ impl Text {
 }
 
 /// The metrics of volume `name`, and of the requests served if `requests` is given.
-pub fn render(name: &str, s: &Stats, requests: Option<&Requests>) -> String {
+pub fn render(
+    name: &str,
+    s: &Stats,
+    thin: &crate::thin::Settings,
+    requests: Option<&Requests>,
+) -> String {
     let mut t = Text {
         out: String::new(),
         volume: escape(name),
     };
     space(&mut t, s);
+    thin_provisioning(&mut t, s, thin);
     io(&mut t, s);
     health(&mut t, s);
     if let Some(requests) = requests {
@@ -258,6 +264,42 @@ fn space(t: &mut Text, s: &Stats) {
         g,
         "Free extents below which the cleaner starts (0..1).",
         f64::from(s.clean_low_pct) / 100.0,
+    );
+}
+
+/// The warning threshold and the reserve (docs/operations.md, "Thin provisioning").
+fn thin_provisioning(t: &mut Text, s: &Stats, thin: &crate::thin::Settings) {
+    let r = crate::thin::Report::of_stats(s, thin);
+    let g = "gauge";
+    t.one(
+        "zbd_data_area_used_ratio",
+        g,
+        "Live (stored) data / data area size (0..1).",
+        r.data_area_used_pct / 100.0,
+    );
+    t.one(
+        "zbd_data_area_warn_used_ratio",
+        g,
+        "Warning threshold on zbd_data_area_used_ratio (zbd serve --warn-used).",
+        f64::from(r.warn_used_pct) / 100.0,
+    );
+    t.one(
+        "zbd_data_area_above_warn",
+        g,
+        "1 when the data area is used at or above the warning threshold.",
+        if r.above_warn { 1.0 } else { 0.0 },
+    );
+    t.one(
+        "zbd_space_reserve_bytes",
+        g,
+        "Free space host writes leave for a filesystem's repair (zbd serve --reserve).",
+        r.reserve_bytes as f64,
+    );
+    t.one(
+        "zbd_space_reserve_lent",
+        g,
+        "1 when the reserve is lent to writes (the volume opened full).",
+        if r.reserve_lent { 1.0 } else { 0.0 },
     );
 }
 

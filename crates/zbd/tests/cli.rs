@@ -547,3 +547,187 @@ fn estimate_text_and_errors_name_the_problem() {
         .failure()
         .stderr(predicate::str::contains("--unit-size '12K'"));
 }
+
+fn open_volume(vol: &Path) -> zbd_core::Volume {
+    let storage = zbd_core::FileStorage::open(vol, true).expect("open storage");
+    let opts = zbd_core::OpenOptions {
+        background_cleaner: false,
+        ..zbd_core::OpenOptions::default()
+    };
+    zbd_core::Volume::open(Box::new(storage), opts).expect("open volume")
+}
+
+fn superblock_bytes(vol: &Path) -> Vec<u8> {
+    let mut b = vec![0u8; 8192];
+    std::fs::File::open(vol)
+        .expect("open")
+        .read_exact(&mut b)
+        .expect("read");
+    b
+}
+
+/// `zbd grow --capacity`: the file is extended, data written before reads back, and the new
+/// extents take data that did not fit before. Past what the extent table holds: one line
+/// naming the flag and the limit, exit 1, nothing changed.
+#[test]
+fn grow_capacity_extends_the_data_area_and_keeps_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    // 256 extents of 32K: one extent-table page, which holds 510.
+    on(
+        "create",
+        &vol,
+        &["--size", "64M", "--capacity", "8M", "--extent-size", "32K"],
+    )
+    .success();
+    let before = noise(6 << 20, 1);
+    let after = noise(6 << 20, 2);
+    {
+        let v = open_volume(&vol);
+        v.write(0, &before, false).expect("6M into 8M");
+        assert!(
+            matches!(
+                v.write(6 << 20, &after, false),
+                Err(zbd_core::Error::NoSpace)
+            ),
+            "12M of incompressible data fit an 8M data area"
+        );
+        v.close().expect("close");
+    }
+    let len_before = std::fs::metadata(&vol).expect("stat").len();
+    let sb_before = superblock_bytes(&vol);
+    on("grow", &vol, &["--capacity", "64M"]).code(1).stderr(
+        predicate::str::contains("--capacity 64M: the volume's extent table holds at most")
+            .and(predicate::str::contains("15.94 MiB"))
+            .and(predicate::str::contains("format change"))
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    assert_eq!(superblock_bytes(&vol), sb_before, "a refused grow wrote");
+    assert_eq!(std::fs::metadata(&vol).expect("stat").len(), len_before);
+    on("grow", &vol, &["--capacity", "4M"])
+        .code(1)
+        .stderr(predicate::str::contains("shrinking is not supported"));
+
+    on("grow", &vol, &["--capacity", "15M"]).success().stdout(
+        predicate::str::contains("grew")
+            .and(predicate::str::contains("data area 8.00 MiB (256 extents)"))
+            .and(predicate::str::contains(
+                "data area 15.00 MiB (480 extents)",
+            )),
+    );
+    assert_eq!(
+        std::fs::metadata(&vol).expect("stat").len(),
+        len_before + 224 * 32768,
+        "the file grows by the new extents"
+    );
+    {
+        let v = open_volume(&vol);
+        let mut buf = vec![0u8; before.len()];
+        v.read(0, &mut buf).expect("read");
+        assert!(buf == before, "data written before the grow changed");
+        v.write(6 << 20, &after, false)
+            .expect("the new extents take data");
+        v.close().expect("close");
+    }
+    let v = open_volume(&vol);
+    let mut buf = vec![0u8; after.len()];
+    v.read(6 << 20, &mut buf).expect("read");
+    assert!(buf == after);
+    drop(v);
+    on("check", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("clean"));
+    on("grow", &vol, &["--capacity", "15M"])
+        .success()
+        .stdout(predicate::str::contains("unchanged"));
+}
+
+/// `zbd grow --size`: as far as the map region's last page allows, with the new blocks
+/// readable (zeros) and writable and the old data intact; beyond it one line naming the limit.
+#[test]
+fn grow_size_within_the_map_region_and_refused_beyond() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    // 1024 blocks: 5 map pages of 255 entries hold 1275 blocks.
+    on("create", &vol, &["--size", "4M"]).success();
+    let data = noise(4 << 20, 3);
+    {
+        let v = open_volume(&vol);
+        v.write(0, &data, false).expect("write");
+        v.close().expect("close");
+    }
+    on("grow", &vol, &["--size", "8M"]).code(1).stderr(
+        predicate::str::contains("--size 8M: the volume's map region holds at most 4.98 MiB")
+            .and(predicate::str::contains("5222400 bytes"))
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    on("grow", &vol, &["--size", "5222400"])
+        .success()
+        .stdout(predicate::str::contains("logical size 4.98 MiB"));
+    on("stat", &vol, &["--json"])
+        .success()
+        .stdout(predicate::str::contains("\"logical_bytes\": 5222400"));
+    let v = open_volume(&vol);
+    assert_eq!(v.size_bytes(), 5_222_400);
+    let mut buf = vec![0u8; data.len()];
+    v.read(0, &mut buf).expect("read");
+    assert!(buf == data, "data written before the grow changed");
+    let mut tail = vec![1u8; 5_222_400 - (4 << 20)];
+    v.read(4 << 20, &mut tail).expect("read the new blocks");
+    assert!(tail.iter().all(|&b| b == 0), "new blocks read as zeros");
+    let last = noise(4096, 4);
+    v.write(5_222_400 - 4096, &last, true)
+        .expect("write the last block");
+    v.close().expect("close");
+    drop(v);
+    let v = open_volume(&vol);
+    let mut buf = vec![0u8; 4096];
+    v.read(5_222_400 - 4096, &mut buf).expect("read");
+    assert!(buf == last);
+    drop(v);
+    on("check", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("clean"));
+}
+
+/// `zbd stat` shows the thin-provisioning figures, in text and JSON, with the defaults of
+/// `zbd serve` for a volume not served; `zbd create` says by how much it over-commits.
+#[test]
+fn stat_shows_the_warning_threshold_and_reserve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M", "--capacity", "16M"])
+        .success()
+        .stderr(predicate::str::contains(
+            "over-committed by 48.00 MiB (4.0x)",
+        ));
+    {
+        let v = open_volume(&vol);
+        v.write(0, &noise(14 << 20, 5), false).expect("write");
+        v.close().expect("close");
+    }
+    on("stat", &vol, &[]).success().stdout(
+        predicate::str::contains("data area used")
+            .and(predicate::str::contains("ABOVE THE WARNING THRESHOLD"))
+            .and(predicate::str::contains("warning at 80 %"))
+            .and(predicate::str::contains("reserve 2.00 MiB held"))
+            .and(predicate::str::contains("(zbd serve's defaults)")),
+    );
+    let out = zbd()
+        .args(["stat", "--json", vol.to_str().expect("path")])
+        .output()
+        .expect("stat");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["thin"]["warn_used_pct"], 80);
+    assert_eq!(v["thin"]["above_warn"], true);
+    assert_eq!(v["thin"]["reserve_bytes"], 2 << 20);
+    assert_eq!(v["thin"]["when_full"], "error");
+    assert!(v["thin"]["data_area_used_pct"].as_f64().expect("pct") > 80.0);
+    let out = zbd()
+        .args(["stat", "--prometheus", vol.to_str().expect("path")])
+        .output()
+        .expect("stat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("zbd_data_area_above_warn{volume="), "{text}");
+    assert!(text.contains("zbd_data_area_warn_used_ratio{volume=") && text.contains("} 0.8\n"));
+}

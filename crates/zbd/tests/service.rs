@@ -1044,7 +1044,7 @@ fn alert_rules_pass_promtool() {
         "{said}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 8 rules found"), "{said}");
 }
 
 /// `make deb`'s script packages the binary, units, the volume list as a conffile, man pages,

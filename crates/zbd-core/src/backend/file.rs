@@ -114,6 +114,26 @@ impl FileStorage {
         })
     }
 
+    /// Makes the storage at least `len` bytes long (`zbd grow`): a file is extended (sparse)
+    /// and synced, file and directory entry, before anything refers to the new bytes; a block
+    /// device must be that large already (grow it first, e.g. with lvextend).
+    pub fn extend_to(&mut self, len: u64, path: &Path) -> Result<()> {
+        if len <= self.len {
+            return Ok(());
+        }
+        if self.block_device {
+            return Err(Error::Invalid(format!(
+                "block device {} has {} bytes, {len} are needed: grow the device first",
+                path.display(),
+                self.len
+            )));
+        }
+        self.file.set_len(len)?;
+        self.file.sync_all()?;
+        self.len = len;
+        Ok(())
+    }
+
     /// Switches to direct I/O (O_DIRECT: no page cache; reads and writes go to the device).
     /// Fails with a clear error when the file system or device cannot do it, or needs a larger
     /// alignment than the engine's 512-byte sectors.

@@ -681,7 +681,7 @@ pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
     {
         st.checkpoint(cx)?;
     }
-    let goal = st.buffer.config().reserve * 2;
+    let goal = st.clean_goal();
     let pending = |st: &State| {
         st.extents
             .iter()

@@ -96,9 +96,21 @@ impl Inner {
     }
 
     /// Whether free extents are below the low watermark (cheap; called after writes).
+    /// Extents free now (queued or on the free list).
+    pub(crate) fn free_extents(&self) -> usize {
+        self.state.lock().free_now()
+    }
+
     pub(crate) fn below_low_watermark(&self) -> bool {
         let st = self.state.lock();
+        self.below_low(&st)
+    }
+
+    /// The low watermark, raised to the foreground goal when a large space reserve sits above
+    /// it: the background cleaner starts before host writes would clean themselves.
+    fn below_low(&self, st: &State) -> bool {
         st.free_now() * 100 < self.clean_low_pct as usize * st.extents.len()
+            || (st.reserve_held() > 0 && st.free_now() <= st.clean_goal())
     }
 
     /// One background cleaning round: passes until free extents reach the high watermark or no
@@ -109,9 +121,8 @@ impl Inner {
         }
         {
             let st = self.state.lock();
-            let total = st.extents.len();
             let idle = self.clean_idle_seq.load(Ordering::Relaxed) == st.next_seq;
-            if idle || st.free_now() * 100 >= self.clean_low_pct as usize * total {
+            if idle || !self.below_low(&st) {
                 return Ok(());
             }
         }
@@ -131,7 +142,7 @@ impl Inner {
                 let checkpoint = pending > 0
                     && (done
                         || pending >= CHECKPOINT_AFTER_RECLAIMED
-                        || st.free_now() <= st.buffer.config().reserve);
+                        || st.free_now() <= st.buffer.config().reserve + st.reserve_held());
                 if !r.progressed() {
                     self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
                 }

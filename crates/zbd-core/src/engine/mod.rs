@@ -70,6 +70,11 @@ pub struct OpenOptions {
     /// with it (lz4 and zstd; see dicts.rs); `None`: as set at create time (superblock).
     /// Dictionaries already in the volume are read whatever this says.
     pub dictionary: Option<bool>,
+    /// Space reserve (docs/design.md, "Thin provisioning"): bytes of free extents host writes
+    /// leave untouched, so that a filesystem that met ENOSPC can still replay its journal and
+    /// be repaired. Rounded up to whole extents, at most half the data area; 0 (the library's
+    /// default): host writes may take all but the cleaner's last extent.
+    pub space_reserve_bytes: u64,
 }
 
 impl Default for OpenOptions {
@@ -86,6 +91,7 @@ impl Default for OpenOptions {
             map_cache_bytes: MAP_CACHE_BYTES_DEFAULT,
             unit_bytes: None,
             dictionary: None,
+            space_reserve_bytes: 0,
         }
     }
 }
@@ -185,6 +191,12 @@ fn cleaner_reserve(extent_count: u32) -> usize {
     (extent_count as usize / 50)
         .clamp(4, 64)
         .min(extent_count as usize / 4)
+}
+
+/// Extents of a space reserve of `bytes`: whole extents, at most half the data area.
+fn space_reserve_extents(bytes: u64, sb: &Superblock) -> usize {
+    let extents = bytes.div_ceil(u64::from(sb.extent_bytes));
+    extents.min(u64::from(sb.extent_count) / 2) as usize
 }
 
 /// Stored bytes fetched for one block (`None` when it has none).

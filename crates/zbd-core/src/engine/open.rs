@@ -175,6 +175,8 @@ impl Inner {
             inflight: None,
             ckpt_wanted: false,
             refill_early: true,
+            space_reserve: space_reserve_extents(opts.space_reserve_bytes, &sb),
+            reserve_lent: false,
         };
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
@@ -263,6 +265,7 @@ impl Inner {
             let mut st = vol.state.lock();
             let cx = vol.ctx();
             st.checkpoint(&cx)?;
+            st.lend_reserve_if_full();
             drop(st);
             vol.dicts.start_sampling_if_needed();
         }

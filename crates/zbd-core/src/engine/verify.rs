@@ -43,6 +43,28 @@ impl Inner {
         Ok(runs)
     }
 
+    /// Sets the space reserve (`OpenOptions::space_reserve_bytes`) of an open volume; like an
+    /// open, lends it at once if the volume is at it. True when lent.
+    pub fn set_space_reserve(&self, bytes: u64) -> bool {
+        let mut st = self.state.lock();
+        st.space_reserve = super::space_reserve_extents(bytes, &self.sb);
+        st.reserve_lent = false;
+        !self.read_only && st.lend_reserve_if_full()
+    }
+
+    /// How full the data area is: counters only, no walk of the extent table.
+    pub fn space(&self) -> crate::stats::Space {
+        let st = self.state.lock();
+        let eb = u64::from(self.sb.extent_bytes);
+        crate::stats::Space {
+            live_bytes: st.map.counters().live_bytes,
+            data_area_bytes: u64::from(self.sb.extent_count) * eb,
+            extents_free: st.free_now() as u64,
+            reserve_bytes: st.space_reserve as u64 * eb,
+            reserve_lent: st.reserve_lent,
+        }
+    }
+
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let mut st = self.state.lock();
@@ -118,6 +140,8 @@ impl Inner {
             extents_in_use: in_use,
             extents_pending_free: pending,
             extents_open: open,
+            reserve_bytes: st.space_reserve as u64 * eb,
+            reserve_lent: st.reserve_lent,
             dead_bytes: (in_use + pending) * eb - live,
             write_amplification: if c.host_bytes_written == 0 {
                 0.0

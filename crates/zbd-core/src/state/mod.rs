@@ -75,6 +75,12 @@ pub struct State {
     /// The allocation queue asks for its refill early (not when the last checkpoint left it
     /// low: nothing was free to add, and asking again after every write would only sync).
     pub refill_early: bool,
+    /// Free extents host writes leave untouched (`OpenOptions::space_reserve_bytes`), beyond
+    /// the cleaner's last one: a filesystem that met ENOSPC can replay its journal in them.
+    pub space_reserve: usize,
+    /// The reserve is lent to host writes (`place.rs`, `lend_reserve_if_full`): this open found
+    /// the volume at its reserve. Taken back once free space is well above it again.
+    pub reserve_lent: bool,
 }
 
 /// Read-only context the state operations need.

@@ -28,7 +28,9 @@ impl State {
     }
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
-        if self.free_now() <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) {
+        self.rearm_reserve_if_room();
+        let held = self.reserve_held();
+        if self.free_now() <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + held {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
             (cx.make_space)(self, cx)?;
         }
@@ -36,7 +38,8 @@ impl State {
         // now: with nothing left to compact into, dead space made later (the host trims or
         // overwrites half of every extent) could never be reclaimed and NoSpace would stick
         // although the live data fits. Zero and trim ranges need no extent (`log_range`).
-        if self.free_now() <= CLEANER_EXTENTS_MIN {
+        // Above them, the space reserve (while held) is kept for a filesystem's repair.
+        if self.free_now() <= CLEANER_EXTENTS_MIN + held {
             return Err(Error::NoSpace);
         }
         let q = self.alloc(cx)?;
@@ -65,13 +68,77 @@ impl State {
     /// Opening `need` more extents would reach the point where opening one cleans under the
     /// state lock (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
     pub fn space_short_for(&self, need: usize) -> bool {
-        self.free_now() <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + need
+        self.free_now()
+            <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + self.reserve_held() + need
     }
 
     /// Whether cleaning ahead goes on once `reclaimed` emptied victims are free (after a
     /// checkpoint): until the goal of foreground cleaning under the lock (`make_space`).
     pub fn space_short_after(&self, reclaimed: usize) -> bool {
-        self.free_now() + reclaimed <= 2 * self.buffer.config().reserve
+        self.free_now() + reclaimed <= self.clean_goal()
+    }
+
+    /// Free extents foreground cleaning aims for: twice the cleaner's reserve, above the space
+    /// reserve while it is held.
+    pub fn clean_goal(&self) -> usize {
+        2 * self.buffer.config().reserve + self.reserve_held()
+    }
+
+    /// Free extents host writes leave untouched beyond the cleaner's: the space reserve, unless
+    /// it is lent.
+    pub fn reserve_held(&self) -> usize {
+        if self.reserve_lent {
+            0
+        } else {
+            self.space_reserve
+        }
+    }
+
+    /// Free extents at or below which an open lends the reserve (`lend_reserve_if_full`): the
+    /// reserve plus the room foreground cleaning keeps, i.e. host writes were already being
+    /// held back by the reserve (or nearly).
+    fn reserve_full_at(&self) -> usize {
+        self.space_reserve + 2 * self.buffer.config().reserve
+    }
+
+    /// A writable open that finds the volume at its reserve (its last writes got ENOSPC, most
+    /// likely) lends the reserve to host writes: the filesystem on top can now replay its
+    /// journal and be repaired. True when it did.
+    pub fn lend_reserve_if_full(&mut self) -> bool {
+        if self.space_reserve == 0 || self.reserve_lent || self.free_now() > self.reserve_full_at()
+        {
+            return false;
+        }
+        self.reserve_lent = true;
+        // Debug: a server says it in its own words (`zbd serve`'s open line).
+        tracing::debug!(
+            "space reserve lent: the volume opened at its reserve ({} extents free, reserve {}); \
+             writes may use it now (to repair the filesystem: fsck), until free space is back \
+             above {} extents",
+            self.free_now(),
+            self.space_reserve,
+            self.reserve_rearm_above()
+        );
+        true
+    }
+
+    /// Free extents above which a lent reserve is held again: the reserve back, and as much
+    /// again (hysteresis: a repair that frees and takes a few extents does not flip it).
+    fn reserve_rearm_above(&self) -> usize {
+        self.space_reserve + self.reserve_full_at()
+    }
+
+    /// Takes a lent reserve back once free space is well above it (trims, overwrites that
+    /// compress better, the cleaner, a larger data area).
+    pub fn rearm_reserve_if_room(&mut self) {
+        if self.reserve_lent && self.free_now() > self.reserve_rearm_above() {
+            self.reserve_lent = false;
+            tracing::info!(
+                "space reserve held again: {} extents free (reserve {})",
+                self.free_now(),
+                self.space_reserve
+            );
+        }
     }
 
     /// Takes the next extent of the allocation queue, refilling the queue with a checkpoint

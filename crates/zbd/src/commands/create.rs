@@ -168,9 +168,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if data_area < size {
         // Thin provisioning: fine while data compresses, but a full data area fails writes.
         eprintln!(
-            "zbd: warning: over-committed: the data area ({}) is smaller than the logical size \
-             ({}); writes fail with ENOSPC once it fills, which a filesystem may not recover \
-             from by itself. Watch `zbd stat` (extents free) or zbd_extents{{state=\"free\"}}.",
+            "zbd: warning: over-committed by {} ({:.1}x): the data area ({}) is smaller than the \
+             logical size ({}); once stored data fills it, writes fail with ENOSPC (zbd serve \
+             keeps a reserve so the filesystem can still be repaired; watch `zbd stat`, grow \
+             with zbd grow --capacity)",
+            human(size - data_area),
+            size as f64 / data_area as f64,
             human(data_area),
             human(size)
         );

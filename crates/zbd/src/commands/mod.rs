@@ -11,6 +11,7 @@ pub mod create;
 pub mod detach;
 pub mod docs;
 pub mod estimate;
+pub mod grow;
 pub mod list;
 pub mod scrub;
 pub mod serve;

@@ -90,6 +90,24 @@ pub struct ServeArgs {
     /// HOST:PORT binds as given (give a host to expose them beyond this machine).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Log a warning (and show it in `zbd stat` and the metrics) when live data reaches this %
+    /// of the data area; logged again after falling back below and crossing again.
+    #[arg(long, value_name = "PCT", default_value_t = crate::thin::WARN_USED_PCT_DEFAULT,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub warn_used: u8,
+    /// Free space host writes leave for the repair of a filesystem that met ENOSPC (journal
+    /// replay, fsck): a size, a % of the data area, or `auto` (1/32 of the data area,
+    /// 16M..64G, at most 1/8 of it); 0: none. The next open of a full volume lends it to writes.
+    #[arg(long, value_name = "SIZE", default_value = "auto")]
+    pub reserve: String,
+    /// When the data area is full: `error` fails writes with ENOSPC at once; `queue` makes them
+    /// wait (up to --when-full-timeout) for the cleaner or a trim to make room.
+    #[arg(long, value_enum, default_value_t = crate::thin::WhenFull::Error)]
+    pub when_full: crate::thin::WhenFull,
+    /// Seconds a write waits for room with `--when-full queue` before it fails with ENOSPC.
+    #[arg(long, value_name = "SECONDS",
+          default_value_t = crate::thin::WHEN_FULL_TIMEOUT_SECONDS_DEFAULT)]
+    pub when_full_timeout: u64,
 }
 
 /// How long an exiting server waits for its last log lines to be written.
@@ -177,6 +195,8 @@ pub struct VolumeExport {
     volume: Arc<Volume>,
     read_only: bool,
     requests: Arc<Requests>,
+    /// `--when-full queue`: how long a write waits for room (None: ENOSPC at once).
+    queue_when_full: Option<Duration>,
 }
 
 impl VolumeExport {
@@ -219,7 +239,13 @@ impl Export for VolumeExport {
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
         self.timed(Op::Write, data.len() as u64, || {
-            self.volume.write(offset, data, fua).map_err(export_error)
+            match self.queue_when_full {
+                None => self.volume.write(offset, data, fua),
+                Some(wait) => self
+                    .volume
+                    .write_or_wait(offset, data, fua, Instant::now() + wait),
+            }
+            .map_err(export_error)
         })
     }
     fn flush(&self) -> ExportResult<()> {
@@ -419,6 +445,7 @@ fn spawn_control(
     volume: std::sync::Weak<Volume>,
     info: ServedInfo,
     requests: Arc<Requests>,
+    thin: crate::thin::Settings,
 ) -> std::io::Result<()> {
     let name = info.volume.clone();
     std::thread::Builder::new()
@@ -440,13 +467,16 @@ fn spawn_control(
                     continue;
                 }
                 let reply = match request.trim() {
-                    "stats json" => {
-                        serde_json::to_string_pretty(&super::stat::Report::of(&volume.stats()))
-                            .map(|text| text + "\n")
-                            .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n"))
+                    "stats json" => serde_json::to_string_pretty(&super::stat::Report::of(
+                        &volume.stats(),
+                        &thin,
+                    ))
+                    .map(|text| text + "\n")
+                    .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n")),
+                    "stats text" => super::stat::render(&name, &volume.stats(), &thin),
+                    "metrics" => {
+                        crate::metrics::render(&name, &volume.stats(), &thin, Some(&requests))
                     }
-                    "stats text" => super::stat::render(&name, &volume.stats()),
-                    "metrics" => crate::metrics::render(&name, &volume.stats(), Some(&requests)),
                     "info" => serde_json::to_string(&info)
                         .map(|text| text + "\n")
                         .unwrap_or_else(|e| format!("cannot encode info: {e}\n")),
@@ -587,6 +617,7 @@ fn start_control(
     path: &Path,
     info: ServedInfo,
     requests: &Arc<Requests>,
+    thin: crate::thin::Settings,
 ) -> Result<RemoveOnDrop> {
     let control_path = control_socket_path(path);
     if let Some(parent) = control_path.parent() {
@@ -598,7 +629,13 @@ fn start_control(
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(control, Arc::downgrade(volume), info, Arc::clone(requests))?;
+    spawn_control(
+        control,
+        Arc::downgrade(volume),
+        info,
+        Arc::clone(requests),
+        thin,
+    )?;
     Ok(guard)
 }
 
@@ -625,12 +662,42 @@ fn log_opened(path: &Path, stats: &zbd_core::Stats) {
     crate::log::line(line);
 }
 
+/// Sets the space reserve, starts watching the warning threshold and logs what opening found
+/// (a full volume whose reserve is now lent, an over-committed one already above the warning).
+fn start_thin(args: &ServeArgs, volume: &Arc<Volume>) -> Result<crate::thin::Settings> {
+    let space = volume.space();
+    let settings = crate::thin::Settings {
+        warn_used_pct: args.warn_used,
+        reserve_bytes: crate::thin::parse_reserve(&args.reserve, space.data_area_bytes)?,
+        when_full: args.when_full,
+        when_full_timeout: Duration::from_secs(args.when_full_timeout),
+        served: true,
+    };
+    if !args.read_only && volume.set_space_reserve(settings.reserve_bytes) {
+        crate::log::line(format!(
+            "zbd: the volume is full (at its reserve of {}): the reserve is lent to writes so \
+             the filesystem on it can be repaired (fsck); free space (trim) or zbd grow \
+             --capacity before filling it again",
+            super::human(settings.reserve_bytes)
+        ));
+    }
+    // The reserve as the engine keeps it: whole extents.
+    let settings = crate::thin::Settings {
+        reserve_bytes: volume.space().reserve_bytes,
+        ..settings
+    };
+    crate::thin::spawn_watch(Arc::downgrade(volume), settings.warn_used_pct)
+        .context("cannot start the data area watch")?;
+    Ok(settings)
+}
+
 /// Serves `--metrics` on its own thread; returns the address bound.
 fn start_metrics(
     address: &str,
     volume: &Arc<Volume>,
     path: &Path,
     requests: &Arc<Requests>,
+    thin: crate::thin::Settings,
 ) -> Result<SocketAddr> {
     let address = crate::metrics::parse_address(address)?;
     let weak = Arc::downgrade(volume);
@@ -641,6 +708,7 @@ fn start_metrics(
         Some(crate::metrics::render(
             &name,
             &volume.stats(),
+            &thin,
             Some(&requests),
         ))
     })?;
@@ -708,15 +776,24 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let listen = listen_address(args)?;
     let volume = open_volume(args, map_cache_bytes(args)?)?;
     log_opened(args.volume(), &volume.stats());
+    let thin = start_thin(args, &volume)?;
     let requests = Arc::new(Requests::default());
     let export = Arc::new(VolumeExport {
         volume: Arc::clone(&volume),
         read_only: args.read_only,
         requests: Arc::clone(&requests),
+        queue_when_full: (thin.when_full == crate::thin::WhenFull::Queue)
+            .then_some(thin.when_full_timeout),
     });
     let server = Server::bind(&listen, export, config)?;
     let metrics = match &args.metrics {
-        Some(address) => Some(start_metrics(address, &volume, args.volume(), &requests)?),
+        Some(address) => Some(start_metrics(
+            address,
+            &volume,
+            args.volume(),
+            &requests,
+            thin,
+        )?),
         None => None,
     };
     let info = ServedInfo {
@@ -730,7 +807,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         read_only: args.read_only,
         metrics: metrics.map(|bound| bound.to_string()),
     };
-    let _control = start_control(&volume, args.volume(), info, &requests)?;
+    let _control = start_control(&volume, args.volume(), info, &requests, thin)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {

@@ -36,15 +36,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
         },
     };
     let s = vol.stats();
+    // Not served: the thin-provisioning settings `zbd serve` would use by default.
+    let thin = crate::thin::Settings::defaults(s.data_area_bytes);
     if a.prometheus {
         print!(
             "{}",
-            crate::metrics::render(&a.path.display().to_string(), &s, None)
+            crate::metrics::render(&a.path.display().to_string(), &s, &thin, None)
         );
     } else if a.json {
-        println!("{}", serde_json::to_string_pretty(&Report::of(&s))?);
+        println!("{}", serde_json::to_string_pretty(&Report::of(&s, &thin))?);
     } else {
-        print!("{}", render(&a.path.display().to_string(), &s));
+        print!("{}", render(&a.path.display().to_string(), &s, &thin));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -114,19 +116,22 @@ pub struct Report<'a> {
     pub stats: &'a Stats,
     #[serde(flatten)]
     pub savings: Savings,
+    /// Warning threshold, reserve and policy when full (docs/operations.md).
+    pub thin: crate::thin::Report,
 }
 
 impl<'a> Report<'a> {
-    pub fn of(stats: &'a Stats) -> Report<'a> {
+    pub fn of(stats: &'a Stats, thin: &crate::thin::Settings) -> Report<'a> {
         Report {
             stats,
             savings: Savings::of(stats),
+            thin: crate::thin::Report::of_stats(stats, thin),
         }
     }
 }
 
 /// The human-readable report.
-pub fn render(name: &str, s: &Stats) -> String {
+pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     let c = &s.counters;
     let mut o = String::new();
     let mut line = |k: &str, v: String| o.push_str(&format!("  {k:<22} {v}\n"));
@@ -313,6 +318,44 @@ pub fn render(name: &str, s: &Stats) -> String {
         format!(
             "{} free, {} in use ({} open), {} awaiting checkpoint",
             s.extents_free, s.extents_in_use, s.extents_open, s.extents_pending_free
+        ),
+    );
+    let t = crate::thin::Report::of_stats(s, thin);
+    line(
+        "data area used",
+        format!(
+            "{:.1} % live{}; warning at {} %",
+            t.data_area_used_pct,
+            if t.above_warn {
+                " (ABOVE THE WARNING THRESHOLD)"
+            } else {
+                ""
+            },
+            t.warn_used_pct
+        ),
+    );
+    line(
+        "when full",
+        format!(
+            "{}; reserve {} {}{}",
+            match t.when_full {
+                crate::thin::WhenFull::Error => "ENOSPC at once".to_string(),
+                crate::thin::WhenFull::Queue => format!(
+                    "writes wait up to {} s for room, then ENOSPC",
+                    t.when_full_timeout_seconds
+                ),
+            },
+            human(t.reserve_bytes),
+            if t.reserve_lent {
+                "LENT to writes (the volume opened full: repair the filesystem, then free space)"
+            } else {
+                "held for a filesystem's repair"
+            },
+            if t.served {
+                ""
+            } else {
+                " (zbd serve's defaults)"
+            }
         ),
     );
     line(

@@ -649,13 +649,20 @@ fn cleaning_in_the_foreground_is_logged_once_a_minute() {
     tracing::subscriber::with_default(subscriber, || {
         for n in 0..3 * LIVE {
             let b = rng.random_range(0..LIVE);
-            vol.write((b * BS) as u64, &versioned(b, 2 + n as u64, &mut rng), false)
-                .expect("write");
+            vol.write(
+                (b * BS) as u64,
+                &versioned(b, 2 + n as u64, &mut rng),
+                false,
+            )
+            .expect("write");
         }
     });
     let cleaner_runs = vol.stats().counters.cleaner_runs;
     let log = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf-8");
-    assert!(cleaner_runs > 1, "the test must make writers clean: {cleaner_runs} runs");
+    assert!(
+        cleaner_runs > 1,
+        "the test must make writers clean: {cleaner_runs} runs"
+    );
     assert_eq!(
         log.matches("cleaner falling behind").count(),
         1,

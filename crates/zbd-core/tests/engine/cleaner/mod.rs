@@ -4,5 +4,6 @@
 
 mod clean_ahead;
 mod passes;
+mod reserve;
 mod small_area;
 mod space;

@@ -4,3 +4,4 @@
 
 mod codecs_real_files;
 mod compat;
+mod grow;

@@ -1,0 +1,242 @@
+//! Thin provisioning as a server runs it (docs/design.md, "Thin provisioning"): the space
+//! reserve's size, the warning threshold on the data area, and what a write does when the data
+//! area is full. The engine keeps the reserve and queues writes (`Volume::write_or_wait`); this
+//! module chooses the numbers, watches the threshold and reports them (`zbd stat`, metrics).
+
+use anyhow::{bail, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use zbd_core::{Space, Volume};
+
+/// Default warning threshold: % of the data area holding live (stored) data.
+pub const WARN_USED_PCT_DEFAULT: u8 = 80;
+/// Default of `--when-full-timeout`: how long a queued write waits for room (dm-thin's
+/// `no_space_timeout` is 60 s too).
+pub const WHEN_FULL_TIMEOUT_SECONDS_DEFAULT: u64 = 60;
+/// The default reserve is this fraction of the data area (ZFS keeps 1/32 of a pool as "slop
+/// space" for the same reason: operations that free space need some to run)...
+const RESERVE_FRACTION: u64 = 32;
+/// ... at least this much: ext4 makes a 16 MiB journal on a filesystem of 512 MiB..1 GiB, and
+/// its replay after ENOSPC writes at most that much, mostly over blocks it wrote before...
+const RESERVE_BYTES_MIN: u64 = 16 << 20;
+/// ... at most this much ...
+const RESERVE_BYTES_MAX: u64 = 64 << 30;
+/// ... and never more than this fraction of a small data area.
+const RESERVE_FRACTION_MAX: u64 = 8;
+/// How often the server looks at the data area for the warning threshold.
+const WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// What a write does when the data area is full (`zbd serve --when-full`), as dm-thin's
+/// `error_if_no_space`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenFull {
+    /// Fail with ENOSPC at once.
+    Error,
+    /// Wait (up to --when-full-timeout) for the cleaner or a trim to make room, then ENOSPC.
+    Queue,
+}
+
+/// The thin-provisioning settings of an open volume.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Warn when live data reaches this % of the data area.
+    pub warn_used_pct: u8,
+    /// Space reserve, bytes (0: none).
+    pub reserve_bytes: u64,
+    /// What a write does when the data area is full.
+    pub when_full: WhenFull,
+    /// How long a queued write waits.
+    pub when_full_timeout: Duration,
+    /// Settings of a server (false: the defaults a server would use, for an offline `zbd stat`).
+    pub served: bool,
+}
+
+impl Settings {
+    /// The defaults `zbd serve` uses for a data area of `data_area_bytes`.
+    pub fn defaults(data_area_bytes: u64) -> Settings {
+        Settings {
+            warn_used_pct: WARN_USED_PCT_DEFAULT,
+            reserve_bytes: default_reserve_bytes(data_area_bytes),
+            when_full: WhenFull::Error,
+            when_full_timeout: Duration::from_secs(WHEN_FULL_TIMEOUT_SECONDS_DEFAULT),
+            served: false,
+        }
+    }
+}
+
+/// The reserve `zbd serve` keeps unless told otherwise: 1/32 of the data area, 16 MiB..64 GiB,
+/// at most 1/8 of it.
+pub fn default_reserve_bytes(data_area_bytes: u64) -> u64 {
+    (data_area_bytes / RESERVE_FRACTION)
+        .clamp(RESERVE_BYTES_MIN, RESERVE_BYTES_MAX)
+        .min(data_area_bytes / RESERVE_FRACTION_MAX)
+}
+
+/// Parses `--reserve`: `auto`, a size (`16M`, `0`) or a share of the data area (`5%`).
+pub fn parse_reserve(text: &str, data_area_bytes: u64) -> Result<u64> {
+    if text == "auto" {
+        return Ok(default_reserve_bytes(data_area_bytes));
+    }
+    if let Some(pct) = text.strip_suffix('%') {
+        match pct.trim().parse::<u8>() {
+            Ok(p) if p <= 50 => return Ok(data_area_bytes * u64::from(p) / 100),
+            _ => bail!("--reserve '{text}': a percentage must be 0% to 50%"),
+        }
+    }
+    let bytes = crate::commands::size_arg("--reserve", text)?;
+    if bytes > data_area_bytes / 2 {
+        bail!(
+            "--reserve '{text}': more than half the data area ({})",
+            crate::commands::human(data_area_bytes)
+        );
+    }
+    Ok(bytes)
+}
+
+/// Live data as a % of the data area.
+pub fn used_pct(live_bytes: u64, data_area_bytes: u64) -> f64 {
+    if data_area_bytes == 0 {
+        0.0
+    } else {
+        100.0 * live_bytes as f64 / data_area_bytes as f64
+    }
+}
+
+/// `zbd stat`'s thin-provisioning figures (`thin` in `--json`).
+#[derive(serde::Serialize, Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Live (stored) data as a % of the data area.
+    pub data_area_used_pct: f64,
+    /// The warning threshold, same unit.
+    pub warn_used_pct: u8,
+    /// Whether used is at or above the threshold.
+    pub above_warn: bool,
+    /// Space reserve, bytes (offline: what `zbd serve` would keep by default).
+    pub reserve_bytes: u64,
+    /// Whether the reserve is lent to writes (the volume opened full; see docs/operations.md).
+    pub reserve_lent: bool,
+    pub when_full: WhenFull,
+    pub when_full_timeout_seconds: u64,
+    /// Whether these are a server's settings (false: the defaults of `zbd serve`).
+    pub served: bool,
+}
+
+impl Report {
+    pub fn of(live_bytes: u64, data_area_bytes: u64, reserve_lent: bool, s: &Settings) -> Report {
+        let used = used_pct(live_bytes, data_area_bytes);
+        Report {
+            data_area_used_pct: used,
+            warn_used_pct: s.warn_used_pct,
+            above_warn: used >= f64::from(s.warn_used_pct),
+            reserve_bytes: s.reserve_bytes,
+            reserve_lent,
+            when_full: s.when_full,
+            when_full_timeout_seconds: s.when_full_timeout.as_secs(),
+            served: s.served,
+        }
+    }
+
+    pub fn of_stats(stats: &zbd_core::Stats, s: &Settings) -> Report {
+        Report::of(
+            stats.physical_bytes_live,
+            stats.data_area_bytes,
+            stats.reserve_lent,
+            s,
+        )
+    }
+}
+
+/// Remembers which side of the warning threshold the data area was on, so that crossing it
+/// logs one line each way (and again after falling back and crossing again).
+#[derive(Default)]
+pub struct Threshold {
+    above: AtomicBool,
+}
+
+impl Threshold {
+    /// The line to log if `space` crossed the threshold since the last call.
+    pub fn crossed(&self, space: &Space, warn_used_pct: u8) -> Option<String> {
+        let used = used_pct(space.live_bytes, space.data_area_bytes);
+        let above = used >= f64::from(warn_used_pct);
+        if self.above.swap(above, Ordering::Relaxed) == above {
+            return None;
+        }
+        let human = crate::commands::human;
+        Some(if above {
+            format!(
+                "zbd: warning: data area {used:.1} % used ({} of {} live), above the {warn_used_pct} % \
+                 threshold; writes fail with ENOSPC when the free space falls to the reserve ({}): \
+                 trim, or zbd grow --capacity (docs/operations.md, \"Thin provisioning\")",
+                human(space.live_bytes),
+                human(space.data_area_bytes),
+                human(space.reserve_bytes)
+            )
+        } else {
+            format!("zbd: data area {used:.1} % used, back below the {warn_used_pct} % threshold")
+        })
+    }
+}
+
+/// Watches the data area while the volume lives: one log line when the warning threshold is
+/// crossed either way. Holds the volume weakly: the thread ends once the server drops it.
+pub fn spawn_watch(volume: Weak<Volume>, warn_used_pct: u8) -> std::io::Result<()> {
+    let threshold = Arc::new(Threshold::default());
+    std::thread::Builder::new()
+        .name("zbd-thin".into())
+        .spawn(move || loop {
+            let Some(volume) = volume.upgrade() else {
+                return;
+            };
+            if let Some(line) = threshold.crossed(&volume.space(), warn_used_pct) {
+                crate::log::line(line);
+            }
+            drop(volume);
+            std::thread::park_timeout(WATCH_PERIOD);
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(live: u64) -> Space {
+        Space {
+            live_bytes: live,
+            data_area_bytes: 1000,
+            extents_free: 0,
+            reserve_bytes: 0,
+            reserve_lent: false,
+        }
+    }
+
+    #[test]
+    fn threshold_logs_once_each_way() {
+        let t = Threshold::default();
+        assert_eq!(t.crossed(&space(500), 80), None);
+        assert!(t
+            .crossed(&space(800), 80)
+            .is_some_and(|l| l.contains("80 % threshold")));
+        assert_eq!(t.crossed(&space(900), 80), None);
+        assert!(t
+            .crossed(&space(100), 80)
+            .is_some_and(|l| l.contains("back below")));
+        assert_eq!(t.crossed(&space(100), 80), None);
+        assert!(t.crossed(&space(850), 80).is_some());
+    }
+
+    #[test]
+    fn reserve_defaults_and_parses() {
+        assert_eq!(default_reserve_bytes(128 << 20), 16 << 20);
+        assert_eq!(default_reserve_bytes(64 << 20), 8 << 20);
+        assert_eq!(default_reserve_bytes(1 << 40), 32 << 30);
+        assert_eq!(default_reserve_bytes(8 << 40), 64 << 30);
+        assert_eq!(parse_reserve("0", 1 << 30).ok(), Some(0));
+        assert_eq!(parse_reserve("10%", 1000).ok(), Some(100));
+        assert_eq!(parse_reserve("4M", 1 << 30).ok(), Some(4 << 20));
+        assert!(parse_reserve("60%", 1 << 30).is_err());
+        assert!(parse_reserve("1G", 1 << 30).is_err());
+    }
+}
