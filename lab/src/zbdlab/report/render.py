@@ -14,7 +14,7 @@ from zbdlab.parsers.model import CellKey, canonical_operation
 from zbdlab.plots import figures
 from zbdlab.report.lead import Lead, build_lead, compression_ratio, significance_note
 from zbdlab.report.tables import Table, all_tables, lead_table
-from zbdlab.report.terminal import lead_cells, render_terminal
+from zbdlab.report.terminal import lead_cells, operation_lines, render_terminal
 from zbdlab.stats.compare import ALL, Analysis
 from zbdlab.stats.describe import STAT_LABELS, STAT_NAMES, describe
 from zbdlab.stats.tests import TEST_LABELS
@@ -344,7 +344,8 @@ def render_html(
         "environment": _environment(analysis),
         "warnings": by_name["warnings"].rows,
         "primary": [p for p in analysis.primaries],
-        "terminal": render_terminal(analysis, lead),
+        # the lead and the note are on top of the page already: only the per-operation table here
+        "terminal": "\n".join(operation_lines(analysis)) + "\n",
         "summary": _summary_wide(analysis, by_name),
         "boxplot": figures.summary_boxplot(analysis, throughput_ops) if plots and throughput_ops else None,
         "sections": _operation_sections(analysis, by_name, plots),
