@@ -98,3 +98,42 @@ def test_report_tables_exist_in_csv_tsv_and_json(report_dir: Path) -> None:
         if r[1] == "backing bytes written per byte written" and r[2] == "ext4-on-zbd-lz4"
     ]
     assert wa and wa[0][4] == pytest.approx(0.5, abs=0.01)
+
+
+def test_report_html_leads_with_the_table_on_the_demo_results(tmp_path: Path) -> None:
+    demo = Path(__file__).parent / "fixtures" / "demo_quick"
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        main, ["report", str(demo), "-o", str(out), "--bootstrap", "500", "--no-plots"]
+    )
+    assert result.exit_code == 0, result.output
+    dom, messages = dump_dom(_chromium(), out / "index.html")
+    assert messages == []
+    summary = dom.split('<section id="summary">')[1].split("</section>")[0]
+    first_table = summary.split("<table")[1].split("</table>")[0]
+    assert summary.index("<table") < summary.index("<p")  # the table comes before any paragraph
+    heads = re.findall(r"<th[^>]*>([^<]+)</th>", first_table)
+    assert heads == [
+        "target",
+        "space saved",
+        "speed vs ext4",
+        "verdict",
+        "speed vs transport baseline",
+        "verdict",
+    ]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", first_table, re.S)[1:]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in rows]
+    assert [c[0] for c in cells] == [
+        "ext4",
+        "ext4-on-nbdkit",
+        "btrfs-lzo",
+        "ext4-on-zbd-lz4",
+        "btrfs-zstd1",
+        "ext4-on-zbd-zstd1",
+    ]
+    lz4 = cells[3]
+    assert lz4[1] == "51 % (2.03:1)" and lz4[3] == "smaller, slower" and lz4[5] == "smaller, speed unclear"
+    assert '<td class="label slower">smaller, slower</td>' in first_table
+    shot = tmp_path / "lead.png"
+    screenshot(_chromium(), out / "index.html", shot, width=1280, height=1000)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,9 +11,10 @@ import pytest
 from scipy import stats
 
 from zbdlab.parsers import load_set
-from zbdlab.parsers.model import IOZONE_OPERATIONS, CellKey
+from zbdlab.parsers.model import IOZONE_OPERATIONS, CellKey, DataSet, Sample
 from zbdlab.stats.compare import ALL, Options, analyse
 from zbdlab.stats.slope import tls_line, tls_through_origin
+from zbdlab.stats.tests import benjamini_hochberg
 
 from .conftest import DESIGN, copy_set, write_iozone_set
 
@@ -129,9 +130,50 @@ def test_stats_mismatched_sets_compare_what_matches(tmp_path: Path) -> None:
 def test_stats_verdict_margin_rule(generated: dict) -> None:
     from zbdlab.stats.compare import _verdict
 
-    assert _verdict(0.97, 0.96, 0.98, 0.02) == ("slower", "")
-    assert _verdict(0.99, 0.985, 0.995, 0.02) == ("no significant difference", "equivalent")
-    assert _verdict(0.985, 0.975, 0.995, 0.02) == ("no significant difference", "below margin")
-    assert _verdict(0.97, 0.90, 1.04, 0.02) == ("no significant difference", "inconclusive")
-    assert _verdict(1.05, 1.01, 1.09, 0.02) == ("faster", "")
+    shown, not_shown = (0.01, 0.05), (0.2, 0.05)  # (q, alpha)
+    assert _verdict(0.97, 0.96, 0.98, 0.02, *shown) == ("slower", "")
+    assert _verdict(0.99, 0.985, 0.995, 0.02, *shown) == ("no significant difference", "equivalent")
+    assert _verdict(0.985, 0.975, 0.995, 0.02, *shown) == ("no significant difference", "below margin")
+    assert _verdict(0.97, 0.90, 1.04, 0.02, *shown) == ("no significant difference", "inconclusive")
+    assert _verdict(1.05, 1.01, 1.09, 0.02, *shown) == ("faster", "")
+    # the interval and the margin say slower, the adjusted p does not: no verdict
+    assert _verdict(0.97, 0.96, 0.98, 0.02, *not_shown) == ("no significant difference", "inconclusive")
+    assert _verdict(1.05, 1.01, 1.09, 0.02, *not_shown) == ("no significant difference", "inconclusive")
+    assert _verdict(0.97, 0.96, 0.98, 0.02, math.nan, 0.05)[0] == "no significant difference"
     assert not math.isnan(generated["analysis"].primary("fast", ALL).p)
+
+
+def _one_cell_set(name: str, values: dict[str, list[float]]) -> DataSet:
+    data = DataSet(name, "test", "zbdlab")
+    for op, runs in values.items():
+        data.samples += [Sample(CellKey(op, 65536, 1024), f"rep{i + 1}", v) for i, v in enumerate(runs)]
+    data.runs = sorted({s.run for s in data.samples})
+    return data
+
+
+def test_stats_no_verdict_when_the_adjusted_p_does_not_show_the_change() -> None:
+    # read: the 90 % interval lies below 1 and the estimate beyond the 2 % margin, but the two-sided
+    # p is 0.09: the old interval-only rule called it "slower" beside a p that says it does not differ.
+    base = {"write": [100, 104, 96, 101, 99], "read": [100, 102, 98, 101, 99]}
+    other = {"write": [50, 52, 48, 50.5, 49.5], "read": [v * 0.975 for v in (100, 104, 92, 103, 97)]}
+    analysis = analyse([_one_cell_set("base", base), _one_cell_set("set", other)], Options(seed=1))
+    read = analysis.primary("set", "read")
+    assert read is not None
+    assert read.ci_high < 1 and read.ratio <= 1 - analysis.options.margin
+    assert read.q >= analysis.options.alpha
+    assert read.verdict == "no significant difference" and read.qualifier == "inconclusive"
+    write = analysis.primary("set", "write")
+    assert write is not None and write.verdict == "slower" and write.q < analysis.options.alpha
+
+
+def test_stats_every_verdict_agrees_with_its_adjusted_p(generated: dict) -> None:
+    analysis = generated["analysis"]
+    alpha = analysis.options.alpha
+    for data in analysis.others:
+        primaries = [p for p in analysis.primaries if p.set_name == data.name]
+        expected = benjamini_hochberg(np.array([p.p for p in primaries]))
+        for p, q in zip(primaries, expected, strict=True):
+            assert p.q == pytest.approx(q) and p.q >= p.p
+            if p.verdict in ("faster", "slower"):
+                assert p.q < alpha
+                assert (p.ci_low > 1) if p.verdict == "faster" else (p.ci_high < 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from zbdlab.results.schema import IOZONE_OPERATIONS
 
@@ -95,6 +96,9 @@ class DataSet:
     warnings: list[str] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # how it was measured (e.g. a throttled disk)
+    # the study's options of the target measured (environment.json "targets"), when known: fs, zbd,
+    # transport, throttle... The report finds each zbd target's transport baseline with them.
+    target: dict[str, Any] = field(default_factory=dict)
 
     def operations(self) -> list[str]:
         return sorted({s.cell.operation for s in self.samples}, key=operation_order)

@@ -139,6 +139,9 @@ def results_to_set(results: ResultsDir, name: str, target: str | None = None) ->
         )
     data.runs = sorted({s.run for s in data.samples})
     data.notes = throttle_notes(results.environment, [target] if target else results.targets)
+    measured = target or (results.targets[0] if len(results.targets) == 1 else None)
+    options = (results.environment.get("targets") or {}).get(measured) if measured else None
+    data.target = dict(options) if isinstance(options, dict) else {}
     if not data.samples:
         raise InputError(f"{results.path}: no usable (non-discarded) runs for set {name!r}")
     return data

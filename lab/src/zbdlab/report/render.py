@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import numpy as np
 
 from zbdlab.parsers.model import CellKey, canonical_operation
 from zbdlab.plots import figures
-from zbdlab.report.tables import Table, all_tables
-from zbdlab.report.terminal import render_terminal
+from zbdlab.report.lead import Lead, build_lead, compression_ratio, significance_note
+from zbdlab.report.tables import Table, all_tables, lead_table
+from zbdlab.report.terminal import lead_cells, operation_lines, render_terminal
 from zbdlab.stats.compare import ALL, Analysis
 from zbdlab.stats.describe import STAT_LABELS, STAT_NAMES, describe
 from zbdlab.stats.tests import TEST_LABELS
@@ -95,12 +95,11 @@ def _meta(analysis: Analysis) -> dict[str, Any]:
 
 
 def summary_sentences(analysis: Analysis) -> list[str]:
-    """The words on top of the page: space saved and speed together first, then which differences
-    are real."""
+    """In words, per target: space saved and speed together, then which operations differ (the
+    verdicts of the primary comparison; how they are reached is said once, by significance_note)."""
     o = analysis.options
     out = []
     for data in analysis.others:
-        ratios = [s.metrics["compression_ratio"] for s in data.samples if "compression_ratio" in s.metrics]
         primaries = [p for p in analysis.primaries if p.set_name == data.name and p.operation != ALL]
         faster = [p for p in primaries if p.verdict == "faster"]
         slower = [p for p in primaries if p.verdict == "slower"]
@@ -115,9 +114,9 @@ def summary_sentences(analysis: Analysis) -> list[str]:
 
         overall = analysis.primary(data.name, ALL)
         lead = []
-        if ratios:
-            ratio = float(np.median(ratios))
-            lead.append(f"saves {round((1 - 1 / ratio) * 100)} % of space (ratio {ratio:.2f}:1)")
+        ratio = compression_ratio(data)
+        if math.isfinite(ratio):
+            lead.append(f"saves {round((1 - 1 / ratio) * 100) + 0} % of space (ratio {ratio:.2f}:1)")
         if overall is not None:
             lead.append(
                 f"at {overall.ratio * 100:.0f} % of the speed over all operations "
@@ -132,18 +131,12 @@ def summary_sentences(analysis: Analysis) -> list[str]:
             parts.append(f"slower in {describe_list(slower)}.")
         if same:
             parts.append(
-                f"No significant difference (within ±{o.margin * 100:g} % or not shown by the data) in "
+                f"No verdict (within ±{o.margin * 100:g} % or not shown by the data) in "
                 + ", ".join(
                     f"{p.operation}{' [inconclusive]' if p.qualifier == 'inconclusive' else ''}" for p in same
                 )
                 + "."
             )
-        tests = analysis.tests_for(data.name)
-        differ = sum(1 for t in tests if t.significant(o.alpha))
-        parts.append(
-            f"Per-cell {TEST_LABELS[o.test]} tests: {differ} of {len(tests)} cells differ after "
-            f"Benjamini-Hochberg control at q < {o.alpha:g}."
-        )
         out.append(" ".join(parts))
     return out
 
@@ -222,6 +215,7 @@ def _summary_wide(analysis: Analysis, tables: dict[str, Table]) -> dict[str, Any
                 f"{prim[o].ratio:.3f} [{prim[o].ci_low:.3f}, {prim[o].ci_high:.3f}]" if o in prim else "–"
                 for o in ops
             ],
+            ["q (adjusted p)"] + [fmt(prim[o].q, 4) if o in prim else "–" for o in ops],
             ["verdict"] + [prim[o].verdict if o in prim else "–" for o in ops],
         ]
         blocks.append({"name": f"{data.name} vs {analysis.baseline.name}", "rows": rows, "comparison": True})
@@ -289,6 +283,10 @@ def _operation_sections(analysis: Analysis, tables: dict[str, Table], plots: boo
                 else None,
                 "significant": len(significant),
                 "tested": len(analysis.tests_for(data.name, op)),
+                # per-cell tests that can reach alpha; when none can, significance_note says so once
+                "reachable": any(
+                    t.smallest_p < analysis.options.alpha for t in analysis.tests_for(data.name, op)
+                ),
                 "floor": _floor_text(analysis, data.name, op),
             }
             section["pairs"].append(pair)
@@ -296,10 +294,41 @@ def _operation_sections(analysis: Analysis, tables: dict[str, Table], plots: boo
     return sections
 
 
+def _lead_context(lead: Lead) -> dict[str, Any]:
+    with_transport = any(r.transport for r in lead.rows)
+    with_space = any(math.isfinite(r.compression_ratio) for r in lead.rows)
+    header = ["target", *(["space saved"] if with_space else []), f"speed vs {lead.baseline}", "verdict"]
+    if with_transport:
+        header += ["speed vs transport baseline", "verdict"]
+    rows = []
+    for r in lead.rows:
+        cells = lead_cells(r, with_transport, with_space)
+        classes = [
+            ("label " + _verdict_class(c)) if header[i] in ("target", "verdict") else ""
+            for i, c in enumerate(cells)
+        ]
+        rows.append({"cells": cells, "role": r.role, "classes": classes})
+    return {"baseline": lead.baseline, "with_transport": with_transport, "header": header, "rows": rows}
+
+
+def _verdict_class(text: str) -> str:
+    if text.endswith("slower") or text.startswith("larger"):
+        return "slower"
+    if text.endswith("faster") or text.endswith("as fast"):
+        return "faster"
+    return ""
+
+
 def render_html(
-    analysis: Analysis, tables: list[Table], out_dir: Path, detail_pages: list[str], plots: bool = True
+    analysis: Analysis,
+    tables: list[Table],
+    out_dir: Path,
+    detail_pages: list[str],
+    plots: bool = True,
+    lead: Lead | None = None,
 ) -> Path:
     by_name = {t.name: t for t in tables}
+    lead = lead if lead is not None else build_lead(analysis)
     o = analysis.options
     throughput_ops = [op for op in analysis.operations if analysis.units.get(op) == "MB/s"]
     context = {
@@ -309,11 +338,14 @@ def render_html(
         "options": o,
         "confidence_pct": round(o.confidence * 100),
         "test_label": TEST_LABELS[o.test],
+        "lead": _lead_context(lead),
+        "significance": significance_note(analysis),
         "sentences": summary_sentences(analysis),
         "environment": _environment(analysis),
         "warnings": by_name["warnings"].rows,
         "primary": [p for p in analysis.primaries],
-        "terminal": render_terminal(analysis),
+        # the lead and the note are on top of the page already: only the per-operation table here
+        "terminal": "\n".join(operation_lines(analysis)) + "\n",
         "summary": _summary_wide(analysis, by_name),
         "boxplot": figures.summary_boxplot(analysis, throughput_ops) if plots and throughput_ops else None,
         "sections": _operation_sections(analysis, by_name, plots),
@@ -419,12 +451,13 @@ def write_all(
     analysis: Analysis, out_dir: Path, detail: str | None = None, plots: bool = True
 ) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = all_tables(analysis)
+    lead = build_lead(analysis)
+    tables = [lead_table(lead), *all_tables(analysis)]
     write_tables(tables, out_dir, _meta(analysis))
-    terminal = render_terminal(analysis)
+    terminal = render_terminal(analysis, lead)
     (out_dir / "summary.txt").write_text(terminal)
     detail_paths: list[Path] = []
     if detail:
         detail_paths = render_detail(analysis, find_operation(analysis, detail), out_dir, plots)
-    html = render_html(analysis, tables, out_dir, [p.name for p in detail_paths], plots)
+    html = render_html(analysis, tables, out_dir, [p.name for p in detail_paths], plots, lead)
     return {"html": html, "terminal": terminal, "details": detail_paths, "tables": tables}

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from zbdlab.parsers.model import CellKey
+from zbdlab.report.lead import Lead
 from zbdlab.stats.compare import ALL, Analysis, ratio_interval
 from zbdlab.stats.describe import STAT_NAMES, describe
 from zbdlab.stats.tests import TEST_LABELS
@@ -173,6 +174,7 @@ def primary_table(analysis: Analysis) -> Table:
             p.ci_high,
             (p.ratio - 1) * 100,
             p.p,
+            p.q,
             p.verdict,
             p.qualifier,
         ]
@@ -188,15 +190,69 @@ def primary_table(analysis: Analysis) -> Table:
         "ci_high",
         "change_pct",
         "p_bootstrap",
+        "q_bh",
         "verdict",
         "qualifier",
     ]
     note = (
         f"Geometric mean over cells of set/baseline ratios of per-cell means; {conf} % percentile-bootstrap "
         f"interval ({analysis.options.bootstrap} replicates, runs resampled within cells, seed "
-        f"{analysis.options.seed}); margin ±{analysis.options.margin * 100:g} %."
+        f"{analysis.options.seed}); margin ±{analysis.options.margin * 100:g} %; q = bootstrap p adjusted "
+        f"(Benjamini-Hochberg) over the set's comparisons; faster or slower only when q < "
+        f"{analysis.options.alpha:g}."
     )
     return Table("primary", "Primary comparison per operation", columns, rows, note=note)
+
+
+def lead_table(lead: Lead) -> Table:
+    """The lead of the report: per target space saved, speed vs the baseline and vs its transport
+    baseline (primary comparison over all operations), one verdict each."""
+    rows = []
+    for r in lead.rows:
+        b, t = r.vs_base, r.vs_transport
+        rows.append(
+            [
+                r.name,
+                r.role,
+                r.compression_ratio,
+                r.saved_pct,
+                r.space,
+                b.ratio if b else None,
+                b.ci_low if b else None,
+                b.ci_high if b else None,
+                b.q if b else None,
+                r.verdict_base,
+                r.transport,
+                t.ratio if t else None,
+                t.ci_low if t else None,
+                t.ci_high if t else None,
+                t.q if t else None,
+                r.verdict_transport,
+            ]
+        )
+    columns = [
+        "set",
+        "role",
+        "compression_ratio",
+        "space_saved_pct",
+        "space",
+        "speed_vs_base",
+        "speed_vs_base_ci_low",
+        "speed_vs_base_ci_high",
+        "speed_vs_base_q",
+        "verdict_vs_base",
+        "transport_baseline",
+        "speed_vs_transport",
+        "speed_vs_transport_ci_low",
+        "speed_vs_transport_ci_high",
+        "speed_vs_transport_q",
+        "verdict_vs_transport",
+    ]
+    note = (
+        f"Baseline {lead.baseline}. Speed: primary comparison over all throughput operations (ratio of "
+        "geometric means of per-cell means); space saved = 1 - 1/median compression ratio."
+    )
+    return Table("lead", "Each target: space saved and speed, one verdict each", columns, rows, note=note)
 
 
 def cell_tests_table(analysis: Analysis) -> Table:

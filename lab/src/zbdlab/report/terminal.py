@@ -1,16 +1,21 @@
-"""The compact terminal table, in the spirit of benchstat: per operation and set the typical speed
-± its interval, and against the baseline the % change with (p=... n=...), `~` when the verdict is no
-significant difference, a geomean row, and footnotes for designs that cannot show a difference."""
+"""The terminal report: first the lead table (each target's space saved and speed against the
+baseline and its transport baseline, one verdict each), then the note on how verdicts are reached,
+then the compact per-operation table in the spirit of benchstat: per operation and set the typical
+speed ± its interval and against the baseline the % change with its adjusted p (q), `~` when there is
+no verdict, a geomean row, footnotes. Every line fits `width` columns (120): the per-operation table
+is cut into groups of sets, each repeating the operation and baseline columns."""
 
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 
-from zbdlab.stats.compare import ALL, Analysis, center_interval
-from zbdlab.stats.tests import TEST_LABELS, smallest_p
+from zbdlab.report.lead import Lead, LeadRow, build_lead, significance_note
+from zbdlab.stats.compare import ALL, Analysis, Primary, center_interval
 
+WIDTH = 120
 _MARKS = "¹²³⁴⁵⁶⁷⁸⁹"
 
 
@@ -45,7 +50,73 @@ def _op_cells(analysis: Analysis, set_name: str, op: str) -> list:
     return analysis.common_cells(set_name, op)
 
 
-def render_terminal(analysis: Analysis) -> str:
+def render_terminal(analysis: Analysis, lead: Lead | None = None, width: int = WIDTH) -> str:
+    lead = lead if lead is not None else build_lead(analysis)
+    lines = lead_lines(analysis, lead, width)
+    for paragraph in significance_note(analysis):
+        lines += textwrap.wrap(paragraph, width)
+    lines += ["", *operation_lines(analysis, width)]
+    return "\n".join(lines) + "\n"
+
+
+def _speed(p: Primary | None) -> str:
+    if p is None:
+        return "-"
+    digits = 1 if (p.ci_high - p.ci_low) * 100 < 2 else 0  # a narrow interval keeps one decimal
+    return f"{p.ratio * 100:.{digits}f} % [{p.ci_low * 100:.{digits}f}-{p.ci_high * 100:.{digits}f}]"
+
+
+def lead_cells(row: LeadRow, with_transport: bool, with_space: bool = True) -> list[str]:
+    ratio = row.compression_ratio
+    space = f"{round(row.saved_pct) + 0} % ({ratio:.2f}:1)" if math.isfinite(ratio) else "-"
+    cells = [row.name, space] if with_space else [row.name]
+    if row.role == "baseline":
+        cells += ["100 %", "(baseline)"]
+    else:
+        cells += [_speed(row.vs_base), row.verdict_base]
+    if with_transport:
+        if row.role == "transport baseline":
+            cells += ["100 %", "(transport baseline)"]
+        elif row.transport:
+            cells += [_speed(row.vs_transport), row.verdict_transport]
+        else:
+            cells += ["", ""]
+    return cells
+
+
+def lead_lines(analysis: Analysis, lead: Lead, width: int = WIDTH) -> list[str]:
+    with_transport = any(r.transport for r in lead.rows)
+    with_space = any(math.isfinite(r.compression_ratio) for r in lead.rows)
+    conf = round(analysis.options.confidence * 100)
+    intro = f"Each target against {lead.baseline}" + (
+        " and against its transport baseline (the same filesystem on nbdkit file through zbd's NBD attach"
+        " path)."
+        if with_transport
+        else "."
+    )
+    intro += " Space saved = 1 - 1/compression ratio (median over runs)." if with_space else ""
+    intro += f" Speed = all operations together, in % of the reference's speed [{conf} % CI]."
+    header = ["target", "space saved", f"speed vs {lead.baseline}", "verdict"]
+    if not with_space:
+        header.remove("space saved")
+    if with_transport:
+        header += ["vs transport", "verdict"]
+    rows = [header] + [lead_cells(r, with_transport, with_space) for r in lead.rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    right = {1, 2, 4} if with_space else {1, 3}
+    table = []
+    for index, r in enumerate(rows):
+        cells = [
+            c.rjust(w) if i in right and index else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        table.append("  ".join(cells).rstrip())
+        if index == 0:
+            table.append("  ".join("-" * w for w in widths))
+    return [*textwrap.wrap(intro, width), *table, ""]
+
+
+def operation_lines(analysis: Analysis, width: int = WIDTH) -> list[str]:
     opts = analysis.options
     notes = _Footnotes()
     sets = analysis.sets
@@ -81,40 +152,40 @@ def render_terminal(analysis: Analysis) -> str:
         header_units.append("MB/s" if all(analysis.units.get(o) == "MB/s" for o in ops) else "speed")
         if data is not analysis.baseline:
             header_names.append("")
-            header_units.append("vs base")
-    table = _layout([header_names, header_units, *rows], len(sets))
+            header_units.append(_runs_label(analysis, data.name))
     conf = round(opts.confidence * 100)
-    lines = [
-        f"baseline: {analysis.baseline.name}; speed = geomean over cells of per-cell means "
-        f"(IOzone KB/s / 1024 = MB/s) ± {conf}% bootstrap CI",
-        f"vs base = geomean of per-cell ratios; `~` = no significant difference (margin "
-        f"±{opts.margin * 100:g}%); n = runs base+set per cell, c = cells",
-        *table,
-    ]
+    intro = (
+        f"Per operation: speed = geomean over cells of per-cell means (IOzone KB/s / 1024 = MB/s) ± {conf}% "
+        f"bootstrap CI; vs {analysis.baseline.name} = change of the geomean of per-cell ratios, "
+        "q = adjusted p, "
+        f"`~` = no verdict; n = runs {analysis.baseline.name}+set per cell."
+    )
+    lines = textwrap.wrap(intro, width)
+    for group in _groups([header_names, header_units, *rows], len(sets), width):
+        lines += _layout([header_names, header_units, *rows], group)
     lines += [f"{_MARKS[i]} {text}" for i, text in enumerate(notes.texts)]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _runs_label(analysis: Analysis, set_name: str) -> str:
+    runs = sorted({p.runs for p in analysis.primaries if p.set_name == set_name and p.runs})
+    return f"vs base n={runs[0]}" if len(runs) == 1 else "vs base n=" + "/".join(runs)
 
 
 def _versus(analysis: Analysis, set_name: str, op: str, notes: _Footnotes) -> str:
     primary = analysis.primary(set_name, op)
     if primary is None:
         return ""
-    stats = f"(p={primary.p:.3f} n={primary.runs} c={primary.cells})"
+    stats = f"(q={primary.q:.3f})"
     margin = f"±{analysis.options.margin * 100:g}%"
     if primary.significant:
-        text = f"{(primary.ratio - 1) * 100:+.2f}% {stats}"
-    else:
-        text = f"~ {stats}"
-        if primary.qualifier == "below margin":
-            text += " " + notes.mark(f"the interval excludes 0% but the change is inside the {margin} margin")
-        elif primary.qualifier == "inconclusive":
-            text += " " + notes.mark(f"inconclusive: the interval reaches beyond {margin}; more runs needed")
-    n_base, n_set = (int(x) for x in primary.runs.split("+"))
-    floor = smallest_p(n_base, n_set, analysis.options.test)
-    if math.isfinite(floor) and floor >= analysis.options.alpha:
+        return f"{(primary.ratio - 1) * 100:+.2f}% {stats}"
+    text = f"~ {stats}"
+    if primary.qualifier == "below margin":
+        text += " " + notes.mark(f"the interval excludes 0% but the change is inside the {margin} margin")
+    elif primary.qualifier == "inconclusive":
         text += " " + notes.mark(
-            f"{TEST_LABELS[analysis.options.test]} with {n_base}+{n_set} runs cannot reach p < "
-            f"{analysis.options.alpha:g} (smallest p = {floor:.3g}): per-cell tests can never be significant"
+            f"no verdict: the change may exceed {margin} but q or the interval does not show it"
         )
     return text
 
@@ -140,15 +211,35 @@ def _geomean_row(analysis: Analysis, notes: _Footnotes) -> list[str]:
     return row
 
 
-def _layout(rows: list[list[str]], set_count: int) -> list[str]:
+def _widths(rows: list[list[str]]) -> list[int]:
+    return [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+
+def _groups(rows: list[list[str]], set_count: int, width: int) -> list[list[int]]:
+    """The other sets (indexes 0..set_count-2) cut into groups so each table line fits `width`."""
+    widths = _widths(rows)
+    fixed = widths[0] + 3 + widths[1] + 2  # "name │ baseline │"
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for k in range(set_count - 1):
+        need = 1 + widths[2 + 2 * k] + 2 + widths[3 + 2 * k] + 2  # " set  vs │"
+        if groups[-1] and used + need > width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(k)
+        used += need
+    return groups
+
+
+def _layout(rows: list[list[str]], group: list[int]) -> list[str]:
     # Column groups: name | baseline | (set, vs base) per other set, separated by "│" like benchstat.
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
+    widths = _widths(rows)
+    out = [""] if group and group[0] > 0 else []
     for index, r in enumerate(rows):
         header = index < 2
         parts = [r[0].ljust(widths[0])]
         parts.append(r[1].center(widths[1]) if header else r[1].rjust(widths[1]))
-        for k in range(set_count - 1):
+        for k in group:
             a, b = 2 + 2 * k, 3 + 2 * k
             if header:
                 parts.append(f"{r[a].center(widths[a])}  {r[b].ljust(widths[b])}")

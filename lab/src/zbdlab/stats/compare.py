@@ -2,14 +2,21 @@
 
 Primary comparison (declared in advance, one per operation): the geometric mean over cells of the
 ratio set/baseline of per-cell means, with a percentile-bootstrap confidence interval that resamples
-runs within each cell of each set (seeded). Verdict from that interval and the equivalence margin:
+runs within each cell of each set (seeded). Its two-sided bootstrap p is adjusted with
+Benjamini-Hochberg over all primary comparisons of one set against the baseline (q). Verdict from q,
+the interval and the equivalence margin:
 
-  faster   the interval lies above 1 and the estimate is at least 1 + margin
-  slower   the interval lies below 1 and the estimate is at most 1 - margin
+  faster   q < alpha, the interval lies above 1 and the estimate is at least 1 + margin
+  slower   q < alpha, the interval lies below 1 and the estimate is at most 1 - margin
   no significant difference   otherwise, qualified as
            "equivalent"   the whole interval lies inside [1 - margin, 1 + margin]
            "below margin" the interval excludes 1 but the estimate lies inside the margin
-           "inconclusive" the interval contains 1 and reaches beyond the margin (more runs needed)
+           "inconclusive" the change may exceed the margin but q or the interval does not show it
+                          (more runs needed)
+
+Faster and slower need q, the interval and the margin to agree, so a verdict never contradicts the
+interval or the adjusted p printed beside it (with the defaults, confidence 0.90 <= 1 - alpha, q < alpha
+alone already puts the interval beyond 1).
 
 Secondary: per-cell tests (Mann-Whitney U or Welch) with Benjamini-Hochberg control over all cells of
 one set-vs-baseline comparison; orthogonal slopes of per-cell means with bootstrap intervals.
@@ -48,7 +55,7 @@ class Primary:
     ratio: float
     ci_low: float
     ci_high: float
-    p: float
+    p: float  # two-sided percentile-bootstrap p, unadjusted
     verdict: str  # "faster" | "slower" | "no significant difference"
     qualifier: str  # "" | "equivalent" | "below margin" | "inconclusive"
     center_baseline: float  # geometric mean of per-cell means over the compared cells
@@ -56,6 +63,7 @@ class Primary:
     center_set_ci: tuple[float, float]
     center_baseline_ci: tuple[float, float]
     runs: str  # e.g. "5+5" (median runs per cell)
+    q: float = math.nan  # p adjusted (Benjamini-Hochberg) over the set's primary comparisons
 
     @property
     def significant(self) -> bool:
@@ -197,14 +205,15 @@ def _interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _verdict(ratio: float, low: float, high: float, margin: float) -> tuple[str, str]:
-    if low > 1 and ratio >= 1 + margin:
+def _verdict(ratio: float, low: float, high: float, margin: float, q: float, alpha: float) -> tuple[str, str]:
+    shown = math.isfinite(q) and q < alpha
+    if shown and low > 1 and ratio >= 1 + margin:
         return "faster", ""
-    if high < 1 and ratio <= 1 - margin:
+    if shown and high < 1 and ratio <= 1 - margin:
         return "slower", ""
     if 1 - margin <= low and high <= 1 + margin:
         return "no significant difference", "equivalent"
-    if low > 1 or high < 1:
+    if (low > 1 or high < 1) and 1 - margin < ratio < 1 + margin:
         return "no significant difference", "below margin"
     return "no significant difference", "inconclusive"
 
@@ -234,7 +243,6 @@ def _primary(analysis: Analysis, data: DataSet, operation: str, groups: list[lis
     draws = np.exp(boot_s - boot_b)
     ratio = float(np.exp(log_s - log_b))
     low, high = _interval(draws, analysis.options.confidence)
-    verdict, qualifier = _verdict(ratio, low, high, analysis.options.margin)
     runs = ""
     if len(groups) == 1:
         n_b = int(np.median([analysis.cells[analysis.baseline.name][c].size for c in groups[0]]))
@@ -248,14 +256,24 @@ def _primary(analysis: Analysis, data: DataSet, operation: str, groups: list[lis
         low,
         high,
         _bootstrap_p(draws),
-        verdict,
-        qualifier,
+        "",  # verdict and qualifier: by _adjust, once every comparison of the set has its p
+        "",
         float(np.exp(log_b)),
         float(np.exp(log_s)),
         _interval(np.exp(boot_s), analysis.options.confidence),
         _interval(np.exp(boot_b), analysis.options.confidence),
         runs,
     )
+
+
+def _adjust(primaries: list[Primary], options: Options) -> None:
+    """Benjamini-Hochberg over one set's primary comparisons, then each verdict from its q."""
+    qvalues = benjamini_hochberg(np.array([p.p for p in primaries]))
+    for primary, q in zip(primaries, qvalues, strict=True):
+        primary.q = float(q)
+        primary.verdict, primary.qualifier = _verdict(
+            primary.ratio, primary.ci_low, primary.ci_high, options.margin, primary.q, options.alpha
+        )
 
 
 def _slope(analysis: Analysis, data: DataSet, operation: str, cells: list[CellKey]) -> Slope | None:
@@ -332,6 +350,7 @@ def analyse(sets: list[DataSet], options: Options) -> Analysis:
         all_cells = [c for cs in throughput_ops.values() for c in cs]
         if (slope := _slope(analysis, data, ALL, all_cells)) is not None:
             analysis.slopes.append(slope)
+        _adjust([p for p in analysis.primaries if p.set_name == data.name], options)
         analysis.cell_tests.extend(_cell_tests(analysis, data))
     return analysis
 
