@@ -112,10 +112,12 @@ fn direct_io_works_on_a_4k_sector_device() {
             vol.flush().expect("flush");
         }
     }
+    let guard = super::fork_guard();
     vol.close().expect("close");
     drop(vol);
-    let vol =
-        Volume::open(Box::new(open(false)), zbd_core::OpenOptions::default()).expect("reopen");
+    let storage = open(false);
+    drop(guard);
+    let vol = Volume::open(Box::new(storage), zbd_core::OpenOptions::default()).expect("reopen");
     let mut back = vec![0u8; data.len()];
     vol.read(333, &mut back).expect("read");
     assert!(back == data, "data differs after a reopen through O_DIRECT");

@@ -20,6 +20,7 @@ impl Loop {
 
     /// With extra `losetup` options (e.g. `--sector-size 4096`).
     pub fn attach_with(image: &Path, options: &[&str]) -> Loop {
+        let _guard = super::fork_guard();
         let out = Command::new("losetup")
             .args(["--find", "--show"])
             .args(options)
@@ -44,6 +45,7 @@ impl Loop {
 
 impl Drop for Loop {
     fn drop(&mut self) {
+        let _guard = super::fork_guard();
         let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
     }
 }

@@ -54,12 +54,14 @@ fn volume_on_direct_storage_round_trips() {
     let data = fill(&mut rng, Fill::Text, 3 << 20);
     let vol = Volume::create(Box::new(s), &opts).expect("create");
     vol.write(12345, &data, false).expect("write");
+    let guard = super::fork_guard();
     vol.close().expect("close");
     drop(vol);
     let s = FileStorage::open(&path, true)
         .expect("open")
         .into_direct(&path)
         .expect("direct again");
+    drop(guard);
     let vol = Volume::open(Box::new(s), OpenOptions::default()).expect("reopen");
     let mut back = vec![0u8; data.len()];
     vol.read(12345, &mut back).expect("read");

@@ -28,10 +28,12 @@ fn a_file_volume_written_past_the_writeback_start_reads_back() {
     }
     vol.flush().expect("flush");
     let checkpoints = vol.stats().counters.checkpoints;
+    assert!(checkpoints > 3, "only {checkpoints} checkpoints");
+    let guard = super::fork_guard();
     vol.close().expect("close");
     drop(vol);
-    assert!(checkpoints > 3, "only {checkpoints} checkpoints");
     let storage = zbd_core::FileStorage::open(&path, true).expect("open file");
+    drop(guard);
     let vol = Volume::open(Box::new(storage), OpenOptions::default()).expect("open");
     let mut back = vec![0u8; data.len()];
     vol.read(0, &mut back).expect("read");
