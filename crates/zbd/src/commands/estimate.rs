@@ -376,16 +376,35 @@ impl Sim {
             .copied()
     }
 
+    /// The manifest of extent `e`, as the log's record table would give it.
+    fn load(&mut self, e: u32) {
+        let manifest: Vec<(u32, Location)> = self.extents[e as usize]
+            .iter()
+            .enumerate()
+            .map(|(k, f)| (f.manifest_part(), (u64::from(e) << 16) | k as u64))
+            .collect();
+        self.index.add_manifest(e, manifest);
+    }
+
+    /// A duplicate run found in the last quarter of an extent goes on, most likely, in the
+    /// extent written after it: its manifest is loaded before the run gets there, so the run
+    /// is not lost at the boundary until its next hook.
+    fn follow(&mut self, loc: Location) {
+        let (e, k) = ((loc >> 16) as usize, (loc & 0xffff) as usize);
+        let next = e + 1;
+        if k * 4 >= self.extents[e].len() * 3
+            && next + 1 < self.extents.len()
+            && !self.index.has_manifest(next as u32)
+        {
+            self.load(next as u32);
+        }
+    }
+
     fn block(&mut self, fp: Fingerprint, share: u32) {
         let mut candidate = self.index.lookup(fp);
         if let Some(Candidate::Extents(extents)) = &candidate {
             for &e in extents {
-                let manifest: Vec<(u32, Location)> = self.extents[e as usize]
-                    .iter()
-                    .enumerate()
-                    .map(|(k, f)| (f.manifest_part(), (u64::from(e) << 16) | k as u64))
-                    .collect();
-                self.index.add_manifest(e, manifest);
+                self.load(e);
             }
             candidate = self.index.lookup_cached(fp);
         }
@@ -393,6 +412,7 @@ impl Sim {
             if self.at(loc) == Some(fp) {
                 self.hits += 1;
                 self.index.verified(fp, loc);
+                self.follow(loc);
                 return;
             }
             self.index.rejected();
