@@ -47,7 +47,8 @@ pub const fn worst_case(n: usize) -> usize {
 /// and an entry below the current generation belongs to an earlier input, so the table never
 /// needs clearing between 4 KiB blocks (clearing 64 KiB would cost more than compressing one).
 pub struct Lzo1x1 {
-    table: Vec<u32>,
+    // A fixed-size array, so the compiler sees that a hash (< 2^HASH_BITS) is always in bounds.
+    table: Box<[u32; 1 << HASH_BITS]>,
     generation: u32,
 }
 
@@ -61,7 +62,7 @@ impl Lzo1x1 {
     /// A compressor with an empty table.
     pub fn new() -> Self {
         Lzo1x1 {
-            table: vec![0; 1 << HASH_BITS],
+            table: Box::new([0; 1 << HASH_BITS]),
             // 0 marks an empty slot, so generations start at 1.
             generation: 1,
         }
@@ -251,12 +252,20 @@ mod tests {
             data.len(),
             z.len()
         );
-        let back = lzokay_native::decompress_all(&z, Some(data.len()))
-            .unwrap_or_else(|e| panic!("lzokay-native rejects our stream of {} bytes: {e}", data.len()));
+        let back = lzokay_native::decompress_all(&z, Some(data.len())).unwrap_or_else(|e| {
+            panic!(
+                "lzokay-native rejects our stream of {} bytes: {e}",
+                data.len()
+            )
+        });
         assert!(back == data, "lzokay-native: {} bytes differ", data.len());
         let mut out = vec![0u8; data.len()];
-        let got = lzo::decompress_into(&z, &mut out)
-            .unwrap_or_else(|e| panic!("lzo crate rejects our stream of {} bytes: {e:?}", data.len()));
+        let got = lzo::decompress_into(&z, &mut out).unwrap_or_else(|e| {
+            panic!(
+                "lzo crate rejects our stream of {} bytes: {e:?}",
+                data.len()
+            )
+        });
         assert_eq!(got, data.len(), "lzo crate: wrong length");
         assert!(out == data, "lzo crate: {} bytes differ", data.len());
         z
@@ -264,8 +273,22 @@ mod tests {
 
     fn text(n: usize, seed: u64) -> Vec<u8> {
         let words = [
-            "the ", "block ", "device ", "compresses ", "zbd ", "extent ", "map ", "of ",
-            "and ", "writes ", "4096 ", "\n", "checkpoint ", "cleaner ", "a ", "LZO1X ",
+            "the ",
+            "block ",
+            "device ",
+            "compresses ",
+            "zbd ",
+            "extent ",
+            "map ",
+            "of ",
+            "and ",
+            "writes ",
+            "4096 ",
+            "\n",
+            "checkpoint ",
+            "cleaner ",
+            "a ",
+            "LZO1X ",
         ];
         let mut r = rand::rngs::SmallRng::seed_from_u64(seed);
         let mut v = Vec::with_capacity(n + 16);
@@ -311,8 +334,12 @@ mod tests {
     fn round_trips_every_length_and_kind() {
         let mut c = Lzo1x1::new();
         let mut lens: Vec<usize> = (0..=300).collect();
-        lens.extend([511, 512, 1000, 2047, 2048, 2049, 4095, 4096, 4097, 8192, 16383, 16384]);
-        lens.extend([16385, 32768, 49151, 49152, 49153, 65536, 65537, 98304, 131072]);
+        lens.extend([
+            511, 512, 1000, 2047, 2048, 2049, 4095, 4096, 4097, 8192, 16383, 16384,
+        ]);
+        lens.extend([
+            16385, 32768, 49151, 49152, 49153, 65536, 65537, 98304, 131072,
+        ]);
         for (i, &n) in lens.iter().enumerate() {
             let seed = i as u64;
             check(&mut c, &vec![0u8; n]);
@@ -354,7 +381,10 @@ mod tests {
             if reach {
                 assert!(other - copy > 8000, "copy at {gap}: {copy} vs {other}");
             } else {
-                assert!((other - copy).abs() < 100, "copy at {gap}: {copy} vs {other}");
+                assert!(
+                    (other - copy).abs() < 100,
+                    "copy at {gap}: {copy} vs {other}"
+                );
             }
         }
     }
