@@ -16,7 +16,8 @@ pub struct Args {
     /// Logical size (K/M/G/T suffixes), a multiple of 4K.
     #[arg(long)]
     size: String,
-    /// Codec: lz4, zstd[:LEVEL], zlib[:LEVEL], lzo or none.
+    /// Codec: lz4, zstd[:LEVEL], zlib[:LEVEL], lzo[:999] or none (lzo:999: slower,
+    /// higher-ratio LZO1X encoder).
     #[arg(long, default_value = "lz4")]
     codec: String,
     /// Extent size, a power of two from 8K to 1M [default: 128K; 256K for rados:POOL/NAME,

@@ -31,7 +31,7 @@ pub struct Args {
     /// blocks, its tail padded with zeros, as a filesystem stores it).
     #[arg(required = true)]
     paths: Vec<PathBuf>,
-    /// Codec of the compression estimate: lz4, zstd[:LEVEL], zlib[:LEVEL], lzo or none.
+    /// Codec of the compression estimate: lz4, zstd[:LEVEL], zlib[:LEVEL], lzo[:999] or none.
     #[arg(long, default_value = "lz4")]
     codec: String,
     /// Compression unit, as `zbd create --unit-size` (4K to 64K).
