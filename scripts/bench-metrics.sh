@@ -22,9 +22,17 @@ mkdir -p "$out/raw/metrics"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d "${MET_DIR:-/var/tmp}/zbd-metrics.XXXXXX")
 pid="" scraper=""
-stop_all() {
-    [[ -n $scraper ]] && { kill "$scraper" 2>/dev/null || true; wait "$scraper" 2>/dev/null || true; scraper=""; }
-    [[ -n $pid ]] && { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=""; }
+stop_all() { # always succeeds: it runs in the EXIT trap under set -e
+    if [[ -n $scraper ]]; then
+        kill "$scraper" 2>/dev/null || true
+        wait "$scraper" 2>/dev/null || true
+        scraper=""
+    fi
+    if [[ -n $pid ]]; then
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        pid=""
+    fi
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 
