@@ -9,15 +9,6 @@ use crate::state::State;
 use std::sync::atomic::Ordering;
 
 impl Inner {
-    /// Foreground cleaning with the state lock released between its steps (issue 9). A write
-    /// that may open extents down to the point where opening one cleans under the state lock
-    /// (`State::space_short_for`, `cleaner::make_space`) cleans first, the way the background
-    /// cleaner does: victims read and outputs issued without the lock, the checkpoint that
-    /// frees them in three phases, until make_space's goal. Reads wait for neither; make_space
-    /// stays for writers that outrun this. At most once per extent opened (`extents_opened`),
-    /// like make_space: on a volume at its guaranteed overwrite fraction space is short all the
-    /// time, and cleaning before every write would run passes that gain nothing. Writers that
-    /// find one cleaning wait for it, without the state lock.
     /// Says in the log, at most once a minute, that writers clean in the foreground: the
     /// background cleaner is not keeping up (or the volume is nearly full of live data).
     fn log_falling_behind(&self) {
@@ -39,6 +30,15 @@ impl Inner {
         }
     }
 
+    /// Foreground cleaning with the state lock released between its steps (issue 9). A write
+    /// that may open extents down to the point where opening one cleans under the state lock
+    /// (`State::space_short_for`, `cleaner::make_space`) cleans first, the way the background
+    /// cleaner does: victims read and outputs issued without the lock, the checkpoint that
+    /// frees them in three phases, until make_space's goal. Reads wait for neither; make_space
+    /// stays for writers that outrun this. At most once per extent opened (`extents_opened`),
+    /// like make_space: on a volume at its guaranteed overwrite fraction space is short all the
+    /// time, and cleaning before every write would run passes that gain nothing. Writers that
+    /// find one cleaning wait for it, without the state lock.
     pub(super) fn clean_ahead(&self, bytes: usize) -> Result<()> {
         let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
         let due = |st: &State| {
@@ -95,12 +95,12 @@ impl Inner {
         Ok(())
     }
 
-    /// Whether free extents are below the low watermark (cheap; called after writes).
     /// Extents free now (queued or on the free list).
     pub(crate) fn free_extents(&self) -> usize {
         self.state.lock().free_now()
     }
 
+    /// Whether free extents are below the low watermark (cheap; called after writes).
     pub(crate) fn below_low_watermark(&self) -> bool {
         let st = self.state.lock();
         self.below_low(&st)
