@@ -1,7 +1,8 @@
 //! External tools: finding them and running them with their output in the panic message.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
 
 /// Some(path) if the tool is installed; otherwise prints why the test is skipped.
 pub fn tool(name: &str) -> Option<PathBuf> {
@@ -39,4 +40,24 @@ pub fn run(command: &mut Command) -> Output {
 
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Sends SIGTERM to `child` and waits up to `deadline` for it to exit; past it the child is
+/// killed and reaped, and the answer is None.
+pub fn terminate(mut child: Child, deadline: Duration) -> Option<ExitStatus> {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let until = Instant::now() + deadline;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
 }

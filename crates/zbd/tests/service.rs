@@ -113,22 +113,8 @@ impl Server {
 
     /// SIGTERM, then the exit status (None: it did not exit in time, and was killed).
     fn terminate(&mut self) -> Option<ExitStatus> {
-        let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return None;
-                }
-            }
-        }
+        let child = self.child.take()?;
+        zbd_testkit::process::terminate(child, DEADLINE)
     }
 }
 

@@ -99,22 +99,8 @@ impl Server {
 
     /// SIGTERM and the exit code (None: killed after the deadline).
     fn stop(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return status.code(),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return None;
-                }
-            }
-        }
+        let child = self.child.take()?;
+        zbd_testkit::process::terminate(child, DEADLINE).and_then(|s| s.code())
     }
 }
 

@@ -103,24 +103,10 @@ impl Served {
 
     /// SIGTERM, then wait; returns whether it exited with 0.
     pub fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else {
+        let Some(child) = self.child.take() else {
             return true;
         };
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return status.success(),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return false;
-                }
-            }
-        }
+        zbd_testkit::process::terminate(child, DEADLINE).is_some_and(|s| s.success())
     }
 
     /// SIGKILL: a crash. The dead server's control socket is removed so tests leave nothing in
