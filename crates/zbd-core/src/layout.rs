@@ -59,6 +59,9 @@ pub struct CreateOptions {
     /// Whether opens train and use dictionaries unless `OpenOptions::dictionary` says
     /// otherwise (stored in the superblock).
     pub dictionary: bool,
+    /// Format version to write: the current one, or 2 for a volume that older builds must open
+    /// (without seeded item checksums; `zbd upgrade` turns it into the current one later).
+    pub format_version: u32,
 }
 
 impl CreateOptions {
@@ -74,6 +77,7 @@ impl CreateOptions {
             queue_len: None,
             unit_bytes: None,
             dictionary: DICTIONARY_DEFAULT,
+            format_version: FORMAT_VERSION,
         }
     }
 }
@@ -157,6 +161,12 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
             "cleaner watermarks: need low < high <= 90 (%)".into(),
         ));
     }
+    if !(2..=FORMAT_VERSION).contains(&opts.format_version) {
+        return Err(Error::Invalid(format!(
+            "format version {}: this zbd creates 2 to {FORMAT_VERSION}",
+            opts.format_version
+        )));
+    }
     let logical_blocks = opts.logical_bytes / BLOCK_BYTES as u64;
     let extent_count = match opts.capacity_bytes {
         Some(c) => c / u64::from(e),
@@ -201,7 +211,7 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     let (ck1, map1, et1, dict1) = starts(checkpoint_offset + half);
     let data_offset = align_up(checkpoint_offset + 2 * half, u64::from(e));
     Ok(Superblock {
-        version: FORMAT_VERSION,
+        version: opts.format_version,
         checkpoint_offset1: ck1,
         map_offset1: map1,
         extent_table_pages,
@@ -314,18 +324,20 @@ pub fn grow(
     Ok(grown)
 }
 
-/// Writes the grown superblock `grown` over `old` on `storage`, which must already be long
-/// enough (a file extended and synced first). Crash safety, by the order of the writes:
+/// Writes superblock `grown` (a [`grow`]n or [`upgrade`]d one) over `old` on `storage`, which
+/// must already be long enough (a file extended and synced first). Crash safety, by the order
+/// of the writes:
 /// - before copy A is durable, the volume opens as it was (copy A decides, `read_superblock`;
 ///   the longer file is allowed and unused);
 /// - copy A is written and synced alone: torn, its checksum fails and the open falls back to
-///   copy B, the old geometry; whole, it is the new geometry, which the storage already holds;
+///   copy B, the old superblock; whole, it is the new one, which the storage already holds;
 /// - copy B last: until it is written, a writable open finds it unequal to copy A and rewrites
-///   it from A (`repair_superblock`), so the two never disagree for long and never both break.
+///   it from A (`repair_superblock`) before writing anything else, so the two never disagree
+///   for long and never both break.
 ///
-/// Nothing else changes, and either geometry reads every checkpoint (see [`grow`]): no data is
-/// written, so none can be lost.
-pub fn write_grown_superblock(
+/// Nothing else changes, and either superblock reads every checkpoint (see [`grow`] and
+/// [`upgrade`]): no data is written, so none can be lost.
+pub fn write_superblock_update(
     storage: &dyn crate::backend::Storage,
     old: &Superblock,
     grown: &Superblock,
@@ -339,7 +351,7 @@ pub fn write_grown_superblock(
     }
     if crate::recovery::read_superblock(storage)? != *old {
         return Err(Error::Invalid(
-            "the volume changed while growing it (another zbd?); run zbd grow again".into(),
+            "the volume changed meanwhile (another zbd?); run the command again".into(),
         ));
     }
     let bytes = grown.encode();
@@ -348,6 +360,28 @@ pub fn write_grown_superblock(
     storage.write_at(SUPERBLOCK_BYTES as u64, &bytes)?;
     storage.sync()?;
     Ok(())
+}
+
+/// The superblock of `sb` upgraded to the current format (v2 -> v3: the version alone; v3's
+/// layout is v2's and every v2 structure reads as v3), or an error naming why not. Written like
+/// a grown one (`write_superblock_update`: copy A, then B) after a clean close; a v2 build that
+/// meets the v3 copy A falls back to copy B until B is written, and a v3 build's writable open
+/// rewrites B from A before it writes anything (`recovery::repair_superblock`), so no seeded
+/// item exists while a v2 copy remains.
+pub fn upgrade(sb: &Superblock) -> Result<Superblock> {
+    match sb.version {
+        v if v == FORMAT_VERSION => {
+            Err(Error::Invalid(format!("the volume is already format {v}")))
+        }
+        2 => Ok(Superblock {
+            version: FORMAT_VERSION,
+            ..sb.clone()
+        }),
+        v => Err(Error::Invalid(format!(
+            "format {v} is not upgraded in place: create a new volume and copy the data \
+             (e.g. nbdcopy between the two served volumes)"
+        ))),
+    }
 }
 
 /// Bytes of each dictionary region copy (reserved for trained dictionaries, issue 10): 1/1024

@@ -245,6 +245,30 @@ fn index_segments(
     index
 }
 
+/// Whether a data record's stored bytes match its checksum. A seeded record (v3) names its
+/// dictionary by the identity the checkpoint's directory lists for its id: every dictionary a
+/// record newer than the checkpoint can name is listed there (train.rs installs one with two
+/// checkpoints before any record uses it).
+fn record_intact(sb: &Superblock, ck: &Checkpoint, r: &Record, stored: &[u8]) -> bool {
+    let dict = if r.dict == 0 {
+        None
+    } else {
+        match ck.dicts.iter().find(|e| e.id == r.dict) {
+            Some(e) => Some(e.identity()),
+            None => return !r.seeded && crc32c::crc32c(stored) == r.crc,
+        }
+    };
+    let crc = crate::format::item_crc(
+        &sb.uuid,
+        r.seeded,
+        r.codec,
+        r.unit_blocks as u8,
+        dict.as_ref(),
+        stored,
+    );
+    crc == r.crc
+}
+
 /// Scans the checkpoint's allocation queue and returns every record newer than the checkpoint,
 /// sorted by write sequence.
 ///
@@ -334,8 +358,12 @@ pub fn roll_forward(
                     )));
                 }
                 let intact = r.kind != RecordKind::Data
-                    || crc32c::crc32c(&ext[r.offset as usize..(r.offset + r.len) as usize])
-                        == r.crc;
+                    || record_intact(
+                        sb,
+                        ck,
+                        r,
+                        &ext[r.offset as usize..(r.offset + r.len) as usize],
+                    );
                 found.push(Replayed {
                     record: *r,
                     extent: q.extent,

@@ -251,6 +251,15 @@ impl Volume {
         self.inner.close()
     }
 
+    /// Closes the volume cleanly and upgrades it in place to the current format (v2 -> v3,
+    /// offline: `zbd upgrade`); returns the new superblock; reopen to use the volume. A volume
+    /// already current or of format 1 is refused before anything is written (the handle stays
+    /// open); after a failed write the volume is the old format or the new one, never neither.
+    pub fn close_upgraded(&self) -> Result<Superblock> {
+        self.stop_cleaner();
+        self.inner.close_upgraded()
+    }
+
     /// Drops the handle without writing anything more, like a killed process (buffered,
     /// unflushed writes are lost; the next open recovers). For tests and crash drills.
     pub fn abandon(self) {

@@ -59,6 +59,8 @@ enum Command {
     Completions(commands::docs::CompletionsArgs),
     /// Grow a volume's logical size or data area (offline, within the room its format has).
     Grow(commands::grow::Args),
+    /// Upgrade a format 2 volume to the current format (offline, in place).
+    Upgrade(commands::upgrade::Args),
     /// Break the lock a crashed server left on a rados:POOL/NAME volume (fences it first).
     Unlock(commands::unlock::Args),
 }
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Command::Completions(a) => commands::docs::completions(Cli::command(), a),
         Command::Unlock(a) => commands::unlock::run(a),
         Command::Grow(a) => commands::grow::run(a),
+        Command::Upgrade(a) => commands::upgrade::run(a),
     };
     match result {
         Ok(code) => code,

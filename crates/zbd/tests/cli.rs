@@ -774,3 +774,43 @@ fn stat_shows_the_warning_threshold_and_reserve() {
     assert!(text.contains("zbd_data_area_above_warn{volume="), "{text}");
     assert!(text.contains("zbd_data_area_warn_used_ratio{volume=") && text.contains("} 0.8\n"));
 }
+
+#[test]
+fn upgrade_turns_a_format_2_volume_into_format_3_and_keeps_its_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "4M", "--format-version", "7"])
+        .code(1)
+        .stderr(
+            predicate::str::contains("format version 7")
+                .and(predicate::function(|s: &str| s.lines().count() == 1)),
+        );
+    assert!(!vol.exists(), "a refused create left a file");
+    on("create", &vol, &["--size", "4M", "--format-version", "2"]).success();
+    let data = noise(4 << 20, 4);
+    {
+        let v = open_volume(&vol);
+        assert_eq!(v.superblock().version, 2);
+        v.write(0, &data, false).expect("write");
+        v.close().expect("close");
+    }
+    on("upgrade", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("format 2 -> 3"));
+    on("stat", &vol, &[])
+        .success()
+        .stdout(predicate::str::is_match(r"format version\s+3").expect("regex"));
+    on("check", &vol, &[]).success();
+    let v = open_volume(&vol);
+    let mut back = vec![0u8; data.len()];
+    v.read(0, &mut back).expect("read");
+    assert!(back == data, "data changed by the upgrade");
+    v.close().expect("close");
+    drop(v);
+    let sb = superblock_bytes(&vol);
+    on("upgrade", &vol, &[]).code(1).stderr(
+        predicate::str::contains("already format 3")
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    assert_eq!(superblock_bytes(&vol), sb, "a refused upgrade wrote");
+}

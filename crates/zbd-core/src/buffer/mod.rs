@@ -97,8 +97,10 @@ pub enum Prepared {
         codec: u8,
         /// Stored bytes.
         bytes: Vec<u8>,
-        /// CRC32C of `bytes`.
+        /// Item checksum of `bytes` (`format::item_crc`).
         crc: u32,
+        /// Whether `crc` is seeded (v3).
+        seeded: bool,
         /// Logical blocks they hold (1, or a unit's size).
         blocks: u8,
         /// Dictionary they were compressed with (0 = none).

@@ -29,11 +29,12 @@ mod policy;
 
 pub use policy::Mode;
 
+use crate::codec::dict::Dictionary;
 use crate::error::Result;
 use crate::extents::ExtentState;
 use crate::format::{
-    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, BLOCK_BYTES,
-    SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    item_crc, seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader,
+    Superblock, BLOCK_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, State};
 use parking_lot::MutexGuard;
@@ -84,6 +85,8 @@ struct Fresh {
     codec: u8,
     bytes: Vec<u8>,
     crc: u32,
+    /// Whether `crc` is seeded (v3).
+    seeded: bool,
     dict: u8,
     /// The whole unit again (its blocks keep their index); else one block on its own.
     unit: bool,
@@ -107,6 +110,7 @@ impl Item {
 /// Compresses `data` (one block, or a unit when `unit`) with the dictionary in use, if any;
 /// `None` when it does not save a sector (a block is then stored raw, a unit is not redone).
 fn recompress(
+    sb: &Superblock,
     codec: crate::codec::Codec,
     dicts: &crate::dicts::Dicts,
     data: &[u8],
@@ -118,20 +122,35 @@ fn recompress(
         None => codec.compress(data),
     };
     let (codec, bytes, dict) = match z {
-        Some(z) if z.len() + SECTOR_BYTES <= data.len() => {
-            (codec.id(), z, active.map_or(0, |d| d.id() as u8))
-        }
+        Some(z) if z.len() + SECTOR_BYTES <= data.len() => (codec.id(), z, active),
         _ if unit => return None,
-        _ => (crate::codec::id::RAW, data.to_vec(), 0),
+        _ => (crate::codec::id::RAW, data.to_vec(), None),
     };
-    let crc = crc32c::crc32c(&bytes);
+    let blocks = (data.len() / BLOCK_BYTES) as u8;
+    let seeded = sb.seeds_items();
+    let id = dict.as_ref().map(|d| d.identity());
+    let crc = item_crc(&sb.uuid, seeded, codec, blocks, id.as_ref(), &bytes);
     Some(Fresh {
         codec,
         bytes,
         crc,
-        dict,
+        seeded,
+        dict: dict.map_or(0, |d| d.id() as u8),
         unit,
     })
+}
+
+/// Whether `stored` matches `m`'s checksum (`dict`: the dictionary it names, if loaded).
+fn intact(sb: &Superblock, m: &MapEntry, dict: Option<&Dictionary>, stored: &[u8]) -> bool {
+    let id = dict.map(|d| d.identity());
+    item_crc(
+        &sb.uuid,
+        m.seeded,
+        m.codec,
+        m.unit_blocks,
+        id.as_ref(),
+        stored,
+    ) == m.crc
 }
 
 /// Groups the live blocks of the victims into items: a unit's blocks travel together. A unit
@@ -141,6 +160,7 @@ fn recompress(
 /// one are decoded and recompressed with the current one (or none when dictionaries are off),
 /// so old dictionaries lose their last blocks and can be retired (dicts.rs).
 fn items(
+    sb: &Superblock,
     candidates: &[(u64, MapEntry)],
     images: &HashMap<u32, Vec<u8>>,
     codec: crate::codec::Codec,
@@ -156,7 +176,7 @@ fn items(
             .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
         let dict = (m.dict != 0).then(|| dicts.get(m.dict));
         stored.is_some_and(|s| {
-            crc32c::crc32c(s) == m.crc
+            intact(sb, m, dict.clone().flatten().as_deref(), s)
                 && match &dict {
                     None => crate::codec::decompress(m.codec, s, plain).is_some(),
                     Some(Some(d)) => d.decompress(m.codec, s, plain).is_some(),
@@ -175,7 +195,7 @@ fn items(
         } else {
             let mut plain = vec![0u8; BLOCK_BYTES];
             let fresh = (stale(&m) && decode(&m, &mut plain))
-                .then(|| recompress(codec, dicts, &plain, false))
+                .then(|| recompress(sb, codec, dicts, &plain, false))
                 .flatten();
             out.push(Item {
                 blocks: vec![(lba, m)],
@@ -203,7 +223,7 @@ fn items(
         }
         // A mostly live unit on an old dictionary: the whole unit again, if that still pays.
         if let Some(fresh) = mostly_live
-            .then(|| recompress(codec, dicts, &plain, true))
+            .then(|| recompress(sb, codec, dicts, &plain, true))
             .flatten()
         {
             out.push(Item {
@@ -214,7 +234,7 @@ fn items(
         }
         for (lba, e) in blocks {
             let i = usize::from(e.unit_index) * BLOCK_BYTES;
-            let fresh = recompress(codec, dicts, &plain[i..i + BLOCK_BYTES], false);
+            let fresh = recompress(sb, codec, dicts, &plain[i..i + BLOCK_BYTES], false);
             out.push(Item {
                 blocks: vec![(lba, e)],
                 fresh,
@@ -223,6 +243,35 @@ fn items(
     }
     out.sort_by_key(|it| it.lba());
     out
+}
+
+/// The checksum a verbatim copy of `old`'s stored bytes `src` carries: an unseeded (v1, v2)
+/// item on a v3 volume gains the seeded checksum if its plain CRC verifies and its dictionary
+/// is loaded, so moves (and `zbd compact`) bring old items under the v3 check; anything else,
+/// damage included, keeps its checksum (a damaged item must stay damaged, never be blessed).
+fn reseed(cx: &Ctx, old: &MapEntry, src: &[u8]) -> (u32, bool) {
+    if old.seeded || !cx.sb.seeds_items() {
+        return (old.crc, old.seeded);
+    }
+    let dict = match old.dict {
+        0 => None,
+        id => match cx.dicts.get(id) {
+            Some(d) => Some(d.identity()),
+            None => return (old.crc, false),
+        },
+    };
+    if crc32c::crc32c(src) != old.crc {
+        return (old.crc, false);
+    }
+    let crc = item_crc(
+        &cx.sb.uuid,
+        true,
+        old.codec,
+        old.unit_blocks,
+        dict.as_ref(),
+        src,
+    );
+    (crc, true)
 }
 
 /// First-fit decreasing over stored sizes; returns bins of item indices.
@@ -437,7 +486,7 @@ fn commit(
             }
         })?;
     }
-    let all = items(&candidates, images, cx.codec, cx.dicts);
+    let all = items(cx.sb, &candidates, images, cx.codec, cx.dicts);
     let free = st.free_now();
     let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.sb.version, free, migrate)
     else {
@@ -467,15 +516,16 @@ fn commit(
             let len = it.len();
             let old = it.blocks[0].1;
             // Copied stored bytes keep their dictionary id; recompressed ones name theirs.
-            let (codec, crc, dict) = match &it.fresh {
+            let (codec, crc, seeded, dict) = match &it.fresh {
                 Some(f) => {
                     buf[at..at + len].copy_from_slice(&f.bytes);
-                    (f.codec, f.crc, f.dict)
+                    (f.codec, f.crc, f.seeded, f.dict)
                 }
                 None => {
                     let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
                     buf[at..at + len].copy_from_slice(src);
-                    (old.codec, old.crc, old.dict)
+                    let (crc, seeded) = reseed(cx, &old, src);
+                    (old.codec, crc, seeded, old.dict)
                 }
             };
             for &(lba, old) in &it.blocks {
@@ -484,6 +534,7 @@ fn commit(
                         codec,
                         len: len as u16,
                         crc,
+                        seeded,
                         dict,
                         ..old
                     },
@@ -491,12 +542,13 @@ fn commit(
                         codec,
                         len: len as u16,
                         crc,
+                        seeded,
                         unit_index: 0,
                         unit_blocks: 1,
                         dict,
                         ..old
                     },
-                    None => old,
+                    None => MapEntry { crc, seeded, ..old },
                 };
                 let seq = st.take_seq();
                 records.push(Record {
@@ -507,6 +559,7 @@ fn commit(
                     unit_index: entry.unit_index,
                     unit_blocks: u16::from(entry.unit_blocks),
                     dict: u16::from(entry.dict),
+                    seeded: entry.seeded,
                     ..Record::new(RecordKind::Data, lba, 1, seq)
                 });
                 moved.push((

@@ -57,6 +57,8 @@ pub struct Dictionary {
     codec_id: u8,
     trained_seq: u64,
     content: Vec<u8>,
+    /// CRC32C of `encode()`: with id and training sequence, what item checksums are seeded with.
+    encoded_crc: u32,
     ddict: zstd_safe::DDict<'static>,
     // One digested compressor dictionary per level used (a volume uses one level; the bench a few).
     cdicts: Mutex<Vec<(i32, Arc<zstd_safe::CDict<'static>>)>>,
@@ -123,14 +125,17 @@ impl Dictionary {
         // create_ddict copies the content; a dictionary without the zstd magic is used as raw
         // content, so any bytes are accepted (and damaged ones never reach here: CRC first).
         let ddict = zstd_safe::create_ddict(&content);
-        Dictionary {
+        let mut d = Dictionary {
             id,
             codec_id,
             trained_seq,
             content,
+            encoded_crc: 0,
             ddict,
             cdicts: Mutex::new(Vec::new()),
-        }
+        };
+        d.encoded_crc = crc32c::crc32c(&d.encode());
+        d
     }
 
     /// Whether `codec` can use a dictionary.
@@ -156,6 +161,16 @@ impl Dictionary {
     /// Volume write sequence at training time.
     pub fn trained_seq(&self) -> u64 {
         self.trained_seq
+    }
+
+    /// What item checksums name it by (`format::ItemSeed`): id, CRC of the encoded form (equal
+    /// to its directory entry's) and training sequence.
+    pub fn identity(&self) -> crate::format::DictIdentity {
+        crate::format::DictIdentity {
+            id: self.id,
+            crc: self.encoded_crc,
+            trained_seq: self.trained_seq,
+        }
     }
 
     /// The trained bytes.

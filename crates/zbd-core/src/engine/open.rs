@@ -295,6 +295,24 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Closes the volume cleanly and upgrades it to the current format in place (`zbd upgrade`;
+    /// `layout::upgrade` says what changes and `layout::write_superblock_update` why each
+    /// step is crash safe). The storage stays held until the new superblock is durable.
+    pub fn close_upgraded(&self) -> Result<Superblock> {
+        if self.read_only {
+            return Err(Error::Invalid("upgrade needs a writable open".into()));
+        }
+        let upgraded = crate::layout::upgrade(&self.sb)?;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Invalid("the volume is already closed".into()));
+        }
+        self.close()?;
+        crate::layout::write_superblock_update(&*self.storage, &self.sb, &upgraded)?;
+        Ok(upgraded)
+    }
+}
+
 /// What this open pads log segments to: the storage's write alignment when zbd supports it (a
 /// power of two up to 4 KiB dividing the extent size, format v2), else 512 bytes. Readers of
 /// any build find segments at any sector, so the padding is no format change (format.md).
@@ -333,7 +351,8 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     && now.codec == rec.codec
                     && now.unit_index == rec.unit_index
                     && u16::from(now.unit_blocks) == rec.unit_blocks
-                    && u16::from(now.dict) == rec.dict;
+                    && u16::from(now.dict) == rec.dict
+                    && now.seeded == rec.seeded;
                 if !same {
                     st.set_entry(
                         rec.lba,
@@ -355,6 +374,7 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
                     unit_index: rec.unit_index,
                     unit_blocks: rec.unit_blocks as u8,
                     dict: rec.dict as u8,
+                    seeded: rec.seeded,
                 };
                 st.set_entry(rec.lba, entry)?;
             }

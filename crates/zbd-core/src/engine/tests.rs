@@ -12,6 +12,7 @@ fn raw_block(n: usize) -> Prepared {
         codec: codec::id::RAW,
         bytes: vec![0x5a; n],
         crc: 0,
+        seeded: false,
         blocks: 1,
         dict: 0,
     }

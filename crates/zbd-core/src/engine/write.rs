@@ -5,9 +5,10 @@
 use super::*;
 use crate::backend::Storage;
 use crate::buffer::Prepared;
+use crate::codec::dict::Dictionary;
 use crate::codec::{self, unit, Codec};
 use crate::error::{Error, Result};
-use crate::format::{BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{item_crc, BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES};
 use crate::state::{is_zero, State};
 
 impl Inner {
@@ -36,17 +37,31 @@ impl Inner {
                     self.dicts.note(BLOCK_BYTES, z.len());
                 }
                 self.dicts.sample(block);
-                (self.codec.id(), z, active.map_or(0, |d| d.id() as u8))
+                (self.codec.id(), z, active)
             }
-            _ => (codec::id::RAW, block.to_vec(), 0),
+            _ => (codec::id::RAW, block.to_vec(), None),
         };
-        let crc = crc32c::crc32c(&bytes);
+        self.prepared(codec, bytes, 1, dict.as_deref())
+    }
+
+    /// A prepared item with the checksum new items of this volume carry (seeded from v3).
+    fn prepared(
+        &self,
+        codec: u8,
+        bytes: Vec<u8>,
+        blocks: u8,
+        dict: Option<&Dictionary>,
+    ) -> Prepared {
+        let seeded = self.sb.seeds_items();
+        let id = dict.map(|d| d.identity());
+        let crc = item_crc(&self.sb.uuid, seeded, codec, blocks, id.as_ref(), &bytes);
         Prepared::Data {
             codec,
             bytes,
             crc,
-            blocks: 1,
-            dict,
+            seeded,
+            blocks,
+            dict: dict.map_or(0, |d| d.id() as u8),
         }
     }
 
@@ -65,24 +80,12 @@ impl Inner {
                     self.dicts.note(data.len(), u.bytes.len());
                 }
                 self.dicts.sample(data);
-                let crc = crc32c::crc32c(&u.bytes);
-                vec![Prepared::Data {
-                    codec: u.codec_id,
-                    bytes: u.bytes,
-                    crc,
-                    blocks: n as u8,
-                    dict: u.dict_id as u8,
-                }]
+                let dict = active.as_deref().filter(|_| u.dict_id != 0);
+                vec![self.prepared(u.codec_id, u.bytes, n as u8, dict)]
             }
             _ => data
                 .chunks(BLOCK_BYTES)
-                .map(|b| Prepared::Data {
-                    codec: codec::id::RAW,
-                    bytes: b.to_vec(),
-                    crc: crc32c::crc32c(b),
-                    blocks: 1,
-                    dict: 0,
-                })
+                .map(|b| self.prepared(codec::id::RAW, b.to_vec(), 1, None))
                 .collect(),
         }
     }

@@ -66,6 +66,17 @@ pub struct DictEntry {
     pub live_blocks: u64,
 }
 
+impl DictEntry {
+    /// What item checksums name this dictionary by (equal to its loaded `Dictionary`'s).
+    pub fn identity(&self) -> DictIdentity {
+        DictIdentity {
+            id: self.id,
+            crc: self.crc,
+            trained_seq: self.created_seq,
+        }
+    }
+}
+
 /// A checkpoint: the root of all metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
@@ -190,7 +201,10 @@ impl Checkpoint {
         if &b[0..8] != CKPT_MAGIC || b[16..32] != sb.uuid {
             return Err(corrupt("no checkpoint of this volume"));
         }
-        if get_u32(b, 8) != sb.version {
+        // v3's checkpoint is v2's: a volume just upgraded (`zbd upgrade`) opens from the v2
+        // checkpoint its last v2 close wrote, and its next checkpoint says 3.
+        let version = get_u32(b, 8);
+        if version != sb.version && !(sb.version >= SEEDED_CHECKSUMS_VERSION && version == 2) {
             return Err(corrupt("checkpoint of another format version"));
         }
         let used = get_u32(b, 64 + COUNTERS * 8) as usize;

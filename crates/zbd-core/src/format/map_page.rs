@@ -43,6 +43,9 @@ pub struct MapEntry {
     pub unit_blocks: u8,
     /// Dictionary id (0 = none).
     pub dict: u8,
+    /// `crc` is the seeded item checksum (v3, state 5 on disk) rather than the plain CRC32C of
+    /// the stored bytes (state 2). Meaningful for `Data` only.
+    pub seeded: bool,
 }
 
 impl MapEntry {
@@ -62,6 +65,7 @@ impl MapEntry {
         unit_index: 0,
         unit_blocks: 1,
         dict: 0,
+        seeded: false,
     };
 
     /// Whether it is a block of a multi-block compression unit.
@@ -73,6 +77,7 @@ impl MapEntry {
         let state = match self.state {
             BlockState::Unmapped => 0,
             BlockState::Zero => 1,
+            BlockState::Data if self.seeded => 5,
             BlockState::Data => 2,
             BlockState::Corrupt => 3,
         };
@@ -92,7 +97,7 @@ impl MapEntry {
         let state = match b[0] & 7 {
             0 => BlockState::Unmapped,
             1 => BlockState::Zero,
-            2 => BlockState::Data,
+            2 | 5 => BlockState::Data,
             3 => BlockState::Corrupt,
             _ => return None,
         };
@@ -107,6 +112,7 @@ impl MapEntry {
             unit_index: ((loc >> 20) & 31) as u8,
             unit_blocks: (b[0] >> 3) + 1,
             dict: (loc >> 25) as u8,
+            seeded: b[0] & 7 == 5,
         })
     }
 }

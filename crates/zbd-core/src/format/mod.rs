@@ -2,14 +2,16 @@
 //! Pure encode/decode: no I/O here. Every decoder takes `&[u8]`, returns a `Result` and never
 //! panics, whatever the input (they are fuzzed).
 //!
-//! Two versions are read and written: 1 (the first format) and 2 (the current one: two copies
-//! of checkpoints and map pages, segments with a trailing copy of their header and record table
-//! and the durable write-sequence watermark, multi-block compression units behind an
-//! incompatible checkpoint flag, room reserved for an extent table, dictionaries, per-page
-//! summaries and volume counters). A volume keeps the version it was created with;
-//! `Superblock::version` selects the rules.
+//! Three versions are read and written: 1 (the first format), 2 (two copies of checkpoints and
+//! map pages, segments with a trailing copy of their header and record table and the durable
+//! write-sequence watermark, multi-block compression units behind an incompatible checkpoint
+//! flag, room reserved for an extent table, dictionaries, per-page summaries and volume
+//! counters) and 3 (v2's layout; new items carry seeded checksums, `item.rs`; the container
+//! that shared blocks will extend by flags). A volume keeps the version it was created or
+//! upgraded to; `Superblock::version` selects the rules.
 
 mod checkpoint;
+mod item;
 mod map_page;
 mod segment;
 mod superblock;
@@ -17,6 +19,7 @@ mod superblock;
 mod tests;
 
 pub use checkpoint::*;
+pub use item::*;
 pub use map_page::*;
 pub use segment::*;
 pub use superblock::*;
@@ -28,7 +31,9 @@ pub const BLOCK_BYTES: usize = 4096;
 /// Sector size: segments start on sector boundaries so a torn tail never damages durable bytes.
 pub const SECTOR_BYTES: usize = 512;
 /// Format version of new volumes (docs/format.md, "Version changes").
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+/// First format version whose new items carry seeded checksums (`item.rs`).
+pub const SEEDED_CHECKSUMS_VERSION: u32 = 3;
 /// Oldest format version this build still opens (and writes, keeping its rules).
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Bytes per superblock copy; two copies at offsets 0 and 4096.

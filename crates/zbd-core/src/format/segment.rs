@@ -39,6 +39,9 @@ pub struct Record {
     pub unit_blocks: u16,
     /// Dictionary id (0 = none; 1..=127, listed in the checkpoint's dictionary directory).
     pub dict: u16,
+    /// Data records: `crc` is the seeded item checksum (v3; flag bit 0), not the plain CRC32C
+    /// of the stored bytes.
+    pub seeded: bool,
 }
 
 impl Record {
@@ -56,6 +59,7 @@ impl Record {
             unit_index: 0,
             unit_blocks: 1,
             dict: 0,
+            seeded: false,
         }
     }
 
@@ -81,6 +85,7 @@ impl Record {
         };
         b[1] = self.codec;
         b[2] = self.unit_index;
+        b[3] = u8::from(self.seeded);
         put_u32(b, 4, self.len);
         put_u64(b, 8, self.lba);
         put_u32(b, 16, self.count);
@@ -110,6 +115,7 @@ impl Record {
             unit_index: b[2],
             unit_blocks: get_u16(b, 36),
             dict: get_u16(b, 38),
+            seeded: b[3] & 1 != 0,
         })
     }
 }
@@ -275,7 +281,11 @@ fn parse_seg_block(
             0
         },
     };
-    if h.alloc_seq != owner.alloc_seq || h.extent != owner.extent || h.version != owner.version {
+    // A volume upgraded from v2 to v3 keeps its v2 segments (their records say how their items
+    // are checksummed); otherwise a segment has its volume's version.
+    let version_fits =
+        h.version == owner.version || (owner.version >= SEEDED_CHECKSUMS_VERSION && h.version == 2);
+    if h.alloc_seq != owner.alloc_seq || h.extent != owner.extent || !version_fits {
         return Err(bad());
     }
     let seg_offset = h.seg_offset as usize;

@@ -115,6 +115,7 @@ fn map_entries_of_units_round_trip_in_the_reserved_bits() {
             unit_index: 15,
             unit_blocks: 16,
             dict: 0,
+            seeded: true,
         },
         MapEntry {
             state: BlockState::Data,
@@ -126,6 +127,7 @@ fn map_entries_of_units_round_trip_in_the_reserved_bits() {
             unit_index: 0,
             unit_blocks: 1,
             dict: 127,
+            seeded: false,
         },
         MapEntry::ZERO,
         MapEntry {
@@ -134,14 +136,15 @@ fn map_entries_of_units_round_trip_in_the_reserved_bits() {
         },
     ];
     let page = encode_map_page(3, 9, &entries);
-    // Single blocks keep the v1 encoding: state byte 2, location word = offset.
+    // Single blocks keep the v1 encoding: state byte 2, location word = offset; a seeded
+    // checksum is state 5 (v3), beside the unit size bits.
     let o = MAP_PAGE_HEADER_BYTES + MAP_ENTRY_BYTES;
     assert_eq!(page[o], 2);
     let mut out = [MapEntry::UNMAPPED; 4];
     decode_map_page(&page, 3, 9, &mut out).expect("decode");
     assert_eq!(out, entries);
-    // Unit fields: state byte bits 3-7, location word bits 20-24 and 25-31.
-    assert_eq!(page[MAP_PAGE_HEADER_BYTES], 2 | (15 << 3));
+    // Unit fields: state byte bits 3-7 (beside state 5), location word bits 20-24 and 25-31.
+    assert_eq!(page[MAP_PAGE_HEADER_BYTES], 5 | (15 << 3));
     assert_eq!(
         get_u32(&page, MAP_PAGE_HEADER_BYTES + 8),
         ((1 << 20) - 512) | (15 << 20)
@@ -197,7 +200,7 @@ fn checkpoint_round_trip() {
 
 #[test]
 fn segment_round_trip_rejects_other_generation_and_survives_header_damage() {
-    for version in [1u32, 2] {
+    for version in [1u32, 2, 3] {
         let mut ext = vec![0u8; 8192];
         let payload_at = 512 + SEGMENT_HEADER_BYTES;
         ext[payload_at..payload_at + 10].copy_from_slice(b"0123456789");
@@ -205,6 +208,7 @@ fn segment_round_trip_rejects_other_generation_and_survives_header_damage() {
             len: 10,
             offset: payload_at as u32,
             crc: 1,
+            seeded: version >= 3,
             ..Record::new(RecordKind::Data, 3, 1, 5)
         };
         let h = SegmentHeader {
@@ -230,6 +234,19 @@ fn segment_round_trip_rejects_other_generation_and_survives_header_damage() {
             ..owner
         };
         assert!(parse_segment(&ext, &other, 512).is_err());
+        // An upgraded (v3) volume keeps its v2 segments; no other version mixes.
+        for volume in [1u32, 2, 3] {
+            let fits = volume == version || (volume == 3 && version == 2);
+            let owner = SegmentOwner {
+                version: volume,
+                ..owner
+            };
+            assert_eq!(
+                parse_segment(&ext, &owner, 512).is_ok(),
+                fits,
+                "segment v{version} in volume v{volume}"
+            );
+        }
         // One bit of the record count: the header fails, the footer (v2) still reads.
         ext[512 + 44] ^= 1;
         assert!(parse_segment(&ext, &owner, 512).is_err());

@@ -176,6 +176,7 @@ impl State {
                 codec,
                 bytes,
                 crc,
+                seeded,
                 blocks,
                 dict,
             } => {
@@ -200,6 +201,7 @@ impl State {
                         unit_index: i,
                         unit_blocks: u16::from(blocks),
                         dict: u16::from(dict),
+                        seeded,
                         ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
                     });
                 }
@@ -217,6 +219,7 @@ impl State {
                         unit_index: i,
                         unit_blocks: blocks,
                         dict,
+                        seeded,
                     };
                     self.set_entry(lba + u64::from(i), entry)?;
                 }

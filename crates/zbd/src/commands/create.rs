@@ -49,6 +49,10 @@ pub struct Args {
     /// two from 64K to 32M [default: 4M].
     #[arg(long)]
     object_size: Option<String>,
+    /// Format version: the current one, or 2 for a volume older zbd builds must open (no
+    /// seeded item checksums; `zbd upgrade` brings it to the current one later).
+    #[arg(long, default_value_t = zbd_core::format::FORMAT_VERSION)]
+    format_version: u32,
     #[command(flatten)]
     ceph: CephArgs,
 }
@@ -109,6 +113,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         capacity_bytes: capacity,
         clean_low_pct: a.clean_low,
         clean_high_pct: a.clean_high,
+        format_version: a.format_version,
         ..CreateOptions::new(size)
     };
     let sb = zbd_core::layout::plan(&opts).map_err(|e| anyhow!("{e}"))?;

@@ -1,6 +1,6 @@
 //! `zbd grow VOLUME --size N | --capacity N`: a larger logical size or data area, offline.
 //!
-//! Format 2 lays out the map and the extent table at create time, before the data area, so a
+//! Formats 2 and 3 lay out the map and the extent table at create time, before the data area, so a
 //! volume grows in place only into the unused entries of their last pages (docs/format.md,
 //! "Growing a volume"); beyond that this says so in one line and changes nothing.
 
@@ -73,13 +73,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     // Order (a crash at any point leaves a volume that opens, as before or grown): the file
     // first, extended and synced; then superblock copy A, synced; then copy B, synced
-    // (zbd_core::layout::write_grown_superblock argues each step).
+    // (zbd_core::layout::write_superblock_update argues each step).
     let mut storage =
         FileStorage::open(path, true).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     storage
         .extend_to(grown.total_bytes(), path)
         .map_err(|e| anyhow!("{e}"))?;
-    zbd_core::layout::write_grown_superblock(&storage, &old, &grown)
+    zbd_core::layout::write_superblock_update(&storage, &old, &grown)
         .map_err(|e| anyhow!("{}: {e}", path.display()))?;
     drop(storage);
     println!("grew {}", path.display());
@@ -99,7 +99,7 @@ fn describe(sb: &Superblock) -> String {
 
 /// The limits of growing in place, as one line naming the flag and the largest value possible.
 fn check_limits(a: &Args, sb: &Superblock, size: Option<u64>, capacity: Option<u64>) -> Result<()> {
-    let format_note = "format 2 lays it out at create time; more needs a format change \
+    let format_note = "the volume lays it out at create time; more needs a format change \
                        (docs/format.md, \"Growing a volume\"), or a new volume";
     if let (Some(bytes), Some(text)) = (size, a.size.as_deref()) {
         let max = zbd_core::layout::logical_bytes_max(sb);

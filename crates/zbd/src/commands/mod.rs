@@ -17,6 +17,7 @@ pub mod scrub;
 pub mod serve;
 pub mod stat;
 pub mod unlock;
+pub mod upgrade;
 
 use crate::target::{CephArgs, Target};
 use anyhow::{anyhow, Result};

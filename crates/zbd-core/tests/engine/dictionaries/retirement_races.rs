@@ -53,12 +53,12 @@ fn samples(seed: u64) -> Vec<Vec<u8>> {
 
 /// Hypothesis 2b: a block whose map entry names another dictionary than the one its bytes
 /// were compressed with (what a wrong live count followed by id reuse, or any misattribution,
-/// would produce) must read as an error, never as data. The block checksum covers the stored
-/// bytes only, and an lz4 block decoded with another dictionary of the same size decodes to
-/// the right length: nothing notices. Shown here by rewriting one map entry (both copies,
-/// checksums valid) to name the other dictionary of the volume.
+/// would produce) must read as an error, never as data. An lz4 block decoded with another
+/// dictionary of the same size decodes to the right length, so a checksum of the stored bytes
+/// alone does not notice; the v3 item checksum is seeded with the dictionary's identity. Shown
+/// here by rewriting map entries (both copies, page checksums valid) to name the other
+/// dictionary of the volume.
 #[test]
-#[ignore = "bug: a block decoded with the wrong dictionary returns wrong data, not an error (block CRC covers stored bytes only); docs/design.md, Trained dictionaries, Limits"]
 fn a_block_misattributed_to_another_dictionary_is_an_error_never_data() {
     // zstd frames name their dictionary (a mismatch fails to decode); lz4 blocks do not.
     for codec in [Codec::Zstd(1), Codec::Lz4] {

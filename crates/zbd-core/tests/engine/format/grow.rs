@@ -1,4 +1,4 @@
-//! Growing a volume in place (`layout::grow`, `layout::write_grown_superblock`, `zbd grow`): a
+//! Growing a volume in place (`layout::grow`, `layout::write_superblock_update`, `zbd grow`): a
 //! crash at any point of the superblock writes leaves a volume that opens, as it was or grown,
 //! with its data; a grown copy A with an old copy B is repaired from A. Guards against a grow
 //! that strands a volume between two geometries.
@@ -85,7 +85,7 @@ fn grow_with_a_torn_copy_a_opens_as_it_was() {
     reads_back(&vol, &data);
     drop(vol);
     // Done properly now: both copies, and the volume is grown.
-    zbd_core::layout::write_grown_superblock(&*disk, &old, &grown).expect("grow");
+    zbd_core::layout::write_superblock_update(&*disk, &old, &grown).expect("grow");
     let vol = reopen(&disk);
     assert_eq!(vol.superblock(), &grown);
     reads_back(&vol, &data);
@@ -98,11 +98,14 @@ fn grow_with_a_torn_copy_a_opens_as_it_was() {
 fn grow_refuses_short_storage_and_a_changed_volume() {
     let (disk, _, old, grown) = volume_and_grown();
     let short = SimStorage::new(old.total_bytes() as usize);
-    assert!(zbd_core::layout::write_grown_superblock(&short, &old, &grown).is_err());
+    assert!(zbd_core::layout::write_superblock_update(&short, &old, &grown).is_err());
     let mut other = old.clone();
     other.extent_count += 1;
-    let e = zbd_core::layout::write_grown_superblock(&*disk, &other, &grown).expect_err("changed");
-    assert!(e.to_string().contains("changed while growing"), "{e}");
+    let e = zbd_core::layout::write_superblock_update(&*disk, &other, &grown).expect_err("changed");
+    assert!(
+        e.to_string().contains("the volume changed meanwhile"),
+        "{e}"
+    );
     let vol = reopen(&disk);
     assert_eq!(vol.superblock(), &old);
 }

@@ -5,3 +5,4 @@
 mod codecs_real_files;
 mod compat;
 mod grow;
+mod upgrade;
