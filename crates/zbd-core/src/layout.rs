@@ -62,6 +62,13 @@ pub struct CreateOptions {
     /// Format version to write: the current one, or 2 for a volume that older builds must open
     /// (without seeded item checksums; `zbd upgrade` turns it into the current one later).
     pub format_version: u32,
+    /// Largest logical size `zbd grow --size` may reach later (format 3): the map region is
+    /// laid out for it (16 KiB per MiB of it; never written until used, so a sparse file or a
+    /// RADOS pool pays nothing for the room). `None`: no room beyond the size.
+    pub max_logical_bytes: Option<u64>,
+    /// Largest data area `zbd grow --capacity` may reach later (format 3), likewise for the
+    /// extent table (32 bytes per extent). `None`: no room beyond the capacity.
+    pub max_capacity_bytes: Option<u64>,
 }
 
 impl CreateOptions {
@@ -78,6 +85,8 @@ impl CreateOptions {
             unit_bytes: None,
             dictionary: DICTIONARY_DEFAULT,
             format_version: FORMAT_VERSION,
+            max_logical_bytes: None,
+            max_capacity_bytes: None,
         }
     }
 }
@@ -191,20 +200,22 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     let map_pages = u32::try_from(logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64))
         .map_err(|_| Error::Invalid("size: volume too large".into()))?;
     let extent_table_pages = extent_count.div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u32);
-    let slot = checkpoint_slot_bytes(queue_len, map_pages, extent_table_pages);
+    let (map_pages_room, extent_table_pages_room) =
+        growth_room(opts, e, map_pages, extent_table_pages)?;
+    let slot = checkpoint_slot_bytes(queue_len, map_pages_room, extent_table_pages_room);
     let dict_bytes = dictionary_region_bytes(opts.logical_bytes);
     // Copy 0 of every metadata region, then copy 1: the two copies of anything lie a whole
     // metadata half apart, so no single bad sector (or small run of them) holds both.
     let page = MAP_PAGE_BYTES as u64;
     let half = 2 * u64::from(slot)
-        + 2 * u64::from(map_pages) * page
-        + 2 * u64::from(extent_table_pages) * page
+        + 2 * u64::from(map_pages_room) * page
+        + 2 * u64::from(extent_table_pages_room) * page
         + u64::from(dict_bytes);
     let checkpoint_offset = 2 * SUPERBLOCK_BYTES as u64;
     let starts = |base: u64| {
         let map = base + 2 * u64::from(slot);
-        let et = map + 2 * u64::from(map_pages) * page;
-        let dict = et + 2 * u64::from(extent_table_pages) * page;
+        let et = map + 2 * u64::from(map_pages_room) * page;
+        let dict = et + 2 * u64::from(extent_table_pages_room) * page;
         (base, map, et, dict)
     };
     let (ck0, map0, et0, dict0) = starts(checkpoint_offset);
@@ -239,21 +250,66 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         } else {
             0
         },
+        map_pages_room,
+        extent_table_pages_room,
     })
+}
+
+/// Map and extent-table pages the regions of a new volume have room for: those its
+/// `max_logical_bytes` and `max_capacity_bytes` need (format 3), at least those in use.
+fn growth_room(
+    opts: &CreateOptions,
+    extent_bytes: u32,
+    map_pages: u32,
+    extent_table_pages: u32,
+) -> Result<(u32, u32)> {
+    let asked = opts.max_logical_bytes.is_some() || opts.max_capacity_bytes.is_some();
+    if asked && opts.format_version < 3 {
+        return Err(Error::Invalid(
+            "room to grow (--max-size, --max-capacity) needs format 3".into(),
+        ));
+    }
+    let map = match opts.max_logical_bytes {
+        Some(max) if max < opts.logical_bytes => {
+            return Err(Error::Invalid(format!(
+                "max size {max}: smaller than the size {}",
+                opts.logical_bytes
+            )))
+        }
+        Some(max) => {
+            u32::try_from((max / BLOCK_BYTES as u64).div_ceil(MAP_ENTRIES_PER_PAGE as u64))
+                .map_err(|_| Error::Invalid(format!("max size {max}: too large")))?
+        }
+        None => map_pages,
+    };
+    let et = match opts.max_capacity_bytes {
+        Some(max) => {
+            let extents = max / u64::from(extent_bytes);
+            u32::try_from(extents.div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u64))
+                .ok()
+                .filter(|_| extents <= u64::from(u32::MAX))
+                .ok_or_else(|| {
+                    Error::Invalid(format!("max capacity {max}: more than 2^32 extents"))
+                })?
+        }
+        None => extent_table_pages,
+    };
+    Ok((map.max(map_pages), et.max(extent_table_pages)))
 }
 
 /// Largest logical size, in bytes, the map region of `sb` holds: its pages are laid out at
 /// create time, and the regions after them leave no room to add any, so a volume grows in place
-/// only into the unused entries of its last map page.
+/// only into the room its region was made with (format 3, `max_logical_bytes`) and the unused
+/// entries of its last map page.
 pub fn logical_bytes_max(sb: &Superblock) -> u64 {
-    u64::from(sb.map_pages) * MAP_ENTRIES_PER_PAGE as u64 * BLOCK_BYTES as u64
+    u64::from(sb.map_pages_room) * MAP_ENTRIES_PER_PAGE as u64 * BLOCK_BYTES as u64
 }
 
 /// Largest data area, in extents, the extent table of `sb` holds: like the map, its pages are
-/// laid out at create time (before the data area), so only the unused entries of its last page
-/// can take new extents.
+/// laid out at create time (before the data area), so only the room it was made with and the
+/// unused entries of its last page can take new extents.
 pub fn extent_count_max(sb: &Superblock) -> u64 {
-    u64::from(sb.extent_table_pages) * EXTENT_TABLE_ENTRIES_PER_PAGE as u64
+    u64::from(sb.extent_table_pages_room) * EXTENT_TABLE_ENTRIES_PER_PAGE as u64
 }
 
 /// The superblock of `sb` grown to `logical_bytes` and/or a data area of `capacity_bytes`
@@ -289,12 +345,13 @@ pub fn grow(
         if bytes > max {
             return Err(Error::Invalid(format!(
                 "size {bytes}: the map region holds at most {max} bytes ({} pages of {} blocks, \
-                 laid out at create time); a larger logical size needs a format change \
-                 (docs/format.md, \"Growing a volume\")",
-                sb.map_pages, MAP_ENTRIES_PER_PAGE
+                 laid out at create time); more needs a volume created with more room \
+                 (--max-size; docs/format.md, \"Growing a volume\")",
+                sb.map_pages_room, MAP_ENTRIES_PER_PAGE
             )));
         }
         grown.logical_blocks = bytes / BLOCK_BYTES as u64;
+        grown.map_pages = grown.logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64) as u32;
     }
     if let Some(bytes) = capacity_bytes {
         let extents = bytes / u64::from(sb.extent_bytes);
@@ -309,14 +366,17 @@ pub fn grow(
         if extents > max {
             return Err(Error::Invalid(format!(
                 "capacity {bytes}: the extent table holds at most {max} extents ({} bytes; {} \
-                 pages of {} entries, laid out at create time); a larger data area needs a \
-                 format change (docs/format.md, \"Growing a volume\")",
+                 pages of {} entries, laid out at create time); more needs a volume created \
+                 with more room (--max-capacity; docs/format.md, \"Growing a volume\")",
                 max * u64::from(sb.extent_bytes),
-                sb.extent_table_pages,
+                sb.extent_table_pages_room,
                 EXTENT_TABLE_ENTRIES_PER_PAGE
             )));
         }
         grown.extent_count = extents as u32;
+        grown.extent_table_pages = grown
+            .extent_count
+            .div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u32);
     }
     // The same checks an open makes: whatever passes here decodes.
     let encoded = grown.encode();

@@ -57,7 +57,7 @@ enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(hide = true)]
     Completions(commands::docs::CompletionsArgs),
-    /// Grow a volume's logical size or data area (offline, within the room its format has).
+    /// Grow a volume's logical size or data area (offline, up to the room it was created with).
     Grow(commands::grow::Args),
     /// Upgrade a format 2 volume to the current format (offline, in place).
     Upgrade(commands::upgrade::Args),

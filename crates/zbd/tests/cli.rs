@@ -610,19 +610,23 @@ fn superblock_bytes(vol: &Path) -> Vec<u8> {
 }
 
 /// `zbd grow --capacity`: the file is extended, data written before reads back, and the new
-/// extents take data that did not fit before. Past what the extent table holds: one line
-/// naming the flag and the limit, exit 1, nothing changed.
+/// extents (past the extent table's first page) take data that did not fit before. Past the
+/// room the volume was created with (4x by default): one line naming the flag and the limit,
+/// exit 1, nothing changed.
 #[test]
 fn grow_capacity_extends_the_data_area_and_keeps_data() {
     let dir = tempfile::tempdir().expect("tempdir");
     let vol = dir.path().join("v.zbd");
-    // 256 extents of 32K: one extent-table page, which holds 510.
+    // 256 extents of 32K in one extent-table page (510 entries); room for 4x: 3 pages.
     on(
         "create",
         &vol,
         &["--size", "64M", "--capacity", "8M", "--extent-size", "32K"],
     )
-    .success();
+    .success()
+    .stdout(predicate::str::contains(
+        "grows to       256.99 MiB logical, 47.81 MiB data area",
+    ));
     let before = noise(6 << 20, 1);
     let after = noise(6 << 20, 2);
     {
@@ -641,8 +645,8 @@ fn grow_capacity_extends_the_data_area_and_keeps_data() {
     let sb_before = superblock_bytes(&vol);
     on("grow", &vol, &["--capacity", "64M"]).code(1).stderr(
         predicate::str::contains("--capacity 64M: the volume's extent table holds at most")
-            .and(predicate::str::contains("15.94 MiB"))
-            .and(predicate::str::contains("format change"))
+            .and(predicate::str::contains("47.81 MiB"))
+            .and(predicate::str::contains("--max-capacity"))
             .and(predicate::function(|s: &str| s.lines().count() == 1)),
     );
     assert_eq!(superblock_bytes(&vol), sb_before, "a refused grow wrote");
@@ -651,16 +655,16 @@ fn grow_capacity_extends_the_data_area_and_keeps_data() {
         .code(1)
         .stderr(predicate::str::contains("shrinking is not supported"));
 
-    on("grow", &vol, &["--capacity", "15M"]).success().stdout(
+    on("grow", &vol, &["--capacity", "40M"]).success().stdout(
         predicate::str::contains("grew")
             .and(predicate::str::contains("data area 8.00 MiB (256 extents)"))
             .and(predicate::str::contains(
-                "data area 15.00 MiB (480 extents)",
+                "data area 40.00 MiB (1280 extents)",
             )),
     );
     assert_eq!(
         std::fs::metadata(&vol).expect("stat").len(),
-        len_before + 224 * 32768,
+        len_before + 1024 * 32768,
         "the file grows by the new extents"
     );
     {
@@ -680,19 +684,20 @@ fn grow_capacity_extends_the_data_area_and_keeps_data() {
     on("check", &vol, &[])
         .success()
         .stdout(predicate::str::contains("clean"));
-    on("grow", &vol, &["--capacity", "15M"])
+    on("grow", &vol, &["--capacity", "40M"])
         .success()
         .stdout(predicate::str::contains("unchanged"));
 }
 
-/// `zbd grow --size`: as far as the map region's last page allows, with the new blocks
-/// readable (zeros) and writable and the old data intact; beyond it one line naming the limit.
+/// `zbd grow --size`: as far as the map region's room allows (here: none asked for, so the
+/// last page's), with the new blocks readable (zeros) and writable and the old data intact;
+/// beyond it one line naming the limit.
 #[test]
 fn grow_size_within_the_map_region_and_refused_beyond() {
     let dir = tempfile::tempdir().expect("tempdir");
     let vol = dir.path().join("v.zbd");
     // 1024 blocks: 5 map pages of 255 entries hold 1275 blocks.
-    on("create", &vol, &["--size", "4M"]).success();
+    on("create", &vol, &["--size", "4M", "--max-size", "4M"]).success();
     let data = noise(4 << 20, 3);
     {
         let v = open_volume(&vol);
@@ -813,4 +818,36 @@ fn upgrade_turns_a_format_2_volume_into_format_3_and_keeps_its_data() {
             .and(predicate::function(|s: &str| s.lines().count() == 1)),
     );
     assert_eq!(superblock_bytes(&vol), sb, "a refused upgrade wrote");
+}
+
+/// A file volume is created with room for 4x its size: `zbd grow --size` goes past the map
+/// region's pages in use (4M -> 16M here), old data intact, the new end writable, `check` clean.
+#[test]
+fn grow_size_into_the_room_a_file_volume_is_created_with() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "4M"])
+        .success()
+        .stdout(predicate::str::contains("grows to       16.93 MiB logical"));
+    let data = noise(4 << 20, 5);
+    {
+        let v = open_volume(&vol);
+        v.write(0, &data, false).expect("write");
+        v.close().expect("close");
+    }
+    on("grow", &vol, &["--size", "16M"])
+        .success()
+        .stdout(predicate::str::contains("logical size 16.00 MiB"));
+    let v = open_volume(&vol);
+    let mut buf = vec![0u8; data.len()];
+    v.read(0, &mut buf).expect("read");
+    assert!(buf == data, "data written before the grow changed");
+    let last = noise(64 << 10, 6);
+    v.write((16 << 20) - (64 << 10), &last, true)
+        .expect("write the new end");
+    v.close().expect("close");
+    drop(v);
+    on("check", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("clean"));
 }

@@ -70,11 +70,9 @@ impl Inner {
         };
         let ckb = ck.encode(&sb);
         for copy in 0..sb.metadata_copies() {
-            // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1).
-            storage.write_at(
-                sb.checkpoint_slot_offset(0, copy),
-                &vec![0u8; sb.checkpoint_slot_bytes as usize],
-            )?;
+            // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1): its
+            // first block holds the magic and uuid every reader checks first.
+            storage.write_at(sb.checkpoint_slot_offset(0, copy), &[0u8; BLOCK_BYTES])?;
             storage.write_at(sb.checkpoint_slot_offset(1, copy), &ckb)?;
         }
         storage.sync()?;

@@ -129,7 +129,7 @@ impl Checkpoint {
         }
     }
 
-    /// Encodes into a checkpoint slot of `sb`'s size and version.
+    /// Encodes for a checkpoint slot of `sb`'s size and version (the used part of it).
     pub fn encode(&self, sb: &Superblock) -> Vec<u8> {
         let mut b = vec![0u8; sb.checkpoint_slot_bytes as usize];
         b[0..8].copy_from_slice(CKPT_MAGIC);
@@ -189,6 +189,9 @@ impl Checkpoint {
         put_u32(&mut b, 64 + COUNTERS * 8, o as u32);
         let crc = crc_skipping(&b[..o], 12);
         put_u32(&mut b, 12, crc);
+        // Only the used part, in whole 4 KiB blocks, is written: a reader checks `used` bytes
+        // and ignores the rest of the slot, which is sized for the volume grown to its room.
+        b.truncate(align_up(o as u64, BLOCK_BYTES as u64) as usize);
         b
     }
 
@@ -212,10 +215,15 @@ impl Checkpoint {
         let pages = get_u32(b, 60);
         let v2 = sb.version >= 2;
         let et_pages = if v2 { get_u32(b, 200) } else { 0 };
+        // A v3 volume grown since this checkpoint was written (`zbd grow`) has more map and
+        // extent-table pages than it lists: those were never written (all unmapped, all free).
+        let grown_ok = |listed: u32, now: u32| {
+            listed == now || (sb.version >= SEEDED_CHECKSUMS_VERSION && listed < now)
+        };
         if used > b.len()
             || queue_len > sb.queue_len
-            || pages != sb.map_pages
-            || et_pages != sb.extent_table_pages
+            || !grown_ok(pages, sb.map_pages)
+            || !grown_ok(et_pages, sb.extent_table_pages)
             || used as u64 != checkpoint_body_bytes(sb.version, queue_len, pages, et_pages)
         {
             return Err(corrupt("checkpoint sizes are inconsistent"));
@@ -261,13 +269,16 @@ impl Checkpoint {
         o += queue_len as usize * QUEUE_ENTRY_BYTES;
         let pages = pages as usize;
         if v2 {
+            // Pages past those listed (a grown volume) keep `empty`'s "never written".
             let nibble = |i: usize| (b[o + i / 2] >> ((i % 2) * 4)) & 15;
-            ck.page_slots = (0..pages).map(|i| nibble(i) & 3).collect();
-            ck.page_summaries = (0..pages).map(|i| nibble(i) >> 2).collect();
+            for i in 0..pages {
+                ck.page_slots[i] = nibble(i) & 3;
+                ck.page_summaries[i] = nibble(i) >> 2;
+            }
             o += pages.div_ceil(2);
-            ck.extent_table_slots = (0..et_pages as usize)
-                .map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3)
-                .collect();
+            for i in 0..et_pages as usize {
+                ck.extent_table_slots[i] = (b[o + i / 4] >> ((i % 4) * 2)) & 3;
+            }
         } else {
             ck.page_slots = (0..pages)
                 .map(|i| (b[o + i / 4] >> ((i % 4) * 2)) & 3)

@@ -56,6 +56,12 @@ pub struct Superblock {
     /// v2: settings new opens default to (`SB_SETTING_*` bits; offset 160). Only a writer's
     /// choice, like `unit_blocks`: unknown bits are ignored.
     pub settings: u32,
+    /// v3: map pages the map region has room for (>= `map_pages`; offset 164, 0 = no room
+    /// beyond `map_pages`): `zbd grow --size` goes up to `map_pages_room` x 255 blocks.
+    pub map_pages_room: u32,
+    /// v3: extent-table pages the table region has room for (>= `extent_table_pages`; offset
+    /// 168, 0 = none beyond): `zbd grow --capacity` goes up to this x 510 extents.
+    pub extent_table_pages_room: u32,
 }
 
 /// Superblock setting: new blocks train and use dictionaries unless the open says otherwise
@@ -114,6 +120,10 @@ impl Superblock {
             put_u64(&mut b, 152, self.dict_offset[1]);
             b[51] = self.unit_blocks;
             put_u32(&mut b, 160, self.settings);
+        }
+        if self.version >= 3 {
+            put_u32(&mut b, 164, self.map_pages_room);
+            put_u32(&mut b, 168, self.extent_table_pages_room);
         }
         let crc = crc_skipping(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -179,6 +189,18 @@ impl Superblock {
             unit_blocks: if v2 { b[51].max(1) } else { 1 },
             // 0 in volumes made before settings existed: every setting off.
             settings: if v2 { get_u32(b, 160) } else { 0 },
+            map_pages_room: 0,
+            extent_table_pages_room: 0,
+        };
+        // No room recorded (v1, v2, or none asked for): the regions hold exactly the pages in use.
+        let room = |at: usize, pages: u32| match get_u32(b, at) {
+            r if version >= 3 && r != 0 => r,
+            _ => pages,
+        };
+        let sb = Superblock {
+            map_pages_room: room(164, sb.map_pages),
+            extent_table_pages_room: room(168, sb.extent_table_pages),
+            ..sb
         };
         if get_u32(b, 76) as usize != BLOCK_BYTES
             || !sb.extent_bytes.is_power_of_two()
@@ -190,6 +212,8 @@ impl Superblock {
                     != u64::from(sb.extent_count).div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u64))
             || !sb.unit_blocks.is_power_of_two()
             || sb.unit_blocks > UNIT_BLOCKS_MAX
+            || sb.map_pages_room < sb.map_pages
+            || sb.extent_table_pages_room < sb.extent_table_pages
             || !sb.regions_fit()
         {
             return Err(corrupt("superblock geometry is inconsistent"));
@@ -200,11 +224,11 @@ impl Superblock {
     /// The metadata regions in on-disk order, as (offset, length).
     fn regions(&self) -> Vec<(u64, u64)> {
         let slots = 2 * u64::from(self.checkpoint_slot_bytes);
-        let map = 2 * u64::from(self.map_pages) * MAP_PAGE_BYTES as u64;
+        let map = 2 * u64::from(self.map_pages_room) * MAP_PAGE_BYTES as u64;
         if self.version < 2 {
             return vec![(self.checkpoint_offset, slots), (self.map_offset, map)];
         }
-        let et = 2 * u64::from(self.extent_table_pages) * MAP_PAGE_BYTES as u64;
+        let et = 2 * u64::from(self.extent_table_pages_room) * MAP_PAGE_BYTES as u64;
         let dict = u64::from(self.dict_bytes);
         vec![
             (self.checkpoint_offset, slots),
@@ -223,11 +247,12 @@ impl Superblock {
     /// superblock with a valid CRC may still come from a foreign or hostile file, and an overflow
     /// here would panic (debug) or wrap into a bogus geometry (release).
     fn regions_fit(&self) -> bool {
+        // Sized for the grown volume: a checkpoint of it must fit the same slot.
         let slot_needed = checkpoint_body_bytes(
             self.version,
             self.queue_len,
-            self.map_pages,
-            self.extent_table_pages,
+            self.map_pages_room,
+            self.extent_table_pages_room,
         );
         if u64::from(self.checkpoint_slot_bytes) < slot_needed {
             return false;

@@ -28,9 +28,12 @@ fn sb(version: u32) -> Superblock {
         dict_bytes: 0,
         dict_offset: [0, 0],
         unit_blocks: 1,
+        map_pages_room: 4,
+        extent_table_pages_room: 0,
     };
     if version >= 2 {
         sb.extent_table_pages = 1;
+        sb.extent_table_pages_room = 1;
         sb.extent_table_offset = [16384 + 8 * 4096, 0];
         sb.dict_offset = [16384 + 10 * 4096, 0];
         sb.checkpoint_offset1 = 16384 + 10 * 4096;
@@ -46,7 +49,7 @@ fn sb(version: u32) -> Superblock {
 
 #[test]
 fn superblock_round_trip_and_damage() {
-    for v in [1, 2] {
+    for v in [1, 2, 3] {
         let sb = sb(v);
         let mut b = sb.encode();
         assert_eq!(Superblock::decode(&b).ok(), Some(sb));
@@ -273,4 +276,37 @@ fn decoders_reject_short_and_garbage_input() {
         assert!(parse_segment(&b, &owner, 0).is_err());
         assert!(parse_segment_footer(&b, &owner, len).is_err());
     }
+}
+
+/// A v3 superblock keeps its room to grow; the room never falls below the pages in use, and
+/// v2 readers of the same bytes (room fields reserved) see no room.
+#[test]
+fn superblock_room_to_grow_round_trips_and_is_checked() {
+    // 700 blocks in 3 map pages, in a map region laid out for 4.
+    let mut sb = sb(3);
+    sb.logical_blocks = 700;
+    sb.map_pages = 3;
+    let b = sb.encode();
+    assert_eq!(Superblock::decode(&b).ok(), Some(sb.clone()));
+    let mut under = sb.clone();
+    under.map_pages_room = 2;
+    assert!(
+        Superblock::decode(&under.encode()).is_err(),
+        "room below map pages"
+    );
+    let mut over = sb.clone();
+    over.map_pages_room = 5;
+    assert!(
+        Superblock::decode(&over.encode()).is_err(),
+        "room overlaps the next region"
+    );
+    let mut v2 = sb.clone();
+    v2.version = 2;
+    assert_eq!(
+        Superblock::decode(&v2.encode())
+            .map(|s| s.map_pages_room)
+            .ok(),
+        Some(3),
+        "v2: no room fields"
+    );
 }

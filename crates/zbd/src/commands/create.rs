@@ -49,6 +49,15 @@ pub struct Args {
     /// two from 64K to 32M [default: 4M].
     #[arg(long)]
     object_size: Option<String>,
+    /// Largest logical size `zbd grow --size` may reach later (K/M/G/T) [default: 4x --size
+    /// for a file; none for a block device or rados:]. Its map room costs 16 KiB per MiB, but
+    /// only on block devices: a sparse file never writes it until used.
+    #[arg(long)]
+    max_size: Option<String>,
+    /// Largest data area `zbd grow --capacity` may reach later [default: 4x the data area for
+    /// a file; none otherwise]; 32 bytes of extent table per extent of it.
+    #[arg(long)]
+    max_capacity: Option<String>,
     /// Format version: the current one, or 2 for a volume older zbd builds must open (no
     /// seeded item checksums; `zbd upgrade` brings it to the current one later).
     #[arg(long, default_value_t = zbd_core::format::FORMAT_VERSION)]
@@ -116,6 +125,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         format_version: a.format_version,
         ..CreateOptions::new(size)
     };
+    let opts = with_room_to_grow(&a, &target, opts)?;
     let sb = zbd_core::layout::plan(&opts).map_err(|e| anyhow!("{e}"))?;
     let object_size = a
         .object_size
@@ -170,6 +180,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         human(sb.metadata_bytes())
     );
     println!("  total          {}", human(sb.total_bytes()));
+    let (max_size, max_area) = (
+        zbd_core::layout::logical_bytes_max(&sb),
+        zbd_core::layout::extent_count_max(&sb) * u64::from(sb.extent_bytes),
+    );
+    println!(
+        "  grows to       {} logical, {} data area (zbd grow, offline)",
+        human(max_size),
+        human(max_area)
+    );
     let data_area = u64::from(sb.extent_count) * u64::from(sb.extent_bytes);
     if data_area < size {
         // Thin provisioning: fine while data compresses, but a full data area fails writes.
@@ -254,4 +273,29 @@ fn is_mounted(path: &Path) -> bool {
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .any(|src| std::fs::canonicalize(src).is_ok_and(|s| s == dev))
+}
+
+/// `opts` with the room to grow the flags ask for, or the default: 4x size and data area for a
+/// regular file (room there is a hole until used), none for a block device or RADOS pool.
+fn with_room_to_grow(a: &Args, target: &Target, opts: CreateOptions) -> Result<CreateOptions> {
+    let file = target
+        .file()
+        .is_some_and(|p| !std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()));
+    let default = file && a.format_version >= 3;
+    let area = zbd_core::layout::plan(&opts)
+        .map(|sb| u64::from(sb.extent_count) * u64::from(sb.extent_bytes))
+        .map_err(|e| anyhow!("{e}"))?;
+    let arg = |flag: &str, v: &Option<String>, default_bytes: u64| -> Result<Option<u64>> {
+        match v {
+            Some(v) => size_arg(flag, v).map(Some),
+            None => Ok(default.then_some(default_bytes)),
+        }
+    };
+    let max_logical_bytes = arg("--max-size", &a.max_size, 4 * opts.logical_bytes)?;
+    let max_capacity_bytes = arg("--max-capacity", &a.max_capacity, 4 * area)?;
+    Ok(CreateOptions {
+        max_logical_bytes,
+        max_capacity_bytes,
+        ..opts
+    })
 }

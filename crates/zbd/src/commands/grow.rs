@@ -1,8 +1,9 @@
 //! `zbd grow VOLUME --size N | --capacity N`: a larger logical size or data area, offline.
 //!
-//! Formats 2 and 3 lay out the map and the extent table at create time, before the data area, so a
-//! volume grows in place only into the unused entries of their last pages (docs/format.md,
-//! "Growing a volume"); beyond that this says so in one line and changes nothing.
+//! The map and the extent table are laid out at create time, before the data area, for the
+//! room the volume was made with (format 3: `zbd create --max-size`, `--max-capacity`; format 2:
+//! the unused entries of their last pages), so a volume grows in place up to that room
+//! (docs/format.md, "Growing a volume"); beyond it this says so in one line and changes nothing.
 
 use super::{human, size_arg};
 use crate::target::Target;
@@ -99,8 +100,8 @@ fn describe(sb: &Superblock) -> String {
 
 /// The limits of growing in place, as one line naming the flag and the largest value possible.
 fn check_limits(a: &Args, sb: &Superblock, size: Option<u64>, capacity: Option<u64>) -> Result<()> {
-    let format_note = "the volume lays it out at create time; more needs a format change \
-                       (docs/format.md, \"Growing a volume\"), or a new volume";
+    let format_note = "the room is laid out at create time (zbd create --max-size, \
+                       --max-capacity; docs/format.md, \"Growing a volume\"): more needs a new volume";
     if let (Some(bytes), Some(text)) = (size, a.size.as_deref()) {
         let max = zbd_core::layout::logical_bytes_max(sb);
         let current = sb.logical_blocks * 4096;

@@ -109,3 +109,56 @@ fn grow_refuses_short_storage_and_a_changed_volume() {
     let vol = reopen(&disk);
     assert_eq!(vol.superblock(), &old);
 }
+
+/// A volume made with room to grow (format 3: `max_logical_bytes`, `max_capacity_bytes`) grows
+/// past its last map and extent-table pages: it opens from the checkpoint written before the
+/// grow (which lists fewer pages), reads back, takes data at new LBAs and in new extents, and a
+/// crash after flushed writes there recovers them; `check` is clean.
+#[test]
+fn a_volume_with_room_grows_past_its_last_pages() {
+    let opts = zbd_core::CreateOptions {
+        capacity_bytes: Some(256 * 1024),
+        extent_bytes: 8192,
+        max_logical_bytes: Some(8 << 20),
+        max_capacity_bytes: Some(8 << 20),
+        ..zbd_core::CreateOptions::new(1 << 20)
+    };
+    let planned = zbd_core::layout::plan(&opts).expect("plan");
+    let grown = zbd_core::layout::grow(&planned, Some(8 << 20), Some(8 << 20)).expect("grow");
+    assert!(
+        grown.map_pages > planned.map_pages + 1,
+        "past the last map page"
+    );
+    assert!(
+        grown.extent_table_pages > planned.extent_table_pages,
+        "past the last table page"
+    );
+    let disk = Arc::new(SimStorage::new(grown.total_bytes() as usize));
+    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), &opts, open_opts()).expect("create");
+    let mut rng = SmallRng::seed_from_u64(21);
+    let data = fill(&mut rng, Fill::Random, 64 * 1024);
+    vol.write(0, &data, false).expect("write");
+    vol.close().expect("close");
+    let old = vol.superblock().clone();
+    drop(vol);
+    let grown = zbd_core::layout::grow(&old, Some(8 << 20), Some(8 << 20)).expect("grow");
+    zbd_core::layout::write_superblock_update(&*disk, &old, &grown).expect("grow");
+
+    let vol = reopen(&disk);
+    assert_eq!(vol.superblock(), &grown);
+    reads_back(&vol, &data);
+    // 1 MiB of incompressible data at 6 MiB: new LBAs, and more than the old data area held.
+    let far = fill(&mut rng, Fill::Random, 1 << 20);
+    vol.write(6 << 20, &far, false)
+        .expect("write to the grown part");
+    vol.flush().expect("flush");
+    vol.abandon();
+    let crashed = Arc::new(SimStorage::from_image(disk.crash_image(&mut rng)));
+    let vol = reopen(&crashed);
+    reads_back(&vol, &data);
+    let mut buf = vec![0u8; far.len()];
+    vol.read(6 << 20, &mut buf).expect("read");
+    assert!(buf == far, "flushed writes to the grown part recovered");
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "{report:?}");
+}
