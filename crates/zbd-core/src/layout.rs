@@ -392,7 +392,7 @@ pub fn grow(
 /// - copy A is written and synced alone: torn, its checksum fails and the open falls back to
 ///   copy B, the old superblock; whole, it is the new one, which the storage already holds;
 /// - copy B last: until it is written, a writable open finds it unequal to copy A and rewrites
-///   it from A (`repair_superblock`) before writing anything else, so the two never disagree
+///   it from A (`recovery::rewrite_superblock`) before writing anything else, so the two never disagree
 ///   for long and never both break.
 ///
 /// Nothing else changes, and either superblock reads every checkpoint (see [`grow`] and
@@ -426,7 +426,7 @@ pub fn write_superblock_update(
 /// layout is v2's and every v2 structure reads as v3), or an error naming why not. Written like
 /// a grown one (`write_superblock_update`: copy A, then B) after a clean close; a v2 build that
 /// meets the v3 copy A falls back to copy B until B is written, and a v3 build's writable open
-/// rewrites B from A before it writes anything (`recovery::repair_superblock`), so no seeded
+/// rewrites B from A before it writes anything (`recovery::rewrite_superblock`), so no seeded
 /// item exists while a v2 copy remains.
 pub fn upgrade(sb: &Superblock) -> Result<Superblock> {
     match sb.version {

@@ -49,23 +49,27 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<Superblock> {
     Ok(sb)
 }
 
-/// Writes a damaged superblock copy again from the intact one (a writable open): the
-/// superblock is written only at create time, so nothing else would ever repair it. Returns
-/// what was repaired, for `check` to report.
-pub fn repair_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<Option<String>> {
+/// Rewrites both superblock copies from the intact one `sb` was read from, each synced, A first
+/// (a writable open, before it writes anything else). What this open read may not be on the
+/// medium: after a failed sync in this boot the kernel serves pages it never wrote (a
+/// `zbd upgrade` or `zbd grow` whose copy-A sync failed reads as done), and a volume written
+/// under that superblock would open under the old one after a power cut. A damaged copy is
+/// repaired on the way; that is returned for `check` to report.
+pub fn rewrite_superblock(storage: &dyn Storage, sb: &Superblock) -> Result<Option<String>> {
     let (copies, intact) = superblock_copies(storage, sb);
     let Some(good) = intact.iter().position(|&ok| ok) else {
         return Ok(None);
     };
-    let Some(bad) = intact.iter().position(|&ok| !ok) else {
-        return Ok(None);
-    };
-    storage.write_at((bad * SUPERBLOCK_BYTES) as u64, &copies[good])?;
-    storage.sync()?;
-    Ok(Some(format!(
-        "superblock copy {} was damaged: rewritten from copy {}",
-        SUPERBLOCK_COPY_NAMES[bad], SUPERBLOCK_COPY_NAMES[good]
-    )))
+    for copy in 0..copies.len() {
+        storage.write_at((copy * SUPERBLOCK_BYTES) as u64, &copies[good])?;
+        storage.sync()?;
+    }
+    Ok(intact.iter().position(|&ok| !ok).map(|bad| {
+        format!(
+            "superblock copy {} was damaged: rewritten from copy {}",
+            SUPERBLOCK_COPY_NAMES[bad], SUPERBLOCK_COPY_NAMES[good]
+        )
+    }))
 }
 
 /// Names of the two superblock copies, as messages give them.

@@ -245,35 +245,6 @@ fn items(
     out
 }
 
-/// The checksum a verbatim copy of `old`'s stored bytes `src` carries: an unseeded (v1, v2)
-/// item on a v3 volume gains the seeded checksum if its plain CRC verifies and its dictionary
-/// is loaded, so moves (and `zbd compact`) bring old items under the v3 check; anything else,
-/// damage included, keeps its checksum (a damaged item must stay damaged, never be blessed).
-fn reseed(cx: &Ctx, old: &MapEntry, src: &[u8]) -> (u32, bool) {
-    if old.seeded || !cx.sb.seeds_items() {
-        return (old.crc, old.seeded);
-    }
-    let dict = match old.dict {
-        0 => None,
-        id => match cx.dicts.get(id) {
-            Some(d) => Some(d.identity()),
-            None => return (old.crc, false),
-        },
-    };
-    if crc32c::crc32c(src) != old.crc {
-        return (old.crc, false);
-    }
-    let crc = item_crc(
-        &cx.sb.uuid,
-        true,
-        old.codec,
-        old.unit_blocks,
-        dict.as_ref(),
-        src,
-    );
-    (crc, true)
-}
-
 /// First-fit decreasing over stored sizes; returns bins of item indices.
 fn pack(items: &[Item], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..items.len()).collect();
@@ -522,10 +493,12 @@ fn commit(
                     (f.codec, f.crc, f.seeded, f.dict)
                 }
                 None => {
+                    // Verbatim, checksum and all: a plain (v2) item stays plain, so replay
+                    // can still fall back on the victim's copy by checksum (open.rs), and
+                    // damage is never given a valid checksum.
                     let src = &images[&old.extent][old.offset as usize..old.offset as usize + len];
                     buf[at..at + len].copy_from_slice(src);
-                    let (crc, seeded) = reseed(cx, &old, src);
-                    (old.codec, crc, seeded, old.dict)
+                    (old.codec, old.crc, old.seeded, old.dict)
                 }
             };
             for &(lba, old) in &it.blocks {
@@ -548,7 +521,7 @@ fn commit(
                         dict,
                         ..old
                     },
-                    None => MapEntry { crc, seeded, ..old },
+                    None => old,
                 };
                 let seq = st.take_seq();
                 records.push(Record {

@@ -127,7 +127,7 @@ impl Inner {
         let rolled = recovery::roll_forward(&*storage, &sb, &ck, write_align)?;
         let mut open_repaired = found.damaged_copies;
         if !opts.read_only {
-            open_repaired.extend(recovery::repair_superblock(&*storage, &sb)?);
+            open_repaired.extend(recovery::rewrite_superblock(&*storage, &sb)?);
             recovery::make_durable(&*storage, &sb, (ck.seq, &found.bytes), &rolled.tail)?;
         }
         let mut open_problems = rolled.problems;

@@ -2,7 +2,7 @@
 //!
 //! v3 keeps v2's layout: the upgrade recovers and closes the volume cleanly, then rewrites the
 //! superblock's two copies (docs/format.md, "Version changes"). Old items keep their plain
-//! checksums until the cleaner or `zbd compact` moves them.
+//! checksums until they are rewritten.
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -26,10 +26,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .close_upgraded()
         .with_context(|| format!("cannot upgrade {target}"))?;
     println!(
-        "upgraded {target}: format {before} -> {}; blocks written before keep their old \
-         checksums until moved (`zbd compact {}` moves them all)",
-        after.version,
-        a.path.display()
+        "upgraded {target}: format {before} -> {}; blocks written before keep their plain \
+         checksums until rewritten",
+        after.version
     );
     Ok(ExitCode::SUCCESS)
 }

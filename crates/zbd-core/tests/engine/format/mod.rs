@@ -6,3 +6,4 @@ mod codecs_real_files;
 mod compat;
 mod grow;
 mod upgrade;
+mod upgrade_faults;
