@@ -56,11 +56,10 @@ bench: deps deps-ceph build
 # What make test leaves out to stay short, in release: the sweeps it samples, whole
 # (ZBD_TEST_HEAVY=1); the tests marked #[ignore = "heavy: ..."]; the engine tests with 4 KiB and
 # 16 KiB compression units (default 8 KiB). make_fixture rewrites a committed file (only with
-# ZBD_WRITE_FIXTURE=1) and the misattributed-dictionary test is a known bug (issue 26).
+# ZBD_WRITE_FIXTURE=1).
 test-heavy: build
 	ZBD_TEST_HEAVY=1 $(CARGO) test --release -p zbd-core
-	$(CARGO) test --release -p zbd-core -- --ignored --skip make_fixture \
-		--skip a_block_misattributed_to_another_dictionary_is_an_error_never_data
+	$(CARGO) test --release -p zbd-core -- --ignored --skip make_fixture
 	for u in 4K 16K; do \
 	  ZBD_TEST_UNIT_SIZE=$$u $(CARGO) test --release -p zbd-core --test model --test durability \
 	    --test engine -- sequential:: crash:: faults::beyond_power_loss:: volume:: read::cache:: \

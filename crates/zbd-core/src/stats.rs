@@ -152,6 +152,10 @@ pub struct Stats {
     pub recovery_records_replayed: u64,
     /// On-disk format version of the volume.
     pub format_version: u32,
+    /// Largest logical size `zbd grow` can reach (the room the map region was laid out for).
+    pub max_logical_bytes: u64,
+    /// Largest data area `zbd grow` can reach (the room of the extent-table region).
+    pub max_data_area_bytes: u64,
     /// Set when the volume stopped writing after a failed write or sync (docs/design.md,
     /// "Failed syncs"): writes fail with EIO until it is reopened; reads go on.
     pub failed: Option<String>,

@@ -835,6 +835,9 @@ fn grow_size_into_the_room_a_file_volume_is_created_with() {
         v.write(0, &data, false).expect("write");
         v.close().expect("close");
     }
+    on("stat", &vol, &["--json"])
+        .success()
+        .stdout(predicate::str::contains("\"max_logical_bytes\": 17756160"));
     on("grow", &vol, &["--size", "16M"])
         .success()
         .stdout(predicate::str::contains("logical size 16.00 MiB"));

@@ -156,6 +156,8 @@ impl Inner {
             clean_high_pct: self.clean_high_pct,
             recovery_records_replayed: st.replayed,
             format_version: self.sb.version,
+            max_logical_bytes: crate::layout::logical_bytes_max(&self.sb),
+            max_data_area_bytes: crate::layout::extent_count_max(&self.sb) * eb,
             failed: self.storage.failure(),
             counters: c,
             dictionary: self.dicts.enabled,

@@ -153,6 +153,14 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
         format!("{} ({} extents)", human(s.data_area_bytes), s.extents_total),
     );
     line(
+        "grows to",
+        format!(
+            "{} logical, {} data area (zbd grow, offline)",
+            human(s.max_logical_bytes),
+            human(s.max_data_area_bytes)
+        ),
+    );
+    line(
         "metadata",
         format!(
             "{} on disk, {} RAM",
