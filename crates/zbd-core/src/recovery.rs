@@ -254,23 +254,13 @@ fn index_segments(
 /// record newer than the checkpoint can name is listed there (train.rs installs one with two
 /// checkpoints before any record uses it).
 fn record_intact(sb: &Superblock, ck: &Checkpoint, r: &Record, stored: &[u8]) -> bool {
-    let dict = if r.dict == 0 {
-        None
-    } else {
-        match ck.dicts.iter().find(|e| e.id == r.dict) {
-            Some(e) => Some(e.identity()),
-            None => return !r.seeded && crc32c::crc32c(stored) == r.crc,
-        }
-    };
-    let crc = crate::format::item_crc(
-        &sb.uuid,
-        r.seeded,
-        r.codec,
-        r.unit_blocks as u8,
-        dict.as_ref(),
-        stored,
-    );
-    crc == r.crc
+    // A seeded record naming a dictionary the directory does not list fails (its seed named
+    // one); a plain one is checked as before.
+    let dict = (r.dict != 0)
+        .then(|| ck.dicts.iter().find(|e| e.id == r.dict))
+        .flatten()
+        .map(|e| e.identity());
+    r.checksum_matches(&sb.uuid, dict.as_ref(), stored)
 }
 
 /// Scans the checkpoint's allocation queue and returns every record newer than the checkpoint,

@@ -29,12 +29,11 @@ mod policy;
 
 pub use policy::Mode;
 
-use crate::codec::dict::Dictionary;
 use crate::error::Result;
 use crate::extents::ExtentState;
 use crate::format::{
-    item_crc, seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader,
-    Superblock, BLOCK_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, Superblock,
+    BLOCK_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, State};
 use parking_lot::MutexGuard;
@@ -127,9 +126,8 @@ fn recompress(
         _ => (crate::codec::id::RAW, data.to_vec(), None),
     };
     let blocks = (data.len() / BLOCK_BYTES) as u8;
-    let seeded = sb.seeds_items();
     let id = dict.as_ref().map(|d| d.identity());
-    let crc = item_crc(&sb.uuid, seeded, codec, blocks, id.as_ref(), &bytes);
+    let (crc, seeded) = sb.new_item_checksum(codec, blocks, id.as_ref(), &bytes);
     Some(Fresh {
         codec,
         bytes,
@@ -138,19 +136,6 @@ fn recompress(
         dict: dict.map_or(0, |d| d.id() as u8),
         unit,
     })
-}
-
-/// Whether `stored` matches `m`'s checksum (`dict`: the dictionary it names, if loaded).
-fn intact(sb: &Superblock, m: &MapEntry, dict: Option<&Dictionary>, stored: &[u8]) -> bool {
-    let id = dict.map(|d| d.identity());
-    item_crc(
-        &sb.uuid,
-        m.seeded,
-        m.codec,
-        m.unit_blocks,
-        id.as_ref(),
-        stored,
-    ) == m.crc
 }
 
 /// Groups the live blocks of the victims into items: a unit's blocks travel together. A unit
@@ -176,12 +161,15 @@ fn items(
             .and_then(|img| img.get(m.offset as usize..m.offset as usize + usize::from(m.len)));
         let dict = (m.dict != 0).then(|| dicts.get(m.dict));
         stored.is_some_and(|s| {
-            intact(sb, m, dict.clone().flatten().as_deref(), s)
-                && match &dict {
-                    None => crate::codec::decompress(m.codec, s, plain).is_some(),
-                    Some(Some(d)) => d.decompress(m.codec, s, plain).is_some(),
-                    Some(None) => false,
-                }
+            m.checksum_matches(
+                &sb.uuid,
+                dict.clone().flatten().map(|d| d.identity()).as_ref(),
+                s,
+            ) && match &dict {
+                None => crate::codec::decompress(m.codec, s, plain).is_some(),
+                Some(Some(d)) => d.decompress(m.codec, s, plain).is_some(),
+                Some(None) => false,
+            }
         })
     };
     let mut units: HashMap<(u32, u32), Vec<(u64, MapEntry)>> = HashMap::new();

@@ -363,8 +363,9 @@ impl Inner {
     ) -> Result<()> {
         // A block whose dictionary is not loaded (both copies damaged) is an error, never data.
         let dict = (entry.dict != 0).then(|| self.dicts.get(entry.dict));
+        let id = dict.clone().flatten().map(|d| d.identity());
         let ok = !matches!(dict, Some(None))
-            && self.item_intact(entry, dict.clone().flatten().as_deref(), stored)
+            && entry.checksum_matches(&self.sb.uuid, id.as_ref(), stored)
             && if entry.unit_blocks > 1 {
                 unit::read_stored_block(
                     entry.codec,
@@ -415,33 +416,16 @@ impl Inner {
     ) -> Option<()> {
         if entry.dict != 0 {
             let d = self.dicts.get(entry.dict)?;
-            self.item_intact(entry, Some(&d), stored).then_some(())?;
+            entry
+                .checksum_matches(&self.sb.uuid, Some(&d.identity()), stored)
+                .then_some(())?;
             d.decompress(entry.codec, stored, out)?;
         } else {
-            self.item_intact(entry, None, stored).then_some(())?;
+            entry
+                .checksum_matches(&self.sb.uuid, None, stored)
+                .then_some(())?;
             codec::decompress(entry.codec, stored, out)?;
         }
         Some(())
-    }
-
-    /// Whether `stored` matches the checksum of `entry`, whose dictionary (if it names one) is
-    /// `dict`: seeded entries (v3) also check that codec, unit size and dictionary are the ones
-    /// the item was written with.
-    pub(super) fn item_intact(
-        &self,
-        entry: &MapEntry,
-        dict: Option<&crate::codec::dict::Dictionary>,
-        stored: &[u8],
-    ) -> bool {
-        let id = dict.map(|d| d.identity());
-        let crc = crate::format::item_crc(
-            &self.sb.uuid,
-            entry.seeded,
-            entry.codec,
-            entry.unit_blocks,
-            id.as_ref(),
-            stored,
-        );
-        crc == entry.crc
     }
 }

@@ -8,7 +8,7 @@ use crate::buffer::Prepared;
 use crate::codec::dict::Dictionary;
 use crate::codec::{self, unit, Codec};
 use crate::error::{Error, Result};
-use crate::format::{item_crc, BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES};
 use crate::state::{is_zero, State};
 
 impl Inner {
@@ -52,9 +52,10 @@ impl Inner {
         blocks: u8,
         dict: Option<&Dictionary>,
     ) -> Prepared {
-        let seeded = self.sb.seeds_items();
         let id = dict.map(|d| d.identity());
-        let crc = item_crc(&self.sb.uuid, seeded, codec, blocks, id.as_ref(), &bytes);
+        let (crc, seeded) = self
+            .sb
+            .new_item_checksum(codec, blocks, id.as_ref(), &bytes);
         Prepared::Data {
             codec,
             bytes,

@@ -76,10 +76,56 @@ pub fn item_crc(
     item_checksum(seed.as_ref(), stored)
 }
 
+impl super::MapEntry {
+    /// Whether `stored` matches this entry's checksum, given the identity of the dictionary it
+    /// names (if loaded): a seeded entry also checks codec, unit size and dictionary.
+    pub fn checksum_matches(
+        &self,
+        uuid: &[u8; 16],
+        dict: Option<&DictIdentity>,
+        stored: &[u8],
+    ) -> bool {
+        item_crc(
+            uuid,
+            self.seeded,
+            self.codec,
+            self.unit_blocks,
+            dict,
+            stored,
+        ) == self.crc
+    }
+}
+
+impl super::Record {
+    /// Whether `stored` matches this data record's checksum (as `MapEntry::checksum_matches`).
+    pub fn checksum_matches(
+        &self,
+        uuid: &[u8; 16],
+        dict: Option<&DictIdentity>,
+        stored: &[u8],
+    ) -> bool {
+        let unit_blocks = u8::try_from(self.unit_blocks).unwrap_or(0);
+        item_crc(uuid, self.seeded, self.codec, unit_blocks, dict, stored) == self.crc
+    }
+}
+
 impl super::Superblock {
     /// Whether items written now carry seeded checksums (format v3 and later).
     pub fn seeds_items(&self) -> bool {
         self.version >= super::SEEDED_CHECKSUMS_VERSION
+    }
+
+    /// The checksum a new item of this volume carries, and whether it is seeded.
+    pub fn new_item_checksum(
+        &self,
+        codec: u8,
+        unit_blocks: u8,
+        dict: Option<&DictIdentity>,
+        stored: &[u8],
+    ) -> (u32, bool) {
+        let seeded = self.seeds_items();
+        let crc = item_crc(&self.uuid, seeded, codec, unit_blocks, dict, stored);
+        (crc, seeded)
     }
 }
 
