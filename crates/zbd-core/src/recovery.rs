@@ -12,8 +12,7 @@ use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState};
 use crate::format::{
     align_up, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
-    RecordKind, SegmentHeader, SegmentOwner, Superblock, CKPT_FLAGS_INCOMPAT,
-    CKPT_FLAGS_INCOMPAT_KNOWN, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    RecordKind, SegmentHeader, SegmentOwner, Superblock, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::map::Map;
 use std::collections::{BTreeMap, HashSet};
@@ -106,9 +105,11 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
     for copy in 0..sb.metadata_copies() {
         for slot in 0..2u64 {
             storage.read_at(sb.checkpoint_slot_offset(slot, copy), &mut b)?;
-            let c = Checkpoint::decode(&b, sb)
-                .ok()
-                .filter(|c| c.seq % 2 == slot);
+            let c = match Checkpoint::decode(&b, sb) {
+                // An intact checkpoint of features this build lacks: never fall back past it.
+                Err(e @ Error::NotAVolume(_)) => return Err(e),
+                c => c.ok().filter(|c| c.seq % 2 == slot),
+            };
             if let Some(c) = &c {
                 if bytes.as_ref().is_none_or(|(seq, _)| c.seq > *seq) {
                     bytes = Some((c.seq, b.clone()));
@@ -123,13 +124,6 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
         .max_by_key(|c| c.seq)
         .cloned()
         .ok_or_else(|| Error::CorruptMetadata("no valid checkpoint in any slot".into()))?;
-    let unknown = best.flags & CKPT_FLAGS_INCOMPAT & !CKPT_FLAGS_INCOMPAT_KNOWN;
-    if unknown != 0 {
-        return Err(Error::NotAVolume(format!(
-            "the volume uses features this zbd does not have (checkpoint flags {unknown:#x}: \
-             trained dictionaries or newer); use a newer zbd"
-        )));
-    }
     let damaged_copies = found
         .iter()
         .filter(|(slot, _, c)| {

@@ -211,25 +211,38 @@ impl Checkpoint {
             return Err(corrupt("checkpoint of another format version"));
         }
         let used = get_u32(b, 64 + COUNTERS * 8) as usize;
+        if used > b.len() || used < 64 + COUNTERS * 8 + 4 {
+            return Err(corrupt("checkpoint sizes are inconsistent"));
+        }
+        if get_u32(b, 12) != crc_skipping(&b[..used], 12) {
+            return Err(corrupt("checkpoint checksum mismatch"));
+        }
+        let v2 = sb.version >= 2;
+        // Intact, so a newer build wrote it: refuse by name before judging its layout, which
+        // such a feature may change (taking it for damage would fall back to an older
+        // checkpoint and undo the newer build's work).
+        let unknown =
+            if v2 { get_u32(b, 196) } else { 0 } & CKPT_FLAGS_INCOMPAT & !CKPT_FLAGS_INCOMPAT_KNOWN;
+        if unknown != 0 {
+            return Err(Error::NotAVolume(format!(
+                "the volume uses features this zbd does not have (checkpoint flags {unknown:#x}); \
+                 use a newer zbd"
+            )));
+        }
         let queue_len = get_u32(b, 56);
         let pages = get_u32(b, 60);
-        let v2 = sb.version >= 2;
         let et_pages = if v2 { get_u32(b, 200) } else { 0 };
         // A v3 volume grown since this checkpoint was written (`zbd grow`) has more map and
         // extent-table pages than it lists: those were never written (all unmapped, all free).
         let grown_ok = |listed: u32, now: u32| {
             listed == now || (sb.version >= SEEDED_CHECKSUMS_VERSION && listed < now)
         };
-        if used > b.len()
-            || queue_len > sb.queue_len
+        if queue_len > sb.queue_len
             || !grown_ok(pages, sb.map_pages)
             || !grown_ok(et_pages, sb.extent_table_pages)
             || used as u64 != checkpoint_body_bytes(sb.version, queue_len, pages, et_pages)
         {
             return Err(corrupt("checkpoint sizes are inconsistent"));
-        }
-        if get_u32(b, 12) != crc_skipping(&b[..used], 12) {
-            return Err(corrupt("checkpoint checksum mismatch"));
         }
         let mut ck = Checkpoint::empty(sb);
         ck.seq = get_u64(b, 32);

@@ -203,3 +203,57 @@ fn opts_for_fixture() -> OpenOptions {
         ..opts()
     }
 }
+
+/// The newest checkpoint was written by a newer build: an incompatible flag this build lacks
+/// (bit 10) and a layout it cannot judge (more bytes used), its checksum intact. The open
+/// refuses by name; it must not take the checkpoint for damage and open the older one, which
+/// would undo the newer build's work.
+#[test]
+fn a_checkpoint_of_a_newer_build_is_refused_by_name_not_passed_over() {
+    let create = CreateOptions {
+        extent_bytes: 8192,
+        ..CreateOptions::new(SIZE)
+    };
+    let sb = zbd_core::layout::plan(&create).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), &create, opts_for_fixture())
+        .expect("create");
+    vol.write(0, &expected_block(0), false).expect("write");
+    vol.checkpoint().expect("checkpoint");
+    vol.close().expect("close");
+    drop(vol);
+    let mut image = disk.current_image();
+    let sb = zbd_core::format::Superblock::decode(&image[..4096]).expect("superblock");
+    let newest = (0..2u64)
+        .filter_map(|slot| {
+            let at = sb.checkpoint_slot_offset(slot, 0) as usize;
+            zbd_core::format::Checkpoint::decode(
+                &image[at..at + sb.checkpoint_slot_bytes as usize],
+                &sb,
+            )
+            .ok()
+        })
+        .max_by_key(|c| c.seq)
+        .expect("a checkpoint");
+    let mut bytes = newest.encode(&sb);
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let used = u32_at(&bytes, 192) as usize + 16;
+    bytes.resize(bytes.len().max(used), 0);
+    let flags = u32_at(&bytes, 196) | 1 << 10;
+    bytes[196..200].copy_from_slice(&flags.to_le_bytes());
+    bytes[192..196].copy_from_slice(&(used as u32).to_le_bytes());
+    bytes[12..16].fill(0);
+    let crc = crc32c::crc32c(&bytes[..used]);
+    bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+    for copy in 0..2 {
+        let at = sb.checkpoint_slot_offset(newest.seq, copy) as usize;
+        image[at..at + bytes.len()].copy_from_slice(&bytes);
+    }
+    let e = Volume::open(Box::new(Arc::new(SimStorage::from_image(image))), opts())
+        .err()
+        .expect("a newer build's checkpoint is refused");
+    assert!(
+        matches!(&e, Error::NotAVolume(m) if m.contains("use a newer zbd") && m.contains("0x400")),
+        "{e}"
+    );
+}
