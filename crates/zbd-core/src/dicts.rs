@@ -16,8 +16,10 @@
 //!    the directory entries); the cleaner recompresses the blocks it moves that name an older
 //!    dictionary with the current one, so old ids die;
 //! 2. the snapshot of a checkpoint drops from the directory each loaded dictionary whose count
-//!    is 0 and that new blocks do not use (`State::retire_dicts`); from then on no block may
-//!    name it (`State::lists_dict`: a writer that compressed with it before compresses again);
+//!    is 0 and that new blocks do not use (`State::retire_dicts`), nor the block being placed
+//!    (`State::placing_dict`: a checkpoint written while it opens an extent); from then on no
+//!    block may name it (`State::lists_dict`: a writer that compressed with it before
+//!    compresses again);
 //! 3. only once a later checkpoint has committed, so neither checkpoint slot lists it, are its
 //!    id and region bytes free (`State::free_retired`): until then recovery may start from a
 //!    checkpoint that lists it, and its bytes stay intact.

@@ -169,6 +169,7 @@ impl Inner {
             unreadable: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
             clean_gen: 0,
+            placing_dict: 0,
             extents_opened: 0,
             inflight: None,
             ckpt_wanted: false,

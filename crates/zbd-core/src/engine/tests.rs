@@ -63,3 +63,93 @@ fn lru_eviction_keeps_the_extent_a_range_record_went_to_last() {
         "evicted the extent used last: open {open:?}, x {x}, y {y}"
     );
 }
+
+/// Log-like text (what a dictionary pays on), `len` bytes, varied by `seed`.
+fn log_text(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 100);
+    let mut i = seed;
+    while out.len() < len {
+        i = i
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let line = format!(
+            "2026-11-27T10:{:02}:{:02} host{} zbd[{}]: request {} served in {} us\n",
+            (i >> 8) % 60,
+            (i >> 16) % 60,
+            (i >> 24) % 4,
+            (i >> 32) % 1000,
+            (i >> 40) % 100_000,
+            (i >> 48) % 5000
+        );
+        out.extend_from_slice(line.as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Issue 26: a writer checks that the dictionary its block was compressed with is still
+/// listed (`Inner::listed`), then places the block; placing it may open an extent, and opening
+/// one may write a checkpoint (the allocation queue ran dry, or `make_space`). That checkpoint
+/// must not retire the dictionary: no mapped block names it yet (the block's last version
+/// moved to the newer one), but the block about to be mapped does. Retired, the next
+/// checkpoint unloaded it and the block read as corrupt for ever.
+#[test]
+fn a_checkpoint_while_a_block_is_placed_keeps_the_dictionary_it_names() {
+    let opts = CreateOptions {
+        extent_bytes: 16 * 1024,
+        codec: Codec::Lz4,
+        unit_bytes: Some(4096),
+        dictionary: true,
+        ..CreateOptions::new(32 << 20)
+    };
+    let sb = plan(&opts).expect("plan");
+    let open_opts = OpenOptions {
+        background_cleaner: false,
+        dictionary: Some(true),
+        ..OpenOptions::default()
+    };
+    let vol = Inner::create_with(
+        Box::new(SimStorage::new(sb.total_bytes() as usize)),
+        &opts,
+        open_opts,
+    )
+    .expect("create");
+    assert!(vol
+        .install_dictionary(log_text(1, 4096))
+        .expect("install A"));
+    let block = log_text(2, BLOCK_BYTES);
+    // Compressed with A outside the lock, as a writer does.
+    let p = vol.prepare(&block);
+    let a = match &p {
+        Prepared::Data { dict, .. } => *dict,
+        Prepared::Zero => 0,
+    };
+    assert_ne!(a, 0, "the block was compressed with A");
+    // B serves new blocks now; A is listed, and no block names it.
+    assert!(vol
+        .install_dictionary(log_text(3, 4096))
+        .expect("install B"));
+    let cx = vol.ctx();
+    {
+        let mut st = vol.state.lock();
+        assert!(
+            st.lists_dict(a),
+            "A is still listed: the writer keeps its block"
+        );
+        // No open extent and an empty allocation queue: placing the block opens an extent,
+        // and taking one writes a checkpoint (`State::alloc`).
+        for i in (0..st.buffer.len()).rev() {
+            st.close_open(&cx, i).expect("close");
+        }
+        while let Some(q) = st.queue.pop_front() {
+            st.free.push_back(q.extent);
+        }
+        st.put_block(&cx, 0, p).expect("put");
+        // The checkpoints after it would unload a dictionary retired under the block.
+        st.checkpoint(&cx).expect("checkpoint");
+        st.checkpoint(&cx).expect("checkpoint");
+    }
+    let mut got = vec![0u8; BLOCK_BYTES];
+    vol.read(0, &mut got).expect("the block reads");
+    assert!(got == block, "the block reads back its data");
+}

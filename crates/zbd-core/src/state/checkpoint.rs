@@ -17,9 +17,10 @@ use std::sync::Arc;
 
 impl State {
     /// Drops from the directory every dictionary no live block names, other than the one new
-    /// blocks use and any not loaded (an install lists its dictionary before loading it), when
-    /// the per-dictionary counts are known. Called by the snapshot of checkpoint `seq`, which
-    /// is the first not to list them.
+    /// blocks use, the one of a block being placed (`placing_dict`: not counted yet) and any
+    /// not loaded (an install lists its dictionary before loading it), when the
+    /// per-dictionary counts are known. Called by the snapshot of checkpoint `seq`, which is
+    /// the first not to list them.
     fn retire_dicts(&mut self, cx: &Ctx, seq: u64) {
         let counts = self.map.counters();
         if !counts.savings_known {
@@ -29,6 +30,7 @@ impl State {
         for e in self.dicts.iter_mut() {
             if e.id == 0
                 || Some(e.id) == current
+                || e.id == u16::from(self.placing_dict)
                 || counts.by_dict[usize::from(e.id) % crate::map::DICT_IDS] != 0
                 || cx.dicts.get(e.id as u8).is_none()
             {

@@ -53,6 +53,10 @@ pub struct State {
     /// sequence: their id and region bytes stay reserved until a later checkpoint commits, so
     /// both checkpoint slots no longer list them (dicts.rs, "Retirement order").
     pub retiring: Vec<(DictEntry, u64)>,
+    /// Dictionary of the block `put_block` is placing (0: none). Placing it may write a
+    /// checkpoint (opening an extent: `alloc`, `make_space`) before its map entry counts it,
+    /// and that checkpoint must not retire the dictionary (`retire_dicts`).
+    pub placing_dict: u8,
     /// Extents the cleaner could not read (twice): it no longer chooses them; one leaves the
     /// list when a checkpoint frees it (no live block left).
     pub unreadable: Vec<u32>,
@@ -181,13 +185,19 @@ impl State {
                 dict,
             } => {
                 debug_assert!(self.lists_dict(dict), "dictionary {dict} is not listed");
-                if blocks > 1 && !self.units_flag {
-                    // Durable before any record that needs it.
-                    self.units_flag = true;
-                    self.checkpoint(cx)?;
-                }
+                // The caller checked that `dict` is listed (a writer compressed with it outside
+                // the lock), but what follows may write checkpoints before the map entry below
+                // counts the block: the units flag's, and opening an extent's (the queue ran
+                // dry, `make_space`). If no mapped block named `dict` (the block's last version
+                // moved to the newer one), such a checkpoint would retire it and the next one
+                // unload it, and the block would name a dictionary that is gone: a corrupt
+                // block for good (issue 26). So it is kept listed while the block is placed.
+                self.placing_dict = dict;
+                let placed = self.place_block(cx, bytes.len(), blocks);
+                self.placing_dict = 0;
+                let slot = placed?;
+                debug_assert!(self.lists_dict(dict), "dictionary {dict} retired meanwhile");
                 let n = usize::from(blocks);
-                let slot = self.place(cx, bytes.len(), n)?;
                 let offset = self.buffer.next_offset(slot);
                 // One record per block, all naming the unit's bytes (format.md).
                 let mut records = Vec::with_capacity(n);
@@ -229,6 +239,17 @@ impl State {
             }
         }
         self.checkpoint_if_map_full(cx)
+    }
+
+    /// The open extent for a block of `blocks` blocks (`len` stored bytes), after the units
+    /// flag's checkpoint when it is the first unit (`put_block`).
+    fn place_block(&mut self, cx: &Ctx, len: usize, blocks: u8) -> Result<usize> {
+        if blocks > 1 && !self.units_flag {
+            // Durable before any record that needs it.
+            self.units_flag = true;
+            self.checkpoint(cx)?;
+        }
+        self.place(cx, len, usize::from(blocks))
     }
 
     /// Brings the next checkpoint forward when dirty map pages fill most of the map cache

@@ -166,15 +166,13 @@ fn retirement_beside_overwrites_trims_cleaning_and_retrains_keeps_every_block() 
 /// clean ahead (and make_space runs) while dictionaries are retired and retrained, so the
 /// passes that migrate blocks to the current dictionary are the writers' own.
 ///
-/// Known bug, seen 2026-11-27 (issue 26): in about 1 run in 100-400 (more under load) the
-/// checking reader gets "corrupt data" for a block that holds a valid version, the same on the
-/// commit before that day's work; an error, never wrong data, but a spurious one. Not yet
-/// traced (dictionary retirement and id reuse are gated; the suspects are two cleaning passes
-/// at once, the writers' and the retrainer's `compact`). `make test-heavy` runs it;
-/// reproduce with `for i in $(seq 300); do cargo test -q -p zbd-core --test engine
-/// retirement_beside_writers -- --ignored || break; done`.
+/// Issue 26 (fixed): in about 1 run in 100-400 the checking reader got "corrupt data" for a
+/// block, for good: a writer's block compressed with an older dictionary was placed after a
+/// checkpoint, written while it opened an extent, had retired that dictionary (no mapped
+/// block named it any more), and the next checkpoint unloaded it. `State::placing_dict`;
+/// the deterministic case is engine/tests.rs,
+/// `a_checkpoint_while_a_block_is_placed_keeps_the_dictionary_it_names`.
 #[test]
-#[ignore = "bug: about 1 run in 100-400 a reader gets a spurious corrupt-data error (issue 26); make test-heavy runs it"]
 fn retirement_beside_writers_cleaning_ahead_keeps_every_block() {
     let create = CreateOptions {
         capacity_bytes: Some(512 << 10),
