@@ -139,6 +139,8 @@ class Study:
     workloads: tuple[WorkloadSpec, ...]
     # each workload tool runs in a cgroup of this many bytes, page cache included (zbdlab.memlimit)
     memory_limit: int | None = None
+    # warm studies: sync and drop the host's page cache before each run (no remount), recorded per run
+    drop_caches: bool = False
     extra_checks: dict[str, Any] = field(default_factory=dict)
 
 
@@ -295,6 +297,11 @@ def parse_study(text: str, source: str = "study.toml", path: Path | None = None)
     memory_limit = top.size("memory_limit", None)
     if memory_limit is not None and memory_limit < 16 << 20:
         raise top.fail("memory_limit", f"{memory_limit} bytes is too small for a tool to run (at least 16M)")
+    drop_caches = top.boolean("drop_caches", False)
+    if drop_caches and cache != "warm":
+        raise top.fail(
+            "drop_caches", 'only with cache = "warm" (a cold cache drops it already, after a remount)'
+        )
     data_table = top.table("data")
     study_data = _data_spec(source, "data", data_table or {}, DataSpec(), base_dir)
 
@@ -338,6 +345,7 @@ def parse_study(text: str, source: str = "study.toml", path: Path | None = None)
         targets=targets,
         workloads=workloads,
         memory_limit=memory_limit,
+        drop_caches=drop_caches,
     )
 
 
