@@ -334,7 +334,9 @@ class Runner:
             start = samples.get(op)
             if start is None:
                 return
+            synced = time.monotonic()
             cmds.run(["sync"])  # this op's dirty data reaches the devices before they are read
+            sync_s = time.monotonic() - synced
             io = self._io(inst)
             read, written = counters.io_delta_bytes({d: start.io[d] for d in devices}, io)
             requests = counters.io_delta_requests({d: start.io[d] for d in devices}, io)
@@ -352,6 +354,8 @@ class Runner:
                 "frontend_bytes_read": f_read if front else None,
                 "frontend_bytes_written": f_written if front else None,
                 "wall_s": time.monotonic() - start.t,
+                # what the operation left dirty took this long to reach the devices (not in its time)
+                "sync_s": sync_s,
                 "loadavg_1m": os.getloadavg()[0],  # other load on the machine shows up in CPU figures
             }
             # space now, while the operation's files exist (workloads may delete them at the end)
@@ -500,6 +504,7 @@ class Runner:
                         "backing_read_requests": d.get("backing_read_requests"),
                         "backing_write_requests": d.get("backing_write_requests"),
                         "backing_flushes": d.get("backing_flushes"),
+                        "sync_s": d.get("sync_s"),
                         **_cache_drop(cache_checks),
                     },
                     unit_id=unit.unit_id,
@@ -593,6 +598,7 @@ def _target_options(t: TargetSpec) -> dict[str, Any]:
             else None
         ),
         "transport": t.transport,
+        "server_cache": t.server_cache if (t.zbd or t.transport) else None,
         "real_devices": list(t.real_devices),
         "throttle": t.throttle.as_dict() if t.throttle else None,
     }
