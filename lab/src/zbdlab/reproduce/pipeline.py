@@ -151,6 +151,7 @@ def run_one(
         quick=quick,
         elapsed_s=time.monotonic() - start,
         error=error,
+        plot_columns=list(entry.plot_columns),
     )
 
 
