@@ -254,3 +254,19 @@ def test_fig2_drop_note_says_what_was_dropped() -> None:
         r
     ) and "300..300 MiB before" in seed002.drop_note(r)
     assert not math.isnan(seed002.COST["fig2"][0])
+
+
+def test_fig10_has_the_transport_control_and_mail_data() -> None:
+    study = parse_study(seed002.fig10_study(False, "/m/mail.mbox"))
+    by = {t.name: t for t in study.targets}
+    assert by["transport"].transport == "nbdkit" and by["transport"].throttle
+    assert all(t.server_cache == seed002.SERVER_CACHE for t in study.targets)
+    assert 'write_data = "/m/mail.mbox"' in study.text and study.drop_caches
+    rows = [["8K", 100.0, 50.0], ["32K", 120.0, 40.0], ["128K", 150.0, 30.0], ["1M", 140.0, 20.0]]
+    seed = seed002.FIG10.seed
+    plain = seed002.fig10_compare(seed, Measured(Table(["extent", "PostMark (tps)", "r"], rows)))
+    assert "transport control" not in plain.reason
+    control = seed002.fig10_compare(
+        seed, Measured(Table(["extent", "PostMark (tps)", "r"], [*rows, ["transport control", 100.0, 45.0]]))
+    )
+    assert control.kind == plain.kind and control.reason.endswith("vs the transport control: 1.50x")

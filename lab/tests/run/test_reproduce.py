@@ -295,7 +295,8 @@ def test_study_units_are_the_planners() -> None:
     assert study_units(seed002.fig2_study(False, 2, "ext4")) == 28
     assert study_units(seed002.fig2_study(True, 1)) == 4
     (fig10,) = seed002.FIG10.plan(False)
-    assert fig10.units == len(seed002.EXTENTS_FULL) * 4 * 2  # extents x repetitions x (PostMark, reads)
+    # (extents + the transport control) x repetitions x (PostMark, reads)
+    assert fig10.units == (len(seed002.EXTENTS_FULL) + 1) * 4 * 2
 
 
 def test_eta_follows_the_pace_so_far() -> None:
