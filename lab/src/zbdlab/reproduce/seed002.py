@@ -126,9 +126,10 @@ FIG11_QUICK_S = 31.6  # per cold file-server run, quick (load 15.8)
 COST: dict[str, tuple[float, float]] = {
     "table1": (2.3, 2.3),
     "table2": (71, 36),  # full: measured at load 15-30 (docs/reproduction.md)
-    # full: measured, 143 s for 20 units at load about 3 (reproduce-002-fig2-2026-11-27: 7.2 s per unit,
-    # provisioning included); 12 leaves room for the drop before each run and a busier machine
-    "fig2": (12.0, 11.0),
+    # full: measured 7.2 s per unit at load about 3 (143 s for 20 units, reproduce-002-fig2-2026-11-27)
+    # and 14.5 at load 20 (873 s for 60 units with the drops and mail data, reproduce-002-fig2-mail-
+    # 2026-11-27); 12 is between. Quick: 288 s for 60 units at load 13.6 (2026-11-27 06:52 UTC)
+    "fig2": (12.0, 5.0),
     "fig10": (6.7 * 3.75, 6.7),  # PostMark 3.5x, random reads over a 4x larger file
     "fig11": (FIG11_QUICK_S * 2, FIG11_QUICK_S),  # 1.7x the file set, 10 s instead of 3
     "fig12": (69 * 2, 69),  # twice the capacity
