@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   fio postmark                      # workloads
+  gcc libc6-dev                     # builds the PostMark data shim (workloads/postmark_data.c)
   libnbd-bin nbdkit fuse3           # nbdinfo/nbdcopy/nbdfuse, reference NBD server, fusermount3
   python3-libnbd                    # libnbd bindings for /usr/bin/python3 (bad-input tests)
   qemu-utils                        # qemu-img, qemu-io

@@ -27,6 +27,7 @@ STUDY_VERSION = 1
 
 FILESYSTEMS = ("ext4", "xfs", "btrfs", "zfs")
 TRANSPORTS = ("nbdkit",)
+SERVER_CACHES = ("host", "none")
 WORKLOAD_KINDS = ("iozone", "throughput", "postmark", "fileserver", "varmail", "webserver", "oltp", "copy")
 CACHE_POLICIES = ("cold", "warm")
 FORMAT_POLICIES = ("repetition", "run", "once")
@@ -80,6 +81,10 @@ class TargetSpec:
     # any fs on `nbdkit file` through the same NBD transport as zbd (`zbd attach`: nbdfuse + loop on a
     # machine without the nbd module): the transport baseline, which shows what zbd's path costs
     transport: str | None = None  # "nbdkit"
+    # zbd and transport targets: "host" lets the NBD server read and write its backing device through
+    # the host's page cache (outside any memory limit); "none" keeps it out (zbd serve --direct,
+    # nbdkit file cache=none), so the only caches are the filesystem's and the server's own
+    server_cache: str = "host"
     # a real device instead of loop images, only with allow_real_device = true
     real_devices: tuple[str, ...] = ()
     # images on a device limited in bandwidth and latency (zbdlab.throttle)
@@ -139,6 +144,8 @@ class Study:
     workloads: tuple[WorkloadSpec, ...]
     # each workload tool runs in a cgroup of this many bytes, page cache included (zbdlab.memlimit)
     memory_limit: int | None = None
+    # warm studies: sync and drop the host's page cache before each run (no remount), recorded per run
+    drop_caches: bool = False
     extra_checks: dict[str, Any] = field(default_factory=dict)
 
 
@@ -295,6 +302,11 @@ def parse_study(text: str, source: str = "study.toml", path: Path | None = None)
     memory_limit = top.size("memory_limit", None)
     if memory_limit is not None and memory_limit < 16 << 20:
         raise top.fail("memory_limit", f"{memory_limit} bytes is too small for a tool to run (at least 16M)")
+    drop_caches = top.boolean("drop_caches", False)
+    if drop_caches and cache != "warm":
+        raise top.fail(
+            "drop_caches", 'only with cache = "warm" (a cold cache drops it already, after a remount)'
+        )
     data_table = top.table("data")
     study_data = _data_spec(source, "data", data_table or {}, DataSpec(), base_dir)
 
@@ -338,6 +350,7 @@ def parse_study(text: str, source: str = "study.toml", path: Path | None = None)
         targets=targets,
         workloads=workloads,
         memory_limit=memory_limit,
+        drop_caches=drop_caches,
     )
 
 
@@ -450,6 +463,10 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
             "transport", "a transport baseline is one kernel filesystem on one plain NBD export (no zbd)"
         )
 
+    server_cache = t.string("server_cache", "host", SERVER_CACHES) or "host"
+    if t.has("server_cache") and not (zbd or transport):
+        raise t.fail("server_cache", "only a zbd or transport target has an NBD server under its filesystem")
+
     real = t.raw("device")
     allow_real = t.boolean("allow_real_device", False)
     real_devices: tuple[str, ...] = ()
@@ -475,7 +492,7 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
     t.reject_unknown(
         (
             "name fs size devices mkfs_options mount_options compress compress_force raid metadata_raid "
-            "layout compression dedup recordsize zbd transport device allow_real_device throttle"
+            "layout compression dedup recordsize zbd transport server_cache device allow_real_device throttle"
         ).split()
     )
     return TargetSpec(
@@ -487,6 +504,7 @@ def _target(source: str, index: int, raw: dict[str, Any]) -> TargetSpec:
         mount_options=mount_options,
         zbd=zbd,
         transport=transport,
+        server_cache=server_cache,
         real_devices=real_devices,
         throttle=throttle,
         **kwargs,

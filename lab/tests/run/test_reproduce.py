@@ -289,11 +289,14 @@ def test_study_units_are_the_planners() -> None:
     from zbdlab.reproduce import seed002
     from zbdlab.reproduce.context import study_units
 
-    # 4 targets x 4 repetitions x one PostMark cell; quick 1 CPU keeps only ZBD (zlib)
-    assert study_units(seed002.fig2_study(False, 2)) == 16
+    # 7 targets (native, transport control, zbd with 5 codecs) x 4 repetitions x one PostMark cell;
+    # quick 1 CPU keeps only ZBD (zlib)
+    assert study_units(seed002.fig2_study(False, 2)) == 28
+    assert study_units(seed002.fig2_study(False, 2, "ext4")) == 28
     assert study_units(seed002.fig2_study(True, 1)) == 4
     (fig10,) = seed002.FIG10.plan(False)
-    assert fig10.units == len(seed002.EXTENTS_FULL) * 4 * 2  # extents x repetitions x (PostMark, reads)
+    # (extents + the transport control) x repetitions x (PostMark, reads)
+    assert fig10.units == (len(seed002.EXTENTS_FULL) + 1) * 4 * 2
 
 
 def test_eta_follows_the_pace_so_far() -> None:

@@ -51,16 +51,27 @@ class IoSample:
     sectors_written: int
     ios_read: int
     ios_written: int
+    ios_flushed: int | None = None  # flush requests (kernel 5.5+: the stat file's 16th field)
+
+
+def parse_stat(text: str) -> IoSample:
+    """One /sys/block/<dev>/stat line: requests and sectors each way, and flush requests where the
+    kernel counts them (Documentation/block/stat.rst: field 16 is "flush I/Os", since 5.5)."""
+    fields = [int(v) for v in text.split()]
+    return IoSample(
+        sectors_read=fields[2],
+        sectors_written=fields[6],
+        ios_read=fields[0],
+        ios_written=fields[4],
+        ios_flushed=fields[15] if len(fields) >= 17 else None,
+    )
 
 
 def read_io(device: str) -> IoSample:
     """device is a /sys/class/block name such as loop3 or sdb1."""
     # /sys/class/block has partitions too (a real device such as sdb1), /sys/block only disks
     with open(f"/sys/class/block/{device}/stat", encoding="ascii") as f:
-        fields = [int(v) for v in f.read().split()]
-    return IoSample(
-        sectors_read=fields[2], sectors_written=fields[6], ios_read=fields[0], ios_written=fields[4]
-    )
+        return parse_stat(f.read())
 
 
 def read_io_all(devices: list[str]) -> dict[str, IoSample]:
@@ -77,6 +88,24 @@ def io_delta_bytes(before: dict[str, IoSample], after: dict[str, IoSample]) -> t
         read += (a.sectors_read - b.sectors_read) * SECTOR_BYTES
         written += (a.sectors_written - b.sectors_written) * SECTOR_BYTES
     return read, written
+
+
+def io_delta_requests(before: dict[str, IoSample], after: dict[str, IoSample]) -> dict[str, int | None]:
+    """Requests completed between two samples, summed over the devices present in both: read and
+    write requests, and flushes (None when a device's kernel does not count them)."""
+    reads = writes = 0
+    flushes: int | None = 0
+    for device, b in before.items():
+        a = after.get(device)
+        if a is None:
+            continue
+        reads += a.ios_read - b.ios_read
+        writes += a.ios_written - b.ios_written
+        if flushes is not None and a.ios_flushed is not None and b.ios_flushed is not None:
+            flushes += a.ios_flushed - b.ios_flushed
+        else:
+            flushes = None
+    return {"read_requests": reads, "write_requests": writes, "flushes": flushes}
 
 
 def meminfo() -> dict[str, int]:

@@ -83,8 +83,9 @@ def _is_transport(data: DataSet) -> bool:
 
 
 def transport_of(data: DataSet, candidates: list[DataSet]) -> DataSet | None:
-    """The transport baseline of a target on zbd: same filesystem (and throttling) on the plain
-    NBD export through the same attach path."""
+    """The transport baseline of a target on zbd: same filesystem (and throttling, and server page
+    cache policy; results from before that option had none, read as "host") on the plain NBD export
+    through the same attach path."""
     if not data.target.get("zbd"):
         return None
     for other in candidates:
@@ -92,6 +93,7 @@ def transport_of(data: DataSet, candidates: list[DataSet]) -> DataSet | None:
             _is_transport(other)
             and other.target.get("fs") == data.target.get("fs")
             and other.target.get("throttle") == data.target.get("throttle")
+            and (other.target.get("server_cache") or "host") == (data.target.get("server_cache") or "host")
         ):
             return other
     return None

@@ -112,6 +112,7 @@ class Reproduction:
     compare: Callable[[Table, Measured], Verdict]
     substitute: str = ""  # non-empty when the seed's setup cannot exist here: what stands in for it
     plot: str = "bar"  # "bar" (rows x numeric columns), "line" (x = first column), "none"
+    plot_columns: tuple[str, ...] = ()  # ours: only these columns are drawn (all numeric ones if empty)
     small: bool = False  # cheap enough for the test suite's end-to-end run
     plan: Callable[[bool], list[Part]] = _unplanned  # quick -> the planned work and its cost
 
@@ -136,6 +137,7 @@ class Outcome:
     quick: bool
     elapsed_s: float
     error: str = ""
+    plot_columns: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

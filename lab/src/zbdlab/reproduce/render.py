@@ -162,9 +162,11 @@ def render_html(outcomes: list[Outcome], header: dict[str, str], plots: dict[str
 # --- plots (not golden-tested: matplotlib's bytes vary by version) -----------------------------------
 
 
-def _numeric_columns(table: dict[str, Any]) -> list[int]:
+def _numeric_columns(table: dict[str, Any], only: list[str] | None = None) -> list[int]:
     cols = []
     for i in range(1, len(table["columns"])):
+        if only and table["columns"][i] not in only:
+            continue
         values = [row[i] for row in table["rows"]]
         if values and all(isinstance(v, int | float) or v is None for v in values):
             if any(isinstance(v, int | float) and not math.isnan(v) for v in values):
@@ -182,7 +184,10 @@ def plot_outcome(outcome: Outcome, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     panels = [("seed", outcome.seed), ("ours", outcome.ours)]
-    drawable = [(label, t, _numeric_columns(t)) for label, t in panels]
+    drawable = [
+        (label, t, _numeric_columns(t, outcome.plot_columns if label == "ours" else None))
+        for label, t in panels
+    ]
     drawable = [(label, t, cols) for label, t, cols in drawable if cols]
     if not drawable:
         return False

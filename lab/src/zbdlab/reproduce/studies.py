@@ -18,10 +18,12 @@ def study_head(
     compress_percentage: int | None = None,
     format: str | None = None,
     memory_limit: str | None = None,
+    drop_caches: bool = False,
 ) -> str:
     """The study's comment line (`# zbdlab reproduce <what>`), its top-level keys and its [data]
     table, then a blank line. Without `compress_percentage` the data are the tool's own (kind "tool");
-    with it, synthetic data of that compressibility. `format` and `memory_limit` only when given."""
+    with it, synthetic data of that compressibility. `format` and `memory_limit` only when given,
+    `drop_caches` only when true (warm studies)."""
     assert cache in ("cold", "warm"), cache
     lines = [
         f"# zbdlab reproduce {what}",
@@ -34,6 +36,9 @@ def study_head(
         lines.append(f'format = "{format}"')
     if memory_limit is not None:
         lines.append(f'memory_limit = "{memory_limit}"')
+    if drop_caches:
+        assert cache == "warm", "a cold cache is dropped after a remount already"
+        lines.append("drop_caches = true")
     lines += [f"seed = {seed}", "[data]"]
     if compress_percentage is None:
         lines.append('kind = "tool"')

@@ -317,6 +317,10 @@ class Runner:
         cache_checks: list[dict[str, Any]] = []
         if cold:
             cache_checks.append(self._make_cold(inst, cmds, workdir, "before the run"))
+        elif self.study.drop_caches:
+            # warm, but what the previous run left in the host's page cache (the loop devices', zbd's
+            # and nbdkit's, outside the workload's memory cgroup) does not carry into this one
+            cache_checks.append({"when": "before the run (drop only)", **cache.drop_caches(cmds)})
         samples: dict[str, _OpSample] = {}
         deltas: dict[str, dict[str, Any]] = {}
         spaces: dict[str, Space] = {}
@@ -330,18 +334,28 @@ class Runner:
             start = samples.get(op)
             if start is None:
                 return
+            synced = time.monotonic()
             cmds.run(["sync"])  # this op's dirty data reaches the devices before they are read
+            sync_s = time.monotonic() - synced
             io = self._io(inst)
             read, written = counters.io_delta_bytes({d: start.io[d] for d in devices}, io)
+            requests = counters.io_delta_requests({d: start.io[d] for d in devices}, io)
             front = [d for d in start.io if d not in devices]
             f_read, f_written = counters.io_delta_bytes({d: start.io[d] for d in front}, io)
             deltas[op] = {
                 **counters.cpu_delta_s(start.cpu, cpu),
                 "backing_bytes_read": read,
                 "backing_bytes_written": written,
+                # requests the backing devices completed (their /sys/block stat): on a throttled
+                # target each paid the per-request latency; flushes sealed what zbd or the fs wrote
+                "backing_read_requests": requests["read_requests"],
+                "backing_write_requests": requests["write_requests"],
+                "backing_flushes": requests["flushes"],
                 "frontend_bytes_read": f_read if front else None,
                 "frontend_bytes_written": f_written if front else None,
                 "wall_s": time.monotonic() - start.t,
+                # what the operation left dirty took this long to reach the devices (not in its time)
+                "sync_s": sync_s,
                 "loadavg_1m": os.getloadavg()[0],  # other load on the machine shows up in CPU figures
             }
             # space now, while the operation's files exist (workloads may delete them at the end)
@@ -487,6 +501,11 @@ class Runner:
                         "backing_allocated_bytes": space.extra.get("backing_allocated_bytes"),
                         "frontend_bytes_read": d.get("frontend_bytes_read"),
                         "frontend_bytes_written": d.get("frontend_bytes_written"),
+                        "backing_read_requests": d.get("backing_read_requests"),
+                        "backing_write_requests": d.get("backing_write_requests"),
+                        "backing_flushes": d.get("backing_flushes"),
+                        "sync_s": d.get("sync_s"),
+                        **_cache_drop(cache_checks),
                     },
                     unit_id=unit.unit_id,
                     target_kind=target.kind,
@@ -511,6 +530,19 @@ class Runner:
         lines = [f"{w}  [{n} run(s)]" for w, n in per_row.items()]
         lines += [s["warning"] for s in study_level]
         return lines
+
+
+def _cache_drop(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The page-cache drop before the run, as record fields: how much the host had cached and
+    how much was left after `echo 3 > drop_caches` (empty when the run's cache was not dropped)."""
+    first = next((c for c in checks if "cached_before_bytes" in c), None)
+    if first is None:
+        return {}
+    return {
+        "cache_dropped": True,
+        "cached_before_drop_bytes": first["cached_before_bytes"],
+        "cached_after_drop_bytes": first["cached_after_bytes"],
+    }
 
 
 def _memory_usage(usage: list[dict[str, int]]) -> dict[str, int]:
@@ -566,6 +598,7 @@ def _target_options(t: TargetSpec) -> dict[str, Any]:
             else None
         ),
         "transport": t.transport,
+        "server_cache": t.server_cache if (t.zbd or t.transport) else None,
         "real_devices": list(t.real_devices),
         "throttle": t.throttle.as_dict() if t.throttle else None,
     }

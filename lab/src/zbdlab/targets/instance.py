@@ -90,9 +90,13 @@ class TargetInstance:
             ]
         if spec.zbd or spec.transport:
             if spec.zbd:
-                self.zbd = ZbdVolume(spec.zbd, self.backing[0], spec.size_bytes, self.dir / "zbd", self.cmds)
+                self.zbd = ZbdVolume(
+                    spec.zbd, self.backing[0], spec.size_bytes, self.dir / "zbd", self.cmds, spec.server_cache
+                )
             else:
-                self.zbd = NbdkitExport(self.backing[0], spec.size_bytes, self.dir / "nbd", self.cmds)
+                self.zbd = NbdkitExport(
+                    self.backing[0], spec.size_bytes, self.dir / "nbd", self.cmds, spec.server_cache
+                )
             self.stack.push("remove the zbd socket directory", self.zbd.remove_sockdir)
             self.zbd.create()
             self.fs_devices = [self.zbd.start(self.stack)]

@@ -54,12 +54,21 @@ def _size_arg(size: int) -> str:
 class ZbdVolume:
     has_stats = True  # `zbd stat` answers for the volume
 
-    def __init__(self, spec: ZbdSpec, backing: str, size_bytes: int, workdir: Path, cmds: Commands) -> None:
+    def __init__(
+        self,
+        spec: ZbdSpec,
+        backing: str,
+        size_bytes: int,
+        workdir: Path,
+        cmds: Commands,
+        server_cache: str = "host",
+    ) -> None:
         problem = zbd_problem()
         if problem:
             raise HostError(problem)
         self.binary = zbd_binary() or "zbd"
         self.spec, self.backing, self.workdir, self.cmds = spec, backing, workdir, cmds
+        self.server_cache = server_cache  # "none": the server keeps its device out of the page cache
         self.size_bytes = spec.logical_size_bytes or size_bytes
         self.pidfile = workdir / "zbd.pid"
         # Unix socket paths must stay under 108 bytes: keep ours in a short directory of its own.
@@ -116,7 +125,8 @@ class ZbdVolume:
 
     def server_argv(self) -> list[str]:
         sock, pid = str(self.socket), str(self.pidfile)
-        return [self.binary, "serve", self.backing, "--socket", sock, "--pidfile", pid]
+        direct = ["--direct"] if self.server_cache == "none" else []
+        return [self.binary, "serve", self.backing, "--socket", sock, "--pidfile", pid, *direct]
 
     def _pidfile_ok(self) -> bool:
         try:
@@ -207,8 +217,10 @@ class NbdkitExport(ZbdVolume):
 
     has_stats = False
 
-    def __init__(self, backing: str, size_bytes: int, workdir: Path, cmds: Commands) -> None:
-        super().__init__(ZbdSpec(codec="none"), backing, size_bytes, workdir, cmds)
+    def __init__(
+        self, backing: str, size_bytes: int, workdir: Path, cmds: Commands, server_cache: str = "host"
+    ) -> None:
+        super().__init__(ZbdSpec(codec="none"), backing, size_bytes, workdir, cmds, server_cache)
 
     def create(self) -> None:
         if shutil.which("nbdkit") is None:
@@ -218,7 +230,10 @@ class NbdkitExport(ZbdVolume):
 
     def server_argv(self) -> list[str]:
         sock, pid = str(self.socket), str(self.pidfile)
-        return ["nbdkit", "-f", "-U", sock, "-P", pid, "file", f"file={self.backing}"]
+        # cache=none: nbdkit evicts what it read or wrote from the page cache (fadvise DONTNEED, and
+        # for writes sync_file_range first), its nearest to zbd serve --direct
+        cache = ["cache=none"] if self.server_cache == "none" else []
+        return ["nbdkit", "-f", "-U", sock, "-P", pid, "file", f"file={self.backing}", *cache]
 
     def stat(self) -> tuple[dict[str, Any], str]:
         return {}, ""
