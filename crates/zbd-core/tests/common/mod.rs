@@ -330,6 +330,38 @@ pub fn newest_checkpoint(
     (sb, ck)
 }
 
+/// The map entries of data blocks, by LBA in ascending order, in the newest checkpoint of a
+/// volume image (copy 0 of each page).
+pub fn data_entries(image: &[u8]) -> Vec<(u64, zbd_core::format::MapEntry)> {
+    use zbd_core::format::{
+        decode_map_page, BlockState, MapEntry, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES,
+    };
+    let (sb, ck) = newest_checkpoint(image);
+    let mut out = Vec::new();
+    for (p, &slot) in ck.page_slots.iter().enumerate() {
+        if slot == 0 {
+            continue;
+        }
+        let at = sb.map_page_offset(p as u32, slot - 1, 0) as usize;
+        let first = (p * MAP_ENTRIES_PER_PAGE) as u64;
+        let n = MAP_ENTRIES_PER_PAGE.min((sb.logical_blocks - first) as usize);
+        let mut entries = vec![MapEntry::UNMAPPED; n];
+        decode_map_page(
+            &image[at..at + MAP_PAGE_BYTES],
+            p as u32,
+            ck.seq,
+            &mut entries,
+        )
+        .expect("map page");
+        out.extend(
+            (first..)
+                .zip(entries)
+                .filter(|(_, e)| e.state == BlockState::Data),
+        );
+    }
+    out
+}
+
 /// `full` under `ZBD_TEST_HEAVY=1` (`make test-heavy`), else `light`: the size of a sweep that
 /// `make test` samples (every n-th crash point, fewer points) to stay within its time, and
 /// `make test-heavy` runs whole.

@@ -8,10 +8,7 @@ use crate::common::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::sync::Arc;
-use zbd_core::format::{
-    decode_map_page, BlockState, MapEntry, Superblock, FORMAT_VERSION, MAP_ENTRIES_PER_PAGE,
-    MAP_PAGE_BYTES, SUPERBLOCK_BYTES,
-};
+use zbd_core::format::{Superblock, FORMAT_VERSION, SUPERBLOCK_BYTES};
 use zbd_core::{Codec, CreateOptions, Error, SimStorage, Volume};
 
 const SIZE: u64 = 2 << 20;
@@ -55,35 +52,6 @@ fn reads_back(vol: &Volume, blocks: &[Vec<u8>], ctx: &str) {
         let got = read_block(vol, b as u64).unwrap_or_else(|e| panic!("{ctx}: block {b}: {e}"));
         assert!(got == *want, "{ctx}: block {b} changed");
     }
-}
-
-/// The map entries of data blocks, by LBA, in the newest checkpoint of a closed volume's image.
-fn data_entries(image: &[u8]) -> Vec<(u64, MapEntry)> {
-    let (sb, ck) = newest_checkpoint(image);
-    let mut out = Vec::new();
-    for (p, &slot) in ck.page_slots.iter().enumerate() {
-        if slot == 0 {
-            continue;
-        }
-        let at = sb.map_page_offset(p as u32, slot - 1, 0) as usize;
-        let n = MAP_ENTRIES_PER_PAGE
-            .min((sb.logical_blocks - (p * MAP_ENTRIES_PER_PAGE) as u64) as usize);
-        let mut entries = vec![MapEntry::UNMAPPED; n];
-        decode_map_page(
-            &image[at..at + MAP_PAGE_BYTES],
-            p as u32,
-            ck.seq,
-            &mut entries,
-        )
-        .expect("map page");
-        let first = (p * MAP_ENTRIES_PER_PAGE) as u64;
-        out.extend(
-            (first..)
-                .zip(entries)
-                .filter(|(_, e)| e.state == BlockState::Data),
-        );
-    }
-    out
 }
 
 /// Upgrade of a v2 volume with a log tail: the tail is replayed and made durable by the open,

@@ -10,42 +10,11 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
 use std::sync::Arc;
-use zbd_core::format::{
-    decode_map_page, BlockState, MapEntry, MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES,
-};
+use zbd_core::format::{Superblock, SUPERBLOCK_BYTES};
 use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Volume};
 
 const SIZE: u64 = 2 << 20;
 const BLOCKS: u64 = SIZE / BS as u64;
-
-/// The map entries of data blocks, by LBA, in the newest checkpoint of an image.
-pub fn data_entries(image: &[u8]) -> HashMap<u64, MapEntry> {
-    let (sb, ck) = newest_checkpoint(image);
-    let mut out = HashMap::new();
-    for (p, &slot) in ck.page_slots.iter().enumerate() {
-        if slot == 0 {
-            continue;
-        }
-        let at = sb.map_page_offset(p as u32, slot - 1, 0) as usize;
-        let n = MAP_ENTRIES_PER_PAGE
-            .min((sb.logical_blocks - (p * MAP_ENTRIES_PER_PAGE) as u64) as usize);
-        let mut entries = vec![MapEntry::UNMAPPED; n];
-        decode_map_page(
-            &image[at..at + MAP_PAGE_BYTES],
-            p as u32,
-            ck.seq,
-            &mut entries,
-        )
-        .expect("map page");
-        let first = (p * MAP_ENTRIES_PER_PAGE) as u64;
-        out.extend(
-            (first..)
-                .zip(entries)
-                .filter(|(_, e)| e.state == BlockState::Data),
-        );
-    }
-    out
-}
 
 fn opts(version: u32) -> CreateOptions {
     CreateOptions {
@@ -128,7 +97,7 @@ fn parked_pass_flip(version: u32, upgrade: bool) -> (usize, Vec<String>) {
         Err(_) => panic!("volume still shared"),
     }
 
-    let before = data_entries(&image);
+    let before: HashMap<_, _> = data_entries(&image).into_iter().collect();
     let probe = Arc::new(SimStorage::from_image(image.clone()));
     let vol = Volume::open(Box::new(Arc::clone(&probe)), open_opts_sync()).expect("probe");
     for (lba, want) in blocks.iter().enumerate() {
@@ -139,7 +108,7 @@ fn parked_pass_flip(version: u32, upgrade: bool) -> (usize, Vec<String>) {
     }
     vol.close().expect("close probe");
     drop(vol);
-    let after = data_entries(&probe.current_image());
+    let after: HashMap<_, _> = data_entries(&probe.current_image()).into_iter().collect();
     let mut tried = 0;
     let mut lost = Vec::new();
     let mut lbas: Vec<_> = after.keys().copied().collect();
@@ -175,9 +144,8 @@ fn parked_pass_flip(version: u32, upgrade: bool) -> (usize, Vec<String>) {
     (tried, lost)
 }
 
-#[test]
-fn parked_v2_moved_copy_flip_falls_back_to_the_victim() {
-    let (tried, lost) = parked_pass_flip(2, false);
+/// `parked_pass_flip`'s outcome: some moves were tried and no block was lost.
+fn every_moved_block_survives((tried, lost): (usize, Vec<String>)) {
     assert!(tried > 0, "no move");
     assert!(
         lost.is_empty(),
@@ -188,15 +156,13 @@ fn parked_v2_moved_copy_flip_falls_back_to_the_victim() {
 }
 
 #[test]
+fn parked_v2_moved_copy_flip_falls_back_to_the_victim() {
+    every_moved_block_survives(parked_pass_flip(2, false));
+}
+
+#[test]
 fn parked_v3_moved_copy_flip_falls_back_to_the_victim() {
-    let (tried, lost) = parked_pass_flip(3, false);
-    assert!(tried > 0, "no move");
-    assert!(
-        lost.is_empty(),
-        "{} of {tried} lost:\n{}",
-        lost.len(),
-        lost.join("\n")
-    );
+    every_moved_block_survives(parked_pass_flip(3, false));
 }
 
 /// An upgraded volume: the pass copies plain (v2) items verbatim with their checksum, so the
@@ -204,14 +170,50 @@ fn parked_v3_moved_copy_flip_falls_back_to_the_victim() {
 /// of 97 blocks here).
 #[test]
 fn parked_upgraded_moved_copy_flip_falls_back_to_the_victim() {
-    let (tried, lost) = parked_pass_flip(2, true);
-    assert!(tried > 0, "no move");
-    assert!(
-        lost.is_empty(),
-        "{} of {tried} lost:\n{}",
-        lost.len(),
-        lost.join("\n")
-    );
+    every_moved_block_survives(parked_pass_flip(2, true));
+}
+
+/// A closed v2 volume of `log_records` blocks whose `zbd upgrade` failed at the sync of
+/// superblock copy `copy` (0 = A, 1 = B) on a seed where the device dropped that write: the
+/// medium holds the v2 copy while reads (the page cache) see v3. Returns the disk, the block
+/// contents and the RNG to go on with.
+fn upgrade_whose_device_drops_copy(copy: usize) -> (Arc<SimStorage>, Vec<Vec<u8>>, SmallRng) {
+    let opts = CreateOptions {
+        format_version: 2,
+        ..small_volume(SIZE, 16384, Codec::Lz4, 2, 8)
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(5);
+    let blocks: Vec<Vec<u8>> = (0..BLOCKS).map(|b| log_records(b, BS)).collect();
+    for (b, data) in blocks.iter().enumerate() {
+        vol.write((b * BS) as u64, data, false).expect("write");
+    }
+    vol.close().expect("close");
+    drop(vol);
+    let base = disk.current_image();
+    // Dry run: the storage operations of open + upgrade end with write A, sync, write B, sync.
+    let dry = Arc::new(SimStorage::from_image(base.clone()));
+    let vol = Volume::open(Box::new(Arc::clone(&dry)), open_opts_sync()).expect("open");
+    vol.close_upgraded().expect("dry upgrade");
+    drop(vol);
+    let sync_op = dry.ops() - if copy == 0 { 3 } else { 1 };
+    let at = copy * SUPERBLOCK_BYTES;
+    for seed in 0..64 {
+        let disk = Arc::new(SimStorage::from_image(base.clone()));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("open");
+        disk.fail_sync_at(sync_op, seed);
+        let r = vol.close_upgraded();
+        drop(vol);
+        assert!(r.is_err(), "the sync of copy {copy} failed");
+        assert_eq!(disk.sync_failures(), 1);
+        let durable = disk.crash_image(&mut rng); // nothing pending after the failed sync
+        let on_medium =
+            Superblock::decode(&durable[at..at + SUPERBLOCK_BYTES]).expect("superblock copy");
+        if on_medium.version == 2 {
+            return (disk, blocks, rng);
+        }
+    }
+    panic!("no seed where the device dropped superblock copy {copy}");
 }
 
 /// `zbd upgrade` whose sync of superblock copy A fails (EIO; the write dropped by the device,
@@ -222,47 +224,7 @@ fn parked_upgraded_moved_copy_flip_falls_back_to_the_victim() {
 /// one and decides: the volume opens as v2, where v3 checkpoints and segments are invalid
 /// (older data, or no checkpoint at all). Every block written after the upgrade must read back.
 fn failed_sync_of_a_then_same_boot(clean_close: bool, rewrite: usize) {
-    let opts = CreateOptions {
-        format_version: 2,
-        ..small_volume(SIZE, 16384, Codec::Lz4, 2, 8)
-    };
-    let (disk, vol) = sim_volume(&opts);
-    let mut rng = SmallRng::seed_from_u64(5);
-    let mut blocks: Vec<Vec<u8>> = (0..BLOCKS).map(|b| log_records(b, BS)).collect();
-    for (b, data) in blocks.iter().enumerate() {
-        vol.write((b * BS) as u64, data, false).expect("write");
-    }
-    vol.close().expect("close");
-    drop(vol);
-    let base = disk.current_image();
-
-    // Dry run: the storage operations of open + upgrade (the last four: write A, sync, write
-    // B, sync).
-    let dry = Arc::new(SimStorage::from_image(base.clone()));
-    let vol = Volume::open(Box::new(Arc::clone(&dry)), open_opts_sync()).expect("open");
-    vol.close_upgraded().expect("dry upgrade");
-    drop(vol);
-    let sync_a = dry.ops() - 3;
-
-    let mut found = None;
-    for seed in 0..64 {
-        let disk = Arc::new(SimStorage::from_image(base.clone()));
-        let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("open");
-        disk.fail_sync_at(sync_a, seed);
-        let r = vol.close_upgraded();
-        drop(vol);
-        assert!(r.is_err(), "the sync of copy A failed");
-        assert_eq!(disk.sync_failures(), 1);
-        let durable = disk.crash_image(&mut rng); // nothing pending after the failed sync
-        let a =
-            zbd_core::format::Superblock::decode(&durable[..zbd_core::format::SUPERBLOCK_BYTES])
-                .expect("copy A");
-        if a.version == 2 {
-            found = Some(disk);
-            break;
-        }
-    }
-    let disk = found.expect("a seed where the device dropped copy A");
+    let (disk, mut blocks, mut rng) = upgrade_whose_device_drops_copy(0);
     // Reads see v3 in copy A (the page cache): the same boot opens the volume as v3.
     let vol = reopen(&disk);
     assert_eq!(vol.stats().format_version, 3, "same boot sees v3");
@@ -320,40 +282,7 @@ fn failed_sync_of_superblock_a_then_same_boot_flush_reads_older_data() {
 /// (what the second copy is for) opens the volume as v2, where no v3 checkpoint is valid.
 #[test]
 fn failed_sync_of_superblock_b_leaves_a_v2_copy_b_for_good() {
-    let opts = CreateOptions {
-        format_version: 2,
-        ..small_volume(SIZE, 16384, Codec::Lz4, 2, 8)
-    };
-    let (disk, vol) = sim_volume(&opts);
-    let mut rng = SmallRng::seed_from_u64(5);
-    let mut blocks: Vec<Vec<u8>> = (0..BLOCKS).map(|b| log_records(b, BS)).collect();
-    for (b, data) in blocks.iter().enumerate() {
-        vol.write((b * BS) as u64, data, false).expect("write");
-    }
-    vol.close().expect("close");
-    drop(vol);
-    let base = disk.current_image();
-    let dry = Arc::new(SimStorage::from_image(base.clone()));
-    let vol = Volume::open(Box::new(Arc::clone(&dry)), open_opts_sync()).expect("open");
-    vol.close_upgraded().expect("dry upgrade");
-    drop(vol);
-    let sync_b = dry.ops() - 1;
-    let sb_bytes = zbd_core::format::SUPERBLOCK_BYTES;
-    let mut found = None;
-    for seed in 0..64 {
-        let disk = Arc::new(SimStorage::from_image(base.clone()));
-        let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts_sync()).expect("open");
-        disk.fail_sync_at(sync_b, seed);
-        assert!(vol.close_upgraded().is_err(), "the sync of copy B failed");
-        drop(vol);
-        let durable = disk.crash_image(&mut rng);
-        let b = zbd_core::format::Superblock::decode(&durable[sb_bytes..2 * sb_bytes]).expect("B");
-        if b.version == 2 {
-            found = Some(disk);
-            break;
-        }
-    }
-    let disk = found.expect("a seed where the device dropped copy B");
+    let (disk, mut blocks, mut rng) = upgrade_whose_device_drops_copy(1);
     let vol = reopen(&disk);
     assert_eq!(vol.stats().format_version, 3);
     for (b, block) in blocks.iter_mut().enumerate().take(8) {
@@ -363,7 +292,7 @@ fn failed_sync_of_superblock_b_leaves_a_v2_copy_b_for_good() {
     vol.close().expect("clean close");
     drop(vol);
     let image = disk.crash_image(&mut rng);
-    let b = zbd_core::format::Superblock::decode(&image[sb_bytes..2 * sb_bytes]).expect("B");
+    let b = Superblock::decode(&image[SUPERBLOCK_BYTES..2 * SUPERBLOCK_BYTES]).expect("B");
     eprintln!(
         "copy B on the medium after a writable open and a clean close: v{}",
         b.version
