@@ -8,6 +8,7 @@ use rand::Rng;
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 use zbd_core::{SimStorage, Storage, Volume};
 
@@ -205,4 +206,37 @@ pub fn must_finish<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send +
     });
     rx.recv_timeout(STUCK)
         .unwrap_or_else(|_| panic!("{what} waited for the checkpoint's parked storage call"))
+}
+
+/// A checkpoint parked at `trap` in its phase 2 and a background cleaning pass that committed
+/// beside it (its moves are in the map while the checkpoint's snapshot still names the
+/// victims). Returns the two threads; the caller releases the checkpoint (`Parking::new`'s
+/// sender) and joins them.
+pub fn checkpoint_parked_beside_a_pass(
+    vol: &Arc<Volume>,
+    park: &Parking,
+    parked: &Receiver<()>,
+    trap: Trap,
+    ctx: &str,
+) -> (
+    JoinHandle<zbd_core::Result<()>>,
+    JoinHandle<zbd_core::Result<()>>,
+) {
+    park.arm(trap);
+    let v = Arc::clone(vol);
+    let ckpt = std::thread::spawn(move || v.checkpoint());
+    parked.recv().expect("checkpoint parked");
+    let moved_before = vol.stats().counters.cleaner_bytes_moved;
+    // The pass commits under the state lock (phase 2 holds no lock); then it waits for the
+    // checkpoint lock to write its own checkpoint.
+    let v = Arc::clone(vol);
+    let cleaner = std::thread::spawn(move || v.clean());
+    while vol.stats().counters.cleaner_bytes_moved == moved_before && !cleaner.is_finished() {
+        std::thread::yield_now();
+    }
+    assert!(
+        vol.stats().counters.cleaner_bytes_moved > moved_before,
+        "{ctx}: no pass committed during the checkpoint"
+    );
+    (ckpt, cleaner)
 }

@@ -41,22 +41,7 @@ fn scenario(trap: Trap, lose_after: Option<u64>, seed: u64) {
     vol.flush().expect("flush");
     exp.flushed();
     write_some(&vol, &mut exp, &mut rng, 40);
-    park.arm(trap.clone());
-    let v = Arc::clone(&vol);
-    let ckpt = std::thread::spawn(move || v.checkpoint());
-    prx.recv().expect("checkpoint parked");
-    let moved_before = vol.stats().counters.cleaner_bytes_moved;
-    // The pass commits under the state lock (phase 2 holds no lock); then it waits for the
-    // checkpoint lock to write its own checkpoint.
-    let v = Arc::clone(&vol);
-    let cleaner = std::thread::spawn(move || v.clean());
-    while vol.stats().counters.cleaner_bytes_moved == moved_before && !cleaner.is_finished() {
-        std::thread::yield_now();
-    }
-    assert!(
-        vol.stats().counters.cleaner_bytes_moved > moved_before,
-        "{ctx}: no pass committed during the checkpoint"
-    );
+    let (ckpt, cleaner) = checkpoint_parked_beside_a_pass(&vol, &park, &prx, trap.clone(), &ctx);
     // Host overwrites after the pass (some of the moved blocks), durable by a flush when the
     // parked call is not a sync (a flush would wait for it).
     write_some(&vol, &mut exp, &mut rng, 40);

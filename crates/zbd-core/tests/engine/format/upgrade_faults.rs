@@ -67,20 +67,9 @@ fn parked_pass_flip(version: u32, upgrade: bool) -> (usize, Vec<String>) {
     let (park, prx, rtx) = Parking::new(Arc::clone(&disk));
     let vol = Arc::new(Volume::open(Box::new(Arc::clone(&park)), clean_opts()).expect("open"));
     let sb = vol.superblock().clone();
-    park.arm(Trap::Write(sb.checkpoint_offset..sb.map_offset));
-    let v = Arc::clone(&vol);
-    let ckpt = std::thread::spawn(move || v.checkpoint());
-    prx.recv().expect("checkpoint parked");
-    let moved_before = vol.stats().counters.cleaner_bytes_moved;
-    let v = Arc::clone(&vol);
-    let cleaner = std::thread::spawn(move || v.clean());
-    while vol.stats().counters.cleaner_bytes_moved == moved_before && !cleaner.is_finished() {
-        std::thread::yield_now();
-    }
-    assert!(
-        vol.stats().counters.cleaner_bytes_moved > moved_before,
-        "no pass committed"
-    );
+    let trap = Trap::Write(sb.checkpoint_offset..sb.map_offset);
+    let ctx = format!("v{version}, upgraded {upgrade}");
+    let (ckpt, cleaner) = checkpoint_parked_beside_a_pass(&vol, &park, &prx, trap, &ctx);
     let mut rng = SmallRng::seed_from_u64(11);
     for lba in [0usize, 2] {
         blocks[lba] = part_random(&mut rng);
