@@ -18,6 +18,22 @@ fn raw_block(n: usize) -> Prepared {
     }
 }
 
+/// A volume made with `opts` on a simulated disk of its size, opened with `open` without the
+/// background cleaner.
+fn sim_inner(opts: &CreateOptions, open: OpenOptions) -> Inner {
+    let sb = plan(opts).expect("plan");
+    let open = OpenOptions {
+        background_cleaner: false,
+        ..open
+    };
+    Inner::create_with(
+        Box::new(SimStorage::new(sb.total_bytes() as usize)),
+        opts,
+        open,
+    )
+    .expect("create")
+}
+
 /// The extent buffer evicts the least recently appended extent. Here extent X took a trim
 /// record after Y took its last block: Y goes, X stays (`last_used` of a data append and of
 /// a range record must count alike, or the two tie and the first in `open` goes).
@@ -30,17 +46,7 @@ fn lru_eviction_keeps_the_extent_a_range_record_went_to_last() {
         dictionary: false,
         ..CreateOptions::new(4 << 20)
     };
-    let sb = plan(&opts).expect("plan");
-    let open_opts = OpenOptions {
-        background_cleaner: false,
-        ..OpenOptions::default()
-    };
-    let vol = Inner::create_with(
-        Box::new(SimStorage::new(sb.total_bytes() as usize)),
-        &opts,
-        open_opts,
-    )
-    .expect("create");
+    let vol = sim_inner(&opts, OpenOptions::default());
     let cx = vol.ctx();
     let mut st = vol.state.lock();
     st.buffer.config_mut().max_open = 2;
@@ -102,18 +108,11 @@ fn a_checkpoint_while_a_block_is_placed_keeps_the_dictionary_it_names() {
         dictionary: true,
         ..CreateOptions::new(32 << 20)
     };
-    let sb = plan(&opts).expect("plan");
     let open_opts = OpenOptions {
-        background_cleaner: false,
         dictionary: Some(true),
         ..OpenOptions::default()
     };
-    let vol = Inner::create_with(
-        Box::new(SimStorage::new(sb.total_bytes() as usize)),
-        &opts,
-        open_opts,
-    )
-    .expect("create");
+    let vol = sim_inner(&opts, open_opts);
     assert!(vol
         .install_dictionary(log_text(1, 4096))
         .expect("install A"));
