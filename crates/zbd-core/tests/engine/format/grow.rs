@@ -26,17 +26,34 @@ fn volume_and_grown() -> (
     let old = zbd_core::layout::plan(&opts).expect("plan");
     let max_logical = zbd_core::layout::logical_bytes_max(&old);
     let max_capacity = zbd_core::layout::extent_count_max(&old) * 8192;
-    let grown = zbd_core::layout::grow(&old, Some(max_logical), Some(max_capacity)).expect("grow");
+    let (disk, data, old, grown) = grown_volume(&opts, max_logical, max_capacity);
     assert!(grown.logical_blocks > old.logical_blocks && grown.extent_count > old.extent_count);
+    (disk, data, old, grown)
+}
+
+/// A volume of `opts` on a disk long enough for it grown to `logical` bytes and a data area of
+/// `capacity`, holding 64 KiB of random `data` at 0, closed; its superblock and the grown one.
+fn grown_volume(
+    opts: &zbd_core::CreateOptions,
+    logical: u64,
+    capacity: u64,
+) -> (
+    Arc<SimStorage>,
+    Vec<u8>,
+    zbd_core::format::Superblock,
+    zbd_core::format::Superblock,
+) {
+    let planned = zbd_core::layout::plan(opts).expect("plan");
+    let grown = zbd_core::layout::grow(&planned, Some(logical), Some(capacity)).expect("grow");
     let disk = Arc::new(SimStorage::new(grown.total_bytes() as usize));
-    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), &opts, open_opts()).expect("create");
+    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open_opts()).expect("create");
     let mut rng = SmallRng::seed_from_u64(11);
     let data = fill(&mut rng, Fill::Random, 64 * 1024);
     vol.write(0, &data, false).expect("write");
     vol.close().expect("close");
     let old = vol.superblock().clone();
     drop(vol);
-    let grown = zbd_core::layout::grow(&old, Some(max_logical), Some(max_capacity)).expect("grow");
+    let grown = zbd_core::layout::grow(&old, Some(logical), Some(capacity)).expect("grow");
     (disk, data, old, grown)
 }
 
@@ -123,26 +140,17 @@ fn a_volume_with_room_grows_past_its_last_pages() {
         max_capacity_bytes: Some(8 << 20),
         ..zbd_core::CreateOptions::new(1 << 20)
     };
-    let planned = zbd_core::layout::plan(&opts).expect("plan");
-    let grown = zbd_core::layout::grow(&planned, Some(8 << 20), Some(8 << 20)).expect("grow");
+    let (disk, data, old, grown) = grown_volume(&opts, 8 << 20, 8 << 20);
     assert!(
-        grown.map_pages > planned.map_pages + 1,
+        grown.map_pages > old.map_pages + 1,
         "past the last map page"
     );
     assert!(
-        grown.extent_table_pages > planned.extent_table_pages,
+        grown.extent_table_pages > old.extent_table_pages,
         "past the last table page"
     );
-    let disk = Arc::new(SimStorage::new(grown.total_bytes() as usize));
-    let vol = Volume::create_with(Box::new(Arc::clone(&disk)), &opts, open_opts()).expect("create");
-    let mut rng = SmallRng::seed_from_u64(21);
-    let data = fill(&mut rng, Fill::Random, 64 * 1024);
-    vol.write(0, &data, false).expect("write");
-    vol.close().expect("close");
-    let old = vol.superblock().clone();
-    drop(vol);
-    let grown = zbd_core::layout::grow(&old, Some(8 << 20), Some(8 << 20)).expect("grow");
     zbd_core::layout::write_superblock_update(&*disk, &old, &grown).expect("grow");
+    let mut rng = SmallRng::seed_from_u64(21);
 
     let vol = reopen(&disk);
     assert_eq!(vol.superblock(), &grown);
