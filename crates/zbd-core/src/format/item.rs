@@ -54,14 +54,6 @@ impl ItemSeed {
     }
 }
 
-/// The checksum of `stored`: seeded (v3) or plain CRC32C (v1, v2 items).
-pub fn item_checksum(seed: Option<&ItemSeed>, stored: &[u8]) -> u32 {
-    match seed {
-        Some(s) => s.checksum(stored),
-        None => crc32c::crc32c(stored),
-    }
-}
-
 /// The checksum an item's map entry or record must carry: seeded with `uuid`, `codec`,
 /// `unit_blocks` and `dict` when `seeded`, else the plain CRC32C of `stored`.
 pub fn item_crc(
@@ -72,8 +64,11 @@ pub fn item_crc(
     dict: Option<&DictIdentity>,
     stored: &[u8],
 ) -> u32 {
-    let seed = seeded.then(|| ItemSeed::new(uuid, codec, unit_blocks, dict));
-    item_checksum(seed.as_ref(), stored)
+    if seeded {
+        ItemSeed::new(uuid, codec, unit_blocks, dict).checksum(stored)
+    } else {
+        crc32c::crc32c(stored)
+    }
 }
 
 impl super::MapEntry {
@@ -166,7 +161,9 @@ mod tests {
         for v in variants {
             assert_ne!(v.checksum(bytes), base, "{v:?}");
         }
-        assert_ne!(item_checksum(None, bytes), base);
-        assert_eq!(item_checksum(None, bytes), crc32c::crc32c(bytes));
+        let plain = item_crc(&UUID, false, 1, 1, Some(&d), bytes);
+        assert_ne!(plain, base);
+        assert_eq!(plain, crc32c::crc32c(bytes));
+        assert_eq!(item_crc(&UUID, true, 1, 1, Some(&d), bytes), base);
     }
 }
