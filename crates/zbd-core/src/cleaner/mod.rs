@@ -678,7 +678,7 @@ pub fn pass_unlocked<'a>(lock: &dyn Fn() -> MutexGuard<'a, State>, cx: &Ctx) -> 
 
 /// Foreground: free extents for host writes when the free pool is down to the cleaner reserve.
 /// Cleans until twice the reserve is free (hysteresis), batching passes between checkpoints
-/// (a checkpoint costs three syncs and is what turns victims into free extents).
+/// (a checkpoint costs two syncs and is what turns victims into free extents).
 pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
     // A host write waits for space: victims a background pass is reading are taken back (that
     // pass drops its work at commit), or they could neither be cleaned nor released now and a

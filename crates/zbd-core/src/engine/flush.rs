@@ -45,6 +45,15 @@ impl Inner {
             st.counters.flushes += 1;
             st.next_seq - 1
         };
+        // Nothing recorded since a sync that succeeded (a FLUSH right after a FUA write or a
+        // checkpoint, an idle file system's periodic flush): every record up to `covered` was
+        // sealed, issued and synced by it, so a second device flush would buy nothing. Records
+        // are sealed before their sequence counts as durable (write_pending above, and the
+        // checkpoint's phase 1), and a trim that extends a record extends one still pending,
+        // whose sequence is above `durable_seq`.
+        if covered <= self.durable_seq.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         // Sync outside the lock: reads and writes go on meanwhile. Segments written after this
         // point belong to later flushes; the ones above are covered by this sync. Only once it
         // succeeded do they count as durable (a failed sync stops the volume: backend/fence.rs).

@@ -107,7 +107,7 @@ fn a_cleaning_pass_during_a_checkpoint_loses_nothing_in_a_crash_there() {
         scenario(Trap::Sync(1), None, seed);
         scenario(Trap::Write(pages.clone()), None, seed);
         scenario(Trap::Write(slots.clone()), None, seed);
-        scenario(Trap::Sync(3), None, seed);
+        scenario(Trap::Sync(2), None, seed);
     }
 }
 
