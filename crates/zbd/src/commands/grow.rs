@@ -75,8 +75,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     // Order (a crash at any point leaves a volume that opens, as before or grown): the file
     // first, extended and synced; then superblock copy A, synced; then copy B, synced
     // (zbd_core::layout::write_superblock_update argues each step).
-    let mut storage =
-        FileStorage::open(path, true).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let storage = FileStorage::open(path, true).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     storage
         .extend_to(grown.total_bytes(), path)
         .map_err(|e| anyhow!("{e}"))?;
