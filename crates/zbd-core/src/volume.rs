@@ -161,10 +161,26 @@ impl Volume {
         fua: bool,
         deadline: Instant,
     ) -> Result<()> {
+        self.write_or_wait_while(offset, data, fua, deadline, &|| true)
+    }
+
+    /// [`Volume::write_or_wait`] that also gives up (with `NoSpace`) once `keep_waiting` says
+    /// no, checked after every failed try: a server about to close the volume (online grow)
+    /// makes it say no and calls [`Volume::wake_waiters`], so that no write waits for room
+    /// inside a volume that is closing; the server then tries the write again on the volume it
+    /// opens.
+    pub fn write_or_wait_while(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        deadline: Instant,
+        keep_waiting: &dyn Fn() -> bool,
+    ) -> Result<()> {
         loop {
             let seen = *self.room.generation.lock();
             match self.write(offset, data, fua) {
-                Err(Error::NoSpace) if Instant::now() < deadline => {}
+                Err(Error::NoSpace) if Instant::now() < deadline && keep_waiting() => {}
                 other => return other,
             }
             if self.background {
@@ -187,6 +203,12 @@ impl Volume {
                 return Err(Error::NoSpace);
             }
         }
+    }
+
+    /// Wakes every write waiting for room (`write_or_wait_while`), which tries again and asks
+    /// its `keep_waiting`.
+    pub fn wake_waiters(&self) {
+        self.room.freed();
     }
 
     /// Makes everything written so far durable.
