@@ -1067,3 +1067,135 @@ fn grow_served_capacity_releases_a_write_waiting_for_room() {
     client.disconnect();
     assert!(served.stop(), "{}", serve_log(dir.path()));
 }
+
+/// A grow is refused, in one line, while a scrub runs on the served volume (the scrub holds the
+/// volume for its whole run), and changes nothing.
+#[test]
+fn grow_served_is_refused_while_a_scrub_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M"]).success();
+    let mut served = Served::start(&vol, dir.path());
+    let mut client = Client::connect(&served.socket).expect("connect");
+    client.write(0, &noise(1 << 20, 9), false).expect("write");
+    client.flush().expect("flush");
+    // 1 KiB/s over 1 MiB of stored data: it runs until the server stops.
+    let scrub = std::process::Command::new(nbd_support::ZBD)
+        .arg("scrub")
+        .arg(&vol)
+        .args(["--rate", "1K", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start zbd scrub");
+    let scrub = Reaped(scrub);
+    wait_until("the scrub to start", || {
+        serve_log(dir.path()).contains("scrub started")
+    });
+    on("grow", &vol, &["--size", "128M"]).code(1).stderr(
+        predicate::str::contains("a scrub of this volume is running")
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    assert_eq!(
+        nbdinfo_size(&served.uri()),
+        64 << 20,
+        "a refused grow changed the size"
+    );
+    client.disconnect();
+    drop(scrub);
+    assert!(served.stop(), "{}", serve_log(dir.path()));
+}
+
+/// A child process killed and reaped on drop (by its PID), so a failing test leaves none.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Clients writing and reading back while `zbd grow` runs: no request fails or returns other
+/// data than written (requests wait at the gate while the volume is closed, grown and opened),
+/// and every block reads back its last version afterwards, on a new connection and after a
+/// restart.
+#[test]
+fn grow_served_under_concurrent_io_loses_and_mixes_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M", "--capacity", "32M"]).success();
+    let mut served = Served::start(&vol, dir.path());
+    let grown = std::sync::Arc::new(AtomicBool::new(false));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    // Each writer says when it has written a while before the grow, then a while after it.
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel();
+    // Two connections, each on its own 4 MiB region, writing 16 KiB at a time and reading
+    // every write back at once.
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let mut client = Client::connect(&served.socket).expect("connect");
+            let (grown, stop) = (std::sync::Arc::clone(&grown), std::sync::Arc::clone(&stop));
+            let progress = progress_tx.clone();
+            std::thread::spawn(move || {
+                let mut last = std::collections::HashMap::new();
+                let (mut round, mut after) = (0u64, 0u64);
+                while !stop.load(Ordering::SeqCst) {
+                    let offset = (w << 22) + (round % 256) * 16384;
+                    let data = noise(16384, (w << 32) | round);
+                    client
+                        .write(offset, &data, false)
+                        .unwrap_or_else(|e| panic!("writer {w} round {round}: {e}"));
+                    let back = read_at(&mut client, offset, data.len());
+                    assert!(back == data, "writer {w} round {round}: read other data");
+                    last.insert(offset, data);
+                    round += 1;
+                    if grown.load(Ordering::SeqCst) {
+                        after += 1;
+                    }
+                    if round == 300 || after == 300 {
+                        let _ = progress.send(());
+                    }
+                }
+                client.flush().expect("flush");
+                client.disconnect();
+                last
+            })
+        })
+        .collect();
+    drop(progress_tx);
+    let wait_for_both = |what: &str| {
+        for _ in 0..2 {
+            progress_rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+    };
+    wait_for_both("writers running");
+    on("grow", &vol, &["--size", "128M", "--capacity", "64M"]).success();
+    grown.store(true, Ordering::SeqCst);
+    wait_for_both("writers going on after the grow");
+    stop.store(true, Ordering::SeqCst);
+    let mut expected = std::collections::HashMap::new();
+    for writer in writers {
+        expected.extend(writer.join().expect("writer"));
+    }
+    let check = |socket: &Path| {
+        let mut client = Client::connect(socket).expect("connect");
+        assert_eq!(client.size, 128 << 20);
+        for (offset, data) in &expected {
+            assert!(
+                read_at(&mut client, *offset, data.len()) == *data,
+                "at {offset}"
+            );
+        }
+        client.disconnect();
+    };
+    check(&served.socket);
+    assert!(served.stop(), "{}", serve_log(dir.path()));
+    let mut served = Served::start(&vol, dir.path());
+    check(&served.socket);
+    assert!(served.stop());
+}

@@ -515,6 +515,11 @@ fn serve_scrub(stream: UnixStream, served: Arc<ServedVolume>, rate: &str) {
         .spawn(move || {
             let last = std::sync::Mutex::new(std::time::Instant::now());
             let scrubbed = served.maintain(|volume| {
+                // Logged once the scrub holds off grows (`maintain`), before it reads anything.
+                crate::log::line(match rate {
+                    0 => "zbd: scrub started (unbounded rate)".to_string(),
+                    rate => format!("zbd: scrub started at {}/s", super::human(rate)),
+                });
                 volume.scrub((rate > 0).then_some(rate), &|done, total| {
                     let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
                     if done == total || last.elapsed() >= Duration::from_millis(200) {
