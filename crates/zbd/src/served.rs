@@ -179,8 +179,8 @@ impl ServedVolume {
         let (old, failed) = self.with(|v| (v.superblock().clone(), v.stats().failed))?;
         if let Some(why) = failed {
             return Err(format!(
-                "the volume stopped writing after {why}: not grown (docs/operations.md, \
-                 \"Failed syncs\")"
+                "the volume stopped writing after {why}: not grown; see docs/operations.md, \
+                 \"After a crash\" (exit 3 / fenced)"
             ));
         }
         let grown = match grow::plan(request, &old).map_err(|e| format!("{e:#}"))? {
