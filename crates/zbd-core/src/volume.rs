@@ -43,7 +43,10 @@ struct Signal {
 pub struct Volume {
     inner: Arc<Inner>,
     signal: Arc<(Mutex<Signal>, Condvar)>,
-    cleaner: Option<JoinHandle<()>>,
+    /// Whether a background thread was started (`cleaner` may have been joined since).
+    background: bool,
+    /// The background thread, until joined (on drop, or by `close_grown`).
+    cleaner: Mutex<Option<JoinHandle<()>>>,
     room: Arc<Room>,
 }
 
@@ -66,7 +69,8 @@ impl Volume {
         Volume {
             inner,
             signal,
-            cleaner,
+            background: cleaner.is_some(),
+            cleaner: Mutex::new(cleaner),
             room,
         }
     }
@@ -157,13 +161,29 @@ impl Volume {
         fua: bool,
         deadline: Instant,
     ) -> Result<()> {
+        self.write_or_wait_while(offset, data, fua, deadline, &|| true)
+    }
+
+    /// [`Volume::write_or_wait`] that also gives up (with `NoSpace`) once `keep_waiting` says
+    /// no, checked after every failed try: a server about to close the volume (online grow)
+    /// makes it say no and calls [`Volume::wake_waiters`], so that no write waits for room
+    /// inside a volume that is closing; the server then tries the write again on the volume it
+    /// opens.
+    pub fn write_or_wait_while(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        deadline: Instant,
+        keep_waiting: &dyn Fn() -> bool,
+    ) -> Result<()> {
         loop {
             let seen = *self.room.generation.lock();
             match self.write(offset, data, fua) {
-                Err(Error::NoSpace) if Instant::now() < deadline => {}
+                Err(Error::NoSpace) if Instant::now() < deadline && keep_waiting() => {}
                 other => return other,
             }
-            if self.cleaner.is_some() {
+            if self.background {
                 let (m, cv) = &*self.signal;
                 m.lock().kick = true;
                 cv.notify_one();
@@ -183,6 +203,12 @@ impl Volume {
                 return Err(Error::NoSpace);
             }
         }
+    }
+
+    /// Wakes every write waiting for room (`write_or_wait_while`), which tries again and asks
+    /// its `keep_waiting`.
+    pub fn wake_waiters(&self) {
+        self.room.freed();
     }
 
     /// Makes everything written so far durable.
@@ -260,6 +286,38 @@ impl Volume {
         self.inner.close_upgraded()
     }
 
+    /// Closes the volume cleanly and grows it in place to a logical size of `logical_bytes`
+    /// and/or a data area of `capacity_bytes` (`layout::grow`; `zbd grow` of a served volume,
+    /// whose server then opens it again); returns the new superblock. Call it with no request
+    /// in flight, as `close`.
+    ///
+    /// Refused before anything is written, the handle staying open and usable (see
+    /// [`Volume::is_closed`]), when `layout::grow` refuses the sizes, the volume is read-only,
+    /// failed or closed, or the storage is shorter than the grown volume (extend it first, e.g.
+    /// `FileStorage::extend_to`). Past those checks the handle is closed whatever happens: the
+    /// background thread is joined (nothing of this handle writes after the new superblock), a
+    /// final checkpoint written, then the superblock copies as `layout::write_superblock_update`
+    /// writes them. A crash or an error at any point leaves a volume that opens as it was or
+    /// grown, with every write the close made durable.
+    pub fn close_grown(
+        &self,
+        logical_bytes: Option<u64>,
+        capacity_bytes: Option<u64>,
+    ) -> Result<Superblock> {
+        let grown = self.inner.plan_grow(logical_bytes, capacity_bytes)?;
+        self.stop_cleaner();
+        if let Some(thread) = self.cleaner.lock().take() {
+            let _ = thread.join();
+        }
+        self.inner.close_grown(&grown)?;
+        Ok(grown)
+    }
+
+    /// Whether the handle is closed (`close`, `close_grown`, `abandon`): it serves nothing more.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
     /// Drops the handle without writing anything more, like a killed process (buffered,
     /// unflushed writes are lost; the next open recovers). For tests and crash drills.
     pub fn abandon(self) {
@@ -267,7 +325,7 @@ impl Volume {
     }
 
     fn kick_if_low(&self) {
-        if self.cleaner.is_some() && self.inner.below_low_watermark() {
+        if self.background && self.inner.below_low_watermark() {
             let (m, cv) = &*self.signal;
             m.lock().kick = true;
             cv.notify_one();
@@ -293,7 +351,7 @@ impl Volume {
 impl Drop for Volume {
     fn drop(&mut self) {
         self.stop_cleaner();
-        if let Some(t) = self.cleaner.take() {
+        if let Some(t) = self.cleaner.get_mut().take() {
             let _ = t.join();
         }
         // Best effort: a volume dropped without close() is recovered on the next open anyway.

@@ -153,7 +153,9 @@ impl Default for BlockSizes {
 
 /// A block device the server exports.
 pub trait Export: Send + Sync + 'static {
-    /// Size in bytes; constant while served.
+    /// Size in bytes. It may grow while served (`zbd grow` of a served volume): each connection
+    /// is told the size at its handshake and keeps it (requests past it are refused as past
+    /// the end), so only clients that connect afterwards see the new size.
     fn size(&self) -> u64;
 
     /// Writes, trims and write-zeroes fail with EPERM and the client is told so at handshake.

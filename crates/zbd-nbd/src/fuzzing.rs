@@ -50,6 +50,7 @@ pub fn requests(input: &[u8]) {
         structured,
         allocation_context: (structured && choice & 2 != 0).then_some(BASE_ALLOCATION_ID),
         transmission_flags: handshake::transmission_flags(&*export, structured),
+        size: export.size(),
     };
     let connection = Arc::new(Connection::new(0, session, Box::new(io::sink())));
     let budget = Arc::new(InflightBudget::new(BUDGET_BYTES));

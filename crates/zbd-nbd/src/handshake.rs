@@ -18,6 +18,10 @@ pub(crate) struct Session {
     /// Context id of `base:allocation` if selected; BLOCK_STATUS is only valid with it.
     pub allocation_context: Option<u32>,
     pub transmission_flags: u16,
+    /// Export size told to the client when it chose the export: requests are checked against
+    /// it for the whole connection, even if the export grows meanwhile (NBD has no resize
+    /// notice; a client that reconnects learns the new size).
+    pub size: u64,
 }
 
 /// What the handshake needs to know about the export being offered.
@@ -173,15 +177,16 @@ pub(crate) fn negotiate(
                     )));
                 }
                 let flags = transmission_flags(offer.export, state.structured);
+                let size = offer.export.size();
                 let mut reply = Vec::with_capacity(10 + wire::EXPORT_NAME_PADDING_BYTES);
-                reply.extend_from_slice(&offer.export.size().to_be_bytes());
+                reply.extend_from_slice(&size.to_be_bytes());
                 reply.extend_from_slice(&flags.to_be_bytes());
                 if !no_zeroes {
                     reply.extend_from_slice(&[0u8; wire::EXPORT_NAME_PADDING_BYTES]);
                 }
                 writer.write_all(&reply)?;
                 writer.flush()?;
-                return Ok(state.session(flags));
+                return Ok(state.session(flags, size));
             }
             wire::OPT_ABORT => {
                 // The client may already have closed; a failed ACK is no error.
@@ -189,8 +194,9 @@ pub(crate) fn negotiate(
                 return Err(HandshakeError::Aborted);
             }
             wire::OPT_GO | wire::OPT_INFO => {
-                if answer_info(writer, option, &data, offer, &state)? {
-                    return Ok(state.session(transmission_flags(offer.export, state.structured)));
+                if let Some(size) = answer_info(writer, option, &data, offer, &state)? {
+                    let flags = transmission_flags(offer.export, state.structured);
+                    return Ok(state.session(flags, size));
                 }
             }
             wire::OPT_LIST => answer_list(writer, &data, offer)?,
@@ -228,11 +234,12 @@ struct OptionState {
 }
 
 impl OptionState {
-    fn session(&self, transmission_flags: u16) -> Session {
+    fn session(&self, transmission_flags: u16, size: u64) -> Session {
         Session {
             structured: self.structured,
             allocation_context: self.allocation_context,
             transmission_flags,
+            size,
         }
     }
 }
@@ -257,14 +264,14 @@ fn answer_list(writer: &mut impl Write, data: &[u8], offer: &Offer<'_>) -> io::R
     write_option_reply(writer, wire::OPT_LIST, wire::REP_ACK, &[])
 }
 
-/// NBD_OPT_INFO / NBD_OPT_GO. Returns true when GO succeeded (transmission starts).
+/// NBD_OPT_INFO / NBD_OPT_GO. Returns the size told when GO succeeded (transmission starts).
 fn answer_info(
     writer: &mut impl Write,
     option: u32,
     data: &[u8],
     offer: &Offer<'_>,
     state: &OptionState,
-) -> io::Result<bool> {
+) -> io::Result<Option<u64>> {
     let mut payload = PayloadReader::new(data);
     let Some(name) = payload.string32(limits::STRING_BYTES_MAX) else {
         reject_option(
@@ -273,7 +280,7 @@ fn answer_info(
             wire::REP_ERR_INVALID,
             "malformed export name",
         )?;
-        return Ok(false);
+        return Ok(None);
     };
     let name = name.to_string();
     let Some(count) = payload.u16() else {
@@ -283,7 +290,7 @@ fn answer_info(
             wire::REP_ERR_INVALID,
             "missing info request count",
         )?;
-        return Ok(false);
+        return Ok(None);
     };
     let mut requests = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
@@ -296,24 +303,26 @@ fn answer_info(
                     wire::REP_ERR_INVALID,
                     "truncated info requests",
                 )?;
-                return Ok(false);
+                return Ok(None);
             }
         }
     }
     if payload.remaining() != 0 {
         reject_option(writer, option, wire::REP_ERR_INVALID, "trailing bytes")?;
-        return Ok(false);
+        return Ok(None);
     }
     if !offer.matches(&name) {
         let message = format!("no export named {name:?}");
         reject_option(writer, option, wire::REP_ERR_UNKNOWN, &message)?;
-        return Ok(false);
+        return Ok(None);
     }
 
     let flags = transmission_flags(offer.export, state.structured);
+    // Read once: the size told is the size the connection keeps (`Session::size`).
+    let size = offer.export.size();
     let mut export = Vec::with_capacity(12);
     export.extend_from_slice(&wire::INFO_EXPORT.to_be_bytes());
-    export.extend_from_slice(&offer.export.size().to_be_bytes());
+    export.extend_from_slice(&size.to_be_bytes());
     export.extend_from_slice(&flags.to_be_bytes());
     write_option_reply(writer, option, wire::REP_INFO, &export)?;
 
@@ -340,7 +349,7 @@ fn answer_info(
         write_option_reply(writer, option, wire::REP_INFO, &info)?;
     }
     write_option_reply(writer, option, wire::REP_ACK, &[])?;
-    Ok(option == wire::OPT_GO)
+    Ok((option == wire::OPT_GO).then_some(size))
 }
 
 /// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT. We know one context,

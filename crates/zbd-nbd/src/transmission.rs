@@ -487,7 +487,9 @@ fn check(
         }
         return Ok(Op::Flush);
     }
-    let size = export.size();
+    // The size this connection was told, not the export's current one: a client must not
+    // reach bytes it does not know exist, and the protocol answers them as past the end.
+    let size = session.size;
     let in_range = header
         .offset
         .checked_add(u64::from(header.length))
@@ -738,6 +740,7 @@ mod tests {
             structured: true,
             allocation_context: None,
             transmission_flags: 0,
+            size: 1 << 20,
         };
         let reply = error_reply(session, 7, wire::EINVAL, "bad");
         assert_eq!(&reply[0..4], &wire::STRUCTURED_REPLY_MAGIC.to_be_bytes());
@@ -774,6 +777,7 @@ mod tests {
             structured: false,
             allocation_context: None,
             transmission_flags: 0,
+            size: 1 << 20,
         };
         let connection = Arc::new(Connection::new(1, session, Box::new(writer)));
         let budget = Arc::new(InflightBudget::new(1 << 20));

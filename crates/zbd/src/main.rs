@@ -6,6 +6,7 @@ mod log;
 mod metrics;
 mod notify;
 mod sample;
+mod served;
 mod target;
 mod thin;
 mod volumes;
@@ -57,7 +58,8 @@ enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(hide = true)]
     Completions(commands::docs::CompletionsArgs),
-    /// Grow a volume's logical size or data area (offline, up to the room it was created with).
+    /// Grow a volume's logical size or data area, offline or served, up to the room it was created
+    /// with.
     Grow(commands::grow::Args),
     /// Upgrade a format 2 volume to the current format (offline, in place).
     Upgrade(commands::upgrade::Args),

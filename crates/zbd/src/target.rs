@@ -67,6 +67,21 @@ impl Target {
         }
     }
 
+    /// Opens a file or block device volume's storage, locked for this process, with O_DIRECT
+    /// if `direct`, as a `FileStorage` the caller can share with the engine (`zbd serve`: an
+    /// online grow extends it); None for other targets.
+    pub fn open_file(&self, direct: bool, writable: bool) -> Option<Result<FileStorage>> {
+        match self {
+            Target::File(path) => Some(
+                FileStorage::open(path, writable)
+                    .and_then(|s| if direct { s.into_direct(path) } else { Ok(s) })
+                    .map_err(|e| anyhow!("{}: {e}", path.display())),
+            ),
+            #[cfg(feature = "ceph")]
+            Target::Rados(_) => None,
+        }
+    }
+
     /// Opens the volume's storage, locked for this process.
     pub fn open(&self, ceph: &CephArgs, writable: bool) -> Result<Box<dyn Storage>> {
         let _ = ceph;

@@ -3,11 +3,12 @@
 //! area is full. The engine keeps the reserve and queues writes (`Volume::write_or_wait`); this
 //! module chooses the numbers, watches the threshold and reports them (`zbd stat`, metrics).
 
+use crate::served::ServedVolume;
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use zbd_core::{Space, Volume};
+use zbd_core::Space;
 
 /// Default warning threshold: % of the data area holding live (stored) data.
 pub const WARN_USED_PCT_DEFAULT: u8 = 80;
@@ -179,20 +180,23 @@ impl Threshold {
     }
 }
 
-/// Watches the data area while the volume lives: one log line when the warning threshold is
-/// crossed either way. Holds the volume weakly: the thread ends once the server drops it.
-pub fn spawn_watch(volume: Weak<Volume>, warn_used_pct: u8) -> std::io::Result<()> {
+/// Watches the data area while the volume is served (and across an online grow, which
+/// changes it): one log line when the warning threshold is crossed either way. Holds the
+/// served volume weakly: the thread ends once the server drops it.
+pub fn spawn_watch(served: Weak<ServedVolume>, warn_used_pct: u8) -> std::io::Result<()> {
     let threshold = Arc::new(Threshold::default());
     std::thread::Builder::new()
         .name("zbd-thin".into())
         .spawn(move || loop {
-            let Some(volume) = volume.upgrade() else {
+            let Some(served) = served.upgrade() else {
                 return;
             };
-            if let Some(line) = threshold.crossed(&volume.space(), warn_used_pct) {
-                crate::log::line(line);
+            if let Ok(space) = served.with(|v| v.space()) {
+                if let Some(line) = threshold.crossed(&space, warn_used_pct) {
+                    crate::log::line(line);
+                }
             }
-            drop(volume);
+            drop(served);
             std::thread::park_timeout(WATCH_PERIOD);
         })?;
     Ok(())

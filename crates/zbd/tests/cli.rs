@@ -1,5 +1,5 @@
 //! The `zbd` binary end to end: create, copy, stat, check (clean, damaged, --repair), refusals and
-//! argument errors.
+//! argument errors; `zbd grow` offline and of a served volume (through NBD).
 
 use assert_cmd::Command;
 use predicates::prelude::*;
@@ -853,4 +853,349 @@ fn grow_size_into_the_room_a_file_volume_is_created_with() {
     on("check", &vol, &[])
         .success()
         .stdout(predicate::str::contains("clean"));
+}
+
+#[path = "nbd_support/mod.rs"]
+mod nbd_support;
+
+use nbd_support::{nbdinfo_size, wait_until, Served};
+use zbd_testkit::nbd::Client;
+
+/// What a served test's server logged (for failure messages).
+fn serve_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+}
+
+/// Reads `len` bytes at `offset` through `client`.
+fn read_at(client: &mut Client, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    client.read(offset, &mut buf).expect("read");
+    buf
+}
+
+/// `zbd grow --size` of a served volume, without stopping it: a client connecting afterwards is
+/// told the new size (nbdinfo) and writes past the old end; a client connected before keeps
+/// its size (past it: EINVAL); data written before reads back; beyond the room the grow fails
+/// in one line naming `--max-size` (`--max-capacity`) and the volume still serves; after a
+/// restart everything reads back and `check` is clean.
+#[test]
+fn grow_served_size_online_new_clients_see_it_and_data_survives() {
+    if nbd_support::tools(&["nbdinfo"]).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    // A file volume has room for 4x its size: 256.99 MiB.
+    on("create", &vol, &["--size", "64M"]).success();
+    let mut served = Served::start(&vol, dir.path());
+    let mut old = Client::connect(&served.socket).expect("connect");
+    assert_eq!(old.size, 64 << 20);
+    let before = noise(1 << 20, 7);
+    old.write(0, &before, false).expect("write");
+    old.flush().expect("flush");
+
+    on("grow", &vol, &["--size", "160M"]).success().stdout(
+        predicate::str::contains("grew")
+            .and(predicate::str::contains("before  logical size 64.00 MiB"))
+            .and(predicate::str::contains("after   logical size 160.00 MiB"))
+            .and(predicate::str::contains("clients that connect from now on")),
+    );
+    assert_eq!(
+        nbdinfo_size(&served.uri()),
+        160 << 20,
+        "{}",
+        serve_log(dir.path())
+    );
+    let mut new = Client::connect(&served.socket).expect("connect after the grow");
+    assert_eq!(new.size, 160 << 20);
+    assert!(
+        read_at(&mut new, 0, before.len()) == before,
+        "data written before the grow"
+    );
+    let far = noise(1 << 20, 8);
+    new.write(150 << 20, &far, false)
+        .expect("write past the old end");
+    new.flush().expect("flush");
+    // The connection made before keeps the size it was told.
+    let mut block = vec![0u8; 4096];
+    let e = old
+        .read(150 << 20, &mut block)
+        .expect_err("past the size the old connection was told");
+    assert!(e.to_string().contains("error 22"), "{e}");
+    assert!(read_at(&mut old, 0, 4096) == before[..4096]);
+    on("grow", &vol, &["--size", "160M"])
+        .success()
+        .stdout(predicate::str::contains("unchanged"));
+
+    // Beyond the room: one line naming the way out, nothing changed, still served.
+    on("grow", &vol, &["--size", "1G"]).code(1).stderr(
+        predicate::str::contains("--size 1G: the volume's map region holds at most 256.99 MiB")
+            .and(predicate::str::contains("--max-size"))
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    on("grow", &vol, &["--capacity", "1G"]).code(1).stderr(
+        predicate::str::contains("--capacity 1G: the volume's extent table holds at most")
+            .and(predicate::str::contains("--max-capacity"))
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    assert_eq!(nbdinfo_size(&served.uri()), 160 << 20);
+    assert!(
+        read_at(&mut new, 150 << 20, far.len()) == far,
+        "served after a refused grow"
+    );
+    old.disconnect();
+    new.disconnect();
+    assert!(
+        served.stop(),
+        "SIGTERM closes cleanly: {}",
+        serve_log(dir.path())
+    );
+
+    let mut served = Served::start(&vol, dir.path());
+    assert_eq!(nbdinfo_size(&served.uri()), 160 << 20);
+    let mut client = Client::connect(&served.socket).expect("connect");
+    assert!(read_at(&mut client, 0, before.len()) == before);
+    assert!(
+        read_at(&mut client, 150 << 20, far.len()) == far,
+        "data written past the old end, after a restart"
+    );
+    client.disconnect();
+    assert!(served.stop());
+    on("check", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("clean"));
+}
+
+/// Writes 1 MiB chunks of incompressible data from chunk `from` on until one fails; returns
+/// the chunks written and the error (None: all `count` went in).
+fn fill(client: &mut Client, from: u64, count: u64) -> (Vec<(u64, Vec<u8>)>, Option<String>) {
+    let mut written = Vec::new();
+    for chunk in from..from + count {
+        let data = noise(1 << 20, 100 + chunk);
+        match client.write(chunk << 20, &data, false) {
+            Ok(()) => written.push((chunk << 20, data)),
+            Err(e) => return (written, Some(e.to_string())),
+        }
+    }
+    (written, None)
+}
+
+/// `zbd grow --capacity` of a served, over-committed volume whose data area is full: writes fail
+/// with ENOSPC, then, once grown, the same connection writes at once into the new extents, and
+/// all of it reads back after a restart.
+#[test]
+fn grow_served_capacity_makes_a_full_volume_writable_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M", "--capacity", "16M"]).success();
+    let mut served = Served::start(&vol, dir.path());
+    let mut client = Client::connect(&served.socket).expect("connect");
+    let (mut written, full) = fill(&mut client, 0, 32);
+    let full = full.expect("32 MiB of incompressible data fit a 16 MiB data area");
+    assert!(full.contains("error 28"), "ENOSPC expected: {full}");
+
+    on("grow", &vol, &["--capacity", "48M"]).success().stdout(
+        predicate::str::contains("data area 16.00 MiB")
+            .and(predicate::str::contains("data area 48.00 MiB")),
+    );
+    let from = written.len() as u64;
+    let (more, failed) = fill(&mut client, from, 16);
+    assert_eq!(
+        failed,
+        None,
+        "writes after the grow: {}",
+        serve_log(dir.path())
+    );
+    written.extend(more);
+    client.flush().expect("flush");
+    client.disconnect();
+    assert!(
+        served.stop(),
+        "SIGTERM closes cleanly: {}",
+        serve_log(dir.path())
+    );
+
+    let mut served = Served::start(&vol, dir.path());
+    let mut client = Client::connect(&served.socket).expect("connect");
+    for (offset, data) in &written {
+        assert!(
+            read_at(&mut client, *offset, data.len()) == *data,
+            "at {offset}"
+        );
+    }
+    client.disconnect();
+    assert!(served.stop());
+}
+
+/// With `--when-full queue`, a write waiting for room when `zbd grow --capacity` runs goes
+/// into the grown data area (the grow stops its wait in the closing volume; it waits at the
+/// gate and tries again), long before its timeout; a grow that waited for it instead would
+/// see it fail with ENOSPC after the timeout.
+#[test]
+fn grow_served_capacity_releases_a_write_waiting_for_room() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M", "--capacity", "16M"]).success();
+    let mut served = Served::start_with(
+        &vol,
+        dir.path(),
+        &["--when-full", "queue", "--when-full-timeout", "30"],
+    );
+    let mut client = Client::connect(&served.socket).expect("connect");
+    let writer = std::thread::spawn(move || {
+        let result = fill(&mut client, 0, 24);
+        (client, result)
+    });
+    wait_until("a write waiting for room", || {
+        serve_log(dir.path()).contains("writes wait for room")
+    });
+    let started = std::time::Instant::now();
+    on("grow", &vol, &["--capacity", "48M"]).success();
+    let (mut client, (written, failed)) = writer.join().expect("writer");
+    assert_eq!(failed, None, "{}", serve_log(dir.path()));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the waiting write was released by the grow, not by its timeout"
+    );
+    client.flush().expect("flush");
+    for (offset, data) in &written {
+        assert!(
+            read_at(&mut client, *offset, data.len()) == *data,
+            "at {offset}"
+        );
+    }
+    client.disconnect();
+    assert!(served.stop(), "{}", serve_log(dir.path()));
+}
+
+/// A grow is refused, in one line, while a scrub runs on the served volume (the scrub holds the
+/// volume for its whole run), and changes nothing.
+#[test]
+fn grow_served_is_refused_while_a_scrub_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M"]).success();
+    let mut served = Served::start(&vol, dir.path());
+    let mut client = Client::connect(&served.socket).expect("connect");
+    client.write(0, &noise(1 << 20, 9), false).expect("write");
+    client.flush().expect("flush");
+    // 1 KiB/s over 1 MiB of stored data: it runs until the server stops.
+    let scrub = std::process::Command::new(nbd_support::ZBD)
+        .arg("scrub")
+        .arg(&vol)
+        .args(["--rate", "1K", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start zbd scrub");
+    let scrub = Reaped(scrub);
+    wait_until("the scrub to start", || {
+        serve_log(dir.path()).contains("scrub started")
+    });
+    on("grow", &vol, &["--size", "128M"]).code(1).stderr(
+        predicate::str::contains("a scrub of this volume is running")
+            .and(predicate::function(|s: &str| s.lines().count() == 1)),
+    );
+    assert_eq!(
+        nbdinfo_size(&served.uri()),
+        64 << 20,
+        "a refused grow changed the size"
+    );
+    client.disconnect();
+    drop(scrub);
+    assert!(served.stop(), "{}", serve_log(dir.path()));
+}
+
+/// A child process killed and reaped on drop (by its PID), so a failing test leaves none.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Clients writing and reading back while `zbd grow` runs: no request fails or returns other
+/// data than written (requests wait at the gate while the volume is closed, grown and opened),
+/// and every block reads back its last version afterwards, on a new connection and after a
+/// restart.
+#[test]
+fn grow_served_under_concurrent_io_loses_and_mixes_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M", "--capacity", "32M"]).success();
+    let mut served = Served::start(&vol, dir.path());
+    let grown = std::sync::Arc::new(AtomicBool::new(false));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    // Each writer says when it has written a while before the grow, then a while after it.
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel();
+    // Two connections, each on its own 4 MiB region, writing 16 KiB at a time and reading
+    // every write back at once.
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let mut client = Client::connect(&served.socket).expect("connect");
+            let (grown, stop) = (std::sync::Arc::clone(&grown), std::sync::Arc::clone(&stop));
+            let progress = progress_tx.clone();
+            std::thread::spawn(move || {
+                let mut last = std::collections::HashMap::new();
+                let (mut round, mut after) = (0u64, 0u64);
+                while !stop.load(Ordering::SeqCst) {
+                    let offset = (w << 22) + (round % 256) * 16384;
+                    let data = noise(16384, (w << 32) | round);
+                    client
+                        .write(offset, &data, false)
+                        .unwrap_or_else(|e| panic!("writer {w} round {round}: {e}"));
+                    let back = read_at(&mut client, offset, data.len());
+                    assert!(back == data, "writer {w} round {round}: read other data");
+                    last.insert(offset, data);
+                    round += 1;
+                    if grown.load(Ordering::SeqCst) {
+                        after += 1;
+                    }
+                    if round == 300 || after == 300 {
+                        let _ = progress.send(());
+                    }
+                }
+                client.flush().expect("flush");
+                client.disconnect();
+                last
+            })
+        })
+        .collect();
+    drop(progress_tx);
+    let wait_for_both = |what: &str| {
+        for _ in 0..2 {
+            progress_rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+    };
+    wait_for_both("writers running");
+    on("grow", &vol, &["--size", "128M", "--capacity", "64M"]).success();
+    grown.store(true, Ordering::SeqCst);
+    wait_for_both("writers going on after the grow");
+    stop.store(true, Ordering::SeqCst);
+    let mut expected = std::collections::HashMap::new();
+    for writer in writers {
+        expected.extend(writer.join().expect("writer"));
+    }
+    let check = |socket: &Path| {
+        let mut client = Client::connect(socket).expect("connect");
+        assert_eq!(client.size, 128 << 20);
+        for (offset, data) in &expected {
+            assert!(
+                read_at(&mut client, *offset, data.len()) == *data,
+                "at {offset}"
+            );
+        }
+        client.disconnect();
+    };
+    check(&served.socket);
+    assert!(served.stop(), "{}", serve_log(dir.path()));
+    let mut served = Served::start(&vol, dir.path());
+    check(&served.socket);
+    assert!(served.stop());
 }

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug)]
 pub struct FileStorage {
     file: File,
-    len: u64,
+    /// Atomic so that a served volume's storage can be extended while the engine holds it
+    /// (`extend_to` through a shared handle: online `zbd grow`).
+    len: AtomicU64,
     block_device: bool,
     /// With O_DIRECT: the alignment offsets, lengths and buffers must have.
     direct: Option<usize>,
@@ -74,13 +76,16 @@ impl FileStorage {
         if !s.block_device {
             s.file.set_len(0)?;
             s.file.set_len(len)?;
-            return Ok(FileStorage { len, ..s });
+            return Ok(FileStorage {
+                len: AtomicU64::new(len),
+                ..s
+            });
         }
-        if s.len < len {
+        let have = s.len.load(Ordering::SeqCst);
+        if have < len {
             return Err(Error::Invalid(format!(
-                "block device {} has {} bytes, the volume needs {len} (lower --size or --capacity)",
+                "block device {} has {have} bytes, the volume needs {len} (lower --size or --capacity)",
                 path.display(),
-                s.len
             )));
         }
         Ok(s)
@@ -106,7 +111,7 @@ impl FileStorage {
         };
         Ok(FileStorage {
             file,
-            len,
+            len: AtomicU64::new(len),
             block_device,
             direct: None,
             write_align,
@@ -116,21 +121,30 @@ impl FileStorage {
 
     /// Makes the storage at least `len` bytes long (`zbd grow`): a file is extended (sparse)
     /// and synced, file and directory entry, before anything refers to the new bytes; a block
-    /// device must be that large already (grow it first, e.g. with lvextend).
-    pub fn extend_to(&mut self, len: u64, path: &Path) -> Result<()> {
-        if len <= self.len {
+    /// device must be that large already (grow it first, e.g. with lvextend). Takes `&self`: a
+    /// served volume's storage is extended while the engine uses it, which reads and writes
+    /// nothing past its own geometry, so the longer file is unused until a superblock says
+    /// otherwise. Calls must not race each other (one grow at a time).
+    pub fn extend_to(&self, len: u64, path: &Path) -> Result<()> {
+        let have = self.len.load(Ordering::SeqCst);
+        if len <= have {
             return Ok(());
         }
         if self.block_device {
+            // The device may have been grown since it was opened (lvextend): ask it again.
+            let now = (&self.file).seek(SeekFrom::End(0))?;
+            if now >= len {
+                self.len.store(now, Ordering::SeqCst);
+                return Ok(());
+            }
             return Err(Error::Invalid(format!(
-                "block device {} has {} bytes, {len} are needed: grow the device first",
+                "block device {} has {now} bytes, {len} are needed: grow the device first",
                 path.display(),
-                self.len
             )));
         }
         self.file.set_len(len)?;
         self.file.sync_all()?;
-        self.len = len;
+        self.len.store(len, Ordering::SeqCst);
         Ok(())
     }
 
@@ -247,7 +261,7 @@ impl AlignedBuf {
 
 impl Storage for FileStorage {
     fn len_bytes(&self) -> Result<u64> {
-        Ok(self.len)
+        Ok(self.len.load(Ordering::SeqCst))
     }
 
     fn write_align(&self) -> usize {

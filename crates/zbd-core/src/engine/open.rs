@@ -312,6 +312,49 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Whether the volume is closed (nothing more is written through this handle).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The superblock `close_grown` would write, or why not; writes nothing (`Volume::close_grown`
+    /// checks everything it can before it closes, so a refusal leaves the volume open).
+    pub(crate) fn plan_grow(
+        &self,
+        logical_bytes: Option<u64>,
+        capacity_bytes: Option<u64>,
+    ) -> Result<Superblock> {
+        if self.read_only {
+            return Err(Error::Invalid("growing needs a writable open".into()));
+        }
+        if self.is_closed() {
+            return Err(Error::Invalid("the volume is already closed".into()));
+        }
+        // A failed volume writes nothing more (the close would fail half way).
+        self.storage.check()?;
+        let grown = crate::layout::grow(&self.sb, logical_bytes, capacity_bytes)?;
+        let len = self.storage.len_bytes()?;
+        if len < grown.total_bytes() {
+            return Err(Error::Invalid(format!(
+                "storage has {len} bytes, the grown volume needs {}: extend it first",
+                grown.total_bytes()
+            )));
+        }
+        Ok(grown)
+    }
+
+    /// Closes the volume cleanly and writes `grown` (from `plan_grow`) over its superblock, as
+    /// `close_upgraded` does: the storage stays held until the new superblock is durable.
+    pub(crate) fn close_grown(&self, grown: &Superblock) -> Result<()> {
+        self.close()?;
+        if *grown == self.sb {
+            return Ok(());
+        }
+        crate::layout::write_superblock_update(&*self.storage, &self.sb, grown)
+    }
+}
+
 /// What this open pads log segments to: the storage's write alignment when zbd supports it (a
 /// power of two up to 4 KiB dividing the extent size, format v2), else 512 bytes. Readers of
 /// any build find segments at any sector, so the padding is no format change (format.md).

@@ -10,4 +10,5 @@ mod bad_input;
 mod clients;
 mod concurrency;
 mod durability;
+mod growth;
 mod limits;

@@ -185,7 +185,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         zbd_core::layout::extent_count_max(&sb) * u64::from(sb.extent_bytes),
     );
     println!(
-        "  grows to       {} logical, {} data area (zbd grow, offline)",
+        "  grows to       {} logical, {} data area (zbd grow)",
         human(max_size),
         human(max_area)
     );

@@ -15,9 +15,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::metrics::{Op, Requests};
+use crate::served::{ServedVolume, ThinArgs};
 use crate::target::{CephArgs, Target};
 use anyhow::{bail, Context, Result};
-use zbd_core::{AllocState, OpenOptions, Volume};
+use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
 use zbd_nbd::{
     ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig,
     ShutdownHandle,
@@ -190,14 +191,21 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
 }
 
 /// Serves `zbd_core::Volume` through the NBD server's `Export` trait, counting and timing every
-/// request for the metrics.
+/// request for the metrics. Each request runs on the served volume through its gate
+/// (`ServedVolume::with`), so an online grow waits for it and it waits for the grow.
 pub struct VolumeExport {
-    volume: Arc<Volume>,
+    served: Arc<ServedVolume>,
     read_only: bool,
     requests: Arc<Requests>,
     /// `--when-full queue`: how long a write waits for room (None: ENOSPC at once).
     queue_when_full: Option<Duration>,
+    /// When a write last started waiting for room (`--when-full queue`), for the log line
+    /// that says writes wait: at most one per `WAITING_LOG_PERIOD`.
+    waiting_logged: std::sync::Mutex<Option<Instant>>,
 }
+
+/// Writes that wait for room are logged at most this often.
+const WAITING_LOG_PERIOD: Duration = Duration::from_secs(60);
 
 impl VolumeExport {
     /// Runs one request of `op` over `bytes`, recording its outcome and time.
@@ -226,26 +234,21 @@ fn export_error(error: zbd_core::Error) -> ExportError {
 
 impl Export for VolumeExport {
     fn size(&self) -> u64 {
-        self.volume.size_bytes()
+        self.served.size_bytes()
     }
     fn is_read_only(&self) -> bool {
         self.read_only
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
         let bytes = buf.len() as u64;
-        self.timed(Op::Read, bytes, || {
-            self.volume.read(offset, buf).map_err(export_error)
-        })
+        self.timed(Op::Read, bytes, || self.on_volume(|v| v.read(offset, buf)))
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
         self.timed(Op::Write, data.len() as u64, || {
             match self.queue_when_full {
-                None => self.volume.write(offset, data, fua),
-                Some(wait) => self
-                    .volume
-                    .write_or_wait(offset, data, fua, Instant::now() + wait),
+                None => self.on_volume(|v| v.write(offset, data, fua)),
+                Some(wait) => self.write_or_wait(offset, data, fua, Instant::now() + wait),
             }
-            .map_err(export_error)
         })
     }
     fn flush(&self) -> ExportResult<()> {
@@ -253,7 +256,7 @@ impl Export for VolumeExport {
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> ExportResult<()> {
         self.timed(Op::Trim, length, || {
-            self.volume.trim(offset, length).map_err(export_error)?;
+            self.on_volume(|v| v.trim(offset, length))?;
             if fua {
                 self.flush_volume()?;
             }
@@ -270,9 +273,7 @@ impl Export for VolumeExport {
         // Zero blocks become a map state with no data either way; block status reports them as
         // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
         self.timed(Op::WriteZeroes, length, || {
-            self.volume
-                .write_zeroes(offset, length)
-                .map_err(export_error)?;
+            self.on_volume(|v| v.write_zeroes(offset, length))?;
             if fua {
                 self.flush_volume()?;
             }
@@ -285,18 +286,75 @@ impl Export for VolumeExport {
 }
 
 impl VolumeExport {
+    /// Runs one engine call on the served volume (through its gate); a volume no longer served
+    /// (a failed grow, the server stopping) fails it with EIO and the reason.
+    fn on_volume<T>(&self, call: impl FnOnce(&Volume) -> zbd_core::Result<T>) -> ExportResult<T> {
+        self.served
+            .with(call)
+            .map_err(ExportError::io)?
+            .map_err(export_error)
+    }
+
+    /// `--when-full queue`: a write waits for room until `deadline`. An online grow stops the
+    /// wait inside the volume it closes; the write then waits at the gate and tries again on
+    /// the grown volume (whose new extents may be the room it waited for).
+    fn write_or_wait(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        deadline: Instant,
+    ) -> ExportResult<()> {
+        let logged = std::cell::Cell::new(false);
+        loop {
+            let stopped = std::cell::Cell::new(false);
+            // Asked after each try that found no room, before the write waits.
+            let keep_waiting = || {
+                let growing = self.served.is_growing();
+                stopped.set(stopped.get() || growing);
+                if !growing && !logged.replace(true) {
+                    self.log_waiting();
+                }
+                !growing
+            };
+            let result = self
+                .on_volume(|v| v.write_or_wait_while(offset, data, fua, deadline, &keep_waiting));
+            match result {
+                Err(e)
+                    if e.kind == ErrorKind::NoSpace
+                        && stopped.get()
+                        && Instant::now() < deadline => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// One line when writes start waiting for room (an admin frees space or grows the data
+    /// area), at most one per `WAITING_LOG_PERIOD`.
+    fn log_waiting(&self) {
+        let Ok(mut last) = self.waiting_logged.lock() else {
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < WAITING_LOG_PERIOD) {
+            return;
+        }
+        *last = Some(Instant::now());
+        crate::log::line(format!(
+            "zbd: the data area is full: writes wait for room (--when-full queue, up to {} s \
+             each); free space (trim) or zbd grow --capacity",
+            self.queue_when_full.unwrap_or_default().as_secs()
+        ));
+    }
+
     fn flush_volume(&self) -> ExportResult<()> {
         if self.read_only {
             return Ok(());
         }
-        self.volume.flush().map_err(export_error)
+        self.on_volume(|v| v.flush())
     }
 
     fn allocation(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
-        let runs = self
-            .volume
-            .allocation(offset, length)
-            .map_err(export_error)?;
+        let runs = self.on_volume(|v| v.allocation(offset, length))?;
         Ok(runs
             .into_iter()
             .map(|(length, state)| match state {
@@ -366,6 +424,48 @@ pub fn query_control(volume: &Path, request: &str) -> Option<String> {
     (!reply.is_empty()).then_some(reply)
 }
 
+/// How long `zbd grow` waits for a server to grow its volume: the requests in flight end, the
+/// volume closes (a checkpoint) and opens again; minutes mean something is stuck.
+const REMOTE_GROW_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Asks the server serving `volume` to grow it (`zbd grow` of a served volume) and waits until
+/// the grown volume serves; None if no server answers for the volume (grow it offline then).
+pub fn remote_grow(
+    volume: &Path,
+    request: &super::grow::GrowRequest,
+) -> Option<Result<super::grow::Reply>> {
+    let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
+    let asked = stream
+        .set_read_timeout(Some(REMOTE_GROW_TIMEOUT))
+        .and_then(|()| stream.write_all(format!("{}\n", request.to_control()).as_bytes()));
+    if let Err(e) = asked {
+        return Some(Err(anyhow::anyhow!(
+            "cannot ask the server of {} to grow it: {e}",
+            volume.display()
+        )));
+    }
+    let mut line = String::new();
+    let answer = match BufReader::new(&stream).read_line(&mut line) {
+        Ok(0) => Err(anyhow::anyhow!(
+            "the server of {} closed the connection without an answer (see its log)",
+            volume.display()
+        )),
+        Ok(_) if line.starts_with("unknown control request") => Err(anyhow::anyhow!(
+            "{} is served by an older zbd that cannot grow it online: stop the server, grow, \
+             start it again",
+            volume.display()
+        )),
+        Ok(_) => super::grow::Reply::from_line(&line),
+        Err(e) => Err(anyhow::anyhow!(
+            "no answer from the server of {} within {} s ({e}); it may still be growing the \
+             volume: see its log",
+            volume.display(),
+            REMOTE_GROW_TIMEOUT.as_secs()
+        )),
+    };
+    Some(answer)
+}
+
 /// Asks the server serving `volume` to scrub it at `rate` bytes per second (0: unbounded);
 /// `progress(done, total)` follows it. None if no server answers for the volume.
 pub fn remote_scrub(
@@ -403,7 +503,7 @@ pub fn remote_scrub(
 
 /// Runs a scrub for a control connection: progress lines while it runs, then the report as
 /// one JSON line. Its own thread, so `zbd stat` keeps answering meanwhile.
-fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
+fn serve_scrub(stream: UnixStream, served: Arc<ServedVolume>, rate: &str) {
     let Ok(rate) = rate.parse::<u64>() else {
         let mut s = &stream;
         let _ = s.write_all(format!("bad scrub rate {rate:?}\n").as_bytes());
@@ -414,14 +514,29 @@ fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
         .name("zbd-scrub".into())
         .spawn(move || {
             let last = std::sync::Mutex::new(std::time::Instant::now());
-            let report = volume.scrub((rate > 0).then_some(rate), &|done, total| {
-                let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
-                if done == total || last.elapsed() >= Duration::from_millis(200) {
-                    *last = std::time::Instant::now();
-                    let mut s = &stream;
-                    let _ = s.write_all(format!("progress {done} {total}\n").as_bytes());
-                }
+            let scrubbed = served.maintain(|volume| {
+                // Logged once the scrub holds off grows (`maintain`), before it reads anything.
+                crate::log::line(match rate {
+                    0 => "zbd: scrub started (unbounded rate)".to_string(),
+                    rate => format!("zbd: scrub started at {}/s", super::human(rate)),
+                });
+                volume.scrub((rate > 0).then_some(rate), &|done, total| {
+                    let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+                    if done == total || last.elapsed() >= Duration::from_millis(200) {
+                        *last = std::time::Instant::now();
+                        let mut s = &stream;
+                        let _ = s.write_all(format!("progress {done} {total}\n").as_bytes());
+                    }
+                })
             });
+            let report = match scrubbed {
+                Ok(report) => report,
+                Err(why) => {
+                    let mut s = &stream;
+                    let _ = s.write_all(format!("the volume is not served: {why}\n").as_bytes());
+                    return;
+                }
+            };
             crate::log::line(format!(
                 "zbd: scrub finished: {} blocks verified, {} damaged, {} metadata problems",
                 report.blocks_checked,
@@ -436,16 +551,47 @@ fn serve_scrub(stream: UnixStream, volume: Arc<Volume>, rate: &str) {
         });
 }
 
-/// Answers `stats json` / `stats text` (the reply runs to EOF) and `scrub RATE` on the control
-/// socket, one request per connection, until the process exits.
+/// Grows the served volume for a control connection (`zbd grow`), on its own thread so that
+/// `zbd stat` keeps answering meanwhile; the answer is one line (`grow::Reply`), sent once
+/// the grown volume serves.
+fn serve_grow(stream: UnixStream, served: Arc<ServedVolume>, request: &str) {
+    let request = request.to_string();
+    let _ = stream.set_write_timeout(None);
+    let _ = std::thread::Builder::new()
+        .name("zbd-grow".into())
+        .spawn(move || {
+            use super::grow::{describe, GrowRequest, Reply};
+            let result = GrowRequest::from_control(&request)
+                .map_err(|e| format!("{e:#}"))
+                .and_then(|request| served.grow(&request))
+                .map(|grown| match grown {
+                    crate::served::Grown::Unchanged(now) => Reply::Unchanged(describe(&now)),
+                    crate::served::Grown::Grew { before, after } => {
+                        let (before, after) = (describe(&before), describe(&after));
+                        crate::log::line(format!(
+                            "zbd: grew the served volume: {before} -> {after}; NBD clients that \
+                             connect from now on see the new size"
+                        ));
+                        Reply::Grew { before, after }
+                    }
+                });
+            if let Err(why) = &result {
+                crate::log::line(format!("zbd: grow refused or failed: {why}"));
+            }
+            let mut s = &stream;
+            let _ = s.write_all(Reply::to_line(&result).as_bytes());
+        });
+}
+
+/// Answers `stats json` / `stats text` (the reply runs to EOF), `scrub RATE` and `grow SIZE
+/// CAPACITY` on the control socket, one request per connection, until the process exits.
 /// The thread holds the volume weakly: once `run` drops its handles the volume is dropped, which
 /// releases its storage (and a RADOS volume's lock) before the process exits.
 fn spawn_control(
     listener: UnixListener,
-    volume: std::sync::Weak<Volume>,
+    served: std::sync::Weak<ServedVolume>,
     info: ServedInfo,
     requests: Arc<Requests>,
-    thin: crate::thin::Settings,
 ) -> std::io::Result<()> {
     let name = info.volume.clone();
     std::thread::Builder::new()
@@ -459,24 +605,33 @@ fn spawn_control(
                 if BufReader::new(&stream).read_line(&mut request).is_err() {
                     continue;
                 }
-                let Some(volume) = volume.upgrade() else {
+                let Some(served) = served.upgrade() else {
                     break;
                 };
                 if let Some(rate) = request.trim().strip_prefix("scrub ") {
-                    serve_scrub(stream, volume, rate);
+                    serve_scrub(stream, served, rate);
                     continue;
                 }
+                if let Some(sizes) = request.trim().strip_prefix("grow ") {
+                    serve_grow(stream, served, sizes);
+                    continue;
+                }
+                let thin = served.thin();
+                let stats = || served.with(|v| v.stats());
                 let reply = match request.trim() {
-                    "stats json" => serde_json::to_string_pretty(&super::stat::Report::of(
-                        &volume.stats(),
-                        &thin,
-                    ))
-                    .map(|text| text + "\n")
-                    .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n")),
-                    "stats text" => super::stat::render(&name, &volume.stats(), &thin),
-                    "metrics" => {
-                        crate::metrics::render(&name, &volume.stats(), &thin, Some(&requests))
-                    }
+                    "stats json" => stats()
+                        .map(|stats| {
+                            serde_json::to_string_pretty(&super::stat::Report::of(&stats, &thin))
+                                .map(|text| text + "\n")
+                                .unwrap_or_else(|e| format!("cannot encode statistics: {e}\n"))
+                        })
+                        .unwrap_or_else(|why| format!("the volume is not served: {why}\n")),
+                    "stats text" => stats()
+                        .map(|stats| super::stat::render(&name, &stats, &thin))
+                        .unwrap_or_else(|why| format!("the volume is not served: {why}\n")),
+                    "metrics" => stats()
+                        .map(|stats| crate::metrics::render(&name, &stats, &thin, Some(&requests)))
+                        .unwrap_or_else(|why| format!("the volume is not served: {why}\n")),
                     "info" => serde_json::to_string(&info)
                         .map(|text| text + "\n")
                         .unwrap_or_else(|e| format!("cannot encode info: {e}\n")),
@@ -571,17 +726,33 @@ fn limit_malloc_arenas() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn limit_malloc_arenas() {}
 
-fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> {
+/// Opens the volume to serve; for a file or block device also returns its storage, shared
+/// with the engine (an online grow extends it and reopens the volume on it, never letting its
+/// lock go), and the options a grow reopens it with.
+fn open_volume(
+    args: &ServeArgs,
+    map_cache_bytes: usize,
+) -> Result<(Volume, Option<Arc<FileStorage>>, OpenOptions)> {
     let target = Target::parse(args.volume())?;
     if target.file().is_some_and(|path| !path.exists()) {
         bail!("no volume at {target} (make one with `zbd create`)");
     }
-    let storage = if args.direct {
-        target.open_direct(!args.read_only)
-    } else {
-        target.open(&args.ceph, !args.read_only)
-    }
-    .with_context(|| format!("cannot open volume {target}"))?;
+    let (storage, file): (Box<dyn zbd_core::Storage>, _) =
+        match target.open_file(args.direct, !args.read_only) {
+            Some(file) => {
+                let file = Arc::new(file.with_context(|| format!("cannot open volume {target}"))?);
+                (Box::new(Arc::clone(&file)), Some(file))
+            }
+            None => {
+                let storage = if args.direct {
+                    target.open_direct(!args.read_only)
+                } else {
+                    target.open(&args.ceph, !args.read_only)
+                }
+                .with_context(|| format!("cannot open volume {target}"))?;
+                (storage, None)
+            }
+        };
     let options = OpenOptions {
         read_only: args.read_only,
         map_cache_bytes,
@@ -590,9 +761,9 @@ fn open_volume(args: &ServeArgs, map_cache_bytes: usize) -> Result<Arc<Volume>> 
         dictionary: args.dict.as_deref().map(|d| d == "on"),
         ..OpenOptions::default()
     };
-    let volume =
-        Volume::open(storage, options).with_context(|| format!("cannot open volume {target}"))?;
-    Ok(Arc::new(volume))
+    let volume = Volume::open(storage, options.clone())
+        .with_context(|| format!("cannot open volume {target}"))?;
+    Ok((volume, file, options))
 }
 
 /// What the control socket's `info` request answers (`zbd list`), one JSON line.
@@ -613,11 +784,10 @@ pub struct ServedInfo {
 
 /// Binds the control socket and starts answering on it; the guard removes the socket.
 fn start_control(
-    volume: &Arc<Volume>,
+    served: &Arc<ServedVolume>,
     path: &Path,
     info: ServedInfo,
     requests: &Arc<Requests>,
-    thin: crate::thin::Settings,
 ) -> Result<RemoveOnDrop> {
     let control_path = control_socket_path(path);
     if let Some(parent) = control_path.parent() {
@@ -629,18 +799,12 @@ fn start_control(
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(
-        control,
-        Arc::downgrade(volume),
-        info,
-        Arc::clone(requests),
-        thin,
-    )?;
+    spawn_control(control, Arc::downgrade(served), info, Arc::clone(requests))?;
     Ok(guard)
 }
 
 /// One line saying what opening found: the recovery's work, a fence, known damage.
-fn log_opened(path: &Path, stats: &zbd_core::Stats) {
+pub fn log_opened(path: &Path, stats: &zbd_core::Stats) {
     let split = super::stat::Savings::of(stats);
     let mut line = format!(
         "zbd: opened {} (format {}, {} logical, {} of data stored in {})",
@@ -662,53 +826,35 @@ fn log_opened(path: &Path, stats: &zbd_core::Stats) {
     crate::log::line(line);
 }
 
-/// Sets the space reserve, starts watching the warning threshold and logs what opening found
-/// (a full volume whose reserve is now lent, an over-committed one already above the warning).
-fn start_thin(args: &ServeArgs, volume: &Arc<Volume>) -> Result<crate::thin::Settings> {
-    let space = volume.space();
-    let settings = crate::thin::Settings {
+/// What the thin-provisioning flags ask for (the reserve is sized from the data area when the
+/// volume opens, and again after a grow).
+fn thin_args(args: &ServeArgs) -> ThinArgs {
+    ThinArgs {
         warn_used_pct: args.warn_used,
-        reserve_bytes: crate::thin::parse_reserve(&args.reserve, space.data_area_bytes)?,
+        reserve: args.reserve.clone(),
         when_full: args.when_full,
         when_full_timeout: Duration::from_secs(args.when_full_timeout),
-        served: true,
-    };
-    if !args.read_only && volume.set_space_reserve(settings.reserve_bytes) {
-        crate::log::line(format!(
-            "zbd: the volume is full (at its reserve of {}): the reserve is lent to writes so \
-             the filesystem on it can be repaired (fsck); free space (trim) or zbd grow \
-             --capacity before filling it again",
-            super::human(settings.reserve_bytes)
-        ));
     }
-    // The reserve as the engine keeps it: whole extents.
-    let settings = crate::thin::Settings {
-        reserve_bytes: volume.space().reserve_bytes,
-        ..settings
-    };
-    crate::thin::spawn_watch(Arc::downgrade(volume), settings.warn_used_pct)
-        .context("cannot start the data area watch")?;
-    Ok(settings)
 }
 
 /// Serves `--metrics` on its own thread; returns the address bound.
 fn start_metrics(
     address: &str,
-    volume: &Arc<Volume>,
+    served: &Arc<ServedVolume>,
     path: &Path,
     requests: &Arc<Requests>,
-    thin: crate::thin::Settings,
 ) -> Result<SocketAddr> {
     let address = crate::metrics::parse_address(address)?;
-    let weak = Arc::downgrade(volume);
+    let weak = Arc::downgrade(served);
     let name = path.display().to_string();
     let requests = Arc::clone(requests);
     let bound = crate::metrics::spawn_http(address, move || {
-        let volume = weak.upgrade()?;
+        let served = weak.upgrade()?;
+        let stats = served.with(|v| v.stats()).ok()?;
         Some(crate::metrics::render(
             &name,
-            &volume.stats(),
-            &thin,
+            &stats,
+            &served.thin(),
             Some(&requests),
         ))
     })?;
@@ -774,26 +920,24 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     }
     let config = server_config(args)?;
     let listen = listen_address(args)?;
-    let volume = open_volume(args, map_cache_bytes(args)?)?;
+    let (volume, file, options) = open_volume(args, map_cache_bytes(args)?)?;
     log_opened(args.volume(), &volume.stats());
-    let thin = start_thin(args, &volume)?;
+    let served = ServedVolume::new(volume, args.volume(), file, options, thin_args(args))?;
+    let thin = served.thin();
+    crate::thin::spawn_watch(Arc::downgrade(&served), thin.warn_used_pct)
+        .context("cannot start the data area watch")?;
     let requests = Arc::new(Requests::default());
     let export = Arc::new(VolumeExport {
-        volume: Arc::clone(&volume),
+        served: Arc::clone(&served),
         read_only: args.read_only,
         requests: Arc::clone(&requests),
         queue_when_full: (thin.when_full == crate::thin::WhenFull::Queue)
             .then_some(thin.when_full_timeout),
+        waiting_logged: std::sync::Mutex::new(None),
     });
     let server = Server::bind(&listen, export, config)?;
     let metrics = match &args.metrics {
-        Some(address) => Some(start_metrics(
-            address,
-            &volume,
-            args.volume(),
-            &requests,
-            thin,
-        )?),
+        Some(address) => Some(start_metrics(address, &served, args.volume(), &requests)?),
         None => None,
     };
     let info = ServedInfo {
@@ -807,7 +951,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         read_only: args.read_only,
         metrics: metrics.map(|bound| bound.to_string()),
     };
-    let _control = start_control(&volume, args.volume(), info, &requests, thin)?;
+    let _control = start_control(&served, args.volume(), info, &requests)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {
@@ -821,18 +965,34 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     crate::log::line(format!(
         "zbd: serving {} ({} bytes) on {}",
         args.volume().display(),
-        volume.size_bytes(),
+        served.size_bytes(),
         uri(server.listen(), &args.export)
     ));
     crate::notify::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
-    let served = server.serve();
+    let serve_result = server.serve();
     crate::notify::notify("STOPPING=1");
     signals.close();
     let _ = signal_thread.join();
-    let fenced = volume.stats().failed;
-    let closed = volume.close().context("cannot close the volume cleanly");
-    // The last handle: dropping it releases the storage (a RADOS volume's lock) now.
+    // A failed online grow left no volume to close: it exits as a fenced one (not restarted
+    // by zbd@.service; the admin looks first).
+    let failed_grow = served.failure();
+    let volume = served.shut_down();
+    let fenced = volume.as_ref().and_then(|v| v.stats().failed);
+    let closed = match &volume {
+        Some(volume) => volume.close().context("cannot close the volume cleanly"),
+        None => Ok(()),
+    };
+    // The last handles: dropping them releases the storage (its lock) now.
     drop(volume);
+    drop(served);
+    if let Some(why) = failed_grow {
+        crate::log::line(format!(
+            "zbd: stopped; the volume was not served since a failed grow ({why}) (exit \
+             {EXIT_FENCED}: not restarted by zbd@.service; see docs/operations.md)"
+        ));
+        crate::log::flush(LOG_FLUSH_TIMEOUT);
+        return Ok(ExitCode::from(EXIT_FENCED));
+    }
     // A fence tripped by the final flush fails `served` too: the fence decides the exit.
     if let Some(why) = fenced {
         crate::log::line(format!(
@@ -842,7 +1002,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         crate::log::flush(LOG_FLUSH_TIMEOUT);
         return Ok(ExitCode::from(EXIT_FENCED));
     }
-    served.context("NBD server failed")?;
+    serve_result.context("NBD server failed")?;
     closed?;
     crate::log::line("zbd: stopped, volume closed cleanly");
     crate::log::flush(LOG_FLUSH_TIMEOUT);

@@ -2,7 +2,7 @@
 
 use super::{human, open_read_only};
 use crate::target::CephArgs;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use zbd_core::Stats;
@@ -28,6 +28,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Ok(vol) => vol,
         // Locked by `zbd serve`: ask the server.
         Err(error) => match super::serve::query_control(&a.path, request(&a)) {
+            // A server whose volume a failed grow left unserved says why, in one line.
+            Some(report) if report.starts_with("the volume is not served") => {
+                bail!("{}: {}", a.path.display(), report.trim_end());
+            }
             Some(report) => {
                 print!("{report}");
                 return Ok(ExitCode::SUCCESS);
@@ -155,7 +159,7 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     line(
         "grows to",
         format!(
-            "{} logical, {} data area (zbd grow, offline)",
+            "{} logical, {} data area (zbd grow)",
             human(s.max_logical_bytes),
             human(s.max_data_area_bytes)
         ),

@@ -126,6 +126,15 @@ impl Drop for Served {
     }
 }
 
+/// `nbdinfo --size` of `uri`: the size a client connecting now is told.
+pub fn nbdinfo_size(uri: &str) -> u64 {
+    let output = run(Command::new("timeout").args(["30", "nbdinfo", "--size", uri]));
+    let text = stdout(&output);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("nbdinfo printed {text:?}: {e}"))
+}
+
 /// The control socket `zbd serve` uses for `volume` (docs/nbd.md: FNV-1a 64 of the canonical
 /// path, in /run/zbd).
 pub fn control_socket(volume: &Path) -> PathBuf {
