@@ -29,7 +29,7 @@ pub use backend::{FileStorage, IoOptions, MemStorage, QueuedStorage, SimStorage,
 pub use cleaner::PassResult;
 pub use codec::Codec;
 pub use engine::{
-    AllocState, CheckReport, OpenOptions, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
+    AllocState, CheckReport, OpenOptions, Retrained, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
     READ_CACHE_BYTES_DEFAULT,
 };
 pub use error::{Error, Result};

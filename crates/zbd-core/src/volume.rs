@@ -265,9 +265,9 @@ impl Volume {
     }
 
     /// Trains and installs a new dictionary from `samples` now (tests: a forced retrain).
-    /// `Ok(true)` when a new dictionary serves new blocks from now on.
+    /// Says whether a new dictionary serves new blocks from now on, and if not, why.
     #[doc(hidden)]
-    pub fn retrain_dictionary(&self, samples: Vec<Vec<u8>>) -> Result<bool> {
+    pub fn retrain_dictionary(&self, samples: Vec<Vec<u8>>) -> Result<crate::Retrained> {
         self.inner.retrain_with(samples)
     }
 

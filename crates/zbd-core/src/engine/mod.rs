@@ -8,6 +8,7 @@ mod flush;
 mod open;
 mod read;
 mod train;
+pub use train::Retrained;
 mod verify;
 mod write;
 

@@ -6,6 +6,20 @@ use crate::codec::unit;
 use crate::error::Result;
 use std::sync::Arc;
 
+/// What a retrain did ([`crate::Volume::retrain_dictionary`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retrained {
+    /// A new dictionary was installed and serves new blocks.
+    Installed,
+    /// Not adopted: the sample did not train, or the dictionary saved less than 1 % of the
+    /// held-out units' stored bytes (training then stops for this open, docs/savings.md).
+    NotWorthIt,
+    /// The directory or the dictionary region is full until a retirement frees room.
+    NoRoom,
+    /// Training is off, has stopped, or is running already.
+    Unavailable,
+}
+
 impl Inner {
     /// Trains a dictionary once the sample is complete (off the state lock: it takes a fraction
     /// of a second) and installs it (dicts.rs).
@@ -13,24 +27,21 @@ impl Inner {
         let Some(samples) = self.dicts.take_sample() else {
             return Ok(());
         };
-        self.train_and_install(samples)
+        self.train_and_install(samples).map(|_| ())
     }
 
     /// Trains a new dictionary from `samples` now, as if a drift check had asked for one and
     /// the sample were complete (tests: retraining as an operation of the model test).
-    /// `Ok(true)`: a new dictionary was installed and serves new blocks.
-    pub fn retrain_with(&self, samples: Vec<Vec<u8>>) -> Result<bool> {
+    pub fn retrain_with(&self, samples: Vec<Vec<u8>>) -> Result<Retrained> {
         if !self.dicts.begin_forced() {
-            return Ok(false);
+            return Ok(Retrained::Unavailable);
         }
-        let before = self.dicts.active().map(|d| d.id());
-        self.train_and_install(samples)?;
-        Ok(self.dicts.active().map(|d| d.id()) != before)
+        self.train_and_install(samples)
     }
 
     /// Trains on `samples` and installs the result if it pays; the caller holds the training
     /// turn (`Dicts::take_sample` or `Dicts::begin_forced`), released here.
-    pub(super) fn train_and_install(&self, samples: Vec<Vec<u8>>) -> Result<()> {
+    pub(super) fn train_and_install(&self, samples: Vec<Vec<u8>>) -> Result<Retrained> {
         // Train on seven groups in eight; the eighth (units of the volume's size) decides.
         let n = usize::from(self.unit_blocks);
         let (mut train, mut held) = (Vec::new(), Vec::new());
@@ -60,7 +71,7 @@ impl Inner {
                 let (with, without) = (stored(Some(&d)), stored(None));
                 if held.is_empty() || with * 100 > without * 99 {
                     self.dicts.done(true);
-                    return Ok(());
+                    return Ok(Retrained::NotWorthIt);
                 }
                 c
             }
@@ -68,15 +79,19 @@ impl Inner {
             Err(_) => {
                 self.dicts.done(false);
                 self.dicts.start_sampling_if_needed();
-                return Ok(());
+                return Ok(Retrained::NotWorthIt);
             }
         };
         let r = self.install_dictionary(content);
         match r {
             // Not installed: `no_room` stopped training until a retirement frees room.
-            Ok(_) => {
+            Ok(installed) => {
                 self.dicts.done(false);
-                Ok(())
+                Ok(if installed {
+                    Retrained::Installed
+                } else {
+                    Retrained::NoRoom
+                })
             }
             Err(e) => {
                 self.dicts.done(true);

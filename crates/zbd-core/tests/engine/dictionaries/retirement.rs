@@ -169,7 +169,7 @@ fn run(vol: &Volume, model: &mut Model) -> Result<Vec<bool>, String> {
                     .map_err(|e| format!("retrain: {e}"))?;
                 // A failed install does not fail the caller: the volume stops instead.
                 vol.flush().map_err(|e| format!("after retrain: {e}"))?;
-                installed.push(now);
+                installed.push(now == zbd_core::Retrained::Installed);
             }
             Step::Compact => {
                 vol.compact(&|_, _| {})

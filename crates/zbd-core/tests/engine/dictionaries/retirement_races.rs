@@ -81,7 +81,10 @@ fn misattributed(codec: Codec) {
     // Whatever dictionary the first write trained is retired, and its room freed.
     vol.checkpoint().expect("checkpoint");
     vol.checkpoint().expect("checkpoint");
-    assert!(vol.retrain_dictionary(samples(101)).expect("retrain"));
+    assert_eq!(
+        vol.retrain_dictionary(samples(101)).expect("retrain"),
+        zbd_core::Retrained::Installed
+    );
     write(DICT_BLOCKS / 2, DICT_BLOCKS, 3);
     vol.close().expect("close");
     drop(vol);
@@ -257,7 +260,10 @@ fn retirement_race(create: &CreateOptions, watermarks: (u8, u8)) {
             let mut seed = 300;
             while !stop.load(Ordering::SeqCst) || installed < 4 {
                 seed += 1;
-                installed += usize::from(vol.retrain_dictionary(samples(seed)).expect("retrain"));
+                installed += usize::from(
+                    vol.retrain_dictionary(samples(seed)).expect("retrain")
+                        == zbd_core::Retrained::Installed,
+                );
                 vol.checkpoint().expect("checkpoint");
                 vol.compact(&|_, _| {}).expect("compact");
                 vol.clean().expect("clean");
@@ -312,7 +318,10 @@ fn two_dictionary_image() -> Vec<u8> {
     write(2);
     vol.checkpoint().expect("checkpoint");
     vol.checkpoint().expect("checkpoint");
-    assert!(vol.retrain_dictionary(samples(101)).expect("retrain"));
+    assert_eq!(
+        vol.retrain_dictionary(samples(101)).expect("retrain"),
+        zbd_core::Retrained::Installed
+    );
     let stats = vol.stats();
     let mut live: Vec<_> = stats
         .dictionaries
@@ -491,9 +500,10 @@ fn ids_wrap_around_but_never_onto_a_dictionary_a_live_block_names() {
         vol.trim(BS as u64, 8 * BS as u64).expect("trim");
         vol.checkpoint().expect("checkpoint");
         vol.checkpoint().expect("checkpoint");
-        assert!(
+        assert_eq!(
             vol.retrain_dictionary(samples(10 + round % 7))
                 .expect("retrain"),
+            zbd_core::Retrained::Installed,
             "round {round}: nothing installed: {:?}",
             vol.stats().dictionaries
         );
