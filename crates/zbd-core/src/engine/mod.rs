@@ -41,6 +41,12 @@ const PARALLEL_ITEMS_MIN: usize = 2;
 /// what random reads come back for, and copying its bytes into the cache was a measurable part
 /// of a sequential read's CPU time (a third of 128 KiB reads' on one core: issue 13).
 const STREAMING_BLOCKS_MIN: u64 = 32;
+/// Largest gap between two runs of one read request that are still read as one device request
+/// (engine/read.rs, `fetch`): on a disk that charges ~2 ms per request, 32 KiB more costs ~0.3
+/// ms at 100 MiB/s; an extent's tail and the next one's segment header fit in it.
+const READ_GAP_MAX: u64 = 32 << 10;
+/// Largest device request that joined runs make (see `READ_GAP_MAX`).
+const READ_JOIN_BYTES_MAX: u64 = 256 << 10;
 
 /// Open-time tunables.
 #[derive(Clone, Debug)]
