@@ -12,11 +12,15 @@ use crate::format::{
 /// the engine's tests are written for.
 pub const EXTENT_BYTES_DEFAULT: u32 = 32 * 1024;
 /// Extent size `zbd create` gives a volume on a file or block device. An extent is the unit of
-/// device writes (one segment per extent as it fills); on this machine's disk, which is bound by
-/// write operations more than bytes, 128 KiB extents wrote 1.35x faster than 32 KiB with lz4 and
-/// put zbd `none` level with qemu-nbd, and a `none` volume wastes 1 % of each extent instead of 9 %
-/// (7 blocks with their records fill 29 of 32 KiB). docs/benchmarks-history.md, "Stop 23".
-pub const FILE_EXTENT_BYTES_DEFAULT: u32 = 128 * 1024;
+/// device writes (one segment per extent as it fills), so on a disk bound by operations more
+/// than bytes its size sets the request count: 128 KiB wrote lz4 1.35x faster than 32 KiB
+/// (docs/benchmarks-history.md, "Stop 23"), and 512 KiB brought PostMark on XFS from 0.63x to
+/// 0.86x native with lz4 (native's write request count) and `none` from 0.57x to 0.71x, with
+/// no loss on the throttled-disk NBD group (random 4 KiB reads and writes at queue depth 1 and
+/// 16, 1 MiB sequential; issue 30, docs/benchmarks.md). Flushes still write only the pending
+/// segment, so "4 KiB write + flush" costs the same; recovery still reads at most
+/// `RECOVERY_BYTES_MAX` (the queue holds 64 such extents).
+pub const FILE_EXTENT_BYTES_DEFAULT: u32 = 512 * 1024;
 /// Extent size `zbd create` gives a RADOS volume: each extent write is one OSD operation, and 32
 /// KiB extents made sequential writes OSD-bound (8x the operations of 256 KiB, half the
 /// throughput in the same run; docs/ceph.md).

@@ -421,11 +421,11 @@ fn create_refuses_a_unit_size_the_extent_cannot_hold() {
     )
     .failure()
     .stderr(predicate::str::contains("does not fit extents of 32K"));
-    // A file's default extents (128K) hold the largest unit.
+    // A file's default extents (512K) hold the largest unit.
     on("create", &vol, &["--size", "4M", "--unit-size", "64K"]).success();
     on("stat", &vol, &[])
         .success()
-        .stdout(predicate::str::contains("lz4 / 128.00 KiB"));
+        .stdout(predicate::str::contains("lz4 / 512.00 KiB"));
     std::fs::remove_file(&vol).expect("remove");
     on("create", &vol, &["--size", "4M", "--unit-size", "12K"])
         .failure()

@@ -54,7 +54,7 @@ class ConfigError(UserError):
 @dataclass(frozen=True)
 class ZbdSpec:
     codec: str = "lz4"
-    extent_size_bytes: int = 128 << 10  # `zbd create`'s default on a file
+    extent_size_bytes: int = 512 << 10  # `zbd create`'s default on a file (issue 30)
     logical_size_bytes: int | None = None  # default: the backing size
 
 
