@@ -304,33 +304,17 @@ impl Inner {
         // and on a disk that charges per request one larger read costs less than two. Joined
         // requests stay below `READ_JOIN_BYTES_MAX`, so a large read still has several in
         // flight on a storage that serves a batch concurrently (RADOS).
-        let mut requests: Vec<(u64, u64, usize)> = Vec::new(); // device offset, bytes, runs
-        let mut placed: Vec<(usize, u64, usize)> = Vec::with_capacity(runs.len()); // request, device offset, place in `all`
-        let mut total = 0usize;
-        for &(_, _, extent, lo, hi) in &runs {
-            let (start, len) = (
-                self.sb.extent_offset(extent) + u64::from(lo),
-                u64::from(hi - lo),
-            );
-            let last = requests.len().wrapping_sub(1);
-            match requests.last_mut() {
-                Some((at, n, count))
-                    if (0..=READ_GAP_MAX).contains(&start.wrapping_sub(*at + *n))
-                        && start + len - *at <= READ_JOIN_BYTES_MAX =>
-                {
-                    let gap = start - (*at + *n);
-                    placed.push((last, start, total + gap as usize));
-                    total += (gap + len) as usize;
-                    *n += gap + len;
-                    *count += 1;
-                }
-                _ => {
-                    placed.push((requests.len(), start, total));
-                    requests.push((start, len, 1));
-                    total += len as usize;
-                }
-            }
-        }
+        let at: Vec<(u64, u64)> = runs
+            .iter()
+            .map(|&(_, _, extent, lo, hi)| {
+                (
+                    self.sb.extent_offset(extent) + u64::from(lo),
+                    u64::from(hi - lo),
+                )
+            })
+            .collect();
+        let (requests, placed) = join_runs(&at);
+        let mut total: usize = requests.iter().map(|r| r.1 as usize).sum();
         let mut all = vec![0u8; total];
         let results = {
             let mut reads = Vec::with_capacity(requests.len());
@@ -344,31 +328,30 @@ impl Inner {
         };
         // A joined request that failed: each of its runs is read alone, so an error in a gap
         // (bytes nobody asked for) fails no block.
-        let results: Vec<std::result::Result<(), String>> = runs
+        let results: Vec<std::result::Result<(), String>> = at
             .iter()
             .zip(&placed)
-            .map(
-                |(&(_, _, _, lo, hi), &(req, start, at))| match &results[req] {
-                    Ok(()) => Ok(()),
-                    Err(_) if requests[req].2 > 1 => {
-                        let n = (hi - lo) as usize;
-                        total += n;
-                        self.storage
-                            .read_at(start, &mut all[at..at + n])
-                            .map_err(|e| e.to_string())
-                    }
-                    Err(e) => Err(e.to_string()),
-                },
-            )
+            .map(|(&(start, n), &(req, place))| match &results[req] {
+                Ok(()) => Ok(()),
+                Err(_) if requests[req].2 > 1 => {
+                    total += n as usize;
+                    self.storage
+                        .read_at(start, &mut all[place..place + n as usize])
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            })
             .collect();
         self.storage_bytes_read
             .fetch_add(total as u64, Ordering::Relaxed);
         let all = Bytes::from(all);
-        let spans = runs.iter().zip(&placed).zip(results).map(
-            |((&(_, _, _, lo, hi), &(_, _, at)), res)| {
-                res.map(|()| all.slice(at..at + (hi - lo) as usize))
-            },
-        );
+        let spans = at
+            .iter()
+            .zip(&placed)
+            .zip(results)
+            .map(|((&(_, n), &(_, place)), res)| {
+                res.map(|()| all.slice(place..place + n as usize))
+            });
         for (&(i, j, _, lo, _), res) in runs.iter().zip(spans) {
             let mut prev: Option<&MapEntry> = None;
             for (k, src) in sources.iter().enumerate().take(j).skip(i) {
@@ -476,5 +459,71 @@ impl Inner {
             codec::decompress(entry.codec, stored, out)?;
         }
         Some(())
+    }
+}
+
+/// A device read request: offset, bytes, runs joined in it.
+type Request = (u64, u64, usize);
+
+/// Device requests for runs at (device offset, bytes), in the order given: a run that starts
+/// within `READ_GAP_MAX` after the previous request ends joins it, while the request stays
+/// within `READ_JOIN_BYTES_MAX`. Returns the requests (offset, bytes, runs joined) and, per
+/// run, its request and its place in the requests' buffers laid end to end.
+fn join_runs(runs: &[(u64, u64)]) -> (Vec<Request>, Vec<(usize, usize)>) {
+    let mut requests: Vec<Request> = Vec::new();
+    let mut placed = Vec::with_capacity(runs.len());
+    let mut total = 0usize;
+    for &(start, len) in runs {
+        let last = requests.len().wrapping_sub(1);
+        match requests.last_mut() {
+            Some((at, n, count))
+                if (0..=READ_GAP_MAX).contains(&start.wrapping_sub(*at + *n))
+                    && start + len - *at <= READ_JOIN_BYTES_MAX =>
+            {
+                let gap = start - (*at + *n);
+                placed.push((last, total + gap as usize));
+                total += (gap + len) as usize;
+                *n += gap + len;
+                *count += 1;
+            }
+            _ => {
+                placed.push((requests.len(), total));
+                requests.push((start, len, 1));
+                total += len as usize;
+            }
+        }
+    }
+    (requests, placed)
+}
+
+#[cfg(test)]
+mod join_tests {
+    use super::*;
+
+    #[test]
+    fn neighbours_join_within_the_gap_and_the_cap_and_nothing_else_does() {
+        let k = 1024u64;
+        let runs = [
+            (0, 8 * k),          // request 0
+            (8 * k + 32 * k, k), // gap of 32 KiB: joins
+            (200 * k, 8 * k),    // gap of 151 KiB: new request
+            (100 * k, 4 * k),    // behind the previous one: new request
+            (104 * k, 300 * k),  // adjacent but past the cap: new request
+        ];
+        let (requests, placed) = join_runs(&runs);
+        assert_eq!(
+            requests,
+            [
+                (0, 41 * k, 2),
+                (200 * k, 8 * k, 1),
+                (100 * k, 4 * k, 1),
+                (104 * k, 300 * k, 1)
+            ]
+        );
+        let k = k as usize;
+        assert_eq!(
+            placed,
+            [(0, 0), (0, 40 * k), (1, 41 * k), (2, 49 * k), (3, 53 * k)]
+        );
     }
 }
