@@ -204,11 +204,21 @@ fn crash_at_every_storage_operation() {
         (1u64, 8192u32, Codec::Lz4),
         (2, 16384, Codec::Zstd(1)),
         (3, 8192, Codec::None),
-        // `zbd create`'s extent size on a file.
-        (5, zbd_core::layout::FILE_EXTENT_BYTES_DEFAULT, Codec::Lz4),
     ] {
         points += sweep(seed, 160, extent, codec, 1);
     }
+    // `zbd create`'s extent size on a file, with a data area of at least eight such extents.
+    let extent = zbd_core::layout::FILE_EXTENT_BYTES_DEFAULT;
+    points += sweep_with(
+        5,
+        160,
+        extent,
+        Codec::Lz4,
+        1,
+        (8 * u64::from(extent)).div_ceil(SIZE).max(6),
+        false,
+        IoOptions::reordered(5),
+    );
     // The same with every write done in order by the caller.
     points += sweep_with(
         4,
