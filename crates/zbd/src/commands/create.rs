@@ -20,7 +20,7 @@ pub struct Args {
     /// higher-ratio LZO1X encoder).
     #[arg(long, default_value = "lz4")]
     codec: String,
-    /// Extent size, a power of two from 8K to 1M [default: 128K; 256K for rados:POOL/NAME,
+    /// Extent size, a power of two from 8K to 1M [default: 512K; 256K for rados:POOL/NAME,
     /// where every extent write is one RADOS operation].
     #[arg(long)]
     extent_size: Option<String>,
