@@ -181,7 +181,7 @@ pub fn live_blocks_in(
         alloc_seq: u64::from_le_bytes(seq),
     };
     let mut out = Vec::new();
-    for (_, records) in index_segments(ext, &owner).values() {
+    for (_, records) in index_segments(ext, &owner)?.values() {
         for r in records.iter().filter(|r| r.kind == RecordKind::Data) {
             if r.lba >= map.blocks() {
                 continue;
@@ -222,25 +222,33 @@ pub struct RollForward {
 }
 
 /// All valid segments of one extent image, by offset: headers found at sector starts, and (v2)
-/// segments whose header is damaged, found by their footer at sector ends.
+/// segments whose header is damaged, found by their footer at sector ends. A valid segment using
+/// a feature this build lacks is an error: skipping it would end the log early.
 fn index_segments(
     ext: &[u8],
     owner: &SegmentOwner,
-) -> BTreeMap<usize, (SegmentHeader, Vec<Record>)> {
-    let mut index = BTreeMap::new();
-    for s in (0..ext.len()).step_by(SECTOR_BYTES) {
-        if let Ok(seg) = parse_segment(ext, owner, s) {
-            index.insert(s, seg);
+) -> Result<BTreeMap<usize, (SegmentHeader, Vec<Record>)>> {
+    type Index = BTreeMap<usize, (SegmentHeader, Vec<Record>)>;
+    fn keep(index: &mut Index, found: Result<(SegmentHeader, Vec<Record>)>) -> Result<()> {
+        match found {
+            Ok(seg) => {
+                index.entry(seg.0.seg_offset as usize).or_insert(seg);
+                Ok(())
+            }
+            Err(e @ Error::NotAVolume(_)) => Err(e),
+            Err(_) => Ok(()),
         }
+    }
+    let mut index = Index::new();
+    for s in (0..ext.len()).step_by(SECTOR_BYTES) {
+        keep(&mut index, parse_segment(ext, owner, s))?;
     }
     if owner.version >= 2 {
         for end in (SECTOR_BYTES..=ext.len()).step_by(SECTOR_BYTES) {
-            if let Ok(seg) = parse_segment_footer(ext, owner, end) {
-                index.entry(seg.0.seg_offset as usize).or_insert(seg);
-            }
+            keep(&mut index, parse_segment_footer(ext, owner, end))?;
         }
     }
-    index
+    Ok(index)
 }
 
 /// Whether a data record's stored bytes match its checksum. A seeded record (v3) names its
@@ -315,7 +323,7 @@ pub fn roll_forward(
             extent: q.extent,
             alloc_seq: q.alloc_seq,
         };
-        let index = index_segments(&ext, &owner);
+        let index = index_segments(&ext, &owner)?;
         let mut at = 0usize;
         let replayed_before = found.len();
         loop {
@@ -433,4 +441,51 @@ pub fn make_durable(
         storage.sync()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{seal_segment, set_segment_flags, RecordKind};
+
+    /// Roll-forward must stop at a segment it cannot read rather than take it for the log's end.
+    #[test]
+    fn a_log_segment_with_an_unknown_flag_stops_recovery_by_name() {
+        let owner = SegmentOwner {
+            uuid: &[4; 16],
+            version: 3,
+            extent: 1,
+            alloc_seq: 9,
+        };
+        let mut ext = vec![0u8; 16384];
+        let first = SegmentHeader {
+            version: 3,
+            alloc_seq: 9,
+            extent: 1,
+            seg_offset: 0,
+            payload_len: 0,
+            record_count: 1,
+            durable_seq: 0,
+        };
+        let n = seal_segment(
+            &mut ext,
+            owner.uuid,
+            &first,
+            &[Record::new(RecordKind::Trim, 0, 1, 1)],
+        );
+        let second = SegmentHeader {
+            seg_offset: n as u32,
+            ..first
+        };
+        seal_segment(
+            &mut ext,
+            owner.uuid,
+            &second,
+            &[Record::new(RecordKind::Trim, 8, 1, 2)],
+        );
+        assert_eq!(index_segments(&ext, &owner).map(|i| i.len()).ok(), Some(2));
+        set_segment_flags(&mut ext, &second, 1);
+        let err = index_segments(&ext, &owner).expect_err("flagged segment skipped");
+        assert!(err.to_string().contains("use a newer zbd"), "{err}");
+    }
 }

@@ -100,6 +100,11 @@ const LOC_OFFSET_MASK: u32 = (1 << 20) - 1;
 const SUPER_MAGIC: &[u8; 8] = b"ZBDSUPER";
 const CKPT_MAGIC: &[u8; 8] = b"ZBDCKPT1";
 const SEG_MAGIC: &[u8; 8] = b"ZBDSEGM1";
+/// Segment header flags (u16 at byte 50) this build reads: none yet. A writer sets a flag only
+/// after the checkpoint flag announcing it is durable, so an older build refuses the checkpoint
+/// first; refusing the segment as well keeps it from taking a segment it cannot parse for the
+/// end of the log (docs/format.md, "Flags").
+const SEG_FLAGS_KNOWN: u16 = 0;
 const SEG_FOOTER_MAGIC: &[u8; 8] = b"ZBDSEGFT";
 
 /// Rounds `v` up to a multiple of `a` (a power of two).

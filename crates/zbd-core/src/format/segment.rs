@@ -303,6 +303,15 @@ fn parse_seg_block(
     if seg_block_crc(hb, tb) != get_u32(hb, 52) {
         return Err(bad());
     }
+    // Only now, with the checksum good, is a flag a writer's word rather than damage.
+    let unknown = get_u16(hb, 50) & !SEG_FLAGS_KNOWN;
+    if unknown != 0 {
+        return Err(Error::NotAVolume(format!(
+            "the volume uses features this zbd does not have (segment flags {unknown:#x} in \
+             extent {}); use a newer zbd",
+            h.extent
+        )));
+    }
     let payload_end = seg_offset + SEGMENT_HEADER_BYTES + h.payload_len as usize;
     let mut records = Vec::with_capacity(h.record_count as usize);
     for i in 0..h.record_count as usize {
@@ -360,4 +369,71 @@ pub fn parse_segment_footer(
         return Err(corrupt("segment footer names another extent range"));
     }
     Ok((h, r))
+}
+
+/// Sets the flags of a sealed segment's header and (v2) footer and reseals both checksums, as a
+/// newer writer would: what the refusal of unknown flags is tested with.
+#[cfg(test)]
+pub(crate) fn set_segment_flags(buf: &mut [u8], h: &SegmentHeader, flags: u16) {
+    let start = h.seg_offset as usize;
+    let tlen = h.record_count as usize * RECORD_BYTES;
+    let table = start + SEGMENT_HEADER_BYTES + h.payload_len as usize;
+    put_u16(&mut buf[start..], 50, flags);
+    let crc = seg_block_crc(&buf[start..], &buf[table..table + tlen]);
+    put_u32(&mut buf[start..], 52, crc);
+    if h.version >= 2 {
+        let footer = start + h.padded_len() as usize - SEGMENT_HEADER_BYTES;
+        put_u16(&mut buf[footer..], 50, flags);
+        let crc = seg_block_crc(&buf[footer..], &buf[footer - tlen..footer]);
+        put_u32(&mut buf[footer..], 52, crc);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_with_an_unknown_flag_is_refused_by_name_and_a_damaged_one_is_not_a_segment() {
+        for version in [2u32, 3] {
+            let mut ext = vec![0u8; 8192];
+            let h = SegmentHeader {
+                version,
+                alloc_seq: 5,
+                extent: 3,
+                seg_offset: 0,
+                payload_len: 0,
+                record_count: 1,
+                durable_seq: 1,
+            };
+            let n = seal_segment(
+                &mut ext,
+                &[1; 16],
+                &h,
+                &[Record::new(RecordKind::Trim, 0, 1, 1)],
+            );
+            let owner = SegmentOwner {
+                uuid: &[1; 16],
+                version,
+                extent: 3,
+                alloc_seq: 5,
+            };
+            assert!(parse_segment(&ext, &owner, 0).is_ok());
+            let mut flagged = ext.clone();
+            set_segment_flags(&mut flagged, &h, 1 << 3);
+            for found in [
+                parse_segment(&flagged, &owner, 0),
+                parse_segment_footer(&flagged, &owner, n),
+            ] {
+                let msg = found.expect_err("flagged segment accepted").to_string();
+                assert!(msg.contains("segment flags 0x8"), "{msg}");
+            }
+            // The same bits without a resealed checksum are damage: no segment, no refusal.
+            ext[50] = 8;
+            assert!(matches!(
+                parse_segment(&ext, &owner, 0),
+                Err(Error::CorruptMetadata(_))
+            ));
+        }
+    }
 }
