@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-"nbd_handshake nbd_requests superblock checkpoint map_page segment segment_footer"}
+targets=${FUZZ_TARGETS:-"nbd_handshake nbd_requests superblock checkpoint map_page segment segment_footer metadata_page"}
 
 if ! rustup toolchain list | grep -q '^nightly'; then
     rustup toolchain install nightly --profile minimal

@@ -189,6 +189,7 @@ fn on_disk(dir: &Path) {
         len: 4096,
         crc: 0x0bad_cafe,
         created_seq: 1000,
+        live_blocks: 0,
     };
     checkpoint.extent_table_slots = vec![1, 2];
     assert!(
@@ -273,6 +274,87 @@ fn on_disk(dir: &Path) {
     }
 }
 
+/// One body per page kind of format v3's bit 10, prefixed by the byte that picks its decoder in
+/// the `metadata_page` target.
+fn metadata_pages(dir: &Path) {
+    use zbd_core::format::*;
+    let seed = |which: u8, name: &str, body: &[u8]| {
+        let mut bytes = vec![which];
+        bytes.extend_from_slice(body);
+        write(dir, "metadata_page", name, &bytes);
+    };
+    let mut entry = MapEntry::UNMAPPED;
+    entry.state = BlockState::Data;
+    entry.extent = 3;
+    seed(
+        0,
+        "map-leaf",
+        &encode_map_leaf(&[MapEntry::ZERO, entry])[..],
+    );
+    let slots = [ChildSlot::Page(9), ChildSlot::AllZero];
+    seed(1, "map-interior", &encode_map_interior(&slots)[..]);
+    seed(
+        2,
+        "pair-states",
+        &encode_pair_states(&[PairState::SlotA, PairState::SlotB])[..],
+    );
+    let dir_entry = DirectoryEntry {
+        page: Some(5),
+        free: 100,
+        slot: PairSlot::B,
+    };
+    seed(3, "directory", &encode_directory(&[dir_entry])[..]);
+    seed(4, "list", &encode_list(&[7, 8, 9])[..]);
+    let row = DeviceRow {
+        id: 1,
+        parent: 0,
+        kind: DeviceKind::Default,
+        depth: 2,
+        flags: 0,
+        root: ChildSlot::Page(4),
+        name: "default".into(),
+        blocks: 1 << 20,
+        created_seq: 0,
+        created_at: 0,
+        bytes_used: 0,
+        blocks_used: 0,
+        epoch: 0,
+        pages_max: 1,
+    };
+    let table = encode_device_table(&[row]).expect("a valid row");
+    seed(5, "device-table", &table[..]);
+    let pct = [PctEntry {
+        key: PctEntry::key(0, 1),
+        page: 4,
+        value: 2,
+    }];
+    seed(6, "pct", &encode_pct(&pct).expect("one entry")[..]);
+    let release = ReleaseEntry {
+        device: 2,
+        root: 4,
+        level: 1,
+        flags: 1,
+        number: 1,
+        position: 0,
+        cursor: 0,
+    };
+    seed(
+        7,
+        "release-queue",
+        &encode_release_queue(&[release]).expect("one entry")[..],
+    );
+    let ext = Extension {
+        bytes: 4096,
+        list_capacity: 4096,
+        device_rows: 1,
+        next_device: 2,
+        ..Extension::default()
+    };
+    let mut b = [0u8; EXTENSION_HEADER_BYTES];
+    ext.encode(&mut b);
+    seed(8, "extension", &b);
+}
+
 fn main() {
     let dir = std::env::args_os()
         .nth(1)
@@ -281,5 +363,6 @@ fn main() {
     handshakes(&dir);
     requests(&dir);
     on_disk(&dir);
+    metadata_pages(&dir);
     eprintln!("seeds written under {}", dir.display());
 }

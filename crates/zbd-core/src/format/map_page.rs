@@ -73,7 +73,7 @@ impl MapEntry {
         self.state == BlockState::Data && self.unit_blocks > 1
     }
 
-    fn encode(&self, b: &mut [u8]) {
+    pub(super) fn encode(&self, b: &mut [u8]) {
         let state = match self.state {
             BlockState::Unmapped => 0,
             BlockState::Zero => 1,
@@ -93,7 +93,7 @@ impl MapEntry {
         put_u32(b, 12, self.crc);
     }
 
-    fn decode(b: &[u8]) -> Option<MapEntry> {
+    pub(super) fn decode(b: &[u8]) -> Option<MapEntry> {
         let state = match b[0] & 7 {
             0 => BlockState::Unmapped,
             1 => BlockState::Zero,

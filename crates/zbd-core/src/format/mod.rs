@@ -13,6 +13,7 @@
 mod checkpoint;
 mod item;
 mod map_page;
+mod pages;
 mod segment;
 mod superblock;
 #[cfg(test)]
@@ -21,6 +22,7 @@ mod tests;
 pub use checkpoint::*;
 pub use item::*;
 pub use map_page::*;
+pub use pages::*;
 pub use segment::*;
 pub use superblock::*;
 
