@@ -16,6 +16,7 @@ mod extents;
 pub mod format;
 pub mod layout;
 mod map;
+pub mod meta;
 mod par;
 mod readcache;
 mod recovery;

@@ -1,0 +1,13 @@
+//! Metadata pages: what format v3's checkpoint flag bit 10 adds (docs/design.md, "Map trees,
+//! pages and pairs", "Pair-state list", "Space for metadata"). Build step 1b lands here in
+//! pieces; the byte layouts are in `format/pages.rs`.
+//!
+//! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
+//!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
+//!   and the bounds it is admitted by, the bit-10 checkpoint slot).
+//!
+//! Nothing in the engine uses this module yet.
+
+pub mod geometry;
+
+pub use geometry::{ListBounds, MetaGeometry, PairHome};
