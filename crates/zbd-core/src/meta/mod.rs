@@ -9,5 +9,6 @@
 //! Nothing in the engine uses this module yet.
 
 pub mod geometry;
+pub mod pairs;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};

@@ -1,0 +1,449 @@
+//! Pair states and the ids allocation may hand out (docs/design.md, "Map trees, pages and
+//! pairs", "Pair-state list", "Space for metadata": carving, returning, the reserve).
+//!
+//! [`PairStates`] answers "which slot of id `p` is current": two bits in a pair-state page, then
+//! the list entry for `p` if there is one. Every change goes to the list first; folding moves
+//! entries into pages without changing any answer, so replay (which does not fold) decides the
+//! same. [`PairAllocator`] hands out the lowest allocatable id, and keeps freed ids out of
+//! allocation until a checkpoint that no longer names them is durable (R5-D3), and out for good
+//! when their extent pair left metadata meanwhile (R6-A2).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::geometry::{MetaGeometry, PairHome};
+use crate::format::{PairListEntry, PairState, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE};
+
+/// Carved free pairs kept back from host writes, promotions, shadows and release steps: device
+/// operations (64), a full release queue's pages (33), pair-state and directory pages and cursor
+/// paths with slack (31).
+pub const METADATA_RESERVE: usize = 128;
+
+/// The pair-state page covering `id`, and the id's index in it.
+fn page_of(id: u32) -> (u32, usize) {
+    let per = PAIR_STATE_IDS_PER_PAGE as u32;
+    (id / per, (id % per) as usize)
+}
+
+fn bits(page: &[u8; PAGE_BODY_BYTES], i: usize) -> PairState {
+    match (page[i / 4] >> (2 * (i % 4))) & 3 {
+        0 => PairState::Free,
+        1 => PairState::SlotA,
+        2 => PairState::SlotB,
+        _ => PairState::Reserved,
+    }
+}
+
+fn set_bits(page: &mut [u8; PAGE_BODY_BYTES], i: usize, s: PairState) {
+    let v = match s {
+        PairState::Free => 0u8,
+        PairState::SlotA => 1,
+        PairState::SlotB => 2,
+        PairState::Reserved => 3,
+    };
+    let shift = 2 * (i % 4);
+    page[i / 4] = (page[i / 4] & !(3 << shift)) | (v << shift);
+}
+
+/// What a pair-state lookup found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The id's state.
+    Known(PairState),
+    /// The pair-state page with this index must be read first (it is not resident).
+    Fault(u32),
+}
+
+/// A list entry: the id's latest state and, for a free, the interval it was freed in (RAM
+/// only: the checkpoint writes it as plain free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    state: PairState,
+    freed_in: Option<u64>,
+}
+
+/// Pair-state pages in RAM and the list of changes newer than them.
+#[derive(Debug, Default)]
+pub struct PairStates {
+    /// Resident pair-state pages by index; `never_written` pages read as all free.
+    pages: HashMap<u32, Box<[u8; PAGE_BODY_BYTES]>>,
+    /// Page indexes with no page on disk (their directory entry names none).
+    never_written: BTreeSet<u32>,
+    list: BTreeMap<u32, Entry>,
+}
+
+impl PairStates {
+    /// An empty table: every page index in `never_written` reads as all free, others must be
+    /// installed before their ids are looked up.
+    pub fn new(never_written: impl IntoIterator<Item = u32>) -> PairStates {
+        PairStates {
+            never_written: never_written.into_iter().collect(),
+            ..PairStates::default()
+        }
+    }
+
+    /// Installs pair-state page `index` as read from disk (its body's bits).
+    pub fn install(&mut self, index: u32, body: Box<[u8; PAGE_BODY_BYTES]>) {
+        self.never_written.remove(&index);
+        self.pages.insert(index, body);
+    }
+
+    /// The state of `id`: its list entry, else its page's bits.
+    pub fn state(&self, id: u32) -> Lookup {
+        if let Some(e) = self.list.get(&id) {
+            return Lookup::Known(e.state);
+        }
+        let (j, i) = page_of(id);
+        match self.pages.get(&j) {
+            Some(p) => Lookup::Known(bits(p, i)),
+            None if self.never_written.contains(&j) => Lookup::Known(PairState::Free),
+            None => Lookup::Fault(j),
+        }
+    }
+
+    /// Records a change of `id`'s state (an allocation, a slot flip, a free in `interval`).
+    pub fn record(&mut self, id: u32, state: PairState, interval: u64) {
+        let freed_in = (state == PairState::Free).then_some(interval);
+        self.list.insert(id, Entry { state, freed_in });
+    }
+
+    /// Entries in the list.
+    pub fn list_len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The list as the checkpoint writes it: sorted by id, frees plain.
+    pub fn list_entries(&self) -> Vec<PairListEntry> {
+        self.list
+            .iter()
+            .map(|(&id, e)| PairListEntry { id, state: e.state })
+            .collect()
+    }
+
+    /// Loads the list a checkpoint carried (recovery and open); its frees are old enough to be
+    /// folded (a checkpoint that no longer names them is durable).
+    pub fn load_list(&mut self, entries: &[PairListEntry]) {
+        for e in entries {
+            self.list.insert(
+                e.id,
+                Entry {
+                    state: e.state,
+                    freed_in: None,
+                },
+            );
+        }
+    }
+
+    /// Page indexes holding entries a fold may apply now, in order: frees wait until a
+    /// checkpoint whose phase 1 came after them (interval `committed` or later) has committed.
+    pub fn foldable_pages(&self, committed: u64) -> Vec<u32> {
+        let mut out: Vec<u32> = self
+            .list
+            .iter()
+            .filter(|(_, e)| !matches!(e.freed_in, Some(f) if f >= committed))
+            .map(|(&id, _)| page_of(id).0)
+            .collect();
+        out.dedup();
+        out
+    }
+
+    /// Applies the foldable entries of page `index` to it (resident or never written); returns
+    /// how many it applied, or `None` when the page must be read first. No answer of
+    /// [`state`](Self::state) changes.
+    pub fn fold_page(&mut self, index: u32, committed: u64) -> Option<usize> {
+        if !self.pages.contains_key(&index) {
+            if !self.never_written.remove(&index) {
+                return None;
+            }
+            self.pages.insert(index, Box::new([0u8; PAGE_BODY_BYTES]));
+        }
+        let per = PAIR_STATE_IDS_PER_PAGE as u32;
+        let first = index * per;
+        let ids: Vec<u32> = self
+            .list
+            .range(first..first.saturating_add(per))
+            .filter(|(_, e)| !matches!(e.freed_in, Some(f) if f >= committed))
+            .map(|(&id, _)| id)
+            .collect();
+        let page = self.pages.get_mut(&index)?;
+        for &id in &ids {
+            if let Some(e) = self.list.remove(&id) {
+                set_bits(page, page_of(id).1, e.state);
+            }
+        }
+        Some(ids.len())
+    }
+
+    /// The body of resident page `index` (to write it), if resident.
+    pub fn page(&self, index: u32) -> Option<&[u8; PAGE_BODY_BYTES]> {
+        self.pages.get(&index).map(|p| &**p)
+    }
+}
+
+/// The ids allocation may hand out: free pairs of carved metadata extents, lowest first.
+#[derive(Debug)]
+pub struct PairAllocator {
+    geometry: MetaGeometry,
+    /// Free ids allocation may take now.
+    allocatable: BTreeSet<u32>,
+    /// Freed ids and the interval they were freed in: they wait for a commit (R5-D3).
+    pending: BTreeMap<u32, u64>,
+    /// Extents (copy 0) carved in a phase 1 whose checkpoint has not committed.
+    carved: Vec<u32>,
+    /// Extents (copy 0) whose pair is metadata in the extent table.
+    metadata: BTreeSet<u32>,
+}
+
+impl PairAllocator {
+    /// An allocator over `geometry` with no metadata extent yet.
+    pub fn new(geometry: MetaGeometry) -> PairAllocator {
+        PairAllocator {
+            geometry,
+            allocatable: BTreeSet::new(),
+            pending: BTreeMap::new(),
+            carved: Vec::new(),
+            metadata: BTreeSet::new(),
+        }
+    }
+
+    /// Ids allocation may take now (the reserve included).
+    pub fn allocatable(&self) -> usize {
+        self.allocatable.len()
+    }
+
+    /// The lowest allocatable id, leaving the reserve untouched unless `reserve` (device
+    /// operations and the pages of the metadata itself may use it).
+    pub fn allocate(&mut self, reserve: bool) -> Option<u32> {
+        if !reserve && self.allocatable.len() <= METADATA_RESERVE {
+            return None;
+        }
+        self.allocatable.pop_first()
+    }
+
+    /// Frees `id` in `interval`: it waits until a checkpoint whose phase 1 came later commits.
+    pub fn free(&mut self, id: u32, interval: u64) {
+        // Region-0 ids are a device's fixed leaves, never handed out by this allocator.
+        if matches!(self.geometry.home(id), Some(PairHome::Extent { .. })) {
+            self.pending.insert(id, interval);
+        }
+    }
+
+    /// Phase 1 carved `extent` (copy 0; its partner is `extent + H`): it is metadata from now on,
+    /// and its ids, all free, become allocatable when this checkpoint commits.
+    pub fn carve(&mut self, extent: u32) {
+        if extent < self.geometry.h {
+            self.metadata.insert(extent);
+            self.carved.push(extent);
+        }
+    }
+
+    /// Phase 1 chose `extent`'s pair for return (every id in it free): its ids leave allocation
+    /// at once, so no page allocated before the commit lands in it (R5-A2), and its pending ids
+    /// will not rejoin when their wait ends unless it is carved again (R6-A2).
+    pub fn withdraw(&mut self, extent: u32) {
+        self.metadata.remove(&extent);
+        self.carved.retain(|&e| e != extent);
+        let ids = self.ids_of(extent);
+        self.allocatable.retain(|id| !ids.contains(id));
+    }
+
+    /// A checkpoint whose phase 1 opened interval `interval` committed: its carved extents'
+    /// ids become allocatable, and ids freed before `interval` rejoin allocation if their
+    /// extent pair is still metadata (else they stay free and are never handed out).
+    pub fn commit(&mut self, interval: u64) {
+        for extent in std::mem::take(&mut self.carved) {
+            self.allocatable.extend(self.ids_of(extent));
+        }
+        let ready: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, &f)| f < interval)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ready {
+            self.pending.remove(&id);
+            if let Some(PairHome::Extent { extent, .. }) = self.geometry.home(id) {
+                if self.metadata.contains(&extent) {
+                    self.allocatable.insert(id);
+                }
+            }
+        }
+    }
+
+    fn ids_of(&self, extent: u32) -> std::ops::Range<u32> {
+        match self.geometry.id_in_extent(extent, 0) {
+            Some(first) => first..first + self.geometry.pairs_per_extent,
+            None => 0..0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn geometry() -> MetaGeometry {
+        MetaGeometry::new(40, 32 * 1024, 400).expect("geometry")
+    }
+
+    #[test]
+    fn lookups_read_the_list_over_the_page_and_folds_change_no_answer() {
+        let mut s = PairStates::new([0]);
+        assert_eq!(s.state(5), Lookup::Known(PairState::Free));
+        assert_eq!(s.state(20_000), Lookup::Fault(1));
+        s.record(5, PairState::SlotA, 1);
+        s.record(6, PairState::SlotB, 1);
+        s.record(7, PairState::Free, 3);
+        assert_eq!(s.state(6), Lookup::Known(PairState::SlotB));
+        // The free of interval 3 waits for a commit of interval 4 or later.
+        assert_eq!(s.fold_page(0, 3), Some(2));
+        assert_eq!(s.list_len(), 1);
+        assert_eq!(s.state(5), Lookup::Known(PairState::SlotA));
+        assert_eq!(s.state(6), Lookup::Known(PairState::SlotB));
+        assert_eq!(s.fold_page(0, 4), Some(1));
+        assert_eq!(s.list_len(), 0);
+        assert_eq!(s.state(7), Lookup::Known(PairState::Free));
+        s.record(20_000, PairState::SlotA, 5);
+        assert_eq!(s.foldable_pages(5), vec![1]);
+        assert_eq!(s.fold_page(1, 5), None, "page 1 must be read first");
+        s.install(1, Box::new([0xff; PAGE_BODY_BYTES]));
+        assert_eq!(s.state(20_001), Lookup::Known(PairState::Reserved));
+        assert_eq!(s.fold_page(1, 5), Some(1));
+        assert_eq!(
+            s.page(1).map(|p| bits(p, 20_000 - 16_320)),
+            Some(PairState::SlotA)
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_list_round_trips_through_a_load() {
+        let mut s = PairStates::new([0]);
+        s.record(9, PairState::Free, 2);
+        s.record(3, PairState::SlotB, 2);
+        let written = s.list_entries();
+        assert_eq!(written.iter().map(|e| e.id).collect::<Vec<_>>(), vec![3, 9]);
+        let mut r = PairStates::new([0]);
+        r.load_list(&written);
+        for id in [3, 9, 10] {
+            assert_eq!(r.state(id), s.state(id));
+        }
+        // Loaded frees are old: a fold may apply them at once.
+        assert_eq!(r.fold_page(0, 0), Some(2));
+    }
+
+    #[test]
+    fn allocation_takes_the_lowest_id_and_keeps_the_reserve() {
+        let g = geometry();
+        let mut a = PairAllocator::new(g);
+        assert_eq!(a.allocate(true), None);
+        for e in 0..g.h {
+            a.carve(e);
+        }
+        assert_eq!(a.allocate(true), None, "carved ids wait for the commit");
+        a.commit(1);
+        assert_eq!(a.allocatable(), (g.h * g.pairs_per_extent) as usize);
+        assert_eq!(a.allocate(false), Some(40));
+        while a.allocate(false).is_some() {}
+        assert_eq!(a.allocatable(), METADATA_RESERVE);
+        assert!(a.allocate(true).is_some());
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Allocate,
+        Free(usize),
+        Carve(u32),
+        Withdraw(u32),
+        Commit,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Allocate),
+            3 => (0usize..64).prop_map(Op::Free),
+            1 => (0u32..40).prop_map(Op::Carve),
+            1 => (0u32..40).prop_map(Op::Withdraw),
+            2 => Just(Op::Commit),
+        ]
+    }
+
+    proptest! {
+        /// Against a model: an id is never handed out twice without a free, never before a
+        /// commit that came after its free, never from an extent pair that is not metadata, and
+        /// always the lowest the model allows.
+        #[test]
+        fn the_allocator_never_hands_out_an_id_it_must_not(ops in prop::collection::vec(op(), 1..300)) {
+            let g = MetaGeometry::new(40, 32 * 1024, 80).expect("geometry");
+            let mut a = PairAllocator::new(g);
+            let mut interval = 1u64;
+            let mut held: Vec<u32> = Vec::new();
+            let mut freed_at: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut metadata: BTreeSet<u32> = BTreeSet::new();
+            let mut usable: BTreeSet<u32> = BTreeSet::new();
+            let mut carved: BTreeSet<u32> = BTreeSet::new();
+            for op in ops {
+                match op {
+                    Op::Allocate => {
+                        let got = a.allocate(true);
+                        prop_assert_eq!(got, usable.first().copied());
+                        if let Some(id) = got {
+                            usable.remove(&id);
+                            let Some(PairHome::Extent { extent, .. }) = g.home(id) else {
+                                return Err(TestCaseError::fail("region-0 id handed out"));
+                            };
+                            prop_assert!(metadata.contains(&extent));
+                            prop_assert!(!held.contains(&id));
+                            held.push(id);
+                        }
+                    }
+                    Op::Free(i) if !held.is_empty() => {
+                        let id = held.swap_remove(i % held.len());
+                        a.free(id, interval);
+                        freed_at.insert(id, interval);
+                    }
+                    Op::Free(_) => {}
+                    Op::Carve(e) => {
+                        // The carver takes only pairs with no page in use.
+                        let in_use = held.iter().any(|&id| {
+                            matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e)
+                        });
+                        if !in_use && !metadata.contains(&e) {
+                            a.carve(e);
+                            metadata.insert(e);
+                            carved.insert(e);
+                        }
+                    }
+                    Op::Withdraw(e) => {
+                        // Only a pair with every id free is returned.
+                        let in_use = held.iter().any(|&id| {
+                            matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e)
+                        });
+                        if !in_use && metadata.contains(&e) {
+                            a.withdraw(e);
+                            metadata.remove(&e);
+                            carved.remove(&e);
+                            usable.retain(|&id| !matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e));
+                        }
+                    }
+                    Op::Commit => {
+                        interval += 1;
+                        for e in std::mem::take(&mut carved) {
+                            let first = g.id_in_extent(e, 0).expect("carved extent");
+                            usable.extend(first..first + g.pairs_per_extent);
+                        }
+                        let ready: Vec<u32> = freed_at.iter().filter(|(_, &f)| f < interval).map(|(&id, _)| id).collect();
+                        for id in ready {
+                            freed_at.remove(&id);
+                            if let Some(PairHome::Extent { extent, .. }) = g.home(id) {
+                                if metadata.contains(&extent) {
+                                    usable.insert(id);
+                                }
+                            }
+                        }
+                        a.commit(interval);
+                    }
+                }
+            }
+        }
+    }
+}
