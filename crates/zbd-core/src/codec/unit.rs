@@ -10,6 +10,7 @@
 use super::dict::{DictId, Dictionary, ZSTD_DCTX};
 use super::{id, Codec};
 use crate::error::{Error, Result};
+use crate::format::MAP_ENTRIES_PER_PAGE;
 use std::ops::Range;
 use zstd::zstd_safe;
 
@@ -190,13 +191,20 @@ pub(super) fn zstd_stream_prefix(
 
 /// Splits the blocks of a write starting at `first_lba` into units of at most `unit_blocks`:
 /// only runs of non-zero blocks (`nonzero[i]`) form units, and a unit never crosses an LBA that
-/// is a multiple of `unit_blocks`. Returns index ranges into the write; zero blocks are in none.
+/// is a multiple of `unit_blocks` or of a map page's 255 entries. Returns index ranges into the
+/// write; zero blocks are in none.
+///
+/// Why map pages: with shared blocks (docs/design.md, "Map trees, pages and pairs") a unit that
+/// spans two leaves makes a change to one leaf a change to its neighbour too; cutting there
+/// costs one shorter unit per 255 blocks.
 pub fn plan_units(first_lba: u64, nonzero: &[bool], unit_blocks: usize) -> Vec<Range<usize>> {
     let n = unit_blocks.clamp(1, UNIT_BLOCKS_MAX);
     let mut units = Vec::new();
     let mut start: Option<usize> = None;
     for (i, &nz) in nonzero.iter().enumerate() {
-        let aligned = (first_lba + i as u64).is_multiple_of(n as u64);
+        let lba = first_lba + i as u64;
+        let aligned =
+            lba.is_multiple_of(n as u64) || lba.is_multiple_of(MAP_ENTRIES_PER_PAGE as u64);
         if let Some(s) = start {
             if !nz || aligned {
                 units.push(s..i);
@@ -352,5 +360,13 @@ mod tests {
         assert_eq!(plan_units(6, &nz, 4), vec![0..2, 2..3, 4..6, 6..10]);
         assert_eq!(plan_units(0, &[false; 5], 4), Vec::<Range<usize>>::new());
         assert_eq!(plan_units(0, &[true; 3], 1), vec![0..1, 1..2, 2..3]);
+        // A map page boundary (LBA 255, 510) cuts a unit too.
+        assert_eq!(plan_units(248, &[true; 16], 16), vec![0..7, 7..8, 8..16]);
+        for first in [0u64, 200, 250, 509] {
+            for u in plan_units(first, &[true; 600], 16) {
+                let (a, b) = (first + u.start as u64, first + u.end as u64 - 1);
+                assert_eq!(a / 255, b / 255, "unit {a}..={b} spans a map page boundary");
+            }
+        }
     }
 }
