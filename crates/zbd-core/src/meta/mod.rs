@@ -10,5 +10,6 @@
 
 pub mod geometry;
 pub mod pairs;
+pub mod tree;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};
