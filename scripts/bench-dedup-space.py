@@ -11,7 +11,9 @@ Data sets (scripts/dedup_sets.py, from this machine's files):
   here and copied onto every target.
 Systems, each on a sparse image file of its own:
 - btrfs `compress=zstd:1` on a loop device, then `duperemove -d` on the same filesystem;
-- ZFS (zfs-fuse) with `dedup=on` and each of DEDUP_SPACE_ZFS's compressions (recordsize 128K);
+- ZFS (zfs-fuse) with `dedup=on`, for each of DEDUP_SPACE_ZFS's compression/recordsize pairs:
+  gzip-1 and lzjb at the default 128K records, and gzip-1 at 4K records, where ZFS can share
+  every 4 KiB block as zbd will (pool v23 has no lz4);
 - ext4 on a zbd volume (lz4, zstd:1; zbd's defaults otherwise), served by `zbd serve` and
   attached with `zbd attach` (nbdfuse + loop).
 Stored bytes: btrfs and zbd, bytes the image (backing file) holds after sync + fstrim; ZFS, the
@@ -25,7 +27,8 @@ when no daemon runs (and then stops that one, by PID); undoes everything on exit
     scripts/bench-dedup-space.py OUTDIR
 
 env: ZBD_BIN (default target/release/zbd), DEDUP_DIR where images go (/var/tmp), DEDUP_BASE_MB
-     (256), DEDUP_TREE_MB (400), DEDUP_SEED_MB (640), DEDUP_SPACE_ZFS ("gzip-1 lzjb"; empty: no ZFS),
+     (256), DEDUP_TREE_MB (400), DEDUP_SEED_MB (640), DEDUP_SPACE_ZFS (COMPRESSION[/RECORDSIZE] ...,
+     default "gzip-1 lzjb gzip-1/4K"; empty: no ZFS),
      DEDUP_SPACE_SETS ("clone tree seed").
 """
 
@@ -50,6 +53,7 @@ from dedup_sets import BLOCK, CLONES, build_clone_set, build_system_tree, used_b
 SCHEMA_VERSION = 1
 ZBD_CODECS = ("lz4", "zstd:1")
 BTRFS_COMPRESS = "zstd:1"
+ZFS_VARIANTS = "gzip-1 lzjb gzip-1/4K"  # compression[/recordsize], recordsize 128K (ZFS's) if not given
 ZFS_RECORDSIZE = "128K"
 ZFS_SOCKET = Path("/var/run/zfs/zfs_socket")
 SEED_FILES = 10  # seed 003's vdbench run: files=10 (of 20m each; scaled up here)
@@ -387,8 +391,11 @@ def socket_alive(path: Path) -> bool:
     return True
 
 
-def zfs(ctx: Context, data: DataSet, compression: str) -> dict[str, Any]:
-    """A zfs-fuse pool on a sparse image, dedup=on and `compression`; its ALLOC after export/import."""
+def zfs(ctx: Context, data: DataSet, variant: str) -> dict[str, Any]:
+    """A zfs-fuse pool on a sparse image, dedup=on and `variant` (compression[/recordsize]); its ALLOC
+    after export/import."""
+    compression, _, recordsize = variant.partition("/")
+    recordsize = recordsize or ZFS_RECORDSIZE
     if ctx.zfs is None:
         ctx.zfs = ZfsDaemon(ctx.work, ctx.undo)
     image = ctx.work / "zfs" / "pool.img"
@@ -397,7 +404,7 @@ def zfs(ctx: Context, data: DataSet, compression: str) -> dict[str, Any]:
     run(["truncate", "-s", str(data.image_bytes()), str(image)])
     pool = f"zbddedup{os.getpid()}"
     entry = ctx.undo.push(f"zpool export {pool}", lambda: release_pool(pool))
-    props = ["-O", f"compression={compression}", "-O", "dedup=on", "-O", f"recordsize={ZFS_RECORDSIZE}"]
+    props = ["-O", f"compression={compression}", "-O", "dedup=on", "-O", f"recordsize={recordsize}"]
     run(["zpool", "create", "-f", "-o", "cachefile=none", "-m", str(ctx.mnt), *props, pool, str(image)])
     set_props = run(["zfs", "get", "-H", "-o", "property,value", "dedup,compression,recordsize", pool]).stdout
     empty = run(["zpool", "list", "-H", "-o", "allocated", pool]).stdout.strip()
@@ -422,7 +429,7 @@ def zfs(ctx: Context, data: DataSet, compression: str) -> dict[str, Any]:
         "image_allocated_bytes": allocated(image),
     }
     extra |= {line.split("\t")[0]: line.split("\t")[1] for line in fs.splitlines() if "\t" in line}
-    system = f"ZFS (zfs-fuse) {compression}, dedup=on"
+    system = f"ZFS (zfs-fuse) {compression}, dedup=on, recordsize={recordsize}"
     row = row_of(data, system, zfs_size(alloc), "zpool ALLOC after export/import", extra)
     image.unlink()
     say(f"  {system}: {row['stored_bytes'] >> 20} MiB (dedupratio {dedupratio})")
@@ -559,10 +566,10 @@ def row_of(data: DataSet, system: str, stored: int, measure: str, extra: dict[st
 # ---- main ---------------------------------------------------------------------------------------
 
 
-def measure(ctx: Context, data: DataSet, zfs_compressions: list[str]) -> list[dict[str, Any]]:
+def measure(ctx: Context, data: DataSet, zfs_variants: list[str]) -> list[dict[str, Any]]:
     rows = btrfs(ctx, data)
-    for compression in zfs_compressions:
-        rows.append(zfs(ctx, data, compression))
+    for variant in zfs_variants:
+        rows.append(zfs(ctx, data, variant))
     for codec in ZBD_CODECS:
         rows.append(zbd_volume(ctx, data, codec))
     return rows
@@ -578,9 +585,9 @@ def main() -> int:
     out = Path(sys.argv[1]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     zbd = os.environ.get("ZBD_BIN", str(Path(__file__).resolve().parent.parent / "target/release/zbd"))
-    zfs_compressions = os.environ.get("DEDUP_SPACE_ZFS", "gzip-1 lzjb").split()
+    zfs_variants = os.environ.get("DEDUP_SPACE_ZFS", ZFS_VARIANTS).split()
     tools = ["mkfs.ext4", "mkfs.btrfs", "compsize", "duperemove", "fio", "fstrim", "losetup", "nbdfuse"]
-    tools += ["zfs-fuse", "zpool"] if zfs_compressions else []
+    tools += ["zfs-fuse", "zpool"] if zfs_variants else []
     missing = [t for t in tools if not any(Path(d, t).exists() for d in os.environ["PATH"].split(":"))]
     if missing:
         print(f"bench-dedup-space: missing {', '.join(missing)} (scripts/install-deps.sh)", file=sys.stderr)
@@ -617,12 +624,12 @@ def main() -> int:
                     "facts": data.facts,
                 }
             )
-            doc["rows"] += measure(ctx, data, zfs_compressions)
+            doc["rows"] += measure(ctx, data, zfs_variants)
             for path in data.paths:
                 run(["rm", "-rf", "--one-file-system", str(path)])
             (out / "dedup-space.json").write_text(json.dumps(doc, indent=2) + "\n")
         if ctx.zfs is not None:
-            doc["zfs"] = ZfsDaemon.versions() | {"recordsize": ZFS_RECORDSIZE}
+            doc["zfs"] = ZfsDaemon.versions() | {"variants": zfs_variants}
         doc["zbd_version"] = run([zbd, "--version"], check=False).stdout.strip()
         doc["duperemove_version"] = run(["duperemove", "--version"], check=False).stdout.strip()
         (out / "dedup-space.json").write_text(json.dumps(doc, indent=2) + "\n")
