@@ -10,6 +10,7 @@ packages=(
   python3-libnbd                    # libnbd bindings for /usr/bin/python3 (bad-input tests)
   qemu-utils                        # qemu-img, qemu-io
   e2fsprogs xfsprogs btrfs-progs btrfs-compsize zfs-fuse
+  duperemove                        # btrfs dedup anchor (scripts/bench-dedup-space.py)
   util-linux procps psmisc sysstat
   librados2                         # loaded by zbd for rados:POOL/NAME volumes (not to build)
   prometheus                        # promtool + a real server: the metrics tests

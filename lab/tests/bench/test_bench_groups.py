@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from zbdlab.bench import engine, fs, nbd, report
+from zbdlab.bench import engine, fs, nbd, report, scripts
 from zbdlab.bench.core import Figure, Goal, Rounds
 from zbdlab.bench.report import write_results
 from zbdlab.bench.settings import Settings
@@ -204,3 +205,81 @@ def test_a_group_that_fails_fails_the_command_after_writing_the_results(tmp_path
     assert proc.returncode != 0, proc.stdout
     assert "group failed: engine" in proc.stderr
     assert "engine: FAILED" in (out / "summary.md").read_text()
+
+
+def _space_doc() -> dict[str, Any]:
+    """A dedup-space.json as scripts/bench-dedup-space.py writes it, with round numbers."""
+    mib = 2**20
+
+    def row(system: str, stored_mib: int, extra: dict[str, Any], base: bool = False) -> dict[str, Any]:
+        r = {"set": "seed 003's case", "system": system, "logical_bytes": 300 * mib}
+        return (
+            r
+            | {"stored_bytes": stored_mib * mib, "measure": "m", "extra": extra}
+            | ({"base": True} if base else {})
+        )
+
+    compsize = {"disk_usage": 0, "uncompressed": 200 * mib, "referenced": 300 * mib}
+    return {
+        "version": 1,
+        "sets": [
+            {
+                "key": "seed",
+                "name": "seed 003's case",
+                "logical_bytes": 300 * mib,
+                "description": "fio files",
+                "declared_ratio": 3.0,
+                "facts": {
+                    "exact_dedup_128k": 2.98,
+                    "estimate": {
+                        "dedup_ratio": 2.97,
+                        "compression_ratio": 1.0,
+                        "stored_bytes": 100 * mib,
+                        "codec": "zstd:1",
+                    },
+                },
+            }
+        ],
+        "rows": [
+            row("btrfs compress=zstd:1", 300, {"empty_bytes": 4 * mib}, base=True),
+            row("btrfs compress=zstd:1 + duperemove -d", 240, {"compsize": compsize, "duperemove_s": 12.0}),
+            row("ZFS (zfs-fuse) gzip-1, dedup=on", 101, {"dedupratio": "2.97x", "compressratio": "1.00x"}),
+        ],
+    }
+
+
+def test_dedup_space_table_divides_by_logical_and_by_btrfs_and_checks_the_declared_ratio() -> None:
+    lines = scripts.dedup_space_table(_space_doc())
+    rows = [ln for ln in lines if ln.startswith("| seed")]
+    # 300 MiB logical: 300 stored is 1:1 and the base; 240 is 0.80x btrfs; 101 is 2.97:1, -1 % of 3:1
+    assert rows[0] == (
+        "| seed 003's case | btrfs compress=zstd:1 | 300 | 300 | 1.00:1 | 1.00 | "
+        "empty 4 MiB; achieved 1.00:1 vs declared 3.00:1 (-67%) |"
+    )
+    assert "| 240 | 1.25:1 | 0.80 | duperemove shared 100 MiB in 12 s;" in rows[1]
+    assert (
+        "| 101 | 2.97:1 | 0.34 | dedupratio 2.97x, compressratio 1.00x; achieved 2.97:1 vs declared"
+        in rows[2]
+    )
+    assert rows[2].endswith("(-1%) |")
+    # the projection closes the set, marked as one
+    assert rows[3].startswith(
+        "| seed 003's case | *zbd estimate: dedup 4 KiB + zstd:1 (projection)* | 300 | 100 |"
+    )
+    assert any("holds 2.98:1 at 128 KiB" in ln and "2.97:1" in ln for ln in lines if ln.startswith("- seed"))
+
+
+def test_dedup_space_table_without_a_base_row_shows_no_ratio_to_btrfs() -> None:
+    doc = _space_doc()
+    doc["rows"] = [r for r in doc["rows"] if not r.get("base")]
+    rows = [ln for ln in scripts.dedup_space_table(doc) if ln.startswith("| seed")]
+    assert all(ln.split(" | ")[5] == "-" for ln in rows)
+
+
+def test_dedup_space_is_a_default_script_group_with_a_title() -> None:
+    from zbdlab.bench.settings import DEFAULT_GROUPS, SCRIPT_GROUPS
+    from zbdlab.cli.bench import DEFAULT_GROUPS as CLI_DEFAULT_GROUPS
+
+    assert "dedup-space" in SCRIPT_GROUPS and "dedup-space" in DEFAULT_GROUPS
+    assert "dedup-space" in CLI_DEFAULT_GROUPS and "dedup-space" in scripts.SCRIPT_RUNNERS
+    assert "dedup-space" in report.GROUP_TITLES

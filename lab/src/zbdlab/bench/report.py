@@ -34,6 +34,7 @@ GROUP_TITLES = {
     "savings": "Space savings against btrfs and ZFS, read cost per unit size (scripts/bench-savings.sh)",
     "metrics": "Cost of the metrics endpoint under 4 KiB random writes (scripts/bench-metrics.sh)",
     "dedup-index": "Dedup index: duplicates found against its RAM budget (scripts/bench-dedup-index.py)",
+    "dedup-space": "Dedup space: bytes stored beside btrfs+duperemove and ZFS (scripts/bench-dedup-space.py)",
     "ceph": "zbd on RADOS against RBD (scripts/bench-ceph.sh)",
     "rados-ab": "Two zbd binaries on one RADOS cluster (scripts/bench-rados-ab.sh)",
 }

@@ -12,7 +12,17 @@ from zbdlab.app import EXIT_FAILED, UserError, repo_root, zbd_binary
 
 # zbdlab.bench.settings' GROUPS, SCRIPT_GROUPS and ASKED_ONLY (not imported: no numpy here)
 RATIO_GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
-DEFAULT_GROUPS = (*RATIO_GROUPS, "builtin", "scale", "latency", "metrics", "savings", "dedup-index", "ceph")
+DEFAULT_GROUPS = (
+    *RATIO_GROUPS,
+    "builtin",
+    "scale",
+    "latency",
+    "metrics",
+    "savings",
+    "dedup-index",
+    "dedup-space",
+    "ceph",
+)
 GROUP_NAMES = (*DEFAULT_GROUPS, "rados-ab")
 ROOTLESS_GROUPS = {
     "engine",
