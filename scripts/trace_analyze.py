@@ -128,6 +128,8 @@ def main() -> None:
             pa = a["procs"].get(pid)
             base = (pa["utime"] + pa["stime"]) if pa else 0
             name = pb["argv"][0].rsplit("/", 1)[-1]
+            if pb["argv"][1:2] == ["serve"]:
+                name = "zbd"
             if name == "nbdfuse":
                 name = "nbdfuse_front" if "attach" in " ".join(pb["argv"]) else "nbdfuse_disk"
             cpu[name] = cpu.get(name, 0) + (pb["utime"] + pb["stime"] - base) / 100

@@ -51,6 +51,8 @@ def main() -> None:
                 if not argv or not argv[0]:
                     continue
                 name = os.path.basename(argv[0])
+                if name.startswith("zbd") and argv[1:2] == ["serve"]:
+                    name = "zbd"  # a copy of the binary under another name (A/B builds)
                 if name == "postmark":
                     postmark = True
                     continue
@@ -76,7 +78,7 @@ def main() -> None:
             servers = [
                 p
                 for p in procs.values()
-                if os.path.basename(p["argv"][0]) == "zbd" and p["argv"][1:2] == ["serve"]
+                if p["argv"][1:2] == ["serve"]
             ]
             if zbd_bin and servers and now - last_metrics >= 2.0:
                 last_metrics = now
