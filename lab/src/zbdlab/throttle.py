@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,11 +200,13 @@ class ThrottledDevice:
             str(socket),
             "-P",
             str(workdir / "nbdkit.pid"),
+            *_trace_filter(),
             "--filter=delay",
             "--filter=rate",
             "file",
             str(self.backing),
             *self.throttle.nbdkit_args(),
+            *_trace_args(self.backing),
         ]
         self.nbdkit = self.cmds.spawn(argv, workdir / "nbdkit.log", self._adopt_nbdkit)
         self._wait_ready(self.nbdkit, workdir / "nbdkit.pid", "nbdkit", workdir / "nbdkit.log")
@@ -269,6 +272,25 @@ class ThrottledDevice:
         if self.nbdkit is not None:
             stop_process(self.nbdkit)
             self.nbdkit = None
+
+
+def _trace_dir() -> Path | None:
+    """$ZBDLAB_TRACE_DIR: log every request the throttled disk serves (nbdkit's log filter, outermost,
+    so a request's two lines bracket its delay and rate wait) to a file there. Diagnosis only."""
+    wanted = os.environ.get("ZBDLAB_TRACE_DIR")
+    return Path(wanted) if wanted else None
+
+
+def _trace_filter() -> list[str]:
+    return ["--filter=log"] if _trace_dir() is not None else []
+
+
+def _trace_args(backing: Path) -> list[str]:
+    trace = _trace_dir()
+    if trace is None:
+        return []
+    trace.mkdir(parents=True, exist_ok=True)
+    return [f"logfile={trace / f'{backing.parent.name}-{backing.stem}-{os.getpid()}-{time.time_ns()}.log'}"]
 
 
 def _size_bytes(size: int | str | None) -> int | None:

@@ -115,3 +115,16 @@ def test_report_notes_name_the_throttle_and_its_overhead() -> None:
         "rand_read_4k_iops +77 %",
     ]
     assert throttle_notes(env, ["fast"]) == []
+
+
+def test_trace_log_is_off_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zbdlab import throttle
+
+    monkeypatch.delenv("ZBDLAB_TRACE_DIR", raising=False)
+    assert throttle._trace_filter() == [] and throttle._trace_args(tmp_path / "disk.img") == []
+    monkeypatch.setenv("ZBDLAB_TRACE_DIR", str(tmp_path / "trace"))
+    # outermost filter, so a request's logged time includes its delay and rate wait
+    assert throttle._trace_filter() == ["--filter=log"]
+    (arg,) = throttle._trace_args(tmp_path / "t1" / "disk0.img")
+    assert arg.startswith(f"logfile={tmp_path / 'trace'}/t1-disk0-") and arg.endswith(".log")
+    assert (tmp_path / "trace").is_dir()
