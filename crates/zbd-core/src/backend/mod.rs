@@ -146,23 +146,34 @@ mod tests {
     use parking_lot::{Condvar, Mutex};
     use std::time::Duration;
 
-    /// Counts reads in flight; each read waits (bounded) until `company` reads are in flight
-    /// together, so reads issued one after the other show as one in flight at a time, and
-    /// each fills its buffer with the low byte of its offset (offsets past `len` fail).
+    /// Counts reads in flight. Until `company` reads have once been in flight together, each
+    /// read waits for them (at most `patience`), so reads issued one after the other show as one
+    /// in flight at a time; after that meeting nobody waits. Each read fills its buffer with the
+    /// low byte of its offset (offsets past `len` fail).
     struct Counting {
         company: usize,
+        patience: Duration,
         len: u64,
         in_flight: Mutex<usize>,
+        met: Mutex<bool>,
         most: Mutex<usize>,
         arrived: Condvar,
     }
 
     impl Counting {
+        /// `company` readers must meet; the wait is long, so a slow thread start on a loaded
+        /// machine cannot make a concurrent batch look serial.
         fn new(company: usize) -> Self {
+            Counting::with_patience(company, Duration::from_secs(20))
+        }
+
+        fn with_patience(company: usize, patience: Duration) -> Self {
             Counting {
                 company,
+                patience,
                 len: 1 << 20,
                 in_flight: Mutex::new(0),
+                met: Mutex::new(false),
                 most: Mutex::new(0),
                 arrived: Condvar::new(),
             }
@@ -180,10 +191,16 @@ mod tests {
                 let mut most = self.most.lock();
                 *most = (*most).max(*n);
                 drop(most);
+                if *n >= self.company {
+                    *self.met.lock() = true;
+                }
                 self.arrived.notify_all();
                 let company = self.company;
-                self.arrived
-                    .wait_while_for(&mut n, |n| *n < company, Duration::from_millis(300));
+                self.arrived.wait_while_for(
+                    &mut n,
+                    |n| *n < company && !*self.met.lock(),
+                    self.patience,
+                );
             }
             let result = if offset + buf.len() as u64 > self.len {
                 Err(Error::Io(std::io::Error::other("past the end")))
@@ -234,7 +251,9 @@ mod tests {
 
     #[test]
     fn width_one_reads_one_after_the_other() {
-        let storage = Counting::new(2);
+        // Serial reads never meet: each waits out its patience, and a second read in flight
+        // during that wait would show.
+        let storage = Counting::with_patience(2, Duration::from_millis(300));
         let mut ranges = batch(&[1, 2, 3]);
         assert!(read(&storage, &mut ranges, 1).iter().all(|r| r.is_ok()));
         assert_eq!(*storage.most.lock(), 1);

@@ -58,7 +58,11 @@ mod tests {
         assert_eq!(depth_for(255), 1);
         assert_eq!(depth_for(256), 2);
         // A level-1 page covers 1,016 MiB, just short of 1 GiB.
-        assert_eq!(depth_for((1000 << 20) / 4096), 2, "1000 MiB: leaves and one root");
+        assert_eq!(
+            depth_for((1000 << 20) / 4096),
+            2,
+            "1000 MiB: leaves and one root"
+        );
         assert_eq!(depth_for((1 << 30) / 4096), 3, "1 GiB: one level more");
         assert_eq!(
             depth_for((16u64 << 40) / 4096),
