@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    align_up, PairSlot, Superblock, CHECKPOINT_V2_HEADER_BYTES, DEVICE_ROWS_PER_PAGE,
+    align_up, Extension, PairSlot, Superblock, CHECKPOINT_V2_HEADER_BYTES, DEVICE_ROWS_PER_PAGE,
     DIRECTORY_ENTRIES_PER_PAGE, EXTENSION_HEADER_BYTES, LIST_IDS_PER_PAGE, MAP_PAGE_BYTES,
     PAGE_BODY_BYTES, PAGE_ID_ALL_UNMAPPED, PAIR_LIST_ENTRY_BYTES, PAIR_STATE_IDS_PER_PAGE,
     QUEUE_ENTRY_BYTES, RELEASE_ENTRIES_PER_PAGE,
@@ -70,13 +70,36 @@ impl MetaGeometry {
         })
     }
 
-    /// The geometry of the volume `sb` describes: region 0 is its map room.
-    pub fn of(sb: &Superblock) -> Result<MetaGeometry> {
+    /// The geometry bit 10 fixes when it is set on the volume `sb` describes (`zbd create` or
+    /// `zbd enable`): region 0 is its map room. Only then: `H` is stored in the checkpoint's
+    /// extension header and a later `zbd grow --capacity` must not move copy 1 of any pair, so
+    /// an open reads it back with [`from_extension`](Self::from_extension).
+    pub fn at_enable(sb: &Superblock) -> Result<MetaGeometry> {
         MetaGeometry::new(
             sb.map_pages.max(sb.map_pages_room),
             sb.extent_bytes,
             sb.extent_count,
         )
+    }
+
+    /// The geometry a bit-10 checkpoint recorded, checked against the volume: its pairs must lie
+    /// inside the data area and its ids below the summaries.
+    pub fn from_extension(ext: &Extension, sb: &Superblock) -> Result<MetaGeometry> {
+        let g = MetaGeometry {
+            pairs0: ext.pairs0,
+            pairs_per_extent: (u64::from(sb.extent_bytes) / PAIR_BYTES) as u32,
+            h: ext.h,
+        };
+        let bad = |what: &str| Error::CorruptMetadata(format!("checkpoint extension: {what}"));
+        if g.pairs_per_extent == 0 || u64::from(g.h) * 2 > u64::from(sb.extent_count) {
+            return Err(bad("metadata extent pairs past the data area"));
+        }
+        // Region 0 holds at most the map pages its region was laid out for.
+        let region0 = sb.map_pages.max(sb.map_pages_room);
+        if g.pairs0 > region0 || g.ids_max() > u64::from(PAGE_ID_ALL_UNMAPPED) {
+            return Err(bad("page ids past their room"));
+        }
+        Ok(g)
     }
 
     /// One past the highest id (`pairs0 + H x P`); below `0xFFFF_FFFE` by construction.
@@ -223,7 +246,7 @@ mod tests {
         let mut o = crate::layout::CreateOptions::new(16 * TIB);
         o.extent_bytes = 128 * 1024;
         let sb = crate::layout::plan(&o).expect("layout");
-        let g = MetaGeometry::of(&sb).expect("geometry");
+        let g = MetaGeometry::at_enable(&sb).expect("geometry");
         (g, sb.extent_count, sb.extent_table_pages)
     }
 
@@ -305,7 +328,7 @@ mod tests {
             (sb.map_pages.max(sb.map_pages_room), sb.extent_count),
             (10, 9)
         );
-        assert_eq!(MetaGeometry::of(&sb).expect("geometry"), g);
+        assert_eq!(MetaGeometry::at_enable(&sb).expect("geometry"), g);
         let mut seen = std::collections::HashSet::new();
         for id in 0..26 {
             for slot in [PairSlot::A, PairSlot::B] {
@@ -321,6 +344,35 @@ mod tests {
             }
         }
         assert_eq!(g.slot_offset(&sb, 26, PairSlot::A, 0), None);
+    }
+
+    #[test]
+    fn a_grown_data_area_keeps_the_geometry_its_extension_recorded() {
+        let mut opts = crate::layout::CreateOptions::new(64 << 20);
+        opts.extent_bytes = 32 * 1024;
+        opts.max_capacity_bytes = Some(1 << 30);
+        let mut sb = crate::layout::plan(&opts).expect("layout");
+        let g = MetaGeometry::at_enable(&sb).expect("geometry");
+        let ext = Extension {
+            h: g.h,
+            pairs0: g.pairs0,
+            ..Extension::default()
+        };
+        sb.extent_count *= 2;
+        let reopened = MetaGeometry::from_extension(&ext, &sb).expect("recorded geometry");
+        assert_eq!(
+            reopened, g,
+            "copy 1 of every pair stays where it was written"
+        );
+        assert_ne!(MetaGeometry::at_enable(&sb).expect("geometry").h, g.h);
+        let past_region0 = sb.map_pages.max(sb.map_pages_room) + 1;
+        for (h, pairs0) in [(sb.extent_count / 2 + 1, g.pairs0), (g.h, past_region0)] {
+            let damaged = Extension { h, pairs0, ..ext };
+            assert!(
+                MetaGeometry::from_extension(&damaged, &sb).is_err(),
+                "{h} {pairs0}"
+            );
+        }
     }
 
     #[test]
