@@ -39,6 +39,9 @@ fn superblock_for(slot: &[u8]) -> Superblock {
         dict_bytes: 0,
         dict_offset: [0; 2],
         unit_blocks: 1,
+        settings: 0,
+        map_pages_room: 0,
+        extent_table_pages_room: 0,
     }
 }
 
