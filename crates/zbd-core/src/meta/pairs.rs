@@ -18,6 +18,34 @@ use crate::format::{PairListEntry, PairState, PAGE_BODY_BYTES, PAIR_STATE_IDS_PE
 /// paths with slack (31).
 pub const METADATA_RESERVE: usize = 128;
 
+/// Who asks for a page id. The reserve's parts are nested floors on the one count of
+/// allocatable pairs (docs/design.md, "Space for metadata", R12-D5): each use allocates only
+/// while more than its floor remain, so device operations cannot take what a snapshot delete
+/// needs for its release-queue page, nor that what allocation itself needs for pair-state pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairUse {
+    /// Host writes, promotions, shadows, release steps: above the whole reserve (128).
+    Step,
+    /// Device operations (rows, list pages, a new root level): above 64.
+    DeviceOperation,
+    /// Release-queue pages and their list page: above 31.
+    ReleaseQueue,
+    /// Pair-state and directory pages, release cursors' paths: down to 0.
+    Metadata,
+}
+
+impl PairUse {
+    /// Allocatable pairs this use leaves untouched.
+    pub fn floor(self) -> usize {
+        match self {
+            PairUse::Step => METADATA_RESERVE,
+            PairUse::DeviceOperation => 64,
+            PairUse::ReleaseQueue => 31,
+            PairUse::Metadata => 0,
+        }
+    }
+}
+
 /// The pair-state page covering `id`, and the id's index in it.
 fn page_of(id: u32) -> (u32, usize) {
     let per = PAIR_STATE_IDS_PER_PAGE as u32;
@@ -210,10 +238,9 @@ impl PairAllocator {
         self.allocatable.len()
     }
 
-    /// The lowest allocatable id, leaving the reserve untouched unless `reserve` (device
-    /// operations and the pages of the metadata itself may use it).
-    pub fn allocate(&mut self, reserve: bool) -> Option<u32> {
-        if !reserve && self.allocatable.len() <= METADATA_RESERVE {
+    /// The lowest allocatable id, if more than `usage`'s floor remain.
+    pub fn allocate(&mut self, usage: PairUse) -> Option<u32> {
+        if self.allocatable.len() <= usage.floor() {
             return None;
         }
         self.allocatable.pop_first()
@@ -332,20 +359,31 @@ mod tests {
     }
 
     #[test]
-    fn allocation_takes_the_lowest_id_and_keeps_the_reserve() {
+    fn allocation_takes_the_lowest_id_and_each_use_keeps_its_floor() {
         let g = geometry();
         let mut a = PairAllocator::new(g);
-        assert_eq!(a.allocate(true), None);
+        assert_eq!(a.allocate(PairUse::Metadata), None);
         for e in 0..g.h {
             a.carve(e);
         }
-        assert_eq!(a.allocate(true), None, "carved ids wait for the commit");
+        assert_eq!(
+            a.allocate(PairUse::Metadata),
+            None,
+            "carved ids wait for the commit"
+        );
         a.commit(1);
         assert_eq!(a.allocatable(), (g.h * g.pairs_per_extent) as usize);
-        assert_eq!(a.allocate(false), Some(40));
-        while a.allocate(false).is_some() {}
-        assert_eq!(a.allocatable(), METADATA_RESERVE);
-        assert!(a.allocate(true).is_some());
+        assert_eq!(a.allocate(PairUse::Step), Some(40));
+        // Each use stops at its floor; the next one down goes on (R12-D5's nested floors).
+        for (usage, floor) in [
+            (PairUse::Step, METADATA_RESERVE),
+            (PairUse::DeviceOperation, 64),
+            (PairUse::ReleaseQueue, 31),
+            (PairUse::Metadata, 0),
+        ] {
+            while a.allocate(usage).is_some() {}
+            assert_eq!(a.allocatable(), floor, "{usage:?}");
+        }
     }
 
     #[derive(Clone, Debug)]
@@ -384,7 +422,7 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Allocate => {
-                        let got = a.allocate(true);
+                        let got = a.allocate(PairUse::Metadata);
                         prop_assert_eq!(got, usable.first().copied());
                         if let Some(id) = got {
                             usable.remove(&id);
