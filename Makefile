@@ -97,7 +97,7 @@ install-service: build
 check:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
-	$(CARGO) check --manifest-path fuzz/Cargo.toml --bins  # targets and seeds still compile
+	$(CARGO) check --manifest-path fuzz/Cargo.toml --workspace --bins  # targets and seeds still compile
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets $(FEATURES) -- -D warnings
 	python3 scripts/modgraph.py > /dev/null  # no import circles in zbd-core (docs/design.md, Layout)
