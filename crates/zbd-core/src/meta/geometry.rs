@@ -91,13 +91,14 @@ impl MetaGeometry {
             h: ext.h,
         };
         let bad = |what: &str| Error::CorruptMetadata(format!("checkpoint extension: {what}"));
-        if g.pairs_per_extent == 0 || u64::from(g.h) * 2 > u64::from(sb.extent_count) {
-            return Err(bad("metadata extent pairs past the data area"));
+        if g.pairs_per_extent == 0 || g.h == 0 || u64::from(g.h) * 2 > u64::from(sb.extent_count) {
+            return Err(bad("metadata extent pairs missing or past the data area"));
         }
-        // Region 0 holds at most the map pages its region was laid out for.
-        let region0 = sb.map_pages.max(sb.map_pages_room);
-        if g.pairs0 > region0 || g.ids_max() > u64::from(PAGE_ID_ALL_UNMAPPED) {
-            return Err(bad("page ids past their room"));
+        // Region 0 is the map room `at_enable` took, which no later grow changes.
+        if g.pairs0 != sb.map_pages.max(sb.map_pages_room)
+            || g.ids_max() > u64::from(PAGE_ID_ALL_UNMAPPED)
+        {
+            return Err(bad("page ids outside their room"));
         }
         Ok(g)
     }
@@ -366,7 +367,13 @@ mod tests {
         );
         assert_ne!(MetaGeometry::at_enable(&sb).expect("geometry").h, g.h);
         let past_region0 = sb.map_pages.max(sb.map_pages_room) + 1;
-        for (h, pairs0) in [(sb.extent_count / 2 + 1, g.pairs0), (g.h, past_region0)] {
+        let damaged = [
+            (sb.extent_count / 2 + 1, g.pairs0),
+            (0, g.pairs0),
+            (g.h, past_region0),
+            (g.h, g.pairs0 - 1),
+        ];
+        for (h, pairs0) in damaged {
             let damaged = Extension { h, pairs0, ..ext };
             assert!(
                 MetaGeometry::from_extension(&damaged, &sb).is_err(),

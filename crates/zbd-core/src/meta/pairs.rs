@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::geometry::{MetaGeometry, PairHome};
+use crate::error::{Error, Result};
 use crate::format::{PairListEntry, PairState, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE};
 
 /// Carved free pairs kept back from host writes, promotions, shadows and release steps: device
@@ -255,12 +256,18 @@ impl PairAllocator {
     }
 
     /// Phase 1 carved `extent` (copy 0; its partner is `extent + H`): it is metadata from now on,
-    /// and its ids, all free, become allocatable when this checkpoint commits.
-    pub fn carve(&mut self, extent: u32) {
-        if extent < self.geometry.h {
-            self.metadata.insert(extent);
-            self.carved.push(extent);
+    /// and its ids, all free, become allocatable when this checkpoint commits. An extent at or
+    /// past `H` holds no copy 0 of any pair: asking is a caller's error, never ignored.
+    pub fn carve(&mut self, extent: u32) -> Result<()> {
+        if extent >= self.geometry.h {
+            return Err(Error::Invalid(format!(
+                "extent {extent} cannot be carved: metadata pairs start below H = {}",
+                self.geometry.h
+            )));
         }
+        self.metadata.insert(extent);
+        self.carved.push(extent);
+        Ok(())
     }
 
     /// Phase 1 chose `extent`'s pair for return (every id in it free): its ids leave allocation
@@ -364,8 +371,9 @@ mod tests {
         let mut a = PairAllocator::new(g);
         assert_eq!(a.allocate(PairUse::Metadata), None);
         for e in 0..g.h {
-            a.carve(e);
+            a.carve(e).expect("below H");
         }
+        assert!(a.carve(g.h).is_err(), "no pair starts at H");
         assert_eq!(
             a.allocate(PairUse::Metadata),
             None,
@@ -446,7 +454,7 @@ mod tests {
                             matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e)
                         });
                         if !in_use && !metadata.contains(&e) {
-                            a.carve(e);
+                            a.carve(e).expect("below H");
                             metadata.insert(e);
                             carved.insert(e);
                         }
