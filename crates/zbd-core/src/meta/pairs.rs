@@ -19,25 +19,31 @@ use crate::format::{PairListEntry, PairState, PAGE_BODY_BYTES, PAIR_STATE_IDS_PE
 /// paths with slack (31).
 pub const METADATA_RESERVE: usize = 128;
 
+/// Area size, in pairs, from which the reserve and its floors are whole; smaller areas scale
+/// them down (R13-E6), or a 64-extent area could never allocate for a step.
+const RESERVE_FULL_AREA_PAIRS: u64 = 2048;
+
 /// Who asks for a page id. The reserve's parts are nested floors on the one count of
 /// allocatable pairs (docs/design.md, "Space for metadata", R12-D5): each use allocates only
-/// while more than its floor remain, so device operations cannot take what a snapshot delete
-/// needs for its release-queue page, nor that what allocation itself needs for pair-state pages.
+/// while more than its floor (plus what steps have claimed) remain, so device operations cannot
+/// take what a snapshot delete needs for its release-queue page, nor that what allocation itself
+/// needs for pair-state pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PairUse {
-    /// Host writes, promotions, shadows, release steps: above the whole reserve (128).
+    /// Host writes, promotions, shadows, release steps: only against their claim, above the
+    /// whole reserve (128 at full size).
     Step,
-    /// Device operations (rows, list pages, a new root level): above 64.
+    /// Device operations (rows, list pages, a new root level): above 64 at full size.
     DeviceOperation,
-    /// Release-queue pages and their list page: above 31.
+    /// Release-queue pages and their list page: above 31 at full size.
     ReleaseQueue,
     /// Pair-state and directory pages, release cursors' paths: down to 0.
     Metadata,
 }
 
 impl PairUse {
-    /// Allocatable pairs this use leaves untouched.
-    pub fn floor(self) -> usize {
+    /// The floor at full size.
+    fn full_floor(self) -> usize {
         match self {
             PairUse::Step => METADATA_RESERVE,
             PairUse::DeviceOperation => 64,
@@ -220,6 +226,11 @@ pub struct PairAllocator {
     carved: Vec<u32>,
     /// Extents (copy 0) whose pair is metadata in the extent table.
     metadata: BTreeSet<u32>,
+    /// Pairs admitted steps have claimed and not yet taken (R13-E2): no other use, and no
+    /// return, may take them.
+    claimed: usize,
+    /// Pairs of the whole id space outside region 0 (`H x P`), which scales the floors.
+    area_pairs: u64,
 }
 
 impl PairAllocator {
@@ -231,7 +242,49 @@ impl PairAllocator {
             pending: BTreeMap::new(),
             carved: Vec::new(),
             metadata: BTreeSet::new(),
+            claimed: 0,
+            area_pairs: u64::from(geometry.h) * u64::from(geometry.pairs_per_extent),
         }
+    }
+
+    /// The floor `usage` stops at on this area: the full-size floor, scaled down on areas of
+    /// fewer than 2,048 pairs (rounded up, so a part never vanishes while the area has room).
+    pub fn floor(&self, usage: PairUse) -> usize {
+        let full = usage.full_floor() as u64;
+        (full * self.area_pairs.min(RESERVE_FULL_AREA_PAIRS)).div_ceil(RESERVE_FULL_AREA_PAIRS)
+            as usize
+    }
+
+    /// The reserve on this area (the `Step` floor).
+    pub fn reserve(&self) -> usize {
+        self.floor(PairUse::Step)
+    }
+
+    /// Pairs claimed and not yet taken.
+    pub fn claimed(&self) -> usize {
+        self.claimed
+    }
+
+    /// Allocatable pairs nobody has claimed: what a return may withdraw and admission (b)
+    /// looks at.
+    pub fn unclaimed(&self) -> usize {
+        self.allocatable.len().saturating_sub(self.claimed)
+    }
+
+    /// Admission (b): claims `n` pairs for a step if they lie above the reserve and every
+    /// earlier claim; `false` leaves nothing claimed.
+    pub fn claim(&mut self, n: usize) -> bool {
+        let fits = self.allocatable.len() >= self.reserve() + self.claimed + n;
+        if fits {
+            self.claimed += n;
+        }
+        fits
+    }
+
+    /// Gives back `n` claimed pairs a step did not use.
+    pub fn unclaim(&mut self, n: usize) {
+        debug_assert!(n <= self.claimed, "unclaiming {n} of {}", self.claimed);
+        self.claimed -= n.min(self.claimed);
     }
 
     /// Ids allocation may take now (the reserve included).
@@ -239,9 +292,17 @@ impl PairAllocator {
         self.allocatable.len()
     }
 
-    /// The lowest allocatable id, if more than `usage`'s floor remain.
+    /// The lowest allocatable id. A step takes it from its claim (`None` without one is the
+    /// caller's bug: the step must trip the fence); any other use only while more than its floor
+    /// and every claim remain.
     pub fn allocate(&mut self, usage: PairUse) -> Option<u32> {
-        if self.allocatable.len() <= usage.floor() {
+        if usage == PairUse::Step {
+            debug_assert!(self.claimed > 0, "a step allocates only against its claim");
+            if self.claimed == 0 {
+                return None;
+            }
+            self.claimed -= 1;
+        } else if self.allocatable.len() <= self.floor(usage) + self.claimed {
             return None;
         }
         self.allocatable.pop_first()
@@ -316,8 +377,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// 1,100 extents of 32 KiB: H = 550, P = 4, 2,200 pairs, so the floors are whole.
     fn geometry() -> MetaGeometry {
-        MetaGeometry::new(40, 32 * 1024, 400).expect("geometry")
+        MetaGeometry::new(40, 32 * 1024, 1100).expect("geometry")
     }
 
     #[test]
@@ -381,10 +443,19 @@ mod tests {
         );
         a.commit(1);
         assert_eq!(a.allocatable(), (g.h * g.pairs_per_extent) as usize);
+        // A step allocates against its claim only, and a claim stays above the reserve.
+        let above = a.allocatable() - METADATA_RESERVE;
+        assert!(!a.claim(above + 1));
+        assert!(a.claim(3));
         assert_eq!(a.allocate(PairUse::Step), Some(40));
+        a.unclaim(2);
         // Each use stops at its floor; the next one down goes on (R12-D5's nested floors).
+        assert!(a.claim(a.unclaimed() - METADATA_RESERVE));
+        for _ in 0..a.claimed() {
+            assert!(a.allocate(PairUse::Step).is_some(), "a claimed pair is there");
+        }
+        assert_eq!((a.allocatable(), a.claimed()), (METADATA_RESERVE, 0));
         for (usage, floor) in [
-            (PairUse::Step, METADATA_RESERVE),
             (PairUse::DeviceOperation, 64),
             (PairUse::ReleaseQueue, 31),
             (PairUse::Metadata, 0),
@@ -394,9 +465,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_small_area_scales_its_floors_and_a_claim_still_succeeds() {
+        // 64 extents of 32 KiB: H = 32, P = 4, 128 pairs (R13-E6's example: 8/4/2/0).
+        let g = MetaGeometry::new(10, 32 * 1024, 64).expect("geometry");
+        let mut a = PairAllocator::new(g);
+        let floors = [
+            PairUse::Step,
+            PairUse::DeviceOperation,
+            PairUse::ReleaseQueue,
+            PairUse::Metadata,
+        ]
+        .map(|u| a.floor(u));
+        assert_eq!(floors, [8, 4, 2, 0]);
+        for e in 0..3 {
+            a.carve(e).expect("below H");
+        }
+        a.commit(1);
+        assert!(
+            a.claim(1),
+            "12 carved pairs serve a step above the scaled reserve of 8"
+        );
+        assert_eq!(a.allocate(PairUse::Step), Some(10));
+        assert!(!a.claim(4), "11 left, the reserve is 8");
+        // Claims hold against every other use.
+        let mut b = PairAllocator::new(g);
+        for e in 0..4 {
+            b.carve(e).expect("below H");
+        }
+        b.commit(1);
+        assert!(b.claim(8));
+        while b.allocate(PairUse::Metadata).is_some() {}
+        assert_eq!((b.allocatable(), b.claimed()), (8, 8));
+        assert_eq!(b.unclaimed(), 0);
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         Allocate,
+        Claim(usize),
+        Unclaim,
+        AllocateStep,
         Free(usize),
         Carve(u32),
         Withdraw(u32),
@@ -405,7 +514,10 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => Just(Op::Allocate),
+            3 => Just(Op::Allocate),
+            2 => (1usize..40).prop_map(Op::Claim),
+            1 => Just(Op::Unclaim),
+            3 => Just(Op::AllocateStep),
             3 => (0usize..64).prop_map(Op::Free),
             1 => (0u32..40).prop_map(Op::Carve),
             1 => (0u32..40).prop_map(Op::Withdraw),
@@ -427,11 +539,36 @@ mod tests {
             let mut metadata: BTreeSet<u32> = BTreeSet::new();
             let mut usable: BTreeSet<u32> = BTreeSet::new();
             let mut carved: BTreeSet<u32> = BTreeSet::new();
+            let mut claimed = 0usize;
+            let reserve = a.reserve();
             for op in ops {
                 match op {
-                    Op::Allocate => {
-                        let got = a.allocate(PairUse::Metadata);
-                        prop_assert_eq!(got, usable.first().copied());
+                    Op::Claim(n) => {
+                        let fits = usable.len() >= reserve + claimed + n;
+                        prop_assert_eq!(a.claim(n), fits);
+                        if fits {
+                            claimed += n;
+                        }
+                    }
+                    Op::Unclaim => {
+                        a.unclaim(claimed);
+                        claimed = 0;
+                    }
+                    Op::Allocate | Op::AllocateStep => {
+                        let step = matches!(op, Op::AllocateStep);
+                        if step && claimed == 0 {
+                            continue;
+                        }
+                        let got = a.allocate(if step { PairUse::Step } else { PairUse::Metadata });
+                        let expect = if step || usable.len() > claimed {
+                            usable.first().copied()
+                        } else {
+                            None
+                        };
+                        prop_assert_eq!(got, expect, "claimed {}", claimed);
+                        if step {
+                            claimed -= 1;
+                        }
                         if let Some(id) = got {
                             usable.remove(&id);
                             let Some(PairHome::Extent { extent, .. }) = g.home(id) else {
@@ -464,7 +601,9 @@ mod tests {
                         let in_use = held.iter().any(|&id| {
                             matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e)
                         });
-                        if !in_use && metadata.contains(&e) {
+                        let in_e = |id: &u32| matches!(g.home(*id), Some(PairHome::Extent { extent, .. }) if extent == e);
+                        let keeps_claims = usable.iter().filter(|id| !in_e(id)).count() >= claimed;
+                        if !in_use && metadata.contains(&e) && keeps_claims {
                             a.withdraw(e);
                             metadata.remove(&e);
                             carved.remove(&e);
