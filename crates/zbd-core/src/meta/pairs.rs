@@ -334,11 +334,16 @@ impl PairAllocator {
     /// Phase 1 chose `extent`'s pair for return (every id in it free): its ids leave allocation
     /// at once, so no page allocated before the commit lands in it (R5-A2), and its pending ids
     /// will not rejoin when their wait ends unless it is carved again (R6-A2).
-    pub fn withdraw(&mut self, extent: u32) {
-        self.metadata.remove(&extent);
+    pub fn withdraw(&mut self, extent: u32) -> Result<()> {
+        if !self.metadata.remove(&extent) {
+            return Err(Error::Invalid(format!(
+                "extent {extent} cannot be returned: it holds no metadata pairs"
+            )));
+        }
         self.carved.retain(|&e| e != extent);
         let ids = self.ids_of(extent);
         self.allocatable.retain(|id| !ids.contains(id));
+        Ok(())
     }
 
     /// A checkpoint whose phase 1 opened interval `interval` committed: its carved extents'
@@ -432,6 +437,7 @@ mod tests {
         let g = geometry();
         let mut a = PairAllocator::new(g);
         assert_eq!(a.allocate(PairUse::Metadata), None);
+        assert!(a.withdraw(0).is_err(), "not metadata until carved");
         for e in 0..g.h {
             a.carve(e).expect("below H");
         }
@@ -452,7 +458,10 @@ mod tests {
         // Each use stops at its floor; the next one down goes on (R12-D5's nested floors).
         assert!(a.claim(a.unclaimed() - METADATA_RESERVE));
         for _ in 0..a.claimed() {
-            assert!(a.allocate(PairUse::Step).is_some(), "a claimed pair is there");
+            assert!(
+                a.allocate(PairUse::Step).is_some(),
+                "a claimed pair is there"
+            );
         }
         assert_eq!((a.allocatable(), a.claimed()), (METADATA_RESERVE, 0));
         for (usage, floor) in [
@@ -604,7 +613,7 @@ mod tests {
                         let in_e = |id: &u32| matches!(g.home(*id), Some(PairHome::Extent { extent, .. }) if extent == e);
                         let keeps_claims = usable.iter().filter(|id| !in_e(id)).count() >= claimed;
                         if !in_use && metadata.contains(&e) && keeps_claims {
-                            a.withdraw(e);
+                            a.withdraw(e).expect("a metadata extent");
                             metadata.remove(&e);
                             carved.remove(&e);
                             usable.retain(|&id| !matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e));
