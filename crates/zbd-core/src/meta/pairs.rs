@@ -274,6 +274,10 @@ impl PairAllocator {
     /// Admission (b): claims `n` pairs for a step if they lie above the reserve and every
     /// earlier claim; `false` leaves nothing claimed.
     pub fn claim(&mut self, n: usize) -> bool {
+        // A step that needs no pair is admitted whatever the reserve holds (R14-B2).
+        if n == 0 {
+            return true;
+        }
         let fits = self.allocatable.len() >= self.reserve() + self.claimed + n;
         if fits {
             self.claimed += n;
@@ -326,7 +330,12 @@ impl PairAllocator {
                 self.geometry.h
             )));
         }
-        self.metadata.insert(extent);
+        // Carving it again would make its ids in use allocatable a second time (R14-A1).
+        if !self.metadata.insert(extent) {
+            return Err(Error::Invalid(format!(
+                "extent {extent} cannot be carved: it already holds metadata pairs"
+            )));
+        }
         self.carved.push(extent);
         Ok(())
     }
@@ -442,6 +451,10 @@ mod tests {
             a.carve(e).expect("below H");
         }
         assert!(a.carve(g.h).is_err(), "no pair starts at H");
+        assert!(
+            a.carve(0).is_err(),
+            "carved twice, its ids would be handed out twice"
+        );
         assert_eq!(
             a.allocate(PairUse::Metadata),
             None,
@@ -507,6 +520,10 @@ mod tests {
         while b.allocate(PairUse::Metadata).is_some() {}
         assert_eq!((b.allocatable(), b.claimed()), (8, 8));
         assert_eq!(b.unclaimed(), 0);
+        assert!(
+            b.claim(0),
+            "a step that needs no pair is admitted below the reserve"
+        );
     }
 
     #[derive(Clone, Debug)]
