@@ -285,20 +285,33 @@ impl PairState {
     }
 }
 
+/// The state of the `i`-th id a pair-state page body covers (`i` below 16,320).
+pub fn pair_state_at(body: &[u8; PAGE_BODY_BYTES], i: usize) -> PairState {
+    PairState::from_bits(body[i / 4] >> (2 * (i % 4)))
+}
+
+/// Sets the state of the `i`-th id a pair-state page body covers (`i` below 16,320).
+pub fn set_pair_state_at(body: &mut [u8; PAGE_BODY_BYTES], i: usize, s: PairState) {
+    let shift = 2 * (i % 4);
+    body[i / 4] = (body[i / 4] & !(3 << shift)) | (s.bits() << shift);
+}
+
 /// A pair-state page's body: the states of 16,320 consecutive ids.
 pub fn encode_pair_states(states: &[PairState]) -> Box<[u8; PAGE_BODY_BYTES]> {
     let mut b = body();
-    for (i, s) in states.iter().take(PAIR_STATE_IDS_PER_PAGE).enumerate() {
-        b[i / 4] |= s.bits() << (2 * (i % 4));
+    for (i, &s) in states.iter().take(PAIR_STATE_IDS_PER_PAGE).enumerate() {
+        set_pair_state_at(&mut b, i, s);
     }
     b
 }
 
 /// Decodes a pair-state page's body (every 2-bit value is a state, so only its size can fail).
 pub fn decode_pair_states(b: &[u8]) -> Result<Vec<PairState>> {
-    whole_body(b)?;
+    let body: &[u8; PAGE_BODY_BYTES] = b
+        .try_into()
+        .map_err(|_| corrupt("page body has the wrong size"))?;
     Ok((0..PAIR_STATE_IDS_PER_PAGE)
-        .map(|i| PairState::from_bits(b[i / 4] >> (2 * (i % 4))))
+        .map(|i| pair_state_at(body, i))
         .collect())
 }
 

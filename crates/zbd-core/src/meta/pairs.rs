@@ -12,7 +12,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::geometry::{MetaGeometry, PairHome};
 use crate::error::{Error, Result};
-use crate::format::{PairListEntry, PairState, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE};
+use crate::format::{
+    pair_state_at, set_pair_state_at, PairListEntry, PairState, PAGE_BODY_BYTES,
+    PAIR_STATE_IDS_PER_PAGE,
+};
 
 /// Carved free pairs kept back from host writes, promotions, shadows and release steps: device
 /// operations (64), a full release queue's pages (33), pair-state and directory pages and cursor
@@ -57,26 +60,6 @@ impl PairUse {
 fn page_of(id: u32) -> (u32, usize) {
     let per = PAIR_STATE_IDS_PER_PAGE as u32;
     (id / per, (id % per) as usize)
-}
-
-fn bits(page: &[u8; PAGE_BODY_BYTES], i: usize) -> PairState {
-    match (page[i / 4] >> (2 * (i % 4))) & 3 {
-        0 => PairState::Free,
-        1 => PairState::SlotA,
-        2 => PairState::SlotB,
-        _ => PairState::Reserved,
-    }
-}
-
-fn set_bits(page: &mut [u8; PAGE_BODY_BYTES], i: usize, s: PairState) {
-    let v = match s {
-        PairState::Free => 0u8,
-        PairState::SlotA => 1,
-        PairState::SlotB => 2,
-        PairState::Reserved => 3,
-    };
-    let shift = 2 * (i % 4);
-    page[i / 4] = (page[i / 4] & !(3 << shift)) | (v << shift);
 }
 
 /// What a pair-state lookup found.
@@ -129,7 +112,7 @@ impl PairStates {
         }
         let (j, i) = page_of(id);
         match self.pages.get(&j) {
-            Some(p) => Lookup::Known(bits(p, i)),
+            Some(p) => Lookup::Known(pair_state_at(p, i)),
             None if self.never_written.contains(&j) => Lookup::Known(PairState::Free),
             None => Lookup::Fault(j),
         }
@@ -202,7 +185,7 @@ impl PairStates {
         let page = self.pages.get_mut(&index)?;
         for &id in &ids {
             if let Some(e) = self.list.remove(&id) {
-                set_bits(page, page_of(id).1, e.state);
+                set_pair_state_at(page, page_of(id).1, e.state);
             }
         }
         Some(ids.len())
@@ -420,7 +403,7 @@ mod tests {
         assert_eq!(s.state(20_001), Lookup::Known(PairState::Reserved));
         assert_eq!(s.fold_page(1, 5), Some(1));
         assert_eq!(
-            s.page(1).map(|p| bits(p, 20_000 - 16_320)),
+            s.page(1).map(|p| pair_state_at(p, 20_000 - 16_320)),
             Some(PairState::SlotA)
         );
     }
