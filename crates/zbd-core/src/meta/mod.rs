@@ -5,11 +5,16 @@
 //! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
 //!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
+//! - `pairs.rs`: pair states (which slot of a page id is current) and the ids allocation hands out.
+//! - `pool.rs`: the one LRU pool of page frames every metadata page kind is cached in, and the
+//!   floor of frames a volume can pin at once.
+//! - `tree.rs`: a device's map tree: depth and positions.
 //!
 //! Nothing in the engine uses this module yet.
 
 pub mod geometry;
 pub mod pairs;
+pub mod pool;
 pub mod tree;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};

@@ -1,0 +1,688 @@
+//! The page pool: every bit-10 metadata page kind (map leaves and interior pages, SBT, PCT,
+//! pair-state and directory pages) in one LRU pool of frames (docs/design.md, "Steps and
+//! admission": "The page pool"; build step 1b.1).
+//!
+//! A frame is **pinned** while it is dirty (until the checkpoint that writes it commits) or held
+//! (a step's prefetch until the step has run, a page on the repair list while it is listed);
+//! pinned frames are never evicted. The encoded copies a checkpoint in flight holds are not
+//! frames keyed by id but count in the pool all the same ([`PagePool::reserve`]). Eviction takes
+//! the least recently used unpinned frame, whatever its kind: no kind has a share.
+//!
+//! The pool never grows past its frames. What keeps pinned + reserved within them is the
+//! **floor** ([`Floor`]), the most the engine can pin or reserve at once, which a bit-10 open
+//! checks against `--page-cache` and refuses when it does not fit. A pool that meets every frame
+//! pinned anyway is a broken bound, reported as an error, never a silent growth.
+
+use std::collections::HashMap;
+
+use lru::LruCache;
+
+use super::geometry::{ListBounds, MetaGeometry, WINDOW_PAGES_MAX};
+use crate::error::{Error, Result};
+use crate::format::PageKind;
+
+/// RAM one frame stands for: a 4 KiB page and its bookkeeping (id, kind, flags, LRU links,
+/// index slot).
+pub const FRAME_BYTES: u64 = 4144;
+
+/// Default `--page-cache`: 24,291 frames, about 2.5 times the floor of a 16 TiB volume, so a
+/// step's prefetch keeps its frames under a dedup discard (design.md, "The page pool").
+pub const PAGE_CACHE_BYTES_DEFAULT: u64 = 96 << 20;
+
+/// The encoded copy of the checkpoint in flight: at most one interval's counted pages.
+const CHECKPOINT_COPY_FRAMES: usize = 2048;
+/// One step's prefetch: the next step's pages, read before it takes the lock (2 x 1,024).
+const PREFETCH_FRAMES: usize = 2 * 1024;
+/// Frames the repair list keeps resident while their ids are listed.
+pub const REPAIR_FRAMES: usize = 64;
+
+/// What can be pinned or reserved at once: the window's 4,096 counted pages, the encoded copy
+/// of the checkpoint in flight (2,048), one step's prefetch (2,048), the repair list (64), the
+/// fixed kinds' encoded copies (`F`), the directory pages a checkpoint writes, pinned and
+/// encoded (`2 S`), and on small lists the resident pair-state pages and their encoded copies
+/// (`2 R`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Floor {
+    /// `F`: pages of the fixed kinds a checkpoint may write (device table, release queue, list
+    /// pages, extent-table summaries).
+    pub fixed_pages: u32,
+    /// `S`: pair-state directory pages.
+    pub directory_pages: u32,
+    /// `R`: pair-state pages kept resident on small lists; 0 on large ones.
+    pub resident_pair_state_pages: u32,
+}
+
+impl Floor {
+    /// The floor of a volume with this id space and list.
+    pub fn new(geometry: &MetaGeometry, bounds: &ListBounds) -> Floor {
+        let resident = if bounds.small() {
+            geometry.pair_state_pages() as u32
+        } else {
+            0
+        };
+        Floor {
+            fixed_pages: bounds.fixed_pages,
+            directory_pages: geometry.directory_pages(),
+            resident_pair_state_pages: resident,
+        }
+    }
+
+    /// `8,192 + 64 + F + 2 S + 2 R` frames.
+    pub fn frames(&self) -> usize {
+        WINDOW_PAGES_MAX as usize
+            + CHECKPOINT_COPY_FRAMES
+            + PREFETCH_FRAMES
+            + REPAIR_FRAMES
+            + self.fixed_pages as usize
+            + 2 * self.directory_pages as usize
+            + 2 * self.resident_pair_state_pages as usize
+    }
+
+    /// The `--page-cache` bytes that hold it.
+    pub fn bytes(&self) -> u64 {
+        self.frames() as u64 * FRAME_BYTES
+    }
+}
+
+/// How the pool has done since it was made, and what it holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    /// Lookups that found their page resident.
+    pub hits: u64,
+    /// Lookups that did not (the caller faults the page in).
+    pub misses: u64,
+    /// Clean frames evicted to make room.
+    pub evictions: u64,
+    /// Frames resident now.
+    pub resident: u64,
+    /// Resident frames that are dirty.
+    pub dirty: u64,
+    /// Resident frames pinned (dirty or held).
+    pub pinned: u64,
+    /// Frames' worth the encoded copies of a checkpoint in flight hold.
+    pub reserved: u64,
+    /// The pool's size in frames.
+    pub frames: u64,
+    /// The volume's floor in frames.
+    pub floor: u64,
+}
+
+struct Frame<P> {
+    kind: PageKind,
+    page: P,
+    dirty: bool,
+    /// Prefetches and repair-list entries that keep the frame resident.
+    holds: u32,
+}
+
+impl<P> Frame<P> {
+    fn pinned(&self) -> bool {
+        self.dirty || self.holds > 0
+    }
+}
+
+/// Whether [`PagePool::install`] installed the frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Install {
+    /// The page is resident now, as given.
+    Installed,
+    /// The page was already resident: the resident frame is newer or equal, the new one is
+    /// dropped (a hint read without the lock never replaces what is in the pool).
+    AlreadyResident,
+}
+
+/// The frames of one volume's metadata pages, keyed by page id. `P` is the decoded page.
+///
+/// Resident frames never pass the frames less what is reserved: [`PagePool::install`] evicts
+/// or refuses, and [`PagePool::reserve`] refuses what pinned frames leave no room for.
+pub struct PagePool<P> {
+    /// Unpinned frames, least recently used first: the only ones eviction may take.
+    clean: LruCache<u32, Frame<P>>,
+    /// Dirty or held frames.
+    pinned: HashMap<u32, Frame<P>>,
+    frames: usize,
+    floor: usize,
+    reserved: usize,
+    dirty: usize,
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+}
+
+/// The refusal of a pool smaller than the floor, naming the option that fixes it.
+fn too_small(frames: usize, floor: usize) -> Error {
+    let mib = |f: usize| (f as u64 * FRAME_BYTES).div_ceil(1 << 20);
+    Error::Invalid(format!(
+        "--page-cache holds {frames} pages ({} MiB); this volume can pin {floor} at once: give \
+         --page-cache {}M or more",
+        mib(frames),
+        mib(floor)
+    ))
+}
+
+impl<P> PagePool<P> {
+    /// A pool of `bytes` (`--page-cache`) for a volume whose floor is `floor` frames; refused
+    /// when the floor does not fit.
+    pub fn new(bytes: u64, floor: usize) -> Result<PagePool<P>> {
+        let frames = usize::try_from(bytes / FRAME_BYTES).unwrap_or(usize::MAX);
+        if frames < floor {
+            return Err(too_small(frames, floor));
+        }
+        Ok(PagePool {
+            clean: LruCache::unbounded(),
+            pinned: HashMap::new(),
+            frames,
+            floor,
+            reserved: 0,
+            dirty: 0,
+            hits: 0,
+            misses: 0,
+            evictions: 0,
+        })
+    }
+
+    /// Checks a larger floor (a grown volume, a device-table page about to be added) before
+    /// the operation that needs it is queued; the pool keeps its floor when it is refused.
+    pub fn set_floor(&mut self, floor: usize) -> Result<()> {
+        if self.frames < floor {
+            return Err(too_small(self.frames, floor));
+        }
+        self.floor = floor;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            hits: self.hits,
+            misses: self.misses,
+            evictions: self.evictions,
+            resident: self.resident() as u64,
+            dirty: self.dirty as u64,
+            pinned: self.pinned.len() as u64,
+            reserved: self.reserved as u64,
+            frames: self.frames as u64,
+            floor: self.floor as u64,
+        }
+    }
+
+    /// Frames resident now.
+    pub fn resident(&self) -> usize {
+        self.clean.len() + self.pinned.len()
+    }
+
+    pub fn contains(&self, id: u32) -> bool {
+        self.pinned.contains_key(&id) || self.clean.contains(&id)
+    }
+
+    pub fn is_dirty(&self, id: u32) -> bool {
+        self.pinned.get(&id).is_some_and(|f| f.dirty)
+    }
+
+    /// The page `id`, marked most recently used; `None` is a miss the caller faults in.
+    pub fn get(&mut self, id: u32, kind: PageKind) -> Option<&P> {
+        let frame = match self.pinned.get(&id) {
+            Some(f) => Some(f),
+            None => self.clean.get(&id),
+        };
+        match frame {
+            Some(f) => {
+                debug_assert_eq!(f.kind, kind, "page {id} asked for as another kind");
+                self.hits += 1;
+                Some(&f.page)
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// The page `id` to change: the one way to change a resident page's content, so every
+    /// change leaves the frame dirty, pinned until the checkpoint that writes it commits.
+    pub fn change(&mut self, id: u32, kind: PageKind) -> Option<&mut P> {
+        if let Some(mut f) = self.clean.pop(&id) {
+            f.dirty = true;
+            self.dirty += 1;
+            self.pinned.insert(id, f);
+        } else if let Some(f) = self.pinned.get_mut(&id) {
+            if !f.dirty {
+                f.dirty = true;
+                self.dirty += 1;
+            }
+        }
+        let f = self.pinned.get_mut(&id)?;
+        debug_assert_eq!(f.kind, kind, "page {id} changed as another kind");
+        Some(&mut f.page)
+    }
+
+    /// Makes `page` resident as `id`: dirty (a page just created, or one about to change) or
+    /// clean (read from its current slot, or a hint that passed its re-check), held `holds`
+    /// times. A page already resident is kept and the new one dropped. Evicts the least
+    /// recently used clean frame when the pool is full; an error when every frame is pinned or
+    /// reserved (the floor did not hold).
+    pub fn install(
+        &mut self,
+        id: u32,
+        kind: PageKind,
+        page: P,
+        dirty: bool,
+        holds: u32,
+    ) -> Result<Install> {
+        if self.contains(id) {
+            return Ok(Install::AlreadyResident);
+        }
+        while self.resident() >= self.room() {
+            if !self.evict_one() {
+                return Err(self.exhausted());
+            }
+        }
+        let f = Frame {
+            kind,
+            page,
+            dirty,
+            holds,
+        };
+        if f.pinned() {
+            self.dirty += usize::from(dirty);
+            self.pinned.insert(id, f);
+        } else {
+            self.clean.put(id, f);
+        }
+        Ok(Install::Installed)
+    }
+
+    /// Keeps `id` resident until a matching [`PagePool::release`]; false when it is not
+    /// resident.
+    pub fn hold(&mut self, id: u32) -> bool {
+        if let Some(mut f) = self.clean.pop(&id) {
+            f.holds = 1;
+            self.pinned.insert(id, f);
+            return true;
+        }
+        match self.pinned.get_mut(&id) {
+            Some(f) => {
+                f.holds += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives back one hold of `id`.
+    pub fn release(&mut self, id: u32) {
+        let Some(f) = self.pinned.get_mut(&id) else {
+            debug_assert!(false, "release of page {id}, which is not pinned");
+            return;
+        };
+        debug_assert!(f.holds > 0, "release of page {id} without a hold");
+        f.holds = f.holds.saturating_sub(1);
+        self.unpin_if_free(id);
+    }
+
+    /// A checkpoint that wrote `id` committed and the page was not changed after its snapshot:
+    /// it is clean, and leaves the pinned frames unless something holds it.
+    pub fn mark_clean(&mut self, id: u32) {
+        if let Some(f) = self.pinned.get_mut(&id) {
+            if f.dirty {
+                f.dirty = false;
+                self.dirty -= 1;
+            }
+            self.unpin_if_free(id);
+        }
+    }
+
+    /// Drops `id`, dirty or not (its page was freed: a whole-page trim, a released page).
+    pub fn remove(&mut self, id: u32) -> Option<P> {
+        if let Some(f) = self.pinned.remove(&id) {
+            self.dirty -= usize::from(f.dirty);
+            return Some(f.page);
+        }
+        self.clean.pop(&id).map(|f| f.page)
+    }
+
+    /// Counts `frames` held outside the pool (the encoded copies of the checkpoint in flight)
+    /// from now on, replacing what was reserved before, and evicts clean frames to make room;
+    /// an error, reserving nothing, when pinned frames leave no room for them.
+    pub fn reserve(&mut self, frames: usize) -> Result<()> {
+        if self.pinned.len() + frames > self.frames {
+            return Err(Error::Failed(format!(
+                "page pool: {} pinned frames and a checkpoint copy of {frames} pass its {} frames \
+                 (floor {})",
+                self.pinned.len(),
+                self.frames,
+                self.floor
+            )));
+        }
+        self.reserved = frames;
+        while self.resident() > self.room() && self.evict_one() {}
+        Ok(())
+    }
+
+    /// Frames the pool may keep resident now.
+    fn room(&self) -> usize {
+        self.frames - self.reserved
+    }
+
+    fn unpin_if_free(&mut self, id: u32) {
+        if self.pinned.get(&id).is_some_and(|f| !f.pinned()) {
+            let f = self.pinned.remove(&id).expect("present");
+            // Unpinned frames start as the most recently used: they were in use until now.
+            self.clean.put(id, f);
+        }
+    }
+
+    /// Evicts the least recently used unpinned frame; false when every frame is pinned.
+    fn evict_one(&mut self) -> bool {
+        let evicted = self.clean.pop_lru().is_some();
+        self.evictions += u64::from(evicted);
+        evicted
+    }
+
+    fn exhausted(&self) -> Error {
+        Error::Failed(format!(
+            "page pool exhausted: {} of its {} frames pinned and {} reserved (floor {})",
+            self.pinned.len(),
+            self.frames,
+            self.reserved,
+            self.floor
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const K: PageKind = PageKind::MapLeaf;
+
+    fn pool(frames: u64) -> PagePool<u32> {
+        PagePool::new(frames * FRAME_BYTES, 0).expect("pool")
+    }
+
+    /// 16 TiB logical at 128 KiB extents with 1,000 devices: the design's worked example.
+    #[test]
+    fn the_floor_at_16_tib_is_the_designs() {
+        let mut o = crate::layout::CreateOptions::new(16 << 40);
+        o.extent_bytes = 128 * 1024;
+        let sb = crate::layout::plan(&o).expect("layout");
+        let g = MetaGeometry::at_enable(&sb).expect("geometry");
+        let b = ListBounds::new(
+            ListBounds::created_capacity(sb.extent_count),
+            sb.extent_table_pages,
+            1000,
+        );
+        let floor = Floor::new(&g, &b);
+        assert_eq!(floor.fixed_pages, 1309);
+        assert_eq!(floor.directory_pages, 157);
+        assert_eq!(floor.resident_pair_state_pages, 0, "a large list");
+        assert_eq!(floor.frames(), 9879);
+        assert!(floor.bytes() < PAGE_CACHE_BYTES_DEFAULT / 2);
+    }
+
+    /// A small list keeps its pair-state pages resident, twice in the floor.
+    #[test]
+    fn a_small_list_adds_its_resident_pair_state_pages_twice() {
+        let mut o = crate::layout::CreateOptions::new(10 << 30);
+        o.extent_bytes = 128 * 1024;
+        let sb = crate::layout::plan(&o).expect("layout");
+        let g = MetaGeometry::at_enable(&sb).expect("geometry");
+        let b = ListBounds::new(
+            ListBounds::created_capacity(sb.extent_count),
+            sb.extent_table_pages,
+            1,
+        );
+        assert!(b.small());
+        let floor = Floor::new(&g, &b);
+        assert_eq!(floor.resident_pair_state_pages as u64, g.pair_state_pages());
+        assert_eq!(
+            floor.frames(),
+            8192 + 64
+                + b.fixed_pages as usize
+                + 2 * g.directory_pages() as usize
+                + 2 * g.pair_state_pages() as usize
+        );
+    }
+
+    #[test]
+    fn a_pool_below_its_floor_is_refused_naming_the_option() {
+        let e = PagePool::<u32>::new(8 << 20, 9879).err().expect("refused");
+        let msg = e.to_string();
+        assert!(msg.contains("--page-cache"), "{msg}");
+        assert!(msg.contains("9879"), "{msg}");
+        // The size it asks for holds the floor.
+        let asked: u64 = msg
+            .split("--page-cache ")
+            .nth(2)
+            .and_then(|t| t.split('M').next())
+            .and_then(|n| n.parse().ok())
+            .expect("a size in MiB");
+        assert!(PagePool::<u32>::new(asked << 20, 9879).is_ok());
+        assert!(PagePool::<u32>::new(9879 * FRAME_BYTES, 9879).is_ok());
+    }
+
+    #[test]
+    fn a_larger_floor_is_refused_and_the_old_one_kept() {
+        let mut p: PagePool<u32> = PagePool::new(100 * FRAME_BYTES, 50).expect("pool");
+        assert!(p.set_floor(101).is_err());
+        assert_eq!(p.stats().floor, 50);
+        p.set_floor(100).expect("fits");
+        assert_eq!(p.stats().floor, 100);
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_clean_frame() {
+        let mut p = pool(3);
+        for id in 1..=3 {
+            p.install(id, K, id, false, 0).expect("room");
+        }
+        assert_eq!(p.get(1, K), Some(&1)); // 2 is now the oldest
+        p.install(4, K, 4, false, 0).expect("evicts");
+        assert!(!p.contains(2));
+        assert!(p.contains(1) && p.contains(3) && p.contains(4));
+        assert_eq!(p.stats().evictions, 1);
+    }
+
+    #[test]
+    fn pinned_frames_stay_and_a_full_pool_is_an_error_not_growth() {
+        let mut p = pool(3);
+        p.install(1, K, 1, true, 0).expect("room");
+        p.install(2, K, 2, false, 1).expect("room");
+        p.install(3, K, 3, false, 0).expect("room");
+        *p.change(3, K).expect("resident") = 30;
+        let e = p.install(4, K, 4, false, 0).expect_err("all pinned");
+        assert!(e.to_string().contains("exhausted"), "{e}");
+        assert_eq!(p.resident(), 3);
+        // A commit cleans 1 and a step gives back its hold on 2: both may go again, 1 first
+        // (it was unpinned first).
+        p.mark_clean(1);
+        p.release(2);
+        p.install(4, K, 4, false, 0).expect("evicts 1");
+        assert!(!p.contains(1) && p.contains(2));
+        assert_eq!(p.get(3, K), Some(&30));
+        assert!(p.is_dirty(3));
+    }
+
+    #[test]
+    fn a_resident_page_is_not_replaced_by_an_install() {
+        let mut p = pool(2);
+        p.install(1, K, 1, false, 0).expect("room");
+        *p.change(1, K).expect("resident") = 10;
+        assert_eq!(
+            p.install(1, K, 99, false, 0).expect("ok"),
+            Install::AlreadyResident
+        );
+        assert_eq!(p.get(1, K), Some(&10));
+    }
+
+    #[test]
+    fn a_reservation_evicts_clean_frames_and_is_refused_past_the_pinned() {
+        let mut p = pool(4);
+        p.install(1, K, 1, true, 0).expect("room");
+        p.install(2, K, 2, true, 0).expect("room");
+        p.install(3, K, 3, false, 0).expect("room");
+        p.install(4, K, 4, false, 0).expect("room");
+        p.reserve(1).expect("one clean frame goes");
+        assert_eq!(p.resident(), 3);
+        assert!(!p.contains(3), "the older clean frame leaves");
+        assert!(
+            p.reserve(3).is_err(),
+            "two pinned + 3 reserved pass 4 frames"
+        );
+        assert_eq!(
+            p.stats().reserved,
+            1,
+            "a refused reservation changes nothing"
+        );
+        p.reserve(2).expect("fits");
+        assert_eq!(p.resident(), 2);
+        p.reserve(0).expect("the checkpoint committed");
+        p.install(5, K, 5, false, 0).expect("room again");
+        p.install(6, K, 6, false, 0).expect("room again");
+        assert_eq!(p.resident(), 4);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Install { id: u32, dirty: bool, held: bool },
+        Get(u32),
+        Change(u32),
+        Hold(u32),
+        Release(u32),
+        Clean(u32),
+        Remove(u32),
+        Reserve(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let id = 0u32..12;
+        prop_oneof![
+            4 => (id.clone(), any::<bool>(), proptest::bool::weighted(0.2))
+                .prop_map(|(id, dirty, held)| Op::Install { id, dirty, held }),
+            3 => id.clone().prop_map(Op::Get),
+            1 => id.clone().prop_map(Op::Change),
+            1 => id.clone().prop_map(Op::Hold),
+            2 => id.clone().prop_map(Op::Release),
+            2 => id.clone().prop_map(Op::Clean),
+            1 => id.prop_map(Op::Remove),
+            1 => (0usize..4).prop_map(Op::Reserve),
+        ]
+    }
+
+    /// The pool against a plain list in recency order: same residents, same dirt, same errors.
+    #[derive(Default)]
+    struct Model {
+        /// (id, value, dirty, holds), least recently used first.
+        frames: Vec<(u32, u32, bool, u32)>,
+        reserved: usize,
+    }
+
+    impl Model {
+        fn find(&self, id: u32) -> Option<usize> {
+            self.frames.iter().position(|f| f.0 == id)
+        }
+        fn touch(&mut self, i: usize) {
+            let f = self.frames.remove(i);
+            self.frames.push(f);
+        }
+        fn pinned(&self) -> usize {
+            self.frames.iter().filter(|f| f.2 || f.3 > 0).count()
+        }
+        /// Evicts the first unpinned frame in recency order.
+        fn evict(&mut self) -> bool {
+            match self.frames.iter().position(|f| !f.2 && f.3 == 0) {
+                Some(i) => {
+                    self.frames.remove(i);
+                    true
+                }
+                None => false,
+            }
+        }
+        fn unpin_if_free(&mut self, i: usize) {
+            if !self.frames[i].2 && self.frames[i].3 == 0 {
+                self.touch(i);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn the_pool_behaves_as_an_lru_list_with_pins(ops in proptest::collection::vec(op(), 1..200)) {
+            const FRAMES: usize = 6;
+            let mut p = pool(FRAMES as u64);
+            let mut m = Model::default();
+            for (n, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Install { id, dirty, held } => {
+                        let got = p.install(id, K, n as u32, dirty, u32::from(held));
+                        if m.find(id).is_some() {
+                            prop_assert_eq!(got.ok(), Some(Install::AlreadyResident));
+                        } else {
+                            let mut ok = true;
+                            while m.frames.len() >= FRAMES - m.reserved {
+                                if !m.evict() { ok = false; break; }
+                            }
+                            prop_assert_eq!(got.is_ok(), ok);
+                            if ok {
+                                m.frames.push((id, n as u32, dirty, u32::from(held)));
+                            }
+                        }
+                    }
+                    Op::Get(id) => {
+                        let want = m.find(id).map(|i| { let v = m.frames[i].1; m.touch(i); v });
+                        prop_assert_eq!(p.get(id, K).copied(), want);
+                    }
+                    Op::Change(id) => {
+                        let got = p.change(id, K).map(|v| { *v += 1000; *v });
+                        let want = m.find(id).map(|i| {
+                            m.frames[i].1 += 1000;
+                            m.frames[i].2 = true;
+                            m.frames[i].1
+                        });
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Hold(id) => {
+                        let want = m.find(id).map(|i| m.frames[i].3 += 1).is_some();
+                        prop_assert_eq!(p.hold(id), want);
+                    }
+                    Op::Release(id) => {
+                        if let Some(i) = m.find(id).filter(|&i| m.frames[i].3 > 0) {
+                            m.frames[i].3 -= 1;
+                            m.unpin_if_free(i);
+                            p.release(id);
+                        }
+                    }
+                    Op::Clean(id) => {
+                        if let Some(i) = m.find(id).filter(|&i| m.frames[i].2 || m.frames[i].3 > 0) {
+                            m.frames[i].2 = false;
+                            m.unpin_if_free(i);
+                        }
+                        p.mark_clean(id);
+                    }
+                    Op::Remove(id) => {
+                        let want = m.find(id).map(|i| m.frames.remove(i).1);
+                        prop_assert_eq!(p.remove(id), want);
+                    }
+                    Op::Reserve(r) => {
+                        let ok = m.pinned() + r <= FRAMES;
+                        prop_assert_eq!(p.reserve(r).is_ok(), ok);
+                        if ok {
+                            m.reserved = r;
+                            while m.frames.len() > FRAMES - r && m.evict() {}
+                        }
+                    }
+                }
+                let s = p.stats();
+                prop_assert_eq!(s.resident as usize, m.frames.len());
+                prop_assert!(s.resident as usize <= FRAMES - m.reserved);
+                prop_assert_eq!(s.pinned as usize, m.pinned());
+                prop_assert_eq!(s.dirty as usize, m.frames.iter().filter(|f| f.2).count());
+                for id in 0..12 {
+                    prop_assert_eq!(p.contains(id), m.find(id).is_some(), "page {}", id);
+                    prop_assert_eq!(p.is_dirty(id), m.find(id).is_some_and(|i| m.frames[i].2));
+                }
+            }
+        }
+    }
+}
