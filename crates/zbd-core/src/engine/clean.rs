@@ -5,7 +5,7 @@
 use super::*;
 use crate::error::Result;
 use crate::extents::ExtentState;
-use crate::state::State;
+use crate::state::{Consumer, State};
 use std::sync::atomic::Ordering;
 
 impl Inner {
@@ -142,7 +142,7 @@ impl Inner {
                 let checkpoint = pending > 0
                     && (done
                         || pending >= CHECKPOINT_AFTER_RECLAIMED
-                        || st.free_now() <= st.buffer.config().reserve + st.reserve_held());
+                        || st.free_now() <= st.floor(Consumer::HostWrite));
                 if !r.progressed() {
                     self.clean_idle_seq.store(st.next_seq, Ordering::Relaxed);
                 }

@@ -9,6 +9,7 @@ mod checkpoint;
 mod place;
 
 pub use checkpoint::InFlight;
+pub use place::Consumer;
 
 use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState, ExtentTable, FreeList};

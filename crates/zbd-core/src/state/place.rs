@@ -10,6 +10,21 @@ use crate::format::{QueueEntry, SECTOR_BYTES};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// Who takes a free extent, each down to its own floor ([`State::floor`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consumer {
+    /// A host write opening an extent: at its floor, space is short and the writer cleans
+    /// first (the cleaner's reserve, and the space reserve while it is held, stay free).
+    HostWrite,
+    /// Any open once cleaning has run: the last free extents belong to the cleaner even when
+    /// cleaning could not help just now. With nothing left to compact into, dead space made
+    /// later (the host trims or overwrites half of every extent) could never be reclaimed and
+    /// NoSpace would stick although the live data fits. Zero and trim ranges need no extent
+    /// (`log_range`). Above them, the space reserve (while held) is kept for a filesystem's
+    /// repair.
+    AfterCleaning,
+}
+
 impl State {
     /// Chooses the open extent for `len` payload bytes and `records` records: best fit
     /// (fullest extent that still has room), else a new extent, evicting the least recently
@@ -29,17 +44,11 @@ impl State {
 
     fn open_new(&mut self, cx: &Ctx) -> Result<()> {
         self.rearm_reserve_if_room();
-        let held = self.reserve_held();
-        if self.free_now() <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + held {
+        if self.free_now() <= self.floor(Consumer::HostWrite) {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
             (cx.make_space)(self, cx)?;
         }
-        // The last free extents belong to the cleaner even when cleaning could not help just
-        // now: with nothing left to compact into, dead space made later (the host trims or
-        // overwrites half of every extent) could never be reclaimed and NoSpace would stick
-        // although the live data fits. Zero and trim ranges need no extent (`log_range`).
-        // Above them, the space reserve (while held) is kept for a filesystem's repair.
-        if self.free_now() <= CLEANER_EXTENTS_MIN + held {
+        if self.free_now() <= self.floor(Consumer::AfterCleaning) {
             return Err(Error::NoSpace);
         }
         let q = self.alloc(cx)?;
@@ -65,11 +74,21 @@ impl State {
         self.queue.len() + self.free.len()
     }
 
+    /// Free extents at or below which `consumer` stops taking them. Every threshold on free
+    /// extents is this one function (docs/design.md, "Room first, sequence last": bit-10
+    /// volumes add their consumers here), so no two places can disagree about a floor.
+    pub fn floor(&self, consumer: Consumer) -> usize {
+        let held = self.reserve_held();
+        match consumer {
+            Consumer::HostWrite => self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + held,
+            Consumer::AfterCleaning => CLEANER_EXTENTS_MIN + held,
+        }
+    }
+
     /// Opening `need` more extents would reach the point where opening one cleans under the
     /// state lock (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
     pub fn space_short_for(&self, need: usize) -> bool {
-        self.free_now()
-            <= self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + self.reserve_held() + need
+        self.free_now() <= self.floor(Consumer::HostWrite) + need
     }
 
     /// Whether cleaning ahead goes on once `reclaimed` emptied victims are free (after a
