@@ -205,6 +205,27 @@ pub fn decode_map_leaf(b: &[u8]) -> Result<Vec<MapEntry>> {
         .collect()
 }
 
+/// Entry `i` of a map leaf's body, read in place (a leaf frame stays its 4 KiB body).
+pub fn map_leaf_entry(b: &[u8; PAGE_BODY_BYTES], i: usize) -> Result<MapEntry> {
+    MapEntry::decode(&b[i * MAP_ENTRY_BYTES..(i + 1) * MAP_ENTRY_BYTES])
+        .ok_or_else(|| corrupt("map entry with an unknown state"))
+}
+
+/// Writes entry `i` of a map leaf's body in place.
+pub fn set_map_leaf_entry(b: &mut [u8; PAGE_BODY_BYTES], i: usize, e: &MapEntry) {
+    e.encode(&mut b[i * MAP_ENTRY_BYTES..(i + 1) * MAP_ENTRY_BYTES]);
+}
+
+/// Child slot `i` of a map interior page's body, read in place.
+pub fn map_child_slot(b: &[u8; PAGE_BODY_BYTES], i: usize) -> ChildSlot {
+    ChildSlot::from_word(get_u32(&b[..], i * 4))
+}
+
+/// Writes child slot `i` of a map interior page's body in place.
+pub fn set_map_child_slot(b: &mut [u8; PAGE_BODY_BYTES], i: usize, s: ChildSlot) {
+    put_u32(&mut b[..], i * 4, s.word());
+}
+
 /// One child slot of a map interior page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChildSlot {

@@ -5,6 +5,8 @@
 //! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
 //!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
+//! - `map_tree.rs`: a device's map as a tree of leaves and interior pages over the pool, whose
+//!   summary slots stand for whole unmapped or zero subtrees.
 //! - `pairs.rs`: pair states (which slot of a page id is current) and the ids allocation hands out.
 //! - `pool.rs`: the one LRU pool of page frames every metadata page kind is cached in, and the
 //!   floor of frames a volume can pin at once.
@@ -13,6 +15,7 @@
 //! Nothing in the engine uses this module yet.
 
 pub mod geometry;
+pub mod map_tree;
 pub mod pairs;
 pub mod pool;
 pub mod tree;

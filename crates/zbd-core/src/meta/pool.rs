@@ -218,6 +218,27 @@ impl<P> PagePool<P> {
         self.pinned.get(&id).is_some_and(|f| f.dirty)
     }
 
+    /// The dirty frames' ids, ascending (what a checkpoint's snapshot writes).
+    pub fn dirty_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .pinned
+            .iter()
+            .filter(|(_, f)| f.dirty)
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The page `id` without counting a lookup or touching its recency (a checkpoint encoding
+    /// its dirty pages).
+    pub fn peek(&self, id: u32) -> Option<&P> {
+        match self.pinned.get(&id) {
+            Some(f) => Some(&f.page),
+            None => self.clean.peek(&id).map(|f| &f.page),
+        }
+    }
+
     /// The page `id`, marked most recently used; `None` is a miss the caller faults in.
     pub fn get(&mut self, id: u32, kind: PageKind) -> Option<&P> {
         let frame = match self.pinned.get(&id) {
