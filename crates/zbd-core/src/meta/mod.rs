@@ -5,11 +5,14 @@
 //! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
 //!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
+//! - `repairs.rs`: the written sets of the last 64 commits and the hint rule for frames read
+//!   without the lock.
 //!
 //! Nothing in the engine uses this module yet.
 
 pub mod geometry;
 pub mod pairs;
+pub mod repairs;
 pub mod tree;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};
