@@ -6,7 +6,8 @@
 //!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
 //! - `repairs.rs`: the written sets of the last 64 commits and the hint rule for frames read
-//!   without the lock.
+//!   without the lock; the repair list of pages with one bad copy, its re-read set and phase 1's
+//!   drop rule.
 //!
 //! Nothing in the engine uses this module yet.
 

@@ -8,17 +8,34 @@
 //! reader noted commit `c` is the page's current content if no commit after `c` wrote the id (a
 //! double flip A -> B -> A included, which comparing pair states alone would miss).
 //!
+//! [`RepairList`] holds the pages to rewrite (R8-E2): a read that finds one bad copy of a page's
+//! current slot installs the good copy's frame clean and queues the id, and each phase 1 takes as
+//! many entries as its interval has room for and dirties them, so no step counts or reserves
+//! anything for repairs. A queue attempt on a full list goes to a bounded re-read set (R9-C4),
+//! which `zbd-cleaner` works through a batch after each commit (R10-C1); past that bound only a
+//! sticky "scrub needed" flag remains.
+//!
 //! Pure data structures: no I/O and no lock of their own; the caller holds the state lock for
 //! every call.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use crate::error::{Error, Result};
+use crate::format::PairState;
 
 /// Commits whose written sets the ring keeps ("Prefetch, re-check", R6-B1): a read noted longer
 /// ago can no longer be checked by the id map, so its frame is dropped (~880 KiB of sets and ~3
 /// MiB of map at 16 TiB: "RAM at 16 TiB").
 pub const HINT_COMMITS_MAX: u64 = 64;
+/// Entries on the repair list ("Counted pages", R9-E3): their frames stay resident while listed,
+/// so the list is the `64` of the page pool's floor (`8,192 + 64 + F + 2S + 2R`).
+pub const REPAIR_LIST_MAX: usize = 64;
+/// Ids the re-read set holds when the list is full (R9-C4): 256 KiB at 4 bytes each ("RAM at 16
+/// TiB"); an id past it is forgotten and sets "scrub needed".
+pub const REREAD_SET_MAX: usize = 65_536;
+/// Ids of the re-read set handed out after each commit (R10-C1): bounded work for `zbd-cleaner`,
+/// which re-reads their copies without the lock; 1,024 commits go once through a full set.
+pub const REREAD_BATCH: usize = 64;
 
 /// Why a frame read without the lock is not installed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +176,213 @@ impl WrittenSets {
     }
 }
 
+/// A page to rewrite: one copy of its current slot was found bad by a read whose good copy was
+/// installed clean or was resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repair {
+    /// The page id.
+    pub id: u32,
+    /// The commit counter taken under the lock before the read was issued (for a locked fault,
+    /// the counter at the fault).
+    pub noted: u64,
+    /// The pair state the read noted: carried to the caller of [`RepairList::phase1`] for its
+    /// debug check that a page phase 1 dirties equals its durable copy (R8-E2). No rule here
+    /// reads it: phase 1 decides from RAM facts alone, never a pair state (R9-D1).
+    pub state: PairState,
+}
+
+/// Where a queue attempt put the id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// A new entry at the end of the list.
+    Listed,
+    /// The id was listed already: its entry keeps its place, and takes this read's counter and
+    /// pair state if that counter is at least as new.
+    AlreadyListed,
+    /// The list was full: the id is in the re-read set (it may have been there already).
+    Reread,
+    /// The list and the re-read set were full: the id is forgotten and "scrub needed" is set.
+    Overflow,
+}
+
+/// The repair list, its re-read set and the "scrub needed" flag.
+#[derive(Debug)]
+pub struct RepairList {
+    /// Entries in queue order, one per id.
+    entries: Vec<Repair>,
+    /// Ids waiting to be re-read. Ordered by id, so a batch reads neighbouring pairs together
+    /// and a sweep (`reread_next`) reaches every id before any comes round again.
+    reread: BTreeSet<u32>,
+    /// Where the next batch starts: one past the last id handed out.
+    reread_next: u32,
+    /// Sticky: an id was forgotten because the re-read set was full.
+    scrub_needed: bool,
+    /// [`REPAIR_LIST_MAX`], [`REREAD_SET_MAX`], [`REREAD_BATCH`] (smaller in tests).
+    list_max: usize,
+    reread_max: usize,
+    batch: usize,
+}
+
+impl Default for RepairList {
+    fn default() -> RepairList {
+        RepairList::with_bounds(REPAIR_LIST_MAX, REREAD_SET_MAX, REREAD_BATCH)
+    }
+}
+
+impl RepairList {
+    /// An empty list with the design's bounds.
+    pub fn new() -> RepairList {
+        RepairList::default()
+    }
+
+    fn with_bounds(list_max: usize, reread_max: usize, batch: usize) -> RepairList {
+        RepairList {
+            entries: Vec::new(),
+            reread: BTreeSet::new(),
+            reread_next: 0,
+            scrub_needed: false,
+            list_max,
+            reread_max,
+            batch,
+        }
+    }
+
+    /// Queues a repair, once per id. The caller queues only an id whose good copy's frame it
+    /// installed or found resident (so the listed frame is the page's content), and keeps that
+    /// frame resident while [`listed`](Self::listed). On a full list the id goes to the re-read
+    /// set; scrub and the online check instead wait outside the lock while
+    /// [`is_full`](Self::is_full).
+    pub fn queue(&mut self, repair: Repair) -> Queued {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.id == repair.id) {
+            // The newer read's finding stands: an entry kept at an older counter would be
+            // dropped at phase 1 if the page flipped in between, though this read found the
+            // new current slot bad.
+            if repair.noted >= e.noted {
+                *e = repair;
+            }
+            return Queued::AlreadyListed;
+        }
+        if self.entries.len() < self.list_max {
+            self.reread.remove(&repair.id);
+            self.entries.push(repair);
+            return Queued::Listed;
+        }
+        self.send_to_reread(repair.id)
+    }
+
+    /// Puts `id` in the re-read set, or sets "scrub needed" if it is full.
+    fn send_to_reread(&mut self, id: u32) -> Queued {
+        if self.reread.contains(&id) || self.reread.len() < self.reread_max {
+            self.reread.insert(id);
+            Queued::Reread
+        } else {
+            self.scrub_needed = true;
+            Queued::Overflow
+        }
+    }
+
+    /// Whether `id` is on the list: the pool keeps its frame resident.
+    pub fn listed(&self, id: u32) -> bool {
+        self.entries.iter().any(|e| e.id == id)
+    }
+
+    /// Entries on the list (at most [`REPAIR_LIST_MAX`]), for `zbd stat`.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// No entry is listed.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The list has no room: a new id would go to the re-read set.
+    pub fn is_full(&self) -> bool {
+        self.entries.len() >= self.list_max
+    }
+
+    /// Ids in the re-read set (at most [`REREAD_SET_MAX`]), for `zbd stat`.
+    pub fn reread_len(&self) -> usize {
+        self.reread.len()
+    }
+
+    /// An id was forgotten because the re-read set was full; `zbd stat` says "scrub needed".
+    /// Sticky: RAM only, and nothing here clears it.
+    pub fn scrub_needed(&self) -> bool {
+        self.scrub_needed
+    }
+
+    /// Phase 1's drop rule, from RAM alone (R9-D1, R9-E3): no pair-state read, no fault, no I/O.
+    /// `current` is the commit counter, `room` how many counted pages the new interval has left
+    /// for repairs after the allowances outstanding. In queue order, an entry is
+    /// - dropped if `last_write` (the [`WrittenSets`] id map) names a commit after its noted one
+    ///   (the page flipped: the bad copy is no longer current), if `freed` (the list holds a free
+    ///   entry for the id, or on small lists the set of ids freed since the last commit has it),
+    ///   or if `dirty` (the checkpoint writes the page anyway);
+    /// - else moved to the re-read set if more than [`HINT_COMMITS_MAX`] commits old (the map no
+    ///   longer covers every commit since), by counter difference: the counter moves by one per
+    ///   commit, and a counter that skipped values would only move entries sooner;
+    /// - else taken while fewer than `room` are taken, or left for a later phase 1.
+    ///
+    /// The taken entries leave the list; the caller dirties each and counts it toward the
+    /// interval.
+    pub fn phase1(
+        &mut self,
+        current: u64,
+        room: usize,
+        last_write: impl Fn(u32) -> Option<u64>,
+        freed: impl Fn(u32) -> bool,
+        dirty: impl Fn(u32) -> bool,
+    ) -> Vec<Repair> {
+        let mut taken = Vec::new();
+        let mut old = Vec::new();
+        self.entries.retain(|e| {
+            let flipped = last_write(e.id).is_some_and(|c| c > e.noted);
+            if flipped || freed(e.id) || dirty(e.id) {
+                return false;
+            }
+            if current.saturating_sub(e.noted) > HINT_COMMITS_MAX {
+                old.push(e.id);
+                return false;
+            }
+            if taken.len() < room {
+                taken.push(*e);
+                return false;
+            }
+            true
+        });
+        for id in old {
+            self.send_to_reread(id);
+        }
+        taken
+    }
+
+    /// The next at most [`REREAD_BATCH`] ids of the re-read set, taken out of it, for
+    /// `zbd-cleaner` to re-read after a commit without the lock. The caller queues again (by
+    /// [`queue`](Self::queue), under the lock, with the counter it noted before the read) each
+    /// id whose current slot still has a bad copy, and, the safe reading, each whose re-read
+    /// failed. Batches sweep the set in id order from where the last one stopped, so an id
+    /// queued back waits for the rest. A batch is handed out whether or not the list has room:
+    /// a re-read also clears ids whose copies are fine again, and one found bad on a full list
+    /// goes back to the set, to be listed when room appears.
+    pub fn reread_batch(&mut self) -> Vec<u32> {
+        let out: Vec<u32> = self
+            .reread
+            .range(self.reread_next..)
+            .chain(self.reread.range(..self.reread_next))
+            .take(self.batch)
+            .copied()
+            .collect();
+        for id in &out {
+            self.reread.remove(id);
+        }
+        if let Some(&last) = out.last() {
+            self.reread_next = last.wrapping_add(1);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +494,172 @@ mod tests {
             (w.latest(), w.last_write(1), w.last_write(2)),
             (7, Some(7), None)
         );
+    }
+
+    fn repair(id: u32, noted: u64) -> Repair {
+        Repair {
+            id,
+            noted,
+            state: PairState::SlotA,
+        }
+    }
+
+    /// Phase 1 with nothing flipped, freed or dirty.
+    fn take(l: &mut RepairList, current: u64, room: usize) -> Vec<u32> {
+        l.phase1(current, room, |_| None, |_| false, |_| false)
+            .iter()
+            .map(|r| r.id)
+            .collect()
+    }
+
+    #[test]
+    fn the_65th_entry_goes_to_the_reread_set() {
+        let mut l = RepairList::new();
+        for id in 0..64 {
+            assert_eq!(l.queue(repair(id, 1)), Queued::Listed);
+        }
+        assert!(l.is_full());
+        assert_eq!(l.queue(repair(64, 1)), Queued::Reread);
+        assert_eq!((l.len(), l.reread_len()), (64, 1));
+        assert!(!l.listed(64));
+        assert!(l.listed(63));
+        // A listed id on a full list stays listed, and is not also put in the re-read set.
+        assert_eq!(l.queue(repair(5, 2)), Queued::AlreadyListed);
+        assert_eq!(l.queue(repair(64, 2)), Queued::Reread, "once in the set");
+        assert_eq!((l.len(), l.reread_len()), (64, 1));
+        // With room, a re-read id is listed and leaves the set.
+        assert_eq!(take(&mut l, 2, 1), vec![0]);
+        assert_eq!(l.queue(repair(64, 2)), Queued::Listed);
+        assert_eq!((l.len(), l.reread_len()), (64, 0));
+        assert!(!l.scrub_needed());
+    }
+
+    #[test]
+    fn the_65537th_reread_id_sets_scrub_needed_for_good() {
+        let mut l = RepairList::new();
+        for id in 0..64 {
+            l.queue(repair(id, 1));
+        }
+        for id in 64..64 + 65_536 {
+            assert_eq!(l.queue(repair(id, 1)), Queued::Reread);
+        }
+        assert_eq!(l.reread_len(), REREAD_SET_MAX);
+        assert!(!l.scrub_needed());
+        // An id already in the full set is no overflow.
+        assert_eq!(l.queue(repair(64, 1)), Queued::Reread);
+        assert!(!l.scrub_needed());
+        assert_eq!(l.queue(repair(64 + 65_536, 1)), Queued::Overflow);
+        assert!(l.scrub_needed());
+        assert_eq!(l.reread_len(), REREAD_SET_MAX);
+        // Draining the set does not clear it: the forgotten id may still have a bad copy.
+        while !l.reread_batch().is_empty() {}
+        assert_eq!(l.reread_len(), 0);
+        assert!(l.scrub_needed());
+    }
+
+    #[test]
+    fn an_entry_65_commits_old_moves_to_the_reread_set_at_phase_1() {
+        let mut l = RepairList::new();
+        l.queue(repair(1, 100));
+        l.queue(repair(2, 101));
+        l.queue(repair(3, 101));
+        // At 165, entry 1 is 65 commits old; 2 and 3 are 64 old and may still be taken.
+        assert_eq!(take(&mut l, 165, 1), vec![2]);
+        assert!(!l.listed(1));
+        assert_eq!(l.reread_len(), 1);
+        assert_eq!(l.reread_batch(), vec![1]);
+        assert!(l.listed(3), "no room for it: it waits");
+        assert_eq!(take(&mut l, 166, 8), Vec::<u32>::new());
+        assert_eq!((l.len(), l.reread_len()), (0, 1));
+    }
+
+    #[test]
+    fn phase_1_drops_flipped_freed_and_dirty_entries() {
+        let mut l = RepairList::new();
+        for id in 1..=5 {
+            l.queue(repair(id, 10));
+        }
+        // 1 was written by commit 10 (the noted one: its read saw that write), 2 by commit 11.
+        let last_write = |id| match id {
+            1 => Some(10),
+            2 => Some(11),
+            _ => None,
+        };
+        let taken = l.phase1(12, 64, last_write, |id| id == 3, |id| id == 4);
+        assert_eq!(taken, vec![repair(1, 10), repair(5, 10)]);
+        assert!(l.is_empty());
+        assert_eq!(l.reread_len(), 0, "dropped entries need no re-read");
+    }
+
+    #[test]
+    fn phase_1_never_takes_more_than_room_and_takes_in_queue_order() {
+        let mut l = RepairList::new();
+        for id in [9, 3, 7, 1, 5] {
+            l.queue(repair(id, 1));
+        }
+        assert_eq!(take(&mut l, 2, 0), Vec::<u32>::new());
+        assert_eq!(l.len(), 5);
+        assert_eq!(take(&mut l, 2, 2), vec![9, 3]);
+        assert_eq!(take(&mut l, 3, 2), vec![7, 1]);
+        assert!(l.listed(5) && !l.listed(9));
+        assert_eq!(take(&mut l, 4, 2), vec![5]);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn an_id_is_listed_once_and_a_newer_read_refreshes_its_entry() {
+        let mut l = RepairList::new();
+        assert_eq!(l.queue(repair(4, 10)), Queued::Listed);
+        assert_eq!(l.queue(repair(8, 10)), Queued::Listed);
+        let newer = Repair {
+            state: PairState::SlotB,
+            ..repair(4, 12)
+        };
+        assert_eq!(l.queue(newer), Queued::AlreadyListed);
+        // An older read does not undo the newer one's finding.
+        assert_eq!(l.queue(repair(4, 11)), Queued::AlreadyListed);
+        assert_eq!(l.len(), 2);
+        // Commit 11 flipped page 4; the read at 12 found its new slot bad: it is still repaired,
+        // and keeps its place ahead of 8.
+        let taken = l.phase1(12, 1, |id| (id == 4).then_some(11), |_| false, |_| false);
+        assert_eq!(taken, vec![newer]);
+        assert_eq!(take(&mut l, 12, 5), vec![8]);
+    }
+
+    #[test]
+    fn reread_batches_take_at_most_64_and_sweep_the_whole_set() {
+        let mut l = RepairList::new();
+        for id in 0..64 {
+            l.queue(repair(id, 1));
+        }
+        for id in (1_000..1_000 + 65_536).rev() {
+            l.queue(repair(id, 1));
+        }
+        let mut seen = BTreeSet::new();
+        let mut batches = 0;
+        loop {
+            let b = l.reread_batch();
+            if b.is_empty() {
+                break;
+            }
+            assert!(b.len() <= REREAD_BATCH);
+            assert!(b.windows(2).all(|w| w[0] < w[1]), "in id order");
+            for id in b {
+                assert!(seen.insert(id), "id {id} handed out twice");
+            }
+            batches += 1;
+        }
+        assert_eq!(batches, 1_024);
+        assert_eq!(seen.len(), REREAD_SET_MAX);
+        // The sweep goes on from where it stopped: ids below it wait for the wrap.
+        for id in [10_000, 70_000, 80_000] {
+            l.queue(repair(id, 2));
+        }
+        assert_eq!(l.reread_batch(), vec![70_000, 80_000, 10_000]);
+        // The last batch stopped after 10,000: 500 is behind the sweep, the others ahead.
+        for id in [80_001, 500, 80_000] {
+            l.queue(repair(id, 3));
+        }
+        assert_eq!(l.reread_batch(), vec![80_000, 80_001, 500]);
     }
 }
