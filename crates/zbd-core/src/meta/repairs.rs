@@ -386,6 +386,7 @@ impl RepairList {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const FRESH: Recheck = Recheck {
         absent: true,
@@ -661,5 +662,243 @@ mod tests {
             l.queue(repair(id, 3));
         }
         assert_eq!(l.reread_batch(), vec![80_000, 80_001, 500]);
+    }
+
+    /// Ids the proptest draws from: few, so ids collide in sets, on the list and in the re-read
+    /// set.
+    const IDS: u32 = 40;
+    /// The proptest's bounds: small, so the list, the re-read set and batches all fill up.
+    const LIST: usize = 8;
+    const REREAD: usize = 6;
+    const BATCH: usize = 5;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// The next commit, `gap` past the latest (counters may skip), wrote `ids`.
+        Publish { gap: u64, ids: Vec<u32> },
+        /// A read noted `back` commits before the latest found one bad copy of `id`.
+        Queue { id: u32, back: u64, slot_b: bool },
+        Phase1 {
+            room: usize,
+            freed: Vec<u32>,
+            dirty: Vec<u32>,
+        },
+        Hint {
+            id: u32,
+            back: u64,
+            absent: bool,
+            same: bool,
+        },
+        /// A batch is re-read; the ids at set bits of `bad` still have a bad copy.
+        Reread { bad: u8 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let ids = || prop::collection::vec(0..IDS, 0..6);
+        prop_oneof![
+            4 => (1u64..=3, ids()).prop_map(|(gap, ids)| Op::Publish { gap, ids }),
+            4 => (0..IDS, 0u64..90, any::<bool>())
+                .prop_map(|(id, back, slot_b)| Op::Queue { id, back, slot_b }),
+            2 => (0usize..6, ids(), ids())
+                .prop_map(|(room, freed, dirty)| Op::Phase1 { room, freed, dirty }),
+            3 => (0..IDS, 0u64..140, prop::bool::weighted(0.9), prop::bool::weighted(0.9))
+                .prop_map(|(id, back, absent, same)| Op::Hint { id, back, absent, same }),
+            1 => any::<u8>().prop_map(|bad| Op::Reread { bad }),
+        ]
+    }
+
+    /// The naive model: every written set kept forever, answers found by scanning.
+    struct Model {
+        start: u64,
+        history: Vec<(u64, BTreeSet<u32>)>,
+        entries: Vec<Repair>,
+        reread: BTreeSet<u32>,
+        next: u32,
+        scrub: bool,
+    }
+
+    impl Model {
+        fn latest(&self) -> u64 {
+            self.history.last().map_or(self.start, |(c, _)| *c)
+        }
+
+        /// What the id map should say: the last of the newest 64 sets that holds `id`.
+        fn ring_last_write(&self, id: u32) -> Option<u64> {
+            let n = HINT_COMMITS_MAX as usize;
+            let ring = &self.history[self.history.len().saturating_sub(n)..];
+            ring.iter()
+                .filter(|(_, s)| s.contains(&id))
+                .map(|(c, _)| *c)
+                .max()
+        }
+
+        /// The truth, from all history: the last commit after `noted` that wrote `id`.
+        fn written_after(&self, id: u32, noted: u64) -> Option<u64> {
+            self.history
+                .iter()
+                .filter(|(c, s)| *c > noted && s.contains(&id))
+                .map(|(c, _)| *c)
+                .max()
+        }
+
+        fn hint(&self, id: u32, noted: u64, r: Recheck) -> std::result::Result<(), HintDrop> {
+            let since = self.history.iter().filter(|(c, _)| *c > noted).count();
+            if !r.absent {
+                Err(HintDrop::Resident)
+            } else if !r.same_pair_state {
+                Err(HintDrop::PairStateChanged)
+            } else if noted < self.start || since as u64 > HINT_COMMITS_MAX {
+                Err(HintDrop::TooOld)
+            } else if let Some(written_by) = self.written_after(id, noted) {
+                Err(HintDrop::Stale { written_by })
+            } else {
+                Ok(())
+            }
+        }
+
+        fn send_to_set(&mut self, id: u32) -> Queued {
+            if self.reread.contains(&id) || self.reread.len() < REREAD {
+                self.reread.insert(id);
+                Queued::Reread
+            } else {
+                self.scrub = true;
+                Queued::Overflow
+            }
+        }
+
+        fn queue(&mut self, r: Repair) -> Queued {
+            if let Some(e) = self.entries.iter_mut().find(|e| e.id == r.id) {
+                if r.noted >= e.noted {
+                    *e = r;
+                }
+                Queued::AlreadyListed
+            } else if self.entries.len() < LIST {
+                self.reread.remove(&r.id);
+                self.entries.push(r);
+                Queued::Listed
+            } else {
+                self.send_to_set(r.id)
+            }
+        }
+
+        fn phase1(&mut self, room: usize, freed: &[u32], dirty: &[u32]) -> Vec<Repair> {
+            let current = self.latest();
+            let mut taken = Vec::new();
+            for e in std::mem::take(&mut self.entries) {
+                let flipped = self.ring_last_write(e.id).is_some_and(|c| c > e.noted);
+                if flipped || freed.contains(&e.id) || dirty.contains(&e.id) {
+                    continue;
+                }
+                if current - e.noted > HINT_COMMITS_MAX {
+                    self.send_to_set(e.id);
+                } else if taken.len() < room {
+                    taken.push(e);
+                } else {
+                    self.entries.push(e);
+                }
+            }
+            taken
+        }
+
+        fn reread_batch(&mut self) -> Vec<u32> {
+            let mut ids: Vec<u32> = self.reread.iter().copied().collect();
+            ids.sort_by_key(|&id| (id < self.next, id));
+            ids.truncate(BATCH);
+            for id in &ids {
+                self.reread.remove(id);
+            }
+            if let Some(&last) = ids.last() {
+                self.next = last + 1;
+            }
+            ids
+        }
+    }
+
+    proptest! {
+        /// Against the naive model: the id map, hint verdicts, queue results, phase 1's takes
+        /// and re-read batches agree; phase 1 never takes more than its room, nor an entry whose
+        /// page a commit after its read wrote (by all history, not just the ring); a hint passes
+        /// only if no commit since its read wrote the id; bounds hold throughout.
+        #[test]
+        fn hints_and_repairs_agree_with_a_model_that_keeps_every_set(
+            ops in prop::collection::vec(op(), 1..400)
+        ) {
+            let start = 1_000;
+            let mut sets = WrittenSets::new(start);
+            let mut list = RepairList::with_bounds(LIST, REREAD, BATCH);
+            let mut m = Model {
+                start,
+                history: Vec::new(),
+                entries: Vec::new(),
+                reread: BTreeSet::new(),
+                next: 0,
+                scrub: false,
+            };
+            let noted = |m: &Model, back: u64| m.latest().saturating_sub(back).max(start);
+            for op in ops {
+                match op {
+                    Op::Publish { gap, ids } => {
+                        let c = m.latest() + gap;
+                        sets.publish(c, ids.clone()).expect("increasing");
+                        m.history.push((c, ids.into_iter().collect()));
+                    }
+                    Op::Queue { id, back, slot_b } => {
+                        let state = if slot_b { PairState::SlotB } else { PairState::SlotA };
+                        let r = Repair { id, noted: noted(&m, back), state };
+                        prop_assert_eq!(list.queue(r), m.queue(r));
+                    }
+                    Op::Phase1 { room, freed, dirty } => {
+                        let taken = list.phase1(
+                            sets.latest(),
+                            room,
+                            |id| sets.last_write(id),
+                            |id| freed.contains(&id),
+                            |id| dirty.contains(&id),
+                        );
+                        prop_assert_eq!(&taken, &m.phase1(room, &freed, &dirty));
+                        prop_assert!(taken.len() <= room);
+                        for r in &taken {
+                            prop_assert_eq!(m.written_after(r.id, r.noted), None);
+                            prop_assert!(!freed.contains(&r.id) && !dirty.contains(&r.id));
+                        }
+                    }
+                    Op::Hint { id, back, absent, same } => {
+                        let n = noted(&m, back);
+                        let r = Recheck { absent, same_pair_state: same };
+                        let got = sets.hint(id, n, r);
+                        prop_assert_eq!(got, m.hint(id, n, r), "id {} noted {}", id, n);
+                        if got.is_ok() {
+                            prop_assert_eq!(m.written_after(id, n), None);
+                        }
+                    }
+                    Op::Reread { bad } => {
+                        let batch = list.reread_batch();
+                        prop_assert_eq!(&batch, &m.reread_batch());
+                        let now = m.latest();
+                        for (i, &id) in batch.iter().enumerate() {
+                            if bad & (1 << i) != 0 {
+                                let r = Repair { id, noted: now, state: PairState::SlotA };
+                                prop_assert_eq!(list.queue(r), m.queue(r));
+                            }
+                        }
+                    }
+                }
+                prop_assert_eq!(sets.latest(), m.latest());
+                let ring = &m.history[m.history.len().saturating_sub(HINT_COMMITS_MAX as usize)..];
+                let union: BTreeSet<u32> = ring.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+                prop_assert_eq!(sets.tracked_ids(), union.len());
+                for id in 0..IDS {
+                    prop_assert_eq!(sets.last_write(id), m.ring_last_write(id), "id {}", id);
+                    let listed = m.entries.iter().any(|e| e.id == id);
+                    prop_assert_eq!(list.listed(id), listed, "id {}", id);
+                    prop_assert!(!(listed && m.reread.contains(&id)), "id {} in both", id);
+                }
+                prop_assert_eq!(list.len(), m.entries.len());
+                prop_assert!(list.len() <= LIST);
+                prop_assert_eq!(list.reread_len(), m.reread.len());
+                prop_assert!(list.reread_len() <= REREAD);
+                prop_assert_eq!(list.scrub_needed(), m.scrub);
+            }
+        }
     }
 }
