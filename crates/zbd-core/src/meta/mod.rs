@@ -10,6 +10,9 @@
 //! - `pairs.rs`: pair states (which slot of a page id is current) and the ids allocation hands out.
 //! - `pool.rs`: the one LRU pool of page frames every metadata page kind is cached in, and the
 //!   floor of frames a volume can pin at once.
+//! - `repairs.rs`: the written sets of the last 64 commits and the hint rule for frames read
+//!   without the lock; the repair list of pages with one bad copy, its re-read set and phase 1's
+//!   drop rule.
 //! - `tree.rs`: a device's map tree: depth and positions.
 //!
 //! Nothing in the engine uses this module yet.
@@ -18,6 +21,7 @@ pub mod geometry;
 pub mod map_tree;
 pub mod pairs;
 pub mod pool;
+pub mod repairs;
 pub mod tree;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};
