@@ -539,13 +539,13 @@ mod tests {
 
         /// A checkpoint: every dirty page written, clean from then on.
         fn checkpoint(&mut self, pool: &mut PagePool<MapPage>) {
-            for id in pool.dirty_ids() {
+            for id in pool.snapshot() {
                 let page = pool.peek(id).expect("dirty is resident");
                 let at = page.address(id);
                 let frame = seal_page(&UUID, &at, &FrameStamp::map(1, 0, 1), &page.body);
                 self.disk.insert(id, frame);
-                pool.mark_clean(id);
             }
+            pool.commit();
         }
     }
 
@@ -646,7 +646,7 @@ mod tests {
         t.set(&mut p, &mut io, 1 << 30, MapEntry::UNMAPPED)
             .expect("tree");
         assert_eq!(io.allocations, 5);
-        assert_eq!(p.dirty_ids().len(), 5);
+        assert_eq!(p.stats().dirty, 5);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! pair-state and directory pages) in one LRU pool of frames (docs/design.md, "Steps and
 //! admission": "The page pool"; build step 1b.1).
 //!
-//! A frame is **pinned** while it is dirty (until the checkpoint that writes it commits) or held
-//! (a step's prefetch until the step has run, a page on the repair list while it is listed);
-//! pinned frames are never evicted. The encoded copies a checkpoint in flight holds are not
+//! A frame is **pinned** while it is dirty or written by the checkpoint in flight (until a
+//! checkpoint that writes it commits) or held (by the step that has the state lock, for the
+//! leaf it applies; by the repair list while listed); pinned frames are never evicted. A step
+//! waiting for the lock holds nothing: its prefetched frames are plain LRU frames (R15-C1). The encoded copies a checkpoint in flight holds are not
 //! frames keyed by id but count in the pool all the same ([`PagePool::reserve`]). Eviction takes
 //! the least recently used unpinned frame, whatever its kind: no kind has a share.
 //!
@@ -18,6 +19,7 @@ use std::collections::HashMap;
 use lru::LruCache;
 
 use super::geometry::{ListBounds, MetaGeometry, WINDOW_PAGES_MAX};
+use super::repairs::REPAIR_LIST_MAX;
 use crate::error::{Error, Result};
 use crate::format::PageKind;
 
@@ -31,13 +33,12 @@ pub const PAGE_CACHE_BYTES_DEFAULT: u64 = 96 << 20;
 
 /// The encoded copy of the checkpoint in flight: at most one interval's counted pages.
 const CHECKPOINT_COPY_FRAMES: usize = 2048;
-/// One step's prefetch: the next step's pages, read before it takes the lock (2 x 1,024).
+/// One step's working set under the lock: the pages it faulted or re-checked for the leaf it
+/// applies and the pages that leaf creates (2 x 1,024).
 const PREFETCH_FRAMES: usize = 2 * 1024;
-/// Frames the repair list keeps resident while their ids are listed.
-pub const REPAIR_FRAMES: usize = 64;
 
 /// What can be pinned or reserved at once: the window's 4,096 counted pages, the encoded copy
-/// of the checkpoint in flight (2,048), one step's prefetch (2,048), the repair list (64), the
+/// of the checkpoint in flight (2,048), one step's working set under the lock (2,048), the repair list (64), the
 /// fixed kinds' encoded copies (`F`), the directory pages a checkpoint writes, pinned and
 /// encoded (`2 S`), and on small lists the resident pair-state pages and their encoded copies
 /// (`2 R`).
@@ -72,7 +73,7 @@ impl Floor {
         WINDOW_PAGES_MAX as usize
             + CHECKPOINT_COPY_FRAMES
             + PREFETCH_FRAMES
-            + REPAIR_FRAMES
+            + REPAIR_LIST_MAX // its frames stay resident while listed
             + self.fixed_pages as usize
             + 2 * self.directory_pages as usize
             + 2 * self.resident_pair_state_pages as usize
@@ -95,9 +96,11 @@ pub struct PoolStats {
     pub evictions: u64,
     /// Frames resident now.
     pub resident: u64,
-    /// Resident frames that are dirty.
+    /// Resident frames changed since the last snapshot.
     pub dirty: u64,
-    /// Resident frames pinned (dirty or held).
+    /// Resident frames in the snapshot of the checkpoint in flight and unchanged since.
+    pub writing: u64,
+    /// Resident frames pinned (dirty, writing or held).
     pub pinned: u64,
     /// Frames' worth the encoded copies of a checkpoint in flight hold.
     pub reserved: u64,
@@ -110,14 +113,18 @@ pub struct PoolStats {
 struct Frame<P> {
     kind: PageKind,
     page: P,
+    /// Changed since the last snapshot: the next checkpoint writes it.
     dirty: bool,
-    /// Prefetches and repair-list entries that keep the frame resident.
+    /// In the snapshot of the checkpoint in flight, unchanged since: clean at its commit.
+    writing: bool,
+    /// Holds of the step that has the lock (pages it faulted or re-checked for the leaf it
+    /// applies, a listed repair), given back before the lock is (design R15-E2).
     holds: u32,
 }
 
 impl<P> Frame<P> {
     fn pinned(&self) -> bool {
-        self.dirty || self.holds > 0
+        self.dirty || self.writing || self.holds > 0
     }
 }
 
@@ -126,24 +133,31 @@ impl<P> Frame<P> {
 pub enum Install {
     /// The page is resident now, as given.
     Installed,
-    /// The page was already resident: the resident frame is newer or equal, the new one is
-    /// dropped (a hint read without the lock never replaces what is in the pool).
+    /// A clean page (a read, a hint) whose id was already resident: the resident frame is
+    /// newer or equal and stays, the new one is dropped.
     AlreadyResident,
 }
 
-/// The frames of one volume's metadata pages, keyed by page id. `P` is the decoded page.
+/// The frames of one volume's metadata pages, keyed by page id. `P` is the page as held.
+///
+/// The pool keeps the checkpoint bookkeeping itself (R15-A2, E3): [`PagePool::change`] and a
+/// dirty install mark a frame dirty, [`PagePool::snapshot`] turns every dirty frame into one
+/// the checkpoint in flight writes, [`PagePool::commit`] makes those clean unless they changed
+/// again, [`PagePool::abort`] makes them dirty again. A page freed and created again while a
+/// checkpoint is in flight is a new frame, dirty, so its commit cannot clean it.
 ///
 /// Resident frames never pass the frames less what is reserved: [`PagePool::install`] evicts
 /// or refuses, and [`PagePool::reserve`] refuses what pinned frames leave no room for.
 pub struct PagePool<P> {
     /// Unpinned frames, least recently used first: the only ones eviction may take.
     clean: LruCache<u32, Frame<P>>,
-    /// Dirty or held frames.
+    /// Dirty, writing or held frames.
     pinned: HashMap<u32, Frame<P>>,
     frames: usize,
     floor: usize,
     reserved: usize,
     dirty: usize,
+    writing: usize,
     hits: u64,
     misses: u64,
     evictions: u64,
@@ -175,6 +189,7 @@ impl<P> PagePool<P> {
             floor,
             reserved: 0,
             dirty: 0,
+            writing: 0,
             hits: 0,
             misses: 0,
             evictions: 0,
@@ -198,11 +213,19 @@ impl<P> PagePool<P> {
             evictions: self.evictions,
             resident: self.resident() as u64,
             dirty: self.dirty as u64,
+            writing: self.writing as u64,
             pinned: self.pinned.len() as u64,
             reserved: self.reserved as u64,
             frames: self.frames as u64,
             floor: self.floor as u64,
         }
+    }
+
+    /// Whether what is pinned and reserved now leaves one step's working set of the floor
+    /// free: true at every release of the state lock unless a bound the floor rests on broke
+    /// (the engine asserts it in debug builds; R15-C1).
+    pub fn within_floor(&self) -> bool {
+        self.pinned.len() + self.reserved + PREFETCH_FRAMES <= self.floor
     }
 
     /// Frames resident now.
@@ -214,24 +237,13 @@ impl<P> PagePool<P> {
         self.pinned.contains_key(&id) || self.clean.contains(&id)
     }
 
+    /// Whether a checkpoint writes `id`: the next one (dirty) or the one in flight (writing).
     pub fn is_dirty(&self, id: u32) -> bool {
-        self.pinned.get(&id).is_some_and(|f| f.dirty)
-    }
-
-    /// The dirty frames' ids, ascending (what a checkpoint's snapshot writes).
-    pub fn dirty_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self
-            .pinned
-            .iter()
-            .filter(|(_, f)| f.dirty)
-            .map(|(&id, _)| id)
-            .collect();
-        ids.sort_unstable();
-        ids
+        self.pinned.get(&id).is_some_and(|f| f.dirty || f.writing)
     }
 
     /// The page `id` without counting a lookup or touching its recency (a checkpoint encoding
-    /// its dirty pages).
+    /// its snapshot).
     pub fn peek(&self, id: u32) -> Option<&P> {
         match self.pinned.get(&id) {
             Some(f) => Some(&f.page),
@@ -259,28 +271,25 @@ impl<P> PagePool<P> {
     }
 
     /// The page `id` to change: the one way to change a resident page's content, so every
-    /// change leaves the frame dirty, pinned until the checkpoint that writes it commits.
+    /// change leaves the frame dirty, pinned until a checkpoint that writes it commits.
     pub fn change(&mut self, id: u32, kind: PageKind) -> Option<&mut P> {
-        if let Some(mut f) = self.clean.pop(&id) {
-            f.dirty = true;
-            self.dirty += 1;
+        if let Some(f) = self.clean.pop(&id) {
             self.pinned.insert(id, f);
-        } else if let Some(f) = self.pinned.get_mut(&id) {
-            if !f.dirty {
-                f.dirty = true;
-                self.dirty += 1;
-            }
         }
         let f = self.pinned.get_mut(&id)?;
         debug_assert_eq!(f.kind, kind, "page {id} changed as another kind");
+        if !f.dirty {
+            f.dirty = true;
+            self.dirty += 1;
+        }
         Some(&mut f.page)
     }
 
-    /// Makes `page` resident as `id`: dirty (a page just created, or one about to change) or
-    /// clean (read from its current slot, or a hint that passed its re-check), held `holds`
-    /// times. A page already resident is kept and the new one dropped. Evicts the least
-    /// recently used clean frame when the pool is full; an error when every frame is pinned or
-    /// reserved (the floor did not hold).
+    /// Makes `page` resident as `id`: dirty (a page just created) or clean (read from its
+    /// current slot, or a hint that passed its re-check), held `holds` times. A clean page
+    /// whose id is resident is dropped ([`Install::AlreadyResident`]); a dirty one is an error
+    /// (an id created while in use). Evicts the least recently used clean frame when the pool
+    /// is full; an error when every frame is pinned or reserved (the floor did not hold).
     pub fn install(
         &mut self,
         id: u32,
@@ -290,6 +299,11 @@ impl<P> PagePool<P> {
         holds: u32,
     ) -> Result<Install> {
         if self.contains(id) {
+            if dirty {
+                return Err(Error::CorruptMetadata(format!(
+                    "metadata page {id} created while it is in the page pool"
+                )));
+            }
             return Ok(Install::AlreadyResident);
         }
         while self.resident() >= self.room() {
@@ -301,6 +315,7 @@ impl<P> PagePool<P> {
             kind,
             page,
             dirty,
+            writing: false,
             holds,
         };
         if f.pinned() {
@@ -315,10 +330,8 @@ impl<P> PagePool<P> {
     /// Keeps `id` resident until a matching [`PagePool::release`]; false when it is not
     /// resident.
     pub fn hold(&mut self, id: u32) -> bool {
-        if let Some(mut f) = self.clean.pop(&id) {
-            f.holds = 1;
+        if let Some(f) = self.clean.pop(&id) {
             self.pinned.insert(id, f);
-            return true;
         }
         match self.pinned.get_mut(&id) {
             Some(f) => {
@@ -329,33 +342,73 @@ impl<P> PagePool<P> {
         }
     }
 
-    /// Gives back one hold of `id`.
+    /// Gives back one hold of `id`; nothing when the id was freed meanwhile (a free drops its
+    /// frame with every hold on it).
     pub fn release(&mut self, id: u32) {
-        let Some(f) = self.pinned.get_mut(&id) else {
-            debug_assert!(false, "release of page {id}, which is not pinned");
-            return;
-        };
-        debug_assert!(f.holds > 0, "release of page {id} without a hold");
-        f.holds = f.holds.saturating_sub(1);
-        self.unpin_if_free(id);
+        if let Some(f) = self.pinned.get_mut(&id) {
+            debug_assert!(f.holds > 0, "release of page {id} without a hold");
+            f.holds = f.holds.saturating_sub(1);
+            self.unpin_if_free(id);
+        }
     }
 
-    /// A checkpoint that wrote `id` committed and the page was not changed after its snapshot:
-    /// it is clean, and leaves the pinned frames unless something holds it.
-    pub fn mark_clean(&mut self, id: u32) {
-        if let Some(f) = self.pinned.get_mut(&id) {
+    /// Phase 1 of a checkpoint: every dirty frame becomes one the checkpoint writes; returns
+    /// their ids, ascending. Frames changed from now on are dirty again and stay pinned past
+    /// this checkpoint's commit.
+    pub fn snapshot(&mut self) -> Vec<u32> {
+        debug_assert_eq!(
+            self.writing, 0,
+            "a snapshot while another checkpoint is in flight"
+        );
+        let mut ids = Vec::with_capacity(self.dirty);
+        for (&id, f) in self.pinned.iter_mut() {
             if f.dirty {
                 f.dirty = false;
-                self.dirty -= 1;
+                f.writing = true;
+                ids.push(id);
+            }
+        }
+        self.writing += ids.len();
+        self.dirty = 0;
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The checkpoint in flight is durable: what it wrote and nobody changed since is clean.
+    pub fn commit(&mut self) {
+        self.end_writing(false);
+    }
+
+    /// The checkpoint in flight failed: what it was writing is dirty again.
+    pub fn abort(&mut self) {
+        self.end_writing(true);
+    }
+
+    fn end_writing(&mut self, dirty_again: bool) {
+        let ids: Vec<u32> = self
+            .pinned
+            .iter()
+            .filter(|(_, f)| f.writing)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            let f = self.pinned.get_mut(&id).expect("listed");
+            f.writing = false;
+            self.writing -= 1;
+            if dirty_again && !f.dirty {
+                f.dirty = true;
+                self.dirty += 1;
             }
             self.unpin_if_free(id);
         }
     }
 
-    /// Drops `id`, dirty or not (its page was freed: a whole-page trim, a released page).
+    /// Drops `id` whatever its state (its page was freed: a whole-page trim, a released page):
+    /// dirty, writing and held alike, so a page created again under the id is a new frame.
     pub fn remove(&mut self, id: u32) -> Option<P> {
         if let Some(f) = self.pinned.remove(&id) {
             self.dirty -= usize::from(f.dirty);
+            self.writing -= usize::from(f.writing);
             return Some(f.page);
         }
         self.clean.pop(&id).map(|f| f.page)
@@ -514,14 +567,45 @@ mod tests {
         let e = p.install(4, K, 4, false, 0).expect_err("all pinned");
         assert!(e.to_string().contains("exhausted"), "{e}");
         assert_eq!(p.resident(), 3);
-        // A commit cleans 1 and a step gives back its hold on 2: both may go again, 1 first
-        // (it was unpinned first).
-        p.mark_clean(1);
+        // A checkpoint takes 1 and 3; 3 changes again before the commit, so only 1 is clean
+        // after it. The step gives back its hold on 2: 1 and 2 may go, 1 first (unpinned
+        // first), 3 stays.
+        assert_eq!(p.snapshot(), vec![1, 3]);
+        *p.change(3, K).expect("resident") = 31;
+        p.commit();
         p.release(2);
         p.install(4, K, 4, false, 0).expect("evicts 1");
         assert!(!p.contains(1) && p.contains(2));
-        assert_eq!(p.get(3, K), Some(&30));
+        assert_eq!(p.get(3, K), Some(&31));
         assert!(p.is_dirty(3));
+    }
+
+    /// R15-A2: a page freed and created again while a checkpoint is in flight is not cleaned
+    /// by that checkpoint's commit; an aborted checkpoint leaves its pages dirty.
+    #[test]
+    fn a_page_created_again_during_a_checkpoint_stays_dirty_past_its_commit() {
+        let mut p = pool(4);
+        p.install(1, K, 1, true, 0).expect("room");
+        assert_eq!(p.snapshot(), vec![1]);
+        assert_eq!(p.remove(1), Some(1));
+        p.install(1, K, 2, true, 0)
+            .expect("a new page under the freed id");
+        p.commit();
+        assert!(p.is_dirty(1), "the new page was never written");
+        assert_eq!(p.snapshot(), vec![1]);
+        p.abort();
+        assert!(p.is_dirty(1));
+        assert_eq!(
+            p.snapshot(),
+            vec![1],
+            "an aborted checkpoint's pages are taken again"
+        );
+        p.commit();
+        assert!(!p.is_dirty(1));
+        let e = p
+            .install(1, K, 3, true, 0)
+            .expect_err("created while resident");
+        assert!(e.to_string().contains("created while"), "{e}");
     }
 
     #[test]
@@ -570,7 +654,9 @@ mod tests {
         Change(u32),
         Hold(u32),
         Release(u32),
-        Clean(u32),
+        Snapshot,
+        Commit,
+        Abort,
         Remove(u32),
         Reserve(usize),
     }
@@ -581,37 +667,55 @@ mod tests {
             4 => (id.clone(), any::<bool>(), proptest::bool::weighted(0.2))
                 .prop_map(|(id, dirty, held)| Op::Install { id, dirty, held }),
             3 => id.clone().prop_map(Op::Get),
-            1 => id.clone().prop_map(Op::Change),
+            2 => id.clone().prop_map(Op::Change),
             1 => id.clone().prop_map(Op::Hold),
             2 => id.clone().prop_map(Op::Release),
-            2 => id.clone().prop_map(Op::Clean),
+            1 => Just(Op::Snapshot),
+            1 => Just(Op::Commit),
+            1 => Just(Op::Abort),
             1 => id.prop_map(Op::Remove),
             1 => (0usize..4).prop_map(Op::Reserve),
         ]
     }
 
+    #[derive(Clone, Copy)]
+    struct F {
+        id: u32,
+        value: u32,
+        dirty: bool,
+        writing: bool,
+        holds: u32,
+    }
+
+    impl F {
+        fn pinned(&self) -> bool {
+            self.dirty || self.writing || self.holds > 0
+        }
+    }
+
     /// The pool against a plain list in recency order: same residents, same dirt, same errors.
     #[derive(Default)]
     struct Model {
-        /// (id, value, dirty, holds), least recently used first.
-        frames: Vec<(u32, u32, bool, u32)>,
+        /// Least recently used first.
+        frames: Vec<F>,
         reserved: usize,
+        in_flight: bool,
     }
 
     impl Model {
         fn find(&self, id: u32) -> Option<usize> {
-            self.frames.iter().position(|f| f.0 == id)
+            self.frames.iter().position(|f| f.id == id)
         }
         fn touch(&mut self, i: usize) {
             let f = self.frames.remove(i);
             self.frames.push(f);
         }
         fn pinned(&self) -> usize {
-            self.frames.iter().filter(|f| f.2 || f.3 > 0).count()
+            self.frames.iter().filter(|f| f.pinned()).count()
         }
         /// Evicts the first unpinned frame in recency order.
         fn evict(&mut self) -> bool {
-            match self.frames.iter().position(|f| !f.2 && f.3 == 0) {
+            match self.frames.iter().position(|f| !f.pinned()) {
                 Some(i) => {
                     self.frames.remove(i);
                     true
@@ -619,9 +723,12 @@ mod tests {
                 None => false,
             }
         }
-        fn unpin_if_free(&mut self, i: usize) {
-            if !self.frames[i].2 && self.frames[i].3 == 0 {
-                self.touch(i);
+        /// Frames that just stopped being pinned become the most recent.
+        fn unpinned(&mut self, ids: &[u32]) {
+            for &id in ids {
+                if let Some(i) = self.find(id).filter(|&i| !self.frames[i].pinned()) {
+                    self.touch(i);
+                }
             }
         }
     }
@@ -638,7 +745,11 @@ mod tests {
                     Op::Install { id, dirty, held } => {
                         let got = p.install(id, K, n as u32, dirty, u32::from(held));
                         if m.find(id).is_some() {
-                            prop_assert_eq!(got.ok(), Some(Install::AlreadyResident));
+                            if dirty {
+                                prop_assert!(got.is_err());
+                            } else {
+                                prop_assert_eq!(got.ok(), Some(Install::AlreadyResident));
+                            }
                         } else {
                             let mut ok = true;
                             while m.frames.len() >= FRAMES - m.reserved {
@@ -646,43 +757,66 @@ mod tests {
                             }
                             prop_assert_eq!(got.is_ok(), ok);
                             if ok {
-                                m.frames.push((id, n as u32, dirty, u32::from(held)));
+                                m.frames.push(F { id, value: n as u32, dirty, writing: false, holds: u32::from(held) });
                             }
                         }
                     }
                     Op::Get(id) => {
-                        let want = m.find(id).map(|i| { let v = m.frames[i].1; m.touch(i); v });
+                        let want = m.find(id).map(|i| { let v = m.frames[i].value; m.touch(i); v });
                         prop_assert_eq!(p.get(id, K).copied(), want);
                     }
                     Op::Change(id) => {
                         let got = p.change(id, K).map(|v| { *v += 1000; *v });
                         let want = m.find(id).map(|i| {
-                            m.frames[i].1 += 1000;
-                            m.frames[i].2 = true;
-                            m.frames[i].1
+                            m.frames[i].value += 1000;
+                            m.frames[i].dirty = true;
+                            m.frames[i].value
                         });
                         prop_assert_eq!(got, want);
                     }
                     Op::Hold(id) => {
-                        let want = m.find(id).map(|i| m.frames[i].3 += 1).is_some();
+                        let want = m.find(id).map(|i| m.frames[i].holds += 1).is_some();
                         prop_assert_eq!(p.hold(id), want);
                     }
                     Op::Release(id) => {
-                        if let Some(i) = m.find(id).filter(|&i| m.frames[i].3 > 0) {
-                            m.frames[i].3 -= 1;
-                            m.unpin_if_free(i);
+                        if let Some(i) = m.find(id).filter(|&i| m.frames[i].holds > 0) {
+                            m.frames[i].holds -= 1;
+                            m.unpinned(&[id]);
                             p.release(id);
                         }
                     }
-                    Op::Clean(id) => {
-                        if let Some(i) = m.find(id).filter(|&i| m.frames[i].2 || m.frames[i].3 > 0) {
-                            m.frames[i].2 = false;
-                            m.unpin_if_free(i);
+                    Op::Snapshot => {
+                        if !m.in_flight {
+                            let mut want: Vec<u32> = Vec::new();
+                            for f in m.frames.iter_mut().filter(|f| f.dirty) {
+                                f.dirty = false;
+                                f.writing = true;
+                                want.push(f.id);
+                            }
+                            want.sort_unstable();
+                            prop_assert_eq!(p.snapshot(), want);
+                            m.in_flight = true;
                         }
-                        p.mark_clean(id);
+                    }
+                    Op::Commit | Op::Abort => {
+                        let abort = matches!(op, Op::Abort);
+                        let mut ids = Vec::new();
+                        for f in m.frames.iter_mut().filter(|f| f.writing) {
+                            f.writing = false;
+                            f.dirty |= abort;
+                            ids.push(f.id);
+                        }
+                        // The pool unpins in no particular order; the model's recency among
+                        // frames unpinned together is then unknown, so none may remain
+                        // ambiguous: unpin them, and compare residents as sets below.
+                        m.unpinned(&ids);
+                        if abort { p.abort() } else { p.commit() }
+                        m.in_flight = false;
+                        // Align recency: frames unpinned together get the pool's order.
+                        sync_recency(&mut m, &p, &ids);
                     }
                     Op::Remove(id) => {
-                        let want = m.find(id).map(|i| m.frames.remove(i).1);
+                        let want = m.find(id).map(|i| m.frames.remove(i).value);
                         prop_assert_eq!(p.remove(id), want);
                     }
                     Op::Reserve(r) => {
@@ -698,12 +832,34 @@ mod tests {
                 prop_assert_eq!(s.resident as usize, m.frames.len());
                 prop_assert!(s.resident as usize <= FRAMES - m.reserved);
                 prop_assert_eq!(s.pinned as usize, m.pinned());
-                prop_assert_eq!(s.dirty as usize, m.frames.iter().filter(|f| f.2).count());
+                prop_assert_eq!(s.dirty as usize, m.frames.iter().filter(|f| f.dirty).count());
+                prop_assert_eq!(s.writing as usize, m.frames.iter().filter(|f| f.writing).count());
                 for id in 0..12 {
                     prop_assert_eq!(p.contains(id), m.find(id).is_some(), "page {}", id);
-                    prop_assert_eq!(p.is_dirty(id), m.find(id).is_some_and(|i| m.frames[i].2));
+                    prop_assert_eq!(
+                        p.is_dirty(id),
+                        m.find(id).is_some_and(|i| m.frames[i].dirty || m.frames[i].writing)
+                    );
                 }
             }
+        }
+    }
+
+    /// Frames a commit or abort unpinned together entered the LRU in the pool's (hash) order:
+    /// give the model's copies of them the same relative order, taken from the pool's LRU.
+    fn sync_recency(m: &mut Model, p: &PagePool<u32>, ids: &[u32]) {
+        let order: Vec<u32> = p.clean.iter().rev().map(|(&id, _)| id).collect();
+        let set: Vec<usize> = m
+            .frames
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| ids.contains(&f.id) && !f.pinned())
+            .map(|(i, _)| i)
+            .collect();
+        let mut moved: Vec<F> = set.iter().map(|&i| m.frames[i]).collect();
+        moved.sort_by_key(|f| order.iter().position(|&id| id == f.id));
+        for (slot, f) in set.into_iter().zip(moved) {
+            m.frames[slot] = f;
         }
     }
 }
