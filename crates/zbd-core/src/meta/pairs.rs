@@ -99,10 +99,16 @@ impl PairStates {
         }
     }
 
-    /// Installs pair-state page `index` as read from disk (its body's bits).
+    /// Installs pair-state page `index` as read from disk (its body's bits). A resident page
+    /// stays: it may hold folded entries the disk copy lacks (R15-C2), so a read of it is
+    /// dropped, never installed over it.
     pub fn install(&mut self, index: u32, body: Box<[u8; PAGE_BODY_BYTES]>) {
+        debug_assert!(
+            !self.pages.contains_key(&index),
+            "pair-state page {index} read while resident"
+        );
         self.never_written.remove(&index);
-        self.pages.insert(index, body);
+        self.pages.entry(index).or_insert(body);
     }
 
     /// The state of `id`: its list entry, else its page's bits.
@@ -406,6 +412,18 @@ mod tests {
             s.page(1).map(|p| pair_state_at(p, 20_000 - 16_320)),
             Some(PairState::SlotA)
         );
+    }
+
+    /// R15-C2: a disk read of a resident pair-state page (a hint issued before a fold) must
+    /// not replace the folded page; debug builds catch the caller that tries.
+    #[test]
+    #[should_panic(expected = "read while resident")]
+    fn a_read_of_a_resident_pair_state_page_is_refused() {
+        let mut s = PairStates::new([]);
+        s.install(0, Box::new([0; PAGE_BODY_BYTES]));
+        s.record(5, PairState::SlotB, 1);
+        assert_eq!(s.fold_page(0, 1), Some(1));
+        s.install(0, Box::new([0; PAGE_BODY_BYTES]));
     }
 
     #[test]
