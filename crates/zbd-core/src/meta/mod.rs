@@ -13,6 +13,9 @@
 //! - `repairs.rs`: the written sets of the last 64 commits and the hint rule for frames read
 //!   without the lock; the repair list of pages with one bad copy, its re-read set and phase 1's
 //!   drop rule.
+//! - `store.rs`: pages on the medium: reads from the current slot of a pair, new ids and
+//!   frees (a region-0 leaf's free waits for phase 1), and a checkpoint writing the pool's
+//!   snapshot into the other slots.
 //! - `tree.rs`: a device's map tree: depth and positions.
 //!
 //! Nothing in the engine uses this module yet.
@@ -22,6 +25,7 @@ pub mod map_tree;
 pub mod pairs;
 pub mod pool;
 pub mod repairs;
+pub mod store;
 pub mod tree;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};

@@ -301,6 +301,12 @@ impl PairAllocator {
         self.allocatable.pop_first()
     }
 
+    /// At open: `id`, of a carved extent, is in use (its pair state is a slot), so allocation
+    /// must not hand it out.
+    pub fn mark_in_use(&mut self, id: u32) {
+        self.allocatable.remove(&id);
+    }
+
     /// Frees `id` in `interval`: it waits until a checkpoint whose phase 1 came later commits.
     pub fn free(&mut self, id: u32, interval: u64) {
         // Region-0 ids are a device's fixed leaves, never handed out by this allocator.
