@@ -9,6 +9,8 @@
 //! when their extent pair left metadata meanwhile (R6-A2).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::geometry::{MetaGeometry, PairHome};
 use crate::error::{Error, Result};
@@ -33,25 +35,73 @@ const RESERVE_FULL_AREA_PAIRS: u64 = 2048;
 /// needs for pair-state pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PairUse {
-    /// Host writes, promotions, shadows, release steps: only against their claim, above the
-    /// whole reserve (128 at full size).
-    Step,
     /// Device operations (rows, list pages, a new root level): above 64 at full size.
     DeviceOperation,
     /// Release-queue pages and their list page: above 31 at full size.
     ReleaseQueue,
     /// Pair-state and directory pages, release cursors' paths: down to 0.
     Metadata,
+    /// Recovery's replay of a window, down to 0: the live run had these pairs, and no step
+    /// claims while recovery runs (R14-D5).
+    Replay,
 }
+
+/// Pairs admission (b) gave a step (R13-E2, R14-E1): only [`PairAllocator::allocate_step`]
+/// draws on them, no other use or return can take them, and dropping the value gives back what
+/// is left, on every path, the fence's included (R15-D5).
+#[derive(Debug)]
+pub struct Claim {
+    left: usize,
+    /// The allocator's count of claimed pairs.
+    claimed: Arc<AtomicUsize>,
+}
+
+impl Claim {
+    /// Pairs still claimed.
+    pub fn left(&self) -> usize {
+        self.left
+    }
+
+    /// Splits `k` pairs off into a claim of their own (a region-0 pair-state page's pair for
+    /// the next phase 1: R15-B3); `None` when fewer are left.
+    pub fn split(&mut self, k: usize) -> Option<Claim> {
+        if k > self.left {
+            return None;
+        }
+        self.left -= k;
+        Some(Claim {
+            left: k,
+            claimed: self.claimed.clone(),
+        })
+    }
+
+    /// Keeps at most `k` pairs and gives back the rest (a writer at "space short" keeps the
+    /// worst case of the leaf it was placing: R15-B1).
+    pub fn keep(&mut self, k: usize) {
+        let give = self.left.saturating_sub(k);
+        self.left -= give;
+        self.claimed.fetch_sub(give, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.claimed.fetch_sub(self.left, Ordering::Relaxed);
+    }
+}
+
+/// A step asked for a pair its [`Claim`] does not hold: a broken worst case. The caller trips
+/// the fence before it takes a sequence (R14-D1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverDraw;
 
 impl PairUse {
     /// The floor at full size.
     fn full_floor(self) -> usize {
         match self {
-            PairUse::Step => METADATA_RESERVE,
             PairUse::DeviceOperation => 64,
             PairUse::ReleaseQueue => 31,
-            PairUse::Metadata => 0,
+            PairUse::Metadata | PairUse::Replay => 0,
         }
     }
 }
@@ -216,8 +266,8 @@ pub struct PairAllocator {
     /// Extents (copy 0) whose pair is metadata in the extent table.
     metadata: BTreeSet<u32>,
     /// Pairs admitted steps have claimed and not yet taken (R13-E2): no other use, and no
-    /// return, may take them.
-    claimed: usize,
+    /// return, may take them. Shared with the [`Claim`]s, which give theirs back when dropped.
+    claimed: Arc<AtomicUsize>,
     /// Pairs of the whole id space outside region 0 (`H x P`), which scales the floors.
     area_pairs: u64,
 }
@@ -231,7 +281,7 @@ impl PairAllocator {
             pending: BTreeMap::new(),
             carved: Vec::new(),
             metadata: BTreeSet::new(),
-            claimed: 0,
+            claimed: Arc::new(AtomicUsize::new(0)),
             area_pairs: u64::from(geometry.h) * u64::from(geometry.pairs_per_extent),
         }
     }
@@ -239,45 +289,57 @@ impl PairAllocator {
     /// The floor `usage` stops at on this area: the full-size floor, scaled down on areas of
     /// fewer than 2,048 pairs (rounded up, so a part never vanishes while the area has room).
     pub fn floor(&self, usage: PairUse) -> usize {
-        let full = usage.full_floor() as u64;
-        (full * self.area_pairs.min(RESERVE_FULL_AREA_PAIRS)).div_ceil(RESERVE_FULL_AREA_PAIRS)
-            as usize
+        self.scaled(usage.full_floor())
     }
 
-    /// The reserve on this area (the `Step` floor).
+    fn scaled(&self, full: usize) -> usize {
+        (full as u64 * self.area_pairs.min(RESERVE_FULL_AREA_PAIRS))
+            .div_ceil(RESERVE_FULL_AREA_PAIRS) as usize
+    }
+
+    /// The reserve on this area: steps claim only above it.
     pub fn reserve(&self) -> usize {
-        self.floor(PairUse::Step)
+        self.scaled(METADATA_RESERVE)
     }
 
     /// Pairs claimed and not yet taken.
     pub fn claimed(&self) -> usize {
-        self.claimed
+        self.claimed.load(Ordering::Relaxed)
     }
 
     /// Allocatable pairs nobody has claimed: what a return may withdraw and admission (b)
     /// looks at.
     pub fn unclaimed(&self) -> usize {
-        self.allocatable.len().saturating_sub(self.claimed)
+        self.allocatable.len().saturating_sub(self.claimed())
     }
 
     /// Admission (b): claims `n` pairs for a step if they lie above the reserve and every
-    /// earlier claim; `false` leaves nothing claimed.
-    pub fn claim(&mut self, n: usize) -> bool {
-        // A step that needs no pair is admitted whatever the reserve holds (R14-B2).
-        if n == 0 {
-            return true;
-        }
-        let fits = self.allocatable.len() >= self.reserve() + self.claimed + n;
-        if fits {
-            self.claimed += n;
-        }
-        fits
+    /// earlier claim; `None` claims nothing. A step that needs no pair gets an empty claim
+    /// whatever the reserve holds (R14-B2).
+    pub fn claim(&mut self, n: usize) -> Option<Claim> {
+        let fits = n == 0 || self.allocatable.len() >= self.reserve() + self.claimed() + n;
+        fits.then(|| {
+            self.claimed.fetch_add(n, Ordering::Relaxed);
+            Claim {
+                left: n,
+                claimed: self.claimed.clone(),
+            }
+        })
     }
 
-    /// Gives back `n` claimed pairs a step did not use.
-    pub fn unclaim(&mut self, n: usize) {
-        debug_assert!(n <= self.claimed, "unclaiming {n} of {}", self.claimed);
-        self.claimed -= n.min(self.claimed);
+    /// The lowest allocatable id, drawn on `claim`: never fails while the claim holds a pair.
+    pub fn allocate_step(&mut self, claim: &mut Claim) -> std::result::Result<u32, OverDraw> {
+        debug_assert!(
+            Arc::ptr_eq(&claim.claimed, &self.claimed),
+            "another volume's claim"
+        );
+        if claim.left == 0 {
+            return Err(OverDraw);
+        }
+        let id = self.allocatable.pop_first().ok_or(OverDraw)?;
+        claim.left -= 1;
+        self.claimed.fetch_sub(1, Ordering::Relaxed);
+        Ok(id)
     }
 
     /// Ids allocation may take now (the reserve included).
@@ -285,17 +347,10 @@ impl PairAllocator {
         self.allocatable.len()
     }
 
-    /// The lowest allocatable id. A step takes it from its claim (`None` without one is the
-    /// caller's bug: the step must trip the fence); any other use only while more than its floor
+    /// The lowest allocatable id for a use other than a step, only while more than its floor
     /// and every claim remain.
     pub fn allocate(&mut self, usage: PairUse) -> Option<u32> {
-        if usage == PairUse::Step {
-            debug_assert!(self.claimed > 0, "a step allocates only against its claim");
-            if self.claimed == 0 {
-                return None;
-            }
-            self.claimed -= 1;
-        } else if self.allocatable.len() <= self.floor(usage) + self.claimed {
+        if self.allocatable.len() <= self.floor(usage) + self.claimed() {
             return None;
         }
         self.allocatable.pop_first()
@@ -338,14 +393,22 @@ impl PairAllocator {
     /// Phase 1 chose `extent`'s pair for return (every id in it free): its ids leave allocation
     /// at once, so no page allocated before the commit lands in it (R5-A2), and its pending ids
     /// will not rejoin when their wait ends unless it is carved again (R6-A2).
+    /// Refused, changing nothing, when the pairs left would not cover the claims (R14-D6).
     pub fn withdraw(&mut self, extent: u32) -> Result<()> {
-        if !self.metadata.remove(&extent) {
+        if !self.metadata.contains(&extent) {
             return Err(Error::Invalid(format!(
                 "extent {extent} cannot be returned: it holds no metadata pairs"
             )));
         }
-        self.carved.retain(|&e| e != extent);
         let ids = self.ids_of(extent);
+        let leaving = self.allocatable.range(ids.clone()).count();
+        if self.allocatable.len() - leaving < self.claimed() {
+            return Err(Error::Invalid(format!(
+                "extent {extent} cannot be returned: steps have claimed its pairs"
+            )));
+        }
+        self.metadata.remove(&extent);
+        self.carved.retain(|&e| e != extent);
         self.allocatable.retain(|id| !ids.contains(id));
         Ok(())
     }
@@ -471,18 +534,17 @@ mod tests {
         assert_eq!(a.allocatable(), (g.h * g.pairs_per_extent) as usize);
         // A step allocates against its claim only, and a claim stays above the reserve.
         let above = a.allocatable() - METADATA_RESERVE;
-        assert!(!a.claim(above + 1));
-        assert!(a.claim(3));
-        assert_eq!(a.allocate(PairUse::Step), Some(40));
-        a.unclaim(2);
+        assert!(a.claim(above + 1).is_none());
+        let mut c = a.claim(3).expect("above the reserve");
+        assert_eq!(a.allocate_step(&mut c), Ok(40));
+        drop(c);
+        assert_eq!(a.claimed(), 0, "a dropped claim gives its pairs back");
         // Each use stops at its floor; the next one down goes on (R12-D5's nested floors).
-        assert!(a.claim(a.unclaimed() - METADATA_RESERVE));
-        for _ in 0..a.claimed() {
-            assert!(
-                a.allocate(PairUse::Step).is_some(),
-                "a claimed pair is there"
-            );
+        let mut c = a.claim(a.unclaimed() - METADATA_RESERVE).expect("fits");
+        while c.left() > 0 {
+            assert!(a.allocate_step(&mut c).is_ok(), "a claimed pair is there");
         }
+        assert_eq!(a.allocate_step(&mut c), Err(OverDraw));
         assert_eq!((a.allocatable(), a.claimed()), (METADATA_RESERVE, 0));
         for (usage, floor) in [
             (PairUse::DeviceOperation, 64),
@@ -500,45 +562,51 @@ mod tests {
         let g = MetaGeometry::new(10, 32 * 1024, 64).expect("geometry");
         let mut a = PairAllocator::new(g);
         let floors = [
-            PairUse::Step,
             PairUse::DeviceOperation,
             PairUse::ReleaseQueue,
             PairUse::Metadata,
         ]
         .map(|u| a.floor(u));
-        assert_eq!(floors, [8, 4, 2, 0]);
+        assert_eq!((a.reserve(), floors), (8, [4, 2, 0]));
         for e in 0..3 {
             a.carve(e).expect("below H");
         }
         a.commit(1);
-        assert!(
-            a.claim(1),
-            "12 carved pairs serve a step above the scaled reserve of 8"
-        );
-        assert_eq!(a.allocate(PairUse::Step), Some(10));
-        assert!(!a.claim(4), "11 left, the reserve is 8");
-        // Claims hold against every other use.
+        let mut c = a
+            .claim(1)
+            .expect("12 carved pairs serve a step above the scaled reserve of 8");
+        assert_eq!(a.allocate_step(&mut c), Ok(10));
+        assert!(a.claim(4).is_none(), "11 left, the reserve is 8");
+        // Claims hold against every other use and every return.
         let mut b = PairAllocator::new(g);
         for e in 0..4 {
             b.carve(e).expect("below H");
         }
         b.commit(1);
-        assert!(b.claim(8));
+        let mut kept = b.claim(8).expect("16 carved, reserve 8");
         while b.allocate(PairUse::Metadata).is_some() {}
         assert_eq!((b.allocatable(), b.claimed()), (8, 8));
         assert_eq!(b.unclaimed(), 0);
+        assert!(b.withdraw(3).is_err(), "its free pairs are claimed");
         assert!(
-            b.claim(0),
+            b.claim(0).is_some(),
             "a step that needs no pair is admitted below the reserve"
         );
+        // Split and keep move pairs between claims and back, never past what is held.
+        assert!(kept.split(9).is_none());
+        let part = kept.split(3).expect("8 held");
+        kept.keep(2);
+        assert_eq!((kept.left(), part.left(), b.claimed()), (2, 3, 5));
+        drop(part);
+        assert_eq!(b.claimed(), 2);
     }
 
     #[derive(Clone, Debug)]
     enum Op {
-        Allocate,
+        Allocate(u8),
         Claim(usize),
-        Unclaim,
-        AllocateStep,
+        DropClaim(usize),
+        AllocateStep(usize),
         Free(usize),
         Carve(u32),
         Withdraw(u32),
@@ -547,10 +615,10 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            3 => Just(Op::Allocate),
-            2 => (1usize..40).prop_map(Op::Claim),
-            1 => Just(Op::Unclaim),
-            3 => Just(Op::AllocateStep),
+            3 => (0u8..4).prop_map(Op::Allocate),
+            2 => (0usize..40).prop_map(Op::Claim),
+            1 => any::<usize>().prop_map(Op::DropClaim),
+            3 => any::<usize>().prop_map(Op::AllocateStep),
             3 => (0usize..64).prop_map(Op::Free),
             1 => (0u32..40).prop_map(Op::Carve),
             1 => (0u32..40).prop_map(Op::Withdraw),
@@ -572,36 +640,50 @@ mod tests {
             let mut metadata: BTreeSet<u32> = BTreeSet::new();
             let mut usable: BTreeSet<u32> = BTreeSet::new();
             let mut carved: BTreeSet<u32> = BTreeSet::new();
-            let mut claimed = 0usize;
+            let mut claims: Vec<Claim> = Vec::new();
             let reserve = a.reserve();
             for op in ops {
-                match op {
+                let claimed: usize = claims.iter().map(Claim::left).sum();
+                prop_assert_eq!(a.claimed(), claimed);
+                // No use and no return ever leaves fewer pairs than are claimed (R13-B2).
+                prop_assert!(usable.len() >= claimed);
+                let got = match op {
                     Op::Claim(n) => {
-                        let fits = usable.len() >= reserve + claimed + n;
-                        prop_assert_eq!(a.claim(n), fits);
-                        if fits {
-                            claimed += n;
-                        }
+                        let fits = n == 0 || usable.len() >= reserve + claimed + n;
+                        let c = a.claim(n);
+                        prop_assert_eq!(c.is_some(), fits);
+                        claims.extend(c);
+                        None
                     }
-                    Op::Unclaim => {
-                        a.unclaim(claimed);
-                        claimed = 0;
+                    Op::DropClaim(i) if !claims.is_empty() => {
+                        claims.swap_remove(i % claims.len());
+                        None
                     }
-                    Op::Allocate | Op::AllocateStep => {
-                        let step = matches!(op, Op::AllocateStep);
-                        if step && claimed == 0 {
-                            continue;
+                    Op::DropClaim(_) => None,
+                    Op::AllocateStep(i) if !claims.is_empty() => {
+                        let n = claims.len();
+                        let c = &mut claims[i % n];
+                        let had = c.left();
+                        let got = a.allocate_step(c);
+                        // Under a non-empty claim a step's allocation never fails (R14-D6).
+                        prop_assert_eq!(got.is_ok(), had > 0);
+                        if had > 0 {
+                            prop_assert_eq!(got.ok(), usable.first().copied());
                         }
-                        let got = a.allocate(if step { PairUse::Step } else { PairUse::Metadata });
-                        let expect = if step || usable.len() > claimed {
-                            usable.first().copied()
-                        } else {
-                            None
-                        };
+                        got.ok()
+                    }
+                    Op::AllocateStep(_) => None,
+                    Op::Allocate(u) => {
+                        let usage = [PairUse::DeviceOperation, PairUse::ReleaseQueue, PairUse::Metadata, PairUse::Replay][u as usize];
+                        let got = a.allocate(usage);
+                        let expect = (usable.len() > a.floor(usage) + claimed).then(|| usable.first().copied()).flatten();
                         prop_assert_eq!(got, expect, "claimed {}", claimed);
-                        if step {
-                            claimed -= 1;
-                        }
+                        got
+                    }
+                    _ => None,
+                };
+                match op {
+                    Op::Allocate(_) | Op::AllocateStep(_) => {
                         if let Some(id) = got {
                             usable.remove(&id);
                             let Some(PairHome::Extent { extent, .. }) = g.home(id) else {
@@ -612,6 +694,7 @@ mod tests {
                             held.push(id);
                         }
                     }
+                    Op::Claim(_) | Op::DropClaim(_) => {}
                     Op::Free(i) if !held.is_empty() => {
                         let id = held.swap_remove(i % held.len());
                         a.free(id, interval);
@@ -636,8 +719,11 @@ mod tests {
                         });
                         let in_e = |id: &u32| matches!(g.home(*id), Some(PairHome::Extent { extent, .. }) if extent == e);
                         let keeps_claims = usable.iter().filter(|id| !in_e(id)).count() >= claimed;
+                        if !in_use && metadata.contains(&e) {
+                            // Refused, and nothing changed, when the claims would not be kept.
+                            prop_assert_eq!(a.withdraw(e).is_ok(), keeps_claims);
+                        }
                         if !in_use && metadata.contains(&e) && keeps_claims {
-                            a.withdraw(e).expect("a metadata extent");
                             metadata.remove(&e);
                             carved.remove(&e);
                             usable.retain(|&id| !matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e));
