@@ -307,7 +307,9 @@ impl RepairList {
 
     /// A free of `id` (a whole-page trim, a released page), under the lock and together with the
     /// pool's [`remove`](super::pool::PagePool::remove), which drops the id's frame with the
-    /// list's hold on it (R15-E1): the id's list entry and its re-read entry go. So no freed id
+    /// list's hold on it (R15-E1): the id's list entry and its re-read entry go. For a region-0
+    /// leaf that is the trim or zero that drops its frame, though its free is recorded only at
+    /// the next phase 1 (R15-A1). So no freed id
     /// is ever on the list or in the set: a page created again under the id never meets the old
     /// page's entry, and no later batch hands out the old address (one already handed out is
     /// [`reread_batch`](Self::reread_batch)'s case). An id on neither is left as it is.
