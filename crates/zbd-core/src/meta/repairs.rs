@@ -9,19 +9,20 @@
 //! double flip A -> B -> A included, which comparing pair states alone would miss).
 //!
 //! [`RepairList`] holds the pages to rewrite (R8-E2): a read that finds one bad copy of a page's
-//! current slot installs the good copy's frame clean and queues the id, and each phase 1 takes as
-//! many entries as its interval has room for and dirties them, so no step counts or reserves
-//! anything for repairs. A queue attempt on a full list goes to a bounded re-read set (R9-C4),
-//! which `zbd-cleaner` works through a batch after each commit (R10-C1); past that bound only a
-//! sticky "scrub needed" flag remains.
+//! current slot installs the good copy's frame clean and queues the page's address, and each
+//! phase 1 takes as many entries as its new interval has room for and dirties them there, so no
+//! step counts or reserves anything for repairs. A queue attempt on a full list goes to a bounded
+//! re-read set of addresses (R9-C4, R15-C3), which `zbd-cleaner` works through a batch after each
+//! commit (R10-C1); past that bound only a sticky "scrub needed" flag remains. A free forgets its
+//! id on the list and in the set (R15-E1).
 //!
 //! Pure data structures: no I/O and no lock of their own; the caller holds the state lock for
 //! every call.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::error::{Error, Result};
-use crate::format::PairState;
+use crate::format::PageAddress;
 
 /// Commits whose written sets the ring keeps ("Prefetch, re-check", R6-B1): a read noted longer
 /// ago can no longer be checked by the id map, so its frame is dropped (~880 KiB of sets and ~3
@@ -30,11 +31,13 @@ pub const HINT_COMMITS_MAX: u64 = 64;
 /// Entries on the repair list ("Counted pages", R9-E3): their frames stay resident while listed,
 /// so the list is the `64` of the page pool's floor (`8,192 + 64 + F + 2S + 2R`).
 pub const REPAIR_LIST_MAX: usize = 64;
-/// Ids the re-read set holds when the list is full (R9-C4): 256 KiB at 4 bytes each ("RAM at 16
-/// TiB"); an id past it is forgotten and sets "scrub needed".
+/// Addresses the re-read set holds when the list is full (R9-C4): 1 MiB at 16 bytes each
+/// (R15-C3; "RAM at 16 TiB" counts 256 KiB of bare ids); a page past it is forgotten and sets
+/// "scrub needed".
 pub const REREAD_SET_MAX: usize = 65_536;
-/// Ids of the re-read set handed out after each commit (R10-C1): bounded work for `zbd-cleaner`,
-/// which re-reads their copies without the lock; 1,024 commits go once through a full set.
+/// Addresses of the re-read set handed out after each commit (R10-C1): bounded work for
+/// `zbd-cleaner`, which re-reads their copies without the lock; 1,024 commits go once through a
+/// full set.
 pub const REREAD_BATCH: usize = 64;
 
 /// Why a frame read without the lock is not installed.
@@ -180,30 +183,41 @@ impl WrittenSets {
 
 /// A page to rewrite: one copy of its current slot was found bad by a read whose good copy was
 /// installed clean or was resident.
+///
+/// No pair state (R15-D1): no rule reads one, since phase 1 decides from RAM facts alone (R9-D1);
+/// a debug check that a taken page equals its durable copy finds that copy's slot from the id's
+/// pair state at phase 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Repair {
-    /// The page id.
-    pub id: u32,
+    /// The page: its id, and the kind, level and position that seed its CRC, as the walk or list
+    /// that reached it knew them. An entry moved to the re-read set keeps it, so the re-read can
+    /// check the copies it reads ([`format::open_page`](crate::format::open_page), R15-C3).
+    pub address: PageAddress,
     /// The commit counter taken under the lock before the read was issued (for a locked fault,
     /// the counter at the fault).
     pub noted: u64,
-    /// The pair state the read noted: carried to the caller of [`RepairList::phase1`] for its
-    /// debug check that a page phase 1 dirties equals its durable copy (R8-E2). No rule here
-    /// reads it: phase 1 decides from RAM facts alone, never a pair state (R9-D1).
-    pub state: PairState,
 }
 
-/// Where a queue attempt put the id.
+impl Repair {
+    /// The page id: entries are one per id.
+    pub fn id(&self) -> u32 {
+        self.address.id
+    }
+}
+
+/// Where a queue attempt put the page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queued {
-    /// A new entry at the end of the list.
+    /// A new entry at the end of the list: the caller holds the frame in the pool
+    /// ([`PagePool::hold`](super::pool::PagePool::hold)) while it is listed.
     Listed,
-    /// The id was listed already: its entry keeps its place, and takes this read's counter and
-    /// pair state if that counter is at least as new.
+    /// The id was listed already: its entry keeps its place, and takes this read's address and
+    /// counter if that counter is at least as new.
     AlreadyListed,
-    /// The list was full: the id is in the re-read set (it may have been there already).
+    /// The list was full: the address is in the re-read set (it may have been there already:
+    /// this one replaces it).
     Reread,
-    /// The list and the re-read set were full: the id is forgotten and "scrub needed" is set.
+    /// The list and the re-read set were full: the page is forgotten and "scrub needed" is set.
     Overflow,
 }
 
@@ -212,15 +226,19 @@ pub enum Queued {
 pub struct RepairList {
     /// Entries in queue order, one per id.
     entries: Vec<Repair>,
-    /// Ids waiting to be re-read. Ordered by id, so a batch reads neighbouring pairs together
-    /// and a sweep (`reread_next`) reaches every id before any comes round again. A B-tree takes
-    /// about twice the design's 4 bytes an id (~0.5 MiB full, not 0.25); a sorted array would
-    /// take 4 but move up to 256 KiB under the lock per insert.
-    reread: BTreeSet<u32>,
+    /// Addresses waiting to be re-read, keyed by id (R15-C3). Ordered by id, so a batch reads
+    /// neighbouring pairs together and a sweep (`reread_next`) reaches every id before any comes
+    /// round again. A B-tree takes ~32-41 bytes an entry with its nodes (2-2.6 MiB full), against
+    /// 16 bytes an address (1 MiB, R15-C3) and "RAM at 16 TiB"'s 4 bytes an id (0.25 MiB); a
+    /// sorted array would take 16 but move up to 1 MiB under the lock per insert.
+    reread: BTreeMap<u32, PageAddress>,
     /// Where the next batch starts: one past the last id handed out.
     reread_next: u32,
-    /// Sticky: an id was forgotten because the re-read set was full.
+    /// Sticky: a page was forgotten because the re-read set was full.
     scrub_needed: bool,
+    /// [`phase1_drop`](Self::phase1_drop) ran and [`phase1_take`](Self::phase1_take) has not:
+    /// the debug check of phase 1's order.
+    dropped: bool,
     /// [`REPAIR_LIST_MAX`], [`REREAD_SET_MAX`], [`REREAD_BATCH`] (smaller in tests).
     list_max: usize,
     reread_max: usize,
@@ -242,22 +260,24 @@ impl RepairList {
     fn with_bounds(list_max: usize, reread_max: usize, batch: usize) -> RepairList {
         RepairList {
             entries: Vec::new(),
-            reread: BTreeSet::new(),
+            reread: BTreeMap::new(),
             reread_next: 0,
             scrub_needed: false,
+            dropped: false,
             list_max,
             reread_max,
             batch,
         }
     }
 
-    /// Queues a repair, once per id. The caller queues only an id whose good copy's frame it
-    /// installed or found resident (so the listed frame is the page's content), and keeps that
-    /// frame resident while [`listed`](Self::listed). On a full list the id goes to the re-read
-    /// set; scrub and the online check instead wait outside the lock while
-    /// [`is_full`](Self::is_full).
+    /// Queues a repair, once per id. The caller queues only a page whose good copy's frame it
+    /// installed or found resident (so the listed frame is the page's content), and holds that
+    /// frame while [`listed`](Self::listed). An id listed leaves the re-read set. On a full list
+    /// the address goes to the re-read set; scrub and the online check instead wait outside the
+    /// lock while [`is_full`](Self::is_full).
     pub fn queue(&mut self, repair: Repair) -> Queued {
-        if let Some(e) = self.entries.iter_mut().find(|e| e.id == repair.id) {
+        let id = repair.id();
+        if let Some(e) = self.entries.iter_mut().find(|e| e.id() == id) {
             // The newer read's finding stands: an entry kept at an older counter would be
             // dropped at phase 1 if the page flipped in between, though this read found the
             // new current slot bad.
@@ -267,17 +287,17 @@ impl RepairList {
             return Queued::AlreadyListed;
         }
         if self.entries.len() < self.list_max {
-            self.reread.remove(&repair.id);
+            self.reread.remove(&id);
             self.entries.push(repair);
             return Queued::Listed;
         }
-        self.send_to_reread(repair.id)
+        self.send_to_reread(repair.address)
     }
 
-    /// Puts `id` in the re-read set, or sets "scrub needed" if it is full.
-    fn send_to_reread(&mut self, id: u32) -> Queued {
-        if self.reread.contains(&id) || self.reread.len() < self.reread_max {
-            self.reread.insert(id);
+    /// Puts `address` in the re-read set, or sets "scrub needed" if it is full.
+    fn send_to_reread(&mut self, address: PageAddress) -> Queued {
+        if self.reread.contains_key(&address.id) || self.reread.len() < self.reread_max {
+            self.reread.insert(address.id, address);
             Queued::Reread
         } else {
             self.scrub_needed = true;
@@ -285,9 +305,22 @@ impl RepairList {
         }
     }
 
+    /// A free of `id` (a whole-page trim, a released page), under the lock and together with the
+    /// pool's [`remove`](super::pool::PagePool::remove), which drops the id's frame with the
+    /// list's hold on it (R15-E1): the id's list entry and its re-read entry go. For a region-0
+    /// leaf that is the trim or zero that drops its frame, though its free is recorded only at
+    /// the next phase 1 (R15-A1). So no freed id
+    /// is ever on the list or in the set: a page created again under the id never meets the old
+    /// page's entry, and no later batch hands out the old address (one already handed out is
+    /// [`reread_batch`](Self::reread_batch)'s case). An id on neither is left as it is.
+    pub fn forget(&mut self, id: u32) {
+        self.entries.retain(|e| e.id() != id);
+        self.reread.remove(&id);
+    }
+
     /// Whether `id` is on the list: the pool keeps its frame resident.
     pub fn listed(&self, id: u32) -> bool {
-        self.entries.iter().any(|e| e.id == id)
+        self.entries.iter().any(|e| e.id() == id)
     }
 
     /// Entries on the list (at most [`REPAIR_LIST_MAX`]), for `zbd stat`.
@@ -305,83 +338,129 @@ impl RepairList {
         self.entries.len() >= self.list_max
     }
 
-    /// Ids in the re-read set (at most [`REREAD_SET_MAX`]), for `zbd stat`.
+    /// Addresses in the re-read set (at most [`REREAD_SET_MAX`]), for `zbd stat`.
     pub fn reread_len(&self) -> usize {
         self.reread.len()
     }
 
-    /// An id was forgotten because the re-read set was full; `zbd stat` says "scrub needed".
-    /// Sticky: RAM only, and nothing here clears it.
+    /// A page was forgotten because the re-read set was full; `zbd stat` says "scrub needed".
+    /// Sticky, RAM only: a completed scrub clears it, and nothing else does (no scrub is built
+    /// yet, so nothing here clears it). Emptying the list and the set does not: the forgotten
+    /// page may still have a bad copy.
     pub fn scrub_needed(&self) -> bool {
         self.scrub_needed
     }
 
-    /// Phase 1's drop rule, from RAM alone (R9-D1, R9-E3): no pair-state read, no fault, no I/O.
-    /// `current` is the commit counter, `room` how many counted pages the new interval has left
-    /// for repairs after the allowances outstanding. In queue order, an entry is
-    /// - dropped if `last_write` (the [`WrittenSets`] id map) names a commit after its noted one
-    ///   (the page flipped: the bad copy is no longer current), if `freed` (the list holds a free
-    ///   entry for the id, or on small lists the set of ids freed since the last commit has it),
-    ///   or if `dirty` (the checkpoint writes the page anyway);
-    /// - else moved to the re-read set if more than [`HINT_COMMITS_MAX`] commits old (the map no
-    ///   longer covers every commit since), by counter difference: the counter moves by one per
-    ///   commit, and a counter that skipped values would only move entries sooner;
-    /// - else taken while fewer than `room` are taken, or left for a later phase 1.
+    /// Phase 1, first call: the drop rule, from RAM alone (R9-D1, R9-E3): no pair-state read, no
+    /// fault, no I/O. Returns the ids whose entries left the list, in queue order; the caller
+    /// releases each one's hold in the pool.
     ///
-    /// The taken entries leave the list; the caller dirties each and counts it toward the
-    /// interval.
-    pub fn phase1(
+    /// Phase 1 runs under the lock in this order (R15-D3), which is why it is two calls:
+    /// 1. `phase1_drop`, against the closing interval's state: `current` is the commit counter
+    ///    and `last_write` the [`WrittenSets`] id map (commits up to `current`); `dirty` is the
+    ///    pool's dirty bit ([`PagePool::is_dirty`](super::pool::PagePool::is_dirty)) before the
+    ///    snapshot, which turns it into "written by the checkpoint in flight".
+    /// 2. The caller takes the closing checkpoint's snapshot
+    ///    ([`PagePool::snapshot`](super::pool::PagePool::snapshot)).
+    /// 3. [`phase1_take`](Self::phase1_take), with the room the NEW interval has: the caller
+    ///    dirties the taken pages there, so they are not in the closing checkpoint's written set.
+    ///    Dirtied before the snapshot they would add up to 64 pages to that set and its encoded
+    ///    copy (past its 2,048 + `F` + `S`) while counting in the next interval.
+    ///
+    /// In queue order, an entry is
+    /// - dropped if `last_write` names a commit after its noted one (the page flipped: the bad
+    ///   copy is no longer current), or if `dirty` (the closing checkpoint writes the page
+    ///   anyway);
+    /// - else moved, with its address, to the re-read set if more than [`HINT_COMMITS_MAX`]
+    ///   commits old (the map no longer covers every commit since), by counter difference: the
+    ///   counter moves by one per commit, and a counter that skipped values would only move
+    ///   entries sooner;
+    /// - else kept for [`phase1_take`](Self::phase1_take).
+    ///
+    /// No "freed" clause (R15-E1): a free [`forget`](Self::forget)s its id's entry as the pool
+    /// drops its frame, so no freed id is ever on the list, and small lists need no RAM set of
+    /// the ids freed since the last commit for repairs.
+    pub fn phase1_drop(
         &mut self,
         current: u64,
-        room: usize,
         last_write: impl Fn(u32) -> Option<u64>,
-        freed: impl Fn(u32) -> bool,
         dirty: impl Fn(u32) -> bool,
-    ) -> Vec<Repair> {
-        let mut taken = Vec::new();
+    ) -> Vec<u32> {
+        let mut left = Vec::new();
         let mut old = Vec::new();
         self.entries.retain(|e| {
-            let flipped = last_write(e.id).is_some_and(|c| c > e.noted);
-            if flipped || freed(e.id) || dirty(e.id) {
+            let flipped = last_write(e.id()).is_some_and(|c| c > e.noted);
+            if flipped || dirty(e.id()) {
+                left.push(e.id());
                 return false;
             }
             if current.saturating_sub(e.noted) > HINT_COMMITS_MAX {
-                old.push(e.id);
-                return false;
-            }
-            if taken.len() < room {
-                taken.push(*e);
+                left.push(e.id());
+                old.push(e.address);
                 return false;
             }
             true
         });
-        for id in old {
-            self.send_to_reread(id);
+        for address in old {
+            self.send_to_reread(address);
         }
-        taken
+        self.dropped = true;
+        left
     }
 
-    /// The next at most [`REREAD_BATCH`] ids of the re-read set, taken out of it, for
-    /// `zbd-cleaner` to re-read after a commit without the lock. The caller queues again (by
-    /// [`queue`](Self::queue), under the lock, with the counter it noted before the read) each
-    /// id whose current slot still has a bad copy, and, the safe reading, each whose re-read
-    /// failed. Batches sweep the set in id order from where the last one stopped, so an id
-    /// queued back waits for the rest. A batch is handed out whether or not the list has room:
-    /// a re-read also clears ids whose copies are fine again, and one found bad on a full list
-    /// goes back to the set, to be listed when room appears.
-    pub fn reread_batch(&mut self) -> Vec<u32> {
-        let out: Vec<u32> = self
+    /// Phase 1, last call, after [`phase1_drop`](Self::phase1_drop) and the checkpoint's
+    /// snapshot (see there for the order): takes the first `room` entries in queue order, where
+    /// `room` is how many counted pages the new interval has left for repairs after the
+    /// allowances outstanding; the rest wait for a later phase 1. The taken entries leave the
+    /// list; the caller dirties each in the new interval
+    /// ([`PagePool::change`](super::pool::PagePool::change), then
+    /// [`release`](super::pool::PagePool::release) of its hold) and counts it there.
+    pub fn phase1_take(&mut self, room: usize) -> Vec<Repair> {
+        debug_assert!(
+            self.dropped,
+            "phase 1 takes repairs only after its drop rule ran"
+        );
+        self.dropped = false;
+        let n = room.min(self.entries.len());
+        self.entries.drain(..n).collect()
+    }
+
+    /// The next at most [`REREAD_BATCH`] addresses of the re-read set, taken out of it, for
+    /// `zbd-cleaner` to re-read after a commit without the lock.
+    ///
+    /// Order: by id, from one past the last id handed out, wrapping round, so batches sweep the
+    /// set and every id in it is handed out before any comes round again (1,024 commits for a
+    /// full set); an id queued back waits for the rest. An id moved onto the list left the set
+    /// ([`queue`](Self::queue)), and so did a freed one ([`forget`](Self::forget)).
+    ///
+    /// The caller reads both copies of each page and checks them against the address
+    /// ([`format::open_page`](crate::format::open_page)):
+    /// - both fail: the id was freed, and maybe reused for another page, after the batch was
+    ///   handed out, or the page is gone. The entry is dropped: not damage to report from here
+    ///   (a live page with both copies bad fails its next fault under the lock).
+    /// - one fails: the caller installs the good copy's frame by the hint rule
+    ///   ([`WrittenSets::hint`], with the counter and pair state it noted under the lock before
+    ///   the read, so a free meanwhile drops it) and queues the page again
+    ///   ([`queue`](Self::queue), under the lock, with that counter); so does, the safe
+    ///   reading, a re-read that could not be done.
+    /// - both check: nothing; the copies are fine again.
+    ///
+    /// A batch is handed out whether or not the list has room: a re-read also clears pages whose
+    /// copies are fine again, and one found bad on a full list goes back to the set, to be listed
+    /// when room appears.
+    pub fn reread_batch(&mut self) -> Vec<PageAddress> {
+        let out: Vec<PageAddress> = self
             .reread
             .range(self.reread_next..)
             .chain(self.reread.range(..self.reread_next))
             .take(self.batch)
-            .copied()
+            .map(|(_, a)| *a)
             .collect();
-        for id in &out {
-            self.reread.remove(id);
+        for a in &out {
+            self.reread.remove(&a.id);
         }
-        if let Some(&last) = out.last() {
-            self.reread_next = last.wrapping_add(1);
+        if let Some(last) = out.last() {
+            self.reread_next = last.id.wrapping_add(1);
         }
         out
     }
@@ -389,7 +468,10 @@ impl RepairList {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+    use crate::format::PageKind;
     use proptest::prelude::*;
 
     const FRESH: Recheck = Recheck {
@@ -501,20 +583,29 @@ mod tests {
         );
     }
 
-    fn repair(id: u32, noted: u64) -> Repair {
-        Repair {
+    /// A page's address: a position and level of its own, so a test comparing addresses tells a
+    /// stored one from one made up from the id.
+    fn addr(id: u32) -> PageAddress {
+        PageAddress {
             id,
-            noted,
-            state: PairState::SlotA,
+            kind: PageKind::MapInterior,
+            level: 1,
+            position: 3 * u64::from(id) + 7,
         }
     }
 
-    /// Phase 1 with nothing flipped, freed or dirty.
+    fn repair(id: u32, noted: u64) -> Repair {
+        Repair {
+            address: addr(id),
+            noted,
+        }
+    }
+
+    /// Phase 1 with nothing flipped or dirty: the drop rule (only the age rule can act), then the
+    /// take; the ids taken.
     fn take(l: &mut RepairList, current: u64, room: usize) -> Vec<u32> {
-        l.phase1(current, room, |_| None, |_| false, |_| false)
-            .iter()
-            .map(|r| r.id)
-            .collect()
+        l.phase1_drop(current, |_| None, |_| false);
+        l.phase1_take(room).iter().map(Repair::id).collect()
     }
 
     #[test]
@@ -536,11 +627,12 @@ mod tests {
         assert_eq!(take(&mut l, 2, 1), vec![0]);
         assert_eq!(l.queue(repair(64, 2)), Queued::Listed);
         assert_eq!((l.len(), l.reread_len()), (64, 0));
+        assert!(l.reread_batch().is_empty());
         assert!(!l.scrub_needed());
     }
 
     #[test]
-    fn the_65537th_reread_id_sets_scrub_needed_for_good() {
+    fn the_65537th_reread_page_sets_scrub_needed_for_good() {
         let mut l = RepairList::new();
         for id in 0..64 {
             l.queue(repair(id, 1));
@@ -556,9 +648,12 @@ mod tests {
         assert_eq!(l.queue(repair(64 + 65_536, 1)), Queued::Overflow);
         assert!(l.scrub_needed());
         assert_eq!(l.reread_len(), REREAD_SET_MAX);
-        // Draining the set does not clear it: the forgotten id may still have a bad copy.
+        // Draining the set, emptying the list and forgetting ids do not clear it: the forgotten
+        // page may still have a bad copy, and only a completed scrub clears it.
         while !l.reread_batch().is_empty() {}
-        assert_eq!(l.reread_len(), 0);
+        assert_eq!(take(&mut l, 1, 64).len(), 64);
+        l.forget(64 + 65_536);
+        assert_eq!((l.len(), l.reread_len()), (0, 0));
         assert!(l.scrub_needed());
     }
 
@@ -569,31 +664,46 @@ mod tests {
         l.queue(repair(2, 101));
         l.queue(repair(3, 101));
         // At 165, entry 1 is 65 commits old; 2 and 3 are 64 old and may still be taken.
-        assert_eq!(take(&mut l, 165, 1), vec![2]);
+        assert_eq!(l.phase1_drop(165, |_| None, |_| false), vec![1]);
+        assert_eq!(l.phase1_take(1), vec![repair(2, 101)]);
         assert!(!l.listed(1));
         assert_eq!(l.reread_len(), 1);
-        assert_eq!(l.reread_batch(), vec![1]);
+        assert_eq!(l.reread_batch(), vec![addr(1)], "with its address");
         assert!(l.listed(3), "no room for it: it waits");
         assert_eq!(take(&mut l, 166, 8), Vec::<u32>::new());
         assert_eq!((l.len(), l.reread_len()), (0, 1));
     }
 
     #[test]
-    fn phase_1_drops_flipped_freed_and_dirty_entries() {
+    fn phase_1_drops_flipped_and_dirty_entries_and_says_which_left() {
         let mut l = RepairList::new();
         for id in 1..=5 {
-            l.queue(repair(id, 10));
+            l.queue(repair(id, 20));
         }
-        // 1 was written by commit 10 (the noted one: its read saw that write), 2 by commit 11.
+        l.queue(repair(6, 10));
+        // 1 was written by commit 20 (the noted one: its read saw that write), 2 by commit 21;
+        // 4 is dirty in the closing interval; 6 is 70 commits old.
         let last_write = |id| match id {
-            1 => Some(10),
-            2 => Some(11),
+            1 => Some(20),
+            2 => Some(21),
             _ => None,
         };
-        let taken = l.phase1(12, 64, last_write, |id| id == 3, |id| id == 4);
-        assert_eq!(taken, vec![repair(1, 10), repair(5, 10)]);
+        let left = l.phase1_drop(80, last_write, |id| id == 4);
+        assert_eq!(
+            left,
+            vec![2, 4, 6],
+            "in queue order: the caller releases their holds"
+        );
+        assert_eq!(l.len(), 3);
+        assert_eq!(
+            l.reread_len(),
+            1,
+            "dropped entries need no re-read; the old one does"
+        );
+        let taken = l.phase1_take(64);
+        assert_eq!(taken, vec![repair(1, 20), repair(3, 20), repair(5, 20)]);
         assert!(l.is_empty());
-        assert_eq!(l.reread_len(), 0, "dropped entries need no re-read");
+        assert_eq!(l.reread_batch(), vec![addr(6)]);
     }
 
     #[test]
@@ -612,23 +722,69 @@ mod tests {
     }
 
     #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "only after its drop rule")]
+    fn phase_1_takes_only_after_its_drop_rule() {
+        let mut l = RepairList::new();
+        l.queue(repair(1, 1));
+        l.phase1_drop(1, |_| None, |_| false);
+        l.phase1_take(1);
+        l.phase1_take(1);
+    }
+
+    #[test]
     fn an_id_is_listed_once_and_a_newer_read_refreshes_its_entry() {
         let mut l = RepairList::new();
         assert_eq!(l.queue(repair(4, 10)), Queued::Listed);
         assert_eq!(l.queue(repair(8, 10)), Queued::Listed);
-        let newer = Repair {
-            state: PairState::SlotB,
-            ..repair(4, 12)
-        };
+        let newer = repair(4, 12);
         assert_eq!(l.queue(newer), Queued::AlreadyListed);
         // An older read does not undo the newer one's finding.
         assert_eq!(l.queue(repair(4, 11)), Queued::AlreadyListed);
         assert_eq!(l.len(), 2);
         // Commit 11 flipped page 4; the read at 12 found its new slot bad: it is still repaired,
         // and keeps its place ahead of 8.
-        let taken = l.phase1(12, 1, |id| (id == 4).then_some(11), |_| false, |_| false);
-        assert_eq!(taken, vec![newer]);
+        let left = l.phase1_drop(12, |id| (id == 4).then_some(11), |_| false);
+        assert_eq!(left, Vec::<u32>::new());
+        assert_eq!(l.phase1_take(1), vec![newer]);
         assert_eq!(take(&mut l, 12, 5), vec![8]);
+    }
+
+    #[test]
+    fn a_free_forgets_the_id_on_the_list_and_in_the_reread_set() {
+        let mut l = RepairList::with_bounds(3, 4, 64);
+        for id in 1..=6 {
+            l.queue(repair(id, 5));
+        }
+        assert_eq!((l.len(), l.reread_len()), (3, 3));
+        l.forget(2);
+        l.forget(5);
+        l.forget(99);
+        assert!(!l.listed(2));
+        assert_eq!((l.len(), l.reread_len()), (2, 2));
+        // The id is reused for another page before phase 1: its new entry is the new page's,
+        // and goes to the end of the list.
+        let reused = Repair {
+            address: PageAddress {
+                id: 2,
+                kind: PageKind::MapLeaf,
+                level: 0,
+                position: 1_000_000,
+            },
+            noted: 6,
+        };
+        assert_eq!(l.queue(reused), Queued::Listed);
+        // No freed entry is taken, and none is re-read: both hold only live pages.
+        assert_eq!(l.phase1_drop(7, |_| None, |_| false), Vec::<u32>::new());
+        assert_eq!(l.phase1_take(8), vec![repair(1, 5), repair(3, 5), reused]);
+        assert_eq!(l.reread_batch(), vec![addr(4), addr(6)]);
+        // A freed id in the full set makes room for another page.
+        let mut l = RepairList::with_bounds(0, 1, 64);
+        assert_eq!(l.queue(repair(1, 5)), Queued::Reread);
+        assert_eq!(l.queue(repair(2, 5)), Queued::Overflow);
+        l.forget(1);
+        assert_eq!(l.queue(repair(2, 5)), Queued::Reread);
+        assert_eq!(l.reread_batch(), vec![addr(2)]);
     }
 
     #[test]
@@ -648,9 +804,10 @@ mod tests {
                 break;
             }
             assert!(b.len() <= REREAD_BATCH);
-            assert!(b.windows(2).all(|w| w[0] < w[1]), "in id order");
-            for id in b {
-                assert!(seen.insert(id), "id {id} handed out twice");
+            assert!(b.windows(2).all(|w| w[0].id < w[1].id), "in id order");
+            for a in b {
+                assert_eq!(a, addr(a.id), "the address queued");
+                assert!(seen.insert(a.id), "id {} handed out twice", a.id);
             }
             batches += 1;
         }
@@ -660,12 +817,18 @@ mod tests {
         for id in [10_000, 70_000, 80_000] {
             l.queue(repair(id, 2));
         }
-        assert_eq!(l.reread_batch(), vec![70_000, 80_000, 10_000]);
+        assert_eq!(
+            l.reread_batch(),
+            vec![addr(70_000), addr(80_000), addr(10_000)]
+        );
         // The last batch stopped after 10,000: 500 is behind the sweep, the others ahead.
         for id in [80_001, 500, 80_000] {
             l.queue(repair(id, 3));
         }
-        assert_eq!(l.reread_batch(), vec![80_000, 80_001, 500]);
+        assert_eq!(
+            l.reread_batch(),
+            vec![addr(80_000), addr(80_001), addr(500)]
+        );
     }
 
     /// Ids the proptest draws from: few, so ids collide in sets, on the list and in the re-read
@@ -681,12 +844,9 @@ mod tests {
         /// The next commit, `gap` past the latest (counters may skip), wrote `ids`.
         Publish { gap: u64, ids: Vec<u32> },
         /// A read noted `back` commits before the latest found one bad copy of `id`.
-        Queue { id: u32, back: u64, slot_b: bool },
-        Phase1 {
-            room: usize,
-            freed: Vec<u32>,
-            dirty: Vec<u32>,
-        },
+        Queue { id: u32, back: u64 },
+        /// Phase 1: the drop rule with `dirty` the closing interval's dirty ids, then the take.
+        Phase1 { room: usize, dirty: Vec<u32> },
         Hint {
             id: u32,
             back: u64,
@@ -695,19 +855,20 @@ mod tests {
         },
         /// A batch is re-read; the ids at set bits of `bad` still have a bad copy.
         Reread { bad: u8 },
+        /// `id` is freed; its next life is another page (another address).
+        Forget { id: u32 },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         let ids = || prop::collection::vec(0..IDS, 0..6);
         prop_oneof![
             4 => (1u64..=3, ids()).prop_map(|(gap, ids)| Op::Publish { gap, ids }),
-            4 => (0..IDS, 0u64..90, any::<bool>())
-                .prop_map(|(id, back, slot_b)| Op::Queue { id, back, slot_b }),
-            2 => (0usize..6, ids(), ids())
-                .prop_map(|(room, freed, dirty)| Op::Phase1 { room, freed, dirty }),
+            4 => (0..IDS, 0u64..90).prop_map(|(id, back)| Op::Queue { id, back }),
+            2 => (0usize..6, ids()).prop_map(|(room, dirty)| Op::Phase1 { room, dirty }),
             3 => (0..IDS, 0u64..140, prop::bool::weighted(0.9), prop::bool::weighted(0.9))
                 .prop_map(|(id, back, absent, same)| Op::Hint { id, back, absent, same }),
             1 => any::<u8>().prop_map(|bad| Op::Reread { bad }),
+            1 => (0..IDS).prop_map(|id| Op::Forget { id }),
         ]
     }
 
@@ -716,14 +877,28 @@ mod tests {
         start: u64,
         history: Vec<(u64, BTreeSet<u32>)>,
         entries: Vec<Repair>,
-        reread: BTreeSet<u32>,
+        reread: BTreeMap<u32, PageAddress>,
         next: u32,
         scrub: bool,
+        /// Frees of each id so far: its current page's address follows from it.
+        lives: [u32; IDS as usize],
     }
 
     impl Model {
         fn latest(&self) -> u64 {
             self.history.last().map_or(self.start, |(c, _)| *c)
+        }
+
+        /// The address of the page `id` names now: each free makes it another page, at another
+        /// level and position.
+        fn address(&self, id: u32) -> PageAddress {
+            let life = self.lives[id as usize];
+            PageAddress {
+                id,
+                kind: PageKind::MapLeaf,
+                level: (life % 3) as u8,
+                position: u64::from(id) + 1_000 * u64::from(life + 1),
+            }
         }
 
         /// What the id map should say: the last of the newest 64 sets that holds `id`.
@@ -760,9 +935,9 @@ mod tests {
             }
         }
 
-        fn send_to_set(&mut self, id: u32) -> Queued {
-            if self.reread.contains(&id) || self.reread.len() < REREAD {
-                self.reread.insert(id);
+        fn send_to_set(&mut self, a: PageAddress) -> Queued {
+            if self.reread.contains_key(&a.id) || self.reread.len() < REREAD {
+                self.reread.insert(a.id, a);
                 Queued::Reread
             } else {
                 self.scrub = true;
@@ -771,58 +946,69 @@ mod tests {
         }
 
         fn queue(&mut self, r: Repair) -> Queued {
-            if let Some(e) = self.entries.iter_mut().find(|e| e.id == r.id) {
+            if let Some(e) = self.entries.iter_mut().find(|e| e.id() == r.id()) {
                 if r.noted >= e.noted {
                     *e = r;
                 }
                 Queued::AlreadyListed
             } else if self.entries.len() < LIST {
-                self.reread.remove(&r.id);
+                self.reread.remove(&r.id());
                 self.entries.push(r);
                 Queued::Listed
             } else {
-                self.send_to_set(r.id)
+                self.send_to_set(r.address)
             }
         }
 
-        fn phase1(&mut self, room: usize, freed: &[u32], dirty: &[u32]) -> Vec<Repair> {
+        fn forget(&mut self, id: u32) {
+            self.entries.retain(|e| e.id() != id);
+            self.reread.remove(&id);
+            self.lives[id as usize] += 1;
+        }
+
+        fn phase1_drop(&mut self, dirty: &[u32]) -> Vec<u32> {
             let current = self.latest();
-            let mut taken = Vec::new();
+            let mut left = Vec::new();
             for e in std::mem::take(&mut self.entries) {
-                let flipped = self.ring_last_write(e.id).is_some_and(|c| c > e.noted);
-                if flipped || freed.contains(&e.id) || dirty.contains(&e.id) {
-                    continue;
-                }
-                if current - e.noted > HINT_COMMITS_MAX {
-                    self.send_to_set(e.id);
-                } else if taken.len() < room {
-                    taken.push(e);
+                let flipped = self.ring_last_write(e.id()).is_some_and(|c| c > e.noted);
+                if flipped || dirty.contains(&e.id()) {
+                    left.push(e.id());
+                } else if current - e.noted > HINT_COMMITS_MAX {
+                    left.push(e.id());
+                    self.send_to_set(e.address);
                 } else {
                     self.entries.push(e);
                 }
             }
-            taken
+            left
         }
 
-        fn reread_batch(&mut self) -> Vec<u32> {
-            let mut ids: Vec<u32> = self.reread.iter().copied().collect();
-            ids.sort_by_key(|&id| (id < self.next, id));
-            ids.truncate(BATCH);
-            for id in &ids {
-                self.reread.remove(id);
+        fn phase1_take(&mut self, room: usize) -> Vec<Repair> {
+            let n = room.min(self.entries.len());
+            self.entries.drain(..n).collect()
+        }
+
+        fn reread_batch(&mut self) -> Vec<PageAddress> {
+            let mut out: Vec<PageAddress> = self.reread.values().copied().collect();
+            out.sort_by_key(|a| (a.id < self.next, a.id));
+            out.truncate(BATCH);
+            for a in &out {
+                self.reread.remove(&a.id);
             }
-            if let Some(&last) = ids.last() {
-                self.next = last + 1;
+            if let Some(last) = out.last() {
+                self.next = last.id + 1;
             }
-            ids
+            out
         }
     }
 
     proptest! {
-        /// Against the naive model: the id map, hint verdicts, queue results, phase 1's takes
-        /// and re-read batches agree; phase 1 never takes more than its room, nor an entry whose
-        /// page a commit after its read wrote (by all history, not just the ring); a hint passes
-        /// only if no commit since its read wrote the id; bounds hold throughout.
+        /// Against the naive model: the id map, hint verdicts, queue results, phase 1's drops and
+        /// takes and re-read batches (addresses included) agree; phase 1 never takes more than
+        /// its room, nor an entry whose page a commit after its read wrote (by all history, not
+        /// just the ring), nor one dirty in the closing interval; no entry on the list or in the
+        /// set, and no address a batch hands out, is of a page freed since it was queued; a hint
+        /// passes only if no commit since its read wrote the id; bounds hold throughout.
         #[test]
         fn hints_and_repairs_agree_with_a_model_that_keeps_every_set(
             ops in prop::collection::vec(op(), 1..400)
@@ -834,9 +1020,10 @@ mod tests {
                 start,
                 history: Vec::new(),
                 entries: Vec::new(),
-                reread: BTreeSet::new(),
+                reread: BTreeMap::new(),
                 next: 0,
                 scrub: false,
+                lives: [0; IDS as usize],
             };
             let noted = |m: &Model, back: u64| m.latest().saturating_sub(back).max(start);
             for op in ops {
@@ -846,24 +1033,25 @@ mod tests {
                         sets.publish(c, ids.clone()).expect("increasing");
                         m.history.push((c, ids.into_iter().collect()));
                     }
-                    Op::Queue { id, back, slot_b } => {
-                        let state = if slot_b { PairState::SlotB } else { PairState::SlotA };
-                        let r = Repair { id, noted: noted(&m, back), state };
+                    Op::Queue { id, back } => {
+                        let r = Repair { address: m.address(id), noted: noted(&m, back) };
                         prop_assert_eq!(list.queue(r), m.queue(r));
                     }
-                    Op::Phase1 { room, freed, dirty } => {
-                        let taken = list.phase1(
+                    Op::Phase1 { room, dirty } => {
+                        let left = list.phase1_drop(
                             sets.latest(),
-                            room,
                             |id| sets.last_write(id),
-                            |id| freed.contains(&id),
                             |id| dirty.contains(&id),
                         );
-                        prop_assert_eq!(&taken, &m.phase1(room, &freed, &dirty));
+                        prop_assert_eq!(&left, &m.phase1_drop(&dirty));
+                        // The snapshot goes here; the take fills the new interval.
+                        let taken = list.phase1_take(room);
+                        prop_assert_eq!(&taken, &m.phase1_take(room));
                         prop_assert!(taken.len() <= room);
                         for r in &taken {
-                            prop_assert_eq!(m.written_after(r.id, r.noted), None);
-                            prop_assert!(!freed.contains(&r.id) && !dirty.contains(&r.id));
+                            prop_assert_eq!(m.written_after(r.id(), r.noted), None);
+                            prop_assert!(!dirty.contains(&r.id()));
+                            prop_assert!(!left.contains(&r.id()));
                         }
                     }
                     Op::Hint { id, back, absent, same } => {
@@ -879,12 +1067,18 @@ mod tests {
                         let batch = list.reread_batch();
                         prop_assert_eq!(&batch, &m.reread_batch());
                         let now = m.latest();
-                        for (i, &id) in batch.iter().enumerate() {
+                        for (i, &a) in batch.iter().enumerate() {
+                            prop_assert_eq!(a, m.address(a.id), "a freed page's address");
                             if bad & (1 << i) != 0 {
-                                let r = Repair { id, noted: now, state: PairState::SlotA };
+                                let r = Repair { address: a, noted: now };
                                 prop_assert_eq!(list.queue(r), m.queue(r));
                             }
                         }
+                    }
+                    Op::Forget { id } => {
+                        list.forget(id);
+                        m.forget(id);
+                        prop_assert!(!list.listed(id));
                     }
                 }
                 prop_assert_eq!(sets.latest(), m.latest());
@@ -893,13 +1087,20 @@ mod tests {
                 prop_assert_eq!(sets.tracked_ids(), union.len());
                 for id in 0..IDS {
                     prop_assert_eq!(sets.last_write(id), m.ring_last_write(id), "id {}", id);
-                    let listed = m.entries.iter().any(|e| e.id == id);
+                    let listed = m.entries.iter().any(|e| e.id() == id);
                     prop_assert_eq!(list.listed(id), listed, "id {}", id);
-                    prop_assert!(!(listed && m.reread.contains(&id)), "id {} in both", id);
+                    prop_assert!(!(listed && m.reread.contains_key(&id)), "id {} in both", id);
                 }
-                prop_assert_eq!(list.len(), m.entries.len());
+                prop_assert_eq!(&list.entries, &m.entries);
+                for e in &list.entries {
+                    prop_assert_eq!(e.address, m.address(e.id()), "a freed page listed");
+                }
+                prop_assert_eq!(&list.reread, &m.reread);
+                for (&id, a) in &list.reread {
+                    prop_assert_eq!(a.id, id);
+                    prop_assert_eq!(*a, m.address(id), "a freed page to re-read");
+                }
                 prop_assert!(list.len() <= LIST);
-                prop_assert_eq!(list.reread_len(), m.reread.len());
                 prop_assert!(list.reread_len() <= REREAD);
                 prop_assert_eq!(list.scrub_needed(), m.scrub);
             }
