@@ -9,12 +9,13 @@
 //! place (copy-on-write of shared pages comes with snapshots, step 4).
 
 use super::pool::{Install, PagePool};
-use super::tree::{blocks_under, child_slot, depth_for, entry_index, position};
+use super::tree::{blocks_under, child_slot, depth_for, entry_index, position, DEPTH_MAX};
 use crate::error::{Error, Result};
 use crate::format::{
     decode_map_interior, decode_map_leaf, encode_map_interior, encode_map_leaf, map_child_slot,
     map_leaf_entry, set_map_child_slot, set_map_leaf_entry, BlockState, ChildSlot, MapEntry,
     PageAddress, PageKind, MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_BODY_BYTES,
+    PAGE_ID_ALL_UNMAPPED,
 };
 
 /// A map page in the pool: its place in the tree (part of its CRC seed) and its 4 KiB body as
@@ -141,9 +142,14 @@ pub struct Replaced {
 pub struct MapTree {
     root: ChildSlot,
     depth: u8,
+    /// The device's size: blocks at and past it are refused, and ranges stop there, so the
+    /// room up to the tree's reach stays unmapped for a later grow.
+    blocks: u64,
 }
 
-/// Makes page `id` resident (read through `io` when it is not).
+/// Makes page `id` resident (read through `io` when it is not). A resident frame must be the
+/// page the walk expects there: a slot naming a page of another place or kind (a crafted or
+/// stale slot) is damage, never another page's entries.
 fn fault<I: TreeIo>(
     pool: &mut PagePool<MapPage>,
     io: &mut I,
@@ -152,6 +158,17 @@ fn fault<I: TreeIo>(
     position: u64,
 ) -> Result<()> {
     if pool.contains(id) {
+        let page = pool.peek(id).expect("resident");
+        if pool.kind_of(id) != Some(kind_at(level))
+            || page.level != level
+            || page.position != position
+        {
+            return Err(Error::CorruptMetadata(format!(
+                "map page {id} named at level {level} position {position} is at level {} \
+                 position {}",
+                page.level, page.position
+            )));
+        }
         return Ok(());
     }
     let at = PageAddress {
@@ -195,10 +212,20 @@ fn read<'p, I: TreeIo>(
     Ok(pool.get(id, kind_at(level)).expect("faulted in"))
 }
 
-/// A new page in the tree: an id for it and a dirty frame. An id already resident is a broken
-/// allocator (or a free that did not reach the pool), never a frame to keep.
+/// A new page in the tree: an id for it and a dirty frame. A clean frame resident under the new
+/// id is stale (a region-0 leaf dropped by a trim keeps its id, and a hint read before the
+/// trim may have installed its old content: R15-A1 with R5-A1) and goes; a dirty one is a
+/// broken allocator.
 fn create<I: TreeIo>(pool: &mut PagePool<MapPage>, io: &mut I, page: MapPage) -> Result<u32> {
     let id = io.allocate(page.level, page.position)?;
+    if id >= PAGE_ID_ALL_UNMAPPED {
+        return Err(Error::CorruptMetadata(format!(
+            "page id {id:#x} handed out is a summary value"
+        )));
+    }
+    if pool.contains(id) && !pool.is_dirty(id) {
+        pool.remove(id);
+    }
     let kind = kind_at(page.level);
     match pool.install(id, kind, page, true, 0)? {
         Install::Installed => Ok(id),
@@ -214,12 +241,23 @@ impl MapTree {
         MapTree {
             root: ChildSlot::AllUnmapped,
             depth: depth_for(blocks),
+            blocks,
         }
     }
 
-    /// A tree as its device row names it.
-    pub fn from_root(root: ChildSlot, depth: u8) -> MapTree {
-        MapTree { root, depth }
+    /// A tree as its device row names it; a depth that cannot reach `blocks` (or no depth at
+    /// all) is damage.
+    pub fn from_root(root: ChildSlot, depth: u8, blocks: u64) -> Result<MapTree> {
+        if depth == 0 || depth > DEPTH_MAX || depth < depth_for(blocks) {
+            return Err(Error::CorruptMetadata(format!(
+                "a map tree of depth {depth} cannot hold a device of {blocks} blocks"
+            )));
+        }
+        Ok(MapTree {
+            root,
+            depth,
+            blocks,
+        })
     }
 
     pub fn root(&self) -> ChildSlot {
@@ -231,9 +269,19 @@ impl MapTree {
         self.depth
     }
 
-    /// Blocks the tree can address: what its root covers.
+    /// The device's size in blocks.
     pub fn blocks(&self) -> u64 {
-        blocks_under(self.depth - 1)
+        self.blocks
+    }
+
+    fn check(&self, lba: u64) -> Result<()> {
+        if lba >= self.blocks {
+            return Err(Error::Invalid(format!(
+                "block {lba} is past the device's {} blocks",
+                self.blocks
+            )));
+        }
+        Ok(())
     }
 
     /// The entry of `lba`.
@@ -243,6 +291,7 @@ impl MapTree {
         io: &mut I,
         lba: u64,
     ) -> Result<MapEntry> {
+        self.check(lba)?;
         let mut slot = self.root;
         for level in (0..self.depth).rev() {
             let ChildSlot::Page(id) = slot else {
@@ -266,6 +315,7 @@ impl MapTree {
         lba: u64,
         entry: MapEntry,
     ) -> Result<MapEntry> {
+        self.check(lba)?;
         // (parent id and its level) of the slot being followed; None: the root slot.
         let mut parent: Option<(u32, u8)> = None;
         let mut slot = self.root;
@@ -284,10 +334,12 @@ impl MapTree {
                 }
             };
             if level == 0 {
-                let leaf = change(pool, io, id, 0, pos)?;
                 let i = entry_index(lba);
-                let old = leaf.entry(i)?;
-                leaf.set_entry(i, &entry);
+                let old = read(pool, io, id, 0, pos)?.entry(i)?;
+                // An unchanged entry dirties nothing (no counted page for it).
+                if old != entry {
+                    change(pool, io, id, 0, pos)?.set_entry(i, &entry);
+                }
                 return Ok(old);
             }
             slot = read(pool, io, id, level, pos)?.slot(child_slot(lba, level));
@@ -329,7 +381,7 @@ impl MapTree {
         replaced: &mut impl FnMut(Replaced),
     ) -> Result<()> {
         assert!(summary_entry(to).is_some(), "set_range takes a summary");
-        let end = first.saturating_add(count).min(self.blocks());
+        let end = first.saturating_add(count).min(self.blocks);
         if first >= end {
             return Ok(());
         }
@@ -380,11 +432,12 @@ impl MapTree {
         let hi = end.min(stop);
         if level == 0 {
             let new = summary_entry(to).expect("a summary");
-            let leaf = change(pool, io, id, 0, pos)?;
+            let mut differ = Vec::new();
+            let leaf = read(pool, io, id, 0, pos)?;
             for lba in lo..hi {
-                let i = (lba - start) as usize;
-                let e = leaf.entry(i)?;
+                let e = leaf.entry((lba - start) as usize)?;
                 if e != new {
+                    differ.push(lba);
                     if e.state != BlockState::Unmapped {
                         replaced(Replaced {
                             first: lba,
@@ -392,9 +445,16 @@ impl MapTree {
                             entry: e,
                         });
                     }
-                    leaf.set_entry(i, &new);
                 }
             }
+            // A leaf the range leaves as it was dirties nothing.
+            if !differ.is_empty() {
+                let leaf = change(pool, io, id, 0, pos)?;
+                for lba in differ {
+                    leaf.set_entry((lba - start) as usize, &new);
+                }
+            }
+            let leaf = read(pool, io, id, 0, pos)?;
             let mut uniform = true;
             for i in 0..MAP_ENTRIES_PER_PAGE {
                 uniform &= leaf.entry(i)? == new;
@@ -495,6 +555,7 @@ impl MapTree {
         io: &mut I,
         blocks: u64,
     ) -> Result<()> {
+        self.blocks = self.blocks.max(blocks);
         while depth_for(blocks) > self.depth {
             if self.root != ChildSlot::AllUnmapped {
                 let mut page = MapPage::filled(self.depth, 0, ChildSlot::AllUnmapped);
@@ -689,25 +750,39 @@ mod tests {
 
     #[test]
     fn growing_keeps_the_content_and_the_new_room_is_unmapped() {
-        let mut t = MapTree::new(1000);
         let (mut p, mut io) = (pool(64), MemIo::new());
+        // A one-leaf device zeroed whole: its root is the all-zero summary.
+        let mut t = MapTree::new(255);
+        t.set_range(&mut p, &mut io, 0, 255, ChildSlot::AllZero, &mut |_| {})
+            .expect("tree");
+        assert_eq!(t.root(), ChildSlot::AllZero);
+        t.grow(&mut p, &mut io, 1 << 30).expect("tree");
+        assert_eq!(t.depth(), depth_for(1 << 30));
+        assert_eq!(t.get(&mut p, &mut io, 254).expect("tree"), MapEntry::ZERO);
+        for lba in [255, 260_100, (1 << 30) - 1] {
+            assert_eq!(
+                t.get(&mut p, &mut io, lba).expect("tree"),
+                MapEntry::UNMAPPED,
+                "grown room at {lba} is not zero"
+            );
+        }
+        // A zero "to the end" stops at the device's end, not the tree's reach (review 15's
+        // adversarial pass, F9): a grow within the same depth finds its room unmapped.
+        let mut t = MapTree::new(1000);
         t.set_range(
             &mut p,
             &mut io,
             0,
-            t.blocks(),
+            u64::MAX,
             ChildSlot::AllZero,
             &mut |_| {},
         )
-        .expect("tree");
-        assert_eq!(t.root(), ChildSlot::AllZero);
-        t.grow(&mut p, &mut io, 1 << 30).expect("tree");
-        assert_eq!(t.depth(), depth_for(1 << 30));
+        .expect("zero");
+        t.grow(&mut p, &mut io, 2000).expect("grow");
         assert_eq!(t.get(&mut p, &mut io, 999).expect("tree"), MapEntry::ZERO);
         assert_eq!(
-            t.get(&mut p, &mut io, 260_100).expect("tree"),
-            MapEntry::UNMAPPED,
-            "grown room is not zero"
+            t.get(&mut p, &mut io, 1500).expect("tree"),
+            MapEntry::UNMAPPED
         );
         let mut u = MapTree::new(1000);
         u.grow(&mut p, &mut io, 1 << 30).expect("tree");
@@ -716,6 +791,71 @@ mod tests {
             ChildSlot::AllUnmapped,
             "an unmapped root needs no page"
         );
+    }
+
+    fn craft_root(io: &mut MemIo, id: u32, slots: &[ChildSlot]) {
+        let page = MapPage {
+            level: 1,
+            position: 0,
+            body: encode_map_interior(slots),
+        };
+        let frame = seal_page(
+            &UUID,
+            &page.address(id),
+            &FrameStamp::map(1, 0, 1),
+            &page.body,
+        );
+        io.disk.insert(id, frame);
+    }
+
+    /// A slot naming a resident page of another place or kind is damage, never that page's
+    /// entries (review 15's adversarial pass, F3).
+    #[test]
+    fn a_slot_naming_a_resident_page_of_another_place_or_kind_is_an_error() {
+        let mut t = MapTree::new(1000);
+        let (mut p, mut io) = (pool(64), MemIo::new());
+        t.set(&mut p, &mut io, 0, data(1)).expect("tree");
+        t.set(&mut p, &mut io, 255, data(2)).expect("tree");
+        io.checkpoint(&mut p);
+        let ChildSlot::Page(root) = t.root() else {
+            panic!("a root page")
+        };
+        // Slot 1 names leaf 0 (position 0), slot 2 the root itself (an interior page).
+        craft_root(
+            &mut io,
+            root,
+            &[
+                ChildSlot::Page(0),
+                ChildSlot::Page(0),
+                ChildSlot::Page(root),
+            ],
+        );
+        let mut p = pool(64);
+        assert_eq!(t.get(&mut p, &mut io, 0).expect("tree"), data(1));
+        assert!(
+            t.get(&mut p, &mut io, 255).is_err(),
+            "leaf 0 read as position 1"
+        );
+        assert!(
+            t.get(&mut p, &mut io, 510).is_err(),
+            "the root read as a leaf"
+        );
+    }
+
+    /// F4, F7: a block past the device and a depth that cannot hold the device are errors.
+    #[test]
+    fn blocks_past_the_device_and_impossible_depths_are_refused() {
+        let mut t = MapTree::new(1000);
+        let (mut p, mut io) = (pool(64), MemIo::new());
+        assert!(t.set(&mut p, &mut io, 1000, data(9)).is_err());
+        assert!(t.get(&mut p, &mut io, t.blocks() + 5).is_err());
+        assert_eq!(t.get(&mut p, &mut io, 5).expect("tree"), MapEntry::UNMAPPED);
+        assert_eq!(io.allocations, 0, "nothing was created for it");
+        for depth in [0, DEPTH_MAX + 1] {
+            assert!(MapTree::from_root(ChildSlot::AllUnmapped, depth, 10).is_err());
+        }
+        assert!(MapTree::from_root(ChildSlot::AllUnmapped, 1, 256).is_err());
+        assert!(MapTree::from_root(ChildSlot::AllUnmapped, 2, 256).is_ok());
     }
 
     #[test]

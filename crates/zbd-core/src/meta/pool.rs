@@ -242,6 +242,14 @@ impl<P> PagePool<P> {
         self.pinned.get(&id).is_some_and(|f| f.dirty || f.writing)
     }
 
+    /// The kind the frame of `id` was installed as.
+    pub fn kind_of(&self, id: u32) -> Option<PageKind> {
+        match self.pinned.get(&id) {
+            Some(f) => Some(f.kind),
+            None => self.clean.peek(&id).map(|f| f.kind),
+        }
+    }
+
     /// The page `id` without counting a lookup or touching its recency (a checkpoint encoding
     /// its snapshot).
     pub fn peek(&self, id: u32) -> Option<&P> {
@@ -287,8 +295,9 @@ impl<P> PagePool<P> {
 
     /// Makes `page` resident as `id`: dirty (a page just created) or clean (read from its
     /// current slot, or a hint that passed its re-check), held `holds` times. A clean page
-    /// whose id is resident is dropped ([`Install::AlreadyResident`]); a dirty one is an error
-    /// (an id created while in use). Evicts the least recently used clean frame when the pool
+    /// whose id is resident is dropped ([`Install::AlreadyResident`]) and the holds go to the
+    /// resident frame, so the caller's later releases match; a dirty one is an error (an id
+    /// created while in use). Evicts the least recently used clean frame when the pool
     /// is full; an error when every frame is pinned or reserved (the floor did not hold).
     pub fn install(
         &mut self,
@@ -303,6 +312,9 @@ impl<P> PagePool<P> {
                 return Err(Error::CorruptMetadata(format!(
                     "metadata page {id} created while it is in the page pool"
                 )));
+            }
+            for _ in 0..holds {
+                self.hold(id);
             }
             return Ok(Install::AlreadyResident);
         }
@@ -385,12 +397,15 @@ impl<P> PagePool<P> {
     }
 
     fn end_writing(&mut self, dirty_again: bool) {
-        let ids: Vec<u32> = self
+        let mut ids: Vec<u32> = self
             .pinned
             .iter()
             .filter(|(_, f)| f.writing)
             .map(|(&id, _)| id)
             .collect();
+        // Frames unpinned together enter the LRU in id order: deterministic, whatever the
+        // hash map's order.
+        ids.sort_unstable();
         for id in ids {
             let f = self.pinned.get_mut(&id).expect("listed");
             f.writing = false;
@@ -608,6 +623,23 @@ mod tests {
         assert!(e.to_string().contains("created while"), "{e}");
     }
 
+    /// Review 15's adversarial pass (F6): a held install of a resident page keeps its hold, so
+    /// the caller's release does not take away another holder's (a repair list's).
+    #[test]
+    fn a_held_install_of_a_resident_page_keeps_its_hold() {
+        let mut p = pool(2);
+        p.install(1, K, 1, false, 0).expect("room");
+        assert!(p.hold(1));
+        assert_eq!(
+            p.install(1, K, 1, false, 1).expect("ok"),
+            Install::AlreadyResident
+        );
+        p.release(1);
+        p.install(2, K, 2, false, 0).expect("room");
+        assert!(p.install(3, K, 3, false, 0).is_ok(), "2 is evicted");
+        assert!(p.contains(1), "a held frame was evicted");
+    }
+
     #[test]
     fn a_resident_page_is_not_replaced_by_an_install() {
         let mut p = pool(2);
@@ -744,11 +776,13 @@ mod tests {
                 match op {
                     Op::Install { id, dirty, held } => {
                         let got = p.install(id, K, n as u32, dirty, u32::from(held));
-                        if m.find(id).is_some() {
+                        if let Some(i) = m.find(id) {
                             if dirty {
                                 prop_assert!(got.is_err());
                             } else {
                                 prop_assert_eq!(got.ok(), Some(Install::AlreadyResident));
+                                // The caller's holds go to the resident frame.
+                                m.frames[i].holds += u32::from(held);
                             }
                         } else {
                             let mut ok = true;
@@ -806,14 +840,11 @@ mod tests {
                             f.dirty |= abort;
                             ids.push(f.id);
                         }
-                        // The pool unpins in no particular order; the model's recency among
-                        // frames unpinned together is then unknown, so none may remain
-                        // ambiguous: unpin them, and compare residents as sets below.
+                        // Frames unpinned together become the most recent in id order.
+                        ids.sort_unstable();
                         m.unpinned(&ids);
                         if abort { p.abort() } else { p.commit() }
                         m.in_flight = false;
-                        // Align recency: frames unpinned together get the pool's order.
-                        sync_recency(&mut m, &p, &ids);
                     }
                     Op::Remove(id) => {
                         let want = m.find(id).map(|i| m.frames.remove(i).value);
@@ -842,24 +873,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    /// Frames a commit or abort unpinned together entered the LRU in the pool's (hash) order:
-    /// give the model's copies of them the same relative order, taken from the pool's LRU.
-    fn sync_recency(m: &mut Model, p: &PagePool<u32>, ids: &[u32]) {
-        let order: Vec<u32> = p.clean.iter().rev().map(|(&id, _)| id).collect();
-        let set: Vec<usize> = m
-            .frames
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| ids.contains(&f.id) && !f.pinned())
-            .map(|(i, _)| i)
-            .collect();
-        let mut moved: Vec<F> = set.iter().map(|&i| m.frames[i]).collect();
-        moved.sort_by_key(|f| order.iter().position(|&id| id == f.id));
-        for (slot, f) in set.into_iter().zip(moved) {
-            m.frames[slot] = f;
         }
     }
 }
