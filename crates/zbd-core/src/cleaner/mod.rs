@@ -309,7 +309,7 @@ fn stream(
 }
 
 /// Chooses the victims of a pass (state lock held); empty when none is worth cleaning.
-fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
+pub(crate) fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
     if st.free_now() == 0 {
         return Vec::new();
     }
