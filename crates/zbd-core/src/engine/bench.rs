@@ -9,7 +9,7 @@ use super::{Inner, OpenOptions};
 use crate::backend::{IoOptions, Storage};
 use crate::cleaner::{self, Mode};
 use crate::error::{Error, Result};
-use crate::extents::{ExtentInfo, ExtentState};
+use crate::extents::{ExtentInfo, ExtentState, Extents};
 use crate::layout::CreateOptions;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
@@ -155,18 +155,21 @@ impl Inner {
         st.free = (0..infos.len() as u32)
             .filter(|e| infos[*e as usize].state == ExtentState::Free && !queued.contains(e))
             .collect();
-        st.extents = infos;
+        st.extents = Extents::new(infos);
     }
 
     /// Empties closed extent `e` (no live block left); false if it is not closed.
     fn bench_make_pending(&self, st: &mut crate::state::State, e: u32) -> bool {
-        let x = &mut st.extents[e as usize];
+        let x = st.extents.get(e);
         if x.state != ExtentState::Closed {
             return false;
         }
-        x.live_bytes = 0;
-        x.live_blocks = 0;
-        x.state = ExtentState::PendingFree;
+        let (mut bytes, blocks) = (x.live_bytes, x.live_blocks);
+        for left in (1..=blocks).rev() {
+            let share = if left == 1 { bytes } else { bytes / left };
+            st.extents.remove_block(e, share);
+            bytes -= share;
+        }
         true
     }
 }
