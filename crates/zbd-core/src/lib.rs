@@ -29,6 +29,9 @@ mod writeback;
 pub use backend::{FileStorage, IoOptions, MemStorage, QueuedStorage, SimStorage, Storage};
 pub use cleaner::PassResult;
 pub use codec::Codec;
+/// Microbenchmarks of engine internals (`zbd bench extents`); not a stable API.
+#[doc(hidden)]
+pub use engine::bench;
 pub use engine::{
     AllocState, CheckReport, OpenOptions, Retrained, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
     READ_CACHE_BYTES_DEFAULT,

@@ -274,7 +274,7 @@ fn stream(
     free: usize,
 ) -> Option<Vec<Vec<usize>>> {
     let mut order = victims.to_vec();
-    order.sort_by_key(|&v| (st.extents[v as usize].live_bytes, v));
+    order.sort_by_key(|&v| (st.extents.get(v).live_bytes, v));
     let rank: HashMap<u32, usize> = order.iter().enumerate().map(|(r, &v)| (v, r)).collect();
     items.sort_by_key(|it| (rank[&it.victim()], it.lba()));
     let mut bins: Vec<Vec<usize>> = Vec::new();
@@ -309,14 +309,14 @@ fn stream(
 }
 
 /// Chooses the victims of a pass (state lock held); empty when none is worth cleaning.
-fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
+pub(crate) fn select(st: &State, cx: &Ctx, mode: Mode) -> Vec<u32> {
     if st.free_now() == 0 {
         return Vec::new();
     }
     // Victims may need more outputs than are free: `stream` then reuses drained victims.
     let busy: Vec<u32> = st.cleaning.iter().chain(&st.unreadable).copied().collect();
     policy::choose_victims(
-        &st.extents,
+        st.extents.as_slice(),
         &busy,
         st.next_seq,
         cx.sb.extent_bytes as usize,
@@ -429,7 +429,7 @@ fn commit(
     let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
     let mut complete = true;
     for &v in &victims {
-        let live = st.extents[v as usize].live_blocks;
+        let live = st.extents.get(v).live_blocks;
         match crate::recovery::live_blocks_in(&mut st.map, cx.sb, v, &images[&v], live)? {
             Some(mut found) => candidates.append(&mut found),
             None => complete = false,
@@ -453,7 +453,7 @@ fn commit(
     };
     let stamp = victims
         .iter()
-        .map(|&v| st.extents[v as usize].stamp)
+        .map(|&v| st.extents.get(v).stamp)
         .max()
         .unwrap_or(0);
     let mut result = PassResult {
@@ -550,9 +550,7 @@ fn commit(
         cx.outbox
             .push(q.extent, 0, cx.sb.extent_offset(q.extent), &buf[..n]);
         st.counters.cleaner_bytes_written += n as u64;
-        let x = &mut st.extents[q.extent as usize];
-        x.state = ExtentState::Closed;
-        x.stamp = stamp;
+        st.extents.close_output(q.extent, stamp);
         for (lba, entry) in moved {
             st.set_entry(lba, entry)?;
         }
@@ -560,7 +558,7 @@ fn commit(
     }
     result.reclaimed = victims
         .iter()
-        .filter(|&&v| st.extents[v as usize].live_blocks == 0 || outputs.contains(&v))
+        .filter(|&&v| st.extents.get(v).live_blocks == 0 || outputs.contains(&v))
         .count();
     st.counters.cleaner_runs += 1;
     st.counters.cleaner_bytes_moved += result.bytes_moved;
@@ -624,7 +622,7 @@ pub fn migrate(st: &mut State, cx: &Ctx, mut victims: Vec<u32>) -> Result<PassRe
     // Only closed extents are cleaned (open ones are closed by `compact` first), and none a
     // background pass is reading.
     victims.retain(|&v| {
-        st.extents[v as usize].state == ExtentState::Closed
+        st.extents.get(v).state == ExtentState::Closed
             && !st.cleaning.contains(&v)
             && !st.unreadable.contains(&v)
     });
@@ -688,20 +686,11 @@ pub fn make_space(st: &mut State, cx: &Ctx) -> Result<()> {
         st.clean_gen += 1;
     }
     // Extents without live data only wait for a checkpoint: the cheapest space there is.
-    if st
-        .extents
-        .iter()
-        .any(|x| x.state == ExtentState::PendingFree)
-    {
+    let pending = |st: &State| st.extents.count(ExtentState::PendingFree);
+    if pending(st) > 0 {
         st.checkpoint(cx)?;
     }
     let goal = st.clean_goal();
-    let pending = |st: &State| {
-        st.extents
-            .iter()
-            .filter(|x| x.state == ExtentState::PendingFree)
-            .count()
-    };
     for _ in 0..FOREGROUND_PASSES_MAX {
         if st.free_now() + pending(st) > goal {
             break;

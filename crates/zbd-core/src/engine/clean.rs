@@ -66,10 +66,7 @@ impl Inner {
                 let refill = low
                     && (st.free.len() > 0
                         || reclaimed > 0
-                        || st
-                            .extents
-                            .iter()
-                            .any(|x| x.state == ExtentState::PendingFree));
+                        || st.extents.count(ExtentState::PendingFree) > 0);
                 (st.space_short_after(reclaimed), refill)
             };
             if !short {
@@ -179,12 +176,7 @@ impl Inner {
             st.close_open(&cx, i)?;
         }
         st.checkpoint(&cx)?;
-        let candidates = |st: &State| {
-            st.extents
-                .iter()
-                .filter(|x| x.state == ExtentState::Closed)
-                .count() as u64
-        };
+        let candidates = |st: &State| st.extents.count(ExtentState::Closed) as u64;
         let first = candidates(&st);
         loop {
             let r = crate::cleaner::pass(&mut st, &cx, crate::cleaner::Mode::Compact)?;

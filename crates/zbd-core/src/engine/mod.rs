@@ -3,6 +3,7 @@
 //! cleaner), `train` (dictionaries), `verify` (stats, check, scrub). The state behind the lock
 //! and its parts are in `state/`; [`crate::Volume`] (volume.rs) is the public handle.
 
+pub mod bench;
 mod clean;
 mod flush;
 mod open;

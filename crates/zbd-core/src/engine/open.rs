@@ -9,7 +9,7 @@ use crate::buffer::{BufferConfig, ExtentBuffer};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::extents::ExtentState;
-use crate::extents::ExtentTable;
+use crate::extents::{ExtentTable, Extents};
 use crate::format::{
     BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES,
     CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
@@ -144,7 +144,7 @@ impl Inner {
         let mut st = State {
             map,
             table,
-            extents,
+            extents: Extents::new(extents),
             free: Default::default(),
             queue: VecDeque::new(),
             next_seq: ck.write_seq + 1,
@@ -180,7 +180,7 @@ impl Inner {
         apply_replay(&mut st, &sb, &rolled.replay)?;
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
-            .filter(|&e| st.extents[e as usize].state == ExtentState::Free)
+            .filter(|&e| st.extents.get(e).state == ExtentState::Free)
             .collect();
         let counters = st.counters;
         let (low, high) = opts
@@ -435,10 +435,6 @@ fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) 
     }
     st.replayed = replay.len() as u64;
     // Extents that lost their last live block during replay are free after the recovery checkpoint.
-    for x in st.extents.iter_mut() {
-        if x.state == ExtentState::PendingFree {
-            x.state = ExtentState::Free;
-        }
-    }
+    st.extents.release_all_pending();
     Ok(())
 }

@@ -88,7 +88,7 @@ impl Inner {
         };
         let (in_units, unit_live) = (m.unit_blocks, m.unit_bytes);
         let eb = u64::from(self.sb.extent_bytes);
-        let count = |s: ExtentState| st.extents.iter().filter(|x| x.state == s).count() as u64;
+        let count = |s: ExtentState| st.extents.count(s) as u64;
         let (free, open, closed, pending) = (
             count(ExtentState::Free),
             count(ExtentState::Open),
@@ -281,13 +281,15 @@ impl Inner {
                     Vec::new()
                 }
             };
-            for (i, (a, b)) in fresh.iter().zip(st.extents.iter()).enumerate() {
+            for (i, (a, b)) in fresh.iter().zip(st.extents.as_slice()).enumerate() {
                 if a.live_bytes != b.live_bytes || a.live_blocks != b.live_blocks {
                     report
                         .metadata_problems
                         .push(format!("extent {i}: live accounting differs from the map"));
                 }
             }
+            // The pending-free set and the counts per state, against the entries they follow.
+            report.metadata_problems.extend(st.extents.problems());
             let now = st.map.counters();
             if !kept.savings_known {
                 // Not kept by the build that wrote the checkpoint: nothing to compare.

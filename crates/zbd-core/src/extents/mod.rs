@@ -1,10 +1,14 @@
 //! Extents and their accounting: the life cycle and live bytes of every extent
-//! ([`ExtentInfo`], kept exact by every map change), the persisted extent table (`table`) and
-//! the free list (`free_list`).
+//! ([`ExtentInfo`], kept exact by every map change) with the pending-free set and the counts
+//! per state derived from them ([`Extents`], `accounting`), the persisted extent table
+//! (`table`) and the free list (`free_list`).
 
+mod accounting;
 mod free_list;
+mod runs;
 mod table;
 
+pub use accounting::Extents;
 pub use free_list::FreeList;
 pub use table::{ExtentTable, WrittenTable};
 

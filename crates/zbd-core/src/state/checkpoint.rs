@@ -4,7 +4,7 @@
 
 use super::{Ctx, State};
 use crate::error::{Error, Result};
-use crate::extents::{ExtentState, WrittenTable};
+use crate::extents::WrittenTable;
 use crate::format::{
     Checkpoint, DictEntry, QueueEntry, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES,
     CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
@@ -93,16 +93,18 @@ impl State {
         let (mut writes, pages) = self.map.snapshot(seq)?;
         self.counters.metadata_bytes_written += pages.bytes;
         let v2 = cx.sb.version >= 2;
-        let (table_writes, table) = self.table.snapshot(cx.sb, &self.extents, seq);
+        let (table_writes, table) = self.table.snapshot(cx.sb, self.extents.as_slice(), seq);
         writes.extend(table_writes);
         self.counters.metadata_bytes_written += table.bytes;
         // Extents free once this checkpoint is durable: no map entry of the snapshot references
         // them. Extents that become pending free from now on wait for the next checkpoint.
-        let released: Vec<u32> = (0..self.extents.len() as u32)
-            .filter(|&e| {
-                self.extents[e as usize].state == ExtentState::PendingFree
-                    && !self.cleaning.contains(&e)
-            })
+        // Ascending, from the pending-free set (no walk of the extent table).
+        let mut cleaning = self.cleaning.clone();
+        cleaning.sort_unstable();
+        let released: Vec<u32> = self
+            .extents
+            .pending()
+            .filter(|e| cleaning.binary_search(e).is_err())
             .collect();
         // The new queue lists every extent writers may open before the next checkpoint is
         // durable: the open ones, the rest of the current queue (writers go on taking from it
@@ -242,8 +244,7 @@ impl State {
         let released = f.released;
         self.unreadable.retain(|e| !released.contains(e));
         for &e in &released {
-            debug_assert_eq!(self.extents[e as usize].state, ExtentState::PendingFree);
-            self.extents[e as usize].state = ExtentState::Free;
+            self.extents.release(e);
         }
         if released.is_empty() {
             return Ok(());

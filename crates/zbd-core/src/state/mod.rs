@@ -12,7 +12,7 @@ pub use checkpoint::InFlight;
 pub use place::Consumer;
 
 use crate::error::{Error, Result};
-use crate::extents::{ExtentInfo, ExtentState, ExtentTable, FreeList};
+use crate::extents::{ExtentTable, Extents, FreeList};
 use crate::format::{
     BlockState, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock, BLOCK_BYTES,
     DICT_ENTRIES, SECTOR_BYTES,
@@ -29,8 +29,8 @@ pub struct State {
     pub map: Map,
     /// Where the persisted extent table is (v2).
     pub table: ExtentTable,
-    /// Per-extent accounting.
-    pub extents: Vec<ExtentInfo>,
+    /// Per-extent accounting, with the pending-free set and the counts per state.
+    pub extents: Extents,
     /// Free extents not in the allocation queue.
     pub free: FreeList,
     /// Allocation queue of the durable checkpoint (extents not yet opened).
@@ -134,22 +134,13 @@ impl State {
             self.table.touch(new.extent);
         }
         if old.state == BlockState::Data {
-            if let Some(x) = self.extents.get_mut(old.extent as usize) {
-                x.live_bytes -= crate::units::share(&old);
-                x.live_blocks -= 1;
-                if x.live_blocks == 0 && x.state == ExtentState::Closed {
-                    x.state = ExtentState::PendingFree;
-                }
-            }
+            self.extents
+                .remove_block(old.extent, crate::units::share(&old));
         }
         if new.state == BlockState::Data {
-            let x = &mut self.extents[new.extent as usize];
-            x.live_bytes += crate::units::share(&new);
-            x.live_blocks += 1;
-            if x.state == ExtentState::PendingFree || x.state == ExtentState::Free {
-                // Only recovery maps blocks into non-open extents.
-                x.state = ExtentState::Closed;
-            }
+            // Only recovery maps blocks into extents that are not open.
+            self.extents
+                .add_block(new.extent, crate::units::share(&new));
         }
     }
 

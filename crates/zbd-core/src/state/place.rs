@@ -5,7 +5,6 @@
 use super::{Ctx, State};
 use crate::buffer::{refill_at, OpenExtent, CLEANER_EXTENTS_MIN};
 use crate::error::{Error, Result};
-use crate::extents::ExtentState;
 use crate::format::{QueueEntry, SECTOR_BYTES};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -53,7 +52,7 @@ impl State {
         }
         let q = self.alloc(cx)?;
         self.extents_opened += 1;
-        self.extents[q.extent as usize].state = ExtentState::Open;
+        self.extents.open(q.extent);
         let oe = OpenExtent {
             extent: q.extent,
             alloc_seq: q.alloc_seq,
@@ -196,13 +195,7 @@ impl State {
         self.write_segment(cx, i)?;
         let oe = self.buffer.remove(i);
         let stamp = self.next_seq as u32;
-        let x = &mut self.extents[oe.extent as usize];
-        x.state = if x.live_blocks == 0 {
-            ExtentState::PendingFree
-        } else {
-            ExtentState::Closed
-        };
-        x.stamp = stamp;
+        self.extents.close(oe.extent, stamp);
         Ok(())
     }
 

@@ -86,6 +86,27 @@ enum What {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The engine's work over the extent table under the state lock on large data areas: one
+    /// checkpoint's phase 1 and one choice of cleaner victims (incremental, compact), with
+    /// made-up accounting in a sparse RAM volume (bench_extents.rs).
+    Extents {
+        /// Extents in the data area, one volume each (K / M = thousands / millions; 161M is a
+        /// 16 TiB volume's at 128 KiB extents). RAM: 13 bytes per extent, more while choosing.
+        #[arg(long, value_delimiter = ',', default_value = "16M,161M")]
+        extents: Vec<String>,
+        /// Extent size.
+        #[arg(long, default_value = "128K")]
+        extent_size: String,
+        /// Timed repetitions of each measurement.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Extents emptied before each checkpoint (what it releases).
+        #[arg(long, default_value_t = 256)]
+        pending: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -130,6 +151,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
         } => {
             let d = tempdir_in(dir)?;
             super::bench_cleaner::run(super::size_arg("--capacity", &capacity)?, factor, csv, &d.0)
+        }
+        What::Extents {
+            extents,
+            extent_size,
+            rounds,
+            pending,
+            json,
+        } => {
+            let counts = extents
+                .iter()
+                .map(|s| super::bench_extents::parse_count(s))
+                .collect::<Result<Vec<u32>>>()?;
+            let eb = super::size_arg("--extent-size", &extent_size)?;
+            let eb = u32::try_from(eb).map_err(|_| anyhow!("--extent-size: at most 1M"))?;
+            super::bench_extents::run(&counts, eb, rounds, pending, json)
         }
     }
 }

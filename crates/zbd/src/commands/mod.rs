@@ -4,6 +4,7 @@ pub mod attach;
 pub mod bench;
 pub mod bench_cleaner;
 pub mod bench_codec;
+pub mod bench_extents;
 pub mod check;
 pub mod compact;
 pub mod copy;
