@@ -35,7 +35,7 @@ pub const PAGE_CACHE_BYTES_DEFAULT: u64 = 96 << 20;
 const CHECKPOINT_COPY_FRAMES: usize = 2048;
 /// One step's working set under the lock: the pages it faulted or re-checked for the leaf it
 /// applies and the pages that leaf creates (2 x 1,024).
-const PREFETCH_FRAMES: usize = 2 * 1024;
+const STEP_FRAMES: usize = 2 * 1024;
 
 /// What can be pinned or reserved at once: the window's 4,096 counted pages, the encoded copy
 /// of the checkpoint in flight (2,048), one step's working set under the lock (2,048), the repair list (64), the
@@ -72,7 +72,7 @@ impl Floor {
     pub fn frames(&self) -> usize {
         WINDOW_PAGES_MAX as usize
             + CHECKPOINT_COPY_FRAMES
-            + PREFETCH_FRAMES
+            + STEP_FRAMES
             + REPAIR_LIST_MAX // its frames stay resident while listed
             + self.fixed_pages as usize
             + 2 * self.directory_pages as usize
@@ -225,7 +225,7 @@ impl<P> PagePool<P> {
     /// free: true at every release of the state lock unless a bound the floor rests on broke
     /// (the engine asserts it in debug builds; R15-C1).
     pub fn within_floor(&self) -> bool {
-        self.pinned.len() + self.reserved + PREFETCH_FRAMES <= self.floor
+        self.pinned.len() + self.reserved + STEP_FRAMES <= self.floor
     }
 
     /// Frames resident now.
