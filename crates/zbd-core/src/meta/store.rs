@@ -127,20 +127,20 @@ impl MetaStore {
     pub fn checkpoint(&mut self, pool: &mut PagePool<MapPage>) -> Result<Vec<PairListEntry>> {
         assert!(self.flight.is_none(), "one checkpoint in flight at a time");
         let seq = self.interval;
+        let flips: Result<Vec<(u32, PairState)>> = pool
+            .snapshot()
+            .into_iter()
+            .map(|id| Ok((id, self.next_slot(id)?)))
+            .collect();
+        let flips = match flips {
+            Ok(flips) => flips,
+            Err(e) => {
+                // Nothing was taken but the snapshot: its pages are dirty again.
+                pool.abort();
+                return Err(e);
+            }
+        };
         let frees = std::mem::take(&mut self.region0_freed);
-        let mut flips = Vec::new();
-        for id in pool.snapshot() {
-            let next = match self.state(id) {
-                Ok(PairState::SlotA) => PairState::SlotB,
-                // A new page (free until its first commit) takes slot A.
-                Ok(PairState::SlotB | PairState::Free) => PairState::SlotA,
-                Ok(PairState::Reserved) => Err(Error::CorruptMetadata(format!(
-                    "page {id} is in a pair held out of allocation"
-                )))?,
-                Err(e) => Err(e)?,
-            };
-            flips.push((id, next));
-        }
         let mut list: BTreeMap<u32, PairState> = self
             .states
             .list_entries()
@@ -163,6 +163,18 @@ impl MetaStore {
             .into_iter()
             .map(|(id, state)| PairListEntry { id, state })
             .collect())
+    }
+
+    /// The slot a checkpoint writes `id` into: the one its pair state does not name.
+    fn next_slot(&self, id: u32) -> Result<PairState> {
+        match self.state(id)? {
+            PairState::SlotA => Ok(PairState::SlotB),
+            // A new page (free until its first commit) takes slot A.
+            PairState::SlotB | PairState::Free => Ok(PairState::SlotA),
+            PairState::Reserved => Err(Error::CorruptMetadata(format!(
+                "page {id} is in a pair held out of allocation"
+            ))),
+        }
     }
 
     fn write(&mut self, pool: &PagePool<MapPage>, seq: u64) -> Result<()> {
@@ -595,6 +607,33 @@ mod tests {
         store.checkpoint(&mut p).expect("checkpoint");
         store.commit(&mut p);
         assert_eq!(store.states.state(0), Lookup::Known(PairState::Free));
+        assert!(!p.is_dirty(1));
+    }
+
+    /// A checkpoint that cannot name a page's next slot (its pair-state page is not resident)
+    /// fails with nothing taken: the page stays dirty and the region-0 frees wait.
+    #[test]
+    fn a_checkpoint_that_cannot_look_up_a_slot_takes_nothing() {
+        let v = volume();
+        let blocks = u64::from(v.geometry.pairs0) * 255;
+        let mut store = open(&v, &EMPTY);
+        let pages = v.geometry.pair_state_pages() as u32;
+        // Pair-state page 0 (ids 0..16,320) exists on disk but is not resident.
+        store.states = PairStates::new(1..pages);
+        let mut tree = MapTree::new(blocks);
+        let mut p = pool();
+        tree.set(&mut p, &mut store, 300, data(1)).expect("set");
+        // Leaf 0 created and trimmed whole: a region-0 free for the checkpoint to take.
+        tree.set(&mut p, &mut store, 3, data(2)).expect("set");
+        trim(&mut tree, &mut p, &mut store, 0, 255);
+        assert!(store.checkpoint(&mut p).is_err());
+        assert!(store.hint_token(0).1, "leaf 0's free still waits");
+        assert!(p.is_dirty(1), "the leaf is dirty again");
+        store
+            .states
+            .install(0, Box::new([0; crate::format::PAGE_BODY_BYTES]));
+        store.checkpoint(&mut p).expect("checkpoint");
+        store.commit(&mut p);
         assert!(!p.is_dirty(1));
     }
 
