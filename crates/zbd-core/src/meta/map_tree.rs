@@ -13,9 +13,8 @@ use super::tree::{blocks_under, child_slot, depth_for, entry_index, position, DE
 use crate::error::{Error, Result};
 use crate::format::{
     decode_map_interior, decode_map_leaf, encode_map_interior, encode_map_leaf, map_child_slot,
-    map_leaf_entry, set_map_child_slot, set_map_leaf_entry, BlockState, ChildSlot, MapEntry,
-    PageAddress, PageKind, MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_BODY_BYTES,
-    PAGE_ID_ALL_UNMAPPED,
+    map_leaf_entry, set_map_child_slot, set_map_leaf_entry, ChildSlot, MapEntry, PageAddress,
+    PageKind, MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_BODY_BYTES, PAGE_ID_ALL_UNMAPPED,
 };
 
 /// A map page in the pool: its place in the tree (part of its CRC seed) and its 4 KiB body as
@@ -127,9 +126,11 @@ pub trait TreeIo {
     fn free(&mut self, id: u32);
 }
 
-/// A run of blocks a range change replaced: `count` blocks from `first` all had `entry`
-/// (one block for a leaf entry, a whole subtree for an all-zero summary). Unmapped blocks are
-/// not reported: they hold nothing to account for.
+/// A run of blocks a range change replaced: `count` blocks from `first` all had `entry`, which
+/// differs from the range's new entry (one block for a leaf entry, a whole subtree for a
+/// summary). Every block whose entry changes is in exactly one run, unmapped blocks a zeroing
+/// reaches included, so a caller keeps counters exact from the runs alone: `entry` loses
+/// `count` blocks and the new entry gains them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Replaced {
     pub first: u64,
@@ -369,8 +370,11 @@ impl MapTree {
 
     /// Makes blocks `first .. first + count` all unmapped (`to` = all unmapped) or all zero:
     /// whole subtrees become one summary slot and their pages are freed, partial leaves change
-    /// entry by entry. Every block that held something else is reported to `replaced` (the
-    /// caller's accounting), in ascending order.
+    /// entry by entry. Every block whose entry changes is reported to `replaced` (the caller's
+    /// accounting), once, in ascending order: a leaf entry with its old entry, a whole summary
+    /// subtree the other summary replaces as one run (an unmapped one only by a zeroing, and
+    /// only whole inside the range, which stops at the device's end). Blocks that already
+    /// held the new entry are not reported.
     pub fn set_range<I: TreeIo>(
         &mut self,
         pool: &mut PagePool<MapPage>,
@@ -438,13 +442,11 @@ impl MapTree {
                 let e = leaf.entry((lba - start) as usize)?;
                 if e != new {
                     differ.push(lba);
-                    if e.state != BlockState::Unmapped {
-                        replaced(Replaced {
-                            first: lba,
-                            count: 1,
-                            entry: e,
-                        });
-                    }
+                    replaced(Replaced {
+                        first: lba,
+                        count: 1,
+                        entry: e,
+                    });
                 }
             }
             // A leaf the range leaves as it was dirties nothing.
@@ -494,8 +496,8 @@ impl MapTree {
         to
     }
 
-    /// Reports what the subtree under `slot` holds other than what summary `to` says, and
-    /// frees its pages.
+    /// Reports every block of the subtree under `slot` that holds other than what summary `to`
+    /// says (a summary as one run), and frees its pages.
     #[allow(clippy::too_many_arguments)]
     fn drop_subtree<I: TreeIo>(
         &mut self,
@@ -511,22 +513,21 @@ impl MapTree {
         let new = summary_entry(to).expect("a summary");
         let id = match slot {
             s if s == to => return Ok(()),
-            ChildSlot::AllUnmapped => return Ok(()),
-            ChildSlot::AllZero => {
+            ChildSlot::Page(id) => id,
+            summary => {
                 replaced(Replaced {
                     first: pos * span,
                     count: span,
-                    entry: MapEntry::ZERO,
+                    entry: summary_entry(summary).expect("a summary"),
                 });
                 return Ok(());
             }
-            ChildSlot::Page(id) => id,
         };
         let page = read(pool, io, id, level, pos)?;
         if level == 0 {
             for i in 0..MAP_ENTRIES_PER_PAGE {
                 let e = page.entry(i)?;
-                if e.state != BlockState::Unmapped && e != new {
+                if e != new {
                     replaced(Replaced {
                         first: pos * span + i as u64,
                         count: 1,
@@ -571,7 +572,7 @@ impl MapTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{open_page, seal_page, FrameStamp};
+    use crate::format::{open_page, seal_page, BlockState, FrameStamp};
     use proptest::prelude::*;
     use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -746,6 +747,68 @@ mod tests {
         assert_eq!(t.root(), ChildSlot::AllUnmapped);
         assert!(io.in_use.is_empty(), "pages left: {:?}", io.in_use);
         assert_eq!(p.resident(), 0);
+    }
+
+    /// A zeroing reports every block it changes, unmapped ones too: a leaf's unmapped entries
+    /// one by one, an unmapped summary whole inside the range as one run (here a whole level-1
+    /// subtree and whole leaves), and nothing for blocks already zero.
+    #[test]
+    fn a_zeroing_reports_the_unmapped_blocks_it_reaches() {
+        let span = blocks_under(1);
+        let blocks = 2 * span + 600;
+        let mut t = MapTree::new(blocks);
+        let (mut p, mut io) = (pool(64), MemIo::new());
+        t.set(&mut p, &mut io, 5, data(1)).expect("tree");
+        t.set(&mut p, &mut io, 6, MapEntry::ZERO).expect("tree");
+        let mut got = Vec::new();
+        t.set_range(&mut p, &mut io, 0, blocks, ChildSlot::AllZero, &mut |r| {
+            got.push(r)
+        })
+        .expect("tree");
+        // Ascending, each changed block once, and only those.
+        let mut next = 0;
+        for r in &got {
+            if next == 6 {
+                next = 7;
+            }
+            assert_eq!(r.first, next, "{r:?}");
+            next = r.first + r.count;
+        }
+        assert_eq!(next, blocks);
+        assert_eq!(
+            got[5],
+            Replaced {
+                first: 5,
+                count: 1,
+                entry: data(1)
+            }
+        );
+        assert!(got
+            .iter()
+            .all(|r| r.first == 5 || r.entry == MapEntry::UNMAPPED));
+        assert!(got.contains(&Replaced {
+            first: span,
+            count: span,
+            entry: MapEntry::UNMAPPED
+        }));
+        assert!(got.contains(&Replaced {
+            first: 255,
+            count: 255,
+            entry: MapEntry::UNMAPPED
+        }));
+        // The tail past the last whole leaf is a partial leaf: entry by entry.
+        assert!(got.contains(&Replaced {
+            first: blocks - 1,
+            count: 1,
+            entry: MapEntry::UNMAPPED
+        }));
+        // Zeroing it again changes nothing and reports nothing.
+        got.clear();
+        t.set_range(&mut p, &mut io, 0, blocks, ChildSlot::AllZero, &mut |r| {
+            got.push(r)
+        })
+        .expect("tree");
+        assert!(got.is_empty(), "{got:?}");
     }
 
     #[test]
@@ -960,11 +1023,20 @@ mod tests {
                             );
                         }
                     }
-                    let want: BTreeMap<u64, MapEntry> = model
-                        .range(first..end)
-                        .filter(|(_, e)| e.state != BlockState::Unmapped && **e != new)
-                        .map(|(&b, &e)| (b, e))
-                        .collect();
+                    // Unmapped blocks a zeroing reaches change too (absent from the model:
+                    // unmapped); only zeroings are small enough to walk block by block.
+                    let want: BTreeMap<u64, MapEntry> = if zero {
+                        (first..end)
+                            .map(|b| (b, at(&model, b)))
+                            .filter(|(_, e)| *e != new)
+                            .collect()
+                    } else {
+                        model
+                            .range(first..end)
+                            .filter(|(_, e)| **e != new)
+                            .map(|(&b, &e)| (b, e))
+                            .collect()
+                    };
                     prop_assert_eq!(&reported, &want);
                     if zero {
                         model.extend((first..end).map(|b| (b, new)));
