@@ -307,6 +307,70 @@ impl MapTree {
         unreachable!("a walk ends at a leaf or a summary")
     }
 
+    /// Visits blocks `first .. first + count` in ascending order, changing nothing:
+    /// `f(lba, n, entry)` for each run of `n` blocks from `lba` that one entry stands for (the
+    /// range's part of a summary subtree as one run, read without a page; leaf entries one by
+    /// one). A range past the device is refused, like a block past it.
+    pub fn scan<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<MapPage>,
+        io: &mut I,
+        first: u64,
+        count: u64,
+        f: &mut impl FnMut(u64, u64, MapEntry),
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let end = first
+            .checked_add(count)
+            .filter(|&end| end <= self.blocks)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "blocks {first} + {count} pass the device's {} blocks",
+                    self.blocks
+                ))
+            })?;
+        self.scan_below(pool, io, self.root, self.depth - 1, 0, first, end, f)
+    }
+
+    /// `scan` of blocks `lo .. hi` (non-empty, inside the subtree) below one slot at `level`,
+    /// `pos`.
+    #[allow(clippy::too_many_arguments)]
+    fn scan_below<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<MapPage>,
+        io: &mut I,
+        slot: ChildSlot,
+        level: u8,
+        pos: u64,
+        lo: u64,
+        hi: u64,
+        f: &mut impl FnMut(u64, u64, MapEntry),
+    ) -> Result<()> {
+        let ChildSlot::Page(id) = slot else {
+            f(lo, hi - lo, summary_entry(slot).expect("a summary"));
+            return Ok(());
+        };
+        if level == 0 {
+            let start = pos * blocks_under(0);
+            let leaf = read(pool, io, id, 0, pos)?;
+            for lba in lo..hi {
+                f(lba, 1, leaf.entry((lba - start) as usize)?);
+            }
+            return Ok(());
+        }
+        let child_span = blocks_under(level - 1);
+        for c in lo / child_span..=(hi - 1) / child_span {
+            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+            let child = read(pool, io, id, level, pos)?.slot(i);
+            let c_start = c * child_span;
+            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
+            self.scan_below(pool, io, child, level - 1, c, c_lo, c_hi, f)?;
+        }
+        Ok(())
+    }
+
     /// Sets the entry of `lba`, creating the pages on its path that a summary stood for;
     /// returns the old entry.
     pub fn set<I: TreeIo>(
@@ -940,6 +1004,7 @@ mod tests {
         Set(u64, u8),
         Get(u64),
         Range(u64, u64, bool),
+        Scan(u64, u64),
         Checkpoint,
         /// A checkpoint, then a cold pool: everything is read back from the "disk".
         Cold,
@@ -960,6 +1025,7 @@ mod tests {
         prop_oneof![
             6 => (lba(), 0u8..4).prop_map(|(l, v)| Op::Set(l, v)),
             3 => lba().prop_map(Op::Get),
+            1 => (lba(), prop_oneof![1u64..600, Just(BLOCKS)]).prop_map(|(l, n)| Op::Scan(l, n)),
             // Large ranges only trim: the model holds zeros block by block.
             1 => (lba(), 1u64..600, any::<bool>()).prop_map(|(l, n, z)| Op::Range(l, n, z)),
             1 => (lba(), prop_oneof![Just(BLOCKS), 260_000u64..270_000])
@@ -1046,6 +1112,34 @@ mod tests {
                             model.remove(&b);
                         }
                     }
+                }
+                Op::Scan(first, count) => {
+                    let end = (first + count).min(BLOCKS);
+                    let mut next = first;
+                    let mut got: BTreeMap<u64, MapEntry> = BTreeMap::new();
+                    t.scan(&mut p, &mut io, first, end - first, &mut |l, n, e| {
+                        assert_eq!(l, next, "runs in order, none missing");
+                        next = l + n;
+                        if e != MapEntry::UNMAPPED {
+                            got.extend((l..l + n).map(|b| (b, e)));
+                        }
+                    })
+                    .expect("tree");
+                    prop_assert_eq!(next, end);
+                    let want: BTreeMap<u64, MapEntry> = model
+                        .range(first..end)
+                        .filter(|(_, e)| **e != MapEntry::UNMAPPED)
+                        .map(|(&b, &e)| (b, e))
+                        .collect();
+                    prop_assert_eq!(got, want);
+                    let past = t.scan(
+                        &mut p,
+                        &mut io,
+                        first,
+                        BLOCKS - first + 1,
+                        &mut |_, _, _| {},
+                    );
+                    prop_assert!(past.is_err(), "a range past the device");
                 }
                 Op::Checkpoint => io.checkpoint(&mut p),
                 Op::Cold => {
