@@ -13,9 +13,8 @@ use super::tree::{blocks_under, child_slot, depth_for, entry_index, position, DE
 use crate::error::{Error, Result};
 use crate::format::{
     decode_map_interior, decode_map_leaf, encode_map_interior, encode_map_leaf, map_child_slot,
-    map_leaf_entry, set_map_child_slot, set_map_leaf_entry, BlockState, ChildSlot, MapEntry,
-    PageAddress, PageKind, MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_BODY_BYTES,
-    PAGE_ID_ALL_UNMAPPED,
+    map_leaf_entry, set_map_child_slot, set_map_leaf_entry, ChildSlot, MapEntry, PageAddress,
+    PageKind, MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_BODY_BYTES, PAGE_ID_ALL_UNMAPPED,
 };
 
 /// A map page in the pool: its place in the tree (part of its CRC seed) and its 4 KiB body as
@@ -127,9 +126,11 @@ pub trait TreeIo {
     fn free(&mut self, id: u32);
 }
 
-/// A run of blocks a range change replaced: `count` blocks from `first` all had `entry`
-/// (one block for a leaf entry, a whole subtree for an all-zero summary). Unmapped blocks are
-/// not reported: they hold nothing to account for.
+/// A run of blocks a range change replaced: `count` blocks from `first` all had `entry`, which
+/// differs from the range's new entry (one block for a leaf entry, a whole subtree for a
+/// summary). Every block whose entry changes is in exactly one run, unmapped blocks a zeroing
+/// reaches included, so a caller keeps counters exact from the runs alone: `entry` loses
+/// `count` blocks and the new entry gains them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Replaced {
     pub first: u64,
@@ -306,6 +307,70 @@ impl MapTree {
         unreachable!("a walk ends at a leaf or a summary")
     }
 
+    /// Visits blocks `first .. first + count` in ascending order, changing nothing:
+    /// `f(lba, n, entry)` for each run of `n` blocks from `lba` that one entry stands for (the
+    /// range's part of a summary subtree as one run, read without a page; leaf entries one by
+    /// one). A range past the device is refused, like a block past it.
+    pub fn scan<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<MapPage>,
+        io: &mut I,
+        first: u64,
+        count: u64,
+        f: &mut impl FnMut(u64, u64, MapEntry),
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let end = first
+            .checked_add(count)
+            .filter(|&end| end <= self.blocks)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "blocks {first} + {count} pass the device's {} blocks",
+                    self.blocks
+                ))
+            })?;
+        self.scan_below(pool, io, self.root, self.depth - 1, 0, first, end, f)
+    }
+
+    /// `scan` of blocks `lo .. hi` (non-empty, inside the subtree) below one slot at `level`,
+    /// `pos`.
+    #[allow(clippy::too_many_arguments)]
+    fn scan_below<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<MapPage>,
+        io: &mut I,
+        slot: ChildSlot,
+        level: u8,
+        pos: u64,
+        lo: u64,
+        hi: u64,
+        f: &mut impl FnMut(u64, u64, MapEntry),
+    ) -> Result<()> {
+        let ChildSlot::Page(id) = slot else {
+            f(lo, hi - lo, summary_entry(slot).expect("a summary"));
+            return Ok(());
+        };
+        if level == 0 {
+            let start = pos * blocks_under(0);
+            let leaf = read(pool, io, id, 0, pos)?;
+            for lba in lo..hi {
+                f(lba, 1, leaf.entry((lba - start) as usize)?);
+            }
+            return Ok(());
+        }
+        let child_span = blocks_under(level - 1);
+        for c in lo / child_span..=(hi - 1) / child_span {
+            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+            let child = read(pool, io, id, level, pos)?.slot(i);
+            let c_start = c * child_span;
+            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
+            self.scan_below(pool, io, child, level - 1, c, c_lo, c_hi, f)?;
+        }
+        Ok(())
+    }
+
     /// Sets the entry of `lba`, creating the pages on its path that a summary stood for;
     /// returns the old entry.
     pub fn set<I: TreeIo>(
@@ -369,8 +434,11 @@ impl MapTree {
 
     /// Makes blocks `first .. first + count` all unmapped (`to` = all unmapped) or all zero:
     /// whole subtrees become one summary slot and their pages are freed, partial leaves change
-    /// entry by entry. Every block that held something else is reported to `replaced` (the
-    /// caller's accounting), in ascending order.
+    /// entry by entry. Every block whose entry changes is reported to `replaced` (the caller's
+    /// accounting), once, in ascending order: a leaf entry with its old entry, a whole summary
+    /// subtree the other summary replaces as one run (an unmapped one only by a zeroing, and
+    /// only whole inside the range, which stops at the device's end). Blocks that already
+    /// held the new entry are not reported.
     pub fn set_range<I: TreeIo>(
         &mut self,
         pool: &mut PagePool<MapPage>,
@@ -420,10 +488,43 @@ impl MapTree {
             return Ok(to);
         }
         if first <= start && stop <= end {
-            self.drop_subtree(pool, io, slot, level, pos, to, replaced)?;
-            return Ok(to);
+            // The whole subtree becomes `to`. A summary or a leaf goes at once (one page at
+            // most: nothing half done). An interior page is walked child by child below, each
+            // child's slot set as it goes, and leaves the tree when all are `to`: a read that
+            // fails part-way leaves a prefix done and never a freed page its parent still
+            // names.
+            match slot {
+                ChildSlot::Page(id) if level == 0 => {
+                    let new = summary_entry(to).expect("a summary");
+                    let leaf = read(pool, io, id, 0, pos)?;
+                    let mut runs = Vec::new();
+                    for i in 0..MAP_ENTRIES_PER_PAGE {
+                        let e = leaf.entry(i)?;
+                        if e != new {
+                            runs.push(Replaced {
+                                first: start + i as u64,
+                                count: 1,
+                                entry: e,
+                            });
+                        }
+                    }
+                    runs.into_iter().for_each(&mut *replaced);
+                    pool.remove(id);
+                    io.free(id);
+                    return Ok(to);
+                }
+                ChildSlot::Page(_) => {}
+                summary => {
+                    replaced(Replaced {
+                        first: start,
+                        count: span,
+                        entry: summary_entry(summary).expect("a summary"),
+                    });
+                    return Ok(to);
+                }
+            }
         }
-        // Part of this subtree changes: it needs a page.
+        // Part of this subtree changes (or all of an interior page's): it needs a page.
         let id = match slot {
             ChildSlot::Page(id) => id,
             summary => create(pool, io, MapPage::filled(level, pos, summary))?,
@@ -438,13 +539,11 @@ impl MapTree {
                 let e = leaf.entry((lba - start) as usize)?;
                 if e != new {
                     differ.push(lba);
-                    if e.state != BlockState::Unmapped {
-                        replaced(Replaced {
-                            first: lba,
-                            count: 1,
-                            entry: e,
-                        });
-                    }
+                    replaced(Replaced {
+                        first: lba,
+                        count: 1,
+                        entry: e,
+                    });
                 }
             }
             // A leaf the range leaves as it was dirties nothing.
@@ -494,58 +593,6 @@ impl MapTree {
         to
     }
 
-    /// Reports what the subtree under `slot` holds other than what summary `to` says, and
-    /// frees its pages.
-    #[allow(clippy::too_many_arguments)]
-    fn drop_subtree<I: TreeIo>(
-        &mut self,
-        pool: &mut PagePool<MapPage>,
-        io: &mut I,
-        slot: ChildSlot,
-        level: u8,
-        pos: u64,
-        to: ChildSlot,
-        replaced: &mut impl FnMut(Replaced),
-    ) -> Result<()> {
-        let span = blocks_under(level);
-        let new = summary_entry(to).expect("a summary");
-        let id = match slot {
-            s if s == to => return Ok(()),
-            ChildSlot::AllUnmapped => return Ok(()),
-            ChildSlot::AllZero => {
-                replaced(Replaced {
-                    first: pos * span,
-                    count: span,
-                    entry: MapEntry::ZERO,
-                });
-                return Ok(());
-            }
-            ChildSlot::Page(id) => id,
-        };
-        let page = read(pool, io, id, level, pos)?;
-        if level == 0 {
-            for i in 0..MAP_ENTRIES_PER_PAGE {
-                let e = page.entry(i)?;
-                if e.state != BlockState::Unmapped && e != new {
-                    replaced(Replaced {
-                        first: pos * span + i as u64,
-                        count: 1,
-                        entry: e,
-                    });
-                }
-            }
-        } else {
-            let slots: Vec<ChildSlot> = (0..MAP_INTERIOR_SLOTS).map(|i| page.slot(i)).collect();
-            for (i, s) in slots.into_iter().enumerate() {
-                let c = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
-                self.drop_subtree(pool, io, s, level - 1, c, to, replaced)?;
-            }
-        }
-        pool.remove(id);
-        io.free(id);
-        Ok(())
-    }
-
     /// Grows the tree to address `blocks`: each new level is a root whose child 0 is the old
     /// root and whose other slots are all unmapped (an all-zero root gets a page, or the new
     /// room would read as zeros).
@@ -571,7 +618,7 @@ impl MapTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{open_page, seal_page, FrameStamp};
+    use crate::format::{open_page, seal_page, BlockState, FrameStamp};
     use proptest::prelude::*;
     use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -748,6 +795,68 @@ mod tests {
         assert_eq!(p.resident(), 0);
     }
 
+    /// A zeroing reports every block it changes, unmapped ones too: a leaf's unmapped entries
+    /// one by one, an unmapped summary whole inside the range as one run (here a whole level-1
+    /// subtree and whole leaves), and nothing for blocks already zero.
+    #[test]
+    fn a_zeroing_reports_the_unmapped_blocks_it_reaches() {
+        let span = blocks_under(1);
+        let blocks = 2 * span + 600;
+        let mut t = MapTree::new(blocks);
+        let (mut p, mut io) = (pool(64), MemIo::new());
+        t.set(&mut p, &mut io, 5, data(1)).expect("tree");
+        t.set(&mut p, &mut io, 6, MapEntry::ZERO).expect("tree");
+        let mut got = Vec::new();
+        t.set_range(&mut p, &mut io, 0, blocks, ChildSlot::AllZero, &mut |r| {
+            got.push(r)
+        })
+        .expect("tree");
+        // Ascending, each changed block once, and only those.
+        let mut next = 0;
+        for r in &got {
+            if next == 6 {
+                next = 7;
+            }
+            assert_eq!(r.first, next, "{r:?}");
+            next = r.first + r.count;
+        }
+        assert_eq!(next, blocks);
+        assert_eq!(
+            got[5],
+            Replaced {
+                first: 5,
+                count: 1,
+                entry: data(1)
+            }
+        );
+        assert!(got
+            .iter()
+            .all(|r| r.first == 5 || r.entry == MapEntry::UNMAPPED));
+        assert!(got.contains(&Replaced {
+            first: span,
+            count: span,
+            entry: MapEntry::UNMAPPED
+        }));
+        assert!(got.contains(&Replaced {
+            first: 255,
+            count: 255,
+            entry: MapEntry::UNMAPPED
+        }));
+        // The tail past the last whole leaf is a partial leaf: entry by entry.
+        assert!(got.contains(&Replaced {
+            first: blocks - 1,
+            count: 1,
+            entry: MapEntry::UNMAPPED
+        }));
+        // Zeroing it again changes nothing and reports nothing.
+        got.clear();
+        t.set_range(&mut p, &mut io, 0, blocks, ChildSlot::AllZero, &mut |r| {
+            got.push(r)
+        })
+        .expect("tree");
+        assert!(got.is_empty(), "{got:?}");
+    }
+
     #[test]
     fn growing_keeps_the_content_and_the_new_room_is_unmapped() {
         let (mut p, mut io) = (pool(64), MemIo::new());
@@ -872,11 +981,58 @@ mod tests {
         assert!(e.to_string().contains("damaged"), "{e}");
     }
 
+    /// A trim over a whole subtree whose second leaf cannot be read fails part-way with a
+    /// consistent prefix done: the first leaf is trimmed (and reported, and freed with its
+    /// parent's slot set), the damaged one stays named and reads as an error, and no page is
+    /// freed while its parent still names it (found by the helper building `map/tree.rs`).
+    #[test]
+    fn a_subtree_drop_that_meets_a_damaged_page_leaves_a_consistent_prefix() {
+        let blocks = 3 * 260_100;
+        let mut t = MapTree::new(blocks);
+        let (mut p, mut io) = (pool(64), MemIo::new());
+        t.set(&mut p, &mut io, 0, data(1)).expect("tree");
+        t.set(&mut p, &mut io, 255, data(2)).expect("tree");
+        t.set(&mut p, &mut io, 260_100, data(3)).expect("tree");
+        io.checkpoint(&mut p);
+        let mut p = pool(64);
+        // Leaf 1 (region 0: id 1) is damaged on the medium.
+        io.disk.get_mut(&1).expect("written")[100] ^= 1;
+        let mut reports = Vec::new();
+        let e = t
+            .set_range(
+                &mut p,
+                &mut io,
+                0,
+                260_100,
+                ChildSlot::AllUnmapped,
+                &mut |r| reports.push(r),
+            )
+            .expect_err("a damaged leaf in the subtree");
+        assert!(e.to_string().contains("damaged"), "{e}");
+        assert_eq!(
+            reports,
+            vec![Replaced {
+                first: 0,
+                count: 1,
+                entry: data(1)
+            }]
+        );
+        assert_eq!(t.get(&mut p, &mut io, 0).expect("tree"), MapEntry::UNMAPPED);
+        assert!(
+            t.get(&mut p, &mut io, 255).is_err(),
+            "still named, still damaged"
+        );
+        assert_eq!(t.get(&mut p, &mut io, 260_100).expect("tree"), data(3));
+        let live = reachable(&t, &mut p, &mut io);
+        assert_eq!(live, io.in_use, "no page freed while named, none leaked");
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         Set(u64, u8),
         Get(u64),
         Range(u64, u64, bool),
+        Scan(u64, u64),
         Checkpoint,
         /// A checkpoint, then a cold pool: everything is read back from the "disk".
         Cold,
@@ -897,6 +1053,7 @@ mod tests {
         prop_oneof![
             6 => (lba(), 0u8..4).prop_map(|(l, v)| Op::Set(l, v)),
             3 => lba().prop_map(Op::Get),
+            1 => (lba(), prop_oneof![1u64..600, Just(BLOCKS)]).prop_map(|(l, n)| Op::Scan(l, n)),
             // Large ranges only trim: the model holds zeros block by block.
             1 => (lba(), 1u64..600, any::<bool>()).prop_map(|(l, n, z)| Op::Range(l, n, z)),
             1 => (lba(), prop_oneof![Just(BLOCKS), 260_000u64..270_000])
@@ -960,11 +1117,20 @@ mod tests {
                             );
                         }
                     }
-                    let want: BTreeMap<u64, MapEntry> = model
-                        .range(first..end)
-                        .filter(|(_, e)| e.state != BlockState::Unmapped && **e != new)
-                        .map(|(&b, &e)| (b, e))
-                        .collect();
+                    // Unmapped blocks a zeroing reaches change too (absent from the model:
+                    // unmapped); only zeroings are small enough to walk block by block.
+                    let want: BTreeMap<u64, MapEntry> = if zero {
+                        (first..end)
+                            .map(|b| (b, at(&model, b)))
+                            .filter(|(_, e)| *e != new)
+                            .collect()
+                    } else {
+                        model
+                            .range(first..end)
+                            .filter(|(_, e)| **e != new)
+                            .map(|(&b, &e)| (b, e))
+                            .collect()
+                    };
                     prop_assert_eq!(&reported, &want);
                     if zero {
                         model.extend((first..end).map(|b| (b, new)));
@@ -974,6 +1140,34 @@ mod tests {
                             model.remove(&b);
                         }
                     }
+                }
+                Op::Scan(first, count) => {
+                    let end = (first + count).min(BLOCKS);
+                    let mut next = first;
+                    let mut got: BTreeMap<u64, MapEntry> = BTreeMap::new();
+                    t.scan(&mut p, &mut io, first, end - first, &mut |l, n, e| {
+                        assert_eq!(l, next, "runs in order, none missing");
+                        next = l + n;
+                        if e != MapEntry::UNMAPPED {
+                            got.extend((l..l + n).map(|b| (b, e)));
+                        }
+                    })
+                    .expect("tree");
+                    prop_assert_eq!(next, end);
+                    let want: BTreeMap<u64, MapEntry> = model
+                        .range(first..end)
+                        .filter(|(_, e)| **e != MapEntry::UNMAPPED)
+                        .map(|(&b, &e)| (b, e))
+                        .collect();
+                    prop_assert_eq!(got, want);
+                    let past = t.scan(
+                        &mut p,
+                        &mut io,
+                        first,
+                        BLOCKS - first + 1,
+                        &mut |_, _, _| {},
+                    );
+                    prop_assert!(past.is_err(), "a range past the device");
                 }
                 Op::Checkpoint => io.checkpoint(&mut p),
                 Op::Cold => {

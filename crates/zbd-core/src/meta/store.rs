@@ -94,6 +94,12 @@ impl MetaStore {
         }
     }
 
+    /// The open interval: the one a checkpoint's phase 1 opened, which an open after that
+    /// checkpoint writes on in.
+    pub fn interval(&self) -> u64 {
+        self.interval
+    }
+
     fn state(&self, id: u32) -> Result<PairState> {
         match self.states.state(id) {
             Lookup::Known(s) => Ok(s),

@@ -1,0 +1,677 @@
+//! The bit-10 map (docs/design.md, "Map trees, pages and pairs"; "Build order" 1b, "Wiring
+//! (with 1b.2 on)"): [`Map`](super::Map)'s API over one device's page tree ([`MapTree`]), its
+//! pages on the medium ([`MetaStore`]: the current slot of each pair, checkpoints into the
+//! other) and in RAM ([`PagePool`]), with the same exact volume counters ([`MapCounters`]).
+//!
+//! Not yet chosen by any open: the engine opens v2's `Map` on every volume. When bit 10 is
+//! wired in, an open of a bit-10 volume builds a `TreeMap` from the root, depth, counters and
+//! pair-state list its checkpoint carries (what [`TreeMap::checkpoint`] returns), and the
+//! checkpoint writes them into its extension.
+//!
+//! The counters move only with what the tree reports: the old entry [`MapTree::set`] returns,
+//! and the [`Replaced`] runs of [`MapTree::set_range`], which name every block whose entry
+//! changed (each run: `count` blocks leave `entry` for the range's new entry). Its tests run
+//! one random op sequence on a v2 `Map` and on a `TreeMap` and compare every answer.
+
+use super::MapCounters;
+use crate::error::{Error, Result};
+use crate::format::{BlockState, ChildSlot, MapEntry, PairListEntry};
+use crate::meta::map_tree::{MapPage, MapTree, Replaced};
+use crate::meta::pool::{PagePool, PoolStats};
+use crate::meta::store::MetaStore;
+
+/// What a checkpoint of a [`TreeMap`] carries, all as of its phase 1: the device row's root
+/// and depth, the volume counters, the pair-state list, and the interval an open after it
+/// writes in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeCheckpoint {
+    pub root: ChildSlot,
+    pub depth: u8,
+    pub counters: MapCounters,
+    pub list: Vec<PairListEntry>,
+    pub interval: u64,
+}
+
+/// The map of one device as a tree of metadata pages.
+pub struct TreeMap {
+    tree: MapTree,
+    store: MetaStore,
+    pool: PagePool<MapPage>,
+    counters: MapCounters,
+}
+
+impl TreeMap {
+    /// The map `tree` names, its pages read through `store` into `pool`; `counters` are the
+    /// volume counters of the checkpoint the tree's root came from.
+    pub fn new(
+        tree: MapTree,
+        store: MetaStore,
+        pool: PagePool<MapPage>,
+        counters: MapCounters,
+    ) -> TreeMap {
+        TreeMap {
+            tree,
+            store,
+            pool,
+            counters,
+        }
+    }
+
+    /// Logical blocks.
+    pub fn blocks(&self) -> u64 {
+        self.tree.blocks()
+    }
+
+    /// Exact counters of the whole map.
+    pub fn counters(&self) -> MapCounters {
+        self.counters
+    }
+
+    /// The page pool's statistics (pinned frames tell when a checkpoint must come).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// The entry of `lba`.
+    pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
+        self.tree.get(&mut self.pool, &mut self.store, lba)
+    }
+
+    /// The entries of `count` blocks from `first`, appended to `out`: one walk for the range,
+    /// summaries answered without a page. A range past the device is an error.
+    pub fn get_run(&mut self, first: u64, count: u64, out: &mut Vec<MapEntry>) -> Result<()> {
+        self.tree.scan(
+            &mut self.pool,
+            &mut self.store,
+            first,
+            count,
+            &mut |_, n, e| out.extend(std::iter::repeat_n(e, n as usize)),
+        )
+    }
+
+    /// Sets the entry of `lba`; returns the old entry if it changed (its leaf is then dirty,
+    /// pinned in the pool until a checkpoint writes it).
+    pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
+        let old = self.tree.set(&mut self.pool, &mut self.store, lba, new)?;
+        if old == new {
+            return Ok(None);
+        }
+        self.counters.sub(&old, 1);
+        self.counters.add(&new, 1);
+        Ok(Some(old))
+    }
+
+    /// Sets `count` entries from `first` to `new`, unmapped or zero (any other entry is
+    /// refused: a range holds one summary); `freed(old)` sees every data entry replaced, in
+    /// block order. Whole subtrees only change a summary slot; the range stops at the device's
+    /// end.
+    pub fn set_range(
+        &mut self,
+        first: u64,
+        count: u64,
+        new: MapEntry,
+        mut freed: impl FnMut(MapEntry),
+    ) -> Result<()> {
+        let to = if new == MapEntry::UNMAPPED {
+            ChildSlot::AllUnmapped
+        } else if new == MapEntry::ZERO {
+            ChildSlot::AllZero
+        } else {
+            return Err(Error::Invalid(format!(
+                "a map range is set to unmapped or zero, not {new:?}"
+            )));
+        };
+        let counters = &mut self.counters;
+        self.tree.set_range(
+            &mut self.pool,
+            &mut self.store,
+            first,
+            count,
+            to,
+            &mut |r: Replaced| {
+                counters.sub(&r.entry, r.count);
+                counters.add(&new, r.count);
+                if r.entry.state == BlockState::Data {
+                    // Data is only ever a leaf entry: runs of one block.
+                    for _ in 0..r.count {
+                        freed(r.entry);
+                    }
+                }
+            },
+        )
+    }
+
+    /// Calls `f(lba, entry)` for every block in state `Data`, in LBA order; summary subtrees
+    /// are skipped without reading them.
+    pub fn for_each_data(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
+        let blocks = self.blocks();
+        self.tree.scan(
+            &mut self.pool,
+            &mut self.store,
+            0,
+            blocks,
+            &mut |lba, n, e| {
+                if e.state == BlockState::Data {
+                    for l in lba..lba + n {
+                        f(l, &e);
+                    }
+                }
+            },
+        )
+    }
+
+    /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`;
+    /// a summary subtree is one run, read without a page.
+    pub fn runs(
+        &mut self,
+        first: u64,
+        count: u64,
+        mut f: impl FnMut(BlockState, u64),
+    ) -> Result<()> {
+        let mut run: Option<(BlockState, u64)> = None;
+        self.tree.scan(
+            &mut self.pool,
+            &mut self.store,
+            first,
+            count,
+            &mut |_, n, e| match &mut run {
+                Some((s, m)) if *s == e.state => *m += n,
+                _ => {
+                    if let Some((s, m)) = run.replace((e.state, n)) {
+                        f(s, m);
+                    }
+                }
+            },
+        )?;
+        if let Some((s, m)) = run {
+            f(s, m);
+        }
+        Ok(())
+    }
+
+    /// Phases 1 and 2 of a checkpoint ([`MetaStore::checkpoint`]): the pool's dirty pages are
+    /// written into the other slots of their pairs and synced. Returns what the checkpoint
+    /// carries for the map, as of phase 1. Changes may go on until [`TreeMap::commit`] or
+    /// [`TreeMap::abort`]; one checkpoint at a time. On an error it is aborted already.
+    pub fn checkpoint(&mut self) -> Result<TreeCheckpoint> {
+        let (root, depth, counters) = (self.tree.root(), self.tree.depth(), self.counters);
+        let list = self.store.checkpoint(&mut self.pool)?;
+        Ok(TreeCheckpoint {
+            root,
+            depth,
+            counters,
+            list,
+            interval: self.store.interval(),
+        })
+    }
+
+    /// The checkpoint in flight is durable: its pair-state flips and frees take effect, its
+    /// pages not changed since are clean.
+    pub fn commit(&mut self) {
+        self.store.commit(&mut self.pool);
+    }
+
+    /// The checkpoint in flight failed: its pages are dirty again, no pair state changed.
+    pub fn abort(&mut self) {
+        self.store.abort(&mut self.pool);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{MemStorage, Storage};
+    use crate::codec::id as codec;
+    use crate::format::{
+        Checkpoint, PairState, Superblock, BLOCK_BYTES, CKPT_FLAG_DICT_COUNTS,
+        CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE,
+    };
+    use crate::layout::{plan, CreateOptions};
+    use crate::map::Map;
+    use crate::meta::pairs::{PairAllocator, PairStates};
+    use crate::meta::pool::FRAME_BYTES;
+    use crate::meta::tree::blocks_under;
+    use crate::meta::MetaGeometry;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    const LEAF: u64 = MAP_ENTRIES_PER_PAGE as u64;
+
+    /// The volume the tree's pages live on, as store.rs's tests build one: 8 MiB, so region 0
+    /// is its 9 map pages, with 1 MiB extents of 128 pairs. A device of more blocks than 9
+    /// leaves hold puts its other pages in metadata extents.
+    struct Volume {
+        storage: Arc<dyn Storage>,
+        sb: Superblock,
+        geometry: MetaGeometry,
+    }
+
+    fn tree_volume_sb() -> Superblock {
+        plan(&CreateOptions {
+            extent_bytes: 1 << 20,
+            capacity_bytes: Some(8 << 20),
+            ..CreateOptions::new(8 << 20)
+        })
+        .expect("plan")
+    }
+
+    fn volume() -> Volume {
+        let sb = tree_volume_sb();
+        let geometry = MetaGeometry::at_enable(&sb).expect("geometry");
+        Volume {
+            storage: Arc::new(MemStorage::new(sb.total_bytes())),
+            sb,
+            geometry,
+        }
+    }
+
+    /// Blocks region 0's leaves hold.
+    fn region0_blocks() -> u64 {
+        let g = MetaGeometry::at_enable(&tree_volume_sb()).expect("geometry");
+        u64::from(g.pairs0) * LEAF
+    }
+
+    /// A device of two levels (a root over leaves) reaching 8 leaves past region 0, the last
+    /// one partial.
+    fn small() -> u64 {
+        region0_blocks() + 8 * LEAF - 100
+    }
+
+    /// A device of three levels: one whole level-1 subtree, then a few leaves, the last one
+    /// partial.
+    fn large() -> u64 {
+        blocks_under(1) + 3 * LEAF + 100
+    }
+
+    /// A store as an open after a checkpoint that carried `list` makes it (as store.rs's tests
+    /// do): pair states from the list, every metadata extent pair carved, the ids in use out of
+    /// allocation.
+    fn store(v: &Volume, list: &[PairListEntry], interval: u64) -> MetaStore {
+        let mut states = PairStates::new(0..v.geometry.pair_state_pages() as u32);
+        states.load_list(list);
+        let mut alloc = PairAllocator::new(v.geometry);
+        for e in 0..v.geometry.h {
+            alloc.carve(e).expect("carve");
+        }
+        alloc.commit(0);
+        for e in list.iter().filter(|e| e.state != PairState::Free) {
+            alloc.mark_in_use(e.id);
+        }
+        MetaStore::new(
+            v.storage.clone(),
+            &v.sb,
+            v.geometry,
+            states,
+            alloc,
+            interval,
+        )
+    }
+
+    fn pool(frames: u64) -> PagePool<MapPage> {
+        PagePool::new(frames * FRAME_BYTES, 0).expect("pool")
+    }
+
+    /// v2's map of a created volume of `blocks` blocks (an empty checkpoint with exact
+    /// counters), with a cache that holds every page it dirties: it never reads a page nor
+    /// needs a checkpoint.
+    fn v2_map(blocks: u64) -> Map {
+        let sb = plan(&CreateOptions {
+            extent_bytes: 1 << 20,
+            capacity_bytes: Some(4 << 20),
+            ..CreateOptions::new(blocks * BLOCK_BYTES as u64)
+        })
+        .expect("plan");
+        let ck = Checkpoint {
+            flags: CKPT_FLAG_VOLUME_COUNTERS | CKPT_FLAG_SAVINGS_COUNTERS | CKPT_FLAG_DICT_COUNTS,
+            ..Checkpoint::empty(&sb)
+        };
+        Map::open(
+            Arc::new(MemStorage::new(sb.total_bytes())),
+            &sb,
+            &ck,
+            64 << 20,
+        )
+    }
+
+    /// A created tree map, with the counters `like` starts with.
+    fn created(v: &Volume, blocks: u64, frames: u64, like: &Map) -> TreeMap {
+        TreeMap::new(
+            MapTree::new(blocks),
+            store(v, &[], 1),
+            pool(frames),
+            like.counters(),
+        )
+    }
+
+    /// An open from what checkpoint `ck` carried: a new pool, the store from its list.
+    fn reopen(v: &Volume, ck: &TreeCheckpoint, blocks: u64, frames: u64) -> TreeMap {
+        let tree = MapTree::from_root(ck.root, ck.depth, blocks).expect("root");
+        TreeMap::new(
+            tree,
+            store(v, &ck.list, ck.interval),
+            pool(frames),
+            ck.counters,
+        )
+    }
+
+    /// The checkpoint in flight (if any) and one more commit, then a cold open from what the
+    /// last one carried: nothing changed since its phase 1, so it is the map as it is.
+    fn cold(v: &Volume, mut t: TreeMap, in_flight: bool, blocks: u64, frames: u64) -> TreeMap {
+        if in_flight {
+            t.commit();
+        }
+        let ck = t.checkpoint().expect("checkpoint");
+        t.commit();
+        drop(t);
+        reopen(v, &ck, blocks, frames)
+    }
+
+    fn tree_runs(t: &mut TreeMap, first: u64, count: u64) -> Vec<(BlockState, u64)> {
+        let mut out = Vec::new();
+        t.runs(first, count, |s, n| out.push((s, n))).expect("tree");
+        out
+    }
+
+    fn v2_runs(m: &mut Map, first: u64, count: u64) -> Vec<(BlockState, u64)> {
+        let mut out = Vec::new();
+        m.runs(first, count, |s, n| out.push((s, n))).expect("v2");
+        out
+    }
+
+    fn tree_data(t: &mut TreeMap) -> Vec<(u64, MapEntry)> {
+        let mut out = Vec::new();
+        t.for_each_data(|l, e| out.push((l, *e))).expect("tree");
+        out
+    }
+
+    fn v2_data(m: &mut Map) -> Vec<(u64, MapEntry)> {
+        let mut out = Vec::new();
+        m.for_each_data(|l, e| out.push((l, *e))).expect("v2");
+        out
+    }
+
+    fn same_entries(
+        t: &mut TreeMap,
+        m: &mut Map,
+        first: u64,
+        count: u64,
+    ) -> std::result::Result<(), TestCaseError> {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        t.get_run(first, count, &mut a).expect("tree");
+        m.get_run(first, count, &mut b).expect("v2");
+        prop_assert_eq!(a.len() as u64, count);
+        prop_assert!(a == b, "entries of {} + {} differ", first, count);
+        Ok(())
+    }
+
+    /// The whole device: every block's state, and every data entry whole.
+    fn same_device(t: &mut TreeMap, m: &mut Map) -> std::result::Result<(), TestCaseError> {
+        let blocks = t.blocks();
+        prop_assert_eq!(tree_runs(t, 0, blocks), v2_runs(m, 0, blocks));
+        prop_assert_eq!(tree_data(t), v2_data(m));
+        prop_assert_eq!(t.counters(), m.counters());
+        Ok(())
+    }
+
+    fn data(
+        codec: u8,
+        len: u16,
+        (unit_blocks, unit_index): (u8, u8),
+        dict: u8,
+        extent: u32,
+    ) -> MapEntry {
+        MapEntry {
+            state: BlockState::Data,
+            codec,
+            len,
+            extent,
+            offset: extent.wrapping_mul(4096) & 0xF_FFFF,
+            crc: u32::from(len) ^ extent.rotate_left(7),
+            unit_index,
+            unit_blocks,
+            dict,
+            seeded: extent % 2 == 1,
+        }
+    }
+
+    const CORRUPT: MapEntry = MapEntry {
+        state: BlockState::Corrupt,
+        ..MapEntry::UNMAPPED
+    };
+
+    /// Entries of every class the counters keep: data raw or compressed, single blocks and
+    /// units of each size class, with and without a dictionary; zero, unmapped and damaged.
+    fn entry() -> impl Strategy<Value = MapEntry> {
+        let unit = prop_oneof![
+            Just((1u8, 0u8)),
+            (0u8..2).prop_map(|i| (2, i)),
+            (0u8..3).prop_map(|i| (3, i)),
+            (0u8..4).prop_map(|i| (4, i)),
+            (0u8..5).prop_map(|i| (5, i)),
+            (0u8..16).prop_map(|i| (16, i)),
+        ];
+        let codecs = vec![codec::RAW, codec::LZ4, codec::ZSTD, codec::ZLIB, codec::LZO];
+        let d = (
+            prop::sample::select(codecs),
+            1u16..=4096,
+            unit,
+            prop::sample::select(vec![0u8, 0, 1, 9, 127]),
+            0u32..8,
+        )
+            .prop_map(|(c, len, u, dict, extent)| data(c, len, u, dict, extent));
+        prop_oneof![
+            6 => d,
+            1 => Just(MapEntry::ZERO),
+            1 => Just(MapEntry::UNMAPPED),
+            1 => Just(CORRUPT),
+        ]
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Set(u64, MapEntry),
+        /// Sets a block to the entry it holds: no change, `None` from both.
+        Again(u64),
+        /// `set_range` to zero (true) or unmapped.
+        Range(u64, u64, bool),
+        Get(u64),
+        GetRun(u64, u64),
+        ForEachData,
+        /// The tree map only: a checkpoint's phases 1 and 2; ops go on while it is in flight.
+        Begin,
+        /// The tree map only: the checkpoint in flight commits (true) or fails.
+        End(bool),
+        /// The tree map only: a committed checkpoint and a cold open from what it carried.
+        Cold,
+    }
+
+    /// Blocks around leaf boundaries, region 0's end, the level-1 boundary (three levels) and
+    /// the device's end, and anywhere.
+    fn lba(blocks: u64) -> impl Strategy<Value = u64> {
+        let mut bases = vec![0, LEAF - 5, region0_blocks() - 300, blocks - 400];
+        if blocks > blocks_under(1) {
+            bases.push(blocks_under(1) - 300);
+        }
+        let near = (prop::sample::select(bases), 0u64..600)
+            .prop_map(move |(b, o)| (b + o).min(blocks - 1));
+        // Anywhere: more leaves than a small pool holds.
+        prop_oneof![3 => near, 1 => 0..blocks]
+    }
+
+    fn op(blocks: u64) -> impl Strategy<Value = Op> {
+        // Small, multi-leaf, whole-device, to the end, and across a level-1 subtree.
+        let range = prop_oneof![
+            6 => (lba(blocks), 1u64..600),
+            3 => (lba(blocks), LEAF..3000),
+            1 => (Just(0), Just(blocks)),
+            1 => (lba(blocks), Just(u64::MAX)),
+            1 => (lba(blocks), 250_000u64..270_000),
+        ];
+        prop_oneof![
+            12 => (lba(blocks), entry()).prop_map(|(l, e)| Op::Set(l, e)),
+            1 => lba(blocks).prop_map(Op::Again),
+            // The engine bounds requests by the device's size.
+            4 => (range, any::<bool>())
+                .prop_map(move |((l, n), z)| Op::Range(l, n.min(blocks - l), z)),
+            2 => lba(blocks).prop_map(Op::Get),
+            2 => (lba(blocks), 1u64..700).prop_map(move |(l, n)| Op::GetRun(l, n.min(blocks - l))),
+            1 => Just(Op::ForEachData),
+            2 => Just(Op::Begin),
+            2 => any::<bool>().prop_map(Op::End),
+            1 => Just(Op::Cold),
+        ]
+    }
+
+    /// One op sequence on v2's map and on the tree map: the same return values, the same
+    /// `freed` entries in the same order, equal counters, and equal entries for every block an
+    /// op named and around every range, after every op; the whole device after every cold open
+    /// and at the end.
+    fn run(blocks: u64, frames: u64, ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
+        let v = volume();
+        let mut m = v2_map(blocks);
+        prop_assert_eq!(m.blocks(), blocks);
+        let mut t = created(&v, blocks, frames, &m);
+        let mut in_flight = false;
+        let mut touched: BTreeSet<u64> = BTreeSet::new();
+        for op in ops {
+            // The engine checkpoints before pinned pages fill the pool; so does the test.
+            if t.pool_stats().pinned * 2 > frames {
+                if std::mem::take(&mut in_flight) {
+                    t.commit();
+                }
+                t.checkpoint().expect("checkpoint");
+                t.commit();
+            }
+            match op {
+                Op::Set(l, e) => {
+                    touched.insert(l);
+                    let got = t.set(l, e).expect("tree");
+                    prop_assert_eq!(got, m.set(l, e).expect("v2"), "set {} to {:?}", l, e);
+                }
+                Op::Again(l) => {
+                    touched.insert(l);
+                    let e = m.get(l).expect("v2");
+                    prop_assert_eq!(t.set(l, e).expect("tree"), None);
+                    prop_assert_eq!(m.set(l, e).expect("v2"), None);
+                }
+                Op::Range(first, count, zero) => {
+                    let new = if zero {
+                        MapEntry::ZERO
+                    } else {
+                        MapEntry::UNMAPPED
+                    };
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    t.set_range(first, count, new, |e| a.push(e)).expect("tree");
+                    m.set_range(first, count, new, |e| b.push(e)).expect("v2");
+                    prop_assert!(a == b, "freed entries differ: {:?} against {:?}", a, b);
+                    let end = first + count;
+                    touched.extend([first, end - 1]);
+                    // The range and a block either side as runs of states, its ends entry by
+                    // entry.
+                    let (lo, hi) = (first.saturating_sub(1), (end + 1).min(blocks));
+                    prop_assert_eq!(tree_runs(&mut t, lo, hi - lo), v2_runs(&mut m, lo, hi - lo));
+                    same_entries(&mut t, &mut m, lo, (hi - lo).min(300))?;
+                    let tail = hi.saturating_sub(300).max(lo);
+                    same_entries(&mut t, &mut m, tail, hi - tail)?;
+                }
+                Op::Get(l) => {
+                    touched.insert(l);
+                    prop_assert_eq!(t.get(l).expect("tree"), m.get(l).expect("v2"));
+                }
+                Op::GetRun(first, count) => {
+                    touched.insert(first);
+                    same_entries(&mut t, &mut m, first, count)?;
+                }
+                Op::ForEachData => prop_assert_eq!(tree_data(&mut t), v2_data(&mut m)),
+                Op::Begin => {
+                    if !in_flight {
+                        t.checkpoint().expect("checkpoint");
+                        in_flight = true;
+                    }
+                }
+                Op::End(commit) => {
+                    if std::mem::take(&mut in_flight) {
+                        if commit {
+                            t.commit();
+                        } else {
+                            t.abort();
+                        }
+                    }
+                }
+                Op::Cold => {
+                    t = cold(&v, t, std::mem::take(&mut in_flight), blocks, frames);
+                    same_device(&mut t, &mut m)?;
+                }
+            }
+            prop_assert_eq!(t.counters(), m.counters());
+            for &l in &touched {
+                prop_assert_eq!(
+                    t.get(l).expect("tree"),
+                    m.get(l).expect("v2"),
+                    "block {}",
+                    l
+                );
+            }
+            prop_assert!(!m.needs_checkpoint(), "v2's map here never checkpoints");
+        }
+        same_device(&mut t, &mut m)?;
+        let mut t = cold(&v, t, in_flight, blocks, frames);
+        same_device(&mut t, &mut m)?;
+        for &l in &touched {
+            prop_assert_eq!(t.get(l).expect("tree"), m.get(l).expect("v2"));
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Two levels, region 0 and 8 leaves past it, a pool that seldom evicts.
+        #[test]
+        fn the_tree_map_answers_as_v2s_map_does(ops in proptest::collection::vec(op(small()), 1..150)) {
+            run(small(), 256, ops)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        /// Three levels, whole level-1 subtrees becoming summaries, a pool of 16 frames that
+        /// evicts mid-walk.
+        #[test]
+        fn the_tree_map_answers_as_v2s_map_does_on_three_levels(ops in proptest::collection::vec(op(large()), 1..150)) {
+            run(large(), 16, ops)?;
+        }
+    }
+
+    /// A zeroing over unmapped blocks counts them all as zero, a whole unmapped level-1
+    /// subtree and whole unmapped leaves included; a trim frees the data it replaces and
+    /// nothing for zeros.
+    #[test]
+    fn a_zeroing_counts_the_unmapped_blocks_it_reaches() {
+        let blocks = large();
+        let v = volume();
+        let mut m = v2_map(blocks);
+        let mut t = created(&v, blocks, 64, &m);
+        let d = data(codec::ZSTD, 3000, (4, 1), 9, 3);
+        assert_eq!(
+            t.set(blocks - 7, d).expect("tree"),
+            Some(MapEntry::UNMAPPED)
+        );
+        assert_eq!(m.set(blocks - 7, d).expect("v2"), Some(MapEntry::UNMAPPED));
+        for (new, want_freed, zeros) in [
+            (MapEntry::ZERO, vec![d], blocks),
+            (MapEntry::UNMAPPED, vec![], 0),
+            (MapEntry::ZERO, vec![], blocks),
+        ] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            t.set_range(0, blocks, new, |e| a.push(e)).expect("tree");
+            m.set_range(0, blocks, new, |e| b.push(e)).expect("v2");
+            assert_eq!(a, want_freed);
+            assert_eq!(b, want_freed);
+            assert_eq!(t.counters(), m.counters());
+            assert_eq!(t.counters().zero_blocks, zeros);
+            assert_eq!(t.counters().data_blocks, 0);
+        }
+        assert!(t.set_range(0, 5, d, |_| {}).is_err(), "a range of data");
+    }
+}
