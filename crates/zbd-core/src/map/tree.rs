@@ -223,12 +223,11 @@ mod tests {
     use crate::backend::{MemStorage, Storage};
     use crate::codec::id as codec;
     use crate::format::{
-        Checkpoint, PairState, Superblock, BLOCK_BYTES, CKPT_FLAG_DICT_COUNTS,
-        CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE,
+        Checkpoint, Superblock, BLOCK_BYTES, CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_SAVINGS_COUNTERS,
+        CKPT_FLAG_VOLUME_COUNTERS, MAP_ENTRIES_PER_PAGE,
     };
     use crate::layout::{plan, CreateOptions};
     use crate::map::Map;
-    use crate::meta::pairs::{PairAllocator, PairStates};
     use crate::meta::pool::FRAME_BYTES;
     use crate::meta::tree::blocks_under;
     use crate::meta::MetaGeometry;
@@ -288,24 +287,15 @@ mod tests {
     /// do): pair states from the list, every metadata extent pair carved, the ids in use out of
     /// allocation.
     fn store(v: &Volume, list: &[PairListEntry], interval: u64) -> MetaStore {
-        let mut states = PairStates::new(0..v.geometry.pair_state_pages() as u32);
-        states.load_list(list);
-        let mut alloc = PairAllocator::new(v.geometry);
-        for e in 0..v.geometry.h {
-            alloc.carve(e).expect("carve");
-        }
-        alloc.commit(0);
-        for e in list.iter().filter(|e| e.state != PairState::Free) {
-            alloc.mark_in_use(e.id);
-        }
-        MetaStore::new(
+        MetaStore::open(
             v.storage.clone(),
             &v.sb,
             v.geometry,
-            states,
-            alloc,
+            0..v.geometry.h,
+            list,
             interval,
         )
+        .expect("open")
     }
 
     fn pool(frames: u64) -> PagePool<MapPage> {

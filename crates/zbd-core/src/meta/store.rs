@@ -100,6 +100,32 @@ impl MetaStore {
         self.interval
     }
 
+    /// The store an open makes from a durable checkpoint: pair states from the list it
+    /// carried (pair-state pages read as never written until the directory is built), and the
+    /// ids of the metadata extents (copy 0) allocatable but for those the list names in use.
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        sb: &Superblock,
+        geometry: MetaGeometry,
+        metadata_extents: impl IntoIterator<Item = u32>,
+        list: &[PairListEntry],
+        interval: u64,
+    ) -> Result<MetaStore> {
+        let mut states = PairStates::new(0..geometry.pair_state_pages() as u32);
+        states.load_list(list);
+        let mut alloc = PairAllocator::new(geometry);
+        for e in metadata_extents {
+            alloc.carve(e)?;
+        }
+        alloc.commit(0);
+        for e in list.iter().filter(|e| e.state != PairState::Free) {
+            alloc.mark_in_use(e.id);
+        }
+        Ok(MetaStore::new(
+            storage, sb, geometry, states, alloc, interval,
+        ))
+    }
+
     fn state(&self, id: u32) -> Result<PairState> {
         match self.states.state(id) {
             Lookup::Known(s) => Ok(s),
@@ -340,25 +366,15 @@ mod tests {
     /// A store as an open after that checkpoint makes it: pair states from its list, carved ids
     /// in use taken out of allocation.
     fn open(v: &Volume, d: &Durable) -> MetaStore {
-        let pages = v.geometry.pair_state_pages() as u32;
-        let mut states = PairStates::new(0..pages);
-        states.load_list(&d.list);
-        let mut alloc = PairAllocator::new(v.geometry);
-        for &e in &CARVED {
-            alloc.carve(e).expect("carve");
-        }
-        alloc.commit(0);
-        for e in d.list.iter().filter(|e| e.state != PairState::Free) {
-            alloc.mark_in_use(e.id);
-        }
-        MetaStore::new(
+        MetaStore::open(
             v.storage.clone(),
             &v.sb,
             v.geometry,
-            states,
-            alloc,
+            CARVED,
+            &d.list,
             d.interval,
         )
+        .expect("open")
     }
 
     fn pool() -> PagePool<MapPage> {
