@@ -5,7 +5,8 @@
 //!
 //! Not yet chosen by any open: the engine opens v2's `Map` on every volume. When bit 10 is
 //! wired in, an open of a bit-10 volume builds a `TreeMap` from the root, depth, counters and
-//! pair-state list its checkpoint carries (what [`TreeMap::checkpoint`] returns), and the
+//! pair-state and directory lists its checkpoint carries (what [`TreeMap::checkpoint`]
+//! returns), and the
 //! checkpoint writes them into its extension.
 //!
 //! The counters move only with what the tree reports: the old entry [`MapTree::set`] returns,
@@ -15,20 +16,21 @@
 
 use super::MapCounters;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, ChildSlot, MapEntry, PairListEntry};
-use crate::meta::map_tree::{MapPage, MapTree, Replaced};
+use crate::format::{BlockState, ChildSlot, MapEntry};
+use crate::meta::map_tree::{MapTree, Replaced};
+use crate::meta::page::Page;
 use crate::meta::pool::{PagePool, PoolStats};
-use crate::meta::store::MetaStore;
+use crate::meta::store::{MetaCheckpoint, MetaStore};
 
 /// What a checkpoint of a [`TreeMap`] carries, all as of its phase 1: the device row's root
-/// and depth, the volume counters, the pair-state list, and the interval an open after it
-/// writes in.
+/// and depth, the volume counters, the pair-state and directory lists, and the interval an
+/// open after it writes in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeCheckpoint {
     pub root: ChildSlot,
     pub depth: u8,
     pub counters: MapCounters,
-    pub list: Vec<PairListEntry>,
+    pub meta: MetaCheckpoint,
     pub interval: u64,
 }
 
@@ -36,7 +38,7 @@ pub struct TreeCheckpoint {
 pub struct TreeMap {
     tree: MapTree,
     store: MetaStore,
-    pool: PagePool<MapPage>,
+    pool: PagePool<Page>,
     counters: MapCounters,
 }
 
@@ -46,7 +48,7 @@ impl TreeMap {
     pub fn new(
         tree: MapTree,
         store: MetaStore,
-        pool: PagePool<MapPage>,
+        pool: PagePool<Page>,
         counters: MapCounters,
     ) -> TreeMap {
         TreeMap {
@@ -195,12 +197,12 @@ impl TreeMap {
     /// [`TreeMap::abort`]; one checkpoint at a time. On an error it is aborted already.
     pub fn checkpoint(&mut self) -> Result<TreeCheckpoint> {
         let (root, depth, counters) = (self.tree.root(), self.tree.depth(), self.counters);
-        let list = self.store.checkpoint(&mut self.pool)?;
+        let meta = self.store.checkpoint(&mut self.pool)?;
         Ok(TreeCheckpoint {
             root,
             depth,
             counters,
-            list,
+            meta,
             interval: self.store.interval(),
         })
     }
@@ -283,22 +285,22 @@ mod tests {
         blocks_under(1) + 3 * LEAF + 100
     }
 
-    /// A store as an open after a checkpoint that carried `list` makes it (as store.rs's tests
-    /// do): pair states from the list, every metadata extent pair carved, the ids in use out of
-    /// allocation.
-    fn store(v: &Volume, list: &[PairListEntry], interval: u64) -> MetaStore {
+    /// A store as an open after a checkpoint that carried `meta` makes it (as store.rs's tests
+    /// do): pair states from its lists, every metadata extent pair carved, the ids in use out
+    /// of allocation.
+    fn store(v: &Volume, meta: &MetaCheckpoint, interval: u64) -> MetaStore {
         MetaStore::open(
             v.storage.clone(),
             &v.sb,
             v.geometry,
             0..v.geometry.h,
-            list,
+            meta,
             interval,
         )
         .expect("open")
     }
 
-    fn pool(frames: u64) -> PagePool<MapPage> {
+    fn pool(frames: u64) -> PagePool<Page> {
         PagePool::new(frames * FRAME_BYTES, 0).expect("pool")
     }
 
@@ -328,7 +330,7 @@ mod tests {
     fn created(v: &Volume, blocks: u64, frames: u64, like: &Map) -> TreeMap {
         TreeMap::new(
             MapTree::new(blocks),
-            store(v, &[], 1),
+            store(v, &MetaCheckpoint::default(), 1),
             pool(frames),
             like.counters(),
         )
@@ -339,7 +341,7 @@ mod tests {
         let tree = MapTree::from_root(ck.root, ck.depth, blocks).expect("root");
         TreeMap::new(
             tree,
-            store(v, &ck.list, ck.interval),
+            store(v, &ck.meta, ck.interval),
             pool(frames),
             ck.counters,
         )

@@ -8,26 +8,15 @@
 //! against a model. One device, no sharing: every page is the device's own and changed in
 //! place (copy-on-write of shared pages comes with snapshots, step 4).
 
+use super::page::Page;
 use super::pool::{Install, PagePool};
 use super::tree::{blocks_under, child_slot, depth_for, entry_index, position, DEPTH_MAX};
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_map_interior, decode_map_leaf, encode_map_interior, encode_map_leaf, map_child_slot,
-    map_leaf_entry, set_map_child_slot, set_map_leaf_entry, ChildSlot, MapEntry, PageAddress,
-    PageKind, MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_BODY_BYTES, PAGE_ID_ALL_UNMAPPED,
+    encode_map_interior, encode_map_leaf, map_child_slot, map_leaf_entry, set_map_child_slot,
+    set_map_leaf_entry, ChildSlot, MapEntry, PageAddress, PageKind, MAP_ENTRIES_PER_PAGE,
+    MAP_INTERIOR_SLOTS, PAGE_ID_ALL_UNMAPPED,
 };
-
-/// A map page in the pool: its place in the tree (part of its CRC seed) and its 4 KiB body as
-/// stored, read and changed in place, so a frame is the page's size whatever its kind (a
-/// decoded leaf would take a quarter more than the pool counts).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapPage {
-    /// 0 for a leaf.
-    pub level: u8,
-    /// Index among the pages of its level (a leaf's is its v2 map page index).
-    pub position: u64,
-    pub body: Box<[u8; PAGE_BODY_BYTES]>,
-}
 
 fn kind_at(level: u8) -> PageKind {
     if level == 0 {
@@ -46,52 +35,21 @@ fn summary_entry(s: ChildSlot) -> Option<MapEntry> {
     }
 }
 
-impl MapPage {
+impl Page {
     /// A page at `level`, `position` whose every block is what `summary` says.
-    fn filled(level: u8, position: u64, summary: ChildSlot) -> MapPage {
+    fn filled(level: u8, position: u64, summary: ChildSlot) -> Page {
         let body = match level {
             0 => {
                 encode_map_leaf(&[summary_entry(summary).expect("a summary"); MAP_ENTRIES_PER_PAGE])
             }
             _ => encode_map_interior(&[summary; MAP_INTERIOR_SLOTS]),
         };
-        MapPage {
+        Page {
+            kind: kind_at(level),
             level,
             position,
             body,
         }
-    }
-
-    /// Where the page sits, as its CRC seed names it.
-    pub fn address(&self, id: u32) -> PageAddress {
-        PageAddress {
-            id,
-            kind: kind_at(self.level),
-            level: self.level,
-            position: self.position,
-        }
-    }
-
-    /// A page read for `at` (whose frame was already checked): its body must decode as that
-    /// kind.
-    pub fn decode(at: &PageAddress, body: &[u8]) -> Result<MapPage> {
-        match at.kind {
-            PageKind::MapLeaf => drop(decode_map_leaf(body)?),
-            PageKind::MapInterior => drop(decode_map_interior(body)?),
-            other => {
-                return Err(Error::CorruptMetadata(format!(
-                    "page {} read as a map page but addressed as {other:?}",
-                    at.id
-                )))
-            }
-        }
-        let mut b = Box::new([0u8; PAGE_BODY_BYTES]);
-        b.copy_from_slice(body);
-        Ok(MapPage {
-            level: at.level,
-            position: at.position,
-            body: b,
-        })
     }
 
     fn entry(&self, i: usize) -> Result<MapEntry> {
@@ -118,8 +76,9 @@ impl MapPage {
 /// Reads, ids and frees for a tree: the engine's implementation reads a page's current slot
 /// (pair state), allocates from the pair allocator and records frees in the pair-state list.
 pub trait TreeIo {
-    /// Page `at` as its current slot holds it, checked against its address.
-    fn read(&mut self, at: &PageAddress) -> Result<MapPage>;
+    /// Page `at` as its current slot holds it, checked against its address. The pool is for
+    /// what finding that slot needs (a pair-state page), never for `at` itself.
+    fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page>;
     /// An id for a new page at `level`, `position` (a region-0 leaf takes its fixed id).
     fn allocate(&mut self, level: u8, position: u64) -> Result<u32>;
     /// Page `id` left the tree (its subtree became a summary).
@@ -152,7 +111,7 @@ pub struct MapTree {
 /// page the walk expects there: a slot naming a page of another place or kind (a crafted or
 /// stale slot) is damage, never another page's entries.
 fn fault<I: TreeIo>(
-    pool: &mut PagePool<MapPage>,
+    pool: &mut PagePool<Page>,
     io: &mut I,
     id: u32,
     level: u8,
@@ -178,7 +137,7 @@ fn fault<I: TreeIo>(
         level,
         position,
     };
-    let page = io.read(&at)?;
+    let page = io.read(pool, &at)?;
     if page.level != level || page.position != position {
         return Err(Error::CorruptMetadata(format!(
             "map page {id} read at level {level} position {position} holds level {} position {}",
@@ -191,24 +150,24 @@ fn fault<I: TreeIo>(
 
 /// Page `id`, resident, to change (dirty from now on).
 fn change<'p, I: TreeIo>(
-    pool: &'p mut PagePool<MapPage>,
+    pool: &'p mut PagePool<Page>,
     io: &mut I,
     id: u32,
     level: u8,
     position: u64,
-) -> Result<&'p mut MapPage> {
+) -> Result<&'p mut Page> {
     fault(pool, io, id, level, position)?;
     Ok(pool.change(id, kind_at(level)).expect("faulted in"))
 }
 
 /// Page `id`, resident, to read.
 fn read<'p, I: TreeIo>(
-    pool: &'p mut PagePool<MapPage>,
+    pool: &'p mut PagePool<Page>,
     io: &mut I,
     id: u32,
     level: u8,
     position: u64,
-) -> Result<&'p MapPage> {
+) -> Result<&'p Page> {
     fault(pool, io, id, level, position)?;
     Ok(pool.get(id, kind_at(level)).expect("faulted in"))
 }
@@ -217,7 +176,7 @@ fn read<'p, I: TreeIo>(
 /// id is stale (a region-0 leaf dropped by a trim keeps its id, and a hint read before the
 /// trim may have installed its old content: R15-A1 with R5-A1) and goes; a dirty one is a
 /// broken allocator.
-fn create<I: TreeIo>(pool: &mut PagePool<MapPage>, io: &mut I, page: MapPage) -> Result<u32> {
+fn create<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, page: Page) -> Result<u32> {
     let id = io.allocate(page.level, page.position)?;
     if id >= PAGE_ID_ALL_UNMAPPED {
         return Err(Error::CorruptMetadata(format!(
@@ -288,7 +247,7 @@ impl MapTree {
     /// The entry of `lba`.
     pub fn get<I: TreeIo>(
         &self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         lba: u64,
     ) -> Result<MapEntry> {
@@ -313,7 +272,7 @@ impl MapTree {
     /// one). A range past the device is refused, like a block past it.
     pub fn scan<I: TreeIo>(
         &self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         first: u64,
         count: u64,
@@ -339,7 +298,7 @@ impl MapTree {
     #[allow(clippy::too_many_arguments)]
     fn scan_below<I: TreeIo>(
         &self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         slot: ChildSlot,
         level: u8,
@@ -375,7 +334,7 @@ impl MapTree {
     /// returns the old entry.
     pub fn set<I: TreeIo>(
         &mut self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         lba: u64,
         entry: MapEntry,
@@ -393,7 +352,7 @@ impl MapTree {
                     if had == entry {
                         return Ok(had);
                     }
-                    let id = create(pool, io, MapPage::filled(level, pos, summary))?;
+                    let id = create(pool, io, Page::filled(level, pos, summary))?;
                     self.link(pool, io, parent, lba, ChildSlot::Page(id))?;
                     id
                 }
@@ -416,7 +375,7 @@ impl MapTree {
     /// Points the slot on `lba`'s path in `parent` (or the root) at `to`.
     fn link<I: TreeIo>(
         &mut self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         parent: Option<(u32, u8)>,
         lba: u64,
@@ -441,7 +400,7 @@ impl MapTree {
     /// held the new entry are not reported.
     pub fn set_range<I: TreeIo>(
         &mut self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         first: u64,
         count: u64,
@@ -471,7 +430,7 @@ impl MapTree {
     #[allow(clippy::too_many_arguments)]
     fn range<I: TreeIo>(
         &mut self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         slot: ChildSlot,
         level: u8,
@@ -527,7 +486,7 @@ impl MapTree {
         // Part of this subtree changes (or all of an interior page's): it needs a page.
         let id = match slot {
             ChildSlot::Page(id) => id,
-            summary => create(pool, io, MapPage::filled(level, pos, summary))?,
+            summary => create(pool, io, Page::filled(level, pos, summary))?,
         };
         let lo = first.max(start);
         let hi = end.min(stop);
@@ -579,7 +538,7 @@ impl MapTree {
     /// discard of a whole device frees every page, the part past its end included).
     fn collapse<I: TreeIo>(
         &mut self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         id: u32,
         uniform: bool,
@@ -598,14 +557,14 @@ impl MapTree {
     /// room would read as zeros).
     pub fn grow<I: TreeIo>(
         &mut self,
-        pool: &mut PagePool<MapPage>,
+        pool: &mut PagePool<Page>,
         io: &mut I,
         blocks: u64,
     ) -> Result<()> {
         self.blocks = self.blocks.max(blocks);
         while depth_for(blocks) > self.depth {
             if self.root != ChildSlot::AllUnmapped {
-                let mut page = MapPage::filled(self.depth, 0, ChildSlot::AllUnmapped);
+                let mut page = Page::filled(self.depth, 0, ChildSlot::AllUnmapped);
                 page.set_slot(0, self.root);
                 self.root = ChildSlot::Page(create(pool, io, page)?);
             }
@@ -646,7 +605,7 @@ mod tests {
         }
 
         /// A checkpoint: every dirty page written, clean from then on.
-        fn checkpoint(&mut self, pool: &mut PagePool<MapPage>) {
+        fn checkpoint(&mut self, pool: &mut PagePool<Page>) {
             for id in pool.snapshot() {
                 let page = pool.peek(id).expect("dirty is resident");
                 let at = page.address(id);
@@ -658,13 +617,13 @@ mod tests {
     }
 
     impl TreeIo for MemIo {
-        fn read(&mut self, at: &PageAddress) -> Result<MapPage> {
+        fn read(&mut self, _: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
             self.reads += 1;
             let frame = self.disk.get(&at.id).ok_or_else(|| {
                 Error::CorruptMetadata(format!("page {} was never written", at.id))
             })?;
             let (_, body) = open_page(frame, &UUID, at)?;
-            MapPage::decode(at, body)
+            Page::decode(at, body)
         }
 
         fn allocate(&mut self, level: u8, position: u64) -> Result<u32> {
@@ -685,7 +644,7 @@ mod tests {
         }
     }
 
-    fn pool(frames: u64) -> PagePool<MapPage> {
+    fn pool(frames: u64) -> PagePool<Page> {
         PagePool::new(frames * super::super::pool::FRAME_BYTES, 0).expect("pool")
     }
 
@@ -701,7 +660,7 @@ mod tests {
     }
 
     /// Page ids reachable from the root (each once: one device, no sharing).
-    fn reachable(t: &MapTree, pool: &mut PagePool<MapPage>, io: &mut MemIo) -> HashSet<u32> {
+    fn reachable(t: &MapTree, pool: &mut PagePool<Page>, io: &mut MemIo) -> HashSet<u32> {
         let mut out = HashSet::new();
         let mut todo = vec![(t.root(), t.depth() - 1, 0u64)];
         while let Some((slot, level, pos)) = todo.pop() {
@@ -903,7 +862,8 @@ mod tests {
     }
 
     fn craft_root(io: &mut MemIo, id: u32, slots: &[ChildSlot]) {
-        let page = MapPage {
+        let page = Page {
+            kind: PageKind::MapInterior,
             level: 1,
             position: 0,
             body: encode_map_interior(slots),

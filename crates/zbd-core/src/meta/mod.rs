@@ -7,6 +7,7 @@
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
 //! - `map_tree.rs`: a device's map as a tree of leaves and interior pages over the pool, whose
 //!   summary slots stand for whole unmapped or zero subtrees.
+//! - `page.rs`: a page as the pool holds it, whatever its kind (kind, level, position, body).
 //! - `pairs.rs`: pair states (which slot of a page id is current) and the ids allocation hands out.
 //! - `pool.rs`: the one LRU pool of page frames every metadata page kind is cached in, and the
 //!   floor of frames a volume can pin at once.
@@ -22,6 +23,7 @@
 
 pub mod geometry;
 pub mod map_tree;
+pub mod page;
 pub mod pairs;
 pub mod pool;
 pub mod repairs;

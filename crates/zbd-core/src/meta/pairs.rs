@@ -8,15 +8,17 @@
 //! allocation until a checkpoint that no longer names them is durable (R5-D3), and out for good
 //! when their extent pair left metadata meanwhile (R6-A2).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::geometry::{MetaGeometry, PairHome};
+use super::page::Page;
+use super::pool::{Install, PagePool};
 use crate::error::{Error, Result};
 use crate::format::{
-    pair_state_at, set_pair_state_at, PairListEntry, PairState, PAGE_BODY_BYTES,
-    PAIR_STATE_IDS_PER_PAGE,
+    pair_state_at, set_pair_state_at, DirectoryEntry, PageAddress, PageKind, PairListEntry,
+    PairSlot, PairState, DIRECTORY_ENTRIES_PER_PAGE, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE,
 };
 
 /// Carved free pairs kept back from host writes, promotions, shadows and release steps: device
@@ -129,48 +131,116 @@ struct Entry {
     freed_in: Option<u64>,
 }
 
-/// Pair-state pages in RAM and the list of changes newer than them.
+/// The list of changes newer than the pair-state pages, and the directory that says where
+/// those pages are. The pages themselves are frames of the one page pool (R15-C2): a lookup
+/// reads their bits there and asks for a read ([`Lookup::Fault`]) when the page is not
+/// resident, and a fold changes them through [`PagePool::change`], so a folded page is dirty,
+/// pinned until a checkpoint writes it, and never replaced by an older read.
+///
+/// The directory (8 bytes per pair-state page: 640 KiB at 16 TiB, 2 MiB for the whole id
+/// space) stays resident: every lookup that misses the list starts there. Its own pages are
+/// encoded only when a checkpoint writes them.
 #[derive(Debug, Default)]
 pub struct PairStates {
-    /// Resident pair-state pages by index; `never_written` pages read as all free.
-    pages: HashMap<u32, Box<[u8; PAGE_BODY_BYTES]>>,
-    /// Page indexes with no page on disk (their directory entry names none).
-    never_written: BTreeSet<u32>,
+    /// Entry `j` names pair-state page `j` (ids `j x 16,320 ..`): its id and current slot, or
+    /// none (never written: every id it covers is free). A page created since the last commit
+    /// names slot B, so that its first write takes slot A like any new page.
+    directory: Vec<DirectoryEntry>,
+    /// Directory page `k` (entries `k x 510 ..`): its id and current slot, once written.
+    directory_pages: Vec<(u32, PairSlot)>,
+    /// Directory pages whose entries changed since the last commit.
+    directory_dirty: BTreeSet<u32>,
     list: BTreeMap<u32, Entry>,
 }
 
+/// Pair-state page `j`'s address: the CRC seed of its frames.
+pub fn pair_state_address(id: u32, j: u32) -> PageAddress {
+    PageAddress {
+        id,
+        kind: PageKind::PairState,
+        level: 0,
+        position: u64::from(j),
+    }
+}
+
+/// Directory page `k`'s address.
+pub fn directory_address(id: u32, k: u32) -> PageAddress {
+    PageAddress {
+        id,
+        kind: PageKind::PairStateDirectory,
+        level: 0,
+        position: u64::from(k),
+    }
+}
+
+fn never_written() -> DirectoryEntry {
+    DirectoryEntry {
+        page: None,
+        free: PAIR_STATE_IDS_PER_PAGE as u16,
+        slot: PairSlot::A,
+    }
+}
+
+/// The slot a write of a page whose current slot is `slot` takes.
+pub fn other_slot(slot: PairSlot) -> PairSlot {
+    match slot {
+        PairSlot::A => PairSlot::B,
+        PairSlot::B => PairSlot::A,
+    }
+}
+
 impl PairStates {
-    /// An empty table: every page index in `never_written` reads as all free, others must be
-    /// installed before their ids are looked up.
-    pub fn new(never_written: impl IntoIterator<Item = u32>) -> PairStates {
+    /// The pair states of an id space of `pages` pair-state pages, none written yet.
+    pub fn new(pages: u32) -> PairStates {
         PairStates {
-            never_written: never_written.into_iter().collect(),
+            directory: vec![never_written(); pages as usize],
             ..PairStates::default()
         }
     }
 
-    /// Installs pair-state page `index` as read from disk (its body's bits). A resident page
-    /// stays: it may hold folded entries the disk copy lacks (R15-C2), so a read of it is
-    /// dropped, never installed over it.
-    pub fn install(&mut self, index: u32, body: Box<[u8; PAGE_BODY_BYTES]>) {
-        debug_assert!(
-            !self.pages.contains_key(&index),
-            "pair-state page {index} read while resident"
-        );
-        self.never_written.remove(&index);
-        self.pages.entry(index).or_insert(body);
+    /// The pair states a durable checkpoint names: its directory pages (ids and slots, in
+    /// order) and their entries as read, cut or padded to `pages`.
+    pub fn from_directory(
+        pages: u32,
+        directory_pages: Vec<(u32, PairSlot)>,
+        mut entries: Vec<DirectoryEntry>,
+    ) -> PairStates {
+        entries.resize(pages as usize, never_written());
+        PairStates {
+            directory: entries,
+            directory_pages,
+            ..PairStates::default()
+        }
     }
 
-    /// The state of `id`: its list entry, else its page's bits.
-    pub fn state(&self, id: u32) -> Lookup {
+    /// Where pair-state page `j` is: its id and current slot, if it was ever written.
+    pub fn page_of(&self, j: u32) -> Option<(u32, PairSlot)> {
+        let e = self.directory.get(j as usize)?;
+        e.page.map(|id| (id, e.slot))
+    }
+
+    /// Ids of every pair-state page and directory page: in use, though no pair state says so.
+    pub fn own_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.directory
+            .iter()
+            .filter_map(|e| e.page)
+            .chain(self.directory_pages.iter().map(|&(id, _)| id))
+    }
+
+    /// The state of `id`: its list entry, else its page's bits in the pool.
+    pub fn state(&self, pool: &PagePool<Page>, id: u32) -> Lookup {
         if let Some(e) = self.list.get(&id) {
             return Lookup::Known(e.state);
         }
         let (j, i) = page_of(id);
-        match self.pages.get(&j) {
-            Some(p) => Lookup::Known(pair_state_at(p, i)),
-            None if self.never_written.contains(&j) => Lookup::Known(PairState::Free),
-            None => Lookup::Fault(j),
+        match self.page_of(j) {
+            None => Lookup::Known(PairState::Free),
+            Some((pid, _)) => match pool.peek(pid) {
+                Some(p) if p.kind == PageKind::PairState && p.position == u64::from(j) => {
+                    Lookup::Known(pair_state_at(&p.body, i))
+                }
+                _ => Lookup::Fault(j),
+            },
         }
     }
 
@@ -220,36 +290,120 @@ impl PairStates {
         out
     }
 
-    /// Applies the foldable entries of page `index` to it (resident or never written); returns
-    /// how many it applied, or `None` when the page must be read first. No answer of
-    /// [`state`](Self::state) changes.
-    pub fn fold_page(&mut self, index: u32, committed: u64) -> Option<usize> {
-        if !self.pages.contains_key(&index) {
-            if !self.never_written.remove(&index) {
-                return None;
+    /// Applies the foldable entries of page `j` to it, in the pool: a page never written is
+    /// created there (dirty) under an id from `new_id`. Returns how many it applied, or `None`
+    /// when the page must be read into the pool first. No answer of [`state`](Self::state)
+    /// changes; the page and its directory entry are written by the next checkpoint.
+    pub fn fold_page(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        j: u32,
+        committed: u64,
+        new_id: impl FnOnce() -> Result<u32>,
+    ) -> Result<Option<usize>> {
+        let pid = match self.page_of(j) {
+            Some((pid, _)) => {
+                if !pool.contains(pid) {
+                    return Ok(None);
+                }
+                pid
             }
-            self.pages.insert(index, Box::new([0u8; PAGE_BODY_BYTES]));
-        }
+            None => {
+                let pid = new_id()?;
+                let page = Page {
+                    kind: PageKind::PairState,
+                    level: 0,
+                    position: u64::from(j),
+                    body: Box::new([0u8; PAGE_BODY_BYTES]),
+                };
+                if pool.install(pid, PageKind::PairState, page, true, 0)? != Install::Installed {
+                    return Err(Error::CorruptMetadata(format!(
+                        "new pair-state page {pid} is already in the page pool"
+                    )));
+                }
+                self.directory[j as usize] = DirectoryEntry {
+                    page: Some(pid),
+                    free: PAIR_STATE_IDS_PER_PAGE as u16,
+                    slot: PairSlot::B,
+                };
+                pid
+            }
+        };
         let per = PAIR_STATE_IDS_PER_PAGE as u32;
-        let first = index * per;
+        let first = j * per;
         let ids: Vec<u32> = self
             .list
             .range(first..first.saturating_add(per))
             .filter(|(_, e)| !matches!(e.freed_in, Some(f) if f >= committed))
             .map(|(&id, _)| id)
             .collect();
-        let page = self.pages.get_mut(&index)?;
+        let page = pool
+            .change(pid, PageKind::PairState)
+            .expect("checked resident");
         for &id in &ids {
-            if let Some(e) = self.list.remove(&id) {
-                set_pair_state_at(page, page_of(id).1, e.state);
-            }
+            let e = self.list.remove(&id).expect("listed");
+            set_pair_state_at(&mut page.body, page_of(id).1, e.state);
         }
-        Some(ids.len())
+        let free = (0..PAIR_STATE_IDS_PER_PAGE)
+            .filter(|&i| pair_state_at(&page.body, i) == PairState::Free)
+            .count();
+        self.directory[j as usize].free = free as u16;
+        self.directory_dirty
+            .insert(j / DIRECTORY_ENTRIES_PER_PAGE as u32);
+        Ok(Some(ids.len()))
     }
 
-    /// The body of resident page `index` (to write it), if resident.
-    pub fn page(&self, index: u32) -> Option<&[u8; PAGE_BODY_BYTES]> {
-        self.pages.get(&index).map(|p| &**p)
+    /// The directory pages a checkpoint writes, with the entries each will hold once it
+    /// commits (`flips`: the pair-state pages it writes and the slots they take): changed
+    /// pages, and every page below them never written (the directory list is dense).
+    pub fn directory_to_write(&self, flips: &[(u32, PairSlot)]) -> Vec<(u32, Vec<DirectoryEntry>)> {
+        let per = DIRECTORY_ENTRIES_PER_PAGE;
+        let mut dirty = self.directory_dirty.clone();
+        dirty.extend(flips.iter().map(|&(j, _)| j / per as u32));
+        if let Some(&last) = dirty.last() {
+            dirty.extend(self.directory_pages.len() as u32..last);
+        }
+        dirty
+            .into_iter()
+            .map(|k| {
+                let at = k as usize * per;
+                let mut entries = self.directory[at..(at + per).min(self.directory.len())].to_vec();
+                for &(j, slot) in flips {
+                    if j as usize / per == k as usize {
+                        entries[j as usize - at].slot = slot;
+                    }
+                }
+                (k, entries)
+            })
+            .collect()
+    }
+
+    /// Directory page `k`'s id and current slot, if written.
+    pub fn directory_page(&self, k: u32) -> Option<(u32, PairSlot)> {
+        self.directory_pages.get(k as usize).copied()
+    }
+
+    /// A checkpoint committed: the pair-state pages it wrote are in their new slots, and so are
+    /// its directory pages (`k`, id, slot; new ones extend the list, in order).
+    pub fn commit(&mut self, flips: &[(u32, PairSlot)], directory: &[(u32, u32, PairSlot)]) {
+        for &(j, slot) in flips {
+            self.directory[j as usize].slot = slot;
+        }
+        for &(k, id, slot) in directory {
+            match self.directory_pages.get_mut(k as usize) {
+                Some(d) => *d = (id, slot),
+                None => {
+                    debug_assert_eq!(k as usize, self.directory_pages.len(), "dense");
+                    self.directory_pages.push((id, slot));
+                }
+            }
+        }
+        self.directory_dirty.clear();
+    }
+
+    /// The directory list a checkpoint carries: every directory page's id and slot.
+    pub fn directory_list(&self) -> &[(u32, PairSlot)] {
+        &self.directory_pages
     }
 }
 
@@ -454,67 +608,124 @@ mod tests {
         MetaGeometry::new(40, 32 * 1024, 1100).expect("geometry")
     }
 
+    fn pool() -> PagePool<Page> {
+        PagePool::new(16 * crate::meta::pool::FRAME_BYTES, 0).expect("pool")
+    }
+
+    fn no_id() -> Result<u32> {
+        panic!("the page exists: no id is needed")
+    }
+
     #[test]
     fn lookups_read_the_list_over_the_page_and_folds_change_no_answer() {
-        let mut s = PairStates::new([0]);
-        assert_eq!(s.state(5), Lookup::Known(PairState::Free));
-        assert_eq!(s.state(20_000), Lookup::Fault(1));
+        let mut p = pool();
+        let mut s = PairStates::new(2);
+        assert_eq!(s.state(&p, 5), Lookup::Known(PairState::Free));
         s.record(5, PairState::SlotA, 1);
         s.record(6, PairState::SlotB, 1);
         s.record(7, PairState::Free, 3);
-        assert_eq!(s.state(6), Lookup::Known(PairState::SlotB));
-        // The free of interval 3 waits for a commit of interval 4 or later.
-        assert_eq!(s.fold_page(0, 3), Some(2));
-        assert_eq!(s.list_len(), 1);
-        assert_eq!(s.state(5), Lookup::Known(PairState::SlotA));
-        assert_eq!(s.state(6), Lookup::Known(PairState::SlotB));
-        assert_eq!(s.fold_page(0, 4), Some(1));
-        assert_eq!(s.list_len(), 0);
-        assert_eq!(s.state(7), Lookup::Known(PairState::Free));
-        s.record(20_000, PairState::SlotA, 5);
-        assert_eq!(s.foldable_pages(5), vec![1]);
-        assert_eq!(s.fold_page(1, 5), None, "page 1 must be read first");
-        s.install(1, Box::new([0xff; PAGE_BODY_BYTES]));
-        assert_eq!(s.state(20_001), Lookup::Known(PairState::Reserved));
-        assert_eq!(s.fold_page(1, 5), Some(1));
+        assert_eq!(s.state(&p, 6), Lookup::Known(PairState::SlotB));
+        // The free of interval 3 waits for a commit of interval 4 or later. Page 0 was never
+        // written: the fold creates it, dirty, under a new id.
         assert_eq!(
-            s.page(1).map(|p| pair_state_at(p, 20_000 - 16_320)),
-            Some(PairState::SlotA)
+            s.fold_page(&mut p, 0, 3, || Ok(100)).expect("fold"),
+            Some(2)
         );
+        assert!(p.is_dirty(100));
+        assert_eq!(
+            s.page_of(0),
+            Some((100, PairSlot::B)),
+            "its first write takes A"
+        );
+        assert_eq!(s.list_len(), 1);
+        assert_eq!(s.state(&p, 5), Lookup::Known(PairState::SlotA));
+        assert_eq!(s.state(&p, 6), Lookup::Known(PairState::SlotB));
+        assert_eq!(s.fold_page(&mut p, 0, 4, no_id).expect("fold"), Some(1));
+        assert_eq!(s.list_len(), 0);
+        assert_eq!(s.state(&p, 7), Lookup::Known(PairState::Free));
+        // Written and committed, then evicted: a lookup asks for the page, a fold waits for it.
+        p.snapshot();
+        p.commit();
+        s.commit(&[(0, PairSlot::A)], &[(0, 200, PairSlot::A)]);
+        assert_eq!(s.directory_list(), &[(200, PairSlot::A)]);
+        let body = p.remove(100).expect("resident");
+        assert_eq!(s.state(&p, 5), Lookup::Fault(0));
+        s.record(8, PairState::SlotA, 5);
+        assert_eq!(s.foldable_pages(5), vec![0]);
+        assert_eq!(s.fold_page(&mut p, 0, 5, no_id).expect("fold"), None);
+        p.install(100, PageKind::PairState, body, false, 0)
+            .expect("read back");
+        assert_eq!(s.state(&p, 5), Lookup::Known(PairState::SlotA));
+        assert_eq!(s.fold_page(&mut p, 0, 5, no_id).expect("fold"), Some(1));
+        assert_eq!(s.state(&p, 8), Lookup::Known(PairState::SlotA));
+        // A new page under an id already in the pool is refused, and changes no entry.
+        s.record(20_000, PairState::SlotA, 5);
+        assert!(s.fold_page(&mut p, 1, 5, || Ok(100)).is_err());
+        assert_eq!(s.page_of(1), None);
     }
 
-    /// R15-C2: a disk read of a resident pair-state page (a hint issued before a fold) must
-    /// not replace the folded page: debug builds catch the caller that tries, release builds
-    /// keep the resident page.
+    /// R15-C2: a disk read of a folded pair-state page (a hint issued before the fold) cannot
+    /// replace it: the pool keeps the resident frame.
     #[test]
-    #[cfg_attr(debug_assertions, should_panic(expected = "read while resident"))]
-    fn a_read_of_a_resident_pair_state_page_is_refused() {
-        let mut s = PairStates::new([]);
-        s.install(0, Box::new([0; PAGE_BODY_BYTES]));
+    fn a_read_of_a_folded_pair_state_page_does_not_replace_it() {
+        let mut p = pool();
+        let mut s = PairStates::new(1);
         s.record(5, PairState::SlotB, 1);
-        assert_eq!(s.fold_page(0, 1), Some(1));
-        s.install(0, Box::new([0; PAGE_BODY_BYTES]));
+        assert_eq!(s.fold_page(&mut p, 0, 1, || Ok(9)).expect("fold"), Some(1));
+        let stale = Page {
+            kind: PageKind::PairState,
+            level: 0,
+            position: 0,
+            body: Box::new([0; PAGE_BODY_BYTES]),
+        };
         assert_eq!(
-            s.state(5),
-            Lookup::Known(PairState::SlotB),
-            "the folded page stays"
+            p.install(9, PageKind::PairState, stale, false, 0)
+                .expect("install"),
+            Install::AlreadyResident
         );
+        assert_eq!(s.state(&p, 5), Lookup::Known(PairState::SlotB));
     }
 
     #[test]
     fn the_checkpoint_list_round_trips_through_a_load() {
-        let mut s = PairStates::new([0]);
+        let mut p = pool();
+        let mut s = PairStates::new(1);
         s.record(9, PairState::Free, 2);
         s.record(3, PairState::SlotB, 2);
         let written = s.list_entries();
         assert_eq!(written.iter().map(|e| e.id).collect::<Vec<_>>(), vec![3, 9]);
-        let mut r = PairStates::new([0]);
+        let mut r = PairStates::new(1);
         r.load_list(&written);
         for id in [3, 9, 10] {
-            assert_eq!(r.state(id), s.state(id));
+            assert_eq!(r.state(&p, id), s.state(&p, id));
         }
         // Loaded frees are old: a fold may apply them at once.
-        assert_eq!(r.fold_page(0, 0), Some(2));
+        assert_eq!(r.fold_page(&mut p, 0, 0, || Ok(1)).expect("fold"), Some(2));
+    }
+
+    /// A checkpoint writes the directory pages its folds and flips changed, with the slots the
+    /// flips take, and every page below them never written (the list is dense).
+    #[test]
+    fn the_directory_to_write_names_the_flipped_slots_and_is_dense() {
+        let per = DIRECTORY_ENTRIES_PER_PAGE as u32;
+        let mut p = pool();
+        let mut s = PairStates::new(3 * per);
+        let far = 2 * per + 7;
+        s.record(far * PAIR_STATE_IDS_PER_PAGE as u32, PairState::SlotA, 1);
+        s.fold_page(&mut p, far, 2, || Ok(50)).expect("fold");
+        let pages = s.directory_to_write(&[(far, PairSlot::A)]);
+        assert_eq!(
+            pages.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let e = pages[2].1[7];
+        assert_eq!((e.page, e.slot), (Some(50), PairSlot::A));
+        assert_eq!(usize::from(e.free), PAIR_STATE_IDS_PER_PAGE - 1);
+        assert_eq!(
+            s.page_of(far),
+            Some((50, PairSlot::B)),
+            "flips wait for the commit"
+        );
     }
 
     #[test]

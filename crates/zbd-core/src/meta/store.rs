@@ -1,6 +1,6 @@
 //! Metadata pages on the medium: where a page tree's reads, new ids and frees go, and how a
 //! checkpoint writes the pool's dirty pages into their pairs (docs/design.md, "Map trees, pages
-//! and pairs": pairs and slots; "Where a pair lies"; R15-A1).
+//! and pairs": pairs and slots; "Where a pair lies"; "Pair-state list"; R15-A1, R15-C2).
 //!
 //! A page is read from the slot its pair state names (copy 0, else copy 1, each checked against
 //! the page's address); a checkpoint writes each page of its snapshot into the **other** slot of
@@ -10,22 +10,45 @@
 //! free waits for the next phase 1 so that a leaf trimmed and created again in one interval
 //! keeps the pair state that says which slot holds its durable copy (R15-A1).
 //!
-//! The checkpoint record itself (which carries the pair-state list) is the engine's: here a
-//! commit ends with [`MetaStore::commit`] and a reopen starts from the list it carried.
+//! Pair states live in the list until a phase 1 finds it longer than [`MetaStore::fold_from`]
+//! and folds it into pair-state pages (frames of the same pool, written by the same
+//! checkpoint). A pair-state page's own slot is its directory entry's; a directory page's is
+//! the checkpoint's directory list's, so nothing is circular.
+//!
+//! The checkpoint record itself (which carries the pair-state list and the directory list) is
+//! the engine's: here a commit ends with [`MetaStore::commit`] and a reopen starts from what
+//! it carried ([`MetaCheckpoint`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::geometry::{MetaGeometry, PairHome};
-use super::map_tree::{MapPage, TreeIo};
-use super::pairs::{Lookup, PairAllocator, PairStates, PairUse};
+use super::map_tree::TreeIo;
+use super::page::Page;
+use super::pairs::{
+    directory_address, other_slot, pair_state_address, Lookup, PairAllocator, PairStates, PairUse,
+};
 use super::pool::PagePool;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
-    open_page, seal_page, FrameStamp, PageAddress, PairListEntry, PairSlot, PairState, Superblock,
-    MAP_PAGE_BYTES,
+    decode_directory, encode_directory, open_page, pair_state_at, seal_page, DirectoryEntry,
+    FrameStamp, PageAddress, PageKind, PairListEntry, PairSlot, PairState, Superblock,
+    MAP_PAGE_BYTES, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE,
 };
+
+/// The list a phase 1 folds from when the caller sets none: the capacity of a small volume's
+/// list (ListBounds gives the volume's own).
+pub const FOLD_FROM_DEFAULT: usize = 4096;
+
+/// What a checkpoint carries for the metadata pages: the pair-state list and the directory
+/// list, both as of its commit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaCheckpoint {
+    pub list: Vec<PairListEntry>,
+    /// Directory page `k`'s id and slot, for every `k` in order.
+    pub directory: Vec<(u32, PairSlot)>,
+}
 
 /// Reads, new ids and frees of one volume's metadata pages, and the checkpoint's writes.
 pub struct MetaStore {
@@ -36,11 +59,19 @@ pub struct MetaStore {
     pub alloc: PairAllocator,
     /// Who new ids are for (admission's claims replace this in step 1b.4).
     pub usage: PairUse,
+    /// A phase 1 folds the pair-state list into pages once it holds more entries than this.
+    pub fold_from: usize,
     /// The open interval: frees are tagged with it. A checkpoint's phase 1 closes it and opens
     /// the next, so frees made while that checkpoint is in flight wait for a later commit.
     interval: u64,
+    /// The interval the last committed checkpoint's phase 1 opened: frees tagged before it
+    /// may be folded.
+    committed: u64,
     /// Region-0 ids dropped in the open interval: allocated still, until a phase 1 (R15-A1).
     region0_freed: BTreeSet<u32>,
+    /// Ids taken for directory pages no commit has named yet, by page: a failed checkpoint's
+    /// are used again by the next one, never leaked.
+    new_directory_ids: BTreeMap<u32, u32>,
     /// The checkpoint between its phase 1 and its commit or abort.
     flight: Option<Flight>,
     /// Pages whose copy 0 failed while copy 1 was good: the repair list's input.
@@ -52,12 +83,25 @@ pub struct MetaStore {
 /// What a checkpoint in flight changes at its commit.
 #[derive(Debug, Default)]
 struct Flight {
-    /// Pages written and the slots they took.
+    /// Pages written whose slot is a pair state, and the slots they took.
     flips: Vec<(u32, PairState)>,
+    /// Pair-state pages written (by index) and the slots they took.
+    page_flips: Vec<(u32, PairSlot)>,
+    /// Directory pages written.
+    directory: Vec<DirectoryWrite>,
     /// Region-0 ids whose free phase 1 took; one created again meanwhile leaves the set.
     frees: BTreeSet<u32>,
     /// Ids freed since phase 1: a flip of theirs is not recorded over the free.
     freed_since: BTreeSet<u32>,
+}
+
+/// A directory page a checkpoint writes: its index, id, the slot it takes and its entries.
+#[derive(Debug)]
+struct DirectoryWrite {
+    k: u32,
+    id: u32,
+    slot: PairSlot,
+    entries: Vec<DirectoryEntry>,
 }
 
 fn slot_of(state: PairState) -> Option<PairSlot> {
@@ -70,7 +114,7 @@ fn slot_of(state: PairState) -> Option<PairSlot> {
 
 impl MetaStore {
     /// A store over `storage` for the volume `sb` describes, its pair states as `states` holds
-    /// them (from the durable checkpoint's list), writing interval `interval` on.
+    /// them (from the durable checkpoint's lists), writing interval `interval` on.
     pub fn new(
         storage: Arc<dyn Storage>,
         sb: &Superblock,
@@ -86,8 +130,11 @@ impl MetaStore {
             states,
             alloc,
             usage: PairUse::Metadata,
+            fold_from: FOLD_FROM_DEFAULT,
             interval,
+            committed: interval,
             region0_freed: BTreeSet::new(),
+            new_directory_ids: BTreeMap::new(),
             flight: None,
             bad_copies: Vec::new(),
             reads: 0,
@@ -100,37 +147,82 @@ impl MetaStore {
         self.interval
     }
 
-    /// The store an open makes from a durable checkpoint: pair states from the list it
-    /// carried (pair-state pages read as never written until the directory is built), and the
-    /// ids of the metadata extents (copy 0) allocatable but for those the list names in use.
+    /// The store an open makes from a durable checkpoint: its directory pages read, the list
+    /// it carried loaded, and the ids of the metadata extents (copy 0) allocatable but for
+    /// those in use: named by the list, by a pair-state page (where the list does not name
+    /// them), or holding a pair-state or directory page. Reads every written pair-state page
+    /// once (the allocator holds every free id of the carved extents; step 1b.5's carver keeps
+    /// that set small).
     pub fn open(
         storage: Arc<dyn Storage>,
         sb: &Superblock,
         geometry: MetaGeometry,
         metadata_extents: impl IntoIterator<Item = u32>,
-        list: &[PairListEntry],
+        durable: &MetaCheckpoint,
         interval: u64,
     ) -> Result<MetaStore> {
-        let mut states = PairStates::new(0..geometry.pair_state_pages() as u32);
-        states.load_list(list);
+        let pages = geometry.pair_state_pages() as u32;
         let mut alloc = PairAllocator::new(geometry);
         for e in metadata_extents {
             alloc.carve(e)?;
         }
         alloc.commit(0);
-        for e in list.iter().filter(|e| e.state != PairState::Free) {
-            alloc.mark_in_use(e.id);
+        let mut store = MetaStore::new(
+            storage,
+            sb,
+            geometry,
+            PairStates::new(pages),
+            alloc,
+            interval,
+        );
+        let mut entries = Vec::new();
+        for (k, &(id, slot)) in durable.directory.iter().enumerate() {
+            let page = store.read_slot(&directory_address(id, k as u32), slot)?;
+            entries.extend(decode_directory(&page.body[..])?);
         }
-        Ok(MetaStore::new(
-            storage, sb, geometry, states, alloc, interval,
-        ))
+        store.states = PairStates::from_directory(pages, durable.directory.clone(), entries);
+        store.states.load_list(&durable.list);
+        let listed: BTreeMap<u32, PairState> =
+            durable.list.iter().map(|e| (e.id, e.state)).collect();
+        let own: Vec<u32> = store.states.own_ids().collect();
+        for j in 0..pages {
+            let Some((pid, slot)) = store.states.page_of(j) else {
+                continue;
+            };
+            let page = store.read_slot(&pair_state_address(pid, j), slot)?;
+            let first = j * PAIR_STATE_IDS_PER_PAGE as u32;
+            for i in 0..PAIR_STATE_IDS_PER_PAGE {
+                let id = first + i as u32;
+                if !listed.contains_key(&id) && pair_state_at(&page.body, i) != PairState::Free {
+                    store.alloc.mark_in_use(id);
+                }
+            }
+        }
+        for (&id, &state) in &listed {
+            if state != PairState::Free {
+                store.alloc.mark_in_use(id);
+            }
+        }
+        for id in own {
+            store.alloc.mark_in_use(id);
+        }
+        Ok(store)
     }
 
-    fn state(&self, id: u32) -> Result<PairState> {
-        match self.states.state(id) {
+    /// `id`'s pair state, reading its pair-state page into the pool when it is not resident.
+    fn state(&mut self, pool: &mut PagePool<Page>, id: u32) -> Result<PairState> {
+        if let Lookup::Fault(j) = self.states.state(pool, id) {
+            let (pid, slot) = self
+                .states
+                .page_of(j)
+                .expect("a fault names a written page");
+            let page = self.read_slot(&pair_state_address(pid, j), slot)?;
+            pool.install(pid, PageKind::PairState, page, false, 0)?;
+        }
+        match self.states.state(pool, id) {
             Lookup::Known(s) => Ok(s),
             Lookup::Fault(j) => Err(Error::CorruptMetadata(format!(
-                "pair-state page {j} is not resident (page {id})"
+                "pair-state page {j} did not stay resident (page {id})"
             ))),
         }
     }
@@ -138,10 +230,10 @@ impl MetaStore {
     /// What the hint rule compares for `id` before and after a read without the lock: its
     /// pair state, and whether it was dropped as a region-0 leaf (which keeps its pair state
     /// until a phase 1, so the state alone would let a read from before the drop in).
-    pub fn hint_token(&self, id: u32) -> (Lookup, bool) {
+    pub fn hint_token(&self, pool: &PagePool<Page>, id: u32) -> (Lookup, bool) {
         let dropped = self.region0_freed.contains(&id)
             || self.flight.as_ref().is_some_and(|f| f.frees.contains(&id));
-        (self.states.state(id), dropped)
+        (self.states.state(pool, id), dropped)
     }
 
     fn offset(&self, id: u32, slot: PairSlot, copy: u8) -> Result<u64> {
@@ -150,127 +242,18 @@ impl MetaStore {
             .ok_or_else(|| Error::CorruptMetadata(format!("page id {id} is past the id space")))
     }
 
-    /// Phases 1 and 2 of a checkpoint for the pool's pages: takes the region-0 frees of the
-    /// closing interval and the pool's snapshot, opens the next interval, writes each page into
-    /// the other slot of its pair, both copies, and syncs. Nothing durable is overwritten; the
-    /// flips and frees take effect at [`MetaStore::commit`]. Returns the pair-state list this
-    /// checkpoint carries. On an error the checkpoint is aborted here: its pages dirty again,
-    /// its region-0 frees back for the next one.
-    pub fn checkpoint(&mut self, pool: &mut PagePool<MapPage>) -> Result<Vec<PairListEntry>> {
-        assert!(self.flight.is_none(), "one checkpoint in flight at a time");
-        let seq = self.interval;
-        let flips: Result<Vec<(u32, PairState)>> = pool
-            .snapshot()
-            .into_iter()
-            .map(|id| Ok((id, self.next_slot(id)?)))
-            .collect();
-        let flips = match flips {
-            Ok(flips) => flips,
-            Err(e) => {
-                // Nothing was taken but the snapshot: its pages are dirty again.
-                pool.abort();
-                return Err(e);
-            }
-        };
-        let frees = std::mem::take(&mut self.region0_freed);
-        let mut list: BTreeMap<u32, PairState> = self
-            .states
-            .list_entries()
-            .into_iter()
-            .map(|e| (e.id, e.state))
-            .collect();
-        list.extend(flips.iter().copied());
-        list.extend(frees.iter().map(|&id| (id, PairState::Free)));
-        self.flight = Some(Flight {
-            flips,
-            frees,
-            freed_since: BTreeSet::new(),
-        });
-        self.interval += 1;
-        if let Err(e) = self.write(pool, seq) {
-            self.abort(pool);
-            return Err(e);
-        }
-        Ok(list
-            .into_iter()
-            .map(|(id, state)| PairListEntry { id, state })
-            .collect())
-    }
-
-    /// The slot a checkpoint writes `id` into: the one its pair state does not name.
-    fn next_slot(&self, id: u32) -> Result<PairState> {
-        match self.state(id)? {
-            PairState::SlotA => Ok(PairState::SlotB),
-            // A new page (free until its first commit) takes slot A.
-            PairState::SlotB | PairState::Free => Ok(PairState::SlotA),
-            PairState::Reserved => Err(Error::CorruptMetadata(format!(
-                "page {id} is in a pair held out of allocation"
-            ))),
-        }
-    }
-
-    fn write(&mut self, pool: &PagePool<MapPage>, seq: u64) -> Result<()> {
-        let flips = &self.flight.as_ref().expect("in flight").flips;
-        for &(id, state) in flips {
-            let page = pool.peek(id).expect("a snapshot's pages are resident");
-            let slot = slot_of(state).expect("a slot");
-            let frame = seal_page(
-                &self.sb.uuid,
-                &page.address(id),
-                &FrameStamp::map(1, 0, seq),
-                &page.body,
-            );
-            for copy in 0..2 {
-                self.storage
-                    .write_at(self.offset(id, slot, copy)?, &frame)?;
-            }
-        }
-        self.storage.sync()
-    }
-
-    /// The checkpoint in flight is durable: its flips and frees are the pair states now (a
-    /// page freed since its phase 1 stays free), its pages clean, and the frees of the interval
-    /// it closed may be reused.
-    pub fn commit(&mut self, pool: &mut PagePool<MapPage>) {
-        let f = self.flight.take().expect("a checkpoint in flight");
-        let closing = self.interval - 1;
-        for (id, state) in f.flips {
-            if !f.freed_since.contains(&id) {
-                self.states.record(id, state, closing);
-            }
-        }
-        for id in f.frees {
-            self.states.record(id, PairState::Free, closing);
-        }
-        pool.commit();
-        self.alloc.commit(self.interval);
-    }
-
-    /// The checkpoint in flight failed: its pages are dirty again, no pair state changed, and
-    /// its region-0 frees (but for leaves created again meanwhile) wait for the next one.
-    pub fn abort(&mut self, pool: &mut PagePool<MapPage>) {
-        let f = self.flight.take().expect("a checkpoint in flight");
-        self.region0_freed.extend(f.frees);
-        pool.abort();
-    }
-}
-
-impl TreeIo for MetaStore {
-    fn read(&mut self, at: &PageAddress) -> Result<MapPage> {
-        let slot = slot_of(self.state(at.id)?).ok_or_else(|| {
-            Error::CorruptMetadata(format!("page {} is named but its pair is free", at.id))
-        })?;
+    /// Page `at` from `slot`: copy 0, else copy 1 (reported for repair). A copy that cannot
+    /// be read is tried like one that fails its check: the other copy may serve.
+    fn read_slot(&mut self, at: &PageAddress, slot: PairSlot) -> Result<Page> {
         let mut buf = vec![0u8; MAP_PAGE_BYTES];
         let mut last = None;
         for copy in 0..2u8 {
             self.reads += 1;
-            // A copy that cannot be read is tried like one that fails its check: the other
-            // copy may serve.
             let got = self
                 .storage
                 .read_at(self.offset(at.id, slot, copy)?, &mut buf)
                 .and_then(|()| open_page(&buf, &self.sb.uuid, at))
-                .and_then(|(_, body)| MapPage::decode(at, body));
+                .and_then(|(_, body)| Page::decode(at, body));
             match got {
                 Ok(page) => {
                     if copy > 0 {
@@ -282,6 +265,220 @@ impl TreeIo for MetaStore {
             }
         }
         Err(last.expect("two copies tried"))
+    }
+
+    /// Phase 1 folds the list into pair-state pages when it is long: each page with foldable
+    /// entries is read if it is not resident, or created under a new id.
+    fn fold(&mut self, pool: &mut PagePool<Page>) -> Result<()> {
+        if self.states.list_len() <= self.fold_from {
+            return Ok(());
+        }
+        for j in self.states.foldable_pages(self.committed) {
+            loop {
+                let (alloc, usage) = (&mut self.alloc, self.usage);
+                let folded = self.states.fold_page(pool, j, self.committed, || {
+                    alloc.allocate(usage).ok_or(Error::NoSpace)
+                })?;
+                if folded.is_some() {
+                    break;
+                }
+                let (pid, slot) = self.states.page_of(j).expect("written");
+                let page = self.read_slot(&pair_state_address(pid, j), slot)?;
+                pool.install(pid, PageKind::PairState, page, false, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Phases 1 and 2 of a checkpoint for the pool's pages: folds a long list, takes the
+    /// region-0 frees of the closing interval and the pool's snapshot, opens the next
+    /// interval, writes each page into the other slot of its pair, both copies, then the
+    /// directory pages that changed, and syncs. Nothing durable is overwritten; the flips and
+    /// frees take effect at [`MetaStore::commit`]. Returns what this checkpoint carries. On an
+    /// error the checkpoint is aborted here: its pages dirty again, its region-0 frees back
+    /// for the next one.
+    pub fn checkpoint(&mut self, pool: &mut PagePool<Page>) -> Result<MetaCheckpoint> {
+        assert!(self.flight.is_none(), "one checkpoint in flight at a time");
+        // A failed fold leaves what it folded in dirty pages and out of the list: the same
+        // answers, written by the next checkpoint.
+        self.fold(pool)?;
+        let seq = self.interval;
+        let mut flips = Vec::new();
+        let mut page_flips = Vec::new();
+        for id in pool.snapshot() {
+            let page = pool.peek(id).expect("a snapshot's pages are resident");
+            if page.kind == PageKind::PairState {
+                let j = page.position as u32;
+                let (_, slot) = self.states.page_of(j).expect("a written pair-state page");
+                page_flips.push((j, other_slot(slot)));
+                continue;
+            }
+            match self.next_slot(pool, id) {
+                Ok(s) => flips.push((id, s)),
+                Err(e) => {
+                    // Nothing was taken but the snapshot: its pages are dirty again.
+                    pool.abort();
+                    return Err(e);
+                }
+            }
+        }
+        let mut directory = Vec::new();
+        for (k, entries) in self.states.directory_to_write(&page_flips) {
+            let (id, slot) = match self.states.directory_page(k) {
+                Some((id, slot)) => (id, other_slot(slot)),
+                None => {
+                    let id = match self.new_directory_ids.get(&k) {
+                        Some(&id) => id,
+                        None => match self.alloc.allocate(self.usage) {
+                            Some(id) => id,
+                            None => {
+                                pool.abort();
+                                return Err(Error::NoSpace);
+                            }
+                        },
+                    };
+                    self.new_directory_ids.insert(k, id);
+                    (id, PairSlot::A)
+                }
+            };
+            directory.push(DirectoryWrite {
+                k,
+                id,
+                slot,
+                entries,
+            });
+        }
+        let frees = std::mem::take(&mut self.region0_freed);
+        let mut list: BTreeMap<u32, PairState> = self
+            .states
+            .list_entries()
+            .into_iter()
+            .map(|e| (e.id, e.state))
+            .collect();
+        list.extend(flips.iter().copied());
+        list.extend(frees.iter().map(|&id| (id, PairState::Free)));
+        let mut carried: Vec<(u32, PairSlot)> = self.states.directory_list().to_vec();
+        for d in &directory {
+            match carried.get_mut(d.k as usize) {
+                Some(c) => *c = (d.id, d.slot),
+                None => carried.push((d.id, d.slot)),
+            }
+        }
+        self.flight = Some(Flight {
+            flips,
+            page_flips,
+            directory,
+            frees,
+            freed_since: BTreeSet::new(),
+        });
+        self.interval += 1;
+        if let Err(e) = self.write(pool, seq) {
+            self.abort(pool);
+            return Err(e);
+        }
+        Ok(MetaCheckpoint {
+            list: list
+                .into_iter()
+                .map(|(id, state)| PairListEntry { id, state })
+                .collect(),
+            directory: carried,
+        })
+    }
+
+    /// The slot a checkpoint writes `id` into: the one its pair state does not name.
+    fn next_slot(&mut self, pool: &mut PagePool<Page>, id: u32) -> Result<PairState> {
+        match self.state(pool, id)? {
+            PairState::SlotA => Ok(PairState::SlotB),
+            // A new page (free until its first commit) takes slot A.
+            PairState::SlotB | PairState::Free => Ok(PairState::SlotA),
+            PairState::Reserved => Err(Error::CorruptMetadata(format!(
+                "page {id} is in a pair held out of allocation"
+            ))),
+        }
+    }
+
+    fn write_frame(
+        &self,
+        at: &PageAddress,
+        slot: PairSlot,
+        seq: u64,
+        body: &[u8; PAGE_BODY_BYTES],
+    ) -> Result<()> {
+        let stamp = match at.kind {
+            PageKind::MapLeaf | PageKind::MapInterior => FrameStamp::map(1, 0, seq),
+            _ => FrameStamp::other(seq),
+        };
+        let frame = seal_page(&self.sb.uuid, at, &stamp, body);
+        for copy in 0..2 {
+            self.storage
+                .write_at(self.offset(at.id, slot, copy)?, &frame)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, pool: &PagePool<Page>, seq: u64) -> Result<()> {
+        let f = self.flight.as_ref().expect("in flight");
+        for &(id, state) in &f.flips {
+            let page = pool.peek(id).expect("a snapshot's pages are resident");
+            self.write_frame(
+                &page.address(id),
+                slot_of(state).expect("a slot"),
+                seq,
+                &page.body,
+            )?;
+        }
+        for &(j, slot) in &f.page_flips {
+            let (pid, _) = self.states.page_of(j).expect("written");
+            let page = pool.peek(pid).expect("a snapshot's pages are resident");
+            self.write_frame(&page.address(pid), slot, seq, &page.body)?;
+        }
+        for d in &f.directory {
+            let body = encode_directory(&d.entries);
+            self.write_frame(&directory_address(d.id, d.k), d.slot, seq, &body)?;
+        }
+        self.storage.sync()
+    }
+
+    /// The checkpoint in flight is durable: its flips and frees are the pair states now (a
+    /// page freed since its phase 1 stays free), its pages clean, and the frees of the interval
+    /// it closed may be reused and folded.
+    pub fn commit(&mut self, pool: &mut PagePool<Page>) {
+        let f = self.flight.take().expect("a checkpoint in flight");
+        let closing = self.interval - 1;
+        for (id, state) in f.flips {
+            if !f.freed_since.contains(&id) {
+                self.states.record(id, state, closing);
+            }
+        }
+        for id in f.frees {
+            self.states.record(id, PairState::Free, closing);
+        }
+        let directory: Vec<(u32, u32, PairSlot)> =
+            f.directory.iter().map(|d| (d.k, d.id, d.slot)).collect();
+        self.states.commit(&f.page_flips, &directory);
+        for d in &f.directory {
+            self.new_directory_ids.remove(&d.k);
+        }
+        pool.commit();
+        self.alloc.commit(self.interval);
+        self.committed = self.interval;
+    }
+
+    /// The checkpoint in flight failed: its pages are dirty again, no pair state changed, and
+    /// its region-0 frees (but for leaves created again meanwhile) wait for the next one.
+    pub fn abort(&mut self, pool: &mut PagePool<Page>) {
+        let f = self.flight.take().expect("a checkpoint in flight");
+        self.region0_freed.extend(f.frees);
+        pool.abort();
+    }
+}
+
+impl TreeIo for MetaStore {
+    fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
+        let slot = slot_of(self.state(pool, at.id)?).ok_or_else(|| {
+            Error::CorruptMetadata(format!("page {} is named but its pair is free", at.id))
+        })?;
+        self.read_slot(at, slot)
     }
 
     fn allocate(&mut self, level: u8, position: u64) -> Result<u32> {
@@ -332,6 +529,8 @@ mod tests {
         storage: Arc<dyn Storage>,
         sb: Superblock,
         geometry: MetaGeometry,
+        /// The stores opened on it fold their lists past this.
+        fold_from: usize,
     }
 
     fn volume_on(storage: impl FnOnce(u64) -> Arc<dyn Storage>) -> Volume {
@@ -341,6 +540,7 @@ mod tests {
             storage: storage(sb.total_bytes()),
             sb,
             geometry,
+            fold_from: FOLD_FROM_DEFAULT,
         }
     }
 
@@ -348,17 +548,20 @@ mod tests {
         volume_on(|len| Arc::new(MemStorage::new(len)))
     }
 
-    /// What a durable checkpoint carries for the store: its pair-state list and the tree root
-    /// as of its phase 1.
+    /// What a durable checkpoint carries for the store: its pair-state and directory lists and
+    /// the tree root as of its phase 1.
     #[derive(Clone)]
     struct Durable {
-        list: Vec<PairListEntry>,
+        meta: MetaCheckpoint,
         root: ChildSlot,
         interval: u64,
     }
 
     const EMPTY: Durable = Durable {
-        list: Vec::new(),
+        meta: MetaCheckpoint {
+            list: Vec::new(),
+            directory: Vec::new(),
+        },
         root: ChildSlot::AllUnmapped,
         interval: 1,
     };
@@ -371,13 +574,17 @@ mod tests {
             &v.sb,
             v.geometry,
             CARVED,
-            &d.list,
+            &d.meta,
             d.interval,
         )
+        .map(|mut s| {
+            s.fold_from = v.fold_from;
+            s
+        })
         .expect("open")
     }
 
-    fn pool() -> PagePool<MapPage> {
+    fn pool() -> PagePool<Page> {
         PagePool::new(64 * FRAME_BYTES, 0).expect("pool")
     }
 
@@ -392,23 +599,23 @@ mod tests {
         }
     }
 
-    fn trim(t: &mut MapTree, p: &mut PagePool<MapPage>, s: &mut MetaStore, first: u64, n: u64) {
+    fn trim(t: &mut MapTree, p: &mut PagePool<Page>, s: &mut MetaStore, first: u64, n: u64) {
         t.set_range(p, s, first, n, ChildSlot::AllUnmapped, &mut |_| {})
             .expect("trim");
     }
 
     /// A checkpoint's phase 1 as the engine takes it: the list it carries and the root.
-    fn begin(t: &MapTree, p: &mut PagePool<MapPage>, s: &mut MetaStore, interval: u64) -> Durable {
+    fn begin(t: &MapTree, p: &mut PagePool<Page>, s: &mut MetaStore, interval: u64) -> Durable {
         let root = t.root();
-        let list = s.checkpoint(p).expect("checkpoint");
+        let meta = s.checkpoint(p).expect("checkpoint");
         Durable {
-            list,
+            meta,
             root,
             interval,
         }
     }
 
-    fn reopen(v: &Volume, d: &Durable, blocks: u64) -> (MetaStore, MapTree, PagePool<MapPage>) {
+    fn reopen(v: &Volume, d: &Durable, blocks: u64) -> (MetaStore, MapTree, PagePool<Page>) {
         let depth = MapTree::new(blocks).depth();
         let tree = MapTree::from_root(d.root, depth, blocks).expect("root");
         (open(v, d), tree, pool())
@@ -447,8 +654,9 @@ mod tests {
     /// have touched a durable page: it writes only the other slots, no id the durable one names
     /// is reused before a later commit, and a region-0 leaf trimmed and created again keeps the
     /// pair state naming its durable slot (R15-A1).
-    fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
-        let v = volume();
+    fn run(ops: Vec<Op>, fold_from: usize) -> std::result::Result<(), TestCaseError> {
+        let mut v = volume();
+        v.fold_from = fold_from;
         let blocks = (u64::from(v.geometry.pairs0) + 8) * 255;
         let mut durable = EMPTY;
         let mut durable_model: BTreeMap<u64, MapEntry> = BTreeMap::new();
@@ -516,9 +724,10 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(192))]
         #[test]
         fn checkpoints_never_overwrite_what_the_durable_one_names(
-            ops in proptest::collection::vec(op((u64::from(volume().geometry.pairs0) + 8) * 255), 1..80)
+            ops in proptest::collection::vec(op((u64::from(volume().geometry.pairs0) + 8) * 255), 1..80),
+            fold_from in prop_oneof![Just(0usize), 1usize..6, Just(FOLD_FROM_DEFAULT)],
         ) {
-            run(ops)?;
+            run(ops, fold_from)?;
         }
     }
 
@@ -533,7 +742,7 @@ mod tests {
         tree.set(&mut p, &mut store, 10, data(1)).expect("set");
         let d = begin(&tree, &mut p, &mut store, 2);
         store.commit(&mut p);
-        assert!(d.list.contains(&PairListEntry {
+        assert!(d.meta.list.contains(&PairListEntry {
             id: 0,
             state: PairState::SlotA
         }));
@@ -588,7 +797,7 @@ mod tests {
         trim(&mut tree, &mut p, &mut store, l1, 255);
         assert_eq!(tree.root(), ChildSlot::AllUnmapped);
         store.commit(&mut p);
-        assert_eq!(store.states.state(root), Lookup::Known(PairState::Free));
+        assert_eq!(store.states.state(&p, root), Lookup::Known(PairState::Free));
     }
 
     /// F2: an abort does not free a region-0 leaf created again during its flight.
@@ -606,7 +815,7 @@ mod tests {
         store.abort(&mut p);
         store.checkpoint(&mut p).expect("checkpoint");
         store.commit(&mut p);
-        assert_ne!(store.states.state(0), Lookup::Known(PairState::Free));
+        assert_ne!(store.states.state(&p, 0), Lookup::Known(PairState::Free));
         let mut cold = pool();
         assert_eq!(tree.get(&mut cold, &mut store, 10).expect("read"), data(2));
     }
@@ -628,35 +837,98 @@ mod tests {
         assert!(p.is_dirty(1), "the failed checkpoint's page is dirty again");
         store.checkpoint(&mut p).expect("checkpoint");
         store.commit(&mut p);
-        assert_eq!(store.states.state(0), Lookup::Known(PairState::Free));
+        assert_eq!(store.states.state(&p, 0), Lookup::Known(PairState::Free));
         assert!(!p.is_dirty(1));
     }
 
-    /// A checkpoint that cannot name a page's next slot (its pair-state page is not resident)
-    /// fails with nothing taken: the page stays dirty and the region-0 frees wait.
+    /// A checkpoint that cannot name a page's next slot (its pair-state page, not resident,
+    /// fails both copies) fails with nothing taken: the page stays dirty and the region-0 frees
+    /// wait; once the page reads again the next checkpoint commits.
     #[test]
-    fn a_checkpoint_that_cannot_look_up_a_slot_takes_nothing() {
-        let v = volume();
+    fn a_checkpoint_whose_pair_state_page_cannot_be_read_takes_nothing() {
+        let mut v = volume();
+        v.fold_from = 0;
         let blocks = u64::from(v.geometry.pairs0) * 255;
-        let mut store = open(&v, &EMPTY);
-        let pages = v.geometry.pair_state_pages() as u32;
-        // Pair-state page 0 (ids 0..16,320) exists on disk but is not resident.
-        store.states = PairStates::new(1..pages);
-        let mut tree = MapTree::new(blocks);
-        let mut p = pool();
+        let (mut store, mut tree, mut p) = reopen(&v, &EMPTY, blocks);
         tree.set(&mut p, &mut store, 300, data(1)).expect("set");
+        store.checkpoint(&mut p).expect("checkpoint");
+        store.commit(&mut p);
+        // The next phase 1 folds leaf 1's flip into pair-state page 0.
+        store.checkpoint(&mut p).expect("checkpoint");
+        store.commit(&mut p);
+        let (pid, slot) = store.states.page_of(0).expect("page 0 written");
+        assert_eq!(store.states.list_len(), 0);
         // Leaf 0 created and trimmed whole: a region-0 free for the checkpoint to take.
         tree.set(&mut p, &mut store, 3, data(2)).expect("set");
         trim(&mut tree, &mut p, &mut store, 0, 255);
+        tree.set(&mut p, &mut store, 301, data(3)).expect("set");
+        // Page 0 leaves the pool (it is clean) and both its copies go bad.
+        assert!(p.remove(pid).is_some());
+        let mut good = Vec::new();
+        for copy in 0..2 {
+            let off = v
+                .geometry
+                .slot_offset(&v.sb, pid, slot, copy)
+                .expect("offset");
+            let mut b = vec![0u8; MAP_PAGE_BYTES];
+            v.storage.read_at(off, &mut b).expect("read");
+            good.push((off, b.clone()));
+            b[100] ^= 1;
+            v.storage.write_at(off, &b).expect("write");
+        }
         assert!(store.checkpoint(&mut p).is_err());
-        assert!(store.hint_token(0).1, "leaf 0's free still waits");
+        assert!(store.hint_token(&p, 0).1, "leaf 0's free still waits");
         assert!(p.is_dirty(1), "the leaf is dirty again");
-        store
-            .states
-            .install(0, Box::new([0; crate::format::PAGE_BODY_BYTES]));
-        store.checkpoint(&mut p).expect("checkpoint");
+        for (off, b) in good {
+            v.storage.write_at(off, &b).expect("write");
+        }
+        let d = begin(&tree, &mut p, &mut store, 4);
         store.commit(&mut p);
         assert!(!p.is_dirty(1));
+        assert_eq!(store.states.state(&p, 0), Lookup::Known(PairState::Free));
+        let (mut store, tree, mut p) = reopen(&v, &d, blocks);
+        assert_eq!(tree.get(&mut p, &mut store, 301).expect("read"), data(3));
+    }
+
+    /// Folds move the list into pair-state pages without changing an answer: a checkpoint
+    /// after a fold carries an empty list and one directory page, and an open from it reads the
+    /// states from the page (a leaf past region 0, whose id came from the allocator, stays out
+    /// of allocation).
+    #[test]
+    fn a_folded_list_opens_from_its_pages() {
+        let mut v = volume();
+        v.fold_from = 0;
+        let pairs0 = u64::from(v.geometry.pairs0);
+        let blocks = (pairs0 + 8) * 255;
+        let (mut store, mut tree, mut p) = reopen(&v, &EMPTY, blocks);
+        tree.set(&mut p, &mut store, 10, data(1)).expect("set");
+        tree.set(&mut p, &mut store, pairs0 * 255, data(2))
+            .expect("set");
+        let d1 = begin(&tree, &mut p, &mut store, 2);
+        store.commit(&mut p);
+        assert!(d1.meta.directory.is_empty(), "nothing to fold yet");
+        assert!(!d1.meta.list.is_empty());
+        let d2 = begin(&tree, &mut p, &mut store, 3);
+        store.commit(&mut p);
+        assert!(d2.meta.list.is_empty(), "{:?}", d2.meta.list);
+        assert_eq!(d2.meta.directory.len(), 1);
+        let (mut store, mut tree, mut p) = reopen(&v, &d2, blocks);
+        assert_eq!(tree.get(&mut p, &mut store, 10).expect("read"), data(1));
+        let (a, b) = (p.resident(), store.reads);
+        assert_eq!(
+            tree.get(&mut p, &mut store, pairs0 * 255).expect("read"),
+            data(2)
+        );
+        assert!(p.resident() > a && store.reads > b);
+        // New pages take ids nobody holds: the old ones read back after another commit.
+        tree.set(&mut p, &mut store, (pairs0 + 4) * 255, data(3))
+            .expect("set");
+        let d3 = begin(&tree, &mut p, &mut store, 4);
+        store.commit(&mut p);
+        let (mut store, tree, mut p) = reopen(&v, &d3, blocks);
+        for (l, n) in [(10, 1), (pairs0 * 255, 2), ((pairs0 + 4) * 255, 3)] {
+            assert_eq!(tree.get(&mut p, &mut store, l).expect("read"), data(n));
+        }
     }
 
     /// F5: a frame of a region-0 leaf read without the lock before a trim dropped it is not
@@ -674,18 +946,18 @@ mod tests {
         store.commit(&mut p);
         let mut p = pool();
         let noted = sets.latest();
-        let token = store.hint_token(0);
+        let token = store.hint_token(&p, 0);
         let at = PageAddress {
             id: 0,
             kind: PageKind::MapLeaf,
             level: 0,
             position: 0,
         };
-        let frame = store.read(&at).expect("read");
+        let frame = store.read(&mut p, &at).expect("read");
         trim(&mut tree, &mut p, &mut store, 0, 255);
         let recheck = Recheck {
             absent: !p.contains(0),
-            same_pair_state: store.hint_token(0) == token,
+            same_pair_state: store.hint_token(&p, 0) == token,
         };
         assert!(
             sets.hint(0, noted, recheck).is_err(),

@@ -1,0 +1,59 @@
+//! A metadata page as the pool holds it, whatever its kind: its address parts (kind, level,
+//! position: the CRC seed every reader knows from the walk or directory that reached it) and
+//! its 4 KiB body as stored, read and changed in place. One frame type for every kind, so the
+//! pool counts every frame at the page's size (a decoded leaf would take a quarter more).
+
+use crate::error::{Error, Result};
+use crate::format::{
+    decode_directory, decode_map_interior, decode_map_leaf, PageAddress, PageKind, PAGE_BODY_BYTES,
+};
+
+/// A page in the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page {
+    pub kind: PageKind,
+    /// 0 for a leaf and for kinds without levels.
+    pub level: u8,
+    /// Index among the pages of its kind and level (a map leaf's is its v2 map page index, a
+    /// pair-state page's the index of the 16,320 ids it covers).
+    pub position: u64,
+    pub body: Box<[u8; PAGE_BODY_BYTES]>,
+}
+
+impl Page {
+    /// Where the page sits, as its CRC seed names it.
+    pub fn address(&self, id: u32) -> PageAddress {
+        PageAddress {
+            id,
+            kind: self.kind,
+            level: self.level,
+            position: self.position,
+        }
+    }
+
+    /// A page read for `at` (whose frame was already checked): its body must decode as that
+    /// kind. Every 2-bit value is a pair state, so a pair-state body has nothing more to check.
+    pub fn decode(at: &PageAddress, body: &[u8]) -> Result<Page> {
+        let b: &[u8; PAGE_BODY_BYTES] = body.try_into().map_err(|_| {
+            Error::CorruptMetadata(format!("page {} has a body of {} bytes", at.id, body.len()))
+        })?;
+        match at.kind {
+            PageKind::MapLeaf => drop(decode_map_leaf(b)?),
+            PageKind::MapInterior => drop(decode_map_interior(b)?),
+            PageKind::PairState => {}
+            PageKind::PairStateDirectory => drop(decode_directory(b)?),
+            other => {
+                return Err(Error::CorruptMetadata(format!(
+                    "page {} is a {other:?} page, which this build does not read yet",
+                    at.id
+                )))
+            }
+        }
+        Ok(Page {
+            kind: at.kind,
+            level: at.level,
+            position: at.position,
+            body: Box::new(*b),
+        })
+    }
+}
