@@ -872,6 +872,122 @@ impl Extension {
     }
 }
 
+/// The extension as a checkpoint slot holds it: the header and the three lists after it
+/// (format.md, "Checkpoint slot with bit 10"). The header's counts and byte total are the lists'
+/// own, set by [`ExtensionBody::encode`], so they can never disagree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExtensionBody {
+    pub header: Extension,
+    /// Pair-state directory page `k`'s id and current slot, `k` in order (`S`).
+    pub directory: Vec<(u32, PairSlot)>,
+    /// List pages of the extent-table summary pages (`U`, bit 5).
+    pub summary_lists: Vec<u32>,
+    /// The pair-state list, one entry per id, ascending (`L`).
+    pub pair_list: Vec<PairListEntry>,
+}
+
+impl ExtensionBody {
+    /// Bytes it takes: the header and the lists.
+    pub fn len(&self) -> usize {
+        EXTENSION_HEADER_BYTES
+            + 8 * self.directory.len()
+            + 4 * self.summary_lists.len()
+            + PAIR_LIST_ENTRY_BYTES * self.pair_list.len()
+    }
+
+    /// Whether it holds no list entry at all.
+    pub fn is_empty(&self) -> bool {
+        self.directory.is_empty() && self.summary_lists.is_empty() && self.pair_list.is_empty()
+    }
+
+    /// Encodes into a new buffer, the header's counts and total taken from the lists; an error
+    /// when the pair list is not ascending by id or passes the header's capacity.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        if self.pair_list.windows(2).any(|w| w[0].id >= w[1].id) {
+            return Err(Error::Invalid(
+                "pair-state list is not one entry per id in ascending order".into(),
+            ));
+        }
+        let mut header = self.header;
+        header.bytes = self.len() as u32;
+        header.directory_pages = self.directory.len() as u32;
+        header.summary_lists = self.summary_lists.len() as u32;
+        header.list_entries = self.pair_list.len() as u32;
+        if header.list_entries > header.list_capacity {
+            return Err(Error::Invalid(format!(
+                "pair-state list of {} entries passes its capacity of {}",
+                header.list_entries, header.list_capacity
+            )));
+        }
+        let mut b = vec![0u8; self.len()];
+        header.encode(&mut b);
+        let mut o = EXTENSION_HEADER_BYTES;
+        for &(id, slot) in &self.directory {
+            put_u32(&mut b, o, id);
+            b[o + 4] = slot_byte(slot);
+            o += 8;
+        }
+        for &id in &self.summary_lists {
+            put_u32(&mut b, o, id);
+            o += 4;
+        }
+        for e in &self.pair_list {
+            e.encode(&mut b[o..]);
+            o += PAIR_LIST_ENTRY_BYTES;
+        }
+        Ok(b)
+    }
+
+    /// Decodes the extension at the start of `b` (the rest of the slot may follow). An error
+    /// names what is wrong: a header whose lists pass `b` or its capacity, an id that is a
+    /// summary value, a slot that is neither A nor B, a pair list out of order.
+    pub fn decode(b: &[u8]) -> Result<ExtensionBody> {
+        let header = Extension::decode(b)?;
+        if header.bytes as usize > b.len() {
+            return Err(corrupt("checkpoint extension passes its slot"));
+        }
+        let page_id = |v: u32| {
+            if v >= PAGE_ID_ALL_UNMAPPED {
+                Err(corrupt(
+                    "checkpoint extension lists a summary value as a page",
+                ))
+            } else {
+                Ok(v)
+            }
+        };
+        let mut o = EXTENSION_HEADER_BYTES;
+        let mut directory = Vec::with_capacity(header.directory_pages as usize);
+        for _ in 0..header.directory_pages {
+            directory.push((page_id(get_u32(b, o))?, slot_from(b[o + 4])?));
+            o += 8;
+        }
+        let mut summary_lists = Vec::with_capacity(header.summary_lists as usize);
+        for _ in 0..header.summary_lists {
+            summary_lists.push(page_id(get_u32(b, o))?);
+            o += 4;
+        }
+        let mut pair_list = Vec::with_capacity(header.list_entries as usize);
+        for _ in 0..header.list_entries {
+            let e = PairListEntry::decode(&b[o..])?;
+            page_id(e.id)?;
+            if pair_list
+                .last()
+                .is_some_and(|l: &PairListEntry| l.id >= e.id)
+            {
+                return Err(corrupt("pair-state list is out of order"));
+            }
+            pair_list.push(e);
+            o += PAIR_LIST_ENTRY_BYTES;
+        }
+        Ok(ExtensionBody {
+            header,
+            directory,
+            summary_lists,
+            pair_list,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1202,6 +1318,110 @@ mod tests {
                 let _ = Extension::decode(&b);
                 let _ = DeviceRow::decode(&b);
             }
+        }
+    }
+
+    fn body_with(pairs: usize) -> ExtensionBody {
+        ExtensionBody {
+            header: Extension {
+                h: 80,
+                pairs0: 257,
+                list_capacity: 4096,
+                device_list: 300,
+                device_rows: 1,
+                next_device: 2,
+                release_list: PAGE_ID_NONE,
+                pct_root: PAGE_ID_NONE,
+                sbt_root: PAGE_ID_NONE,
+                hooks_list: PAGE_ID_NONE,
+                ..Extension::default()
+            },
+            directory: vec![(400, PairSlot::B), (401, PairSlot::A)],
+            summary_lists: vec![500],
+            pair_list: (0..pairs as u32)
+                .map(|i| PairListEntry {
+                    id: 3 * i + 1,
+                    state: [PairState::Free, PairState::SlotA, PairState::SlotB][i as usize % 3],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_extension_body_round_trips_with_its_counts_from_its_lists() {
+        let body = body_with(100);
+        let b = body.encode().expect("encode");
+        assert_eq!(b.len(), 256 + 16 + 4 + 800);
+        let got = ExtensionBody::decode(&b).expect("decode");
+        assert_eq!(got.header.bytes as usize, b.len());
+        assert_eq!(
+            (
+                got.header.directory_pages,
+                got.header.summary_lists,
+                got.header.list_entries
+            ),
+            (2, 1, 100)
+        );
+        assert_eq!(
+            (
+                got.directory.clone(),
+                got.summary_lists.clone(),
+                got.pair_list.clone()
+            ),
+            (
+                body.directory.clone(),
+                body.summary_lists.clone(),
+                body.pair_list.clone()
+            )
+        );
+        // A slot that is longer than the extension decodes the same.
+        let mut longer = b.clone();
+        longer.extend_from_slice(&[0xee; 100]);
+        assert_eq!(ExtensionBody::decode(&longer).expect("decode"), got);
+    }
+
+    #[test]
+    fn an_extension_body_refuses_what_it_cannot_stand_for() {
+        let mut unordered = body_with(3);
+        unordered.pair_list.swap(0, 1);
+        assert!(unordered.encode().is_err(), "out of order");
+        let mut twice = body_with(3);
+        twice.pair_list[1].id = twice.pair_list[0].id;
+        assert!(twice.encode().is_err(), "one entry per id");
+        let mut over = body_with(5);
+        over.header.list_capacity = 4;
+        assert!(over.encode().is_err(), "past its capacity");
+    }
+
+    #[test]
+    fn a_damaged_extension_body_is_an_error_never_a_panic() {
+        let b = body_with(20).encode().expect("encode");
+        for cut in 0..b.len() {
+            assert!(ExtensionBody::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        let list = 256 + 16 + 4;
+        // A directory slot of 0, a summary value as an id, a list out of order, a state of 3.
+        let mut bad_slot = b.clone();
+        bad_slot[256 + 4] = 0;
+        let mut summary_id = b.clone();
+        put_u32(&mut summary_id, 256 + 16, PAGE_ID_ALL_UNMAPPED);
+        let mut unordered = b.clone();
+        put_u32(&mut unordered, list + 8, 0);
+        let mut reserved = b.clone();
+        reserved[list + 4] = 3;
+        for (what, bad) in [
+            ("slot", bad_slot),
+            ("summary id", summary_id),
+            ("order", unordered),
+            ("state", reserved),
+        ] {
+            assert!(ExtensionBody::decode(&bad).is_err(), "{what}");
+        }
+        // Every single bit flip decodes to an error or to a body, never a panic.
+        for i in 0..b.len() * 8 {
+            let mut f = b.clone();
+            f[i / 8] ^= 1 << (i % 8);
+            let _ = ExtensionBody::decode(&f);
         }
     }
 }

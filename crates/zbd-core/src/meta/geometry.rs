@@ -404,4 +404,39 @@ mod tests {
         let small = MetaGeometry::new(257, 128 * 1024, 8192).expect("geometry");
         assert!(bit10_slot_bytes(&small, 64, 17, 4096) <= 40 * 1024);
     }
+
+    /// The slot holds the extension at its largest: every directory page, every summary list
+    /// page and a full pair-state list, after v2's header, queue and table slots.
+    #[test]
+    fn a_full_extension_fits_the_bit10_slot() {
+        use crate::format::{Extension, ExtensionBody, PairListEntry, PairSlot, PairState};
+        let (g, extents, table_pages) = sixteen_tib();
+        let c = ListBounds::created_capacity(extents);
+        let queue = 256u32;
+        let u_max = summary_pages(table_pages).div_ceil(LIST_IDS_PER_PAGE as u32);
+        let body = ExtensionBody {
+            header: Extension {
+                list_capacity: c,
+                device_rows: 1,
+                next_device: 2,
+                ..Extension::default()
+            },
+            directory: vec![(7, PairSlot::A); g.directory_pages() as usize],
+            summary_lists: vec![9; u_max as usize],
+            pair_list: (0..c)
+                .map(|id| PairListEntry {
+                    id,
+                    state: PairState::SlotB,
+                })
+                .collect(),
+        };
+        let bytes = body.encode().expect("encode").len() as u64;
+        let before = align_up(
+            CHECKPOINT_V2_HEADER_BYTES as u64
+                + QUEUE_ENTRY_BYTES as u64 * u64::from(queue)
+                + u64::from(table_pages).div_ceil(4),
+            8,
+        );
+        assert!(before + bytes <= bit10_slot_bytes(&g, queue, table_pages, c));
+    }
 }
