@@ -35,6 +35,10 @@ pub const DEVICE_NAME_BYTES: usize = 64;
 pub const NODE_HEADER_BYTES: usize = 16;
 /// Entries of a PCT leaf or interior page.
 pub const PCT_ENTRIES_PER_PAGE: usize = (PAGE_BODY_BYTES - NODE_HEADER_BYTES) / 16;
+/// Entries of an SBT leaf (32 bytes each).
+pub const SBT_LEAF_ENTRIES: usize = (PAGE_BODY_BYTES - NODE_HEADER_BYTES) / 32;
+/// Child slots of an SBT interior page (12-byte first key and u32 child each).
+pub const SBT_INTERIOR_ENTRIES: usize = (PAGE_BODY_BYTES - NODE_HEADER_BYTES) / 16;
 /// Entries of a release-queue page.
 pub const RELEASE_ENTRIES_PER_PAGE: usize = (PAGE_BODY_BYTES - NODE_HEADER_BYTES) / 32;
 /// Bytes of the checkpoint's extension header.
@@ -654,6 +658,136 @@ pub fn decode_pct(b: &[u8]) -> Result<Vec<PctEntry>> {
         return Err(corrupt("PCT page entries out of order"));
     }
     Ok(entries)
+}
+
+/// An SBT key: the shared item's birth LBA and its serial (48 bits each), compared in that
+/// order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SbtKey {
+    pub birth: u64,
+    pub serial: u64,
+}
+
+/// Largest value of a 48-bit SBT key field.
+pub const SBT_KEY_FIELD_MAX: u64 = (1 << 48) - 1;
+
+impl SbtKey {
+    fn encode(&self, b: &mut [u8]) {
+        b[..6].copy_from_slice(&self.birth.to_le_bytes()[..6]);
+        b[6..12].copy_from_slice(&self.serial.to_le_bytes()[..6]);
+    }
+
+    fn decode(b: &[u8]) -> SbtKey {
+        let mut w = [0u8; 8];
+        w[..6].copy_from_slice(&b[..6]);
+        let birth = u64::from_le_bytes(w);
+        w[..6].copy_from_slice(&b[6..12]);
+        SbtKey {
+            birth,
+            serial: u64::from_le_bytes(w),
+        }
+    }
+}
+
+/// An SBT entry's value: where the shared item is, how it is stored, and its references.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SbtValue {
+    pub extent: u32,
+    /// Location word, as a map entry's (offset, unit blocks - 1, dictionary id).
+    pub location: u32,
+    pub stored_len: u16,
+    pub codec: u8,
+    /// Bit 0 damaged, bit 1 unseeded v2 checksum, bit 2 pinned.
+    pub flags: u8,
+    pub crc: u32,
+    /// Exact reference count.
+    pub count: u32,
+}
+
+/// An SBT leaf's body: up to 127 entries sorted by key, each key once.
+pub fn encode_sbt_leaf(entries: &[(SbtKey, SbtValue)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+    if entries.len() > SBT_LEAF_ENTRIES {
+        return Err(Error::Invalid("more SBT entries than a leaf holds".into()));
+    }
+    let mut b = body();
+    encode_node(entries.len(), &mut b[..]);
+    for (i, (k, v)) in entries.iter().enumerate() {
+        let o = NODE_HEADER_BYTES + i * 32;
+        k.encode(&mut b[o..]);
+        put_u32(&mut b[..], o + 12, v.extent);
+        put_u32(&mut b[..], o + 16, v.location);
+        put_u16(&mut b[..], o + 20, v.stored_len);
+        b[o + 22] = v.codec;
+        b[o + 23] = v.flags;
+        put_u32(&mut b[..], o + 24, v.crc);
+        put_u32(&mut b[..], o + 28, v.count);
+    }
+    Ok(b)
+}
+
+fn ascending<K: Ord, V>(entries: &[(K, V)], what: &str) -> Result<()> {
+    if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
+        return Err(corrupt(what));
+    }
+    Ok(())
+}
+
+/// Decodes an SBT leaf's body; an error when its keys are out of order or repeated.
+pub fn decode_sbt_leaf(b: &[u8]) -> Result<Vec<(SbtKey, SbtValue)>> {
+    let n = node_entries(b, SBT_LEAF_ENTRIES)?;
+    let entries: Vec<(SbtKey, SbtValue)> = (0..n)
+        .map(|i| {
+            let o = NODE_HEADER_BYTES + i * 32;
+            (
+                SbtKey::decode(&b[o..]),
+                SbtValue {
+                    extent: get_u32(b, o + 12),
+                    location: get_u32(b, o + 16),
+                    stored_len: get_u16(b, o + 20),
+                    codec: b[o + 22],
+                    flags: b[o + 23],
+                    crc: get_u32(b, o + 24),
+                    count: get_u32(b, o + 28),
+                },
+            )
+        })
+        .collect();
+    ascending(&entries, "SBT leaf entries out of order")?;
+    Ok(entries)
+}
+
+/// An SBT interior page's body: up to 254 (first key, child) slots sorted by key.
+pub fn encode_sbt_interior(slots: &[(SbtKey, u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+    if slots.len() > SBT_INTERIOR_ENTRIES {
+        return Err(Error::Invalid(
+            "more SBT children than an interior page holds".into(),
+        ));
+    }
+    let mut b = body();
+    encode_node(slots.len(), &mut b[..]);
+    for (i, (k, child)) in slots.iter().enumerate() {
+        let o = NODE_HEADER_BYTES + i * 16;
+        k.encode(&mut b[o..]);
+        put_u32(&mut b[..], o + 12, *child);
+    }
+    Ok(b)
+}
+
+/// Decodes an SBT interior page's body; an error when its keys are out of order or a child is
+/// a summary value.
+pub fn decode_sbt_interior(b: &[u8]) -> Result<Vec<(SbtKey, u32)>> {
+    let n = node_entries(b, SBT_INTERIOR_ENTRIES)?;
+    let slots: Vec<(SbtKey, u32)> = (0..n)
+        .map(|i| {
+            let o = NODE_HEADER_BYTES + i * 16;
+            (SbtKey::decode(&b[o..]), get_u32(b, o + 12))
+        })
+        .collect();
+    ascending(&slots, "SBT interior keys out of order")?;
+    if slots.iter().any(|&(_, c)| c >= PAGE_ID_ALL_UNMAPPED) {
+        return Err(corrupt("SBT interior page names a summary as a child"));
+    }
+    Ok(slots)
 }
 
 /// One release-queue entry (32 bytes): a device deleted or rolled back, released in steps.
@@ -1423,5 +1557,51 @@ mod tests {
             f[i / 8] ^= 1 << (i % 8);
             let _ = ExtensionBody::decode(&f);
         }
+    }
+
+    #[test]
+    fn sbt_pages_round_trip_and_refuse_disorder() {
+        let v = |n: u32| SbtValue {
+            extent: n,
+            location: n.rotate_left(7),
+            stored_len: n as u16,
+            codec: 3,
+            flags: 4,
+            crc: !n,
+            count: n * 2,
+        };
+        let key = |b: u64, s: u64| SbtKey {
+            birth: b,
+            serial: s,
+        };
+        let leaf: Vec<_> = (0..SBT_LEAF_ENTRIES as u64)
+            .map(|i| {
+                (
+                    key(SBT_KEY_FIELD_MAX - 200 + i, SBT_KEY_FIELD_MAX - i),
+                    v(i as u32),
+                )
+            })
+            .collect();
+        let b = encode_sbt_leaf(&leaf).expect("encode");
+        assert_eq!(decode_sbt_leaf(&b[..]).expect("decode"), leaf);
+        let mut more = leaf.clone();
+        more.push((key(SBT_KEY_FIELD_MAX, 0), v(1)));
+        assert!(encode_sbt_leaf(&more).is_err(), "past a leaf's size");
+        // The birth LBA sorts before the serial; a repeated key is damage.
+        let pair = [(key(1, 9), v(1)), (key(2, 0), v(2))];
+        assert!(decode_sbt_leaf(&encode_sbt_leaf(&pair).expect("encode")[..]).is_ok());
+        let same = [(key(1, 9), v(1)), (key(1, 9), v(2))];
+        assert!(decode_sbt_leaf(&encode_sbt_leaf(&same).expect("encode")[..]).is_err());
+        let slots: Vec<_> = (0..SBT_INTERIOR_ENTRIES as u64)
+            .map(|i| (key(i, 7), i as u32 + 10))
+            .collect();
+        let b = encode_sbt_interior(&slots).expect("encode");
+        assert_eq!(decode_sbt_interior(&b[..]).expect("decode"), slots);
+        let summary = [(key(0, 0), PAGE_ID_ALL_UNMAPPED)];
+        assert!(decode_sbt_interior(&encode_sbt_interior(&summary).expect("encode")[..]).is_err());
+        // A count past the page's entries is damage, never a read past the body.
+        let mut b = encode_sbt_leaf(&pair).expect("encode");
+        put_u16(&mut b[..], 0, SBT_LEAF_ENTRIES as u16 + 1);
+        assert!(decode_sbt_leaf(&b[..]).is_err());
     }
 }

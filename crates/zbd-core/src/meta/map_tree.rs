@@ -79,8 +79,9 @@ pub trait TreeIo {
     /// Page `at` as its current slot holds it, checked against its address. The pool is for
     /// what finding that slot needs (a pair-state page), never for `at` itself.
     fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page>;
-    /// An id for a new page at `level`, `position` (a region-0 leaf takes its fixed id).
-    fn allocate(&mut self, level: u8, position: u64) -> Result<u32>;
+    /// An id for a new page of `kind` at `level`, `position` (a map leaf at a region-0
+    /// position takes its fixed id; every other page an allocated one).
+    fn allocate(&mut self, kind: PageKind, level: u8, position: u64) -> Result<u32>;
     /// Page `id` left the tree (its subtree became a summary).
     fn free(&mut self, id: u32);
 }
@@ -117,34 +118,46 @@ fn fault<I: TreeIo>(
     level: u8,
     position: u64,
 ) -> Result<()> {
+    fault_at(
+        pool,
+        io,
+        &PageAddress {
+            id,
+            kind: kind_at(level),
+            level,
+            position,
+        },
+    )
+}
+
+/// Makes the page at `at` resident, whatever its kind: [`fault`]'s rule for every tree of
+/// pages (map trees, the SBT and the PCT).
+pub(crate) fn fault_at<I: TreeIo>(
+    pool: &mut PagePool<Page>,
+    io: &mut I,
+    at: &PageAddress,
+) -> Result<()> {
+    let (id, kind, level, position) = (at.id, at.kind, at.level, at.position);
     if pool.contains(id) {
         let page = pool.peek(id).expect("resident");
-        if pool.kind_of(id) != Some(kind_at(level))
-            || page.level != level
-            || page.position != position
-        {
+        if pool.kind_of(id) != Some(kind) || page.level != level || page.position != position {
             return Err(Error::CorruptMetadata(format!(
-                "map page {id} named at level {level} position {position} is at level {} \
-                 position {}",
-                page.level, page.position
+                "{kind:?} page {id} named at level {level} position {position} is a {:?} page \
+                 at level {} position {}",
+                page.kind, page.level, page.position
             )));
         }
         return Ok(());
     }
-    let at = PageAddress {
-        id,
-        kind: kind_at(level),
-        level,
-        position,
-    };
-    let page = io.read(pool, &at)?;
+    let page = io.read(pool, at)?;
     if page.level != level || page.position != position {
         return Err(Error::CorruptMetadata(format!(
-            "map page {id} read at level {level} position {position} holds level {} position {}",
+            "{kind:?} page {id} read at level {level} position {position} holds level {} \
+             position {}",
             page.level, page.position
         )));
     }
-    pool.install(id, at.kind, page, false, 0)?;
+    pool.install(id, kind, page, false, 0)?;
     Ok(())
 }
 
@@ -176,8 +189,8 @@ fn read<'p, I: TreeIo>(
 /// id is stale (a region-0 leaf dropped by a trim keeps its id, and a hint read before the
 /// trim may have installed its old content: R15-A1 with R5-A1) and goes; a dirty one is a
 /// broken allocator.
-fn create<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, page: Page) -> Result<u32> {
-    let id = io.allocate(page.level, page.position)?;
+pub(crate) fn create<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, page: Page) -> Result<u32> {
+    let id = io.allocate(page.kind, page.level, page.position)?;
     if id >= PAGE_ID_ALL_UNMAPPED {
         return Err(Error::CorruptMetadata(format!(
             "page id {id:#x} handed out is a summary value"
@@ -186,11 +199,11 @@ fn create<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, page: Page) -> Resul
     if pool.contains(id) && !pool.is_dirty(id) {
         pool.remove(id);
     }
-    let kind = kind_at(page.level);
+    let kind = page.kind;
     match pool.install(id, kind, page, true, 0)? {
         Install::Installed => Ok(id),
         Install::AlreadyResident => Err(Error::CorruptMetadata(format!(
-            "new map page {id} is already in the page pool"
+            "new {kind:?} page {id} is already in the page pool"
         ))),
     }
 }
@@ -626,9 +639,9 @@ mod tests {
             Page::decode(at, body)
         }
 
-        fn allocate(&mut self, level: u8, position: u64) -> Result<u32> {
+        fn allocate(&mut self, kind: PageKind, _: u8, position: u64) -> Result<u32> {
             self.allocations += 1;
-            let id = if level == 0 && position < PAIRS0 {
+            let id = if kind == PageKind::MapLeaf && position < PAIRS0 {
                 position as u32
             } else {
                 self.next += 1;

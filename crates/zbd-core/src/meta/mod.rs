@@ -2,6 +2,8 @@
 //! pages and pairs", "Pair-state list", "Space for metadata"). Build step 1b lands here in
 //! pieces; the byte layouts are in `format/pages.rs`.
 //!
+//! - `btree.rs`: a B+-tree of fixed-size entries over the pool, the one mechanism under the
+//!   shared-block table (SBT) and the page count table (PCT).
 //! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
 //!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
@@ -21,6 +23,7 @@
 //!
 //! Nothing in the engine uses this module yet.
 
+pub mod btree;
 pub mod geometry;
 pub mod map_tree;
 pub mod page;

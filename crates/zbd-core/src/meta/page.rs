@@ -5,7 +5,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_directory, decode_map_interior, decode_map_leaf, PageAddress, PageKind, PAGE_BODY_BYTES,
+    decode_directory, decode_map_interior, decode_map_leaf, decode_pct, decode_sbt_interior,
+    decode_sbt_leaf, PageAddress, PageKind, PAGE_BODY_BYTES,
 };
 
 /// A page in the pool.
@@ -42,6 +43,9 @@ impl Page {
             PageKind::MapInterior => drop(decode_map_interior(b)?),
             PageKind::PairState => {}
             PageKind::PairStateDirectory => drop(decode_directory(b)?),
+            PageKind::SbtLeaf => drop(decode_sbt_leaf(b)?),
+            PageKind::SbtInterior => drop(decode_sbt_interior(b)?),
+            PageKind::PctLeaf | PageKind::PctInterior => drop(decode_pct(b)?),
             other => {
                 return Err(Error::CorruptMetadata(format!(
                     "page {} is a {other:?} page, which this build does not read yet",

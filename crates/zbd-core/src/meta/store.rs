@@ -481,8 +481,8 @@ impl TreeIo for MetaStore {
         self.read_slot(at, slot)
     }
 
-    fn allocate(&mut self, level: u8, position: u64) -> Result<u32> {
-        if level == 0 && position < u64::from(self.geometry.pairs0) {
+    fn allocate(&mut self, kind: PageKind, _: u8, position: u64) -> Result<u32> {
+        if kind == PageKind::MapLeaf && position < u64::from(self.geometry.pairs0) {
             let id = position as u32;
             // Created again before the phase 1 (or the commit) that frees it: the id never
             // left its pair state, and the free is not recorded.

@@ -1,0 +1,857 @@
+//! A B+-tree of fixed-size entries in metadata pages: the one mechanism under the shared-block
+//! table (SBT, dedup and snapshots' shared items) and the page count table (PCT, snapshots'
+//! shared pages) (docs/design.md, "The shared-block table (SBT)", "Counts and accounting").
+//!
+//! Nodes are pool frames like map pages: read through [`TreeIo`] from their pair's current
+//! slot, changed only through the pool (dirty, pinned until a checkpoint writes them into the
+//! other slot), so a crash before a commit leaves the durable tree whole. A node is decoded to
+//! a short vector when visited and encoded back only when it changed.
+//!
+//! Shape: an interior slot `(k, child)` covers keys from `k` to the next slot's key. The first
+//! slot of every interior node holds the smallest key there is ([`NodeFormat::KEY_MIN`]) and
+//! takes every key below the second: separators live only in slots after the first, so a
+//! split's separator (its right node's first key) always sorts between its neighbours, and
+//! dropping a node's first child needs no key from below.
+//! A leaf that overflows splits in the middle, or keeps [`NodeFormat::APPEND_KEEP`] entries when
+//! the new key is its last (keys arriving in ascending order, as promotions and a file's dedup
+//! targets do, fill leaves to that mark instead of half). Nodes are not merged when they thin
+//! out: a node is freed when its last entry goes, and a root with one child gives way to it.
+//! So no delete ever allocates a page, and fill after deletes costs pages, never answers.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+
+use super::map_tree::{create, fault_at, TreeIo};
+use super::page::Page;
+use super::pool::PagePool;
+use crate::error::{Error, Result};
+use crate::format::{
+    decode_pct, decode_sbt_interior, decode_sbt_leaf, encode_pct, encode_sbt_interior,
+    encode_sbt_leaf, PageAddress, PageKind, PctEntry, SbtKey, SbtValue, PAGE_BODY_BYTES,
+    PCT_ENTRIES_PER_PAGE, SBT_INTERIOR_ENTRIES, SBT_LEAF_ENTRIES,
+};
+
+/// How one tree kind lays its entries out in leaf and interior bodies.
+pub trait NodeFormat {
+    type Key: Copy + Ord + Debug;
+    type Value: Copy + Debug + PartialEq;
+    /// The smallest key there is: the key of every interior node's first slot.
+    const KEY_MIN: Self::Key;
+    const LEAF: PageKind;
+    const INTERIOR: PageKind;
+    /// Entries a leaf holds.
+    const LEAF_MAX: usize;
+    /// Child slots an interior page holds.
+    const INTERIOR_MAX: usize;
+    /// Entries a leaf keeps when a key appended at its end splits it.
+    const APPEND_KEEP: usize;
+    fn decode_leaf(body: &[u8]) -> Result<Vec<(Self::Key, Self::Value)>>;
+    fn encode_leaf(entries: &[(Self::Key, Self::Value)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>>;
+    fn decode_interior(body: &[u8]) -> Result<Vec<(Self::Key, u32)>>;
+    fn encode_interior(slots: &[(Self::Key, u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>>;
+}
+
+/// The shared-block table: (birth LBA, serial) -> where the shared item is and its count.
+/// 127 entries a leaf, 254 children an interior page; ascending runs fill leaves to 89 (70 %).
+pub struct Sbt;
+
+impl NodeFormat for Sbt {
+    type Key = SbtKey;
+    type Value = SbtValue;
+    const KEY_MIN: SbtKey = SbtKey {
+        birth: 0,
+        serial: 0,
+    };
+    const LEAF: PageKind = PageKind::SbtLeaf;
+    const INTERIOR: PageKind = PageKind::SbtInterior;
+    const LEAF_MAX: usize = SBT_LEAF_ENTRIES;
+    const INTERIOR_MAX: usize = SBT_INTERIOR_ENTRIES;
+    const APPEND_KEEP: usize = 89;
+    fn decode_leaf(body: &[u8]) -> Result<Vec<(SbtKey, SbtValue)>> {
+        decode_sbt_leaf(body)
+    }
+    fn encode_leaf(entries: &[(SbtKey, SbtValue)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+        encode_sbt_leaf(entries)
+    }
+    fn decode_interior(body: &[u8]) -> Result<Vec<(SbtKey, u32)>> {
+        decode_sbt_interior(body)
+    }
+    fn encode_interior(slots: &[(SbtKey, u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+        encode_sbt_interior(slots)
+    }
+}
+
+/// The page count table: (level and position key, page id) -> count, for counts other than 1.
+/// 254 entries a page, leaf or interior; runs of a shadow's children arrive in ascending order
+/// and fill leaves to 178 (70 %).
+pub struct Pct;
+
+impl NodeFormat for Pct {
+    type Key = (u64, u32);
+    type Value = u32;
+    const KEY_MIN: (u64, u32) = (0, 0);
+    const LEAF: PageKind = PageKind::PctLeaf;
+    const INTERIOR: PageKind = PageKind::PctInterior;
+    const LEAF_MAX: usize = PCT_ENTRIES_PER_PAGE;
+    const INTERIOR_MAX: usize = PCT_ENTRIES_PER_PAGE;
+    const APPEND_KEEP: usize = 178;
+    fn decode_leaf(body: &[u8]) -> Result<Vec<((u64, u32), u32)>> {
+        Ok(decode_pct(body)?
+            .into_iter()
+            .map(|e| ((e.key, e.page), e.value))
+            .collect())
+    }
+    fn encode_leaf(entries: &[((u64, u32), u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+        let e: Vec<PctEntry> = entries
+            .iter()
+            .map(|&((key, page), value)| PctEntry { key, page, value })
+            .collect();
+        encode_pct(&e)
+    }
+    fn decode_interior(body: &[u8]) -> Result<Vec<((u64, u32), u32)>> {
+        Self::decode_leaf(body)
+    }
+    fn encode_interior(slots: &[((u64, u32), u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+        Self::encode_leaf(slots)
+    }
+}
+
+/// One B+-tree: its root, height and entry count (the checkpoint's extension holds all three).
+pub struct BTree<F: NodeFormat> {
+    root: Option<u32>,
+    /// Levels, leaves included; 0 when empty.
+    height: u8,
+    entries: u64,
+    _format: PhantomData<F>,
+}
+
+impl<F: NodeFormat> Clone for BTree<F> {
+    fn clone(&self) -> Self {
+        BTree {
+            root: self.root,
+            height: self.height,
+            entries: self.entries,
+            _format: PhantomData,
+        }
+    }
+}
+
+impl<F: NodeFormat> Debug for BTree<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BTree")
+            .field("root", &self.root)
+            .field("height", &self.height)
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+/// Most levels a tree may claim: 254^8 entries is past any volume.
+const HEIGHT_MAX: u8 = 8;
+
+fn address<F: NodeFormat>(id: u32, level: u8) -> PageAddress {
+    PageAddress {
+        id,
+        kind: if level == 0 { F::LEAF } else { F::INTERIOR },
+        level,
+        position: 0,
+    }
+}
+
+/// Where a key goes among interior slots: the last slot whose key is at most it, else the first.
+fn child_index<K: Ord>(slots: &[(K, u32)], key: &K) -> usize {
+    slots.partition_point(|(k, _)| k <= key).saturating_sub(1)
+}
+
+/// What an insert below a node reports up: the value it replaced, and the node split off to
+/// the right (its separator and id) for the parent to take.
+type Inserted<F> = (
+    Option<<F as NodeFormat>::Value>,
+    Option<(<F as NodeFormat>::Key, u32)>,
+);
+
+/// A tree's entries in key order.
+type Entries<F> = Vec<(<F as NodeFormat>::Key, <F as NodeFormat>::Value)>;
+
+impl<F: NodeFormat> BTree<F> {
+    /// An empty tree: no page.
+    pub fn new() -> BTree<F> {
+        BTree {
+            root: None,
+            height: 0,
+            entries: 0,
+            _format: PhantomData,
+        }
+    }
+
+    /// The tree a checkpoint names: its root (`None` for an empty tree), height and entries.
+    pub fn from_root(root: Option<u32>, height: u8, entries: u64) -> Result<BTree<F>> {
+        let fits = match root {
+            None => height == 0 && entries == 0,
+            Some(_) => (1..=HEIGHT_MAX).contains(&height),
+        };
+        if !fits {
+            return Err(Error::CorruptMetadata(format!(
+                "{:?} tree root {root:?} at height {height} with {entries} entries",
+                F::LEAF
+            )));
+        }
+        Ok(BTree {
+            root,
+            height,
+            entries,
+            _format: PhantomData,
+        })
+    }
+
+    pub fn root(&self) -> Option<u32> {
+        self.root
+    }
+
+    pub fn height(&self) -> u8 {
+        self.height
+    }
+
+    /// Entries in the tree.
+    pub fn len(&self) -> u64 {
+        self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    fn leaf<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, id: u32) -> Result<Entries<F>> {
+        let at = address::<F>(id, 0);
+        fault_at(pool, io, &at)?;
+        F::decode_leaf(&pool.get(id, at.kind).expect("faulted in").body[..])
+    }
+
+    fn interior<I: TreeIo>(
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        id: u32,
+        level: u8,
+    ) -> Result<Vec<(F::Key, u32)>> {
+        let at = address::<F>(id, level);
+        fault_at(pool, io, &at)?;
+        let slots = F::decode_interior(&pool.get(id, at.kind).expect("faulted in").body[..])?;
+        if slots.is_empty() {
+            return Err(Error::CorruptMetadata(format!(
+                "{:?} page {id} has no child",
+                at.kind
+            )));
+        }
+        Ok(slots)
+    }
+
+    /// Writes `body` into page `id` (dirty from now on), faulting it back first when the
+    /// pool evicted it since it was read (a split's new page or a child's read can).
+    fn put<I: TreeIo>(
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        id: u32,
+        level: u8,
+        body: Box<[u8; PAGE_BODY_BYTES]>,
+    ) -> Result<()> {
+        let at = address::<F>(id, level);
+        fault_at(pool, io, &at)?;
+        pool.change(id, at.kind).expect("faulted in").body = body;
+        Ok(())
+    }
+
+    fn new_page<I: TreeIo>(
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        level: u8,
+        body: Box<[u8; PAGE_BODY_BYTES]>,
+    ) -> Result<u32> {
+        let kind = address::<F>(0, level).kind;
+        create(
+            pool,
+            io,
+            Page {
+                kind,
+                level,
+                position: 0,
+                body,
+            },
+        )
+    }
+
+    /// The value of `key`, if the tree holds it.
+    pub fn get<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        key: F::Key,
+    ) -> Result<Option<F::Value>> {
+        let Some(mut id) = self.root else {
+            return Ok(None);
+        };
+        for level in (1..self.height).rev() {
+            let slots = Self::interior(pool, io, id, level)?;
+            id = slots[child_index(&slots, &key)].1;
+        }
+        let entries = Self::leaf(pool, io, id)?;
+        Ok(entries
+            .binary_search_by(|(k, _)| k.cmp(&key))
+            .ok()
+            .map(|i| entries[i].1))
+    }
+
+    /// Sets `key` to `value`; returns the value it replaced. An unchanged value dirties nothing.
+    pub fn insert<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        key: F::Key,
+        value: F::Value,
+    ) -> Result<Option<F::Value>> {
+        let Some(root) = self.root else {
+            let id = Self::new_page(pool, io, 0, F::encode_leaf(&[(key, value)])?)?;
+            (self.root, self.height, self.entries) = (Some(id), 1, 1);
+            return Ok(None);
+        };
+        let (old, split) = self.insert_at(pool, io, root, self.height - 1, key, value)?;
+        if let Some((k, right)) = split {
+            if self.height >= HEIGHT_MAX {
+                return Err(Error::CorruptMetadata(format!(
+                    "{:?} tree passes {HEIGHT_MAX} levels",
+                    F::LEAF
+                )));
+            }
+            let body = F::encode_interior(&[(F::KEY_MIN, root), (k, right)])?;
+            let id = Self::new_page(pool, io, self.height, body)?;
+            self.root = Some(id);
+            self.height += 1;
+        }
+        if old.is_none() {
+            self.entries += 1;
+        }
+        Ok(old)
+    }
+
+    fn insert_at<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        id: u32,
+        level: u8,
+        key: F::Key,
+        value: F::Value,
+    ) -> Result<Inserted<F>> {
+        if level == 0 {
+            let mut entries = Self::leaf(pool, io, id)?;
+            let i = match entries.binary_search_by(|(k, _)| k.cmp(&key)) {
+                Ok(i) => {
+                    let old = entries[i].1;
+                    if old != value {
+                        entries[i].1 = value;
+                        Self::put(pool, io, id, 0, F::encode_leaf(&entries)?)?;
+                    }
+                    return Ok((Some(old), None));
+                }
+                Err(i) => i,
+            };
+            entries.insert(i, (key, value));
+            if entries.len() <= F::LEAF_MAX {
+                Self::put(pool, io, id, 0, F::encode_leaf(&entries)?)?;
+                return Ok((None, None));
+            }
+            let keep = if i == entries.len() - 1 {
+                F::APPEND_KEEP
+            } else {
+                entries.len() / 2
+            };
+            let right = entries.split_off(keep);
+            let right_id = Self::new_page(pool, io, 0, F::encode_leaf(&right)?)?;
+            Self::put(pool, io, id, 0, F::encode_leaf(&entries)?)?;
+            return Ok((None, Some((right[0].0, right_id))));
+        }
+        let mut slots = Self::interior(pool, io, id, level)?;
+        let c = child_index(&slots, &key);
+        let (old, split) = self.insert_at(pool, io, slots[c].1, level - 1, key, value)?;
+        let Some(new_slot) = split else {
+            return Ok((old, None));
+        };
+        slots.insert(c + 1, new_slot);
+        if slots.len() <= F::INTERIOR_MAX {
+            Self::put(pool, io, id, level, F::encode_interior(&slots)?)?;
+            return Ok((old, None));
+        }
+        let mut right = slots.split_off(slots.len() / 2);
+        let separator = std::mem::replace(&mut right[0].0, F::KEY_MIN);
+        let right_id = Self::new_page(pool, io, level, F::encode_interior(&right)?)?;
+        Self::put(pool, io, id, level, F::encode_interior(&slots)?)?;
+        Ok((old, Some((separator, right_id))))
+    }
+
+    /// Removes `key`; returns its value. A node left empty is freed, and a root left with one
+    /// child gives way to it.
+    pub fn remove<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        key: F::Key,
+    ) -> Result<Option<F::Value>> {
+        let Some(root) = self.root else {
+            return Ok(None);
+        };
+        let (old, empty) = self.remove_at(pool, io, root, self.height - 1, key)?;
+        if old.is_some() {
+            self.entries -= 1;
+        }
+        if empty {
+            pool.remove(root);
+            io.free(root);
+            (self.root, self.height) = (None, 0);
+            return Ok(old);
+        }
+        while self.height > 1 {
+            let root = self.root.expect("a root");
+            let slots = Self::interior(pool, io, root, self.height - 1)?;
+            if slots.len() > 1 {
+                break;
+            }
+            pool.remove(root);
+            io.free(root);
+            self.root = Some(slots[0].1);
+            self.height -= 1;
+        }
+        Ok(old)
+    }
+
+    fn remove_at<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        id: u32,
+        level: u8,
+        key: F::Key,
+    ) -> Result<(Option<F::Value>, bool)> {
+        if level == 0 {
+            let mut entries = Self::leaf(pool, io, id)?;
+            let Ok(i) = entries.binary_search_by(|(k, _)| k.cmp(&key)) else {
+                return Ok((None, false));
+            };
+            let (_, old) = entries.remove(i);
+            if !entries.is_empty() {
+                Self::put(pool, io, id, 0, F::encode_leaf(&entries)?)?;
+            }
+            return Ok((Some(old), entries.is_empty()));
+        }
+        let mut slots = Self::interior(pool, io, id, level)?;
+        let c = child_index(&slots, &key);
+        let child = slots[c].1;
+        let (old, empty) = self.remove_at(pool, io, child, level - 1, key)?;
+        if !empty {
+            return Ok((old, false));
+        }
+        // The parent drops the slot before the child's id is freed: no slot names a free id.
+        slots.remove(c);
+        if let Some(first) = slots.first_mut() {
+            first.0 = F::KEY_MIN;
+        }
+        if !slots.is_empty() {
+            Self::put(pool, io, id, level, F::encode_interior(&slots)?)?;
+        }
+        pool.remove(child);
+        io.free(child);
+        Ok((old, slots.is_empty()))
+    }
+
+    /// Calls `f` with every entry whose key is at least `from`, in key order, until it returns
+    /// false.
+    pub fn scan<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        from: F::Key,
+        f: &mut impl FnMut(F::Key, F::Value) -> bool,
+    ) -> Result<()> {
+        if let Some(root) = self.root {
+            Self::scan_at(pool, io, root, self.height - 1, from, f)?;
+        }
+        Ok(())
+    }
+
+    /// Returns false once `f` has asked to stop.
+    fn scan_at<I: TreeIo>(
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        id: u32,
+        level: u8,
+        from: F::Key,
+        f: &mut impl FnMut(F::Key, F::Value) -> bool,
+    ) -> Result<bool> {
+        if level == 0 {
+            for (k, v) in Self::leaf(pool, io, id)? {
+                if k >= from && !f(k, v) {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
+        let slots = Self::interior(pool, io, id, level)?;
+        for &(_, child) in &slots[child_index(&slots, &from)..] {
+            if !Self::scan_at(pool, io, child, level - 1, from, f)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl<F: NodeFormat> Default for BTree<F> {
+    fn default() -> Self {
+        BTree::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::pool::FRAME_BYTES;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+    /// The PCT's layout with nodes of 4 entries and 3 children, so a few hundred keys make a
+    /// tree of four and five levels.
+    struct Tiny;
+
+    impl NodeFormat for Tiny {
+        type Key = (u64, u32);
+        type Value = u32;
+        const KEY_MIN: (u64, u32) = (0, 0);
+        const LEAF: PageKind = PageKind::PctLeaf;
+        const INTERIOR: PageKind = PageKind::PctInterior;
+        const LEAF_MAX: usize = 4;
+        const INTERIOR_MAX: usize = 3;
+        const APPEND_KEEP: usize = 3;
+        fn decode_leaf(body: &[u8]) -> Result<Vec<((u64, u32), u32)>> {
+            Pct::decode_leaf(body)
+        }
+        fn encode_leaf(entries: &[((u64, u32), u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+            assert!(entries.len() <= Self::LEAF_MAX, "a leaf past its size");
+            Pct::encode_leaf(entries)
+        }
+        fn decode_interior(body: &[u8]) -> Result<Vec<((u64, u32), u32)>> {
+            Pct::decode_interior(body)
+        }
+        fn encode_interior(slots: &[((u64, u32), u32)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
+            assert!(
+                slots.len() <= Self::INTERIOR_MAX,
+                "an interior page past its size"
+            );
+            Pct::encode_interior(slots)
+        }
+    }
+
+    /// Pages on a "disk" that a checkpoint copies the pool's dirty frames to, with the ids in
+    /// use checked at every allocation and free.
+    #[derive(Default)]
+    struct MemIo {
+        disk: HashMap<u32, Page>,
+        in_use: BTreeSet<u32>,
+        next: u32,
+    }
+
+    impl TreeIo for MemIo {
+        fn read(&mut self, _: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
+            let p = self
+                .disk
+                .get(&at.id)
+                .ok_or_else(|| Error::CorruptMetadata(format!("page {} never written", at.id)))?;
+            assert_eq!((p.kind, p.level), (at.kind, at.level), "page {}", at.id);
+            Ok(p.clone())
+        }
+
+        fn allocate(&mut self, kind: PageKind, _: u8, _: u64) -> Result<u32> {
+            assert!(matches!(kind, PageKind::PctLeaf | PageKind::PctInterior));
+            self.next += 1;
+            assert!(self.in_use.insert(self.next), "id handed out twice");
+            Ok(self.next)
+        }
+
+        fn free(&mut self, id: u32) {
+            assert!(self.in_use.remove(&id), "id {id} freed while not in use");
+        }
+    }
+
+    impl MemIo {
+        fn checkpoint(&mut self, pool: &mut PagePool<Page>) {
+            for id in pool.snapshot() {
+                self.disk.insert(id, pool.peek(id).expect("dirty").clone());
+            }
+            pool.commit();
+        }
+    }
+
+    fn pool(frames: u64) -> PagePool<Page> {
+        PagePool::new(frames * FRAME_BYTES, 0).expect("pool")
+    }
+
+    /// Walks the whole tree: keys ascending across leaves, every leaf at the bottom level, no
+    /// empty node, no root with one child, every slot's key at most its subtree's smallest key
+    /// but the first; returns the entries and the ids it visited.
+    fn check<F: NodeFormat>(
+        t: &BTree<F>,
+        pool: &mut PagePool<Page>,
+        io: &mut MemIo,
+    ) -> (Entries<F>, BTreeSet<u32>) {
+        fn walk<F: NodeFormat>(
+            pool: &mut PagePool<Page>,
+            io: &mut MemIo,
+            id: u32,
+            level: u8,
+            low: Option<F::Key>,
+            out: &mut Vec<(F::Key, F::Value)>,
+            ids: &mut BTreeSet<u32>,
+        ) {
+            assert!(ids.insert(id), "page {id} reached twice");
+            if level == 0 {
+                let entries = BTree::<F>::leaf(pool, io, id).expect("leaf");
+                assert!(!entries.is_empty(), "empty leaf {id}");
+                if let Some(low) = low {
+                    assert!(entries[0].0 >= low, "leaf {id} below its slot's key");
+                }
+                out.extend(entries);
+                return;
+            }
+            let slots = BTree::<F>::interior(pool, io, id, level).expect("interior");
+            assert_eq!(slots[0].0, F::KEY_MIN, "page {id}'s first slot");
+            for (i, &(k, child)) in slots.iter().enumerate() {
+                let low = if i == 0 { low } else { Some(k) };
+                walk::<F>(pool, io, child, level - 1, low, out, ids);
+            }
+        }
+        let mut out = Vec::new();
+        let mut ids = BTreeSet::new();
+        if let Some(root) = t.root() {
+            walk::<F>(pool, io, root, t.height() - 1, None, &mut out, &mut ids);
+            if t.height() > 1 {
+                let slots = BTree::<F>::interior(pool, io, root, t.height() - 1).expect("root");
+                assert!(slots.len() > 1, "a root with one child stays");
+            }
+        }
+        assert!(out.windows(2).all(|w| w[0].0 < w[1].0), "keys out of order");
+        assert_eq!(out.len() as u64, t.len());
+        (out, ids)
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u64, u32),
+        /// Keys `from ..` in ascending order, as a shadow's promotions arrive.
+        Run(u64, u8),
+        Remove(u64),
+        Scan(u64, u8),
+        Checkpoint,
+        /// A cold open from the last checkpoint (whose state the model kept).
+        Reopen,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let key = 0u64..300;
+        prop_oneof![
+            6 => (key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+            2 => (key.clone(), 1u8..40).prop_map(|(k, n)| Op::Run(k, n)),
+            5 => key.clone().prop_map(Op::Remove),
+            1 => (key, 1u8..20).prop_map(|(k, n)| Op::Scan(k, n)),
+            1 => Just(Op::Checkpoint),
+            1 => Just(Op::Reopen),
+        ]
+    }
+
+    fn k(n: u64) -> (u64, u32) {
+        (n / 3, (n % 3) as u32)
+    }
+
+    fn run(ops: Vec<Op>, frames: u64) -> std::result::Result<(), TestCaseError> {
+        let mut io = MemIo::default();
+        let mut p = pool(frames);
+        let mut t = BTree::<Tiny>::new();
+        let mut model: BTreeMap<(u64, u32), u32> = BTreeMap::new();
+        let mut durable = (t.clone(), model.clone(), io.disk.clone(), io.in_use.clone());
+        for op in ops {
+            match op {
+                Op::Insert(n, v) => {
+                    let got = t.insert(&mut p, &mut io, k(n), v).expect("insert");
+                    prop_assert_eq!(got, model.insert(k(n), v));
+                }
+                Op::Run(from, len) => {
+                    for n in from..from + u64::from(len) {
+                        let got = t.insert(&mut p, &mut io, k(n), n as u32).expect("insert");
+                        prop_assert_eq!(got, model.insert(k(n), n as u32));
+                        if p.stats().dirty * 2 >= frames {
+                            io.checkpoint(&mut p);
+                        }
+                    }
+                }
+                Op::Remove(n) => {
+                    let got = t.remove(&mut p, &mut io, k(n)).expect("remove");
+                    prop_assert_eq!(got, model.remove(&k(n)));
+                }
+                Op::Scan(from, n) => {
+                    let mut got = Vec::new();
+                    t.scan(&mut p, &mut io, k(from), &mut |key, v| {
+                        got.push((key, v));
+                        got.len() < usize::from(n)
+                    })
+                    .expect("scan");
+                    let want: Vec<_> = model
+                        .range(k(from)..)
+                        .take(usize::from(n))
+                        .map(|(&a, &b)| (a, b))
+                        .collect();
+                    prop_assert_eq!(got, want);
+                }
+                Op::Checkpoint => {
+                    io.checkpoint(&mut p);
+                    durable = (t.clone(), model.clone(), io.disk.clone(), io.in_use.clone());
+                }
+                Op::Reopen => {
+                    let (dt, dm, disk, in_use) = durable.clone();
+                    t = BTree::from_root(dt.root(), dt.height(), dt.len()).expect("root");
+                    model = dm;
+                    (io.disk, io.in_use) = (disk, in_use);
+                    p = pool(frames);
+                }
+            }
+            // A small pool fills with dirty frames: checkpoint when half are pinned (one insert
+            // dirties at most two pages a level).
+            if p.stats().dirty * 2 >= frames {
+                io.checkpoint(&mut p);
+            }
+            let (entries, ids) = check(&t, &mut p, &mut io);
+            let want: Vec<_> = model.iter().map(|(&a, &b)| (a, b)).collect();
+            prop_assert_eq!(entries, want);
+            prop_assert_eq!(ids, io.in_use.clone(), "pages reachable = ids in use");
+        }
+        for (&key, &v) in &model {
+            prop_assert_eq!(t.get(&mut p, &mut io, key).expect("get"), Some(v));
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(160))]
+        /// Inserts, ascending runs, removes and scans against a sorted map, with checkpoints,
+        /// cold reopens and a pool small enough to evict between a node's read and its write;
+        /// after every op the whole tree is walked for order, depth and leaks.
+        #[test]
+        fn a_tree_answers_as_a_sorted_map_does(
+            ops in proptest::collection::vec(op(), 1..150),
+            frames in prop_oneof![Just(24u64), Just(64)],
+        ) {
+            run(ops, frames)?;
+        }
+    }
+
+    /// Keys in ascending order fill leaves to the append mark, not half: 70 % for the SBT.
+    #[test]
+    fn ascending_keys_fill_leaves_to_the_append_mark() {
+        let mut io = MemIo::default();
+        let mut p = pool(4096);
+        let mut t = BTree::<Pct>::new();
+        for n in 0..10_000u64 {
+            t.insert(&mut p, &mut io, (n, 0), 1).expect("insert");
+        }
+        let (_, ids) = check(&t, &mut p, &mut io);
+        let leaves = ids
+            .iter()
+            .filter(|&&id| p.kind_of(id) == Some(PageKind::PctLeaf))
+            .count();
+        let fill = 10_000.0 / (leaves as f64 * Pct::LEAF_MAX as f64);
+        assert!(
+            (0.65..0.75).contains(&fill),
+            "fill {fill} over {leaves} leaves"
+        );
+        // Removing everything frees every page.
+        for n in 0..10_000u64 {
+            assert_eq!(t.remove(&mut p, &mut io, (n, 0)).expect("remove"), Some(1));
+        }
+        assert_eq!((t.root(), t.height(), t.len()), (None, 0, 0));
+        assert!(io.in_use.is_empty());
+    }
+
+    #[test]
+    fn a_root_that_does_not_fit_its_height_is_refused() {
+        assert!(BTree::<Sbt>::from_root(None, 1, 0).is_err());
+        assert!(BTree::<Sbt>::from_root(Some(4), 0, 10).is_err());
+        assert!(BTree::<Sbt>::from_root(Some(4), HEIGHT_MAX + 1, 10).is_err());
+        assert!(BTree::<Sbt>::from_root(Some(4), 2, 10).is_ok());
+    }
+
+    /// The SBT on the medium: a tree of a few thousand entries committed, then changed, its next
+    /// checkpoint cut by a power failure: an open from the durable root reads the committed
+    /// entries and nothing of the cut.
+    #[test]
+    fn an_sbt_reopens_from_its_durable_root_after_a_cut_checkpoint() {
+        use crate::backend::{MemStorage, Storage};
+        use crate::meta::store::{MetaCheckpoint, MetaStore};
+        use crate::meta::MetaGeometry;
+        use std::sync::Arc;
+
+        let sb = crate::layout::plan(&crate::layout::CreateOptions::new(64 << 20)).expect("plan");
+        let geometry = MetaGeometry::at_enable(&sb).expect("geometry");
+        let storage: Arc<dyn Storage> = Arc::new(MemStorage::new(sb.total_bytes()));
+        let open = |meta: &MetaCheckpoint, interval: u64| {
+            MetaStore::open(
+                storage.clone(),
+                &sb,
+                geometry,
+                0..geometry.h,
+                meta,
+                interval,
+            )
+            .expect("open")
+        };
+        let value = |n: u64| SbtValue {
+            extent: n as u32,
+            location: 0,
+            stored_len: 900,
+            codec: 1,
+            flags: 0,
+            crc: n as u32 ^ 0x5a5a,
+            count: 2,
+        };
+        let key = |n: u64| SbtKey {
+            birth: n.wrapping_mul(2_654_435_761) % 1_000_000,
+            serial: n,
+        };
+        let mut store = open(&MetaCheckpoint::default(), 1);
+        let mut p = pool(256);
+        let mut t = BTree::<Sbt>::new();
+        let mut model = BTreeMap::new();
+        for n in 0..3000 {
+            t.insert(&mut p, &mut store, key(n), value(n))
+                .expect("insert");
+            model.insert(key(n), value(n));
+        }
+        let meta = store.checkpoint(&mut p).expect("checkpoint");
+        store.commit(&mut p);
+        let durable = (t.clone(), meta, model.clone());
+        for n in 0..1500 {
+            t.remove(&mut p, &mut store, key(2 * n)).expect("remove");
+        }
+        for n in 3000..4000 {
+            t.insert(&mut p, &mut store, key(n), value(n))
+                .expect("insert");
+        }
+        let _cut = store.checkpoint(&mut p).expect("checkpoint");
+        let (dt, meta, model) = durable;
+        let mut store = open(&meta, 2);
+        let mut p = pool(16);
+        let t = BTree::<Sbt>::from_root(dt.root(), dt.height(), dt.len()).expect("root");
+        let mut got = Vec::new();
+        t.scan(&mut p, &mut store, Sbt::KEY_MIN, &mut |k, v| {
+            got.push((k, v));
+            true
+        })
+        .expect("scan");
+        assert_eq!(got, model.into_iter().collect::<Vec<_>>());
+        assert_eq!(t.get(&mut p, &mut store, key(3500)).expect("get"), None);
+    }
+}
