@@ -789,25 +789,10 @@ mod tests {
     /// entries and nothing of the cut.
     #[test]
     fn an_sbt_reopens_from_its_durable_root_after_a_cut_checkpoint() {
-        use crate::backend::{MemStorage, Storage};
-        use crate::meta::store::{MetaCheckpoint, MetaStore};
-        use crate::meta::MetaGeometry;
-        use std::sync::Arc;
+        use crate::meta::store::MetaCheckpoint;
+        use crate::meta::testing::TestVolume;
 
-        let sb = crate::layout::plan(&crate::layout::CreateOptions::new(64 << 20)).expect("plan");
-        let geometry = MetaGeometry::at_enable(&sb).expect("geometry");
-        let storage: Arc<dyn Storage> = Arc::new(MemStorage::new(sb.total_bytes()));
-        let open = |meta: &MetaCheckpoint, interval: u64| {
-            MetaStore::open(
-                storage.clone(),
-                &sb,
-                geometry,
-                0..geometry.h,
-                meta,
-                interval,
-            )
-            .expect("open")
-        };
+        let v = TestVolume::new(64 << 20);
         let value = |n: u64| SbtValue {
             extent: n as u32,
             location: 0,
@@ -821,7 +806,7 @@ mod tests {
             birth: n.wrapping_mul(2_654_435_761) % 1_000_000,
             serial: n,
         };
-        let mut store = open(&MetaCheckpoint::default(), 1);
+        let mut store = v.open(&MetaCheckpoint::default(), 1);
         let mut p = pool(256);
         let mut t = BTree::<Sbt>::new();
         let mut model = BTreeMap::new();
@@ -842,7 +827,7 @@ mod tests {
         }
         let _cut = store.checkpoint(&mut p).expect("checkpoint");
         let (dt, meta, model) = durable;
-        let mut store = open(&meta, 2);
+        let mut store = v.open(&meta, 2);
         let mut p = pool(16);
         let t = BTree::<Sbt>::from_root(dt.root(), dt.height(), dt.len()).expect("root");
         let mut got = Vec::new();

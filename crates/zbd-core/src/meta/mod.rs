@@ -4,6 +4,8 @@
 //!
 //! - `btree.rs`: a B+-tree of fixed-size entries over the pool, the one mechanism under the
 //!   shared-block table (SBT) and the page count table (PCT).
+//! - `devices.rs`: the device table, rows resident by id, in device-table pages named by a
+//!   list page.
 //! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
 //!   the id space, and the sizes that follow from the volume's shape (pair-state list capacity
 //!   and the bounds it is admitted by, the bit-10 checkpoint slot).
@@ -24,6 +26,7 @@
 //! Nothing in the engine uses this module yet.
 
 pub mod btree;
+pub mod devices;
 pub mod geometry;
 pub mod map_tree;
 pub mod page;
@@ -31,6 +34,8 @@ pub mod pairs;
 pub mod pool;
 pub mod repairs;
 pub mod store;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tree;
 
 pub use geometry::{ListBounds, MetaGeometry, PairHome};

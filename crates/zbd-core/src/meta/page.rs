@@ -5,8 +5,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_directory, decode_map_interior, decode_map_leaf, decode_pct, decode_sbt_interior,
-    decode_sbt_leaf, PageAddress, PageKind, PAGE_BODY_BYTES,
+    decode_device_table, decode_directory, decode_list, decode_map_interior, decode_map_leaf,
+    decode_pct, decode_sbt_interior, decode_sbt_leaf, PageAddress, PageKind, PAGE_BODY_BYTES,
 };
 
 /// A page in the pool.
@@ -46,6 +46,8 @@ impl Page {
             PageKind::SbtLeaf => drop(decode_sbt_leaf(b)?),
             PageKind::SbtInterior => drop(decode_sbt_interior(b)?),
             PageKind::PctLeaf | PageKind::PctInterior => drop(decode_pct(b)?),
+            PageKind::DeviceTable => drop(decode_device_table(b)?),
+            PageKind::List => drop(decode_list(b)?),
             other => {
                 return Err(Error::CorruptMetadata(format!(
                     "page {} is a {other:?} page, which this build does not read yet",

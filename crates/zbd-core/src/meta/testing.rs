@@ -1,0 +1,48 @@
+//! Test volumes for the page modules: a planned volume on a RAM storage with every metadata
+//! extent pair carved, and stores opened on it from what a checkpoint carried.
+
+use std::sync::Arc;
+
+use super::page::Page;
+use super::pool::{PagePool, FRAME_BYTES};
+use super::store::{MetaCheckpoint, MetaStore};
+use super::MetaGeometry;
+use crate::backend::{MemStorage, Storage};
+use crate::format::Superblock;
+
+pub struct TestVolume {
+    pub storage: Arc<dyn Storage>,
+    pub sb: Superblock,
+    pub geometry: MetaGeometry,
+}
+
+impl TestVolume {
+    /// A volume of `bytes` logical bytes laid out as `zbd create` would.
+    pub fn new(bytes: u64) -> TestVolume {
+        let sb = crate::layout::plan(&crate::layout::CreateOptions::new(bytes)).expect("plan");
+        let geometry = MetaGeometry::at_enable(&sb).expect("geometry");
+        TestVolume {
+            storage: Arc::new(MemStorage::new(sb.total_bytes())),
+            sb,
+            geometry,
+        }
+    }
+
+    /// The store an open after a checkpoint that carried `meta` makes, every pair carved.
+    pub fn open(&self, meta: &MetaCheckpoint, interval: u64) -> MetaStore {
+        MetaStore::open(
+            self.storage.clone(),
+            &self.sb,
+            self.geometry,
+            0..self.geometry.h,
+            meta,
+            interval,
+        )
+        .expect("open")
+    }
+}
+
+/// A pool of `frames` frames and no floor.
+pub fn pool(frames: u64) -> PagePool<Page> {
+    PagePool::new(frames * FRAME_BYTES, 0).expect("pool")
+}
