@@ -927,6 +927,8 @@ pub struct Extension {
     pub hooks_list: u32,
     /// Sequence of the checkpoint that set bit 10 (0: created with it).
     pub enabled_seq: u64,
+    /// PCT entries.
+    pub pct_entries: u64,
 }
 
 impl Extension {
@@ -960,6 +962,7 @@ impl Extension {
         put_u64(b, 76, self.next_sbt_serial);
         put_u32(b, 84, self.hooks_list);
         put_u64(b, 88, self.enabled_seq);
+        put_u64(b, 96, self.pct_entries);
     }
 
     /// Decodes 256 bytes; an error when the lists it announces exceed their capacity.
@@ -991,6 +994,7 @@ impl Extension {
             next_sbt_serial: get_u64(b, 76),
             hooks_list: get_u32(b, 84),
             enabled_seq: get_u64(b, 88),
+            pct_entries: get_u64(b, 96),
         };
         let lists = EXTENSION_HEADER_BYTES as u64
             + 8 * u64::from(e.directory_pages)

@@ -1,67 +1,51 @@
 //! The bit-10 map (docs/design.md, "Map trees, pages and pairs"; "Build order" 1b, "Wiring
-//! (with 1b.2 on)"): [`Map`](super::Map)'s API over one device's page tree ([`MapTree`]), its
-//! pages on the medium ([`MetaStore`]: the current slot of each pair, checkpoints into the
-//! other) and in RAM ([`PagePool`]), with the same exact volume counters ([`MapCounters`]).
+//! (with 1b.2 on)"): [`Map`](super::Map)'s API over the default device's page tree in the
+//! volume's [`Catalog`] (its pages on the medium and in the pool), with the same exact volume
+//! counters ([`MapCounters`]).
 //!
 //! Not yet chosen by any open: the engine opens v2's `Map` on every volume. When bit 10 is
-//! wired in, an open of a bit-10 volume builds a `TreeMap` from the root, depth, counters and
-//! pair-state and directory lists its checkpoint carries (what [`TreeMap::checkpoint`]
-//! returns), and the
-//! checkpoint writes them into its extension.
+//! wired in, an open of a bit-10 volume builds a `TreeMap` from the extension and counters
+//! its checkpoint carries (what [`TreeMap::checkpoint`] returns), and the checkpoint writes
+//! the extension after v2's header.
 //!
-//! The counters move only with what the tree reports: the old entry [`MapTree::set`] returns,
-//! and the [`Replaced`] runs of [`MapTree::set_range`], which name every block whose entry
+//! The counters move only with what the tree reports: the old entry `MapTree::set` returns,
+//! and the [`Replaced`] runs of `MapTree::set_range`, which name every block whose entry
 //! changed (each run: `count` blocks leave `entry` for the range's new entry). Its tests run
 //! one random op sequence on a v2 `Map` and on a `TreeMap` and compare every answer.
 
 use super::MapCounters;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, ChildSlot, MapEntry};
-use crate::meta::map_tree::{MapTree, Replaced};
-use crate::meta::page::Page;
-use crate::meta::pool::{PagePool, PoolStats};
-use crate::meta::store::{MetaCheckpoint, MetaStore};
+use crate::format::{BlockState, ChildSlot, ExtensionBody, MapEntry};
+use crate::meta::catalog::Catalog;
+use crate::meta::map_tree::Replaced;
+use crate::meta::pool::PoolStats;
 
-/// What a checkpoint of a [`TreeMap`] carries, all as of its phase 1: the device row's root
-/// and depth, the volume counters, the pair-state and directory lists, and the interval an
-/// open after it writes in.
+/// What a checkpoint of a [`TreeMap`] carries, all as of its phase 1: the volume counters, the
+/// extension (pair-state and directory lists, device table, SBT and PCT roots), and the
+/// interval an open after it writes in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeCheckpoint {
-    pub root: ChildSlot,
-    pub depth: u8,
     pub counters: MapCounters,
-    pub meta: MetaCheckpoint,
+    pub ext: ExtensionBody,
     pub interval: u64,
 }
 
-/// The map of one device as a tree of metadata pages.
+/// The map of one device as a tree of metadata pages, in the volume's [`Catalog`].
 pub struct TreeMap {
-    tree: MapTree,
-    store: MetaStore,
-    pool: PagePool<Page>,
+    catalog: Catalog,
     counters: MapCounters,
 }
 
 impl TreeMap {
-    /// The map `tree` names, its pages read through `store` into `pool`; `counters` are the
-    /// volume counters of the checkpoint the tree's root came from.
-    pub fn new(
-        tree: MapTree,
-        store: MetaStore,
-        pool: PagePool<Page>,
-        counters: MapCounters,
-    ) -> TreeMap {
-        TreeMap {
-            tree,
-            store,
-            pool,
-            counters,
-        }
+    /// The map of `catalog`'s default device; `counters` are the volume counters of the
+    /// checkpoint the catalog came from.
+    pub fn new(catalog: Catalog, counters: MapCounters) -> TreeMap {
+        TreeMap { catalog, counters }
     }
 
     /// Logical blocks.
     pub fn blocks(&self) -> u64 {
-        self.tree.blocks()
+        self.catalog.tree.blocks()
     }
 
     /// Exact counters of the whole map.
@@ -71,30 +55,30 @@ impl TreeMap {
 
     /// The page pool's statistics (pinned frames tell when a checkpoint must come).
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
+        self.catalog.pool.stats()
     }
 
     /// The entry of `lba`.
     pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
-        self.tree.get(&mut self.pool, &mut self.store, lba)
+        let c = &mut self.catalog;
+        c.tree.get(&mut c.pool, &mut c.store, lba)
     }
 
     /// The entries of `count` blocks from `first`, appended to `out`: one walk for the range,
     /// summaries answered without a page. A range past the device is an error.
     pub fn get_run(&mut self, first: u64, count: u64, out: &mut Vec<MapEntry>) -> Result<()> {
-        self.tree.scan(
-            &mut self.pool,
-            &mut self.store,
-            first,
-            count,
-            &mut |_, n, e| out.extend(std::iter::repeat_n(e, n as usize)),
-        )
+        let c = &mut self.catalog;
+        c.tree
+            .scan(&mut c.pool, &mut c.store, first, count, &mut |_, n, e| {
+                out.extend(std::iter::repeat_n(e, n as usize))
+            })
     }
 
     /// Sets the entry of `lba`; returns the old entry if it changed (its leaf is then dirty,
     /// pinned in the pool until a checkpoint writes it).
     pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
-        let old = self.tree.set(&mut self.pool, &mut self.store, lba, new)?;
+        let c = &mut self.catalog;
+        let old = c.tree.set(&mut c.pool, &mut c.store, lba, new)?;
         if old == new {
             return Ok(None);
         }
@@ -124,9 +108,10 @@ impl TreeMap {
             )));
         };
         let counters = &mut self.counters;
-        self.tree.set_range(
-            &mut self.pool,
-            &mut self.store,
+        let c = &mut self.catalog;
+        c.tree.set_range(
+            &mut c.pool,
+            &mut c.store,
             first,
             count,
             to,
@@ -147,19 +132,15 @@ impl TreeMap {
     /// are skipped without reading them.
     pub fn for_each_data(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
         let blocks = self.blocks();
-        self.tree.scan(
-            &mut self.pool,
-            &mut self.store,
-            0,
-            blocks,
-            &mut |lba, n, e| {
+        let c = &mut self.catalog;
+        c.tree
+            .scan(&mut c.pool, &mut c.store, 0, blocks, &mut |lba, n, e| {
                 if e.state == BlockState::Data {
                     for l in lba..lba + n {
                         f(l, &e);
                     }
                 }
-            },
-        )
+            })
     }
 
     /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`;
@@ -171,9 +152,10 @@ impl TreeMap {
         mut f: impl FnMut(BlockState, u64),
     ) -> Result<()> {
         let mut run: Option<(BlockState, u64)> = None;
-        self.tree.scan(
-            &mut self.pool,
-            &mut self.store,
+        let c = &mut self.catalog;
+        c.tree.scan(
+            &mut c.pool,
+            &mut c.store,
             first,
             count,
             &mut |_, n, e| match &mut run {
@@ -191,31 +173,29 @@ impl TreeMap {
         Ok(())
     }
 
-    /// Phases 1 and 2 of a checkpoint ([`MetaStore::checkpoint`]): the pool's dirty pages are
-    /// written into the other slots of their pairs and synced. Returns what the checkpoint
-    /// carries for the map, as of phase 1. Changes may go on until [`TreeMap::commit`] or
-    /// [`TreeMap::abort`]; one checkpoint at a time. On an error it is aborted already.
+    /// Phases 1 and 2 of a checkpoint ([`Catalog::checkpoint`]): every dirty page is written
+    /// into the other slot of its pair and synced. Returns what the checkpoint carries for the
+    /// map, as of phase 1. Changes may go on until [`TreeMap::commit`] or [`TreeMap::abort`];
+    /// one checkpoint at a time. On an error it is aborted already.
     pub fn checkpoint(&mut self) -> Result<TreeCheckpoint> {
-        let (root, depth, counters) = (self.tree.root(), self.tree.depth(), self.counters);
-        let meta = self.store.checkpoint(&mut self.pool)?;
+        let counters = self.counters;
+        let ext = self.catalog.checkpoint()?;
         Ok(TreeCheckpoint {
-            root,
-            depth,
             counters,
-            meta,
-            interval: self.store.interval(),
+            ext,
+            interval: self.catalog.store.interval(),
         })
     }
 
     /// The checkpoint in flight is durable: its pair-state flips and frees take effect, its
     /// pages not changed since are clean.
     pub fn commit(&mut self) {
-        self.store.commit(&mut self.pool);
+        self.catalog.commit();
     }
 
     /// The checkpoint in flight failed: its pages are dirty again, no pair state changed.
     pub fn abort(&mut self) {
-        self.store.abort(&mut self.pool);
+        self.catalog.abort();
     }
 }
 
@@ -230,7 +210,10 @@ mod tests {
     };
     use crate::layout::{plan, CreateOptions};
     use crate::map::Map;
-    use crate::meta::pool::FRAME_BYTES;
+    use crate::meta::devices::default_row;
+    use crate::meta::page::Page;
+    use crate::meta::pool::{PagePool, FRAME_BYTES};
+    use crate::meta::store::{MetaCheckpoint, MetaStore};
     use crate::meta::tree::blocks_under;
     use crate::meta::MetaGeometry;
     use proptest::prelude::*;
@@ -285,21 +268,6 @@ mod tests {
         blocks_under(1) + 3 * LEAF + 100
     }
 
-    /// A store as an open after a checkpoint that carried `meta` makes it (as store.rs's tests
-    /// do): pair states from its lists, every metadata extent pair carved, the ids in use out
-    /// of allocation.
-    fn store(v: &Volume, meta: &MetaCheckpoint, interval: u64) -> MetaStore {
-        MetaStore::open(
-            v.storage.clone(),
-            &v.sb,
-            v.geometry,
-            0..v.geometry.h,
-            meta,
-            interval,
-        )
-        .expect("open")
-    }
-
     fn pool(frames: u64) -> PagePool<Page> {
         PagePool::new(frames * FRAME_BYTES, 0).expect("pool")
     }
@@ -328,23 +296,41 @@ mod tests {
 
     /// A created tree map, with the counters `like` starts with.
     fn created(v: &Volume, blocks: u64, frames: u64, like: &Map) -> TreeMap {
-        TreeMap::new(
-            MapTree::new(blocks),
-            store(v, &MetaCheckpoint::default(), 1),
-            pool(frames),
-            like.counters(),
+        let store = MetaStore::open(
+            v.storage.clone(),
+            &v.sb,
+            v.geometry,
+            0..v.geometry.h,
+            &MetaCheckpoint::default(),
+            1,
         )
+        .expect("store");
+        let catalog = Catalog::create(
+            store,
+            pool(frames),
+            &v.geometry,
+            4096,
+            default_row(blocks, 0),
+        )
+        .expect("catalog");
+        TreeMap::new(catalog, like.counters())
     }
 
-    /// An open from what checkpoint `ck` carried: a new pool, the store from its list.
+    /// An open from what checkpoint `ck` carried: a new pool, the catalog from its extension.
     fn reopen(v: &Volume, ck: &TreeCheckpoint, blocks: u64, frames: u64) -> TreeMap {
-        let tree = MapTree::from_root(ck.root, ck.depth, blocks).expect("root");
-        TreeMap::new(
-            tree,
-            store(v, &ck.meta, ck.interval),
+        let catalog = Catalog::open(
+            v.storage.clone(),
+            &v.sb,
+            v.geometry,
+            0..v.geometry.h,
+            &ck.ext,
+            ck.interval,
             pool(frames),
-            ck.counters,
         )
+        .expect("catalog");
+        let t = TreeMap::new(catalog, ck.counters);
+        assert_eq!(t.blocks(), blocks, "the row names the device's size");
+        t
     }
 
     /// The checkpoint in flight (if any) and one more commit, then a cold open from what the

@@ -218,7 +218,7 @@ impl<F: NodeFormat> BTree<F> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries == 0
+        self.root.is_none()
     }
 
     fn leaf<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, id: u32) -> Result<Entries<F>> {

@@ -17,8 +17,8 @@ use super::page::Page;
 use super::pool::PagePool;
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_device_table, decode_list, encode_device_table, encode_list, DeviceKind, DeviceRow,
-    PageAddress, PageKind, DEVICE_ROWS_PER_PAGE, DEVICE_ROW_BYTES, LIST_IDS_PER_PAGE,
+    decode_device_table, decode_list, encode_device_table, encode_list, ChildSlot, DeviceKind,
+    DeviceRow, PageAddress, PageKind, DEVICE_ROWS_PER_PAGE, DEVICE_ROW_BYTES, LIST_IDS_PER_PAGE,
     PAGE_BODY_BYTES, PAGE_ID_NONE,
 };
 
@@ -50,6 +50,27 @@ pub struct DeviceTable {
     list: Option<u32>,
     /// Rows changed since the pages were last encoded.
     changed: bool,
+}
+
+/// The default device's row for a volume of `blocks` blocks, made at `created_seq`: named
+/// "default", writable, all unmapped (the catalog sets its root and depth).
+pub fn default_row(blocks: u64, created_seq: u64) -> DeviceRow {
+    DeviceRow {
+        id: DEFAULT_DEVICE,
+        parent: 0,
+        kind: DeviceKind::Default,
+        depth: 1,
+        flags: 0,
+        root: ChildSlot::AllUnmapped,
+        name: "default".into(),
+        blocks,
+        created_seq,
+        created_at: 0,
+        bytes_used: 0,
+        blocks_used: 0,
+        epoch: 0,
+        pages_max: 0,
+    }
 }
 
 fn rows_crc<'a>(rows: impl Iterator<Item = &'a DeviceRow>) -> Result<u32> {
@@ -308,7 +329,7 @@ impl DeviceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{ChildSlot, MAP_PAGE_BYTES};
+    use crate::format::MAP_PAGE_BYTES;
     use crate::meta::store::MetaCheckpoint;
     use crate::meta::testing::{pool, TestVolume};
 

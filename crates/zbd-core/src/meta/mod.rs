@@ -4,6 +4,8 @@
 //!
 //! - `btree.rs`: a B+-tree of fixed-size entries over the pool, the one mechanism under the
 //!   shared-block table (SBT) and the page count table (PCT).
+//! - `catalog.rs`: everything a bit-10 checkpoint names (store, pool, devices, the default
+//!   device's tree, SBT, PCT), checkpointed as one and opened from the extension it returns.
 //! - `devices.rs`: the device table, rows resident by id, in device-table pages named by a
 //!   list page.
 //! - `geometry.rs`: where a page id's pair of slots lies (region 0 or a metadata extent pair),
@@ -26,6 +28,7 @@
 //! Nothing in the engine uses this module yet.
 
 pub mod btree;
+pub mod catalog;
 pub mod devices;
 pub mod geometry;
 pub mod map_tree;
