@@ -17,6 +17,7 @@ use super::MapCounters;
 use crate::error::{Error, Result};
 use crate::format::{BlockState, ChildSlot, ExtensionBody, MapEntry};
 use crate::meta::catalog::Catalog;
+use crate::meta::devices::DEFAULT_DEVICE;
 use crate::meta::map_tree::Replaced;
 use crate::meta::pool::PoolStats;
 
@@ -45,7 +46,7 @@ impl TreeMap {
 
     /// Logical blocks.
     pub fn blocks(&self) -> u64 {
-        self.catalog.tree.blocks()
+        self.catalog.trees[&DEFAULT_DEVICE].blocks()
     }
 
     /// Exact counters of the whole map.
@@ -60,25 +61,24 @@ impl TreeMap {
 
     /// The entry of `lba`.
     pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
-        let c = &mut self.catalog;
-        c.tree.get(&mut c.pool, &mut c.store, lba)
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.get(pool, store, lba)
     }
 
     /// The entries of `count` blocks from `first`, appended to `out`: one walk for the range,
     /// summaries answered without a page. A range past the device is an error.
     pub fn get_run(&mut self, first: u64, count: u64, out: &mut Vec<MapEntry>) -> Result<()> {
-        let c = &mut self.catalog;
-        c.tree
-            .scan(&mut c.pool, &mut c.store, first, count, &mut |_, n, e| {
-                out.extend(std::iter::repeat_n(e, n as usize))
-            })
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.scan(pool, store, first, count, &mut |_, n, e| {
+            out.extend(std::iter::repeat_n(e, n as usize))
+        })
     }
 
     /// Sets the entry of `lba`; returns the old entry if it changed (its leaf is then dirty,
     /// pinned in the pool until a checkpoint writes it).
     pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
-        let c = &mut self.catalog;
-        let old = c.tree.set(&mut c.pool, &mut c.store, lba, new)?;
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let old = tree.set(pool, store, lba, new)?;
         if old == new {
             return Ok(None);
         }
@@ -108,39 +108,31 @@ impl TreeMap {
             )));
         };
         let counters = &mut self.counters;
-        let c = &mut self.catalog;
-        c.tree.set_range(
-            &mut c.pool,
-            &mut c.store,
-            first,
-            count,
-            to,
-            &mut |r: Replaced| {
-                counters.sub(&r.entry, r.count);
-                counters.add(&new, r.count);
-                if r.entry.state == BlockState::Data {
-                    // Data is only ever a leaf entry: runs of one block.
-                    for _ in 0..r.count {
-                        freed(r.entry);
-                    }
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.set_range(pool, store, first, count, to, &mut |r: Replaced| {
+            counters.sub(&r.entry, r.count);
+            counters.add(&new, r.count);
+            if r.entry.state == BlockState::Data {
+                // Data is only ever a leaf entry: runs of one block.
+                for _ in 0..r.count {
+                    freed(r.entry);
                 }
-            },
-        )
+            }
+        })
     }
 
     /// Calls `f(lba, entry)` for every block in state `Data`, in LBA order; summary subtrees
     /// are skipped without reading them.
     pub fn for_each_data(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
         let blocks = self.blocks();
-        let c = &mut self.catalog;
-        c.tree
-            .scan(&mut c.pool, &mut c.store, 0, blocks, &mut |lba, n, e| {
-                if e.state == BlockState::Data {
-                    for l in lba..lba + n {
-                        f(l, &e);
-                    }
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.scan(pool, store, 0, blocks, &mut |lba, n, e| {
+            if e.state == BlockState::Data {
+                for l in lba..lba + n {
+                    f(l, &e);
                 }
-            })
+            }
+        })
     }
 
     /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`;
@@ -152,21 +144,15 @@ impl TreeMap {
         mut f: impl FnMut(BlockState, u64),
     ) -> Result<()> {
         let mut run: Option<(BlockState, u64)> = None;
-        let c = &mut self.catalog;
-        c.tree.scan(
-            &mut c.pool,
-            &mut c.store,
-            first,
-            count,
-            &mut |_, n, e| match &mut run {
-                Some((s, m)) if *s == e.state => *m += n,
-                _ => {
-                    if let Some((s, m)) = run.replace((e.state, n)) {
-                        f(s, m);
-                    }
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.scan(pool, store, first, count, &mut |_, n, e| match &mut run {
+            Some((s, m)) if *s == e.state => *m += n,
+            _ => {
+                if let Some((s, m)) = run.replace((e.state, n)) {
+                    f(s, m);
                 }
-            },
-        )?;
+            }
+        })?;
         if let Some((s, m)) = run {
             f(s, m);
         }

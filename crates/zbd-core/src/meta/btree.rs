@@ -267,16 +267,7 @@ impl<F: NodeFormat> BTree<F> {
         body: Box<[u8; PAGE_BODY_BYTES]>,
     ) -> Result<u32> {
         let kind = address::<F>(0, level).kind;
-        create(
-            pool,
-            io,
-            Page {
-                kind,
-                level,
-                position: 0,
-                body,
-            },
-        )
+        create(pool, io, Page::new(kind, level, 0, body))
     }
 
     /// The value of `key`, if the tree holds it.
@@ -567,8 +558,11 @@ mod tests {
             Ok(p.clone())
         }
 
-        fn allocate(&mut self, kind: PageKind, _: u8, _: u64) -> Result<u32> {
-            assert!(matches!(kind, PageKind::PctLeaf | PageKind::PctInterior));
+        fn allocate(&mut self, page: &Page) -> Result<u32> {
+            assert!(matches!(
+                page.kind,
+                PageKind::PctLeaf | PageKind::PctInterior
+            ));
             self.next += 1;
             assert!(self.in_use.insert(self.next), "id handed out twice");
             Ok(self.next)

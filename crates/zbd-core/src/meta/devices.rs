@@ -278,12 +278,7 @@ impl DeviceTable {
                 match self.pages.get(k) {
                     Some(&id) => Self::put(pool, io, address(PageKind::DeviceTable, id, k), body)?,
                     None => {
-                        let page = Page {
-                            kind: PageKind::DeviceTable,
-                            level: 0,
-                            position: k as u64,
-                            body,
-                        };
+                        let page = Page::new(PageKind::DeviceTable, 0, k as u64, body);
                         self.pages.push(create(pool, io, page)?);
                     }
                 }
@@ -292,12 +287,7 @@ impl DeviceTable {
             match self.list {
                 Some(id) => Self::put(pool, io, address(PageKind::List, id, 0), body)?,
                 None => {
-                    let page = Page {
-                        kind: PageKind::List,
-                        level: 0,
-                        position: 0,
-                        body,
-                    };
+                    let page = Page::new(PageKind::List, 0, 0, body);
                     self.list = Some(create(pool, io, page)?);
                 }
             }

@@ -8,6 +8,7 @@
 //! against a model. One device, no sharing: every page is the device's own and changed in
 //! place (copy-on-write of shared pages comes with snapshots, step 4).
 
+use super::devices::DEFAULT_DEVICE;
 use super::page::Page;
 use super::pool::{Install, PagePool};
 use super::tree::{blocks_under, child_slot, depth_for, entry_index, position, DEPTH_MAX};
@@ -36,8 +37,8 @@ fn summary_entry(s: ChildSlot) -> Option<MapEntry> {
 }
 
 impl Page {
-    /// A page at `level`, `position` whose every block is what `summary` says.
-    fn filled(level: u8, position: u64, summary: ChildSlot) -> Page {
+    /// A page of `device` at `level`, `position` whose every block is what `summary` says.
+    fn filled(device: u32, level: u8, position: u64, summary: ChildSlot) -> Page {
         let body = match level {
             0 => {
                 encode_map_leaf(&[summary_entry(summary).expect("a summary"); MAP_ENTRIES_PER_PAGE])
@@ -45,10 +46,8 @@ impl Page {
             _ => encode_map_interior(&[summary; MAP_INTERIOR_SLOTS]),
         };
         Page {
-            kind: kind_at(level),
-            level,
-            position,
-            body,
+            creator: device,
+            ..Page::new(kind_at(level), level, position, body)
         }
     }
 
@@ -79,9 +78,9 @@ pub trait TreeIo {
     /// Page `at` as its current slot holds it, checked against its address. The pool is for
     /// what finding that slot needs (a pair-state page), never for `at` itself.
     fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page>;
-    /// An id for a new page of `kind` at `level`, `position` (a map leaf at a region-0
+    /// An id for `page`, about to be created (the default device's map leaf at a region-0
     /// position takes its fixed id; every other page an allocated one).
-    fn allocate(&mut self, kind: PageKind, level: u8, position: u64) -> Result<u32>;
+    fn allocate(&mut self, page: &Page) -> Result<u32>;
     /// Page `id` left the tree (its subtree became a summary).
     fn free(&mut self, id: u32);
 }
@@ -101,6 +100,9 @@ pub struct Replaced {
 /// One device's map tree: its root slot and depth (the device row holds both).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapTree {
+    /// The device whose map it is: the creator its new pages carry (only the default
+    /// device's leaves take region 0's fixed ids).
+    device: u32,
     root: ChildSlot,
     depth: u8,
     /// The device's size: blocks at and past it are refused, and ranges stop there, so the
@@ -190,7 +192,7 @@ fn read<'p, I: TreeIo>(
 /// trim may have installed its old content: R15-A1 with R5-A1) and goes; a dirty one is a
 /// broken allocator.
 pub(crate) fn create<I: TreeIo>(pool: &mut PagePool<Page>, io: &mut I, page: Page) -> Result<u32> {
-    let id = io.allocate(page.kind, page.level, page.position)?;
+    let id = io.allocate(&page)?;
     if id >= PAGE_ID_ALL_UNMAPPED {
         return Err(Error::CorruptMetadata(format!(
             "page id {id:#x} handed out is a summary value"
@@ -212,6 +214,7 @@ impl MapTree {
     /// The map of a device of `blocks` blocks, all unmapped: no page.
     pub fn new(blocks: u64) -> MapTree {
         MapTree {
+            device: DEFAULT_DEVICE,
             root: ChildSlot::AllUnmapped,
             depth: depth_for(blocks),
             blocks,
@@ -227,10 +230,20 @@ impl MapTree {
             )));
         }
         Ok(MapTree {
+            device: DEFAULT_DEVICE,
             root,
             depth,
             blocks,
         })
+    }
+
+    /// The same tree as the map of `device` (the default device's when not said).
+    pub fn with_device(self, device: u32) -> MapTree {
+        MapTree { device, ..self }
+    }
+
+    pub fn device(&self) -> u32 {
+        self.device
     }
 
     pub fn root(&self) -> ChildSlot {
@@ -365,7 +378,7 @@ impl MapTree {
                     if had == entry {
                         return Ok(had);
                     }
-                    let id = create(pool, io, Page::filled(level, pos, summary))?;
+                    let id = create(pool, io, Page::filled(self.device, level, pos, summary))?;
                     self.link(pool, io, parent, lba, ChildSlot::Page(id))?;
                     id
                 }
@@ -499,7 +512,7 @@ impl MapTree {
         // Part of this subtree changes (or all of an interior page's): it needs a page.
         let id = match slot {
             ChildSlot::Page(id) => id,
-            summary => create(pool, io, Page::filled(level, pos, summary))?,
+            summary => create(pool, io, Page::filled(self.device, level, pos, summary))?,
         };
         let lo = first.max(start);
         let hi = end.min(stop);
@@ -577,7 +590,7 @@ impl MapTree {
         self.blocks = self.blocks.max(blocks);
         while depth_for(blocks) > self.depth {
             if self.root != ChildSlot::AllUnmapped {
-                let mut page = Page::filled(self.depth, 0, ChildSlot::AllUnmapped);
+                let mut page = Page::filled(self.device, self.depth, 0, ChildSlot::AllUnmapped);
                 page.set_slot(0, self.root);
                 self.root = ChildSlot::Page(create(pool, io, page)?);
             }
@@ -636,13 +649,13 @@ mod tests {
                 Error::CorruptMetadata(format!("page {} was never written", at.id))
             })?;
             let (_, body) = open_page(frame, &UUID, at)?;
-            Page::decode(at, body)
+            Page::decode(at, &FrameStamp::map(1, 0, 1), body)
         }
 
-        fn allocate(&mut self, kind: PageKind, _: u8, position: u64) -> Result<u32> {
+        fn allocate(&mut self, page: &Page) -> Result<u32> {
             self.allocations += 1;
-            let id = if kind == PageKind::MapLeaf && position < PAIRS0 {
-                position as u32
+            let id = if page.kind == PageKind::MapLeaf && page.position < PAIRS0 {
+                page.position as u32
             } else {
                 self.next += 1;
                 self.next - 1
@@ -875,12 +888,7 @@ mod tests {
     }
 
     fn craft_root(io: &mut MemIo, id: u32, slots: &[ChildSlot]) {
-        let page = Page {
-            kind: PageKind::MapInterior,
-            level: 1,
-            position: 0,
-            body: encode_map_interior(slots),
-        };
+        let page = Page::new(PageKind::MapInterior, 1, 0, encode_map_interior(slots));
         let frame = seal_page(
             &UUID,
             &page.address(id),

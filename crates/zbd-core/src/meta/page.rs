@@ -6,7 +6,8 @@
 use crate::error::{Error, Result};
 use crate::format::{
     decode_device_table, decode_directory, decode_list, decode_map_interior, decode_map_leaf,
-    decode_pct, decode_sbt_interior, decode_sbt_leaf, PageAddress, PageKind, PAGE_BODY_BYTES,
+    decode_pct, decode_sbt_interior, decode_sbt_leaf, FrameStamp, PageAddress, PageKind,
+    PAGE_BODY_BYTES,
 };
 
 /// A page in the pool.
@@ -18,10 +19,36 @@ pub struct Page {
     /// Index among the pages of its kind and level (a map leaf's is its v2 map page index, a
     /// pair-state page's the index of the 16,320 ids it covers).
     pub position: u64,
+    /// Map pages: the device that made the page and its epoch then (frame header; 0 for
+    /// other kinds).
+    pub creator: u32,
+    pub epoch: u32,
     pub body: Box<[u8; PAGE_BODY_BYTES]>,
 }
 
 impl Page {
+    /// A page of `kind` made by no device (every kind but map pages).
+    pub fn new(kind: PageKind, level: u8, position: u64, body: Box<[u8; PAGE_BODY_BYTES]>) -> Page {
+        Page {
+            kind,
+            level,
+            position,
+            creator: 0,
+            epoch: 0,
+            body,
+        }
+    }
+
+    /// The stamp a checkpoint of sequence `seq` writes in its frame header.
+    pub fn stamp(&self, seq: u64) -> FrameStamp {
+        match self.kind {
+            PageKind::MapLeaf | PageKind::MapInterior => {
+                FrameStamp::map(self.creator, self.epoch, seq)
+            }
+            _ => FrameStamp::other(seq),
+        }
+    }
+
     /// Where the page sits, as its CRC seed names it.
     pub fn address(&self, id: u32) -> PageAddress {
         PageAddress {
@@ -32,9 +59,10 @@ impl Page {
         }
     }
 
-    /// A page read for `at` (whose frame was already checked): its body must decode as that
-    /// kind. Every 2-bit value is a pair state, so a pair-state body has nothing more to check.
-    pub fn decode(at: &PageAddress, body: &[u8]) -> Result<Page> {
+    /// A page read for `at` (whose frame was already checked, its stamp `stamp`): its body
+    /// must decode as that kind. Every 2-bit value is a pair state, so a pair-state body has
+    /// nothing more to check.
+    pub fn decode(at: &PageAddress, stamp: &FrameStamp, body: &[u8]) -> Result<Page> {
         let b: &[u8; PAGE_BODY_BYTES] = body.try_into().map_err(|_| {
             Error::CorruptMetadata(format!("page {} has a body of {} bytes", at.id, body.len()))
         })?;
@@ -55,11 +83,10 @@ impl Page {
                 )))
             }
         }
-        Ok(Page {
-            kind: at.kind,
-            level: at.level,
-            position: at.position,
-            body: Box::new(*b),
-        })
+        let mut page = Page::new(at.kind, at.level, at.position, Box::new(*b));
+        if matches!(at.kind, PageKind::MapLeaf | PageKind::MapInterior) {
+            (page.creator, page.epoch) = (stamp.creator, stamp.epoch);
+        }
+        Ok(page)
     }
 }

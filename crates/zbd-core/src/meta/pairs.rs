@@ -310,12 +310,8 @@ impl PairStates {
             }
             None => {
                 let pid = new_id()?;
-                let page = Page {
-                    kind: PageKind::PairState,
-                    level: 0,
-                    position: u64::from(j),
-                    body: Box::new([0u8; PAGE_BODY_BYTES]),
-                };
+                let body = Box::new([0u8; PAGE_BODY_BYTES]);
+                let page = Page::new(PageKind::PairState, 0, u64::from(j), body);
                 if pool.install(pid, PageKind::PairState, page, true, 0)? != Install::Installed {
                     return Err(Error::CorruptMetadata(format!(
                         "new pair-state page {pid} is already in the page pool"
@@ -672,12 +668,7 @@ mod tests {
         let mut s = PairStates::new(1);
         s.record(5, PairState::SlotB, 1);
         assert_eq!(s.fold_page(&mut p, 0, 1, || Ok(9)).expect("fold"), Some(1));
-        let stale = Page {
-            kind: PageKind::PairState,
-            level: 0,
-            position: 0,
-            body: Box::new([0; PAGE_BODY_BYTES]),
-        };
+        let stale = Page::new(PageKind::PairState, 0, 0, Box::new([0; PAGE_BODY_BYTES]));
         assert_eq!(
             p.install(9, PageKind::PairState, stale, false, 0)
                 .expect("install"),

@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::devices::DEFAULT_DEVICE;
 use super::geometry::{MetaGeometry, PairHome};
 use super::map_tree::TreeIo;
 use super::page::Page;
@@ -253,7 +254,7 @@ impl MetaStore {
                 .storage
                 .read_at(self.offset(at.id, slot, copy)?, &mut buf)
                 .and_then(|()| open_page(&buf, &self.sb.uuid, at))
-                .and_then(|(_, body)| Page::decode(at, body));
+                .and_then(|(stamp, body)| Page::decode(at, &stamp, body));
             match got {
                 Ok(page) => {
                     if copy > 0 {
@@ -401,14 +402,10 @@ impl MetaStore {
         &self,
         at: &PageAddress,
         slot: PairSlot,
-        seq: u64,
+        stamp: &FrameStamp,
         body: &[u8; PAGE_BODY_BYTES],
     ) -> Result<()> {
-        let stamp = match at.kind {
-            PageKind::MapLeaf | PageKind::MapInterior => FrameStamp::map(1, 0, seq),
-            _ => FrameStamp::other(seq),
-        };
-        let frame = seal_page(&self.sb.uuid, at, &stamp, body);
+        let frame = seal_page(&self.sb.uuid, at, stamp, body);
         for copy in 0..2 {
             self.storage
                 .write_at(self.offset(at.id, slot, copy)?, &frame)?;
@@ -418,23 +415,23 @@ impl MetaStore {
 
     fn write(&mut self, pool: &PagePool<Page>, seq: u64) -> Result<()> {
         let f = self.flight.as_ref().expect("in flight");
-        for &(id, state) in &f.flips {
+        let pages = f
+            .flips
+            .iter()
+            .map(|&(id, state)| (id, slot_of(state).expect("a slot")))
+            .chain(
+                f.page_flips
+                    .iter()
+                    .map(|&(j, slot)| (self.states.page_of(j).expect("written").0, slot)),
+            );
+        for (id, slot) in pages {
             let page = pool.peek(id).expect("a snapshot's pages are resident");
-            self.write_frame(
-                &page.address(id),
-                slot_of(state).expect("a slot"),
-                seq,
-                &page.body,
-            )?;
-        }
-        for &(j, slot) in &f.page_flips {
-            let (pid, _) = self.states.page_of(j).expect("written");
-            let page = pool.peek(pid).expect("a snapshot's pages are resident");
-            self.write_frame(&page.address(pid), slot, seq, &page.body)?;
+            self.write_frame(&page.address(id), slot, &page.stamp(seq), &page.body)?;
         }
         for d in &f.directory {
             let body = encode_directory(&d.entries);
-            self.write_frame(&directory_address(d.id, d.k), d.slot, seq, &body)?;
+            let at = directory_address(d.id, d.k);
+            self.write_frame(&at, d.slot, &FrameStamp::other(seq), &body)?;
         }
         self.storage.sync()
     }
@@ -481,9 +478,12 @@ impl TreeIo for MetaStore {
         self.read_slot(at, slot)
     }
 
-    fn allocate(&mut self, kind: PageKind, _: u8, position: u64) -> Result<u32> {
-        if kind == PageKind::MapLeaf && position < u64::from(self.geometry.pairs0) {
-            let id = position as u32;
+    fn allocate(&mut self, page: &Page) -> Result<u32> {
+        let region0 = page.kind == PageKind::MapLeaf
+            && page.creator == DEFAULT_DEVICE
+            && page.position < u64::from(self.geometry.pairs0);
+        if region0 {
+            let id = page.position as u32;
             // Created again before the phase 1 (or the commit) that frees it: the id never
             // left its pair state, and the free is not recorded.
             self.region0_freed.remove(&id);
