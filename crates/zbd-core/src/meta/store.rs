@@ -1007,6 +1007,47 @@ mod tests {
         assert!(tree.get(&mut cold, &mut store, 300).is_err());
     }
 
+    /// An open from a checkpoint whose pair-state list names an id past the id space (a
+    /// damaged or crafted extension) must refuse it as damage; taken in, the next fold
+    /// indexes the directory past its end and panics.
+    #[test]
+    fn an_open_refuses_a_list_entry_past_the_id_space() {
+        let mut v = volume();
+        v.fold_from = 0;
+        let past = v.geometry.ids_max() as u32 + 5 * PAIR_STATE_IDS_PER_PAGE as u32;
+        let d = Durable {
+            meta: MetaCheckpoint {
+                list: vec![PairListEntry {
+                    id: past,
+                    state: PairState::SlotA,
+                }],
+                directory: Vec::new(),
+            },
+            ..EMPTY
+        };
+        let opened = MetaStore::open(
+            v.storage.clone(),
+            &v.sb,
+            v.geometry,
+            v.carved.iter().copied(),
+            &d.meta,
+            d.interval,
+        );
+        let Ok(mut store) = opened else {
+            return;
+        };
+        store.fold_from = 0;
+        let mut p = pool();
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.checkpoint(&mut p).map(|_| ())
+        }));
+        assert!(
+            matches!(got, Ok(Err(Error::CorruptMetadata(_)))),
+            "a list entry past the id space is damage, found at open or at the fold: {:?}",
+            got.map_err(|_| "panicked")
+        );
+    }
+
     /// A sparse medium for the guarded runs: the frames written, the frames the durable
     /// checkpoint names (a write over one is recorded, whatever it writes: the oracle the
     /// model check alone lacks, since a rewrite of the same content reads back right), and a
