@@ -181,6 +181,15 @@ impl MetaStore {
             entries.extend(decode_directory(&page.body[..])?);
         }
         store.states = PairStates::from_directory(pages, durable.directory.clone(), entries);
+        // An entry past the id space has no pair-state page (a later fold would index the
+        // directory past its end) and no pair: damage, refused here.
+        if let Some(e) = durable.list.iter().find(|e| geometry.home(e.id).is_none()) {
+            return Err(Error::CorruptMetadata(format!(
+                "the pair-state list names page {} past the id space ({} ids)",
+                e.id,
+                geometry.ids_max()
+            )));
+        }
         store.states.load_list(&durable.list);
         let listed: BTreeMap<u32, PairState> =
             durable.list.iter().map(|e| (e.id, e.state)).collect();
