@@ -182,6 +182,15 @@ impl MetaStore {
             entries.extend(decode_directory(&page.body[..])?);
         }
         store.states = PairStates::from_directory(pages, durable.directory.clone(), entries);
+        // An entry past the id space has no pair-state page (a later fold would index the
+        // directory past its end) and no pair: damage, refused here.
+        if let Some(e) = durable.list.iter().find(|e| geometry.home(e.id).is_none()) {
+            return Err(Error::CorruptMetadata(format!(
+                "the pair-state list names page {} past the id space ({} ids)",
+                e.id,
+                geometry.ids_max()
+            )));
+        }
         store.states.load_list(&durable.list);
         let listed: BTreeMap<u32, PairState> =
             durable.list.iter().map(|e| (e.id, e.state)).collect();
@@ -531,6 +540,8 @@ mod tests {
         geometry: MetaGeometry,
         /// The stores opened on it fold their lists past this.
         fold_from: usize,
+        /// Its metadata extents (copy 0).
+        carved: Vec<u32>,
     }
 
     fn volume_on(storage: impl FnOnce(u64) -> Arc<dyn Storage>) -> Volume {
@@ -541,6 +552,7 @@ mod tests {
             sb,
             geometry,
             fold_from: FOLD_FROM_DEFAULT,
+            carved: CARVED.to_vec(),
         }
     }
 
@@ -573,7 +585,7 @@ mod tests {
             v.storage.clone(),
             &v.sb,
             v.geometry,
-            CARVED,
+            v.carved.iter().copied(),
             &d.meta,
             d.interval,
         )
@@ -1002,5 +1014,536 @@ mod tests {
         v.storage.write_at(off1, &b).expect("write");
         let mut cold = pool();
         assert!(tree.get(&mut cold, &mut store, 300).is_err());
+    }
+
+    /// An open from a checkpoint whose pair-state list names an id past the id space (a
+    /// damaged or crafted extension) must refuse it as damage; taken in, the next fold
+    /// indexes the directory past its end and panics.
+    #[test]
+    fn an_open_refuses_a_list_entry_past_the_id_space() {
+        let mut v = volume();
+        v.fold_from = 0;
+        let past = v.geometry.ids_max() as u32 + 5 * PAIR_STATE_IDS_PER_PAGE as u32;
+        let d = Durable {
+            meta: MetaCheckpoint {
+                list: vec![PairListEntry {
+                    id: past,
+                    state: PairState::SlotA,
+                }],
+                directory: Vec::new(),
+            },
+            ..EMPTY
+        };
+        let opened = MetaStore::open(
+            v.storage.clone(),
+            &v.sb,
+            v.geometry,
+            v.carved.iter().copied(),
+            &d.meta,
+            d.interval,
+        );
+        let Ok(mut store) = opened else {
+            return;
+        };
+        store.fold_from = 0;
+        let mut p = pool();
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.checkpoint(&mut p).map(|_| ())
+        }));
+        assert!(
+            matches!(got, Ok(Err(Error::CorruptMetadata(_)))),
+            "a list entry past the id space is damage, found at open or at the fold: {:?}",
+            got.map_err(|_| "panicked")
+        );
+    }
+
+    /// A sparse medium for the guarded runs: the frames written, the frames the durable
+    /// checkpoint names (a write over one is recorded, whatever it writes: the oracle the
+    /// model check alone lacks, since a rewrite of the same content reads back right), and a
+    /// write or sync made to fail on request.
+    #[derive(Default)]
+    struct Guard {
+        len: u64,
+        frames: std::sync::Mutex<std::collections::HashMap<u64, Vec<u8>>>,
+        named: std::sync::Mutex<BTreeSet<u64>>,
+        overwrites: std::sync::Mutex<Vec<u64>>,
+        /// The write this many writes from now fails (0: the next one).
+        fail_write_in: std::sync::Mutex<Option<u32>>,
+        fail_sync: std::sync::atomic::AtomicBool,
+    }
+
+    const FRAME: u64 = MAP_PAGE_BYTES as u64;
+
+    impl Storage for Guard {
+        fn len_bytes(&self) -> Result<u64> {
+            Ok(self.len)
+        }
+
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            let frames = self.frames.lock().expect("lock");
+            let mut done = 0;
+            while done < buf.len() {
+                let at = offset + done as u64;
+                let (base, within) = (at / FRAME * FRAME, (at % FRAME) as usize);
+                let n = (FRAME as usize - within).min(buf.len() - done);
+                match frames.get(&base) {
+                    Some(f) => buf[done..done + n].copy_from_slice(&f[within..within + n]),
+                    None => buf[done..done + n].fill(0),
+                }
+                done += n;
+            }
+            Ok(())
+        }
+
+        fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+            {
+                let mut fail = self.fail_write_in.lock().expect("lock");
+                match fail.as_mut() {
+                    Some(0) => {
+                        *fail = None;
+                        return Err(Error::Io(std::io::Error::other("injected write failure")));
+                    }
+                    Some(n) => *n -= 1,
+                    None => {}
+                }
+            }
+            let named = self.named.lock().expect("lock");
+            let mut frames = self.frames.lock().expect("lock");
+            let mut done = 0;
+            while done < data.len() {
+                let at = offset + done as u64;
+                let (base, within) = (at / FRAME * FRAME, (at % FRAME) as usize);
+                let n = (FRAME as usize - within).min(data.len() - done);
+                if named.contains(&base) {
+                    self.overwrites.lock().expect("lock").push(base);
+                }
+                let f = frames
+                    .entry(base)
+                    .or_insert_with(|| vec![0; MAP_PAGE_BYTES]);
+                f[within..within + n].copy_from_slice(&data[done..done + n]);
+                done += n;
+            }
+            Ok(())
+        }
+
+        fn sync(&self) -> Result<()> {
+            if self
+                .fail_sync
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                return Err(Error::Io(std::io::Error::other("injected sync failure")));
+            }
+            Ok(())
+        }
+
+        fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The frames the durable checkpoint `d` names (both copies of the current slot of each of
+    /// its directory pages, its pair-state pages and every map page its tree reaches, read
+    /// from the medium by a store opened from it) and the map pages' ids.
+    fn named_by(v: &Volume, d: &Durable, blocks: u64) -> (BTreeSet<u64>, BTreeSet<u32>) {
+        struct Walk<'a> {
+            store: &'a mut MetaStore,
+            seen: Vec<(u32, PairSlot)>,
+        }
+        impl TreeIo for Walk<'_> {
+            fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
+                let page = TreeIo::read(&mut *self.store, pool, at)?;
+                let Lookup::Known(state) = self.store.states.state(pool, at.id) else {
+                    panic!("page {}'s pair state is resident after its read", at.id)
+                };
+                self.seen
+                    .push((at.id, slot_of(state).expect("a page read has a slot")));
+                Ok(page)
+            }
+            fn allocate(&mut self, _: u8, _: u64) -> Result<u32> {
+                unreachable!("a walk creates nothing")
+            }
+            fn free(&mut self, _: u32) {
+                unreachable!("a walk frees nothing")
+            }
+        }
+        let mut store = open(v, d);
+        let mut pages: Vec<(u32, PairSlot)> = d.meta.directory.clone();
+        for j in 0..v.geometry.pair_state_pages() as u32 {
+            pages.extend(store.states.page_of(j));
+        }
+        let depth = MapTree::new(blocks).depth();
+        let tree = MapTree::from_root(d.root, depth, blocks).expect("root");
+        let mut pool = PagePool::new(1024 * FRAME_BYTES, 0).expect("pool");
+        let mut walk = Walk {
+            store: &mut store,
+            seen: Vec::new(),
+        };
+        tree.scan(&mut pool, &mut walk, 0, blocks, &mut |_, _, _| {})
+            .expect("the durable tree reads");
+        let ids = walk.seen.iter().map(|&(id, _)| id).collect();
+        pages.extend(walk.seen);
+        let frames = pages
+            .iter()
+            .flat_map(|&(id, slot)| {
+                (0..2).map(move |c| {
+                    v.geometry
+                        .slot_offset(&v.sb, id, slot, c)
+                        .expect("in the id space")
+                })
+            })
+            .collect();
+        (frames, ids)
+    }
+
+    /// The store as a tree's io, checking every id it hands out: never one in use in the live
+    /// tree, one the durable checkpoint's tree names (but a region-0 leaf's fixed id), or a
+    /// pair-state or directory page's.
+    struct Checked<'a> {
+        store: &'a mut MetaStore,
+        live: &'a mut BTreeSet<u32>,
+        durable: &'a BTreeSet<u32>,
+        pairs0: u32,
+    }
+
+    impl TreeIo for Checked<'_> {
+        fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
+            TreeIo::read(&mut *self.store, pool, at)
+        }
+        fn allocate(&mut self, level: u8, position: u64) -> Result<u32> {
+            let id = self.store.allocate(level, position)?;
+            if id >= self.pairs0 {
+                assert!(
+                    !self.durable.contains(&id),
+                    "id {id}, which the durable checkpoint names, handed out"
+                );
+                assert!(
+                    !self.store.states.own_ids().any(|o| o == id),
+                    "id {id} of a pair-state or directory page handed out"
+                );
+            }
+            assert!(self.live.insert(id), "id {id}, in use, handed out again");
+            Ok(id)
+        }
+        fn free(&mut self, id: u32) {
+            self.live.remove(&id);
+            self.store.free(id);
+        }
+    }
+
+    /// A volume of 8 MiB logical over 1.2 GiB of 32 KiB extents on a sparse medium, its
+    /// metadata extents carved across the first four pair-state page boundaries, so that its
+    /// pages' pair states lie in up to five pair-state pages.
+    fn wide_volume(guard: &mut Option<Arc<Guard>>) -> Volume {
+        let sb = crate::layout::plan(&crate::layout::CreateOptions {
+            extent_bytes: 32 << 10,
+            capacity_bytes: Some(1200 << 20),
+            ..crate::layout::CreateOptions::new(8 << 20)
+        })
+        .expect("plan");
+        let geometry = MetaGeometry::at_enable(&sb).expect("geometry");
+        let per = PAIR_STATE_IDS_PER_PAGE as u32;
+        let mut carved = Vec::new();
+        // One extent across each boundary, so that lowest-first allocation reaches the next
+        // pair-state page every few ids, and room past the last.
+        for j in 1..=4 {
+            carved.push((j * per - geometry.pairs0) / geometry.pairs_per_extent);
+        }
+        let last = carved[3];
+        carved.extend(last + 1..last + 5);
+        assert!(carved.iter().all(|&e| e < geometry.h), "{geometry:?}");
+        let g = Arc::new(Guard {
+            len: sb.total_bytes(),
+            ..Guard::default()
+        });
+        *guard = Some(g.clone());
+        Volume {
+            storage: g,
+            sb,
+            geometry,
+            fold_from: FOLD_FROM_DEFAULT,
+            carved,
+        }
+    }
+
+    fn guarded_volume(wide: bool) -> (Volume, Arc<Guard>) {
+        let mut guard = None;
+        let v = if wide {
+            wide_volume(&mut guard)
+        } else {
+            volume_on(|len| {
+                let g = Arc::new(Guard {
+                    len,
+                    ..Guard::default()
+                });
+                guard = Some(g.clone());
+                g
+            })
+        };
+        (v, guard.expect("made"))
+    }
+
+    #[derive(Clone, Debug)]
+    enum GuardedOp {
+        Set(u64, u32),
+        Trim(u64, u64),
+        Begin,
+        /// A checkpoint whose write this many writes in fails, or (at 8) whose sync fails.
+        Fail(u8),
+        End {
+            commit: bool,
+        },
+        Crash,
+        /// Every clean pair-state page leaves the pool.
+        Evict,
+        /// With nothing dirty and no checkpoint in flight, every block read through a cold pool.
+        Cold,
+    }
+
+    fn guarded_op(blocks: u64) -> impl Strategy<Value = GuardedOp> {
+        let lba = prop_oneof![0..600u64, (blocks - 600)..blocks];
+        prop_oneof![
+            6 => (lba.clone(), 1u32..1000).prop_map(|(l, v)| GuardedOp::Set(l, v)),
+            2 => (lba, prop_oneof![1u64..300, 255u64..=510]).prop_map(|(l, n)| GuardedOp::Trim(l, n)),
+            2 => Just(GuardedOp::Begin),
+            1 => (0u8..=8).prop_map(GuardedOp::Fail),
+            2 => any::<bool>().prop_map(|commit| GuardedOp::End { commit }),
+            1 => Just(GuardedOp::Crash),
+            1 => Just(GuardedOp::Evict),
+            1 => Just(GuardedOp::Cold),
+        ]
+    }
+
+    struct Guarded {
+        v: Volume,
+        guard: Arc<Guard>,
+        blocks: u64,
+        frames: u64,
+        durable: Durable,
+        durable_model: BTreeMap<u64, MapEntry>,
+        durable_ids: BTreeSet<u32>,
+        store: MetaStore,
+        tree: MapTree,
+        p: PagePool<Page>,
+        model: BTreeMap<u64, MapEntry>,
+        live: BTreeSet<u32>,
+        flight: Option<(Durable, BTreeMap<u64, MapEntry>)>,
+    }
+
+    impl Guarded {
+        fn new(wide: bool, fold_from: usize, frames: u64) -> Guarded {
+            let (mut v, guard) = guarded_volume(wide);
+            v.fold_from = fold_from;
+            let blocks = (u64::from(v.geometry.pairs0) + 8) * 255;
+            let depth = MapTree::new(blocks).depth();
+            Guarded {
+                store: open(&v, &EMPTY),
+                tree: MapTree::from_root(EMPTY.root, depth, blocks).expect("root"),
+                p: PagePool::new(frames * FRAME_BYTES, 0).expect("pool"),
+                v,
+                guard,
+                blocks,
+                frames,
+                durable: EMPTY,
+                durable_model: BTreeMap::new(),
+                durable_ids: BTreeSet::new(),
+                model: BTreeMap::new(),
+                live: BTreeSet::new(),
+                flight: None,
+            }
+        }
+
+        fn io(&mut self) -> (&mut MapTree, &mut PagePool<Page>, Checked<'_>) {
+            (
+                &mut self.tree,
+                &mut self.p,
+                Checked {
+                    store: &mut self.store,
+                    live: &mut self.live,
+                    durable: &self.durable_ids,
+                    pairs0: self.v.geometry.pairs0,
+                },
+            )
+        }
+
+        /// Checkpoints (and commits) first when pinned frames pass half the pool, as the
+        /// engine does.
+        fn room(&mut self) {
+            if self.p.stats().pinned * 2 > self.frames {
+                self.end(true);
+                if self.begin() {
+                    self.end(true);
+                }
+            }
+        }
+
+        fn begin(&mut self) -> bool {
+            if self.flight.is_some() {
+                return false;
+            }
+            let root = self.tree.root();
+            match self.store.checkpoint(&mut self.p) {
+                Ok(meta) => {
+                    let own: Vec<u32> = self.store.states.own_ids().collect();
+                    for id in own {
+                        assert!(!self.live.contains(&id), "page {id} is a map page too");
+                    }
+                    let d = Durable {
+                        meta,
+                        root,
+                        interval: self.store.interval(),
+                    };
+                    self.flight = Some((d, self.model.clone()));
+                    true
+                }
+                Err(_) => {
+                    assert_eq!(
+                        self.p.stats().writing,
+                        0,
+                        "a failed checkpoint writes nothing"
+                    );
+                    false
+                }
+            }
+        }
+
+        fn end(&mut self, commit: bool) {
+            let Some((d, m)) = self.flight.take() else {
+                return;
+            };
+            if !commit {
+                self.store.abort(&mut self.p);
+                return;
+            }
+            self.store.commit(&mut self.p);
+            self.durable = d;
+            self.durable_model = m;
+            let (frames, ids) = named_by(&self.v, &self.durable, self.blocks);
+            *self.guard.named.lock().expect("lock") = frames;
+            self.durable_ids = ids;
+        }
+
+        fn check(&mut self, cold: bool) -> std::result::Result<(), TestCaseError> {
+            let mut fresh = PagePool::new(self.frames * FRAME_BYTES, 0).expect("pool");
+            let p = if cold { &mut fresh } else { &mut self.p };
+            for (&l, &e) in &self.model {
+                prop_assert_eq!(
+                    self.tree.get(p, &mut self.store, l).expect("read"),
+                    e,
+                    "lba {}",
+                    l
+                );
+            }
+            Ok(())
+        }
+
+        fn op(&mut self, op: GuardedOp) -> std::result::Result<(), TestCaseError> {
+            match op {
+                GuardedOp::Set(l, n) => {
+                    let l = l % self.blocks;
+                    self.room();
+                    let (tree, p, mut io) = self.io();
+                    tree.set(p, &mut io, l, data(n)).expect("set");
+                    self.model.insert(l, data(n));
+                }
+                GuardedOp::Trim(first, n) => {
+                    let first = first % self.blocks;
+                    self.room();
+                    let n = n.min(self.blocks - first);
+                    let (tree, p, mut io) = self.io();
+                    tree.set_range(p, &mut io, first, n, ChildSlot::AllUnmapped, &mut |_| {})
+                        .expect("trim");
+                    let gone: Vec<u64> = self
+                        .model
+                        .range(first..first + n)
+                        .map(|(&b, _)| b)
+                        .collect();
+                    for b in gone {
+                        self.model.remove(&b);
+                    }
+                }
+                GuardedOp::Begin => {
+                    self.begin();
+                }
+                GuardedOp::Fail(k) => {
+                    if self.flight.is_none() {
+                        if k == 8 {
+                            self.guard
+                                .fail_sync
+                                .store(true, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            *self.guard.fail_write_in.lock().expect("lock") = Some(u32::from(k));
+                        }
+                        self.begin();
+                        *self.guard.fail_write_in.lock().expect("lock") = None;
+                        self.guard
+                            .fail_sync
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                GuardedOp::End { commit } => self.end(commit),
+                GuardedOp::Crash => {
+                    self.flight = None;
+                    self.store = open(&self.v, &self.durable);
+                    let depth = MapTree::new(self.blocks).depth();
+                    self.tree =
+                        MapTree::from_root(self.durable.root, depth, self.blocks).expect("root");
+                    self.p = PagePool::new(self.frames * FRAME_BYTES, 0).expect("pool");
+                    self.model = self.durable_model.clone();
+                    self.live = self.durable_ids.clone();
+                    self.check(false)?;
+                }
+                GuardedOp::Evict => {
+                    for j in 0..self.v.geometry.pair_state_pages() as u32 {
+                        if let Some((pid, _)) = self.store.states.page_of(j) {
+                            if self.p.contains(pid) && !self.p.is_dirty(pid) {
+                                self.p.remove(pid);
+                            }
+                        }
+                    }
+                }
+                GuardedOp::Cold => {
+                    if self.flight.is_none() && self.p.stats().dirty == 0 {
+                        self.check(true)?;
+                    }
+                }
+            }
+            let hit = self.guard.overwrites.lock().expect("lock").clone();
+            prop_assert!(
+                hit.is_empty(),
+                "frames the durable checkpoint names were written: {:?}",
+                hit
+            );
+            Ok(())
+        }
+    }
+
+    fn run_guarded(
+        ops: Vec<GuardedOp>,
+        wide: bool,
+        fold_from: usize,
+        frames: u64,
+    ) -> std::result::Result<(), TestCaseError> {
+        let mut g = Guarded::new(wide, fold_from, frames);
+        for op in ops {
+            g.op(op)?;
+        }
+        g.check(false)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// The stronger oracle: a medium that records any write over a frame the durable
+        /// checkpoint names, an io that refuses to hand out an id in use or named, failed writes
+        /// and syncs, pair-state pages evicted at any point, a small pool, and an id space over
+        /// several pair-state pages.
+        #[test]
+        fn no_checkpoint_writes_a_frame_the_durable_one_names(
+            ops in proptest::collection::vec(guarded_op((u64::from(volume().geometry.pairs0) + 8) * 255), 1..100),
+            wide in any::<bool>(),
+            fold_from in prop_oneof![Just(0usize), 1usize..6, Just(FOLD_FROM_DEFAULT)],
+            frames in prop_oneof![Just(64u64), Just(9u64)],
+        ) {
+            run_guarded(ops, wide, fold_from, frames)?;
+        }
     }
 }
