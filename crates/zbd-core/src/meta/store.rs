@@ -1159,7 +1159,7 @@ mod tests {
                     .push((at.id, slot_of(state).expect("a page read has a slot")));
                 Ok(page)
             }
-            fn allocate(&mut self, _: u8, _: u64) -> Result<u32> {
+            fn allocate(&mut self, _: &Page) -> Result<u32> {
                 unreachable!("a walk creates nothing")
             }
             fn free(&mut self, _: u32) {
@@ -1209,8 +1209,8 @@ mod tests {
         fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
             TreeIo::read(&mut *self.store, pool, at)
         }
-        fn allocate(&mut self, level: u8, position: u64) -> Result<u32> {
-            let id = self.store.allocate(level, position)?;
+        fn allocate(&mut self, page: &Page) -> Result<u32> {
+            let id = self.store.allocate(page)?;
             if id >= self.pairs0 {
                 assert!(
                     !self.durable.contains(&id),
