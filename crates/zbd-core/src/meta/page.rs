@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::format::{
     decode_device_table, decode_directory, decode_list, decode_map_interior, decode_map_leaf,
-    decode_pct, decode_sbt_interior, decode_sbt_leaf, FrameStamp, PageAddress, PageKind,
+    decode_pct, decode_sbt_interior, decode_sbt_leaf, FrameStamp, PageAddress, PageKind, PairSlot,
     PAGE_BODY_BYTES,
 };
 
@@ -23,6 +23,10 @@ pub struct Page {
     /// other kinds).
     pub creator: u32,
     pub epoch: u32,
+    /// The slot that holds its pair's durable copy, as the store knew it when it read the page
+    /// (and moved at each commit that wrote it), so a checkpoint picks the other slot without
+    /// a pair-state lookup; `None` for a page created since its pair last held one.
+    pub slot: Option<PairSlot>,
     pub body: Box<[u8; PAGE_BODY_BYTES]>,
 }
 
@@ -35,6 +39,7 @@ impl Page {
             position,
             creator: 0,
             epoch: 0,
+            slot: None,
             body,
         }
     }

@@ -293,6 +293,18 @@ impl<P> PagePool<P> {
         Some(&mut f.page)
     }
 
+    /// Changes what the frame of `id` records about its page, never its content: no dirtying
+    /// (the store moves a page's known slot at the commit that wrote it).
+    pub fn annotate(&mut self, id: u32, f: impl FnOnce(&mut P)) {
+        let frame = match self.pinned.get_mut(&id) {
+            Some(fr) => Some(fr),
+            None => self.clean.peek_mut(&id),
+        };
+        if let Some(fr) = frame {
+            f(&mut fr.page);
+        }
+    }
+
     /// Makes `page` resident as `id`: dirty (a page just created) or clean (read from its
     /// current slot, or a hint that passed its re-check), held `holds` times. A clean page
     /// whose id is resident is dropped ([`Install::AlreadyResident`]) and the holds go to the

@@ -263,7 +263,11 @@ impl MetaStore {
                 .storage
                 .read_at(self.offset(at.id, slot, copy)?, &mut buf)
                 .and_then(|()| open_page(&buf, &self.sb.uuid, at))
-                .and_then(|(stamp, body)| Page::decode(at, &stamp, body));
+                .and_then(|(stamp, body)| Page::decode(at, &stamp, body))
+                .map(|page| Page {
+                    slot: Some(slot),
+                    ..page
+                });
             match got {
                 Ok(page) => {
                     if copy > 0 {
@@ -395,8 +399,28 @@ impl MetaStore {
         })
     }
 
-    /// The slot a checkpoint writes `id` into: the one its pair state does not name.
+    /// The slot a checkpoint writes `id` into: the one its pair state does not name. The
+    /// frame knows it without a lookup (the slot it was read from, moved at each commit), and
+    /// a page created since holds no durable copy unless it is a region-0 leaf created again
+    /// under its fixed id: only those look their pair state up (and may read a pair-state
+    /// page), so a checkpoint of a pool full of dirty frames needs no frame for lookups.
     fn next_slot(&mut self, pool: &mut PagePool<Page>, id: u32) -> Result<PairState> {
+        let known = pool.peek(id).expect("a snapshot's pages are resident").slot;
+        if known.is_some() || id >= self.geometry.pairs0 {
+            if cfg!(debug_assertions) {
+                if let Lookup::Known(s) = self.states.state(pool, id) {
+                    assert_eq!(
+                        slot_of(s),
+                        known,
+                        "page {id}'s frame and pair state disagree"
+                    );
+                }
+            }
+            return Ok(match known {
+                Some(PairSlot::A) => PairState::SlotB,
+                Some(PairSlot::B) | None => PairState::SlotA,
+            });
+        }
         match self.state(pool, id)? {
             PairState::SlotA => Ok(PairState::SlotB),
             // A new page (free until its first commit) takes slot A.
@@ -454,6 +478,7 @@ impl MetaStore {
         for (id, state) in f.flips {
             if !f.freed_since.contains(&id) {
                 self.states.record(id, state, closing);
+                pool.annotate(id, |p| p.slot = slot_of(state));
             }
         }
         for id in f.frees {
@@ -853,29 +878,33 @@ mod tests {
         assert!(!p.is_dirty(1));
     }
 
-    /// A checkpoint that cannot name a page's next slot (its pair-state page, not resident,
-    /// fails both copies) fails with nothing taken: the page stays dirty and the region-0 frees
-    /// wait; once the page reads again the next checkpoint commits.
-    #[test]
-    fn a_checkpoint_whose_pair_state_page_cannot_be_read_takes_nothing() {
-        let mut v = volume();
-        v.fold_from = 0;
+    /// Sets up pair-state page 0 written (leaves 0 and 1 flushed, their flips folded), then
+    /// dirties leaf 1 (read, so its frame knows its slot) and, when `recreate`, trims leaf 0
+    /// whole and writes it again (a region-0 leaf created again under its fixed id, whose
+    /// slot only its pair state says); then evicts page 0 and damages both its copies.
+    /// Returns the store, tree, pool, and the good copies to put back.
+    #[allow(clippy::type_complexity)]
+    fn pair_state_page_lost(
+        v: &Volume,
+        recreate: bool,
+    ) -> (MetaStore, MapTree, PagePool<Page>, Vec<(u64, Vec<u8>)>) {
         let blocks = u64::from(v.geometry.pairs0) * 255;
-        let (mut store, mut tree, mut p) = reopen(&v, &EMPTY, blocks);
+        let (mut store, mut tree, mut p) = reopen(v, &EMPTY, blocks);
+        tree.set(&mut p, &mut store, 3, data(1)).expect("set");
         tree.set(&mut p, &mut store, 300, data(1)).expect("set");
         store.checkpoint(&mut p).expect("checkpoint");
         store.commit(&mut p);
-        // The next phase 1 folds leaf 1's flip into pair-state page 0.
+        // The next phase 1 folds the flips into pair-state page 0.
         store.checkpoint(&mut p).expect("checkpoint");
         store.commit(&mut p);
         let (pid, slot) = store.states.page_of(0).expect("page 0 written");
         assert_eq!(store.states.list_len(), 0);
-        // Leaf 0 created and trimmed whole: a region-0 free for the checkpoint to take.
-        tree.set(&mut p, &mut store, 3, data(2)).expect("set");
-        trim(&mut tree, &mut p, &mut store, 0, 255);
         tree.set(&mut p, &mut store, 301, data(3)).expect("set");
-        // Page 0 leaves the pool (it is clean) and both its copies go bad.
-        assert!(p.remove(pid).is_some());
+        if recreate {
+            trim(&mut tree, &mut p, &mut store, 0, 255);
+            tree.set(&mut p, &mut store, 4, data(2)).expect("set");
+        }
+        assert!(p.remove(pid).is_some(), "page 0 is clean: it may leave");
         let mut good = Vec::new();
         for copy in 0..2 {
             let off = v
@@ -888,18 +917,52 @@ mod tests {
             b[100] ^= 1;
             v.storage.write_at(off, &b).expect("write");
         }
+        (store, tree, p, good)
+    }
+
+    /// A checkpoint of pages it read needs no pair-state page: each frame knows its slot. With
+    /// pair-state page 0 unreadable, leaf 1's checkpoint commits and reopens.
+    #[test]
+    fn a_checkpoint_of_pages_it_read_needs_no_pair_state_page() {
+        let mut v = volume();
+        v.fold_from = 0;
+        let (mut store, tree, mut p, good) = pair_state_page_lost(&v, false);
+        let d = begin(&tree, &mut p, &mut store, 4);
+        store.commit(&mut p);
+        assert!(!p.is_dirty(1));
+        for (off, b) in good {
+            v.storage.write_at(off, &b).expect("write");
+        }
+        let blocks = u64::from(v.geometry.pairs0) * 255;
+        let (mut store, tree, mut p) = reopen(&v, &d, blocks);
+        assert_eq!(tree.get(&mut p, &mut store, 301).expect("read"), data(3));
+        assert_eq!(tree.get(&mut p, &mut store, 3).expect("read"), data(1));
+    }
+
+    /// A region-0 leaf created again needs its pair state, from its pair-state page: when that
+    /// page fails both copies the checkpoint fails with nothing taken (every page dirty
+    /// again), and once the page reads again the next checkpoint commits.
+    #[test]
+    fn a_checkpoint_whose_pair_state_page_cannot_be_read_takes_nothing() {
+        let mut v = volume();
+        v.fold_from = 0;
+        let (mut store, tree, mut p, good) = pair_state_page_lost(&v, true);
         assert!(store.checkpoint(&mut p).is_err());
-        assert!(store.hint_token(&p, 0).1, "leaf 0's free still waits");
-        assert!(p.is_dirty(1), "the leaf is dirty again");
+        assert!(p.is_dirty(0) && p.is_dirty(1), "the leaves are dirty again");
         for (off, b) in good {
             v.storage.write_at(off, &b).expect("write");
         }
         let d = begin(&tree, &mut p, &mut store, 4);
         store.commit(&mut p);
-        assert!(!p.is_dirty(1));
-        assert_eq!(store.states.state(&p, 0), Lookup::Known(PairState::Free));
+        assert!(!p.is_dirty(0) && !p.is_dirty(1));
+        let blocks = u64::from(v.geometry.pairs0) * 255;
         let (mut store, tree, mut p) = reopen(&v, &d, blocks);
         assert_eq!(tree.get(&mut p, &mut store, 301).expect("read"), data(3));
+        assert_eq!(tree.get(&mut p, &mut store, 4).expect("read"), data(2));
+        assert_eq!(
+            tree.get(&mut p, &mut store, 3).expect("read"),
+            MapEntry::UNMAPPED
+        );
     }
 
     /// Folds move the list into pair-state pages without changing an answer: a checkpoint
