@@ -776,6 +776,124 @@ mod tests {
         assert!(io.in_use.is_empty());
     }
 
+    /// A [`MemIo`] that runs out of ids after `left` more allocations (the metadata area full:
+    /// `NoSpace`, an error a later try may not meet).
+    struct Budget<'a> {
+        io: &'a mut MemIo,
+        left: u32,
+    }
+
+    impl TreeIo for Budget<'_> {
+        fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
+            self.io.read(pool, at)
+        }
+
+        fn allocate(&mut self, kind: PageKind, level: u8, position: u64) -> Result<u32> {
+            if self.left == 0 {
+                return Err(Error::NoSpace);
+            }
+            self.left -= 1;
+            self.io.allocate(kind, level, position)
+        }
+
+        fn free(&mut self, id: u32) {
+            self.io.free(id)
+        }
+    }
+
+    /// An insert that splits a leaf and then finds no id for its parent's split fails, and the
+    /// tree is the one before it: no entry of the split leaf gone, no page left unnamed.
+    #[test]
+    fn an_insert_that_runs_out_of_ids_midway_changes_nothing() {
+        let mut io = MemIo::default();
+        let mut p = pool(64);
+        let mut t = BTree::<Tiny>::new();
+        // Ascending keys: leaves [1 2 3] [4 5 6] [7 8 9 10] under a full root of 3 children.
+        for n in 1..=10u64 {
+            t.insert(&mut p, &mut io, (n, 0), n as u32).expect("insert");
+        }
+        assert_eq!(t.height(), 2);
+        let (before, ids) = check(&t, &mut p, &mut io);
+        // Key 11 splits the last leaf (one id) and then the root (two more): one id is left.
+        let mut short = Budget {
+            io: &mut io,
+            left: 1,
+        };
+        assert!(t.insert(&mut p, &mut short, (11, 0), 11).is_err());
+        assert_eq!(t.get(&mut p, &mut io, (10, 0)).expect("get"), Some(10));
+        let (after, after_ids) = check(&t, &mut p, &mut io);
+        assert_eq!(after, before, "a failed insert lost or added entries");
+        assert_eq!(after_ids, ids);
+        assert_eq!(io.in_use, ids, "a failed insert left a page no slot names");
+        // With ids again the same insert goes through.
+        assert_eq!(
+            t.insert(&mut p, &mut io, (11, 0), 11).expect("insert"),
+            None
+        );
+        check(&t, &mut p, &mut io);
+    }
+
+    /// An SBT key field past 48 bits does not fit the page: refused, never stored as another key.
+    #[test]
+    fn an_sbt_key_past_48_bits_is_refused_not_truncated() {
+        use crate::meta::store::MetaCheckpoint;
+        use crate::meta::testing::TestVolume;
+
+        let v = TestVolume::new(64 << 20);
+        let mut store = v.open(&MetaCheckpoint::default(), 1);
+        let mut p = pool(64);
+        let mut t = BTree::<Sbt>::new();
+        let value = SbtValue {
+            extent: 1,
+            location: 0,
+            stored_len: 900,
+            codec: 1,
+            flags: 0,
+            crc: 7,
+            count: 2,
+        };
+        let low = SbtKey {
+            birth: 0,
+            serial: 1,
+        };
+        let high = SbtKey {
+            birth: 1 << 48,
+            serial: 1,
+        };
+        t.insert(&mut p, &mut store, low, value).expect("insert");
+        let got = t.insert(&mut p, &mut store, high, SbtValue { count: 9, ..value });
+        assert!(got.is_err(), "a key past 48 bits was taken: {got:?}");
+        assert_eq!(
+            t.get(&mut p, &mut store, low).expect("get"),
+            Some(value),
+            "another key's value changed"
+        );
+        assert_eq!(t.len(), 1);
+    }
+
+    /// A checkpoint whose entry count is short of the tree's (damage the CRC did not catch):
+    /// an error, never an overflow.
+    #[test]
+    fn an_entry_count_short_of_the_tree_is_an_error_not_a_panic() {
+        let mut io = MemIo::default();
+        let mut p = pool(64);
+        let mut t = BTree::<Tiny>::new();
+        for n in 0..6u64 {
+            t.insert(&mut p, &mut io, (n, 0), 1).expect("insert");
+        }
+        io.checkpoint(&mut p);
+        let mut t = BTree::<Tiny>::from_root(t.root(), t.height(), 1).expect("root");
+        let first = t.remove(&mut p, &mut io, (0, 0));
+        let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.remove(&mut p, &mut io, (1, 0))
+        }));
+        assert!(first.is_ok());
+        assert!(
+            matches!(second, Ok(Err(_))),
+            "a count below the tree's entries: {second:?}"
+        );
+    }
+
     #[test]
     fn a_root_that_does_not_fit_its_height_is_refused() {
         assert!(BTree::<Sbt>::from_root(None, 1, 0).is_err());

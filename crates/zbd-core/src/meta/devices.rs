@@ -456,6 +456,33 @@ mod tests {
         );
     }
 
+    /// A next id at the end of the id space (a header the rows' CRC does not cover): an add is
+    /// refused, never an overflow or an id handed out twice.
+    #[test]
+    fn a_next_id_at_the_end_of_the_id_space_refuses_an_add() {
+        let v = TestVolume::new(64 << 20);
+        let mut s = v.open(&MetaCheckpoint::default(), 1);
+        let mut p = pool(64);
+        let mut t = DeviceTable::create(row("main", DeviceKind::Default)).expect("create");
+        let (h, meta) = commit(&mut t, &mut p, &mut s);
+        let mut s = v.open(&meta, 2);
+        let header = DeviceHeader {
+            next_device: u32::MAX,
+            ..h
+        };
+        let mut back = DeviceTable::open(&mut pool(8), &mut s, &header).expect("open");
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let a = back.add(row("a", DeviceKind::Other));
+            let b = back.add(row("b", DeviceKind::Other));
+            (a, b)
+        }));
+        let (a, b) = got.expect("no overflow");
+        assert!(
+            a.is_err() || b.is_err(),
+            "ids past the id space: {a:?} {b:?}"
+        );
+    }
+
     #[test]
     fn an_unchanged_table_writes_nothing_and_a_shrunk_one_frees_its_pages() {
         let v = TestVolume::new(64 << 20);
