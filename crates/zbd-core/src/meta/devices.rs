@@ -213,8 +213,12 @@ impl DeviceTable {
         }
         self.check_name(&row.name, None)?;
         row.id = self.next_device;
+        let next = self
+            .next_device
+            .checked_add(1)
+            .ok_or_else(|| Error::Invalid("device ids are used up".into()))?;
         rows_crc(std::iter::once(&row))?;
-        self.next_device += 1;
+        self.next_device = next;
         self.rows.insert(row.id, row);
         self.changed = true;
         Ok(self.next_device - 1)
