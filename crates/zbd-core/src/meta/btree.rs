@@ -398,6 +398,12 @@ impl<F: NodeFormat> BTree<F> {
         let Some(root) = self.root else {
             return Ok(None);
         };
+        if self.entries == 0 {
+            return Err(Error::CorruptMetadata(format!(
+                "{:?} tree has root {root} but counts no entry",
+                F::LEAF
+            )));
+        }
         let (old, empty) = self.remove_at(pool, io, root, self.height - 1, key)?;
         if old.is_some() {
             self.entries -= 1;
