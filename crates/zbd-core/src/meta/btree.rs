@@ -313,16 +313,36 @@ impl<F: NodeFormat> BTree<F> {
             (self.root, self.height, self.entries) = (Some(id), 1, 1);
             return Ok(None);
         };
-        let (old, split) = self.insert_at(pool, io, root, self.height - 1, key, value)?;
+        // Every read and every new page the insert needs comes first, its path held resident:
+        // an error (no id, a read) leaves the tree as it was, never a split half taken.
+        let mut held = Vec::new();
+        let mut spare = Vec::new();
+        let done = self
+            .prepare(pool, io, root, key, &mut held, &mut spare)
+            .and_then(|()| self.insert_prepared(pool, io, root, key, value, &mut spare));
+        for id in held {
+            pool.release(id);
+        }
+        for id in spare {
+            pool.remove(id);
+            io.free(id);
+        }
+        done
+    }
+
+    fn insert_prepared<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        root: u32,
+        key: F::Key,
+        value: F::Value,
+        spare: &mut Vec<u32>,
+    ) -> Result<Option<F::Value>> {
+        let (old, split) = self.insert_at(pool, io, root, self.height - 1, key, value, spare)?;
         if let Some((k, right)) = split {
-            if self.height >= HEIGHT_MAX {
-                return Err(Error::CorruptMetadata(format!(
-                    "{:?} tree passes {HEIGHT_MAX} levels",
-                    F::LEAF
-                )));
-            }
             let body = F::encode_interior(&[(F::KEY_MIN, root), (k, right)])?;
-            let id = Self::new_page(pool, io, self.height, body)?;
+            let id = Self::spare_page(pool, io, spare, self.height, body)?;
             self.root = Some(id);
             self.height += 1;
         }
@@ -332,6 +352,80 @@ impl<F: NodeFormat> BTree<F> {
         Ok(old)
     }
 
+    /// Reads the path to `key`'s leaf, holding each node, and makes the pages its splits will
+    /// take (in `spare`, the last one first taken: leaf level up to a new root).
+    fn prepare<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        root: u32,
+        key: F::Key,
+        held: &mut Vec<u32>,
+        spare: &mut Vec<u32>,
+    ) -> Result<()> {
+        let mut fill = Vec::new();
+        let mut id = root;
+        for level in (1..self.height).rev() {
+            let slots = Self::interior(pool, io, id, level)?;
+            if pool.hold(id) {
+                held.push(id);
+            }
+            fill.push(slots.len());
+            id = slots[child_index(&slots, &key)].1;
+        }
+        let entries = Self::leaf(pool, io, id)?;
+        if pool.hold(id) {
+            held.push(id);
+        }
+        if entries.binary_search_by(|(k, _)| k.cmp(&key)).is_ok() || entries.len() < F::LEAF_MAX {
+            return Ok(());
+        }
+        // Levels that split: the leaf, then each full interior node above it.
+        let mut levels = vec![0u8];
+        for (level, &n) in (1..self.height).zip(fill.iter().rev()) {
+            if n < F::INTERIOR_MAX {
+                break;
+            }
+            levels.push(level);
+        }
+        if levels.len() == usize::from(self.height) {
+            if self.height >= HEIGHT_MAX {
+                return Err(Error::CorruptMetadata(format!(
+                    "{:?} tree passes {HEIGHT_MAX} levels",
+                    F::LEAF
+                )));
+            }
+            levels.push(self.height);
+        }
+        for &level in levels.iter().rev() {
+            let body = if level == 0 {
+                F::encode_leaf(&[])?
+            } else {
+                F::encode_interior(&[])?
+            };
+            spare.push(Self::new_page(pool, io, level, body)?);
+        }
+        Ok(())
+    }
+
+    /// A page for a split at `level`: the one [`BTree::prepare`] made, else a new one.
+    fn spare_page<I: TreeIo>(
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        spare: &mut Vec<u32>,
+        level: u8,
+        body: Box<[u8; PAGE_BODY_BYTES]>,
+    ) -> Result<u32> {
+        match spare.pop() {
+            Some(id) => {
+                Self::put(pool, io, id, level, body)?;
+                Ok(id)
+            }
+            None => Self::new_page(pool, io, level, body),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn insert_at<I: TreeIo>(
         &mut self,
         pool: &mut PagePool<Page>,
@@ -340,6 +434,7 @@ impl<F: NodeFormat> BTree<F> {
         level: u8,
         key: F::Key,
         value: F::Value,
+        spare: &mut Vec<u32>,
     ) -> Result<Inserted<F>> {
         if level == 0 {
             let mut entries = Self::leaf(pool, io, id)?;
@@ -365,13 +460,13 @@ impl<F: NodeFormat> BTree<F> {
                 entries.len() / 2
             };
             let right = entries.split_off(keep);
-            let right_id = Self::new_page(pool, io, 0, F::encode_leaf(&right)?)?;
+            let right_id = Self::spare_page(pool, io, spare, 0, F::encode_leaf(&right)?)?;
             Self::put(pool, io, id, 0, F::encode_leaf(&entries)?)?;
             return Ok((None, Some((right[0].0, right_id))));
         }
         let mut slots = Self::interior(pool, io, id, level)?;
         let c = child_index(&slots, &key);
-        let (old, split) = self.insert_at(pool, io, slots[c].1, level - 1, key, value)?;
+        let (old, split) = self.insert_at(pool, io, slots[c].1, level - 1, key, value, spare)?;
         let Some(new_slot) = split else {
             return Ok((old, None));
         };
@@ -382,7 +477,7 @@ impl<F: NodeFormat> BTree<F> {
         }
         let mut right = slots.split_off(slots.len() / 2);
         let separator = std::mem::replace(&mut right[0].0, F::KEY_MIN);
-        let right_id = Self::new_page(pool, io, level, F::encode_interior(&right)?)?;
+        let right_id = Self::spare_page(pool, io, spare, level, F::encode_interior(&right)?)?;
         Self::put(pool, io, id, level, F::encode_interior(&slots)?)?;
         Ok((old, Some((separator, right_id))))
     }
