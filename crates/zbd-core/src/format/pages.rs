@@ -672,6 +672,14 @@ pub struct SbtKey {
 pub const SBT_KEY_FIELD_MAX: u64 = (1 << 48) - 1;
 
 impl SbtKey {
+    /// An error for a field past 48 bits: the page would hold another key.
+    fn fits(&self) -> Result<()> {
+        if self.birth > SBT_KEY_FIELD_MAX || self.serial > SBT_KEY_FIELD_MAX {
+            return Err(Error::Invalid(format!("SBT key {self:?} passes 48 bits")));
+        }
+        Ok(())
+    }
+
     fn encode(&self, b: &mut [u8]) {
         b[..6].copy_from_slice(&self.birth.to_le_bytes()[..6]);
         b[6..12].copy_from_slice(&self.serial.to_le_bytes()[..6]);
@@ -713,6 +721,7 @@ pub fn encode_sbt_leaf(entries: &[(SbtKey, SbtValue)]) -> Result<Box<[u8; PAGE_B
     encode_node(entries.len(), &mut b[..]);
     for (i, (k, v)) in entries.iter().enumerate() {
         let o = NODE_HEADER_BYTES + i * 32;
+        k.fits()?;
         k.encode(&mut b[o..]);
         put_u32(&mut b[..], o + 12, v.extent);
         put_u32(&mut b[..], o + 16, v.location);
@@ -767,6 +776,7 @@ pub fn encode_sbt_interior(slots: &[(SbtKey, u32)]) -> Result<Box<[u8; PAGE_BODY
     encode_node(slots.len(), &mut b[..]);
     for (i, (k, child)) in slots.iter().enumerate() {
         let o = NODE_HEADER_BYTES + i * 16;
+        k.fits()?;
         k.encode(&mut b[o..]);
         put_u32(&mut b[..], o + 12, *child);
     }

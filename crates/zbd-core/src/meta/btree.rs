@@ -304,16 +304,36 @@ impl<F: NodeFormat> BTree<F> {
             (self.root, self.height, self.entries) = (Some(id), 1, 1);
             return Ok(None);
         };
-        let (old, split) = self.insert_at(pool, io, root, self.height - 1, key, value)?;
+        // Every read and every new page the insert needs comes first, its path held resident:
+        // an error (no id, a read) leaves the tree as it was, never a split half taken.
+        let mut held = Vec::new();
+        let mut spare = Vec::new();
+        let done = self
+            .prepare(pool, io, root, key, &mut held, &mut spare)
+            .and_then(|()| self.insert_prepared(pool, io, root, key, value, &mut spare));
+        for id in held {
+            pool.release(id);
+        }
+        for id in spare {
+            pool.remove(id);
+            io.free(id);
+        }
+        done
+    }
+
+    fn insert_prepared<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        root: u32,
+        key: F::Key,
+        value: F::Value,
+        spare: &mut Vec<u32>,
+    ) -> Result<Option<F::Value>> {
+        let (old, split) = self.insert_at(pool, io, root, self.height - 1, key, value, spare)?;
         if let Some((k, right)) = split {
-            if self.height >= HEIGHT_MAX {
-                return Err(Error::CorruptMetadata(format!(
-                    "{:?} tree passes {HEIGHT_MAX} levels",
-                    F::LEAF
-                )));
-            }
             let body = F::encode_interior(&[(F::KEY_MIN, root), (k, right)])?;
-            let id = Self::new_page(pool, io, self.height, body)?;
+            let id = Self::spare_page(pool, io, spare, self.height, body)?;
             self.root = Some(id);
             self.height += 1;
         }
@@ -323,6 +343,80 @@ impl<F: NodeFormat> BTree<F> {
         Ok(old)
     }
 
+    /// Reads the path to `key`'s leaf, holding each node, and makes the pages its splits will
+    /// take (in `spare`, the last one first taken: leaf level up to a new root).
+    fn prepare<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        root: u32,
+        key: F::Key,
+        held: &mut Vec<u32>,
+        spare: &mut Vec<u32>,
+    ) -> Result<()> {
+        let mut fill = Vec::new();
+        let mut id = root;
+        for level in (1..self.height).rev() {
+            let slots = Self::interior(pool, io, id, level)?;
+            if pool.hold(id) {
+                held.push(id);
+            }
+            fill.push(slots.len());
+            id = slots[child_index(&slots, &key)].1;
+        }
+        let entries = Self::leaf(pool, io, id)?;
+        if pool.hold(id) {
+            held.push(id);
+        }
+        if entries.binary_search_by(|(k, _)| k.cmp(&key)).is_ok() || entries.len() < F::LEAF_MAX {
+            return Ok(());
+        }
+        // Levels that split: the leaf, then each full interior node above it.
+        let mut levels = vec![0u8];
+        for (level, &n) in (1..self.height).zip(fill.iter().rev()) {
+            if n < F::INTERIOR_MAX {
+                break;
+            }
+            levels.push(level);
+        }
+        if levels.len() == usize::from(self.height) {
+            if self.height >= HEIGHT_MAX {
+                return Err(Error::CorruptMetadata(format!(
+                    "{:?} tree passes {HEIGHT_MAX} levels",
+                    F::LEAF
+                )));
+            }
+            levels.push(self.height);
+        }
+        for &level in levels.iter().rev() {
+            let body = if level == 0 {
+                F::encode_leaf(&[])?
+            } else {
+                F::encode_interior(&[])?
+            };
+            spare.push(Self::new_page(pool, io, level, body)?);
+        }
+        Ok(())
+    }
+
+    /// A page for a split at `level`: the one [`BTree::prepare`] made, else a new one.
+    fn spare_page<I: TreeIo>(
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        spare: &mut Vec<u32>,
+        level: u8,
+        body: Box<[u8; PAGE_BODY_BYTES]>,
+    ) -> Result<u32> {
+        match spare.pop() {
+            Some(id) => {
+                Self::put(pool, io, id, level, body)?;
+                Ok(id)
+            }
+            None => Self::new_page(pool, io, level, body),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn insert_at<I: TreeIo>(
         &mut self,
         pool: &mut PagePool<Page>,
@@ -331,6 +425,7 @@ impl<F: NodeFormat> BTree<F> {
         level: u8,
         key: F::Key,
         value: F::Value,
+        spare: &mut Vec<u32>,
     ) -> Result<Inserted<F>> {
         if level == 0 {
             let mut entries = Self::leaf(pool, io, id)?;
@@ -356,13 +451,13 @@ impl<F: NodeFormat> BTree<F> {
                 entries.len() / 2
             };
             let right = entries.split_off(keep);
-            let right_id = Self::new_page(pool, io, 0, F::encode_leaf(&right)?)?;
+            let right_id = Self::spare_page(pool, io, spare, 0, F::encode_leaf(&right)?)?;
             Self::put(pool, io, id, 0, F::encode_leaf(&entries)?)?;
             return Ok((None, Some((right[0].0, right_id))));
         }
         let mut slots = Self::interior(pool, io, id, level)?;
         let c = child_index(&slots, &key);
-        let (old, split) = self.insert_at(pool, io, slots[c].1, level - 1, key, value)?;
+        let (old, split) = self.insert_at(pool, io, slots[c].1, level - 1, key, value, spare)?;
         let Some(new_slot) = split else {
             return Ok((old, None));
         };
@@ -373,7 +468,7 @@ impl<F: NodeFormat> BTree<F> {
         }
         let mut right = slots.split_off(slots.len() / 2);
         let separator = std::mem::replace(&mut right[0].0, F::KEY_MIN);
-        let right_id = Self::new_page(pool, io, level, F::encode_interior(&right)?)?;
+        let right_id = Self::spare_page(pool, io, spare, level, F::encode_interior(&right)?)?;
         Self::put(pool, io, id, level, F::encode_interior(&slots)?)?;
         Ok((old, Some((separator, right_id))))
     }
@@ -389,6 +484,12 @@ impl<F: NodeFormat> BTree<F> {
         let Some(root) = self.root else {
             return Ok(None);
         };
+        if self.entries == 0 {
+            return Err(Error::CorruptMetadata(format!(
+                "{:?} tree has root {root} but counts no entry",
+                F::LEAF
+            )));
+        }
         let (old, empty) = self.remove_at(pool, io, root, self.height - 1, key)?;
         if old.is_some() {
             self.entries -= 1;
@@ -768,6 +869,124 @@ mod tests {
         }
         assert_eq!((t.root(), t.height(), t.len()), (None, 0, 0));
         assert!(io.in_use.is_empty());
+    }
+
+    /// A [`MemIo`] that runs out of ids after `left` more allocations (the metadata area full:
+    /// `NoSpace`, an error a later try may not meet).
+    struct Budget<'a> {
+        io: &'a mut MemIo,
+        left: u32,
+    }
+
+    impl TreeIo for Budget<'_> {
+        fn read(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
+            self.io.read(pool, at)
+        }
+
+        fn allocate(&mut self, kind: PageKind, level: u8, position: u64) -> Result<u32> {
+            if self.left == 0 {
+                return Err(Error::NoSpace);
+            }
+            self.left -= 1;
+            self.io.allocate(kind, level, position)
+        }
+
+        fn free(&mut self, id: u32) {
+            self.io.free(id)
+        }
+    }
+
+    /// An insert that splits a leaf and then finds no id for its parent's split fails, and the
+    /// tree is the one before it: no entry of the split leaf gone, no page left unnamed.
+    #[test]
+    fn an_insert_that_runs_out_of_ids_midway_changes_nothing() {
+        let mut io = MemIo::default();
+        let mut p = pool(64);
+        let mut t = BTree::<Tiny>::new();
+        // Ascending keys: leaves [1 2 3] [4 5 6] [7 8 9 10] under a full root of 3 children.
+        for n in 1..=10u64 {
+            t.insert(&mut p, &mut io, (n, 0), n as u32).expect("insert");
+        }
+        assert_eq!(t.height(), 2);
+        let (before, ids) = check(&t, &mut p, &mut io);
+        // Key 11 splits the last leaf (one id) and then the root (two more): one id is left.
+        let mut short = Budget {
+            io: &mut io,
+            left: 1,
+        };
+        assert!(t.insert(&mut p, &mut short, (11, 0), 11).is_err());
+        assert_eq!(t.get(&mut p, &mut io, (10, 0)).expect("get"), Some(10));
+        let (after, after_ids) = check(&t, &mut p, &mut io);
+        assert_eq!(after, before, "a failed insert lost or added entries");
+        assert_eq!(after_ids, ids);
+        assert_eq!(io.in_use, ids, "a failed insert left a page no slot names");
+        // With ids again the same insert goes through.
+        assert_eq!(
+            t.insert(&mut p, &mut io, (11, 0), 11).expect("insert"),
+            None
+        );
+        check(&t, &mut p, &mut io);
+    }
+
+    /// An SBT key field past 48 bits does not fit the page: refused, never stored as another key.
+    #[test]
+    fn an_sbt_key_past_48_bits_is_refused_not_truncated() {
+        use crate::meta::store::MetaCheckpoint;
+        use crate::meta::testing::TestVolume;
+
+        let v = TestVolume::new(64 << 20);
+        let mut store = v.open(&MetaCheckpoint::default(), 1);
+        let mut p = pool(64);
+        let mut t = BTree::<Sbt>::new();
+        let value = SbtValue {
+            extent: 1,
+            location: 0,
+            stored_len: 900,
+            codec: 1,
+            flags: 0,
+            crc: 7,
+            count: 2,
+        };
+        let low = SbtKey {
+            birth: 0,
+            serial: 1,
+        };
+        let high = SbtKey {
+            birth: 1 << 48,
+            serial: 1,
+        };
+        t.insert(&mut p, &mut store, low, value).expect("insert");
+        let got = t.insert(&mut p, &mut store, high, SbtValue { count: 9, ..value });
+        assert!(got.is_err(), "a key past 48 bits was taken: {got:?}");
+        assert_eq!(
+            t.get(&mut p, &mut store, low).expect("get"),
+            Some(value),
+            "another key's value changed"
+        );
+        assert_eq!(t.len(), 1);
+    }
+
+    /// A checkpoint whose entry count is short of the tree's (damage the CRC did not catch):
+    /// an error, never an overflow.
+    #[test]
+    fn an_entry_count_short_of_the_tree_is_an_error_not_a_panic() {
+        let mut io = MemIo::default();
+        let mut p = pool(64);
+        let mut t = BTree::<Tiny>::new();
+        for n in 0..6u64 {
+            t.insert(&mut p, &mut io, (n, 0), 1).expect("insert");
+        }
+        io.checkpoint(&mut p);
+        let mut t = BTree::<Tiny>::from_root(t.root(), t.height(), 1).expect("root");
+        let first = t.remove(&mut p, &mut io, (0, 0));
+        let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.remove(&mut p, &mut io, (1, 0))
+        }));
+        assert!(first.is_ok());
+        assert!(
+            matches!(second, Ok(Err(_))),
+            "a count below the tree's entries: {second:?}"
+        );
     }
 
     #[test]

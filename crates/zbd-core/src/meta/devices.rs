@@ -213,8 +213,12 @@ impl DeviceTable {
         }
         self.check_name(&row.name, None)?;
         row.id = self.next_device;
+        let next = self
+            .next_device
+            .checked_add(1)
+            .ok_or_else(|| Error::Invalid("device ids are used up".into()))?;
         rows_crc(std::iter::once(&row))?;
-        self.next_device += 1;
+        self.next_device = next;
         self.rows.insert(row.id, row);
         self.changed = true;
         Ok(self.next_device - 1)
@@ -443,6 +447,33 @@ mod tests {
         assert!(
             err.to_string().contains(&format!("page 1 (id {id})")),
             "{err}"
+        );
+    }
+
+    /// A next id at the end of the id space (a header the rows' CRC does not cover): an add is
+    /// refused, never an overflow or an id handed out twice.
+    #[test]
+    fn a_next_id_at_the_end_of_the_id_space_refuses_an_add() {
+        let v = TestVolume::new(64 << 20);
+        let mut s = v.open(&MetaCheckpoint::default(), 1);
+        let mut p = pool(64);
+        let mut t = DeviceTable::create(row("main", DeviceKind::Default)).expect("create");
+        let (h, meta) = commit(&mut t, &mut p, &mut s);
+        let mut s = v.open(&meta, 2);
+        let header = DeviceHeader {
+            next_device: u32::MAX,
+            ..h
+        };
+        let mut back = DeviceTable::open(&mut pool(8), &mut s, &header).expect("open");
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let a = back.add(row("a", DeviceKind::Other));
+            let b = back.add(row("b", DeviceKind::Other));
+            (a, b)
+        }));
+        let (a, b) = got.expect("no overflow");
+        assert!(
+            a.is_err() || b.is_err(),
+            "ids past the id space: {a:?} {b:?}"
         );
     }
 
