@@ -883,12 +883,12 @@ mod tests {
             self.io.read(pool, at)
         }
 
-        fn allocate(&mut self, kind: PageKind, level: u8, position: u64) -> Result<u32> {
+        fn allocate(&mut self, page: &Page) -> Result<u32> {
             if self.left == 0 {
                 return Err(Error::NoSpace);
             }
             self.left -= 1;
-            self.io.allocate(kind, level, position)
+            self.io.allocate(page)
         }
 
         fn free(&mut self, id: u32) {
