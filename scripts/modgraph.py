@@ -8,14 +8,31 @@ import os
 import re
 import sys
 
+TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\(crate\))? )?mod ([a-z_]+);")
+
+
+def test_only(root: str) -> set[str]:
+    """Files of modules declared `#[cfg(test)] mod name;`: test helpers, not rooms' imports."""
+    found = set()
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name in ("mod.rs", "lib.rs"):
+                with open(os.path.join(dirpath, name)) as f:
+                    for m in TEST_MODULE.findall(f.read()):
+                        found.add(os.path.join(dirpath, m + ".rs"))
+    return found
+
 
 def graph(root: str) -> dict[str, set[str]]:
     mods: dict[str, set[str]] = {}
+    skip = test_only(root)
     for dirpath, _, files in os.walk(root):
         for name in files:
             if not name.endswith(".rs"):
                 continue
             path = os.path.join(dirpath, name)
+            if path in skip:
+                continue
             top = os.path.relpath(path, root).split("/")[0].removesuffix(".rs")
             if top == "lib":
                 continue
