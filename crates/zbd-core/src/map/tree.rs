@@ -201,7 +201,7 @@ mod tests {
     use crate::meta::pool::{PagePool, FRAME_BYTES};
     use crate::meta::store::{MetaCheckpoint, MetaStore};
     use crate::meta::tree::blocks_under;
-    use crate::meta::MetaGeometry;
+    use crate::meta::{ListBounds, MetaGeometry};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
     use std::sync::Arc;
@@ -280,6 +280,11 @@ mod tests {
         )
     }
 
+    /// A small list: every phase 1 folds it whole and its pair-state pages stay held.
+    fn bounds() -> ListBounds {
+        ListBounds::new(4096, 17, 1)
+    }
+
     /// A created tree map, with the counters `like` starts with.
     fn created(v: &Volume, blocks: u64, frames: u64, like: &Map) -> TreeMap {
         let store = MetaStore::open(
@@ -295,7 +300,7 @@ mod tests {
             store,
             pool(frames),
             &v.geometry,
-            4096,
+            &bounds(),
             default_row(blocks, 0),
         )
         .expect("catalog");
@@ -312,6 +317,7 @@ mod tests {
             &ck.ext,
             ck.interval,
             pool(frames),
+            &bounds(),
         )
         .expect("catalog");
         let t = TreeMap::new(catalog, ck.counters);

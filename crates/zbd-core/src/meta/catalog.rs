@@ -16,7 +16,7 @@ use super::map_tree::MapTree;
 use super::page::Page;
 use super::pool::PagePool;
 use super::store::{MetaCheckpoint, MetaStore};
-use super::MetaGeometry;
+use super::{ListBounds, MetaGeometry};
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{ChildSlot, DeviceRow, Extension, ExtensionBody, Superblock, PAGE_ID_NONE};
@@ -39,12 +39,13 @@ impl Catalog {
     /// The catalog of a volume just made: its default device (`default`, whose id, kind,
     /// root and depth are set here) of `blocks` blocks, all unmapped, and empty tables.
     pub fn create(
-        store: MetaStore,
+        mut store: MetaStore,
         pool: PagePool<Page>,
         geometry: &MetaGeometry,
-        list_capacity: u32,
+        bounds: &ListBounds,
         mut default: DeviceRow,
     ) -> Result<Catalog> {
+        store.set_bounds(bounds);
         let tree = MapTree::new(default.blocks);
         default.root = tree.root();
         default.depth = tree.depth();
@@ -58,7 +59,7 @@ impl Catalog {
             header: Extension {
                 h: geometry.h,
                 pairs0: geometry.pairs0,
-                list_capacity,
+                list_capacity: bounds.capacity,
                 next_sbt_serial: 1,
                 ..Extension::default()
             },
@@ -76,13 +77,14 @@ impl Catalog {
         ext: &ExtensionBody,
         interval: u64,
         mut pool: PagePool<Page>,
+        bounds: &ListBounds,
     ) -> Result<Catalog> {
         let h = &ext.header;
-        if (h.h, h.pairs0) != (geometry.h, geometry.pairs0) {
+        if (h.h, h.pairs0, h.list_capacity) != (geometry.h, geometry.pairs0, bounds.capacity) {
             return Err(Error::CorruptMetadata(format!(
-                "checkpoint extension names H = {} and pairs0 = {}, the volume's geometry {} \
-                 and {}",
-                h.h, h.pairs0, geometry.h, geometry.pairs0
+                "checkpoint extension names H = {}, pairs0 = {} and a list of {}, the volume's \
+                 geometry {}, {} and {}",
+                h.h, h.pairs0, h.list_capacity, geometry.h, geometry.pairs0, bounds.capacity
             )));
         }
         let meta = MetaCheckpoint {
@@ -90,6 +92,7 @@ impl Catalog {
             directory: ext.directory.clone(),
         };
         let mut store = MetaStore::open(storage, sb, geometry, metadata_extents, &meta, interval)?;
+        store.set_bounds(bounds);
         let devices = DeviceTable::open(
             &mut pool,
             &mut store,
@@ -253,6 +256,11 @@ mod tests {
         }
     }
 
+    /// A large list, so the folder runs only past a quarter of it.
+    fn bounds() -> ListBounds {
+        ListBounds::new(65_536, 17, 1)
+    }
+
     fn open(v: &TestVolume, ext: &ExtensionBody, interval: u64) -> Result<Catalog> {
         Catalog::open(
             v.storage.clone(),
@@ -262,6 +270,7 @@ mod tests {
             ext,
             interval,
             pool(32),
+            &bounds(),
         )
     }
 
@@ -272,8 +281,14 @@ mod tests {
         let v = TestVolume::new(64 << 20);
         let blocks = v.sb.logical_blocks;
         let store = v.open(&Default::default(), 1);
-        let mut c = Catalog::create(store, pool(256), &v.geometry, 4096, default_row(blocks, 0))
-            .expect("create");
+        let mut c = Catalog::create(
+            store,
+            pool(256),
+            &v.geometry,
+            &bounds(),
+            default_row(blocks, 0),
+        )
+        .expect("create");
         let mut other = default_row(blocks, 0);
         (other.name, other.kind) = ("snap".into(), DeviceKind::Snapshot);
         let snap = c.add_device(other).expect("add");
@@ -347,7 +362,7 @@ mod tests {
     fn an_extension_of_another_geometry_is_refused() {
         let v = TestVolume::new(64 << 20);
         let store = v.open(&Default::default(), 1);
-        let mut c = Catalog::create(store, pool(64), &v.geometry, 4096, default_row(100, 0))
+        let mut c = Catalog::create(store, pool(64), &v.geometry, &bounds(), default_row(100, 0))
             .expect("create");
         let mut ext = c.checkpoint().expect("checkpoint");
         c.commit();
@@ -411,8 +426,14 @@ mod tests {
         let v = TestVolume::new(8 << 20);
         let blocks = (u64::from(v.geometry.pairs0) + 6) * 255;
         let store = v.open(&Default::default(), 1);
-        let mut c = Catalog::create(store, pool(48), &v.geometry, 4096, default_row(blocks, 0))
-            .expect("create");
+        let mut c = Catalog::create(
+            store,
+            pool(48),
+            &v.geometry,
+            &bounds(),
+            default_row(blocks, 0),
+        )
+        .expect("create");
         let mut model: Model = BTreeMap::from([(DEFAULT_DEVICE, BTreeMap::new())]);
         let mut durable = (ExtensionBody::default(), model.clone(), 0u64);
         let mut committed = false;

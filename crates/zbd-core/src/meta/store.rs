@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::devices::DEFAULT_DEVICE;
-use super::geometry::{MetaGeometry, PairHome};
+use super::geometry::{ListBounds, MetaGeometry, PairHome};
 use super::map_tree::TreeIo;
 use super::page::Page;
 use super::pairs::{
@@ -62,6 +62,10 @@ pub struct MetaStore {
     pub usage: PairUse,
     /// A phase 1 folds the pair-state list into pages once it holds more entries than this.
     pub fold_from: usize,
+    /// Small lists keep their pair-state pages held in the pool ([`MetaStore::set_bounds`]).
+    hold_pair_states: bool,
+    /// Pair-state pages (by index) held so.
+    held: BTreeSet<u32>,
     /// The open interval: frees are tagged with it. A checkpoint's phase 1 closes it and opens
     /// the next, so frees made while that checkpoint is in flight wait for a later commit.
     interval: u64,
@@ -132,6 +136,8 @@ impl MetaStore {
             alloc,
             usage: PairUse::Metadata,
             fold_from: FOLD_FROM_DEFAULT,
+            hold_pair_states: false,
+            held: BTreeSet::new(),
             interval,
             committed: interval,
             region0_freed: BTreeSet::new(),
@@ -222,12 +228,7 @@ impl MetaStore {
     /// `id`'s pair state, reading its pair-state page into the pool when it is not resident.
     fn state(&mut self, pool: &mut PagePool<Page>, id: u32) -> Result<PairState> {
         if let Lookup::Fault(j) = self.states.state(pool, id) {
-            let (pid, slot) = self
-                .states
-                .page_of(j)
-                .expect("a fault names a written page");
-            let page = self.read_slot(&pair_state_address(pid, j), slot)?;
-            pool.install(pid, PageKind::PairState, page, false, 0)?;
+            self.fault_pair_state(pool, j)?;
         }
         match self.states.state(pool, id) {
             Lookup::Known(s) => Ok(s),
@@ -294,14 +295,40 @@ impl MetaStore {
                     alloc.allocate(usage).ok_or(Error::NoSpace)
                 })?;
                 if folded.is_some() {
+                    self.keep(pool, j);
                     break;
                 }
-                let (pid, slot) = self.states.page_of(j).expect("written");
-                let page = self.read_slot(&pair_state_address(pid, j), slot)?;
-                pool.install(pid, PageKind::PairState, page, false, 0)?;
+                self.fault_pair_state(pool, j)?;
             }
         }
         Ok(())
+    }
+
+    /// Reads written pair-state page `j` into the pool.
+    fn fault_pair_state(&mut self, pool: &mut PagePool<Page>, j: u32) -> Result<()> {
+        let (pid, slot) = self.states.page_of(j).expect("a written pair-state page");
+        let page = self.read_slot(&pair_state_address(pid, j), slot)?;
+        pool.install(pid, PageKind::PairState, page, false, 0)?;
+        self.keep(pool, j);
+        Ok(())
+    }
+
+    /// On a small list, pair-state page `j` (resident) stays resident from now on: one hold,
+    /// counted in the floor's `2R`.
+    fn keep(&mut self, pool: &mut PagePool<Page>, j: u32) {
+        if self.hold_pair_states && !self.held.contains(&j) {
+            let (pid, _) = self.states.page_of(j).expect("a written pair-state page");
+            if pool.hold(pid) {
+                self.held.insert(j);
+            }
+        }
+    }
+
+    /// The list's bounds: a phase 1 folds from their `fold_from` entries, and on a small list
+    /// folds the whole list and keeps its pair-state pages resident once read or made.
+    pub fn set_bounds(&mut self, bounds: &ListBounds) {
+        self.fold_from = bounds.fold_from().map_or(0, |f| f as usize);
+        self.hold_pair_states = bounds.small();
     }
 
     /// Phases 1 and 2 of a checkpoint for the pool's pages: folds a long list, takes the
@@ -963,6 +990,76 @@ mod tests {
             tree.get(&mut p, &mut store, 3).expect("read"),
             MapEntry::UNMAPPED
         );
+    }
+
+    /// A small list folds whole at every phase 1 (a checkpoint carries only its own flips) and
+    /// keeps its pair-state page held: a pool
+    /// of 16 frames evicts every clean leaf under writes across the device, never the page.
+    #[test]
+    fn a_small_list_keeps_its_pair_state_pages_resident() {
+        let v = volume();
+        let blocks = (u64::from(v.geometry.pairs0) + 8) * 255;
+        let (mut store, mut tree, _) = reopen(&v, &EMPTY, blocks);
+        let bounds = ListBounds::new(4096, 17, 1);
+        assert!(bounds.small());
+        store.set_bounds(&bounds);
+        let mut p = PagePool::new(16 * FRAME_BYTES, 0).expect("pool");
+        let mut page = None;
+        for round in 0..6u32 {
+            for leaf in 0..(blocks / 255) {
+                tree.set(
+                    &mut p,
+                    &mut store,
+                    leaf * 255 + u64::from(round),
+                    data(round + 1),
+                )
+                .expect("set");
+                if p.stats().dirty >= 6 {
+                    store.checkpoint(&mut p).expect("checkpoint");
+                    store.commit(&mut p);
+                }
+            }
+            let before = store.states.list_len();
+            let carried = store.checkpoint(&mut p).expect("checkpoint").list;
+            store.commit(&mut p);
+            // Folded whole at phase 1: it carries only this checkpoint's own flips.
+            assert!(
+                before > 0 && carried.len() <= 16,
+                "{before} {}",
+                carried.len()
+            );
+            let (pid, _) = store.states.page_of(0).expect("page 0 written");
+            assert!(page.is_none_or(|q| q == pid));
+            page = Some(pid);
+            assert!(
+                p.contains(pid),
+                "round {round}: the pair-state page left the pool"
+            );
+        }
+        // Both copies of the page go bad on the medium; reads of every leaf, three times round
+        // with nothing dirty, cycle more pages than frames through the pool, and need the
+        // page's bits for every leaf they read: they succeed only because it never left.
+        let pid = page.expect("written");
+        let (_, slot) = store.states.page_of(0).expect("written");
+        for copy in 0..2 {
+            let off = v
+                .geometry
+                .slot_offset(&v.sb, pid, slot, copy)
+                .expect("offset");
+            v.storage
+                .write_at(off, &[0u8; MAP_PAGE_BYTES])
+                .expect("write");
+        }
+        let evicted = p.stats().evictions;
+        for _ in 0..3 {
+            for leaf in 0..(blocks / 255) {
+                assert_eq!(
+                    tree.get(&mut p, &mut store, leaf * 255).expect("read"),
+                    data(1)
+                );
+            }
+        }
+        assert!(p.stats().evictions > evicted, "the reads evicted leaves");
     }
 
     /// Folds move the list into pair-state pages without changing an answer: a checkpoint
