@@ -473,6 +473,26 @@ impl<F: NodeFormat> BTree<F> {
         Ok((old, Some((separator, right_id))))
     }
 
+    /// Changes the entry of `key` through `f`, given its value if any: `Some(v)` sets it,
+    /// `None` removes it, so a count that reaches 0 dies in the same call ("Counts and
+    /// accounting", death at 0). Returns the value held now. Removing never allocates.
+    pub fn update<I: TreeIo>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        key: F::Key,
+        f: impl FnOnce(Option<F::Value>) -> Option<F::Value>,
+    ) -> Result<Option<F::Value>> {
+        let old = self.get(pool, io, key)?;
+        let new = f(old);
+        match (old, new) {
+            (_, Some(v)) => drop(self.insert(pool, io, key, v)?),
+            (Some(_), None) => drop(self.remove(pool, io, key)?),
+            (None, None) => {}
+        }
+        Ok(new)
+    }
+
     /// Removes `key`; returns its value. A node left empty is freed, and a root left with one
     /// child gives way to it.
     pub fn remove<I: TreeIo>(
@@ -741,6 +761,8 @@ mod tests {
         /// Keys `from ..` in ascending order, as a shadow's promotions arrive.
         Run(u64, u8),
         Remove(u64),
+        /// A count moved by `delta`: it dies at 0.
+        Adjust(u64, i8),
         Scan(u64, u8),
         Checkpoint,
         /// A cold open from the last checkpoint (whose state the model kept).
@@ -753,6 +775,7 @@ mod tests {
             6 => (key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
             2 => (key.clone(), 1u8..40).prop_map(|(k, n)| Op::Run(k, n)),
             5 => key.clone().prop_map(Op::Remove),
+            3 => (key.clone(), -2i8..=2).prop_map(|(k, d)| Op::Adjust(k, d)),
             1 => (key, 1u8..20).prop_map(|(k, n)| Op::Scan(k, n)),
             1 => Just(Op::Checkpoint),
             1 => Just(Op::Reopen),
@@ -787,6 +810,19 @@ mod tests {
                 Op::Remove(n) => {
                     let got = t.remove(&mut p, &mut io, k(n)).expect("remove");
                     prop_assert_eq!(got, model.remove(&k(n)));
+                }
+                Op::Adjust(n, d) => {
+                    let step = |v: Option<u32>| {
+                        let c = i64::from(v.unwrap_or(0)) + i64::from(d);
+                        (c > 0).then_some(c as u32)
+                    };
+                    let got = t.update(&mut p, &mut io, k(n), step).expect("update");
+                    let want = step(model.get(&k(n)).copied());
+                    match want {
+                        Some(c) => model.insert(k(n), c),
+                        None => model.remove(&k(n)),
+                    };
+                    prop_assert_eq!(got, want);
                 }
                 Op::Scan(from, n) => {
                     let mut got = Vec::new();
