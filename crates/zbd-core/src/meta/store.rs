@@ -1304,7 +1304,13 @@ mod tests {
     /// The frames the durable checkpoint `d` names (both copies of the current slot of each of
     /// its directory pages, its pair-state pages and every map page its tree reaches, read
     /// from the medium by a store opened from it) and the map pages' ids.
-    fn named_by(v: &Volume, d: &Durable, blocks: u64) -> (BTreeSet<u64>, BTreeSet<u32>) {
+    /// `other`: the root of a second device's tree the checkpoint names too.
+    fn named_by(
+        v: &Volume,
+        d: &Durable,
+        blocks: u64,
+        other: Option<ChildSlot>,
+    ) -> (BTreeSet<u64>, BTreeSet<u32>) {
         struct Walk<'a> {
             store: &'a mut MetaStore,
             seen: Vec<(u32, PairSlot)>,
@@ -1340,6 +1346,13 @@ mod tests {
         };
         tree.scan(&mut pool, &mut walk, 0, blocks, &mut |_, _, _| {})
             .expect("the durable tree reads");
+        if let Some(root) = other {
+            let t = MapTree::from_root(root, depth, blocks)
+                .expect("root")
+                .with_device(OTHER_DEVICE);
+            t.scan(&mut pool, &mut walk, 0, blocks, &mut |_, _, _| {})
+                .expect("the durable other tree reads");
+        }
         let ids = walk.seen.iter().map(|&(id, _)| id).collect();
         pages.extend(walk.seen);
         let frames = pages
@@ -1457,7 +1470,17 @@ mod tests {
         Evict,
         /// With nothing dirty and no checkpoint in flight, every block read through a cold pool.
         Cold,
+        /// A second device's map, on the same store and pool: a write, a trim, made (all
+        /// unmapped) and removed (every page freed, as `Catalog::remove_device` does).
+        OtherSet(u64, u32),
+        OtherTrim(u64, u64),
+        OtherAdd,
+        OtherRemove,
     }
+
+    /// The second device of the guarded runs (its leaves take allocated ids, region 0's
+    /// positions included).
+    const OTHER_DEVICE: u32 = DEFAULT_DEVICE + 1;
 
     fn guarded_op(blocks: u64) -> impl Strategy<Value = GuardedOp> {
         let lba = prop_oneof![0..600u64, (blocks - 600)..blocks];
@@ -1470,6 +1493,19 @@ mod tests {
             1 => Just(GuardedOp::Crash),
             1 => Just(GuardedOp::Evict),
             1 => Just(GuardedOp::Cold),
+        ]
+    }
+
+    /// [`guarded_op`] with a second device's ops.
+    fn guarded_op_devices(blocks: u64) -> impl Strategy<Value = GuardedOp> {
+        let lba = prop_oneof![0..600u64, (blocks - 600)..blocks];
+        prop_oneof![
+            8 => guarded_op(blocks),
+            4 => (lba.clone(), 1u32..1000).prop_map(|(l, v)| GuardedOp::OtherSet(l, v)),
+            1 => (lba, prop_oneof![1u64..300, 255u64..=510])
+                .prop_map(|(l, n)| GuardedOp::OtherTrim(l, n)),
+            1 => Just(GuardedOp::OtherAdd),
+            1 => Just(GuardedOp::OtherRemove),
         ]
     }
 
@@ -1487,16 +1523,34 @@ mod tests {
         model: BTreeMap<u64, MapEntry>,
         live: BTreeSet<u32>,
         flight: Option<(Durable, BTreeMap<u64, MapEntry>)>,
+        /// A small list: every phase 1 folds it whole and its pair-state pages stay held.
+        small: bool,
+        /// The second device's tree and model, live, as of the flight's phase 1, and durable.
+        other: Option<(MapTree, BTreeMap<u64, MapEntry>)>,
+        other_flight: Option<(ChildSlot, BTreeMap<u64, MapEntry>)>,
+        other_durable: Option<(ChildSlot, BTreeMap<u64, MapEntry>)>,
     }
 
     impl Guarded {
-        fn new(wide: bool, fold_from: usize, frames: u64) -> Guarded {
+        fn open_store(v: &Volume, d: &Durable, small: bool) -> MetaStore {
+            let mut s = open(v, d);
+            if small {
+                s.set_bounds(&ListBounds::new(4096, 17, 1));
+            }
+            s
+        }
+
+        fn new(wide: bool, fold_from: usize, frames: u64, small: bool) -> Guarded {
             let (mut v, guard) = guarded_volume(wide);
             v.fold_from = fold_from;
             let blocks = (u64::from(v.geometry.pairs0) + 8) * 255;
             let depth = MapTree::new(blocks).depth();
             Guarded {
-                store: open(&v, &EMPTY),
+                small,
+                other: None,
+                other_flight: None,
+                other_durable: None,
+                store: Guarded::open_store(&v, &EMPTY, small),
                 tree: MapTree::from_root(EMPTY.root, depth, blocks).expect("root"),
                 p: PagePool::new(frames * FRAME_BYTES, 0).expect("pool"),
                 v,
@@ -1523,6 +1577,20 @@ mod tests {
                     pairs0: self.v.geometry.pairs0,
                 },
             )
+        }
+
+        fn io_other(&mut self) -> Option<(&mut MapTree, &mut PagePool<Page>, Checked<'_>)> {
+            let (tree, _) = self.other.as_mut()?;
+            Some((
+                tree,
+                &mut self.p,
+                Checked {
+                    store: &mut self.store,
+                    live: &mut self.live,
+                    durable: &self.durable_ids,
+                    pairs0: self.v.geometry.pairs0,
+                },
+            ))
         }
 
         /// Checkpoints (and commits) first when pinned frames pass half the pool, as the
@@ -1553,6 +1621,7 @@ mod tests {
                         interval: self.store.interval(),
                     };
                     self.flight = Some((d, self.model.clone()));
+                    self.other_flight = self.other.as_ref().map(|(t, m)| (t.root(), m.clone()));
                     true
                 }
                 Err(_) => {
@@ -1577,7 +1646,9 @@ mod tests {
             self.store.commit(&mut self.p);
             self.durable = d;
             self.durable_model = m;
-            let (frames, ids) = named_by(&self.v, &self.durable, self.blocks);
+            self.other_durable = self.other_flight.take();
+            let other = self.other_durable.as_ref().map(|(r, _)| *r);
+            let (frames, ids) = named_by(&self.v, &self.durable, self.blocks, other);
             *self.guard.named.lock().expect("lock") = frames;
             self.durable_ids = ids;
         }
@@ -1592,6 +1663,16 @@ mod tests {
                     "lba {}",
                     l
                 );
+            }
+            if let Some((t, m)) = &self.other {
+                for (&l, &e) in m {
+                    prop_assert_eq!(
+                        t.get(p, &mut self.store, l).expect("read"),
+                        e,
+                        "other lba {}",
+                        l
+                    );
+                }
             }
             Ok(())
         }
@@ -1643,7 +1724,15 @@ mod tests {
                 GuardedOp::End { commit } => self.end(commit),
                 GuardedOp::Crash => {
                     self.flight = None;
-                    self.store = open(&self.v, &self.durable);
+                    self.other_flight = None;
+                    self.other = self.other_durable.clone().map(|(root, m)| {
+                        let depth = MapTree::new(self.blocks).depth();
+                        let t = MapTree::from_root(root, depth, self.blocks)
+                            .expect("root")
+                            .with_device(OTHER_DEVICE);
+                        (t, m)
+                    });
+                    self.store = Guarded::open_store(&self.v, &self.durable, self.small);
                     let depth = MapTree::new(self.blocks).depth();
                     self.tree =
                         MapTree::from_root(self.durable.root, depth, self.blocks).expect("root");
@@ -1666,6 +1755,39 @@ mod tests {
                         self.check(true)?;
                     }
                 }
+                GuardedOp::OtherSet(l, n) => {
+                    let l = l % self.blocks;
+                    self.room();
+                    if let Some((tree, p, mut io)) = self.io_other() {
+                        tree.set(p, &mut io, l, data(n)).expect("set");
+                        self.other.as_mut().expect("made").1.insert(l, data(n));
+                    }
+                }
+                GuardedOp::OtherTrim(first, n) => {
+                    let first = first % self.blocks;
+                    self.room();
+                    let n = n.min(self.blocks - first);
+                    if let Some((tree, p, mut io)) = self.io_other() {
+                        tree.set_range(p, &mut io, first, n, ChildSlot::AllUnmapped, &mut |_| {})
+                            .expect("trim");
+                        let m = &mut self.other.as_mut().expect("made").1;
+                        m.retain(|&b, _| b < first || b >= first + n);
+                    }
+                }
+                GuardedOp::OtherAdd => {
+                    if self.other.is_none() {
+                        let t = MapTree::new(self.blocks).with_device(OTHER_DEVICE);
+                        self.other = Some((t, BTreeMap::new()));
+                    }
+                }
+                GuardedOp::OtherRemove => {
+                    let blocks = self.blocks;
+                    if let Some((tree, p, mut io)) = self.io_other() {
+                        tree.set_range(p, &mut io, 0, blocks, ChildSlot::AllUnmapped, &mut |_| {})
+                            .expect("remove");
+                        self.other = None;
+                    }
+                }
             }
             let hit = self.guard.overwrites.lock().expect("lock").clone();
             prop_assert!(
@@ -1683,7 +1805,17 @@ mod tests {
         fold_from: usize,
         frames: u64,
     ) -> std::result::Result<(), TestCaseError> {
-        let mut g = Guarded::new(wide, fold_from, frames);
+        run_guarded_with(ops, wide, fold_from, frames, false)
+    }
+
+    fn run_guarded_with(
+        ops: Vec<GuardedOp>,
+        wide: bool,
+        fold_from: usize,
+        frames: u64,
+        small: bool,
+    ) -> std::result::Result<(), TestCaseError> {
+        let mut g = Guarded::new(wide, fold_from, frames, small);
         for op in ops {
             g.op(op)?;
         }
@@ -1704,6 +1836,23 @@ mod tests {
             frames in prop_oneof![Just(64u64), Just(9u64)],
         ) {
             run_guarded(ops, wide, fold_from, frames)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// The same oracle with a second device's tree on the store and pool (made, written,
+        /// trimmed and removed whole, also while a checkpoint is in flight) and, when `small`,
+        /// a small list whose pair-state pages the store holds.
+        #[test]
+        fn no_checkpoint_writes_a_named_frame_with_two_devices_and_held_pages(
+            ops in proptest::collection::vec(guarded_op_devices((u64::from(volume().geometry.pairs0) + 8) * 255), 1..120),
+            wide in Just(true),
+            fold_from in prop_oneof![Just(0usize), 1usize..6, Just(FOLD_FROM_DEFAULT)],
+            frames in prop_oneof![Just(64u64), Just(16u64)],
+            small in any::<bool>(),
+        ) {
+            run_guarded_with(ops, wide, fold_from, frames, small)?;
         }
     }
 }
