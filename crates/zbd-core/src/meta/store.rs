@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::format::{
     decode_directory, encode_directory, open_page, pair_state_at, seal_page, DirectoryEntry,
     FrameStamp, PageAddress, PageKind, PairListEntry, PairSlot, PairState, Superblock,
-    MAP_PAGE_BYTES, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE,
+    DIRECTORY_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_BODY_BYTES, PAIR_STATE_IDS_PER_PAGE,
 };
 
 /// The list a phase 1 folds from when the caller sets none: the capacity of a small volume's
@@ -66,6 +66,10 @@ pub struct MetaStore {
     hold_pair_states: bool,
     /// Pair-state pages (by index) held so.
     held: BTreeSet<u32>,
+    /// Phase 1 folds that failed (the list carried their entries instead), and the last
+    /// error, for statistics.
+    pub fold_failures: u64,
+    pub last_fold_error: Option<String>,
     /// The open interval: frees are tagged with it. A checkpoint's phase 1 closes it and opens
     /// the next, so frees made while that checkpoint is in flight wait for a later commit.
     interval: u64,
@@ -138,6 +142,8 @@ impl MetaStore {
             fold_from: FOLD_FROM_DEFAULT,
             hold_pair_states: false,
             held: BTreeSet::new(),
+            fold_failures: 0,
+            last_fold_error: None,
             interval,
             committed: interval,
             region0_freed: BTreeSet::new(),
@@ -289,6 +295,18 @@ impl MetaStore {
             return Ok(());
         }
         for j in self.states.foldable_pages(self.committed) {
+            // A new pair-state page needs its directory page (and every one below it: the
+            // list is dense): their ids are taken first, so a checkpoint never runs out of ids
+            // after a fold made a page it cannot name.
+            if self.states.page_of(j).is_none() {
+                let k = j / DIRECTORY_ENTRIES_PER_PAGE as u32;
+                for k in self.states.directory_list().len() as u32..=k {
+                    if !self.new_directory_ids.contains_key(&k) {
+                        let id = self.alloc.allocate(self.usage).ok_or(Error::NoSpace)?;
+                        self.new_directory_ids.insert(k, id);
+                    }
+                }
+            }
             loop {
                 let (alloc, usage) = (&mut self.alloc, self.usage);
                 let folded = self.states.fold_page(pool, j, self.committed, || {
@@ -340,9 +358,14 @@ impl MetaStore {
     /// for the next one.
     pub fn checkpoint(&mut self, pool: &mut PagePool<Page>) -> Result<MetaCheckpoint> {
         assert!(self.flight.is_none(), "one checkpoint in flight at a time");
-        // A failed fold leaves what it folded in dirty pages and out of the list: the same
-        // answers, written by the next checkpoint.
-        self.fold(pool)?;
+        // A fold only shortens the list. One that fails (no id for a new pair-state page, a
+        // page that cannot be read) leaves what it folded in dirty pages and the rest listed:
+        // the same answers, and this checkpoint carries them, so a fold can never be what
+        // stops checkpoints (the list's capacity is the caller's bound; admission keeps it).
+        if let Err(e) = self.fold(pool) {
+            self.fold_failures += 1;
+            self.last_fold_error = Some(e.to_string());
+        }
         let seq = self.interval;
         let mut flips = Vec::new();
         let mut page_flips = Vec::new();
@@ -1060,6 +1083,53 @@ mod tests {
             }
         }
         assert!(p.stats().evictions > evicted, "the reads evicted leaves");
+    }
+
+    /// A fold that cannot run (no id left for a new pair-state page) does not stop the
+    /// checkpoint: the list carries the entries, the commit holds, an open reads them back,
+    /// and a later fold, once ids are free again, moves them into the page.
+    #[test]
+    fn a_fold_without_an_id_leaves_the_list_longer_never_the_checkpoint_undone() {
+        let mut v = volume();
+        v.fold_from = 0;
+        let blocks = (u64::from(v.geometry.pairs0) + 8) * 255;
+        let (mut store, mut tree, mut p) = reopen(&v, &EMPTY, blocks);
+        tree.set(&mut p, &mut store, 10, data(1)).expect("set");
+        let l1 = u64::from(v.geometry.pairs0) * 255;
+        tree.set(&mut p, &mut store, l1, data(2)).expect("set");
+        // Every other id taken: the first fold needs one for pair-state page 0.
+        let mut taken = Vec::new();
+        while let Some(id) = store.alloc.allocate(PairUse::Metadata) {
+            taken.push(id);
+        }
+        begin(&tree, &mut p, &mut store, 2);
+        store.commit(&mut p);
+        let d = begin(&tree, &mut p, &mut store, 3);
+        store.commit(&mut p);
+        assert_eq!(store.fold_failures, 1, "{:?}", store.last_fold_error);
+        assert!(d.meta.directory.is_empty() && !d.meta.list.is_empty());
+        let (mut s2, t2, mut p2) = reopen(&v, &d, blocks);
+        assert_eq!(t2.get(&mut p2, &mut s2, 10).expect("read"), data(1));
+        assert_eq!(t2.get(&mut p2, &mut s2, l1).expect("read"), data(2));
+        // One id back (freed, then past a commit): the directory page takes it, the
+        // pair-state page finds none, and the checkpoint still commits.
+        let give_back = |store: &mut MetaStore, id: u32| {
+            store.alloc.free(id, store.interval() - 1);
+            store.alloc.commit(store.interval());
+        };
+        give_back(&mut store, taken[0]);
+        let d = begin(&tree, &mut p, &mut store, 4);
+        store.commit(&mut p);
+        assert_eq!(store.fold_failures, 2);
+        assert!(d.meta.directory.is_empty());
+        // A second: the next phase 1 folds.
+        give_back(&mut store, taken[1]);
+        let d = begin(&tree, &mut p, &mut store, 5);
+        store.commit(&mut p);
+        assert_eq!(store.fold_failures, 2, "{:?}", store.last_fold_error);
+        assert_eq!(d.meta.directory.len(), 1);
+        let (mut s3, t3, mut p3) = reopen(&v, &d, blocks);
+        assert_eq!(t3.get(&mut p3, &mut s3, l1).expect("read"), data(2));
     }
 
     /// Folds move the list into pair-state pages without changing an answer: a checkpoint
