@@ -1016,8 +1016,8 @@ mod tests {
     }
 
     /// A small list folds whole at every phase 1 (a checkpoint carries only its own flips) and
-    /// keeps its pair-state page held: a pool
-    /// of 16 frames evicts every clean leaf under writes across the device, never the page.
+    /// keeps its pair-state page held: a pool of 16 frames evicts clean leaves under writes
+    /// and reads across the device, never the page.
     #[test]
     fn a_small_list_keeps_its_pair_state_pages_resident() {
         let v = volume();
