@@ -99,6 +99,12 @@ impl MapCounters {
         }
     }
 
+    /// `n` blocks leave entry `old` for entry `new`.
+    pub(super) fn replace(&mut self, old: &MapEntry, new: &MapEntry, n: u64) {
+        self.sub(old, n);
+        self.add(new, n);
+    }
+
     pub(super) fn sub(&mut self, e: &MapEntry, n: u64) {
         // Saturating: a map page found damaged after open loses what its entries counted.
         match e.state {

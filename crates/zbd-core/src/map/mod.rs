@@ -401,8 +401,7 @@ impl Map {
         f.entries[i] = new;
         self.cache.mark_dirty(p);
         self.set_dirty(p);
-        self.counters.sub(&old, 1);
-        self.counters.add(&new, 1);
+        self.counters.replace(&old, &new, 1);
         Ok(Some(old))
     }
 

@@ -82,8 +82,7 @@ impl TreeMap {
         if old == new {
             return Ok(None);
         }
-        self.counters.sub(&old, 1);
-        self.counters.add(&new, 1);
+        self.counters.replace(&old, &new, 1);
         Ok(Some(old))
     }
 
@@ -110,8 +109,7 @@ impl TreeMap {
         let counters = &mut self.counters;
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
         tree.set_range(pool, store, first, count, to, &mut |r: Replaced| {
-            counters.sub(&r.entry, r.count);
-            counters.add(&new, r.count);
+            counters.replace(&r.entry, &new, r.count);
             if r.entry.state == BlockState::Data {
                 // Data is only ever a leaf entry: runs of one block.
                 for _ in 0..r.count {
