@@ -1006,17 +1006,23 @@ impl Extension {
             enabled_seq: get_u64(b, 88),
             pct_entries: get_u64(b, 96),
         };
+        e.check()?;
+        Ok(e)
+    }
+
+    /// What every header must hold: lists within their room and capacity, a default device.
+    fn check(&self) -> Result<()> {
         let lists = EXTENSION_HEADER_BYTES as u64
-            + 8 * u64::from(e.directory_pages)
-            + 4 * u64::from(e.summary_lists)
-            + 8 * u64::from(e.list_entries);
-        if e.list_entries > e.list_capacity || lists > u64::from(e.bytes) {
+            + 8 * u64::from(self.directory_pages)
+            + 4 * u64::from(self.summary_lists)
+            + 8 * u64::from(self.list_entries);
+        if self.list_entries > self.list_capacity || lists > u64::from(self.bytes) {
             return Err(corrupt("checkpoint extension lists exceed their room"));
         }
-        if e.device_rows == 0 || e.next_device <= 1 {
+        if self.device_rows == 0 || self.next_device <= 1 {
             return Err(corrupt("checkpoint extension names no default device"));
         }
-        Ok(e)
+        Ok(())
     }
 }
 
@@ -1048,9 +1054,10 @@ impl ExtensionBody {
         self.directory.is_empty() && self.summary_lists.is_empty() && self.pair_list.is_empty()
     }
 
-    /// Encodes into a new buffer, the header's counts and total taken from the lists; an error
-    /// when the pair list is not ascending by id or passes the header's capacity.
-    pub fn encode(&self) -> Result<Vec<u8>> {
+    /// The header as the slot holds it: counts and total taken from the lists. An error when
+    /// the pair list is not ascending by id or passes its capacity, or the header fails what
+    /// [`Extension::decode`] checks.
+    pub fn counted(&self) -> Result<Extension> {
         if self.pair_list.windows(2).any(|w| w[0].id >= w[1].id) {
             return Err(Error::Invalid(
                 "pair-state list is not one entry per id in ascending order".into(),
@@ -1067,6 +1074,13 @@ impl ExtensionBody {
                 header.list_entries, header.list_capacity
             )));
         }
+        header.check()?;
+        Ok(header)
+    }
+
+    /// Encodes into a new buffer with the [`counted`](Self::counted) header.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let header = self.counted()?;
         let mut b = vec![0u8; self.len()];
         header.encode(&mut b);
         let mut o = EXTENSION_HEADER_BYTES;

@@ -200,18 +200,23 @@ impl Catalog {
             hooks_list: none,
             ..self.header
         };
-        let body = ExtensionBody {
+        let mut body = ExtensionBody {
             header,
             directory: meta.directory,
             summary_lists: Vec::new(),
             pair_list: meta.list,
         };
-        // The body as the slot will hold it (counts and total set by the encoding).
-        let written = body.encode().and_then(|b| ExtensionBody::decode(&b));
-        if written.is_err() {
-            self.store.abort(&mut self.pool);
+        // The body as the slot will hold it: counts and total from its lists.
+        match body.counted() {
+            Ok(header) => {
+                body.header = header;
+                Ok(body)
+            }
+            Err(e) => {
+                self.store.abort(&mut self.pool);
+                Err(e)
+            }
         }
-        written
     }
 
     /// The checkpoint in flight is durable.
