@@ -9,7 +9,7 @@ ZBD := target/release/zbd
 FEATURES := --features zbd/ceph
 export ZBD_BIN := $(abspath $(ZBD))
 
-.PHONY: all deps deps-ceph build test test-rust test-lab test-heavy demo bench check fmt clean fuzz fuzz-seeds \
+.PHONY: all deps deps-ceph build test test-rust test-lab test-heavy test-bit10 demo bench check fmt clean fuzz fuzz-seeds \
 	man completions deb install-service
 
 all: build
@@ -65,6 +65,12 @@ test-heavy: build
 	    --test engine -- sequential:: crash:: faults::beyond_power_loss:: volume:: read::cache:: \
 	    || exit 1; \
 	done
+
+# The engine, durability and model suites with every test volume keeping its map in metadata
+# pages (checkpoint flag bit 10; docs/design.md, "Wiring"). About 6 minutes on 2 cores.
+test-bit10: build
+	ZBD_TEST_METADATA_PAGES=1 $(CARGO) test --release -p zbd-core --test engine --test durability \
+	  --test model
 
 # Fuzz every parser for FUZZ_SECONDS each (default 60); installs nightly + cargo-fuzz if missing.
 fuzz:

@@ -7,6 +7,8 @@ use crate::format::{
     EXTENT_BYTES_MIN, EXTENT_TABLE_ENTRIES_PER_PAGE, FORMAT_VERSION, MAP_ENTRIES_PER_PAGE,
     MAP_PAGE_BYTES, SECTOR_BYTES, SUPERBLOCK_BYTES, UNIT_BLOCKS_MAX,
 };
+use crate::meta::geometry::bit10_slot_bytes;
+use crate::meta::{ListBounds, MetaGeometry};
 
 /// Default extent size of the library (paper: 32 KiB; 16–64 KiB performed best): the geometry
 /// the engine's tests are written for.
@@ -73,6 +75,10 @@ pub struct CreateOptions {
     /// Largest data area `zbd grow --capacity` may reach later (format 3), likewise for the
     /// extent table (32 bytes per extent). `None`: no room beyond the capacity.
     pub max_capacity_bytes: Option<u64>,
+    /// Keep maps in metadata pages (checkpoint flag bit 10; docs/format.md). Hidden: it
+    /// carves a fixed stock of metadata extents until the carver (design step 1b.5) takes
+    /// them as needed.
+    pub metadata_pages: bool,
 }
 
 impl CreateOptions {
@@ -91,6 +97,7 @@ impl CreateOptions {
             format_version: FORMAT_VERSION,
             max_logical_bytes: None,
             max_capacity_bytes: None,
+            metadata_pages: false,
         }
     }
 }
@@ -155,6 +162,22 @@ pub fn default_extent_count(logical_blocks: u64, extent_bytes: u32) -> u64 {
     needed + (needed / 20).max(16)
 }
 
+/// Metadata extents (copy 0) a volume of `extent_count` extents created with `opts` carves:
+/// 0 without metadata pages (`MetaGeometry::stock_extents`; the partners double it).
+fn stock_extents(opts: &CreateOptions, logical_blocks: u64, extent_count: u64) -> Result<u32> {
+    if !opts.metadata_pages {
+        return Ok(0);
+    }
+    let pages = logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64);
+    let count = u32::try_from(extent_count).unwrap_or(u32::MAX);
+    let g = MetaGeometry::new(
+        u32::try_from(pages).unwrap_or(u32::MAX),
+        opts.extent_bytes,
+        count,
+    )?;
+    Ok(g.stock_extents(logical_blocks))
+}
+
 /// Computes the superblock for `opts` (uuid and time left for the caller to fill).
 pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     let e = opts.extent_bytes;
@@ -180,10 +203,17 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
             opts.format_version
         )));
     }
+    if opts.metadata_pages && opts.format_version < 3 {
+        return Err(Error::Invalid("metadata pages need format 3".into()));
+    }
     let logical_blocks = opts.logical_bytes / BLOCK_BYTES as u64;
     let extent_count = match opts.capacity_bytes {
         Some(c) => c / u64::from(e),
-        None => default_extent_count(logical_blocks, e),
+        // The carved stock of metadata extents comes on top of the data's room.
+        None => {
+            let n = default_extent_count(logical_blocks, e);
+            n + 2 * u64::from(stock_extents(opts, logical_blocks, n)?)
+        }
     };
     if extent_count < 4 {
         return Err(Error::Invalid(format!(
@@ -200,13 +230,24 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         .queue_len
         .unwrap_or(queue_default)
         .clamp(2, QUEUE_LEN_MAX)
-        .min(extent_count);
+        .min(extent_count - 2 * stock_extents(opts, logical_blocks, extent_count.into())?)
+        .max(2);
     let map_pages = u32::try_from(logical_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64))
         .map_err(|_| Error::Invalid("size: volume too large".into()))?;
     let extent_table_pages = extent_count.div_ceil(EXTENT_TABLE_ENTRIES_PER_PAGE as u32);
     let (map_pages_room, extent_table_pages_room) =
         growth_room(opts, e, map_pages, extent_table_pages)?;
-    let slot = checkpoint_slot_bytes(queue_len, map_pages_room, extent_table_pages_room);
+    let mut slot = checkpoint_slot_bytes(queue_len, map_pages_room, extent_table_pages_room);
+    if opts.metadata_pages {
+        // Bit 10's extension can need more room than v2's page table (its list, below
+        // ~64 GiB); the slot holds either, so a later `zbd enable` never needs to move it.
+        let g = MetaGeometry::new(map_pages.max(map_pages_room), e, extent_count)?;
+        let capacity = ListBounds::created_capacity(extent_count);
+        let bit10 = bit10_slot_bytes(&g, queue_len, extent_table_pages_room, capacity);
+        slot = slot.max(
+            u32::try_from(bit10).map_err(|_| Error::Invalid("checkpoint slot too large".into()))?,
+        );
+    }
     let dict_bytes = dictionary_region_bytes(opts.logical_bytes);
     // Copy 0 of every metadata region, then copy 1: the two copies of anything lie a whole
     // metadata half apart, so no single bad sector (or small run of them) holds both.

@@ -14,7 +14,7 @@ use crate::format::{
     align_up, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
     RecordKind, SegmentHeader, SegmentOwner, Superblock, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
-use crate::map::Map;
+use crate::map::VolumeMap;
 use std::collections::{BTreeMap, HashSet};
 
 /// Reads the superblock (copy A, else copy B).
@@ -140,16 +140,8 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
 
 /// Live accounting derived from the map by reading all of it (also rebuilds the map's
 /// counters). A block of a unit counts its share of the unit (units.rs).
-pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
-    let mut extents = vec![
-        ExtentInfo {
-            live_bytes: 0,
-            live_blocks: 0,
-            state: ExtentState::Free,
-            stamp: 0,
-        };
-        extent_count as usize
-    ];
+pub fn account(map: &mut VolumeMap, extent_count: u32) -> Result<Vec<ExtentInfo>> {
+    let mut extents = vec![ExtentInfo::FREE; extent_count as usize];
     map.recount(|e| {
         let x = &mut extents[e.extent as usize];
         x.live_bytes += crate::units::share(e);
@@ -164,7 +156,7 @@ pub fn account(map: &mut Map, extent_count: u32) -> Result<Vec<ExtentInfo>> {
 /// when they do not account for all `live_blocks` (a damaged header, say): the caller then
 /// walks the map instead.
 pub fn live_blocks_in(
-    map: &mut Map,
+    map: &mut VolumeMap,
     sb: &Superblock,
     extent: u32,
     ext: &[u8],

@@ -8,15 +8,15 @@ use crate::backend::{Storage, WRITE_ALIGN_MAX};
 use crate::buffer::{BufferConfig, ExtentBuffer};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::extents::ExtentState;
-use crate::extents::{ExtentTable, Extents};
+use crate::extents::{ExtentInfo, ExtentState, ExtentTable, Extents};
 use crate::format::{
     BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
-    CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
+    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::layout::{plan, CreateOptions};
-use crate::map::Map;
+use crate::map::{Map, TreeMap, VolumeMap};
+use crate::meta::MetaGeometry;
 use crate::readcache::ReadCache;
 use crate::recovery;
 use crate::state::State;
@@ -27,6 +27,56 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// The metadata extents (copy 0) a volume created with metadata pages carves: the last
+/// `stock` of the first half of the data area, their partners being the last of the second.
+fn metadata_stock(sb: &Superblock) -> Result<std::ops::Range<u32>> {
+    let g = MetaGeometry::at_enable(sb)?;
+    let stock = g.stock_extents(sb.logical_blocks);
+    if 2 * stock + sb.queue_len > sb.extent_count || stock > g.h {
+        return Err(Error::Invalid(format!(
+            "metadata pages need {} extents beside a queue of {}; the data area has {}: give \
+             the volume more capacity",
+            2 * stock,
+            sb.queue_len,
+            sb.extent_count
+        )));
+    }
+    Ok(g.h - stock..g.h)
+}
+
+/// Turns checkpoint 1 of a volume being created (`sb`) into one with metadata pages (bit
+/// 10): carves `stock` and its partners, writes the extent table naming them, and writes the
+/// default device's empty tree and the catalog's pages, synced, before the caller writes the
+/// slot.
+fn format_metadata_pages(
+    storage: &Arc<dyn Storage>,
+    sb: &Superblock,
+    stock: std::ops::Range<u32>,
+    ck: Checkpoint,
+    cache_bytes: usize,
+) -> Result<Checkpoint> {
+    let h = MetaGeometry::at_enable(sb)?.h;
+    let mut extents = Extents::new(vec![ExtentInfo::FREE; sb.extent_count as usize]);
+    for e in stock.clone() {
+        extents.carve(e);
+        extents.carve(e + h);
+    }
+    let (writes, table) = ExtentTable::unwritten(sb).snapshot(sb, extents.as_slice(), ck.seq);
+    for (at, page) in writes {
+        storage.write_at(at, &page)?;
+    }
+    let mut tree = TreeMap::create(Arc::clone(storage), sb, stock, cache_bytes)?;
+    let ext = tree.checkpoint()?.ext;
+    Ok(Checkpoint {
+        flags: ck.flags | CKPT_FLAG_EXTENT_TABLE | CKPT_FLAG_METADATA_PAGES,
+        extent_table_slots: table.slots,
+        page_slots: Vec::new(),
+        page_summaries: Vec::new(),
+        extension: Some(ext),
+        ..ck
+    })
+}
+
 impl Inner {
     /// Formats `storage` as a new volume and opens it with `open_opts`.
     pub fn create_with(
@@ -35,6 +85,7 @@ impl Inner {
         open_opts: OpenOptions,
     ) -> Result<Inner> {
         let mut sb = plan(opts)?;
+        let storage: Arc<dyn Storage> = Arc::from(storage);
         sb.uuid = *uuid::Uuid::new_v4().as_bytes();
         sb.created_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -50,13 +101,23 @@ impl Inner {
         let sbb = sb.encode();
         storage.write_at(0, &sbb)?;
         storage.write_at(SUPERBLOCK_BYTES as u64, &sbb)?;
-        let queue: Vec<QueueEntry> = (0..sb.queue_len)
-            .map(|e| QueueEntry {
-                extent: e,
-                alloc_seq: u64::from(e) + 1,
-            })
+        let stock = match opts.metadata_pages {
+            true => Some(metadata_stock(&sb)?),
+            false => None,
+        };
+        let h = MetaGeometry::at_enable(&sb).map_or(0, |g| g.h);
+        let carved = |e: u32| {
+            stock
+                .as_ref()
+                .is_some_and(|s| s.contains(&e) || s.contains(&e.wrapping_sub(h)))
+        };
+        let queue: Vec<QueueEntry> = (0..sb.extent_count)
+            .filter(|&e| !carved(e))
+            .take(sb.queue_len as usize)
+            .zip(1..)
+            .map(|(extent, alloc_seq)| QueueEntry { extent, alloc_seq })
             .collect();
-        let ck = Checkpoint {
+        let mut ck = Checkpoint {
             seq: 1,
             next_alloc_seq: u64::from(sb.queue_len) + 1,
             queue,
@@ -68,7 +129,10 @@ impl Inner {
             },
             ..Checkpoint::empty(&sb)
         };
-        let ckb = ck.encode(&sb);
+        if let Some(stock) = stock {
+            ck = format_metadata_pages(&storage, &sb, stock, ck, open_opts.map_cache_bytes)?;
+        }
+        let ckb = ck.encode(&sb)?;
         for copy in 0..sb.metadata_copies() {
             // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1): its
             // first block holds the magic and uuid every reader checks first.
@@ -76,7 +140,7 @@ impl Inner {
             storage.write_at(sb.checkpoint_slot_offset(1, copy), &ckb)?;
         }
         storage.sync()?;
-        Inner::open(storage, open_opts)
+        Inner::open(Box::new(storage), open_opts)
     }
 
     /// Opens a volume read-only.
@@ -109,8 +173,35 @@ impl Inner {
         // Nothing proportional to the map is read: pages come in on demand, counters and the
         // extent table come with the checkpoint (v1 or without them: one scan, persisted by
         // the next checkpoint).
-        let mut map = Map::open(storage.clone(), &sb, &ck, opts.map_cache_bytes);
-        let (table, extents) = match ExtentTable::load(&*storage, &sb, &ck)? {
+        let loaded = ExtentTable::load(&*storage, &sb, &ck)?;
+        let mut map = match &ck.extension {
+            None => VolumeMap::Pages(Box::new(Map::open(
+                storage.clone(),
+                &sb,
+                &ck,
+                opts.map_cache_bytes,
+            ))),
+            Some(_) => {
+                // Bit 10: the extent table names the metadata extents, and only it does.
+                let Some((_, infos)) = &loaded else {
+                    return Err(Error::CorruptMetadata(
+                        "the extent table has no intact copy, and only it names the metadata \
+                         extents of this volume"
+                            .into(),
+                    ));
+                };
+                let metadata = (0..infos.len() as u32)
+                    .filter(|&e| infos[e as usize].state == ExtentState::Metadata);
+                VolumeMap::Tree(Box::new(TreeMap::open(
+                    storage.clone(),
+                    &sb,
+                    &ck,
+                    metadata,
+                    opts.map_cache_bytes,
+                )?))
+            }
+        };
+        let (table, extents) = match loaded {
             Some(loaded) if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 => loaded,
             _ => (
                 ExtentTable::unwritten(&sb),
@@ -333,6 +424,12 @@ impl Inner {
         }
         // A failed volume writes nothing more (the close would fail half way).
         self.storage.check()?;
+        if matches!(self.state.lock().map, VolumeMap::Tree(_)) {
+            // The device row holds the size, and H must not move: not built yet.
+            return Err(Error::Invalid(
+                "growing a volume with metadata pages is not supported yet".into(),
+            ));
+        }
         let grown = crate::layout::grow(&self.sb, logical_bytes, capacity_bytes)?;
         let len = self.storage.len_bytes()?;
         if len < grown.total_bytes() {

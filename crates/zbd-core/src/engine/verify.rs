@@ -104,7 +104,8 @@ impl Inner {
             codec: self.codec.to_string(),
             extent_bytes: self.sb.extent_bytes,
             data_area_bytes: u64::from(self.sb.extent_count) * eb,
-            metadata_bytes: self.sb.metadata_bytes(),
+            // Carved metadata extents (bit 10) are metadata too, never data or dead space.
+            metadata_bytes: self.sb.metadata_bytes() + count(ExtentState::Metadata) * eb,
             data_blocks: data,
             zero_blocks: zero,
             unmapped_blocks: unmapped,

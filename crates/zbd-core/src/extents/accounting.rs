@@ -7,11 +7,12 @@
 use super::runs::RunSet;
 use super::{ExtentInfo, ExtentState};
 
-const STATES: [ExtentState; 4] = [
+const STATES: [ExtentState; 5] = [
     ExtentState::Free,
     ExtentState::Open,
     ExtentState::Closed,
     ExtentState::PendingFree,
+    ExtentState::Metadata,
 ];
 
 impl ExtentState {
@@ -21,6 +22,7 @@ impl ExtentState {
             ExtentState::Open => 1,
             ExtentState::Closed => 2,
             ExtentState::PendingFree => 3,
+            ExtentState::Metadata => 4,
         }
     }
 }
@@ -32,7 +34,7 @@ pub struct Extents {
     /// Extents whose state is `PendingFree`.
     pending: RunSet,
     /// Extents per state (`ExtentState::index`).
-    counts: [usize; 4],
+    counts: [usize; 5],
 }
 
 impl Extents {
@@ -120,6 +122,10 @@ impl Extents {
     /// extent becomes closed (only recovery maps blocks into extents that are not open).
     pub fn add_block(&mut self, e: u32, share: u32) {
         let x = &mut self.infos[e as usize];
+        debug_assert!(
+            x.state != ExtentState::Metadata,
+            "a data block in metadata extent {e}"
+        );
         x.live_bytes += share;
         x.live_blocks += 1;
         let state = x.state;
@@ -130,11 +136,14 @@ impl Extents {
 
     /// A live block of `share` stored bytes in extent `e` is no longer mapped there; a closed
     /// extent left without live blocks becomes pending free. Nothing if `e` is beyond the data
-    /// area (a damaged map entry).
+    /// area or in a metadata extent (a damaged map entry: no data block is counted there).
     pub fn remove_block(&mut self, e: u32, share: u32) {
         let Some(x) = self.infos.get_mut(e as usize) else {
             return;
         };
+        if x.state == ExtentState::Metadata {
+            return;
+        }
         x.live_bytes -= share;
         x.live_blocks -= 1;
         if x.live_blocks == 0 && x.state == ExtentState::Closed {
@@ -156,11 +165,26 @@ impl Extents {
         }
     }
 
+    /// Free extent `e` holds metadata pairs from now on (carved by the metadata store).
+    pub fn carve(&mut self, e: u32) {
+        debug_assert_eq!(self.infos[e as usize].state, ExtentState::Free);
+        self.set_state(e, ExtentState::Metadata);
+    }
+
+    /// The metadata extents, ascending (open walks the table once; 1c's summaries replace it).
+    pub fn metadata(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.infos.len() as u32)
+            .filter(|&e| self.infos[e as usize].state == ExtentState::Metadata)
+    }
+
     /// Differences between the pending set and counts kept and a recount of the entries
     /// (`zbd check`); empty when they agree.
     pub fn problems(&self) -> Vec<String> {
         let (pending, counts) = derive(&self.infos);
         let mut out = Vec::new();
+        if let Some(e) = self.metadata().find(|&e| self.get(e).live_bytes != 0) {
+            out.push(format!("metadata extent {e} counts live bytes"));
+        }
         for s in STATES {
             if counts[s.index()] != self.counts[s.index()] {
                 out.push(format!(
@@ -183,9 +207,9 @@ impl Extents {
 }
 
 /// The pending set and the counts of `infos`, by one pass.
-fn derive(infos: &[ExtentInfo]) -> (RunSet, [usize; 4]) {
+fn derive(infos: &[ExtentInfo]) -> (RunSet, [usize; 5]) {
     let mut pending = RunSet::default();
-    let mut counts = [0usize; 4];
+    let mut counts = [0usize; 5];
     for (e, x) in infos.iter().enumerate() {
         let state = x.state;
         counts[state.index()] += 1;
@@ -223,6 +247,7 @@ mod tests {
         Remove(u32, u32),
         Release(u32),
         ReleaseAll,
+        Carve(u32),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -234,6 +259,7 @@ mod tests {
             4 => (0..N + 2, 0u32..2000).prop_map(|(e, b)| Op::Remove(e, b)),
             2 => (0..N).prop_map(Op::Release),
             1 => Just(Op::ReleaseAll),
+            1 => (0..N).prop_map(Op::Carve),
         ]
     }
 
@@ -243,11 +269,12 @@ mod tests {
             Just(ExtentState::Open),
             Just(ExtentState::Closed),
             Just(ExtentState::PendingFree),
+            Just(ExtentState::Metadata),
         ]
     }
 
     /// The pending set and counts by a plain walk of the entries, written apart from `derive`.
-    fn naive(x: &Extents) -> (Vec<u32>, [usize; 4]) {
+    fn naive(x: &Extents) -> (Vec<u32>, [usize; 5]) {
         let pending = (0..x.len() as u32)
             .filter(|&e| x.get(e).state == ExtentState::PendingFree)
             .collect();
@@ -265,6 +292,7 @@ mod tests {
             count(ExtentState::Open),
             count(ExtentState::Closed),
             count(ExtentState::PendingFree),
+            count(ExtentState::Metadata),
         ];
         (pending, counts)
     }
@@ -305,10 +333,15 @@ mod tests {
                     Op::Output(e, s) if x.get(e).state == ExtentState::Free => {
                         x.close_output(e, s)
                     }
-                    Op::Add(e, b) => x.add_block(e, b),
+                    Op::Add(e, b) if x.get(e).state != ExtentState::Metadata => x.add_block(e, b),
                     Op::Remove(e, b) => {
                         if e >= N {
                             x.remove_block(e, b);
+                        } else if x.get(e).state == ExtentState::Metadata {
+                            // A damaged entry naming a metadata extent changes nothing.
+                            let before = x.get(e);
+                            x.remove_block(e, b);
+                            prop_assert_eq!(x.get(e).live_blocks, before.live_blocks);
                         } else if x.get(e).live_blocks > 0 {
                             let i = x.get(e);
                             let share = if i.live_blocks == 1 {
@@ -324,6 +357,7 @@ mod tests {
                         x.release_all_pending();
                         prop_assert_eq!(x.count(ExtentState::PendingFree), 0);
                     }
+                    Op::Carve(e) if x.get(e).state == ExtentState::Free => x.carve(e),
                     _ => {}
                 }
                 assert_exact(&x)?;
@@ -348,13 +382,22 @@ mod tests {
         assert_eq!(x.pending().collect::<Vec<_>>(), [0, 2]);
         assert_eq!(
             STATES.map(|s| x.count(s)),
-            [2, 0, 0, 2],
-            "free, open, closed, pending"
+            [2, 0, 0, 2, 0],
+            "free, open, closed, pending, metadata"
         );
         x.release(0);
         x.close_output(3, 5);
         assert_eq!(x.pending().collect::<Vec<_>>(), [2]);
-        assert_eq!(STATES.map(|s| x.count(s)), [2, 0, 1, 1]);
+        assert_eq!(STATES.map(|s| x.count(s)), [2, 0, 1, 1, 0]);
+        x.carve(1);
+        assert_eq!(STATES.map(|s| x.count(s)), [1, 0, 1, 1, 1]);
+        assert_eq!(x.metadata().collect::<Vec<_>>(), [1]);
+        // A damaged entry naming a metadata extent changes nothing there.
+        x.remove_block(1, 1);
+        assert_eq!(
+            (x.get(1).state, x.get(1).live_blocks),
+            (ExtentState::Metadata, 0)
+        );
         // Beyond the data area: a damaged entry's block changes nothing.
         x.remove_block(9, 1);
         assert!(x.problems().is_empty());

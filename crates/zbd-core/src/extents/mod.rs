@@ -23,6 +23,10 @@ pub enum ExtentState {
     Closed,
     /// Closed with no live block left; becomes free once a checkpoint no longer references it.
     PendingFree,
+    /// Holds pairs of metadata pages (checkpoint flag bit 10; state 3 in the table):
+    /// `live_blocks` counts its pairs in use and `live_bytes` is 0. Neither allocated to data
+    /// nor cleaned: only the metadata store carves and returns such extents.
+    Metadata,
 }
 
 /// Per-extent accounting (kept exact: every map change adjusts it). Packed: 13 bytes per
@@ -42,4 +46,14 @@ pub struct ExtentInfo {
     /// 2^32: an extent older than 4 G writes only looks younger to the cleaner's heuristic; 4
     /// bytes, not 8, keep `ExtentInfo` at 13 bytes per extent; 0 after recovery).
     pub stamp: u32,
+}
+
+impl ExtentInfo {
+    /// A free extent: no live block, never written.
+    pub const FREE: ExtentInfo = ExtentInfo {
+        live_bytes: 0,
+        live_blocks: 0,
+        state: ExtentState::Free,
+        stamp: 0,
+    };
 }

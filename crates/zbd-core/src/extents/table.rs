@@ -11,14 +11,16 @@ use super::{ExtentInfo, ExtentState};
 use crate::backend::Storage;
 use crate::error::Result;
 use crate::format::{
-    Checkpoint, PageSlot, Superblock, CKPT_FLAG_EXTENT_TABLE, EXTENT_TABLE_ENTRIES_PER_PAGE,
-    MAP_PAGE_BYTES, PAGE_NONE,
+    Checkpoint, PageSlot, Superblock, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
+    EXTENT_TABLE_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE,
 };
 
 const HEADER_BYTES: usize = 16;
 const ENTRY_BYTES: usize = 8;
 const STATE_FREE: u8 = 0;
 const STATE_CLOSED: u8 = 1;
+/// A metadata extent (bit 10): live bytes 0, live blocks = its pairs in use.
+const STATE_METADATA: u8 = 3;
 
 /// Where the table's pages are and what they hold.
 pub struct ExtentTable {
@@ -43,8 +45,8 @@ fn page_offset(sb: &Superblock, page: u32, slot: u8, copy: u8) -> u64 {
         + (u64::from(page) * 2 + u64::from(slot)) * MAP_PAGE_BYTES as u64
 }
 
-/// Entries of page `p` as stored (state: closed when it holds live blocks, else free: what a
-/// checkpoint references is exactly what has live blocks).
+/// Entries of page `p` as stored (state: metadata as kept, else closed when it holds live
+/// blocks and free otherwise: what a checkpoint references is exactly what has live blocks).
 fn encode_entries(extents: &[ExtentInfo], p: u32) -> Vec<u8> {
     let mut b = vec![0u8; MAP_PAGE_BYTES - HEADER_BYTES];
     let first = p as usize * EXTENT_TABLE_ENTRIES_PER_PAGE;
@@ -53,7 +55,9 @@ fn encode_entries(extents: &[ExtentInfo], p: u32) -> Vec<u8> {
         let o = i * ENTRY_BYTES;
         b[o..o + 4].copy_from_slice(&x.live_bytes.to_le_bytes());
         b[o + 4..o + 7].copy_from_slice(&x.live_blocks.to_le_bytes()[..3]);
-        b[o + 7] = if x.live_blocks > 0 {
+        b[o + 7] = if x.state == ExtentState::Metadata {
+            STATE_METADATA
+        } else if x.live_blocks > 0 {
             STATE_CLOSED
         } else {
             STATE_FREE
@@ -92,13 +96,7 @@ impl ExtentTable {
         if sb.version < 2 || ck.flags & CKPT_FLAG_EXTENT_TABLE == 0 {
             return Ok(None);
         }
-        let free = ExtentInfo {
-            live_bytes: 0,
-            live_blocks: 0,
-            state: ExtentState::Free,
-            stamp: 0,
-        };
-        let mut extents = vec![free; sb.extent_count as usize];
+        let mut extents = vec![ExtentInfo::FREE; sb.extent_count as usize];
         let table = ExtentTable {
             slots: ck.extent_table_slots.clone(),
             dirty: vec![0; (sb.extent_table_pages as usize).div_ceil(64)],
@@ -113,7 +111,7 @@ impl ExtentTable {
             let mut ok = false;
             for copy in 0..sb.metadata_copies() {
                 storage.read_at(page_offset(sb, p, slot - 1, copy), &mut buf)?;
-                if decode_page(&buf, p, ck.seq, sb, &mut extents) {
+                if decode_page(&buf, p, ck, sb, &mut extents) {
                     ok = true;
                     break;
                 }
@@ -184,11 +182,12 @@ impl ExtentTable {
     }
 }
 
-/// Decodes table page `p` into `extents`; false if it is damaged, stale or inconsistent.
+/// Decodes table page `p` of checkpoint `ck` into `extents`; false if it is damaged, stale or
+/// inconsistent (state 3 only with bit 10).
 fn decode_page(
     b: &[u8],
     p: u32,
-    max_gen: u64,
+    ck: &Checkpoint,
     sb: &Superblock,
     extents: &mut [ExtentInfo],
 ) -> bool {
@@ -196,9 +195,10 @@ fn decode_page(
     zeroed[4..8].fill(0);
     let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
     let gen = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
-    if u32_at(0) != p || u32_at(4) != crc32c::crc32c(&zeroed) || gen > max_gen {
+    if u32_at(0) != p || u32_at(4) != crc32c::crc32c(&zeroed) || gen > ck.seq {
         return false;
     }
+    let metadata_allowed = ck.flags & CKPT_FLAG_METADATA_PAGES != 0;
     let first = p as usize * EXTENT_TABLE_ENTRIES_PER_PAGE;
     let last = (first + EXTENT_TABLE_ENTRIES_PER_PAGE).min(extents.len());
     let mut decoded = Vec::with_capacity(last - first);
@@ -206,13 +206,13 @@ fn decode_page(
         let o = HEADER_BYTES + i * ENTRY_BYTES;
         let live_bytes = u32_at(o);
         let live_blocks = u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], 0]);
-        let closed = match b[o + 7] {
-            STATE_FREE => false,
-            STATE_CLOSED => true,
+        let state = match b[o + 7] {
+            STATE_FREE if live_blocks == 0 => ExtentState::Free,
+            STATE_CLOSED if live_blocks > 0 => ExtentState::Closed,
+            STATE_METADATA if metadata_allowed && live_bytes == 0 => ExtentState::Metadata,
             _ => return false,
         };
-        if closed != (live_blocks > 0)
-            || u64::from(live_bytes) > u64::from(sb.extent_bytes)
+        if u64::from(live_bytes) > u64::from(sb.extent_bytes)
             || (live_blocks == 0 && live_bytes != 0)
         {
             return false;
@@ -220,14 +220,65 @@ fn decode_page(
         decoded.push(ExtentInfo {
             live_bytes,
             live_blocks,
-            state: if closed {
-                ExtentState::Closed
-            } else {
-                ExtentState::Free
-            },
+            state,
             stamp: 0,
         });
     }
     extents[first..last].copy_from_slice(&decoded);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemStorage;
+
+    fn info(state: ExtentState, live_blocks: u32) -> ExtentInfo {
+        ExtentInfo {
+            live_bytes: if state == ExtentState::Closed {
+                4096
+            } else {
+                0
+            },
+            live_blocks,
+            state,
+            stamp: 0,
+        }
+    }
+
+    /// Writes `extents` as checkpoint 1's table and loads it back under `flags`.
+    fn round_trip(extents: &[ExtentInfo], flags: u32) -> Option<Vec<ExtentInfo>> {
+        let sb = crate::layout::plan(&crate::layout::CreateOptions::new(1 << 30)).expect("plan");
+        let storage = MemStorage::new(sb.total_bytes());
+        let mut table = ExtentTable::unwritten(&sb);
+        let (writes, written) = table.snapshot(&sb, extents, 1);
+        for (at, page) in writes {
+            storage.write_at(at, &page).expect("write");
+        }
+        let mut ck = Checkpoint::empty(&sb);
+        ck.seq = 1;
+        ck.flags = CKPT_FLAG_EXTENT_TABLE | flags;
+        ck.extent_table_slots = written.slots;
+        ExtentTable::load(&storage, &sb, &ck)
+            .expect("load")
+            .map(|(_, x)| x)
+    }
+
+    /// Metadata extents keep their state and pair count through the table (state 3), and a
+    /// checkpoint without bit 10 refuses such a page (the open recounts instead of reading a
+    /// metadata extent as free).
+    #[test]
+    fn metadata_extents_survive_the_table_only_with_bit_10() {
+        let sb = crate::layout::plan(&crate::layout::CreateOptions::new(1 << 30)).expect("plan");
+        let mut extents = vec![info(ExtentState::Free, 0); sb.extent_count as usize];
+        extents[0] = info(ExtentState::Metadata, 5);
+        extents[1] = info(ExtentState::Metadata, 0);
+        extents[2] = info(ExtentState::Closed, 1);
+        let back = round_trip(&extents, CKPT_FLAG_METADATA_PAGES).expect("bit 10 loads");
+        let view = |x: &[ExtentInfo]| -> Vec<(ExtentState, u32)> {
+            x.iter().map(|i| (i.state, i.live_blocks)).collect()
+        };
+        assert_eq!(view(&back), view(&extents));
+        assert!(round_trip(&extents, 0).is_none());
+    }
 }

@@ -1,5 +1,6 @@
 //! Checkpoints: the allocation queue, map page slots and summaries, extent-table slots,
-//! counters and the dictionary directory, written alternately to two slots.
+//! counters and the dictionary directory, written alternately to two slots. With flag bit 10
+//! the map page slots give way to the metadata pages' extension ([`ExtensionBody`]).
 
 use super::*;
 
@@ -19,6 +20,15 @@ pub(super) fn checkpoint_body_bytes(
             + u64::from(map_pages).div_ceil(2)
             + u64::from(et_pages).div_ceil(4)
     }
+}
+
+/// Where a bit-10 checkpoint's extension starts: after v2's header, the queue and the
+/// extent-table slots, 8-aligned (format.md, "Checkpoint slot with bit 10").
+fn extension_offset(queue_len: u32, et_pages: u32) -> usize {
+    let fixed = CHECKPOINT_V2_HEADER_BYTES
+        + queue_len as usize * QUEUE_ENTRY_BYTES
+        + (et_pages as usize).div_ceil(4);
+    fixed.next_multiple_of(8)
 }
 
 /// Checkpoint slot size of a version-`FORMAT_VERSION` volume.
@@ -104,6 +114,20 @@ pub struct Checkpoint {
     /// v2: current slot per extent-table page (like `page_slots`), valid with
     /// `CKPT_FLAG_EXTENT_TABLE`.
     pub extent_table_slots: Vec<PageSlot>,
+    /// Bit 10: the metadata pages' extension, in place of `page_slots` and `page_summaries`
+    /// (both empty then). `Some` exactly when `flags` has `CKPT_FLAG_METADATA_PAGES`.
+    pub extension: Option<ExtensionBody>,
+}
+
+/// Records the used length and the CRC over it, and keeps only the used part in whole 4 KiB
+/// blocks: a reader checks `used` bytes and ignores the rest of the slot, which is sized for
+/// the volume grown to its room.
+fn seal(mut b: Vec<u8>, used: usize) -> Vec<u8> {
+    put_u32(&mut b, 64 + COUNTERS * 8, used as u32);
+    let crc = crc_skipping(&b[..used], 12);
+    put_u32(&mut b, 12, crc);
+    b.truncate(used.next_multiple_of(BLOCK_BYTES));
+    b
 }
 
 impl Checkpoint {
@@ -126,73 +150,126 @@ impl Checkpoint {
             volume_counters: [0; VOLUME_COUNTERS],
             dicts: [DictEntry::default(); DICT_ENTRIES],
             extent_table_slots: vec![PAGE_NONE; sb.extent_table_pages as usize],
+            extension: None,
         }
     }
 
-    /// Encodes for a checkpoint slot of `sb`'s size and version (the used part of it).
-    pub fn encode(&self, sb: &Superblock) -> Vec<u8> {
+    /// An empty bit-10 checkpoint for `sb`'s geometry carrying `extension`.
+    pub fn empty_bit10(sb: &Superblock, extension: ExtensionBody) -> Checkpoint {
+        Checkpoint {
+            page_slots: Vec::new(),
+            page_summaries: Vec::new(),
+            flags: CKPT_FLAG_METADATA_PAGES,
+            extension: Some(extension),
+            ..Checkpoint::empty(sb)
+        }
+    }
+
+    /// Encodes for a checkpoint slot of `sb`'s size and version (the used part of it). An
+    /// error when a bit-10 extension is inconsistent (`ExtensionBody::counted`), its flag and
+    /// its presence disagree, or it passes the slot (a write past it would reach the next).
+    pub fn encode(&self, sb: &Superblock) -> Result<Vec<u8>> {
+        let bit10 = self.flags & CKPT_FLAG_METADATA_PAGES != 0;
+        if bit10 != self.extension.is_some() || (bit10 && sb.version < 2) {
+            return Err(Error::Invalid(
+                "checkpoint flag bit 10 and its extension disagree".into(),
+            ));
+        }
+        if let Some(x) = &self.extension {
+            let at = extension_offset(
+                self.queue.len() as u32,
+                self.extent_table_slots.len() as u32,
+            );
+            return self.encode_bit10(sb, x, at);
+        }
         let mut b = vec![0u8; sb.checkpoint_slot_bytes as usize];
-        b[0..8].copy_from_slice(CKPT_MAGIC);
-        put_u32(&mut b, 8, sb.version);
-        b[16..32].copy_from_slice(&sb.uuid);
-        put_u64(&mut b, 32, self.seq);
-        put_u64(&mut b, 40, self.write_seq);
-        put_u64(&mut b, 48, self.next_alloc_seq);
-        put_u32(&mut b, 56, self.queue.len() as u32);
-        put_u32(&mut b, 60, self.page_slots.len() as u32);
-        for (i, c) in self.counters.iter().enumerate() {
-            put_u64(&mut b, 64 + i * 8, *c);
-        }
         let v2 = sb.version >= 2;
-        let mut o = if v2 {
-            put_u32(&mut b, 196, self.flags);
-            put_u32(&mut b, 200, self.extent_table_slots.len() as u32);
-            for (i, c) in self.volume_counters.iter().enumerate() {
-                put_u64(&mut b, 256 + i * 8, *c);
-            }
-            for (i, d) in self.dicts.iter().enumerate() {
-                let o = 384 + i * DICT_ENTRY_BYTES;
-                put_u16(&mut b, o, d.id);
-                b[o + 2] = d.codec;
-                b[o + 3] = d.flags;
-                put_u32(&mut b, o + 4, d.region_offset);
-                put_u32(&mut b, o + 8, d.len);
-                put_u32(&mut b, o + 12, d.crc);
-                put_u64(&mut b, o + 16, d.created_seq);
-                put_u64(&mut b, o + 24, d.live_blocks);
-            }
-            CHECKPOINT_V2_HEADER_BYTES
-        } else {
-            CHECKPOINT_HEADER_BYTES
-        };
-        for q in &self.queue {
-            put_u32(&mut b, o, q.extent);
-            put_u64(&mut b, o + 8, q.alloc_seq);
-            o += QUEUE_ENTRY_BYTES;
-        }
+        let mut o = self.encode_header(sb, &mut b, self.page_slots.len() as u32);
         if v2 {
             for (i, s) in self.page_slots.iter().enumerate() {
                 let sum = self.page_summaries.get(i).copied().unwrap_or(0);
                 b[o + i / 2] |= ((s & 3) | ((sum & 3) << 2)) << ((i % 2) * 4);
             }
             o += self.page_slots.len().div_ceil(2);
-            for (i, s) in self.extent_table_slots.iter().enumerate() {
-                b[o + i / 4] |= (s & 3) << ((i % 4) * 2);
-            }
-            o += self.extent_table_slots.len().div_ceil(4);
+            o = self.encode_table_slots(&mut b, o);
         } else {
             for (i, s) in self.page_slots.iter().enumerate() {
                 b[o + i / 4] |= (s & 3) << ((i % 4) * 2);
             }
             o += self.page_slots.len().div_ceil(4);
         }
-        put_u32(&mut b, 64 + COUNTERS * 8, o as u32);
-        let crc = crc_skipping(&b[..o], 12);
-        put_u32(&mut b, 12, crc);
-        // Only the used part, in whole 4 KiB blocks, is written: a reader checks `used` bytes
-        // and ignores the rest of the slot, which is sized for the volume grown to its room.
-        b.truncate(align_up(o as u64, BLOCK_BYTES as u64) as usize);
-        b
+        Ok(seal(b, o))
+    }
+
+    /// Bit 10's layout: v2's header, queue and table slots, then the extension at `at`.
+    fn encode_bit10(&self, sb: &Superblock, x: &ExtensionBody, at: usize) -> Result<Vec<u8>> {
+        let ext = x.encode()?;
+        let used = at + ext.len();
+        if used > sb.checkpoint_slot_bytes as usize {
+            return Err(Error::Invalid(format!(
+                "checkpoint of {used} bytes passes its slot of {} bytes",
+                sb.checkpoint_slot_bytes
+            )));
+        }
+        let mut b = vec![0u8; used.next_multiple_of(BLOCK_BYTES)];
+        // Byte 60 keeps the map page count's place: region 0's ids, `pairs0`.
+        let o = self.encode_header(sb, &mut b, x.header.pairs0);
+        let o = self.encode_table_slots(&mut b, o);
+        debug_assert_eq!(o.next_multiple_of(8), at);
+        b[at..used].copy_from_slice(&ext);
+        Ok(seal(b, used))
+    }
+
+    /// Magic, identity, sequences, the queue and page counts (`pages` at byte 60), counters,
+    /// v2's flags, volume counters and dictionaries, then the queue: the offset after it.
+    fn encode_header(&self, sb: &Superblock, b: &mut [u8], pages: u32) -> usize {
+        b[0..8].copy_from_slice(CKPT_MAGIC);
+        put_u32(b, 8, sb.version);
+        b[16..32].copy_from_slice(&sb.uuid);
+        put_u32(b, 56, self.queue.len() as u32);
+        put_u32(b, 60, pages);
+        put_u64(b, 32, self.seq);
+        put_u64(b, 40, self.write_seq);
+        put_u64(b, 48, self.next_alloc_seq);
+        for (i, c) in self.counters.iter().enumerate() {
+            put_u64(b, 64 + i * 8, *c);
+        }
+        let v2 = sb.version >= 2;
+        let mut o = if v2 {
+            put_u32(b, 196, self.flags);
+            put_u32(b, 200, self.extent_table_slots.len() as u32);
+            for (i, c) in self.volume_counters.iter().enumerate() {
+                put_u64(b, 256 + i * 8, *c);
+            }
+            for (i, d) in self.dicts.iter().enumerate() {
+                let o = 384 + i * DICT_ENTRY_BYTES;
+                put_u16(b, o, d.id);
+                b[o + 2] = d.codec;
+                b[o + 3] = d.flags;
+                put_u32(b, o + 4, d.region_offset);
+                put_u32(b, o + 8, d.len);
+                put_u32(b, o + 12, d.crc);
+                put_u64(b, o + 16, d.created_seq);
+                put_u64(b, o + 24, d.live_blocks);
+            }
+            CHECKPOINT_V2_HEADER_BYTES
+        } else {
+            CHECKPOINT_HEADER_BYTES
+        };
+        for q in &self.queue {
+            put_u32(b, o, q.extent);
+            put_u64(b, o + 8, q.alloc_seq);
+            o += QUEUE_ENTRY_BYTES;
+        }
+        o
+    }
+
+    /// The extent-table slots at `o`: the offset after them.
+    fn encode_table_slots(&self, b: &mut [u8], o: usize) -> usize {
+        for (i, s) in self.extent_table_slots.iter().enumerate() {
+            b[o + i / 4] |= (s & 3) << ((i % 4) * 2);
+        }
+        o + self.extent_table_slots.len().div_ceil(4)
     }
 
     /// Decodes a checkpoint slot of volume `sb`; an error when it is empty, torn, damaged or
@@ -237,14 +314,34 @@ impl Checkpoint {
         let grown_ok = |listed: u32, now: u32| {
             listed == now || (sb.version >= SEEDED_CHECKSUMS_VERSION && listed < now)
         };
+        let bit10 = v2 && get_u32(b, 196) & CKPT_FLAG_METADATA_PAGES != 0;
+        // Bit 10: the extension follows the table slots and ends the used part; byte 60 is
+        // its `pairs0`.
+        let extension = if bit10 {
+            let at = extension_offset(queue_len, et_pages);
+            if at + EXTENSION_HEADER_BYTES > used {
+                return Err(corrupt("checkpoint sizes are inconsistent"));
+            }
+            let x = ExtensionBody::decode(&b[at..used])?;
+            if at + x.header.bytes as usize != used || x.header.pairs0 != pages {
+                return Err(corrupt("checkpoint extension disagrees with its slot"));
+            }
+            Some(x)
+        } else {
+            None
+        };
         if queue_len > sb.queue_len
-            || !grown_ok(pages, sb.map_pages)
+            || !(bit10 || grown_ok(pages, sb.map_pages))
             || !grown_ok(et_pages, sb.extent_table_pages)
-            || used as u64 != checkpoint_body_bytes(sb.version, queue_len, pages, et_pages)
+            || !(bit10
+                || used as u64 == checkpoint_body_bytes(sb.version, queue_len, pages, et_pages))
         {
             return Err(corrupt("checkpoint sizes are inconsistent"));
         }
-        let mut ck = Checkpoint::empty(sb);
+        let mut ck = match extension {
+            Some(x) => Checkpoint::empty_bit10(sb, x),
+            None => Checkpoint::empty(sb),
+        };
         ck.seq = get_u64(b, 32);
         ck.write_seq = get_u64(b, 40);
         ck.next_alloc_seq = get_u64(b, 48);
@@ -282,13 +379,15 @@ impl Checkpoint {
         o += queue_len as usize * QUEUE_ENTRY_BYTES;
         let pages = pages as usize;
         if v2 {
-            // Pages past those listed (a grown volume) keep `empty`'s "never written".
-            let nibble = |i: usize| (b[o + i / 2] >> ((i % 2) * 4)) & 15;
-            for i in 0..pages {
-                ck.page_slots[i] = nibble(i) & 3;
-                ck.page_summaries[i] = nibble(i) >> 2;
+            if !bit10 {
+                // Pages past those listed (a grown volume) keep `empty`'s "never written".
+                let nibble = |i: usize| (b[o + i / 2] >> ((i % 2) * 4)) & 15;
+                for i in 0..pages {
+                    ck.page_slots[i] = nibble(i) & 3;
+                    ck.page_summaries[i] = nibble(i) >> 2;
+                }
+                o += pages.div_ceil(2);
             }
-            o += pages.div_ceil(2);
             for i in 0..et_pages as usize {
                 ck.extent_table_slots[i] = (b[o + i / 4] >> ((i % 4) * 2)) & 3;
             }

@@ -88,11 +88,17 @@ pub const CKPT_FLAG_DICT_COUNTS: u32 = 8;
 pub const CKPT_FLAG_COMPRESSION_UNITS: u32 = 1 << 8;
 /// Checkpoint flag (incompatible): blocks may need a trained dictionary.
 pub const CKPT_FLAG_DICTIONARIES: u32 = 1 << 9;
+/// Checkpoint flag (incompatible): metadata pages (docs/format.md, "Bit 10: metadata pages"):
+/// maps are page trees, pair states name page slots, and extent-table state 3 marks metadata
+/// extents. The format reads and writes it; the engine refuses such volumes by name until it
+/// opens their maps (design.md, "Build order", the wiring of step 1b).
+pub const CKPT_FLAG_METADATA_PAGES: u32 = 1 << 10;
 /// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
 /// Incompatible flags this build implements.
-pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS | CKPT_FLAG_DICTIONARIES;
+pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 =
+    CKPT_FLAG_COMPRESSION_UNITS | CKPT_FLAG_DICTIONARIES | CKPT_FLAG_METADATA_PAGES;
 /// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
 /// that saves a sector, fits the u16 of a map entry).
 pub const UNIT_BLOCKS_MAX: u8 = 16;

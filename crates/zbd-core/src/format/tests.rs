@@ -189,7 +189,7 @@ fn checkpoint_round_trip() {
             alloc_seq: 49,
         }];
         c.page_slots = vec![0, 1, 2, 1];
-        let mut b = c.encode(&sb);
+        let mut b = c.encode(&sb).expect("encode");
         assert_eq!(Checkpoint::decode(&b, &sb).ok(), Some(c));
         let at = if v == 1 {
             CHECKPOINT_HEADER_BYTES
@@ -309,4 +309,106 @@ fn superblock_room_to_grow_round_trips_and_is_checked() {
         Some(3),
         "v2: no room fields"
     );
+}
+
+/// A bit-10 checkpoint of `sb` (slot widened to 8 KiB) with a queue, table slots and an
+/// extension that lists a directory, a summary list and pair states.
+fn bit10_checkpoint() -> (Superblock, Checkpoint) {
+    let mut sb = sb(3);
+    sb.checkpoint_slot_bytes = 8192;
+    let mut ext = ExtensionBody {
+        header: Extension {
+            h: 5,
+            pairs0: 4,
+            list_capacity: 64,
+            device_list: 9,
+            device_rows: 1,
+            next_device: 2,
+            pct_root: PAGE_ID_NONE,
+            sbt_root: PAGE_ID_NONE,
+            ..Extension::default()
+        },
+        directory: vec![(11, PairSlot::B)],
+        summary_lists: vec![12],
+        pair_list: (20..70)
+            .map(|id| PairListEntry {
+                id,
+                state: PairState::SlotA,
+            })
+            .collect(),
+    };
+    // As the catalog hands it over: counts taken from the lists.
+    ext.header = ext.counted().expect("counted");
+    let mut c = Checkpoint::empty_bit10(&sb, ext);
+    c.seq = 9;
+    c.write_seq = 100;
+    c.next_alloc_seq = 50;
+    c.counters = [3; COUNTERS];
+    c.queue = vec![QueueEntry {
+        extent: 4,
+        alloc_seq: 49,
+    }];
+    c.extent_table_slots = vec![2];
+    c.flags |= CKPT_FLAG_EXTENT_TABLE;
+    (sb, c)
+}
+
+/// Bit 10's slot (format.md, "Checkpoint slot with bit 10"): v2's header, queue and table
+/// slots, then the extension, with byte 60 holding `pairs0`; every single bit flip of the used
+/// part is refused, and so is an extension whose header disagrees with the slot even under a
+/// valid CRC.
+#[test]
+fn bit10_checkpoint_round_trip_and_damage() {
+    let (sb, c) = bit10_checkpoint();
+    let b = c.encode(&sb).expect("encode");
+    assert_eq!(get_u32(&b, 60), 4, "pairs0 at byte 60");
+    assert_eq!(Checkpoint::decode(&b, &sb).expect("decode"), c);
+    let used = get_u32(&b, 64 + COUNTERS * 8) as usize;
+    for bit in 0..used * 8 {
+        let mut d = b.clone();
+        d[bit / 8] ^= 1 << (bit % 8);
+        assert!(Checkpoint::decode(&d, &sb).is_err(), "bit {bit} flipped");
+    }
+    // The extension's byte total, one entry short, resealed: its lists no longer end the slot.
+    let at = used - c.extension.as_ref().expect("bit 10").len();
+    let mut d = b.clone();
+    let bytes = get_u32(&d, at);
+    put_u32(&mut d, at, bytes - 8);
+    put_u32(&mut d, at + 20, 49);
+    let crc = crc_skipping(&d[..used], 12);
+    put_u32(&mut d, 12, crc);
+    let e = Checkpoint::decode(&d, &sb).expect_err("short extension");
+    assert!(e.to_string().contains("disagrees"), "{e}");
+    // A v2 checkpoint of the same volume still reads as v2.
+    let mut v2 = Checkpoint::empty(&sb);
+    v2.seq = 3;
+    let b = v2.encode(&sb).expect("encode");
+    assert_eq!(Checkpoint::decode(&b, &sb).expect("decode"), v2);
+}
+
+/// Encoding refuses what could not be read back or would pass the slot into the next one.
+#[test]
+fn bit10_checkpoint_encode_refuses_what_does_not_fit() {
+    let (mut sb, c) = bit10_checkpoint();
+    let mut flagless = c.clone();
+    flagless.flags &= !CKPT_FLAG_METADATA_PAGES;
+    assert!(flagless.encode(&sb).is_err());
+    let mut bare = c.clone();
+    bare.extension = None;
+    assert!(bare.encode(&sb).is_err());
+    sb.checkpoint_slot_bytes = 4096;
+    let mut long = c;
+    long.extension.as_mut().expect("bit 10").pair_list = (100..600)
+        .map(|id| PairListEntry {
+            id,
+            state: PairState::Free,
+        })
+        .collect();
+    long.extension
+        .as_mut()
+        .expect("bit 10")
+        .header
+        .list_capacity = 1000;
+    let e = long.encode(&sb).expect_err("passes the slot");
+    assert!(e.to_string().contains("passes its slot"), "{e}");
 }

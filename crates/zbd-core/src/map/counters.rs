@@ -155,6 +155,19 @@ impl MapCounters {
         a
     }
 
+    /// The counters checkpoint `ck` carries, as far as its flags say they are valid; none
+    /// (all zero, savings unknown) when it carries none, and the open recounts.
+    pub(super) fn of_checkpoint(ck: &Checkpoint) -> MapCounters {
+        if ck.flags & CKPT_FLAG_VOLUME_COUNTERS == 0 {
+            return MapCounters::default();
+        }
+        MapCounters::from_array(
+            &ck.volume_counters,
+            ck.flags & CKPT_FLAG_SAVINGS_COUNTERS != 0,
+            (ck.flags & CKPT_FLAG_DICT_COUNTS != 0).then_some(&ck.dicts[..]),
+        )
+    }
+
     /// From a checkpoint's array; `savings`: whether slots 8..16 are valid; `dicts`: the
     /// directory, when its live-block counts are valid too (else all of these are recounted).
     pub(super) fn from_array(

@@ -22,15 +22,13 @@
 mod cache;
 mod counters;
 mod pager;
-// The bit-10 map (`TreeMap`): built and tested against `Map`, chosen by no open yet.
-#[allow(dead_code)]
 mod tree;
+mod volume_map;
 
 use crate::backend::Storage;
 use crate::error::Result;
 use crate::format::{
     encode_map_page, BlockState, Checkpoint, MapEntry, PageSlot, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS,
     MAP_ENTRIES_PER_PAGE, PAGE_NONE, SECTOR_BYTES, UNIT_BLOCKS_MAX,
 };
 pub use cache::MAP_CACHE_BYTES_DEFAULT;
@@ -39,6 +37,8 @@ pub use counters::{MapCounters, DICT_IDS, UNIT_SIZE_CLASSES};
 use pager::{PageRead, Pager};
 use std::collections::BTreeSet;
 use std::sync::Arc;
+pub use tree::TreeMap;
+pub use volume_map::{MapSnapshot, VolumeMap};
 
 /// Summary of a page: unknown or mixed (read it to know).
 pub const SUMMARY_MIXED: u8 = 0;
@@ -183,15 +183,7 @@ impl Map {
             writing: vec![0; pages.div_ceil(64)],
             damaged: BTreeSet::new(),
             repaired: BTreeSet::new(),
-            counters: if ck.flags & CKPT_FLAG_VOLUME_COUNTERS != 0 {
-                MapCounters::from_array(
-                    &ck.volume_counters,
-                    ck.flags & CKPT_FLAG_SAVINGS_COUNTERS != 0,
-                    (ck.flags & CKPT_FLAG_DICT_COUNTS != 0).then_some(&ck.dicts[..]),
-                )
-            } else {
-                MapCounters::default()
-            },
+            counters: MapCounters::of_checkpoint(ck),
             stats: MapCacheStats::default(),
         }
     }
@@ -501,11 +493,6 @@ impl Map {
             }
         }
         Ok(())
-    }
-
-    /// [`Map::for_each_data_in`] over the whole map.
-    pub fn for_each_data(&mut self, f: impl FnMut(u64, &MapEntry)) -> Result<()> {
-        self.for_each_data_in(0, self.blocks(), f)
     }
 
     /// Rebuilds the counters by reading every page (volumes whose checkpoint does not carry

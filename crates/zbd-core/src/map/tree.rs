@@ -3,23 +3,49 @@
 //! volume's [`Catalog`] (its pages on the medium and in the pool), with the same exact volume
 //! counters ([`MapCounters`]).
 //!
-//! Not yet chosen by any open: the engine opens v2's `Map` on every volume. When bit 10 is
-//! wired in, an open of a bit-10 volume builds a `TreeMap` from the extension and counters
-//! its checkpoint carries (what [`TreeMap::checkpoint`] returns), and the checkpoint writes
-//! the extension after v2's header.
+//! An open of a bit-10 volume builds a `TreeMap` from the extension and counters its
+//! checkpoint carries ([`TreeMap::open`]); `zbd create` with metadata pages makes one
+//! ([`TreeMap::create`]); each checkpoint writes what [`TreeMap::checkpoint`] returns after
+//! v2's header ([`VolumeMap`](super::VolumeMap) chooses between the two maps).
 //!
 //! The counters move only with what the tree reports: the old entry `MapTree::set` returns,
 //! and the [`Replaced`] runs of `MapTree::set_range`, which name every block whose entry
 //! changed (each run: `count` blocks leave `entry` for the range's new entry). Its tests run
 //! one random op sequence on a v2 `Map` and on a `TreeMap` and compare every answer.
 
+use std::sync::Arc;
+
 use super::MapCounters;
+use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, ChildSlot, ExtensionBody, MapEntry};
+use crate::format::{BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, Superblock};
 use crate::meta::catalog::Catalog;
-use crate::meta::devices::DEFAULT_DEVICE;
+use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
 use crate::meta::map_tree::Replaced;
-use crate::meta::pool::PoolStats;
+use crate::meta::page::Page;
+use crate::meta::pool::{Floor, PagePool, PoolStats, FRAME_BYTES};
+use crate::meta::store::{MetaCheckpoint, MetaStore};
+use crate::meta::{ListBounds, MetaGeometry};
+
+/// Frames the pool has beyond its floor at least, so lookups of a volume served with a small
+/// map cache still find clean frames to fault into.
+const POOL_FRAMES_ABOVE_FLOOR: u64 = 256;
+
+/// The list bounds of a bit-10 volume whose list holds `capacity` entries.
+fn list_bounds(sb: &Superblock, capacity: u32) -> ListBounds {
+    ListBounds::new(capacity, sb.extent_table_pages, DEVICES_MAX as u32)
+}
+
+/// A pool of `cache_bytes`, raised to its floor and a little above when smaller.
+fn pool(
+    geometry: &MetaGeometry,
+    bounds: &ListBounds,
+    cache_bytes: usize,
+) -> Result<PagePool<Page>> {
+    let floor = Floor::new(geometry, bounds);
+    let least = floor.bytes() + POOL_FRAMES_ABOVE_FLOOR * FRAME_BYTES;
+    PagePool::new((cache_bytes as u64).max(least), floor.frames())
+}
 
 /// What a checkpoint of a [`TreeMap`] carries, all as of its phase 1: the volume counters, the
 /// extension (pair-state and directory lists, device table, SBT and PCT roots), and the
@@ -42,6 +68,72 @@ impl TreeMap {
     /// checkpoint the catalog came from.
     pub fn new(catalog: Catalog, counters: MapCounters) -> TreeMap {
         TreeMap { catalog, counters }
+    }
+
+    /// The map of a volume just laid out (`sb`), its metadata pages to come from the carved
+    /// extents `metadata_extents` (copy 0 of each pair): the default device of the volume's
+    /// logical size, all unmapped, exact (zero) counters. Its first checkpoint is the volume's
+    /// first, sequence 1.
+    pub fn create(
+        storage: Arc<dyn Storage>,
+        sb: &Superblock,
+        metadata_extents: impl IntoIterator<Item = u32>,
+        cache_bytes: usize,
+    ) -> Result<TreeMap> {
+        let geometry = MetaGeometry::at_enable(sb)?;
+        let bounds = list_bounds(sb, ListBounds::created_capacity(sb.extent_count));
+        let store = MetaStore::open(
+            storage,
+            sb,
+            geometry,
+            metadata_extents,
+            &MetaCheckpoint::default(),
+            1,
+        )?;
+        let pool = pool(&geometry, &bounds, cache_bytes)?;
+        let catalog = Catalog::create(
+            store,
+            pool,
+            &geometry,
+            &bounds,
+            default_row(sb.logical_blocks, 0),
+        )?;
+        let counters = MapCounters {
+            savings_known: true,
+            ..MapCounters::default()
+        };
+        Ok(TreeMap::new(catalog, counters))
+    }
+
+    /// The map durable checkpoint `ck` (with bit 10) names, its pages read on demand through
+    /// a pool of `cache_bytes` (at least the floor), from the metadata extents the extent
+    /// table lists (`metadata_extents`: every extent in state metadata; copy 1 is ignored).
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        sb: &Superblock,
+        ck: &Checkpoint,
+        metadata_extents: impl IntoIterator<Item = u32>,
+        cache_bytes: usize,
+    ) -> Result<TreeMap> {
+        let ext = ck.extension.as_ref().ok_or_else(|| {
+            Error::CorruptMetadata("a bit-10 checkpoint without its extension".into())
+        })?;
+        let geometry = MetaGeometry::from_extension(&ext.header, sb)?;
+        let bounds = list_bounds(sb, ext.header.list_capacity);
+        let pool = pool(&geometry, &bounds, cache_bytes)?;
+        let copy0 = metadata_extents.into_iter().filter(|&e| e < geometry.h);
+        let catalog = Catalog::open(
+            storage,
+            sb,
+            geometry,
+            copy0,
+            ext,
+            // The next checkpoint is `ck.seq + 1`: its pages carry that sequence.
+            ck.seq + 1,
+            pool,
+            &bounds,
+        )?;
+        Ok(TreeMap::new(catalog, MapCounters::of_checkpoint(ck)))
     }
 
     /// Logical blocks.
@@ -119,18 +211,43 @@ impl TreeMap {
         })
     }
 
-    /// Calls `f(lba, entry)` for every block in state `Data`, in LBA order; summary subtrees
-    /// are skipped without reading them.
-    pub fn for_each_data(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
-        let blocks = self.blocks();
+    /// Calls `f(lba, entry)` for every block in state `Data` in `first..first + count`, in LBA
+    /// order; summary subtrees are skipped without reading them.
+    pub fn for_each_data_in(
+        &mut self,
+        first: u64,
+        count: u64,
+        mut f: impl FnMut(u64, &MapEntry),
+    ) -> Result<()> {
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.scan(pool, store, 0, blocks, &mut |lba, n, e| {
+        tree.scan(pool, store, first, count, &mut |lba, n, e| {
             if e.state == BlockState::Data {
                 for l in lba..lba + n {
                     f(l, &e);
                 }
             }
         })
+    }
+
+    /// Rebuilds the counters by reading the whole tree (an open whose extent table could not
+    /// be read); `data(entry)` sees every data entry.
+    pub fn recount(&mut self, mut data: impl FnMut(&MapEntry)) -> Result<()> {
+        let mut c = MapCounters {
+            savings_known: true,
+            ..MapCounters::default()
+        };
+        let blocks = self.blocks();
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
+            c.add(&e, n);
+            if e.state == BlockState::Data {
+                for _ in 0..n {
+                    data(&e);
+                }
+            }
+        })?;
+        self.counters = c;
+        Ok(())
     }
 
     /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`;
@@ -349,13 +466,15 @@ mod tests {
 
     fn tree_data(t: &mut TreeMap) -> Vec<(u64, MapEntry)> {
         let mut out = Vec::new();
-        t.for_each_data(|l, e| out.push((l, *e))).expect("tree");
+        t.for_each_data_in(0, t.blocks(), |l, e| out.push((l, *e)))
+            .expect("tree");
         out
     }
 
     fn v2_data(m: &mut Map) -> Vec<(u64, MapEntry)> {
         let mut out = Vec::new();
-        m.for_each_data(|l, e| out.push((l, *e))).expect("v2");
+        m.for_each_data_in(0, m.blocks(), |l, e| out.push((l, *e)))
+            .expect("v2");
         out
     }
 

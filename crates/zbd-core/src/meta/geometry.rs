@@ -150,6 +150,29 @@ impl MetaGeometry {
         }
     }
 
+    /// Metadata extents (copy 0) a volume created with bit 10 carves for its default device
+    /// of `blocks` blocks before the carver (step 1b.5) takes pairs as they are needed: room
+    /// for every interior page of its tree, the pair-state pages of region 0's ids and of the
+    /// carved ids, the directory, the device table of one device and its list page, twice
+    /// over (a freed id waits an interval before it is taken again). At least one, at most
+    /// `H`.
+    pub fn stock_extents(&self, blocks: u64) -> u32 {
+        let depth = super::tree::depth_for(blocks);
+        let interior: u64 = (1..depth)
+            .map(|level| blocks.div_ceil(super::tree::blocks_under(level)))
+            .sum();
+        let per_state_page = PAIR_STATE_IDS_PER_PAGE as u64;
+        let pages = interior
+            + u64::from(self.pairs0).div_ceil(per_state_page)
+            + u64::from(self.directory_pages())
+            + 2;
+        // The carved ids' own pair-state pages: one per 16,320 of them, and one more where
+        // they straddle a page boundary.
+        let ids = 2 * pages;
+        let need = ids + ids.div_ceil(per_state_page) + 1;
+        (need.div_ceil(u64::from(self.pairs_per_extent)) as u32).clamp(1, self.h)
+    }
+
     /// Pair-state pages the id space needs.
     pub fn pair_state_pages(&self) -> u64 {
         self.ids_max().div_ceil(PAIR_STATE_IDS_PER_PAGE as u64)

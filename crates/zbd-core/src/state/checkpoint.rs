@@ -7,10 +7,10 @@ use crate::error::{Error, Result};
 use crate::extents::WrittenTable;
 use crate::format::{
     Checkpoint, DictEntry, QueueEntry, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES,
-    CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_SAVINGS_COUNTERS,
-    CKPT_FLAG_VOLUME_COUNTERS,
+    CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
+    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS,
 };
-use crate::map::{PageWrite, WrittenPages};
+use crate::map::{MapSnapshot, PageWrite};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -90,8 +90,11 @@ impl State {
         for e in self.dicts.iter_mut().filter(|e| e.id != 0) {
             e.live_blocks = by_dict[usize::from(e.id) % crate::map::DICT_IDS];
         }
-        let (mut writes, pages) = self.map.snapshot(seq)?;
-        self.counters.metadata_bytes_written += pages.bytes;
+        let (mut writes, mut pages) = self.map.snapshot(seq)?;
+        self.counters.metadata_bytes_written += match &pages {
+            MapSnapshot::Pages(p) => p.bytes,
+            MapSnapshot::Tree(_) => 0,
+        };
         let v2 = cx.sb.version >= 2;
         let (table_writes, table) = self.table.snapshot(cx.sb, self.extents.as_slice(), seq);
         writes.extend(table_writes);
@@ -135,6 +138,11 @@ impl State {
         }
         self.counters.checkpoints += 1;
         let (page_slots, page_summaries) = self.map.checkpoint_arrays(&pages);
+        // The slot carries the extension; the commit needs nothing of it.
+        let extension = match &mut pages {
+            MapSnapshot::Tree(x) => Some(std::mem::take(x)),
+            MapSnapshot::Pages(_) => None,
+        };
         let ck = Checkpoint {
             seq,
             write_seq: watermark,
@@ -162,13 +170,26 @@ impl State {
                 CKPT_FLAG_DICTIONARIES
             } else {
                 0
+            } | if extension.is_some() {
+                CKPT_FLAG_METADATA_PAGES
+            } else {
+                0
             },
             volume_counters: self.map.counters().to_array(),
             extent_table_slots: table.slots.clone(),
             dicts: self.dicts,
+            extension,
         };
-        let bytes = ck.encode(cx.sb);
-        let bytes: Arc<[u8]> = bytes.into();
+        let bytes: Arc<[u8]> = match ck.encode(cx.sb) {
+            Ok(b) => b.into(),
+            Err(e) => {
+                // Nothing was written: what the snapshot took is dirty again, as after a failed
+                // phase 2.
+                self.map.abort();
+                self.table.abort();
+                return Err(e);
+            }
+        };
         let copies: Vec<PageWrite> = (0..cx.sb.metadata_copies())
             .map(|copy| (cx.sb.checkpoint_slot_offset(seq, copy), Arc::clone(&bytes)))
             .collect();
@@ -274,7 +295,7 @@ impl State {
 /// What a checkpoint between snapshot and commit needs at its commit.
 pub struct InFlight {
     seq: u64,
-    pages: WrittenPages,
+    pages: MapSnapshot,
     table: WrittenTable,
     /// Queue entries added to the current queue at commit: the first ones of the free list
     /// followed by `released`.

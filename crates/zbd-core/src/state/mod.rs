@@ -17,7 +17,7 @@ use crate::format::{
     BlockState, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock, BLOCK_BYTES,
     DICT_ENTRIES, SECTOR_BYTES,
 };
-use crate::map::Map;
+use crate::map::VolumeMap;
 use crate::stats::Counters;
 use parking_lot::RwLock;
 use std::collections::VecDeque;
@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicU64;
 /// Everything behind the state lock.
 pub struct State {
     /// Logical block -> location.
-    pub map: Map,
+    pub map: VolumeMap,
     /// Where the persisted extent table is (v2).
     pub table: ExtentTable,
     /// Per-extent accounting, with the pending-free set and the counts per state.

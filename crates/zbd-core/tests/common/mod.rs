@@ -251,10 +251,37 @@ pub fn sim_volume(opts: &CreateOptions) -> (Arc<SimStorage>, Volume) {
 
 /// `sim_volume` opened with `open`.
 pub fn sim_volume_with(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimStorage>, Volume) {
+    sim_volume_v2_map(&with_test_format(opts), open)
+}
+
+/// `sim_volume_with` whatever `ZBD_TEST_METADATA_PAGES` says: for tests that read v2's map
+/// pages from the image (`data_entries`, `damage_map_page_everywhere`) or its map cache.
+pub fn sim_volume_v2_map(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimStorage>, Volume) {
     let sb = zbd_core::layout::plan(opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
     let vol = Volume::create_with(Box::new(Arc::clone(&disk)), opts, open).expect("create");
     (disk, vol)
+}
+
+/// `opts` with metadata pages (checkpoint flag bit 10) when `ZBD_TEST_METADATA_PAGES=1`: the
+/// suites then run on page-tree maps (`make test-bit10`).
+pub fn with_test_format(opts: &CreateOptions) -> CreateOptions {
+    let bit10 = std::env::var("ZBD_TEST_METADATA_PAGES").is_ok_and(|v| v == "1")
+        && opts.format_version >= 3;
+    if !bit10 || opts.metadata_pages {
+        return opts.clone();
+    }
+    // The carved stock on top of the data area the test asked for.
+    let capacity_bytes = opts.capacity_bytes.map(|c| {
+        let sb = zbd_core::layout::plan(opts).expect("plan");
+        let g = zbd_core::meta::MetaGeometry::at_enable(&sb).expect("geometry");
+        c + 2 * u64::from(g.stock_extents(sb.logical_blocks)) * u64::from(sb.extent_bytes)
+    });
+    CreateOptions {
+        metadata_pages: true,
+        capacity_bytes,
+        ..opts.clone()
+    }
 }
 
 /// Flips a bit in every slot and copy of map page `page`: the page has no intact copy left.

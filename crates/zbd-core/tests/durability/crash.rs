@@ -501,6 +501,9 @@ fn pick_target(
             Checkpoint::decode(&image[off..off + sb.checkpoint_slot_bytes as usize], sb).ok()
         })
         .max_by_key(|c| c.seq)?;
+    if metadata && ck.extension.is_some() {
+        return Some(bit10_metadata_target(&image, sb, rng, &ck));
+    }
     if metadata {
         let copy = rng.random_range(0..sb.metadata_copies());
         let pages: Vec<u32> = (0..sb.map_pages)
@@ -524,6 +527,39 @@ fn pick_target(
         }
     }
     None
+}
+
+/// A byte of one copy of bit-10 metadata: the newest checkpoint's header, queue and
+/// extension, or a written page of region 0 or of the carved metadata extents, either slot
+/// (which slot is current is in the pair states; a flip in the other one must change nothing).
+fn bit10_metadata_target(
+    image: &[u8],
+    sb: &Superblock,
+    rng: &mut SmallRng,
+    ck: &Checkpoint,
+) -> u64 {
+    let copy = rng.random_range(0..2u8);
+    if rng.random_bool(0.3) {
+        let at = sb.checkpoint_slot_offset(ck.seq, copy) as usize;
+        let used = u32::from_le_bytes(image[at + 192..at + 196].try_into().expect("4 bytes"));
+        return at as u64 + rng.random_range(0..u64::from(used));
+    }
+    let g = zbd_core::meta::MetaGeometry::at_enable(sb).expect("geometry");
+    let stock = g.stock_extents(sb.logical_blocks);
+    let region0 = (0..2 * sb.map_pages).map(|i| sb.map_page_offset(i / 2, (i % 2) as u8, copy));
+    let carved = (g.h - stock..g.h).flat_map(|e| {
+        let base = sb.extent_offset(if copy == 0 { e } else { e + g.h });
+        (0..u64::from(sb.extent_bytes) / 4096).map(move |k| base + k * 4096)
+    });
+    let written: Vec<u64> = region0
+        .chain(carved)
+        .filter(|&at| {
+            image[at as usize..at as usize + 4096]
+                .iter()
+                .any(|&b| b != 0)
+        })
+        .collect();
+    written[rng.random_range(0..written.len())] + rng.random_range(0..4096)
 }
 
 /// Oracle of the fault model: every block reads its last flushed value, a value written after

@@ -136,7 +136,7 @@ fn data_corruption_fails_the_read_and_check_finds_it() {
 #[test]
 fn map_page_corruption_is_reported_not_returned() {
     let opts = small_volume(1 << 20, 32768, Codec::Lz4, 4, 16);
-    let (disk, vol) = sim_volume(&opts);
+    let (disk, vol) = sim_volume_v2_map(&opts, open_opts());
     let mut rng = SmallRng::seed_from_u64(4);
     vol.write(0, &fill(&mut rng, Fill::Text, 1 << 20), false)
         .expect("write");

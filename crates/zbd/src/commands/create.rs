@@ -62,6 +62,11 @@ pub struct Args {
     /// seeded item checksums; `zbd upgrade` brings it to the current one later).
     #[arg(long, default_value_t = zbd_core::format::FORMAT_VERSION)]
     format_version: u32,
+    /// Keep the map in metadata pages (checkpoint flag bit 10): the format dedup, snapshots and
+    /// clones build on. Hidden until those land; the engine's suites run on it
+    /// (`make test-bit10`).
+    #[arg(long, hide = true)]
+    metadata_pages: bool,
     #[command(flatten)]
     ceph: CephArgs,
 }
@@ -123,6 +128,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         clean_low_pct: a.clean_low,
         clean_high_pct: a.clean_high,
         format_version: a.format_version,
+        metadata_pages: a.metadata_pages,
         ..CreateOptions::new(size)
     };
     let opts = with_room_to_grow(&a, &target, opts)?;

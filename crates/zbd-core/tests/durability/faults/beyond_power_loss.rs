@@ -189,7 +189,8 @@ fn a_segment_damaged_beyond_repair_is_reported_and_later_segments_replay() {
 /// rewritten.
 #[test]
 fn damage_to_one_metadata_copy_loses_nothing() {
-    let (disk, vol) = volume();
+    // v2's map pages: damaged by their place in the checkpoint's page table.
+    let (disk, vol) = sim_volume_v2_map(&small_volume(SIZE, 32768, Codec::Lz4, 4, 16), open_opts());
     let mut rng = SmallRng::seed_from_u64(21);
     let data = fill(&mut rng, Fill::Text, SIZE as usize);
     vol.write(0, &data, false).expect("write");

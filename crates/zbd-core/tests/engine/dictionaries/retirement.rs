@@ -277,7 +277,7 @@ fn check_detects_a_wrong_per_dictionary_count() {
         .find(|d| d.id != 0 && d.live_blocks > 0)
         .expect("a dictionary with live blocks");
     e.live_blocks -= 1;
-    let bytes = ck.encode(&sb);
+    let bytes = ck.encode(&sb).expect("encode");
     for copy in 0..sb.metadata_copies() {
         let at = sb.checkpoint_slot_offset(ck.seq, copy) as usize;
         image[at..at + bytes.len()].copy_from_slice(&bytes);
@@ -298,7 +298,7 @@ fn check_detects_a_wrong_per_dictionary_count() {
     for d in ck.dicts.iter_mut() {
         d.live_blocks = 0;
     }
-    let bytes = ck.encode(&sb);
+    let bytes = ck.encode(&sb).expect("encode");
     for copy in 0..sb.metadata_copies() {
         let at = sb.checkpoint_slot_offset(ck.seq, copy) as usize;
         image[at..at + bytes.len()].copy_from_slice(&bytes);

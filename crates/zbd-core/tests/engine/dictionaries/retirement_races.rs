@@ -68,7 +68,7 @@ fn a_block_misattributed_to_another_dictionary_is_an_error_never_data() {
 
 fn misattributed(codec: Codec) {
     use zbd_core::format::{decode_map_page, encode_map_page, MapEntry, MAP_PAGE_BYTES};
-    let (disk, vol) = sim_volume_with(&dict_create_with(codec), dict_open());
+    let (disk, vol) = sim_volume_v2_map(&dict_create_with(codec), dict_open());
     let write = |from: usize, to: usize, v: u64| {
         for b in from..to {
             vol.write((b * BS) as u64, &log_block(b, v), false)

@@ -235,11 +235,11 @@ fn a_checkpoint_of_a_newer_build_is_refused_by_name_not_passed_over() {
         })
         .max_by_key(|c| c.seq)
         .expect("a checkpoint");
-    let mut bytes = newest.encode(&sb);
+    let mut bytes = newest.encode(&sb).expect("encode");
     let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
     let used = u32_at(&bytes, 192) as usize + 16;
     bytes.resize(bytes.len().max(used), 0);
-    let flags = u32_at(&bytes, 196) | 1 << 10;
+    let flags = u32_at(&bytes, 196) | 1 << 11;
     bytes[196..200].copy_from_slice(&flags.to_le_bytes());
     bytes[192..196].copy_from_slice(&(used as u32).to_le_bytes());
     bytes[12..16].fill(0);
@@ -253,7 +253,7 @@ fn a_checkpoint_of_a_newer_build_is_refused_by_name_not_passed_over() {
         .err()
         .expect("a newer build's checkpoint is refused");
     assert!(
-        matches!(&e, Error::NotAVolume(m) if m.contains("use a newer zbd") && m.contains("0x400")),
+        matches!(&e, Error::NotAVolume(m) if m.contains("use a newer zbd") && m.contains("0x800")),
         "{e}"
     );
 }

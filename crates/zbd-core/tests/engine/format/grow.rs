@@ -392,7 +392,7 @@ fn online_grow_refused_leaves_the_volume_open() {
 
     // On storage only as long as the volume (a file not extended yet).
     let opts = online_opts();
-    let (short, vol) = sim_volume(&opts);
+    let (short, vol) = sim_volume_v2_map(&opts, open_opts());
     let ops = short.ops();
     let e = vol
         .close_grown(None, Some(GROWN_CAPACITY))

@@ -5,5 +5,6 @@
 mod codecs_real_files;
 mod compat;
 mod grow;
+mod metadata_pages;
 mod upgrade;
 mod upgrade_faults;

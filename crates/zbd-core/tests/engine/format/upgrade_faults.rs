@@ -34,7 +34,7 @@ fn clean_opts() -> OpenOptions {
 /// A closed volume of `version` (upgraded to 3 when `upgrade`) whose extents are half dead:
 /// the cleaner has victims. Returns the image and the block contents.
 fn half_dead(version: u32, upgrade: bool) -> (Vec<u8>, Vec<Vec<u8>>) {
-    let (disk, vol) = sim_volume(&opts(version));
+    let (disk, vol) = sim_volume_v2_map(&opts(version), open_opts());
     let mut rng = SmallRng::seed_from_u64(7);
     let mut blocks: Vec<Vec<u8>> = (0..BLOCKS).map(|_| part_random(&mut rng)).collect();
     for (b, data) in blocks.iter().enumerate() {
@@ -302,7 +302,7 @@ fn failed_sync_of_superblock_b_leaves_a_v2_copy_b_for_good() {
 /// its data or an error, never other data.
 #[test]
 fn map_state_bit_flips_are_errors_or_data() {
-    let (disk, vol) = sim_volume(&opts(3));
+    let (disk, vol) = sim_volume_v2_map(&opts(3), open_opts());
     let mut rng = SmallRng::seed_from_u64(9);
     let blocks: Vec<Vec<u8>> = (0..BLOCKS).map(|_| part_random(&mut rng)).collect();
     for (b, data) in blocks.iter().enumerate() {

@@ -130,7 +130,8 @@ fn reads_during_checkpoints_never_see_stale_data() {
     // 8 MiB: 8 map pages and more, with a one-page cache: reads fault pages in while the
     // writer dirties others and a third thread checkpoints.
     let opts = small_volume(8 << 20, 32768, zbd_core::Codec::Lz4, 4, 16);
-    let (_disk, vol) = sim_volume_with(&opts, open_opts());
+    // v2's map cache, whose budget this test sets (a page pool has a floor far above it).
+    let (_disk, vol) = sim_volume_v2_map(&opts, open_opts());
     let vol = Arc::new(vol);
     let blocks = (8u64 << 20) / 4096;
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..blocks).map(|_| AtomicU64::new(0)).collect());

@@ -224,8 +224,11 @@ fn savings_counters_missing_from_an_older_checkpoint_are_counted_once() {
     ck.flags &= !CKPT_FLAG_SAVINGS_COUNTERS;
     ck.volume_counters[8..].fill(0);
     for copy in 0..sb.metadata_copies() {
-        disk.write_at(sb.checkpoint_slot_offset(ck.seq, copy), &ck.encode(&sb))
-            .expect("write checkpoint");
+        disk.write_at(
+            sb.checkpoint_slot_offset(ck.seq, copy),
+            &ck.encode(&sb).expect("encode"),
+        )
+        .expect("write checkpoint");
     }
     let ro = Volume::open_read_only(Box::new(SimStorage::from_image(disk.current_image())))
         .expect("open read-only");

@@ -1,0 +1,256 @@
+//! The map a volume opens with: v2's paged map ([`Map`]), or, on a volume whose checkpoint
+//! sets flag bit 10, the default device's page tree ([`TreeMap`]). One enum with v2's API, so
+//! the state, the cleaner, recovery and checks call the map the same way on both.
+//!
+//! The two differ in how a checkpoint writes them. v2's [`Map::snapshot`] encodes its dirty
+//! pages in phase 1 and the checkpoint writes them in phase 2, outside the state lock; the
+//! tree's catalog writes and syncs its pages in phase 1 ([`TreeMap::checkpoint`]), into slots
+//! no durable checkpoint names, and hands over the extension the slot carries. Either way the
+//! checkpoint commits or aborts the map once its slot is durable or has failed.
+
+use super::tree::TreeMap;
+use super::{Map, MapCacheStats, MapCounters, PageWrite, WrittenPages};
+use crate::error::{Error, Result};
+use crate::format::{BlockState, ExtensionBody, MapEntry, PageSlot};
+use crate::meta::geometry::WINDOW_PAGES_MAX;
+
+/// Dirty tree pages at which a checkpoint is asked for outside the lock (half the window a
+/// checkpoint may count), and at which one is written under it (three quarters): the pool's
+/// floor keeps room for the whole window, so a write never finds the pool full.
+const TREE_DIRTY_WANTED: u64 = WINDOW_PAGES_MAX as u64 / 2;
+const TREE_DIRTY_NEEDED: u64 = WINDOW_PAGES_MAX as u64 * 3 / 4;
+
+/// The map of a volume (see the module doc).
+pub enum VolumeMap {
+    /// Format v2's map pages in region 0, slots listed in the checkpoint.
+    Pages(Box<Map>),
+    /// Bit 10: the default device's page tree in the volume's catalog.
+    Tree(Box<TreeMap>),
+}
+
+/// A tree page with no intact copy on the way to `lba`: the block is damaged, as v2 reports
+/// blocks of a lost map page (v2 also counts them and lets writes replace them; the tree's
+/// repair list, design step 1b, is not built yet).
+fn damaged_at(e: Error, lba: u64) -> Error {
+    match e {
+        Error::CorruptMetadata(_) => Error::Corrupt { lba },
+        e => e,
+    }
+}
+
+/// What a checkpoint's phase 1 took from the map, for its slot and its commit.
+pub enum MapSnapshot {
+    /// v2: the pages its phase 2 writes and the slots they take.
+    Pages(WrittenPages),
+    /// Bit 10: the extension naming the pages phase 1 already wrote and synced.
+    Tree(ExtensionBody),
+}
+
+impl VolumeMap {
+    /// Logical blocks.
+    pub fn blocks(&self) -> u64 {
+        match self {
+            VolumeMap::Pages(m) => m.blocks(),
+            VolumeMap::Tree(t) => t.blocks(),
+        }
+    }
+
+    /// Exact counters of the whole map.
+    pub fn counters(&self) -> MapCounters {
+        match self {
+            VolumeMap::Pages(m) => m.counters(),
+            VolumeMap::Tree(t) => t.counters(),
+        }
+    }
+
+    /// The entry of `lba`.
+    pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
+        match self {
+            VolumeMap::Pages(m) => m.get(lba),
+            VolumeMap::Tree(t) => t.get(lba).map_err(|e| damaged_at(e, lba)),
+        }
+    }
+
+    /// The entries of `count` blocks from `first`, appended to `out`.
+    pub fn get_run(&mut self, first: u64, count: u64, out: &mut Vec<MapEntry>) -> Result<()> {
+        match self {
+            VolumeMap::Pages(m) => m.get_run(first, count, out),
+            VolumeMap::Tree(t) => t
+                .get_run(first, count, out)
+                .map_err(|e| damaged_at(e, first)),
+        }
+    }
+
+    /// Sets the entry of `lba`; the old entry if it changed.
+    pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
+        match self {
+            VolumeMap::Pages(m) => m.set(lba, new),
+            VolumeMap::Tree(t) => t.set(lba, new),
+        }
+    }
+
+    /// Sets `count` entries from `first` to `new` (unmapped or zero); `freed(old)` sees every
+    /// data entry replaced.
+    pub fn set_range(
+        &mut self,
+        first: u64,
+        count: u64,
+        new: MapEntry,
+        freed: impl FnMut(MapEntry),
+    ) -> Result<()> {
+        match self {
+            VolumeMap::Pages(m) => m.set_range(first, count, new, freed),
+            VolumeMap::Tree(t) => t.set_range(first, count, new, freed),
+        }
+    }
+
+    /// Calls `f(lba, entry)` for every data block in `first..first + count`, in LBA order.
+    pub fn for_each_data_in(
+        &mut self,
+        first: u64,
+        count: u64,
+        f: impl FnMut(u64, &MapEntry),
+    ) -> Result<()> {
+        match self {
+            VolumeMap::Pages(m) => m.for_each_data_in(first, count, f),
+            VolumeMap::Tree(t) => t.for_each_data_in(first, count, f),
+        }
+    }
+
+    /// Calls `f(lba, entry)` for every data block, in LBA order.
+    pub fn for_each_data(&mut self, f: impl FnMut(u64, &MapEntry)) -> Result<()> {
+        let blocks = self.blocks();
+        self.for_each_data_in(0, blocks, f)
+    }
+
+    /// Rebuilds the counters by reading the whole map; `data(entry)` sees every data entry.
+    pub fn recount(&mut self, data: impl FnMut(&MapEntry)) -> Result<()> {
+        match self {
+            VolumeMap::Pages(m) => m.recount(data),
+            VolumeMap::Tree(t) => t.recount(data),
+        }
+    }
+
+    /// Calls `f(state, blocks)` for each run of blocks of one state in `first..first + count`.
+    pub fn runs(&mut self, first: u64, count: u64, f: impl FnMut(BlockState, u64)) -> Result<()> {
+        match self {
+            VolumeMap::Pages(m) => m.runs(first, count, f),
+            VolumeMap::Tree(t) => t.runs(first, count, f),
+        }
+    }
+
+    /// Whether dirty pages call for a checkpoint soon (outside the lock).
+    pub fn wants_checkpoint(&self) -> bool {
+        match self {
+            VolumeMap::Pages(m) => m.wants_checkpoint(),
+            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_WANTED,
+        }
+    }
+
+    /// Whether dirty pages call for a checkpoint now, under the lock.
+    pub fn needs_checkpoint(&self) -> bool {
+        match self {
+            VolumeMap::Pages(m) => m.needs_checkpoint(),
+            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_NEEDED,
+        }
+    }
+
+    /// Phase 1 of checkpoint `seq`: the page writes its phase 2 issues (none for the tree,
+    /// whose pages are written and synced here) and what its slot and commit need.
+    pub fn snapshot(&mut self, seq: u64) -> Result<(Vec<PageWrite>, MapSnapshot)> {
+        match self {
+            VolumeMap::Pages(m) => {
+                let (writes, pages) = m.snapshot(seq)?;
+                Ok((writes, MapSnapshot::Pages(pages)))
+            }
+            VolumeMap::Tree(t) => Ok((Vec::new(), MapSnapshot::Tree(t.checkpoint()?.ext))),
+        }
+    }
+
+    /// v2's page slots and summaries for the slot of `snapshot`'s checkpoint; empty for the
+    /// tree, whose slot carries the extension instead.
+    pub fn checkpoint_arrays(&self, snapshot: &MapSnapshot) -> (Vec<PageSlot>, Vec<u8>) {
+        match (self, snapshot) {
+            (VolumeMap::Pages(m), MapSnapshot::Pages(pages)) => m.checkpoint_arrays(pages),
+            _ => (Vec::new(), Vec::new()),
+        }
+    }
+
+    /// Checkpoint `seq` of `snapshot` is durable.
+    pub fn commit(&mut self, seq: u64, snapshot: MapSnapshot) {
+        match (self, snapshot) {
+            (VolumeMap::Pages(m), MapSnapshot::Pages(pages)) => m.commit(seq, pages),
+            (VolumeMap::Tree(t), MapSnapshot::Tree(_)) => t.commit(),
+            _ => unreachable!("a snapshot commits the map that took it"),
+        }
+    }
+
+    /// The checkpoint of the last snapshot failed: its pages are dirty again.
+    pub fn abort(&mut self) {
+        match self {
+            VolumeMap::Pages(m) => m.abort(),
+            VolumeMap::Tree(t) => t.abort(),
+        }
+    }
+
+    /// Cache statistics (the tree reports its page pool in the same terms).
+    pub fn cache_stats(&self) -> MapCacheStats {
+        match self {
+            VolumeMap::Pages(m) => m.cache_stats(),
+            VolumeMap::Tree(t) => {
+                let p = t.pool_stats();
+                MapCacheStats {
+                    hits: p.hits,
+                    faults: p.misses,
+                    bytes_read: p.misses * crate::format::MAP_PAGE_BYTES as u64,
+                    resident_pages: p.resident,
+                    dirty_pages: p.dirty,
+                    budget_pages: p.frames,
+                    reserved_pages: p.reserved,
+                }
+            }
+        }
+    }
+
+    /// Bytes of RAM the map uses now.
+    pub fn ram_bytes(&self) -> u64 {
+        match self {
+            VolumeMap::Pages(m) => m.ram_bytes(),
+            VolumeMap::Tree(t) => {
+                (t.pool_stats().resident + t.pool_stats().reserved) * crate::meta::pool::FRAME_BYTES
+            }
+        }
+    }
+
+    /// v2 pages found with no intact copy (the tree reports a damaged page as an error on the
+    /// access that meets it).
+    pub fn damaged_pages(&self) -> Vec<u32> {
+        match self {
+            VolumeMap::Pages(m) => m.damaged_pages(),
+            VolumeMap::Tree(_) => Vec::new(),
+        }
+    }
+
+    /// v2 pages found with one damaged copy (rewritten by the next checkpoint).
+    pub fn repaired_pages(&self) -> Vec<u32> {
+        match self {
+            VolumeMap::Pages(m) => m.repaired_pages(),
+            VolumeMap::Tree(_) => Vec::new(),
+        }
+    }
+
+    /// v2's page slots, for the scrub of map pages (none for the tree yet).
+    pub fn slots(&self) -> &[PageSlot] {
+        match self {
+            VolumeMap::Pages(m) => m.slots(),
+            VolumeMap::Tree(_) => &[],
+        }
+    }
+
+    /// v2 pages the scrub found with one bad copy: rewritten by the next checkpoint.
+    pub fn mark_dirty(&mut self, pages: impl IntoIterator<Item = u32>) {
+        if let VolumeMap::Pages(m) = self {
+            m.mark_dirty(pages);
+        }
+    }
+}
