@@ -24,7 +24,7 @@ use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
 use crate::meta::map_tree::Replaced;
 use crate::meta::page::Page;
 use crate::meta::pool::{Floor, PagePool, PoolStats, FRAME_BYTES};
-use crate::meta::store::{MetaCheckpoint, MetaStore};
+use crate::meta::store::{FrameWrite, MetaCheckpoint, MetaStore};
 use crate::meta::{ListBounds, MetaGeometry};
 
 /// Frames the pool has beyond its floor at least, so lookups of a volume served with a small
@@ -279,13 +279,23 @@ impl TreeMap {
     /// map, as of phase 1. Changes may go on until [`TreeMap::commit`] or [`TreeMap::abort`];
     /// one checkpoint at a time. On an error it is aborted already.
     pub fn checkpoint(&mut self) -> Result<TreeCheckpoint> {
+        let (ck, writes) = self.prepare()?;
+        let (store, pool) = (&mut self.catalog.store, &mut self.catalog.pool);
+        store.write_prepared(pool, &writes)?;
+        Ok(ck)
+    }
+
+    /// Phase 1 of a checkpoint ([`Catalog::prepare`]): what the checkpoint carries and the
+    /// frame writes its phase 2 must make durable before the slot names them.
+    pub fn prepare(&mut self) -> Result<(TreeCheckpoint, Vec<FrameWrite>)> {
         let counters = self.counters;
-        let ext = self.catalog.checkpoint()?;
-        Ok(TreeCheckpoint {
+        let (ext, writes) = self.catalog.prepare()?;
+        let ck = TreeCheckpoint {
             counters,
             ext,
             interval: self.catalog.store.interval(),
-        })
+        };
+        Ok((ck, writes))
     }
 
     /// The checkpoint in flight is durable: its pair-state flips and frees take effect, its

@@ -2,11 +2,10 @@
 //! sets flag bit 10, the default device's page tree ([`TreeMap`]). One enum with v2's API, so
 //! the state, the cleaner, recovery and checks call the map the same way on both.
 //!
-//! The two differ in how a checkpoint writes them. v2's [`Map::snapshot`] encodes its dirty
-//! pages in phase 1 and the checkpoint writes them in phase 2, outside the state lock; the
-//! tree's catalog writes and syncs its pages in phase 1 ([`TreeMap::checkpoint`]), into slots
-//! no durable checkpoint names, and hands over the extension the slot carries. Either way the
-//! checkpoint commits or aborts the map once its slot is durable or has failed.
+//! A checkpoint treats both alike: phase 1 seals the dirty pages ([`Map::snapshot`],
+//! [`TreeMap::prepare`]) for slots no durable checkpoint names, phase 2 writes them with the
+//! segments outside the state lock and syncs before the slot, and phase 3 commits or aborts
+//! the map. v2's slot lists its page slots; the tree's carries the catalog's extension.
 
 use super::tree::TreeMap;
 use super::{Map, MapCacheStats, MapCounters, PageWrite, WrittenPages};
@@ -42,7 +41,7 @@ fn damaged_at(e: Error, lba: u64) -> Error {
 pub enum MapSnapshot {
     /// v2: the pages its phase 2 writes and the slots they take.
     Pages(WrittenPages),
-    /// Bit 10: the extension naming the pages phase 1 already wrote and synced.
+    /// Bit 10: the extension naming the pages phase 2 writes.
     Tree(ExtensionBody),
 }
 
@@ -155,15 +154,18 @@ impl VolumeMap {
         }
     }
 
-    /// Phase 1 of checkpoint `seq`: the page writes its phase 2 issues (none for the tree,
-    /// whose pages are written and synced here) and what its slot and commit need.
+    /// Phase 1 of checkpoint `seq`: the page writes its phase 2 issues and what its slot and
+    /// commit need.
     pub fn snapshot(&mut self, seq: u64) -> Result<(Vec<PageWrite>, MapSnapshot)> {
         match self {
             VolumeMap::Pages(m) => {
                 let (writes, pages) = m.snapshot(seq)?;
                 Ok((writes, MapSnapshot::Pages(pages)))
             }
-            VolumeMap::Tree(t) => Ok((Vec::new(), MapSnapshot::Tree(t.checkpoint()?.ext))),
+            VolumeMap::Tree(t) => {
+                let (ck, writes) = t.prepare()?;
+                Ok((writes, MapSnapshot::Tree(ck.ext)))
+            }
         }
     }
 

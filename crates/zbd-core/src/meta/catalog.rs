@@ -15,7 +15,7 @@ use super::devices::{DeviceHeader, DeviceTable, DEFAULT_DEVICE};
 use super::map_tree::MapTree;
 use super::page::Page;
 use super::pool::PagePool;
-use super::store::{MetaCheckpoint, MetaStore};
+use super::store::{FrameWrite, MetaCheckpoint, MetaStore};
 use super::{ListBounds, MetaGeometry};
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -170,11 +170,19 @@ impl Catalog {
         self.devices.remove(id)
     }
 
-    /// Phases 1 and 2 of a checkpoint: each row takes its tree's root and depth, the device
-    /// table writes its changed pages, and one store checkpoint writes every dirty page and
-    /// syncs. Returns the extension the checkpoint slot carries; on an error nothing is in
-    /// flight.
+    /// Phases 1 and 2 of a checkpoint: [`Catalog::prepare`], its writes issued and synced.
+    /// Returns the extension the checkpoint slot carries; on an error nothing is in flight.
     pub fn checkpoint(&mut self) -> Result<ExtensionBody> {
+        let (body, writes) = self.prepare()?;
+        self.store.write_prepared(&mut self.pool, &writes)?;
+        Ok(body)
+    }
+
+    /// Phase 1 of a checkpoint: each row takes its tree's root and depth, the device table
+    /// writes its changed pages into the pool, and one store phase 1 seals every dirty page.
+    /// Returns the extension the checkpoint slot carries and the frame writes, which must be
+    /// durable before the slot is written; on an error nothing is in flight.
+    pub fn prepare(&mut self) -> Result<(ExtensionBody, Vec<FrameWrite>)> {
         for (&id, t) in &self.trees {
             let (root, depth) = (t.root(), t.depth());
             self.devices.update(id, |r| {
@@ -183,7 +191,7 @@ impl Catalog {
             })?;
         }
         let d = self.devices.write(&mut self.pool, &mut self.store)?;
-        let meta = self.store.checkpoint(&mut self.pool)?;
+        let (meta, writes) = self.store.prepare(&mut self.pool)?;
         let none = PAGE_ID_NONE;
         let header = Extension {
             device_list: d.list,
@@ -210,7 +218,7 @@ impl Catalog {
         match body.counted() {
             Ok(header) => {
                 body.header = header;
-                Ok(body)
+                Ok((body, writes))
             }
             Err(e) => {
                 self.store.abort(&mut self.pool);

@@ -89,6 +89,9 @@ pub struct MetaStore {
     pub reads: u64,
 }
 
+/// One frame write of a checkpoint: storage offset, bytes (shared by a page's two copies).
+pub type FrameWrite = (u64, Arc<[u8]>);
+
 /// What a checkpoint in flight changes at its commit.
 #[derive(Debug, Default)]
 struct Flight {
@@ -349,14 +352,43 @@ impl MetaStore {
         self.hold_pair_states = bounds.small();
     }
 
-    /// Phases 1 and 2 of a checkpoint for the pool's pages: folds a long list, takes the
-    /// region-0 frees of the closing interval and the pool's snapshot, opens the next
-    /// interval, writes each page into the other slot of its pair, both copies, then the
-    /// directory pages that changed, and syncs. Nothing durable is overwritten; the flips and
-    /// frees take effect at [`MetaStore::commit`]. Returns what this checkpoint carries. On an
-    /// error the checkpoint is aborted here: its pages dirty again, its region-0 frees back
-    /// for the next one.
+    /// Phases 1 and 2 of a checkpoint for the pool's pages: [`MetaStore::prepare`], then
+    /// [`MetaStore::write_prepared`]. Returns what this checkpoint carries.
     pub fn checkpoint(&mut self, pool: &mut PagePool<Page>) -> Result<MetaCheckpoint> {
+        let (meta, writes) = self.prepare(pool)?;
+        self.write_prepared(pool, &writes)?;
+        Ok(meta)
+    }
+
+    /// Writes what [`MetaStore::prepare`] returned, then syncs; on an error the checkpoint is
+    /// aborted here, as if phase 1 had failed.
+    pub fn write_prepared(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        writes: &[FrameWrite],
+    ) -> Result<()> {
+        let r = writes
+            .iter()
+            .try_for_each(|(at, frame)| self.storage.write_at(*at, frame))
+            .and_then(|()| self.storage.sync());
+        if r.is_err() {
+            self.abort(pool);
+        }
+        r
+    }
+
+    /// Phase 1 of a checkpoint for the pool's pages: folds a long list, takes the region-0
+    /// frees of the closing interval and the pool's snapshot, opens the next interval, and
+    /// seals each page for the other slot of its pair, then the directory pages that changed.
+    /// Returns what this checkpoint carries and the frame writes (both copies of each page,
+    /// sharing one buffer) that the caller issues and syncs before anything names them.
+    /// Nothing durable is overwritten; the flips and frees take effect at
+    /// [`MetaStore::commit`]. On an error the checkpoint is aborted here: its pages dirty
+    /// again, its region-0 frees back for the next one.
+    pub fn prepare(
+        &mut self,
+        pool: &mut PagePool<Page>,
+    ) -> Result<(MetaCheckpoint, Vec<FrameWrite>)> {
         assert!(self.flight.is_none(), "one checkpoint in flight at a time");
         // A fold only shortens the list. One that fails (no id for a new pair-state page, a
         // page that cannot be read) leaves what it folded in dirty pages and the rest listed:
@@ -436,17 +468,21 @@ impl MetaStore {
             freed_since: BTreeSet::new(),
         });
         self.interval += 1;
-        if let Err(e) = self.write(pool, seq) {
-            self.abort(pool);
-            return Err(e);
-        }
-        Ok(MetaCheckpoint {
+        let writes = match self.frames(pool, seq) {
+            Ok(w) => w,
+            Err(e) => {
+                self.abort(pool);
+                return Err(e);
+            }
+        };
+        let meta = MetaCheckpoint {
             list: list
                 .into_iter()
                 .map(|(id, state)| PairListEntry { id, state })
                 .collect(),
             directory: carried,
-        })
+        };
+        Ok((meta, writes))
     }
 
     /// The slot a checkpoint writes `id` into: the one its pair state does not name. The
@@ -481,22 +517,25 @@ impl MetaStore {
         }
     }
 
-    fn write_frame(
+    /// Both copies of a page sealed for `slot`: one buffer, two offsets.
+    fn seal(
         &self,
         at: &PageAddress,
         slot: PairSlot,
         stamp: &FrameStamp,
         body: &[u8; PAGE_BODY_BYTES],
+        out: &mut Vec<FrameWrite>,
     ) -> Result<()> {
-        let frame = seal_page(&self.sb.uuid, at, stamp, body);
+        let frame: Arc<[u8]> = seal_page(&self.sb.uuid, at, stamp, body).into();
         for copy in 0..2 {
-            self.storage
-                .write_at(self.offset(at.id, slot, copy)?, &frame)?;
+            out.push((self.offset(at.id, slot, copy)?, Arc::clone(&frame)));
         }
         Ok(())
     }
 
-    fn write(&mut self, pool: &PagePool<Page>, seq: u64) -> Result<()> {
+    /// The frames of the checkpoint in flight, sealed now (writers may change the pages as
+    /// soon as the lock goes).
+    fn frames(&self, pool: &PagePool<Page>, seq: u64) -> Result<Vec<FrameWrite>> {
         let f = self.flight.as_ref().expect("in flight");
         let pages = f
             .flips
@@ -507,16 +546,23 @@ impl MetaStore {
                     .iter()
                     .map(|&(j, slot)| (self.states.page_of(j).expect("written").0, slot)),
             );
+        let mut out = Vec::new();
         for (id, slot) in pages {
             let page = pool.peek(id).expect("a snapshot's pages are resident");
-            self.write_frame(&page.address(id), slot, &page.stamp(seq), &page.body)?;
+            self.seal(
+                &page.address(id),
+                slot,
+                &page.stamp(seq),
+                &page.body,
+                &mut out,
+            )?;
         }
         for d in &f.directory {
             let body = encode_directory(&d.entries);
             let at = directory_address(d.id, d.k);
-            self.write_frame(&at, d.slot, &FrameStamp::other(seq), &body)?;
+            self.seal(&at, d.slot, &FrameStamp::other(seq), &body, &mut out)?;
         }
-        self.storage.sync()
+        Ok(out)
     }
 
     /// The checkpoint in flight is durable: its flips and frees are the pair states now (a

@@ -93,7 +93,7 @@ impl State {
         let (mut writes, mut pages) = self.map.snapshot(seq)?;
         self.counters.metadata_bytes_written += match &pages {
             MapSnapshot::Pages(p) => p.bytes,
-            MapSnapshot::Tree(_) => 0,
+            MapSnapshot::Tree(_) => writes.iter().map(|(_, b)| b.len() as u64).sum(),
         };
         let v2 = cx.sb.version >= 2;
         let (table_writes, table) = self.table.snapshot(cx.sb, self.extents.as_slice(), seq);

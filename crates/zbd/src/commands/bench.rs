@@ -63,6 +63,10 @@ enum What {
         /// cost, as `make bench` measures it.
         #[arg(long, conflicts_with = "dir")]
         ram: bool,
+        /// Volumes keep their map in metadata pages (checkpoint flag bit 10; hidden like
+        /// `zbd create --metadata-pages`).
+        #[arg(long, hide = true)]
+        metadata_pages: bool,
         /// I/O threads below the engine (0: synchronous device writes, the old path).
         #[arg(long, default_value_t = zbd_core::IoOptions::default().threads)]
         io_threads: usize,
@@ -125,6 +129,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             no_wa,
             direct,
             ram,
+            metadata_pages,
             io_threads,
             json,
         } => {
@@ -138,6 +143,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 wa: !no_wa,
                 direct,
                 ram,
+                metadata_pages,
                 io_threads,
                 json,
             };
@@ -332,6 +338,7 @@ struct EngineOpts {
     wa: bool,
     direct: bool,
     ram: bool,
+    metadata_pages: bool,
     io_threads: usize,
     json: bool,
 }
@@ -355,6 +362,7 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     // size (sequential requests fill whole units), not 4 KiB blocks, whose speed differs.
     let mut opts = file_volume(bytes);
     opts.codec = o.codec;
+    opts.metadata_pages = o.metadata_pages;
     let planned = zbd_core::layout::plan(&opts)?;
     let unit_bytes = usize::from(planned.unit_blocks) * 4096;
     let units: Vec<Vec<u8>> = data.chunks_exact(unit_bytes).map(|c| c.to_vec()).collect();
@@ -410,8 +418,8 @@ fn engine(bytes: u64, dir: Option<PathBuf>, o: EngineOpts) -> Result<ExitCode> {
     }
     let (wa_mixed, wa_rand) = if o.wa {
         (
-            Some(wa_small_sync(&dir.0, false)?),
-            Some(wa_small_sync(&dir.0, true)?),
+            Some(wa_small_sync(&dir.0, false, o.metadata_pages)?),
+            Some(wa_small_sync(&dir.0, true, o.metadata_pages)?),
         )
     } else {
         (None, None)
@@ -525,9 +533,12 @@ fn timed(
 }
 
 /// Write amplification of repeated "write 4 KiB at a random place, flush".
-fn wa_small_sync(dir: &std::path::Path, incompressible: bool) -> Result<f64> {
+fn wa_small_sync(dir: &std::path::Path, incompressible: bool, metadata_pages: bool) -> Result<f64> {
     let path = dir.join("wa.zbd");
-    let opts = file_volume(256 << 20);
+    let opts = CreateOptions {
+        metadata_pages,
+        ..file_volume(256 << 20)
+    };
     let sb = zbd_core::layout::plan(&opts)?;
     let vol = Volume::create(
         Box::new(FileStorage::create(&path, sb.total_bytes())?),
