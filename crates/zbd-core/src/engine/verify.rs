@@ -308,9 +308,9 @@ impl Inner {
                     .push("volume counters differ from the map (recounted)".into());
             }
         }
-        let (damaged_pages, repaired_pages) = {
+        let (damaged_pages, repaired) = {
             let st = self.state.lock();
-            (st.map.damaged_pages(), st.map.repaired_pages())
+            (st.map.damaged_pages(), st.map.repaired())
         };
         for p in &damaged_pages {
             report.metadata_problems.push(format!(
@@ -321,11 +321,7 @@ impl Inner {
             .metadata_problems
             .extend(self.open_problems.iter().cloned());
         report.repaired.extend(self.open_repaired.iter().cloned());
-        report.repaired.extend(
-            repaired_pages
-                .iter()
-                .map(|p| format!("map page {p}: one copy is damaged, the other is intact")),
-        );
+        report.repaired.extend(repaired);
         self.check_map_copies(&mut report, &damaged_pages);
         let (_, intact) = recovery::superblock_copies(&*self.storage, &self.sb);
         for (ok, name) in intact.iter().zip(recovery::SUPERBLOCK_COPY_NAMES) {

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, Superblock};
+use crate::format::{
+    BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, PageAddress, Superblock,
+};
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
 use crate::meta::map_tree::Replaced;
@@ -144,6 +146,11 @@ impl TreeMap {
     /// Exact counters of the whole map.
     pub fn counters(&self) -> MapCounters {
         self.counters
+    }
+
+    /// Pages read from copy 1 since open because copy 0 failed (the first 1,024).
+    pub fn bad_copies_seen(&self) -> &[PageAddress] {
+        &self.catalog.store.bad_seen
     }
 
     /// The page pool's statistics (pinned frames tell when a checkpoint must come).

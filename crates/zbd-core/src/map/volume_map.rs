@@ -233,11 +233,26 @@ impl VolumeMap {
         }
     }
 
-    /// v2 pages found with one damaged copy (rewritten by the next checkpoint).
-    pub fn repaired_pages(&self) -> Vec<u32> {
+    /// Pages found with one damaged copy and the other intact, one line each for `zbd check`
+    /// (a writable volume's next checkpoint rewrites them).
+    pub fn repaired(&self) -> Vec<String> {
         match self {
-            VolumeMap::Pages(m) => m.repaired_pages(),
-            VolumeMap::Tree(_) => Vec::new(),
+            VolumeMap::Pages(m) => m
+                .repaired_pages()
+                .iter()
+                .map(|p| format!("map page {p}: one copy is damaged, the other is intact"))
+                .collect(),
+            VolumeMap::Tree(t) => t
+                .bad_copies_seen()
+                .iter()
+                .map(|a| {
+                    format!(
+                        "metadata page {} ({:?}, level {}, position {}): copy 0 is damaged, \
+                         copy 1 is intact",
+                        a.id, a.kind, a.level, a.position
+                    )
+                })
+                .collect(),
         }
     }
 

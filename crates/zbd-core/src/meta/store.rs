@@ -30,6 +30,7 @@ use super::pairs::{
     directory_address, other_slot, pair_state_address, Lookup, PairAllocator, PairStates, PairUse,
 };
 use super::pool::PagePool;
+use super::repairs::REPAIR_LIST_MAX;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
@@ -83,11 +84,17 @@ pub struct MetaStore {
     new_directory_ids: BTreeMap<u32, u32>,
     /// The checkpoint between its phase 1 and its commit or abort.
     flight: Option<Flight>,
-    /// Pages whose copy 0 failed while copy 1 was good: the repair list's input.
+    /// Pages whose copy 0 failed while copy 1 was good, not yet dirtied for their rewrite
+    /// (each phase 1 takes up to [`REPAIR_LIST_MAX`] of them).
     pub bad_copies: Vec<PageAddress>,
+    /// Such pages found since open, for `zbd check` (the first [`BAD_SEEN_MAX`]).
+    pub bad_seen: Vec<PageAddress>,
     /// Page reads, for tests and statistics.
     pub reads: u64,
 }
+
+/// Pages with one bad copy a store remembers for reports.
+const BAD_SEEN_MAX: usize = 1024;
 
 /// One frame write of a checkpoint: storage offset, bytes (shared by a page's two copies).
 pub type FrameWrite = (u64, Arc<[u8]>);
@@ -153,6 +160,7 @@ impl MetaStore {
             new_directory_ids: BTreeMap::new(),
             flight: None,
             bad_copies: Vec::new(),
+            bad_seen: Vec::new(),
             reads: 0,
         }
     }
@@ -282,6 +290,9 @@ impl MetaStore {
                 Ok(page) => {
                     if copy > 0 {
                         self.bad_copies.push(*at);
+                        if self.bad_seen.len() < BAD_SEEN_MAX {
+                            self.bad_seen.push(*at);
+                        }
                     }
                     return Ok(page);
                 }
@@ -289,6 +300,33 @@ impl MetaStore {
             }
         }
         Err(last.expect("two copies tried"))
+    }
+
+    /// Phase 1 dirties up to [`REPAIR_LIST_MAX`] pages read from copy 1 because copy 0 failed,
+    /// so this checkpoint writes both copies of each into the other slot (the rest wait for the
+    /// next phase 1). A page freed or reused since is dropped: its bad copy is not current any
+    /// more. Only pages that live in the pool are repaired this way: a bad copy of a directory
+    /// page, or of a pair-state page no longer resident, waits until the page is written anyway.
+    fn dirty_repairs(&mut self, pool: &mut PagePool<Page>) {
+        let n = self.bad_copies.len().min(REPAIR_LIST_MAX);
+        let found: Vec<PageAddress> = self.bad_copies.drain(..n).collect();
+        for at in found {
+            match pool.peek(at.id).map(|p| p.address(at.id)) {
+                Some(a) if a == at => {
+                    pool.change(at.id, at.kind);
+                }
+                Some(_) => {}
+                None if matches!(at.kind, PageKind::PairState | PageKind::PairStateDirectory) => {}
+                None => {
+                    // Read again (copy 0 still fails: that read's own report is dropped).
+                    let before = self.bad_copies.len();
+                    if let Ok(page) = self.read(pool, &at) {
+                        let _ = pool.install(at.id, at.kind, page, true, 0);
+                    }
+                    self.bad_copies.truncate(before);
+                }
+            }
+        }
     }
 
     /// Phase 1 folds the list into pair-state pages when it is long: each page with foldable
@@ -390,6 +428,7 @@ impl MetaStore {
         pool: &mut PagePool<Page>,
     ) -> Result<(MetaCheckpoint, Vec<FrameWrite>)> {
         assert!(self.flight.is_none(), "one checkpoint in flight at a time");
+        self.dirty_repairs(pool);
         // A fold only shortens the list. One that fails (no id for a new pair-state page, a
         // page that cannot be read) leaves what it folded in dirty pages and the rest listed:
         // the same answers, and this checkpoint carries them, so a fold can never be what
@@ -1290,6 +1329,47 @@ mod tests {
         v.storage.write_at(off1, &b).expect("write");
         let mut cold = pool();
         assert!(tree.get(&mut cold, &mut store, 300).is_err());
+    }
+
+    /// The next checkpoint rewrites a page found with a bad copy 0: both copies of the other
+    /// slot, so a later loss of the old copy 1 loses nothing, whether the page stayed
+    /// resident or was evicted before that phase 1.
+    #[test]
+    fn a_bad_first_copy_is_rewritten_by_the_next_checkpoint() {
+        for evicted in [false, true] {
+            let v = volume();
+            let blocks = u64::from(v.geometry.pairs0) * 255;
+            let (mut store, mut tree, mut p) = reopen(&v, &EMPTY, blocks);
+            tree.set(&mut p, &mut store, 300, data(5)).expect("set");
+            store.checkpoint(&mut p).expect("checkpoint");
+            store.commit(&mut p);
+            let slot_a = |copy| {
+                v.geometry
+                    .slot_offset(&v.sb, 1, PairSlot::A, copy)
+                    .expect("offset")
+            };
+            let mut b = vec![0u8; MAP_PAGE_BYTES];
+            v.storage.read_at(slot_a(0), &mut b).expect("read");
+            b[200] ^= 0x10;
+            v.storage.write_at(slot_a(0), &b).expect("write");
+            let mut p = pool();
+            assert_eq!(tree.get(&mut p, &mut store, 300).expect("read"), data(5));
+            assert_eq!(store.bad_seen.len(), 1);
+            if evicted {
+                p.remove(1);
+            }
+            store.checkpoint(&mut p).expect("checkpoint");
+            store.commit(&mut p);
+            // Slot A's copy 1 lost too: slot B, written whole, serves.
+            v.storage.write_at(slot_a(1), &b).expect("write");
+            let mut cold = pool();
+            assert_eq!(
+                tree.get(&mut cold, &mut store, 300).expect("rewritten"),
+                data(5),
+                "evicted: {evicted}"
+            );
+            assert!(store.bad_copies.is_empty());
+        }
     }
 
     /// An open from a checkpoint whose pair-state list names an id past the id space (a
