@@ -553,6 +553,12 @@ fn commit(
         st.extents.close_output(q.extent, stamp);
         for (lba, entry) in moved {
             st.set_entry(lba, entry)?;
+            // One pass may touch a leaf per block it moves: a page tree's window is bounded
+            // (VolumeMap::window_full). Each block maps to a good copy at any point, so a
+            // checkpoint between two moves records a consistent map.
+            if st.map.window_full() {
+                st.checkpoint(cx)?;
+            }
         }
         result.outputs += 1;
     }

@@ -106,7 +106,7 @@ impl Inner {
     /// The low watermark, raised to the foreground goal when a large space reserve sits above
     /// it: the background cleaner starts before host writes would clean themselves.
     fn below_low(&self, st: &State) -> bool {
-        st.free_now() * 100 < self.clean_low_pct as usize * st.extents.len()
+        st.free_now() * 100 < self.clean_low_pct as usize * st.extents.data_len()
             || (st.reserve_held() > 0 && st.free_now() <= st.clean_goal())
     }
 
@@ -133,7 +133,7 @@ impl Inner {
             let (done, checkpoint, wanted) = {
                 let st = self.lock_for_write();
                 pending += r.reclaimed;
-                let total = st.extents.len();
+                let total = st.extents.data_len();
                 let done = !r.progressed()
                     || (st.free_now() + pending) * 100 >= self.clean_high_pct as usize * total;
                 let checkpoint = pending > 0

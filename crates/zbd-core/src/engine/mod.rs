@@ -201,10 +201,11 @@ fn cleaner_reserve(extent_count: u32) -> usize {
         .min(extent_count as usize / 4)
 }
 
-/// Extents of a space reserve of `bytes`: whole extents, at most half the data area.
-fn space_reserve_extents(bytes: u64, sb: &Superblock) -> usize {
+/// Extents of a space reserve of `bytes`: whole extents, at most half of the `data_extents`
+/// data may use.
+fn space_reserve_extents(bytes: u64, sb: &Superblock, data_extents: u32) -> usize {
     let extents = bytes.div_ceil(u64::from(sb.extent_bytes));
-    extents.min(u64::from(sb.extent_count) / 2) as usize
+    extents.min(u64::from(data_extents) / 2) as usize
 }
 
 /// Stored bytes fetched for one block (`None` when it has none).

@@ -101,6 +101,17 @@ impl Inner {
         let sbb = sb.encode();
         storage.write_at(0, &sbb)?;
         storage.write_at(SUPERBLOCK_BYTES as u64, &sbb)?;
+        // Any old checkpoint invalidated (the first block of a slot holds the magic and uuid
+        // every reader checks first) and the new superblock durable before anything else is
+        // written: metadata pages written next over an old volume must never be read as that
+        // volume's (its table pages carry no uuid); a cut from here on leaves a volume that is
+        // refused, never a mix.
+        for copy in 0..sb.metadata_copies() {
+            for slot in 0..2 {
+                storage.write_at(sb.checkpoint_slot_offset(slot, copy), &[0u8; BLOCK_BYTES])?;
+            }
+        }
+        storage.sync()?;
         let stock = match opts.metadata_pages {
             true => Some(metadata_stock(&sb)?),
             false => None,
@@ -134,9 +145,6 @@ impl Inner {
         }
         let ckb = ck.encode(&sb)?;
         for copy in 0..sb.metadata_copies() {
-            // Invalidate any old checkpoint left in slot A (slot B gets checkpoint 1): its
-            // first block holds the magic and uuid every reader checks first.
-            storage.write_at(sb.checkpoint_slot_offset(0, copy), &[0u8; BLOCK_BYTES])?;
             storage.write_at(sb.checkpoint_slot_offset(1, copy), &ckb)?;
         }
         storage.sync()?;
@@ -227,15 +235,17 @@ impl Inner {
             Some(c) => c,
             None => Codec::from_id(sb.codec_id, sb.codec_level)?,
         };
+        let extents = Extents::new(extents);
+        let data_extents = extents.data_len() as u32;
         // Open extents are partly empty: keep them a small share of the data area (1/32) so a
         // nearly full volume is not exhausted by its own buffer, and within the recovery queue.
         let max_open = (opts.buffer_bytes / sb.extent_bytes as usize)
-            .min(sb.extent_count as usize / 32)
+            .min(data_extents as usize / 32)
             .clamp(1, (sb.queue_len as usize / 2).max(1));
         let mut st = State {
             map,
             table,
-            extents: Extents::new(extents),
+            extents,
             free: Default::default(),
             queue: VecDeque::new(),
             next_seq: ck.write_seq + 1,
@@ -246,7 +256,7 @@ impl Inner {
                 BufferConfig {
                     max_open,
                     aging: opts.aging,
-                    reserve: cleaner_reserve(sb.extent_count),
+                    reserve: cleaner_reserve(data_extents),
                 },
                 sb.extent_bytes as usize,
                 write_align,
@@ -265,10 +275,10 @@ impl Inner {
             inflight: None,
             ckpt_wanted: false,
             refill_early: true,
-            space_reserve: space_reserve_extents(opts.space_reserve_bytes, &sb),
+            space_reserve: space_reserve_extents(opts.space_reserve_bytes, &sb, data_extents),
             reserve_lent: false,
         };
-        apply_replay(&mut st, &sb, &rolled.replay)?;
+        open_problems.extend(apply_replay(&mut st, &sb, &rolled.replay)?);
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
             .filter(|&e| st.extents.get(e).state == ExtentState::Free)
@@ -469,69 +479,95 @@ fn segment_align(storage: &dyn Storage, sb: &Superblock) -> usize {
 }
 
 /// Applies roll-forward records to the map, in write-sequence order.
-fn apply_replay(st: &mut State, sb: &Superblock, replay: &[recovery::Replayed]) -> Result<()> {
+/// Replays the records found after the checkpoint into the map. Returns the problems met: on a
+/// page-tree map, a record whose leaf has no intact copy is skipped (its blocks are lost with
+/// the leaf and read as errors), where an error would keep the whole volume from opening.
+fn apply_replay(
+    st: &mut State,
+    sb: &Superblock,
+    replay: &[recovery::Replayed],
+) -> Result<Vec<String>> {
     let blocks = sb.logical_blocks;
+    let mut problems = Vec::new();
     for r in replay {
         let rec = &r.record;
         let end = rec.lba.saturating_add(u64::from(rec.count));
         if end > blocks {
             continue;
         }
-        match rec.kind {
-            RecordKind::Data if r.damaged => {
-                // The cleaner copies stored bytes verbatim: if the block still maps to bytes
-                // with the same checksum (the victim's copy, kept until a checkpoint), those are
-                // the same data. Otherwise the newest version is lost: the block reads as an
-                // error, never as its older version.
-                let now = st.map.get(rec.lba)?;
-                let same = now.state == BlockState::Data
-                    && now.crc == rec.crc
-                    && u32::from(now.len) == rec.len
-                    && now.codec == rec.codec
-                    && now.unit_index == rec.unit_index
-                    && u16::from(now.unit_blocks) == rec.unit_blocks
-                    && u16::from(now.dict) == rec.dict
-                    && now.seeded == rec.seeded;
-                if !same {
-                    st.set_entry(
-                        rec.lba,
-                        MapEntry {
-                            state: BlockState::Corrupt,
-                            ..MapEntry::UNMAPPED
-                        },
-                    )?;
-                }
+        match replay_one(st, r, end) {
+            Ok(()) => {}
+            Err(Error::Corrupt { .. } | Error::CorruptMetadata(_))
+                if matches!(st.map, VolumeMap::Tree(_)) =>
+            {
+                problems.push(format!(
+                    "blocks {}..{end}: a {:?} record was not replayed, its map leaf is damaged",
+                    rec.lba, rec.kind
+                ));
             }
-            RecordKind::Data => {
-                let entry = MapEntry {
-                    state: BlockState::Data,
-                    codec: rec.codec,
-                    len: rec.len as u16,
-                    extent: r.extent,
-                    offset: rec.offset,
-                    crc: rec.crc,
-                    unit_index: rec.unit_index,
-                    unit_blocks: rec.unit_blocks as u8,
-                    dict: rec.dict as u8,
-                    seeded: rec.seeded,
-                };
-                st.set_entry(rec.lba, entry)?;
-            }
-            RecordKind::Zero => {
-                for l in rec.lba..end {
-                    st.set_entry(l, MapEntry::ZERO)?;
-                }
-            }
-            RecordKind::Trim => {
-                for l in rec.lba..end {
-                    st.set_entry(l, MapEntry::UNMAPPED)?;
-                }
-            }
+            Err(e) => return Err(e),
         }
         st.next_seq = st.next_seq.max(rec.seq + 1);
     }
     st.replayed = replay.len() as u64;
     // Extents that lost their last live block during replay are free after the recovery checkpoint.
     st.extents.release_all_pending();
+    Ok(problems)
+}
+
+/// One replayed record (`end`: one past its last block) into the map.
+fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
+    let rec = &r.record;
+    match rec.kind {
+        RecordKind::Data if r.damaged => {
+            // The cleaner copies stored bytes verbatim: if the block still maps to bytes
+            // with the same checksum (the victim's copy, kept until a checkpoint), those are
+            // the same data. Otherwise the newest version is lost: the block reads as an
+            // error, never as its older version.
+            let now = st.map.get(rec.lba)?;
+            let same = now.state == BlockState::Data
+                && now.crc == rec.crc
+                && u32::from(now.len) == rec.len
+                && now.codec == rec.codec
+                && now.unit_index == rec.unit_index
+                && u16::from(now.unit_blocks) == rec.unit_blocks
+                && u16::from(now.dict) == rec.dict
+                && now.seeded == rec.seeded;
+            if !same {
+                st.set_entry(
+                    rec.lba,
+                    MapEntry {
+                        state: BlockState::Corrupt,
+                        ..MapEntry::UNMAPPED
+                    },
+                )?;
+            }
+        }
+        RecordKind::Data => {
+            let entry = MapEntry {
+                state: BlockState::Data,
+                codec: rec.codec,
+                len: rec.len as u16,
+                extent: r.extent,
+                offset: rec.offset,
+                crc: rec.crc,
+                unit_index: rec.unit_index,
+                unit_blocks: rec.unit_blocks as u8,
+                dict: rec.dict as u8,
+                seeded: rec.seeded,
+            };
+            st.set_entry(rec.lba, entry)?;
+        }
+        RecordKind::Zero => {
+            for l in rec.lba..end {
+                st.set_entry(l, MapEntry::ZERO)?;
+            }
+        }
+        RecordKind::Trim => {
+            for l in rec.lba..end {
+                st.set_entry(l, MapEntry::UNMAPPED)?;
+            }
+        }
+    }
     Ok(())
 }

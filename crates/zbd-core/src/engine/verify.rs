@@ -47,7 +47,8 @@ impl Inner {
     /// open, lends it at once if the volume is at it. True when lent.
     pub fn set_space_reserve(&self, bytes: u64) -> bool {
         let mut st = self.state.lock();
-        st.space_reserve = super::space_reserve_extents(bytes, &self.sb);
+        let data_extents = st.extents.data_len() as u32;
+        st.space_reserve = super::space_reserve_extents(bytes, &self.sb, data_extents);
         st.reserve_lent = false;
         !self.read_only && st.lend_reserve_if_full()
     }
@@ -344,9 +345,20 @@ impl Inner {
                 mapped += 1;
                 bytes += u64::from(e.len);
             });
-            if let Err(e) = counted {
-                report.metadata_problems.push(format!("map: {e}"));
-                break;
+            match counted {
+                Ok(()) => {}
+                // A page-tree leaf with no intact copy: its blocks are lost (they read as
+                // errors); the others of the chunk are checked one by one.
+                Err(Error::Corrupt { .. }) => {
+                    report.blocks_checked += self.check_blocks_one_by_one(lba, n, &mut report);
+                    lba += n;
+                    progress(lba, total);
+                    continue;
+                }
+                Err(e) => {
+                    report.metadata_problems.push(format!("map: {e}"));
+                    break;
+                }
             }
             if let Some(rate) = rate {
                 // Pace the reads: this chunk may start once the bytes read so far took their
@@ -380,6 +392,29 @@ impl Inner {
             progress(lba, total);
         }
         report
+    }
+
+    /// Checks blocks `lba..lba + n` each on its own (a chunk whose map walk failed): a block
+    /// whose entry cannot be read, or whose data cannot, is listed as damaged. Returns the data
+    /// blocks checked.
+    fn check_blocks_one_by_one(&self, lba: u64, n: u64, report: &mut CheckReport) -> u64 {
+        let mut checked = 0;
+        let mut block = vec![0u8; BLOCK_BYTES];
+        for l in lba..lba + n {
+            let entry = self.state.lock().map.get(l);
+            match entry {
+                Err(_) => report.damaged_blocks.push(l),
+                Ok(e) if e.state == crate::format::BlockState::Data => {
+                    checked += 1;
+                    let r = self.read_into(l, 1, false, &mut block);
+                    if !matches!(r.as_deref(), Ok([Ok(_)])) {
+                        report.damaged_blocks.push(l);
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+        checked
     }
 
     /// Reads every copy of every current map page: a damaged copy is reported and, on a writable

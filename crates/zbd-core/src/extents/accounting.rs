@@ -54,6 +54,12 @@ impl Extents {
         self.infos.len()
     }
 
+    /// Extents data may use: the data area less its metadata extents (bit 10). Shares of the
+    /// data area (watermarks, reserves, open extents) are of this.
+    pub fn data_len(&self) -> usize {
+        self.infos.len() - self.count(ExtentState::Metadata)
+    }
+
     /// The entry of extent `e` (a copy: the entries are packed).
     pub fn get(&self, e: u32) -> ExtentInfo {
         self.infos[e as usize]

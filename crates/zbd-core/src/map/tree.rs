@@ -29,6 +29,10 @@ use crate::meta::pool::{Floor, PagePool, PoolStats, FRAME_BYTES};
 use crate::meta::store::{FrameWrite, MetaCheckpoint, MetaStore};
 use crate::meta::{ListBounds, MetaGeometry};
 
+/// List entries kept out of the window's count: the directory, pair-state and fixed pages a
+/// checkpoint adds, and the pages one step dirties past the check.
+const LIST_MARGIN: usize = 256;
+
 /// Frames the pool has beyond its floor at least, so lookups of a volume served with a small
 /// map cache still find clean frames to fault into.
 const POOL_FRAMES_ABOVE_FLOOR: u64 = 256;
@@ -146,6 +150,34 @@ impl TreeMap {
     /// Exact counters of the whole map.
     pub fn counters(&self) -> MapCounters {
         self.counters
+    }
+
+    /// Pages the open window may count before a checkpoint must come: half the list's room,
+    /// so the window a crash leaves (the checkpoint in flight and what came after it, both
+    /// replayed into one recovery checkpoint) fits the slot's list too.
+    fn window_max(&self) -> usize {
+        (self.catalog.list_capacity() as usize).saturating_sub(LIST_MARGIN) / 2
+    }
+
+    /// Whether the next checkpoint's list nears what the open window may count (a checkpoint
+    /// must come now, lock held).
+    pub fn window_full(&self) -> bool {
+        self.catalog.store.window(&self.catalog.pool) >= self.window_max()
+    }
+
+    /// Whether the window is half way there (a checkpoint is asked for outside the lock).
+    pub fn window_half_full(&self) -> bool {
+        self.catalog.store.window(&self.catalog.pool) >= self.window_max() / 2
+    }
+
+    /// Whether allocation may be short of ids for one map change: a set or a range change
+    /// creates at most the pages of two root-to-leaf paths. The caller checks before it logs
+    /// the change (a logged change the map then refused would come back at replay).
+    pub fn short_of_ids(&self) -> bool {
+        let store = &self.catalog.store;
+        let a = &store.alloc;
+        let step = 2 * usize::from(crate::meta::tree::DEPTH_MAX);
+        a.allocatable() <= a.floor(store.usage) + a.claimed() + step
     }
 
     /// Pages read from copy 1 since open because copy 0 failed (the first 1,024).

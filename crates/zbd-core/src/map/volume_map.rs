@@ -15,7 +15,8 @@ use crate::meta::geometry::WINDOW_PAGES_MAX;
 
 /// Dirty tree pages at which a checkpoint is asked for outside the lock (half the window a
 /// checkpoint may count), and at which one is written under it (three quarters): the pool's
-/// floor keeps room for the whole window, so a write never finds the pool full.
+/// floor keeps room for the whole window, so a write never finds the pool full. The list's
+/// room may bring either forward ([`TreeMap::window_full`]).
 const TREE_DIRTY_WANTED: u64 = WINDOW_PAGES_MAX as u64 / 2;
 const TREE_DIRTY_NEEDED: u64 = WINDOW_PAGES_MAX as u64 * 3 / 4;
 
@@ -112,7 +113,9 @@ impl VolumeMap {
     ) -> Result<()> {
         match self {
             VolumeMap::Pages(m) => m.for_each_data_in(first, count, f),
-            VolumeMap::Tree(t) => t.for_each_data_in(first, count, f),
+            VolumeMap::Tree(t) => t
+                .for_each_data_in(first, count, f)
+                .map_err(|e| damaged_at(e, first)),
         }
     }
 
@@ -138,11 +141,19 @@ impl VolumeMap {
         }
     }
 
+    /// Whether the next map change might find no page id (the tree; v2's pages are fixed).
+    pub fn short_of_ids(&self) -> bool {
+        match self {
+            VolumeMap::Pages(_) => false,
+            VolumeMap::Tree(t) => t.short_of_ids(),
+        }
+    }
+
     /// Whether dirty pages call for a checkpoint soon (outside the lock).
     pub fn wants_checkpoint(&self) -> bool {
         match self {
             VolumeMap::Pages(m) => m.wants_checkpoint(),
-            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_WANTED,
+            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_WANTED || t.window_half_full(),
         }
     }
 
@@ -150,7 +161,18 @@ impl VolumeMap {
     pub fn needs_checkpoint(&self) -> bool {
         match self {
             VolumeMap::Pages(m) => m.needs_checkpoint(),
-            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_NEEDED,
+            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_NEEDED || t.window_full(),
+        }
+    }
+
+    /// Whether a checkpoint must come before the next map change even inside a batch that
+    /// otherwise checkpoints only at its end (a cleaner commit): the tree's window at its
+    /// bound, past which the checkpoint's list would not fit its slot. Never for v2, whose
+    /// pinned pages only cost RAM.
+    pub fn window_full(&self) -> bool {
+        match self {
+            VolumeMap::Pages(_) => false,
+            VolumeMap::Tree(t) => t.window_full(),
         }
     }
 

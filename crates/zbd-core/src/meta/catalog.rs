@@ -124,6 +124,11 @@ impl Catalog {
         })
     }
 
+    /// Entries the pair-state list of a checkpoint may hold (`C`).
+    pub fn list_capacity(&self) -> u32 {
+        self.header.list_capacity
+    }
+
     /// The next SBT serial, taken (serials only grow).
     pub fn take_sbt_serial(&mut self) -> u64 {
         self.header.next_sbt_serial += 1;

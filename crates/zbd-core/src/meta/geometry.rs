@@ -153,19 +153,22 @@ impl MetaGeometry {
     /// Metadata extents (copy 0) a volume created with bit 10 carves for its default device
     /// of `blocks` blocks before the carver (step 1b.5) takes pairs as they are needed: room
     /// for every interior page of its tree, the pair-state pages of region 0's ids and of the
-    /// carved ids, the directory, the device table of one device and its list page, twice
-    /// over (a freed id waits an interval before it is taken again). At least one, at most
-    /// `H`.
+    /// carved ids, the directory, the device table of one device and its list page, and the
+    /// pages of four map changes, twice over (a freed id waits an interval before it is taken
+    /// again). At least one, at most `H`.
     pub fn stock_extents(&self, blocks: u64) -> u32 {
         let depth = super::tree::depth_for(blocks);
         let interior: u64 = (1..depth)
             .map(|level| blocks.div_ceil(super::tree::blocks_under(level)))
             .sum();
         let per_state_page = PAIR_STATE_IDS_PER_PAGE as u64;
+        // And room for the pages of a few map changes at once (two root-to-leaf paths each):
+        // the engine checkpoints when fewer ids than one change needs are left.
         let pages = interior
             + u64::from(self.pairs0).div_ceil(per_state_page)
             + u64::from(self.directory_pages())
-            + 2;
+            + 2
+            + 8 * u64::from(super::tree::DEPTH_MAX);
         // The carved ids' own pair-state pages: one per 16,320 of them, and one more where
         // they straddle a page boundary.
         let ids = 2 * pages;

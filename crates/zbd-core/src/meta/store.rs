@@ -165,6 +165,12 @@ impl MetaStore {
         }
     }
 
+    /// Entries the next checkpoint's pair-state list could hold at most: the list now, one
+    /// per dirty page (written, its slot flipped) and one per region-0 free.
+    pub fn window(&self, pool: &PagePool<Page>) -> usize {
+        pool.stats().dirty as usize + self.states.list_len() + self.region0_freed.len()
+    }
+
     /// The open interval: the one a checkpoint's phase 1 opened, which an open after that
     /// checkpoint writes on in.
     pub fn interval(&self) -> u64 {

@@ -158,8 +158,23 @@ impl State {
         s
     }
 
+    /// Room in the map for one change, before it is logged: a change the map refused after
+    /// its record was appended would come back at replay (a failed write that reappears). A
+    /// tree short of page ids first gets the checkpoint that returns the ids freed since the
+    /// last one; still short, the change fails with `NoSpace` and nothing is changed.
+    fn map_room(&mut self, cx: &Ctx) -> Result<()> {
+        if self.map.short_of_ids() {
+            self.checkpoint(cx)?;
+            if self.map.short_of_ids() {
+                return Err(Error::NoSpace);
+            }
+        }
+        Ok(())
+    }
+
     /// Stores one prepared block (or unit: its blocks from `lba`).
     pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
+        self.map_room(cx)?;
         match p {
             Prepared::Zero => {
                 let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
@@ -259,6 +274,7 @@ impl State {
 
     /// Records a zero or trim range and applies it to the map.
     pub fn put_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u64) -> Result<()> {
+        self.map_room(cx)?;
         let mut done = 0;
         let mut logged = true;
         while done < count && logged {

@@ -268,20 +268,35 @@ pub fn sim_volume_v2_map(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimSto
 pub fn with_test_format(opts: &CreateOptions) -> CreateOptions {
     let bit10 = std::env::var("ZBD_TEST_METADATA_PAGES").is_ok_and(|v| v == "1")
         && opts.format_version >= 3;
-    if !bit10 || opts.metadata_pages {
-        return opts.clone();
+    if bit10 && !opts.metadata_pages {
+        with_metadata_pages(opts)
+    } else {
+        opts.clone()
     }
-    // The carved stock on top of the data area the test asked for.
-    let capacity_bytes = opts.capacity_bytes.map(|c| {
-        let sb = zbd_core::layout::plan(opts).expect("plan");
-        let g = zbd_core::meta::MetaGeometry::at_enable(&sb).expect("geometry");
-        c + 2 * u64::from(g.stock_extents(sb.logical_blocks)) * u64::from(sb.extent_bytes)
-    });
-    CreateOptions {
+}
+
+/// `opts` with metadata pages, the carved stock on top of the data area the test asked for
+/// (the stock grows with the area: settled in a few rounds).
+pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
+    let mut o = CreateOptions {
         metadata_pages: true,
-        capacity_bytes,
         ..opts.clone()
+    };
+    let Some(asked) = opts.capacity_bytes else {
+        return o;
+    };
+    // The stock is capped at half the area: a small area grows over a few rounds first.
+    for _ in 0..64 {
+        let sb = zbd_core::layout::plan(&o).expect("plan");
+        let g = zbd_core::meta::MetaGeometry::at_enable(&sb).expect("geometry");
+        let stock = u64::from(g.stock_extents(sb.logical_blocks));
+        let want = asked + 2 * stock * u64::from(sb.extent_bytes);
+        if o.capacity_bytes == Some(want) {
+            break;
+        }
+        o.capacity_bytes = Some(want);
     }
+    o
 }
 
 /// Flips a bit in every slot and copy of map page `page`: the page has no intact copy left.

@@ -118,7 +118,10 @@ fn a_leaf_with_one_bad_copy_is_reported_and_rewritten() {
     let report = vol.check(&|_, _| {});
     assert!(report.is_clean(), "{report:?}");
     assert!(
-        report.repaired.iter().any(|l| l.contains("metadata page 0 (MapLeaf")),
+        report
+            .repaired
+            .iter()
+            .any(|l| l.contains("metadata page 0 (MapLeaf")),
         "{report:?}"
     );
     vol.close().expect("close");
@@ -126,4 +129,219 @@ fn a_leaf_with_one_bad_copy_is_reported_and_rewritten() {
     damage_copy(&disk, &sb, 0, 1);
     let vol = reopen(&disk);
     assert_reads(&vol, &data, "after the rewrite, the old copy 1 lost too");
+}
+
+// ---- Attacks on bit-10 volumes (an adversarial review of the wiring) ----
+
+/// A block written and trimmed again and again between two checkpoints: each trim collapses
+/// the tree to a summary (freeing the root's interior page) and each write builds a new root
+/// under a new id. The volume is nearly empty: no write may fail, and every block reads what
+/// was written last.
+#[test]
+fn write_trim_cycles_never_run_out_of_page_ids() {
+    let opts = bit10(SIZE, 16384, 6);
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(10);
+    let mut last = vec![0u8; 4096];
+    for i in 0..400 {
+        let data = fill(&mut rng, Fill::Text, 4096);
+        vol.write(0, &data, false)
+            .unwrap_or_else(|e| panic!("cycle {i}: write: {e}"));
+        vol.trim(0, 4096)
+            .unwrap_or_else(|e| panic!("cycle {i}: trim: {e}"));
+        last = data;
+    }
+    vol.write(0, &last, false).expect("last write");
+    assert!(read_block(&vol, 0).expect("read") == last);
+    vol.close().expect("close");
+    let vol = reopen(&disk);
+    assert!(read_block(&vol, 0).expect("read") == last);
+}
+
+/// The same cycles until a write fails (it must not, see above; if it does, it must change
+/// nothing, as a NoSpace write does on v2): the failed write's block still reads as trimmed,
+/// flushed; after a crash the volume must open and the block must still read as trimmed, not
+/// as the data of the write that failed.
+#[test]
+fn a_failed_write_changes_nothing_across_a_crash() {
+    let opts = bit10(SIZE, 16384, 6);
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(10);
+    let mut failed = None;
+    let mut failed_data = Vec::new();
+    for i in 0..400 {
+        let data = fill(&mut rng, Fill::Text, 4096);
+        if let Err(e) = vol.write(0, &data, false) {
+            failed = Some((i, e));
+            failed_data = data;
+            break;
+        }
+        vol.trim(0, 4096).expect("trim");
+    }
+    let Some((i, e)) = failed else {
+        return; // nothing failed: the test above covers it
+    };
+    eprintln!("cycle {i}: write failed: {e}");
+    assert!(
+        read_block(&vol, 0).expect("read") == vec![0u8; 4096],
+        "live: block 0 not trimmed"
+    );
+    vol.flush().expect("flush after the failed write");
+    vol.abandon();
+    let vol = Volume::open(Box::new(std::sync::Arc::clone(&disk)), open_opts())
+        .unwrap_or_else(|e| panic!("reopen after a crash: {e}"));
+    let got = read_block(&vol, 0).expect("read");
+    assert!(
+        got == vec![0u8; 4096],
+        "after the crash block 0 holds {}, not the trimmed zeros it held live",
+        if got == failed_data {
+            "the data of the write that failed with NoSpace"
+        } else {
+            "other data"
+        }
+    );
+}
+
+/// A leaf with no intact copy (as in `a_damaged_leaf_is_an_error_never_data`), a write under
+/// it that fails (the tree refuses writes there), a flush, a crash: the volume must open again
+/// (the blocks under the damaged leaf may read as errors), and blocks under other leaves must
+/// read what they held.
+#[test]
+fn a_failed_write_under_a_damaged_leaf_does_not_stop_the_reopen() {
+    let opts = bit10(SIZE, 32768, 16);
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(4);
+    let data = fill(&mut rng, Fill::Text, SIZE as usize);
+    vol.write(0, &data, false).expect("write");
+    vol.close().expect("close");
+    let sb = vol.superblock().clone();
+    drop(vol);
+    damage_map_page_everywhere(&disk, &sb, 0);
+    let vol = reopen(&disk);
+    let fresh = fill(&mut rng, Fill::Text, 4096);
+    let r = vol.write(3 * 4096, &fresh, false);
+    eprintln!("write under the damaged leaf: {r:?}");
+    vol.write(300 * 4096, &fresh, false)
+        .expect("write under another leaf");
+    vol.flush().expect("flush");
+    vol.abandon();
+    let vol = Volume::open(Box::new(std::sync::Arc::clone(&disk)), open_opts())
+        .unwrap_or_else(|e| panic!("reopen after a crash: {e}"));
+    assert!(read_block(&vol, 300).expect("read") == fresh, "block 300");
+    let lba = 600;
+    assert!(read_block(&vol, lba).expect("read") == data[lba as usize * 4096..][..4096]);
+}
+
+/// One bit flipped in one copy of the extent-table page that holds the metadata extents'
+/// state-3 entries (and the header): the open reads the other copy, the data reads back and
+/// check is clean; with both copies of that page damaged the open refuses, never opens with the
+/// stock read as free.
+#[test]
+fn a_flip_in_the_extent_table_never_frees_metadata_extents() {
+    let opts = bit10(SIZE, 16384, 6);
+    let (disk, vol) = sim_volume(&opts);
+    let model = churn(&vol, 3, 300);
+    vol.close().expect("close");
+    let sb = vol.superblock().clone();
+    drop(vol);
+    let clean = disk.current_image();
+    let (_, ck) = newest_checkpoint(&clean);
+    let g = zbd_core::meta::MetaGeometry::at_enable(&sb).expect("geometry");
+    let stock = g.stock_extents(sb.logical_blocks);
+    let per_page = zbd_core::format::EXTENT_TABLE_ENTRIES_PER_PAGE as u32;
+    let mut pages: Vec<u32> = (g.h - stock..g.h)
+        .chain(2 * g.h - stock..2 * g.h)
+        .map(|e| e / per_page)
+        .collect();
+    pages.dedup();
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut runs = 0;
+    for p in pages {
+        let slot = ck.extent_table_slots[p as usize];
+        assert_ne!(slot, 0, "table page {p} written");
+        let at = |copy: usize| {
+            sb.extent_table_offset[copy] + (u64::from(p) * 2 + u64::from(slot - 1)) * 4096
+        };
+        // Bytes of the page: its header and the entries of the stock extents in it.
+        let mut bytes: Vec<u64> = (0..16).collect();
+        for e in (g.h - stock..g.h).chain(2 * g.h - stock..2 * g.h) {
+            if e / per_page == p {
+                let i = u64::from(e % per_page);
+                bytes.extend((0..8).map(|k| 16 + i * 8 + k));
+            }
+        }
+        for copy in 0..2 {
+            for &b in &bytes {
+                let d = std::sync::Arc::new(SimStorage::from_image(clean.clone()));
+                d.flip_bit(at(copy) + b, rng.random_range(0..8));
+                let vol = Volume::open(Box::new(std::sync::Arc::clone(&d)), open_opts())
+                    .unwrap_or_else(|e| panic!("page {p} copy {copy} byte {b}: open: {e}"));
+                assert_reads(&vol, &model, &format!("page {p} copy {copy} byte {b}"));
+                let report = vol.check(&|_, _| {});
+                assert!(
+                    report.is_clean(),
+                    "page {p} copy {copy} byte {b}: {report:?}"
+                );
+                vol.abandon();
+                runs += 1;
+            }
+        }
+        let d = SimStorage::from_image(clean.clone());
+        d.flip_bit(at(0) + 20, 1);
+        d.flip_bit(at(1) + 20, 1);
+        assert!(
+            Volume::open(Box::new(d), open_opts()).is_err(),
+            "table page {p} with no intact copy: the open must refuse"
+        );
+    }
+    eprintln!("{runs} flips");
+}
+
+/// `check` of a volume whose leaf 0 has no intact copy: every block under it reads EIO, so
+/// check must list each of them as damaged (the fault model's oracle), and the blocks under
+/// other leaves must not be.
+#[test]
+fn check_lists_the_blocks_of_a_damaged_leaf() {
+    let opts = bit10(SIZE, 32768, 16);
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(4);
+    let data = fill(&mut rng, Fill::Text, SIZE as usize);
+    vol.write(0, &data, false).expect("write");
+    vol.close().expect("close");
+    let sb = vol.superblock().clone();
+    drop(vol);
+    damage_map_page_everywhere(&disk, &sb, 0);
+    let vol = reopen(&disk);
+    let report = vol.check(&|_, _| {});
+    let eio: Vec<u64> = (0..SIZE / 4096)
+        .filter(|&l| read_block(&vol, l).is_err())
+        .collect();
+    eprintln!(
+        "{} blocks read EIO; check: {:?}",
+        eio.len(),
+        report.metadata_problems
+    );
+    assert_eq!(
+        report.damaged_blocks, eio,
+        "check must list every EIO block"
+    );
+}
+
+/// Control for `write_trim_cycles_never_run_out_of_page_ids`: the same cycles on a
+/// v2 volume (passes).
+#[test]
+fn control_v2_write_trim_cycles() {
+    let opts = CreateOptions {
+        metadata_pages: false,
+        ..bit10(SIZE, 16384, 6)
+    };
+    let (_disk, vol) = sim_volume_v2_map(&opts, open_opts());
+    let mut rng = SmallRng::seed_from_u64(10);
+    for i in 0..400 {
+        let data = fill(&mut rng, Fill::Text, 4096);
+        vol.write(0, &data, false)
+            .unwrap_or_else(|e| panic!("cycle {i}: write: {e}"));
+        vol.trim(0, 4096)
+            .unwrap_or_else(|e| panic!("cycle {i}: trim: {e}"));
+    }
 }
