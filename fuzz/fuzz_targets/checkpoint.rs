@@ -53,7 +53,9 @@ libfuzzer_sys::fuzz_target!(|input: &[u8]| {
         let mut copy = input.to_vec();
         fix_crc(&mut copy[..used], 12);
         if let Ok(checkpoint) = Checkpoint::decode(&copy, &sb) {
-            let encoded = checkpoint.encode(&sb);
+            let encoded = checkpoint
+                .encode(&sb)
+                .expect("a decoded checkpoint encodes");
             let again = Checkpoint::decode(&encoded, &sb).expect("re-encoded checkpoint decodes");
             assert_eq!(again, checkpoint);
         }

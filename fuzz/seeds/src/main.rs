@@ -196,7 +196,7 @@ fn on_disk(dir: &Path) {
         ck_sb.version >= 2,
         "seeds are written for the current format"
     );
-    let slot = checkpoint.encode(&ck_sb);
+    let slot = checkpoint.encode(&ck_sb).expect("encode");
     // A seed the decoder refuses would only teach the fuzzer the first check.
     assert_eq!(Checkpoint::decode(&slot, &ck_sb).ok(), Some(checkpoint));
     write(dir, "checkpoint", "three-queued-v2", &slot);
