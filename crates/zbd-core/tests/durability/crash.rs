@@ -386,11 +386,27 @@ fn crash_sweep_full_volume_many_seeds() {
 /// when both are broken.)
 #[test]
 fn crashes_while_reused_extents_hold_stale_segments() {
+    stale_segment_crashes(&small_volume(SIZE, 8192, Codec::Lz4, 2, 4));
+}
+
+/// The same on a bit-10 volume: many checkpoints that flip the same pairs back and forth.
+#[test]
+fn crashes_after_many_checkpoints_on_bit10() {
+    stale_segment_crashes(&with_metadata_pages(&small_volume(
+        SIZE,
+        8192,
+        Codec::Lz4,
+        2,
+        4,
+    )));
+}
+
+/// The workload and crash images of the two tests above on a volume of `opts`.
+fn stale_segment_crashes(opts: &zbd_core::CreateOptions) {
     let seed = 71u64;
-    let opts = small_volume(SIZE, 8192, Codec::Lz4, 2, 4);
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let sb = zbd_core::layout::plan(opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let vol = Volume::create_with(Box::new(NoDiscard(Arc::clone(&disk))), &opts, open_opts())
+    let vol = Volume::create_with(Box::new(NoDiscard(Arc::clone(&disk))), opts, open_opts())
         .expect("create");
     let work = overwrite_workload(seed, SIZE / BS as u64 / 2, 2500);
     let mut exp = Expect::new();
@@ -933,38 +949,6 @@ fn failed_sync_during_a_bit10_create() {
             &format!("failed sync at op {c} of create"),
         );
     }
-}
-
-/// `crashes_while_reused_extents_hold_stale_segments` on a bit-10 volume: many checkpoints
-/// that flip the same pairs back and forth, a disk that never discards, crash images taken
-/// all along.
-#[test]
-fn crashes_after_many_checkpoints_on_bit10() {
-    let seed = 71u64;
-    let opts = with_metadata_pages(&small_volume(SIZE, 8192, Codec::Lz4, 2, 4));
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
-    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let vol = Volume::create_with(Box::new(NoDiscard(Arc::clone(&disk))), &opts, open_opts())
-        .expect("create");
-    let work = overwrite_workload(seed, SIZE / BS as u64 / 2, 2500);
-    let mut exp = Expect::new();
-    let mut rng = SmallRng::seed_from_u64(seed);
-    for (i, op) in work.iter().enumerate() {
-        exp.started(op);
-        apply_volume(&vol, op).unwrap_or_else(|e| panic!("seed {seed} op {i}: {e}"));
-        if is_durability_point(op) {
-            exp.flushed();
-        }
-        if i % 25 == 24 {
-            let image = disk.crash_image(&mut rng);
-            let ctx = format!("bit10 seed {seed} crash after op {i}");
-            let vol2 = Volume::open(Box::new(SimStorage::from_image(image)), open_opts())
-                .unwrap_or_else(|e| panic!("{ctx}: reopen failed: {e}"));
-            verify(&vol2, &exp, &ctx);
-            vol2.abandon();
-        }
-    }
-    assert!(vol.stats().counters.checkpoints > 50);
 }
 
 /// A bit-10 `create` over a disk holding a volume, cut by a power loss before its superblock

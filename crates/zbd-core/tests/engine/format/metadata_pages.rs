@@ -71,12 +71,10 @@ fn a_bit10_volume_reads_back_across_checkpoints_closes_and_crashes() {
     assert_bit10(&disk);
 }
 
-/// Both copies of both slots of the leaf holding blocks 0..255 damaged: those blocks read
-/// as errors naming the block, never as data, and blocks under other leaves still read.
-#[test]
-fn a_damaged_leaf_is_an_error_never_data() {
-    let opts = bit10(SIZE, 32768, 16);
-    let (disk, vol) = sim_volume(&opts);
+/// A closed bit-10 volume filled with text whose leaf 0 (blocks 0..255) has no intact copy
+/// left: the disk, the data written and the generator to go on with.
+fn closed_with_leaf0_lost() -> (std::sync::Arc<SimStorage>, Vec<u8>, SmallRng) {
+    let (disk, vol) = sim_volume(&bit10(SIZE, 32768, 16));
     let mut rng = SmallRng::seed_from_u64(4);
     let data = fill(&mut rng, Fill::Text, SIZE as usize);
     vol.write(0, &data, false).expect("write");
@@ -85,6 +83,14 @@ fn a_damaged_leaf_is_an_error_never_data() {
     drop(vol);
     // Region 0's leaves lie where v2's map pages do.
     damage_map_page_everywhere(&disk, &sb, 0);
+    (disk, data, rng)
+}
+
+/// Both copies of both slots of the leaf holding blocks 0..255 damaged: those blocks read
+/// as errors naming the block, never as data, and blocks under other leaves still read.
+#[test]
+fn a_damaged_leaf_is_an_error_never_data() {
+    let (disk, data, _) = closed_with_leaf0_lost();
     let vol = reopen(&disk);
     let e = read_block(&vol, 3).expect_err("a damaged leaf");
     assert!(matches!(e, zbd_core::Error::Corrupt { lba: 3 }), "{e}");
@@ -208,15 +214,7 @@ fn a_failed_write_changes_nothing_across_a_crash() {
 /// read what they held.
 #[test]
 fn a_failed_write_under_a_damaged_leaf_does_not_stop_the_reopen() {
-    let opts = bit10(SIZE, 32768, 16);
-    let (disk, vol) = sim_volume(&opts);
-    let mut rng = SmallRng::seed_from_u64(4);
-    let data = fill(&mut rng, Fill::Text, SIZE as usize);
-    vol.write(0, &data, false).expect("write");
-    vol.close().expect("close");
-    let sb = vol.superblock().clone();
-    drop(vol);
-    damage_map_page_everywhere(&disk, &sb, 0);
+    let (disk, data, mut rng) = closed_with_leaf0_lost();
     let vol = reopen(&disk);
     let fresh = fill(&mut rng, Fill::Text, 4096);
     let r = vol.write(3 * 4096, &fresh, false);
@@ -302,15 +300,7 @@ fn a_flip_in_the_extent_table_never_frees_metadata_extents() {
 /// other leaves must not be.
 #[test]
 fn check_lists_the_blocks_of_a_damaged_leaf() {
-    let opts = bit10(SIZE, 32768, 16);
-    let (disk, vol) = sim_volume(&opts);
-    let mut rng = SmallRng::seed_from_u64(4);
-    let data = fill(&mut rng, Fill::Text, SIZE as usize);
-    vol.write(0, &data, false).expect("write");
-    vol.close().expect("close");
-    let sb = vol.superblock().clone();
-    drop(vol);
-    damage_map_page_everywhere(&disk, &sb, 0);
+    let (disk, _, _) = closed_with_leaf0_lost();
     let vol = reopen(&disk);
     let report = vol.check(&|_, _| {});
     let eio: Vec<u64> = (0..SIZE / 4096)
