@@ -28,6 +28,12 @@ pub enum Error {
     /// No free extent is left for new data (live data does not fit the data area).
     #[error("no space left in the volume's data area")]
     NoSpace,
+    /// Placement found free extents at the host floor on a volume that never cleans under the
+    /// state lock (bit 10, docs/design.md "Room first, sequence last"): nothing of the block
+    /// was applied; the writer cleans with the lock released and places again. The engine
+    /// turns it into progress or `NoSpace`; a caller of `Volume` never sees it.
+    #[error("no space left in the volume's data area until the cleaner runs")]
+    SpaceShort,
     /// The request reaches past the end of the volume.
     #[error("request {offset}+{len} is outside the volume ({size} bytes)")]
     OutOfRange {
@@ -75,7 +81,7 @@ impl Error {
                 errno::EIO
             }
             Error::NotAVolume(_) | Error::Invalid(_) | Error::OutOfRange { .. } => errno::EINVAL,
-            Error::NoSpace => errno::ENOSPC,
+            Error::NoSpace | Error::SpaceShort => errno::ENOSPC,
             Error::ReadOnly => errno::EROFS,
             Error::InUse(_) => errno::EBUSY,
         }

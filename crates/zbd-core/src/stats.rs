@@ -136,6 +136,12 @@ pub struct Stats {
     pub reserve_lent: bool,
     /// Bytes of extents that are in use but hold no live data (cleaner's work).
     pub dead_bytes: u64,
+    /// Times a write cleaned with the state lock held, every other request waiting (v2
+    /// volumes, when cleaning ahead fell behind), in this open.
+    pub locked_cleanings: u64,
+    /// Times a write found space short and cleaned with the lock released before placing
+    /// again (volumes with metadata pages, which never clean under the lock), in this open.
+    pub space_short_rounds: u64,
     /// (data + metadata + cleaner bytes written) / host bytes written.
     pub write_amplification: f64,
     /// RAM used by the map and extent table, bytes.

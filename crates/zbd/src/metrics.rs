@@ -370,6 +370,18 @@ fn io(t: &mut Text, s: &Stats) {
         "Bytes of live blocks the cleaner moved.",
         c.cleaner_bytes_moved as f64,
     );
+    t.one(
+        "zbd_cleaner_locked_runs_total",
+        k,
+        "Writes that cleaned with every other request waiting (the cleaner fell behind).",
+        s.locked_cleanings as f64,
+    );
+    t.one(
+        "zbd_cleaner_space_short_rounds_total",
+        k,
+        "Writes that found space short and cleaned before placing again.",
+        s.space_short_rounds as f64,
+    );
     let m = &s.map_cache;
     t.one(
         "zbd_map_cache_hits_total",

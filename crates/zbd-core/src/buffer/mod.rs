@@ -35,6 +35,10 @@ pub struct OpenExtent {
     /// `State::next_seq` just after its last append (or at its opening): the least recently
     /// used has the smallest, and no two extents appended to have the same.
     pub last_used: u64,
+    /// Opened by a record without payload at or below the host payload floor (bit 10: the
+    /// volume's one payload-less extent, docs/design.md "Room first, sequence last"): best fit
+    /// never puts payload in it, so payload never takes the cleaner's last extents that way.
+    pub payload_less: bool,
 }
 
 impl OpenExtent {
@@ -63,8 +67,12 @@ impl OpenExtent {
         Room {
             free: self.free_bytes(extent_bytes) as u32,
             // Padding only adds to a segment: no payload larger than this fits with any number
-            // of records.
-            payload_max: (extent_bytes as u64).saturating_sub(raw_end) as u32,
+            // of records. A payload-less extent takes records only.
+            payload_max: if self.payload_less {
+                0
+            } else {
+                (extent_bytes as u64).saturating_sub(raw_end) as u32
+            },
             last_used: self.last_used,
             opened: self.opened,
         }
@@ -343,6 +351,7 @@ mod tests {
             records: vec![Record::new(crate::format::RecordKind::Zero, 0, 1, 0); records],
             opened: Instant::now(),
             last_used: 0,
+            payload_less: false,
         }
     }
 

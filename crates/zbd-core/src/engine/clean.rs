@@ -3,7 +3,7 @@
 //! `cleaner/`.
 
 use super::*;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::extents::ExtentState;
 use crate::state::{Consumer, State};
 use std::sync::atomic::Ordering;
@@ -54,7 +54,58 @@ impl Inner {
             return Ok(());
         }
         self.log_falling_behind();
+        self.foreground_passes()?;
+        let opened = self.state.lock().extents_opened;
+        self.clean_ahead_opened.store(opened, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A writer whose placement found space short (bit 10: no cleaning under the lock, docs/
+    /// design.md "Room first, sequence last") waits for the round in flight and, if space is
+    /// still short, runs its own, whatever `clean_ahead`'s pacing says; then it places again.
+    /// True when the round freed nothing and the writer's next placement may take extents
+    /// down to the cleaner's floor, as v2's does after `make_space` (`State::below_host_floor`).
+    /// `NoSpace` when not even those are left and no extent waits for a checkpoint to be freed:
+    /// a full volume fails writes rather than making them wait for nothing.
+    pub(super) fn space_short_round(&self) -> Result<bool> {
+        let _one = self.clean_ahead_lock.lock();
+        let short = |st: &State| st.free_now() <= st.floor(Consumer::HostWrite);
+        {
+            let mut st = self.state.lock();
+            st.space_short_rounds += 1;
+            if !short(&st) {
+                // The round in flight (or trims, or a checkpoint) made room meanwhile.
+                return Ok(false);
+            }
+        }
+        self.log_falling_behind();
+        // Extents without live data only wait for a checkpoint: the cheapest space there is,
+        // and room for the passes' outputs.
+        if self.state.lock().extents.count(ExtentState::PendingFree) > 0 {
+            self.checkpoint_unlocked(false)?;
+            if !short(&self.state.lock()) {
+                return Ok(false);
+            }
+        }
+        if self.foreground_passes()? > 0 {
+            return Ok(false);
+        }
+        let st = self.state.lock();
+        if !short(&st) {
+            Ok(false)
+        } else if st.free_now() > st.floor(Consumer::AfterCleaning) {
+            Ok(true)
+        } else {
+            Err(Error::NoSpace)
+        }
+    }
+
+    /// Foreground passes with the state lock released between steps, until `make_space`'s
+    /// goal or a pass that gains nothing; the victims they empty are freed by a checkpoint
+    /// before it returns. Returns the victims emptied (cleaning gain).
+    fn foreground_passes(&self) -> Result<usize> {
         let cx = self.ctx();
+        let mut gained = 0usize;
         let mut reclaimed = 0usize;
         for _ in 0..crate::cleaner::FOREGROUND_PASSES_MAX {
             let (short, refill) = {
@@ -82,14 +133,13 @@ impl Inner {
             if !r.progressed() {
                 break;
             }
+            gained += r.reclaimed - r.outputs;
         }
         // Victims emptied by the passes are free once a checkpoint no longer references them.
         if reclaimed > 0 {
             self.checkpoint_unlocked(false)?;
         }
-        let opened = self.state.lock().extents_opened;
-        self.clean_ahead_opened.store(opened, Ordering::Relaxed);
-        Ok(())
+        Ok(gained)
     }
 
     /// Extents free now (queued or on the free list).
@@ -129,7 +179,10 @@ impl Inner {
         loop {
             let cx = self.ctx();
             // Victims are read without the state lock; it is taken to choose and to commit.
-            let r = crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?;
+            let r = {
+                let _one = self.clean_ahead_lock.lock();
+                crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?
+            };
             let (done, checkpoint, wanted) = {
                 let st = self.lock_for_write();
                 pending += r.reclaimed;

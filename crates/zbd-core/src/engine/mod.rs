@@ -175,8 +175,10 @@ pub(crate) struct Inner {
     /// Held by a checkpoint written outside the state lock, from snapshot to commit (taken
     /// before the state lock): such checkpoints run one at a time.
     ckpt_lock: Mutex<()>,
-    /// Held by a writer cleaning before space runs out (`clean_ahead`): one at a time, the
-    /// others wait here, without the state lock.
+    /// Held by whoever runs cleaning passes outside the state lock: a writer cleaning before
+    /// space runs out (`clean_ahead`) or at "space short" (`space_short_round`), and each of
+    /// the background cleaner's passes. One at a time; the others wait here, without the state
+    /// lock, so a writer at "space short" waits for the pass in flight before its own round.
     clean_ahead_lock: Mutex<()>,
     /// `State::extents_opened` when cleaning ahead last ended (`clean_ahead`).
     clean_ahead_opened: AtomicU64,

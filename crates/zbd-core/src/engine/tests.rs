@@ -51,8 +51,8 @@ fn lru_eviction_keeps_the_extent_a_range_record_went_to_last() {
     let mut st = vol.state.lock();
     st.buffer.config_mut().max_open = 2;
     // X (open[0]) is filled most of the way; Y (open[1]) takes a block X has no room for.
-    st.put_block(&cx, 0, raw_block(12_000)).expect("put X");
-    st.put_block(&cx, 1, raw_block(4_500)).expect("put Y");
+    st.put_block(&cx, 0, &raw_block(12_000)).expect("put X");
+    st.put_block(&cx, 1, &raw_block(4_500)).expect("put Y");
     assert_eq!(st.buffer.len(), 2);
     let (x, y) = (st.buffer.get(0).extent, st.buffer.get(1).extent);
     // Best fit puts the trim record in X, the fuller: X is now the most recently used.
@@ -62,7 +62,7 @@ fn lru_eviction_keeps_the_extent_a_range_record_went_to_last() {
         Some(RecordKind::Trim)
     );
     // Fits neither: the least recently used, Y, is closed for it.
-    st.put_block(&cx, 2, raw_block(12_000)).expect("put");
+    st.put_block(&cx, 2, &raw_block(12_000)).expect("put");
     let open: Vec<u32> = st.buffer.iter().map(|o| o.extent).collect();
     assert!(
         open.contains(&x) && !open.contains(&y),
@@ -143,7 +143,7 @@ fn a_checkpoint_while_a_block_is_placed_keeps_the_dictionary_it_names() {
         while let Some(q) = st.queue.pop_front() {
             st.free.push_back(q.extent);
         }
-        st.put_block(&cx, 0, p).expect("put");
+        st.put_block(&cx, 0, &p).expect("put");
         // The checkpoints after it would unload a dictionary retired under the block.
         st.checkpoint(&cx).expect("checkpoint");
         st.checkpoint(&cx).expect("checkpoint");

@@ -145,6 +145,8 @@ impl Inner {
             reserve_bytes: st.space_reserve as u64 * eb,
             reserve_lent: st.reserve_lent,
             dead_bytes: (in_use + pending) * eb - live,
+            locked_cleanings: st.locked_cleanings,
+            space_short_rounds: st.space_short_rounds,
             write_amplification: if c.host_bytes_written == 0 {
                 0.0
             } else {

@@ -171,20 +171,35 @@ impl Inner {
         let prepared = crate::par::map(pieces.iter().collect(), min, prep);
         let mut st = self.lock_for_write();
         let cx = self.ctx();
-        for (start, mut ps) in prepared {
+        for (start, ps) in prepared {
             let mut lba = first + start as u64;
-            if !ps.iter().all(|p| Self::listed(&st, p)) {
-                // Compressed with a dictionary retired meanwhile: compress again (rare).
-                let n: usize = ps.iter().map(Prepared::blocks).sum();
-                ps = self.prepare_unit(&data[start * BLOCK_BYTES..(start + n) * BLOCK_BYTES]);
-            }
-            for p in ps {
-                let n = match &p {
-                    Prepared::Zero => 1,
-                    Prepared::Data { blocks, .. } => u64::from(*blocks),
-                };
-                st.put_block(&cx, lba, p)?;
-                lba += n;
+            let mut todo = std::collections::VecDeque::from(ps);
+            let mut below = false;
+            while let Some(p) = todo.pop_front() {
+                let n = p.blocks();
+                if !Self::listed(&st, &p) {
+                    // Compressed with a dictionary retired meanwhile: compress again (rare).
+                    let at = (lba - first) as usize * BLOCK_BYTES;
+                    let again = self.prepare_unit(&data[at..at + n * BLOCK_BYTES]);
+                    again.into_iter().rev().for_each(|q| todo.push_front(q));
+                    continue;
+                }
+                st.below_host_floor = std::mem::take(&mut below);
+                let put = st.put_block(&cx, lba, &p);
+                st.below_host_floor = false;
+                match put {
+                    Err(Error::SpaceShort) => {
+                        // Nothing of this item was applied: clean with the lock released, then
+                        // place it again (its dictionary may have retired meanwhile).
+                        drop(st);
+                        below = self.space_short_round()?;
+                        st = self.lock_for_write();
+                        todo.push_front(p);
+                        continue;
+                    }
+                    r => r?,
+                }
+                lba += n as u64;
             }
         }
         st.age(&cx)
@@ -211,6 +226,7 @@ impl Inner {
     /// under the state lock, which no other write can overtake.
     pub(super) fn rmw_block(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
         const RMW_OPTIMISTIC_MAX: usize = 8;
+        let mut below = false;
         for _ in 0..RMW_OPTIMISTIC_MAX {
             let (sources, gate) = self.lookup(lba, 1, false)?;
             let seen = match &sources[0] {
@@ -245,7 +261,17 @@ impl Inner {
                 p = self.prepare(&block);
             }
             let cx = self.ctx();
-            return st.put_block(&cx, lba, p);
+            st.below_host_floor = std::mem::take(&mut below);
+            let put = st.put_block(&cx, lba, &p);
+            st.below_host_floor = false;
+            match put {
+                Err(Error::SpaceShort) => {
+                    // Nothing applied: clean with the lock released and read the block again.
+                    drop(st);
+                    below = self.space_short_round()?;
+                }
+                r => return r,
+            }
         }
         self.rmw_block_locked(lba, within, patch)
     }
@@ -254,6 +280,22 @@ impl Inner {
     /// repeated races on one block). Holding the lock also keeps any extent from being reused,
     /// so the storage read needs no reuse gate.
     pub(super) fn rmw_block_locked(&self, lba: u64, within: usize, patch: &[u8]) -> Result<()> {
+        let mut below = false;
+        loop {
+            match self.rmw_block_locked_once(lba, within, patch, below) {
+                Err(Error::SpaceShort) => below = self.space_short_round()?,
+                r => return r,
+            }
+        }
+    }
+
+    fn rmw_block_locked_once(
+        &self,
+        lba: u64,
+        within: usize,
+        patch: &[u8],
+        below_host_floor: bool,
+    ) -> Result<()> {
         let mut st = self.lock_for_write();
         let entry = st.map.get(lba)?;
         let mut block = match entry.state {
@@ -280,7 +322,10 @@ impl Inner {
         block[within..within + patch.len()].copy_from_slice(patch);
         let p = self.prepare(&block);
         let cx = self.ctx();
-        st.put_block(&cx, lba, p)
+        st.below_host_floor = below_host_floor;
+        let put = st.put_block(&cx, lba, &p);
+        st.below_host_floor = false;
+        put
     }
 
     /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).

@@ -72,6 +72,16 @@ pub struct State {
     pub clean_gen: u64,
     /// Extents opened for writing since the volume was opened (paces `Volume::clean_ahead`).
     pub extents_opened: u64,
+    /// Times placement cleaned with the state lock held (`make_space`; never on bit 10), in
+    /// this open.
+    pub locked_cleanings: u64,
+    /// Times a writer found space short and cleaned with the lock released before placing
+    /// again (bit 10), in this open.
+    pub space_short_rounds: u64,
+    /// Set by a writer around the `put_block` after a round that found nothing to clean: that
+    /// placement may take free extents down to the cleaner's (`Consumer::AfterCleaning`), as
+    /// v2's does after `make_space`, so both formats keep the same overwrite guarantee.
+    pub below_host_floor: bool,
     /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
     pub inflight: Option<InFlight>,
     /// A checkpoint should come soon (the queue runs low, dirty map pages pile up): the next
@@ -173,9 +183,9 @@ impl State {
     }
 
     /// Stores one prepared block (or unit: its blocks from `lba`).
-    pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: Prepared) -> Result<()> {
+    pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: &Prepared) -> Result<()> {
         self.map_room(cx)?;
-        match p {
+        match *p {
             Prepared::Zero => {
                 let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
                 self.set_entry(lba, MapEntry::ZERO)?;
@@ -185,7 +195,7 @@ impl State {
             }
             Prepared::Data {
                 codec,
-                bytes,
+                ref bytes,
                 crc,
                 seeded,
                 blocks,
@@ -224,7 +234,7 @@ impl State {
                 }
                 let used = self.next_seq;
                 let extent = self.buffer.get(slot).extent;
-                let nearly_full = self.buffer.append(slot, &bytes, records, used) < SECTOR_BYTES;
+                let nearly_full = self.buffer.append(slot, bytes, records, used) < SECTOR_BYTES;
                 for i in 0..blocks {
                     let entry = MapEntry {
                         state: BlockState::Data,

@@ -22,34 +22,76 @@ pub enum Consumer {
     /// (`log_range`). Above them, the space reserve (while held) is kept for a filesystem's
     /// repair.
     AfterCleaning,
+    /// A record without payload (trim, zero) on a volume that never cleans under the lock
+    /// (bit 10): it skips "space short" and opens an extent down to the cleaner's last ones,
+    /// so the steps that free space never wait for the cleaner; below, it takes the escape
+    /// (`State::log_range`: a checkpoint instead of a record).
+    Record,
 }
 
 impl State {
     /// Chooses the open extent for `len` payload bytes and `records` records: best fit
     /// (fullest extent that still has room), else a new extent, evicting the least recently
-    /// used one when the buffer is full.
+    /// used one when the buffer is full (`room_to_open` says whether one may open).
     pub(crate) fn place(&mut self, cx: &Ctx, len: usize, records: usize) -> Result<usize> {
         if let Some(i) = self.buffer.best_fit(len, records) {
             return Ok(i);
         }
+        // Closed first, as before cleaning: the extent it closes may be the victim that makes
+        // room.
         if self.buffer.is_full() {
             if let Some(i) = self.buffer.least_recently_used() {
                 self.close_open(cx, i)?;
             }
         }
-        self.open_new(cx)?;
+        let record = len == 0;
+        self.room_to_open(cx, record)?;
+        // A record's extent is payload-less when payload could not have opened it.
+        let payload_less = record
+            && self.cleans_unlocked()
+            && self.free_now() <= self.floor(Consumer::HostWrite);
+        self.open_new(cx, payload_less)?;
         Ok(self.buffer.len() - 1)
     }
 
-    fn open_new(&mut self, cx: &Ctx) -> Result<()> {
+    /// Whether this volume cleans only with the state lock released: placement reports "space
+    /// short" instead of running `make_space` (bit 10; a page-tree map would fault leaves for
+    /// every block a pass moves while every other request waits).
+    pub fn cleans_unlocked(&self) -> bool {
+        matches!(self.map, crate::map::VolumeMap::Tree(_))
+    }
+
+    /// Whether an extent may open for a payload or for a `record` without one. v2 cleans
+    /// under the lock at the host floor (`make_space`). A volume that `cleans_unlocked`
+    /// reports `SpaceShort` there before anything changes, unless the writer's round found
+    /// nothing to clean (`below_host_floor`); records skip "space short" down to their floor.
+    fn room_to_open(&mut self, cx: &Ctx, record: bool) -> Result<()> {
         self.rearm_reserve_if_room();
+        if self.cleans_unlocked() {
+            let (consumer, short) = if record {
+                (Consumer::Record, Error::NoSpace)
+            } else if self.below_host_floor {
+                (Consumer::AfterCleaning, Error::NoSpace)
+            } else {
+                (Consumer::HostWrite, Error::SpaceShort)
+            };
+            if self.free_now() <= self.floor(consumer) {
+                return Err(short);
+            }
+            return Ok(());
+        }
         if self.free_now() <= self.floor(Consumer::HostWrite) {
             // Space is short: host writes wait for the cleaner (run inline, under the lock).
+            self.locked_cleanings += 1;
             (cx.make_space)(self, cx)?;
         }
         if self.free_now() <= self.floor(Consumer::AfterCleaning) {
             return Err(Error::NoSpace);
         }
+        Ok(())
+    }
+
+    fn open_new(&mut self, cx: &Ctx, payload_less: bool) -> Result<()> {
         let q = self.alloc(cx)?;
         self.extents_opened += 1;
         self.extents.open(q.extent);
@@ -63,6 +105,7 @@ impl State {
             records: Vec::new(),
             opened: Instant::now(),
             last_used: self.next_seq,
+            payload_less,
         };
         self.buffer.push(oe);
         Ok(())
@@ -81,6 +124,9 @@ impl State {
         match consumer {
             Consumer::HostWrite => self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + held,
             Consumer::AfterCleaning => CLEANER_EXTENTS_MIN + held,
+            // The cleaner's outputs are chosen at its commit from what is free then (no
+            // reserved outputs yet: `cleaner_held` is 0), so only its last extent stays.
+            Consumer::Record => CLEANER_EXTENTS_MIN,
         }
     }
 

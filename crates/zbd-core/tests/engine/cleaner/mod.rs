@@ -7,3 +7,4 @@ mod passes;
 mod reserve;
 mod small_area;
 mod space;
+mod space_short;
