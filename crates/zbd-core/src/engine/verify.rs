@@ -326,6 +326,7 @@ impl Inner {
         report.repaired.extend(self.open_repaired.iter().cloned());
         report.repaired.extend(repaired);
         self.check_map_copies(&mut report, &damaged_pages);
+        self.check_tree_copies(&mut report);
         let (_, intact) = recovery::superblock_copies(&*self.storage, &self.sb);
         for (ok, name) in intact.iter().zip(recovery::SUPERBLOCK_COPY_NAMES) {
             if !ok {
@@ -455,6 +456,78 @@ impl Inner {
         }
         if !self.read_only && !rewrite.is_empty() {
             self.state.lock().map.mark_dirty(rewrite);
+        }
+    }
+
+    /// The page tree's scrub (bit 10): reads both durable copies of every page of the map
+    /// tree, and of the pair-state and directory pages, 64 leaves' worth under the lock at a
+    /// time and the copies without it. A damaged copy is reported; on a writable volume the
+    /// page is queued for a phase 1 to write both copies again (from the intact copy, or from
+    /// the page in memory when neither copy is intact). Pages with no intact copy and no
+    /// copy in memory are reported: their blocks read as damaged (the block walk lists them).
+    pub(super) fn check_tree_copies(&self, report: &mut CheckReport) {
+        const SPAN: u64 = 64 * MAP_ENTRIES_PER_PAGE as u64;
+        let total = self.sb.logical_blocks;
+        let mut buf = vec![0u8; MAP_PAGE_BYTES];
+        let mut lba = 0;
+        loop {
+            let n = SPAN.min(total - lba);
+            let (pages, gen) = {
+                let mut st = self.state.lock();
+                let gen = st.ckpt_seq;
+                let Some(tree) = st.map.tree() else {
+                    return;
+                };
+                // A chunk under an interior page with no intact copy: the block walk lists
+                // its blocks as damaged.
+                (tree.durable_copies_in(lba, n).unwrap_or_default(), gen)
+            };
+            for (at, copies) in pages {
+                let mut bad = [false; 2];
+                for (b, &off) in bad.iter_mut().zip(&copies) {
+                    *b = self.storage.read_at(off, &mut buf).is_err()
+                        || !crate::meta::store::intact_copy(&buf, &self.sb.uuid, &at);
+                }
+                if bad == [false, false] {
+                    continue;
+                }
+                let mut st = self.state.lock();
+                let still =
+                    st.ckpt_seq == gen && st.map.tree().is_some_and(|t| t.still_at(&at, copies));
+                if !still {
+                    // A checkpoint moved the page meanwhile: what was read may be its new
+                    // copy being written. The next scrub looks again.
+                    continue;
+                }
+                let tree = st.map.tree().expect("a tree");
+                let name = format!(
+                    "metadata page {} ({:?}, level {}, position {})",
+                    at.id, at.kind, at.level, at.position
+                );
+                let repairable = bad != [true, true] || tree.resident(&at);
+                if bad == [true, true] && repairable {
+                    report.repaired.push(format!(
+                        "{name}: both copies are damaged, the copy in memory is intact"
+                    ));
+                } else if bad == [true, true] {
+                    report
+                        .metadata_problems
+                        .push(format!("{name}: both copies are damaged"));
+                } else {
+                    let (b, g) = if bad[0] { (0, 1) } else { (1, 0) };
+                    let line = format!("{name}: copy {b} is damaged, copy {g} is intact");
+                    if !report.repaired.contains(&line) {
+                        report.repaired.push(line);
+                    }
+                }
+                if repairable && !self.read_only {
+                    tree.queue_rewrite(at);
+                }
+            }
+            lba += n;
+            if lba >= total {
+                return;
+            }
         }
     }
 }

@@ -19,7 +19,7 @@ use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, PageAddress, Superblock,
+    BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
@@ -178,6 +178,50 @@ impl TreeMap {
         let a = &store.alloc;
         let step = 2 * usize::from(crate::meta::tree::DEPTH_MAX);
         a.allocatable() <= a.floor(store.usage) + a.claimed() + step
+    }
+
+    /// The pages of the default device's tree whose range starts in `first .. first + count`
+    /// (and, with `first` 0, the pair-state and directory pages), each with the offsets of its
+    /// durable copies; pages the next checkpoint writes anyway are left out. For the scrub.
+    pub fn durable_copies_in(
+        &mut self,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<(PageAddress, [u64; 2])>> {
+        let mut pages = Vec::new();
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        tree.pages_in(pool, store, first, count, &mut |at| pages.push(at))?;
+        let mut out = Vec::with_capacity(pages.len());
+        for at in pages {
+            if let Some(copies) = store.durable_copies(pool, at.id)? {
+                out.push((at, copies));
+            }
+        }
+        if first == 0 {
+            out.extend(self.catalog.store.own_pages_copies()?);
+        }
+        Ok(out)
+    }
+
+    /// Whether page `at` is still where the scrub read it: `copies` are its durable copies.
+    pub fn still_at(&mut self, at: &PageAddress, copies: [u64; 2]) -> bool {
+        if matches!(at.kind, PageKind::PairState | PageKind::PairStateDirectory) {
+            return (self.catalog.store.own_pages_copies().ok())
+                .is_some_and(|own| own.contains(&(*at, copies)));
+        }
+        let (_, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let resident_elsewhere = pool.peek(at.id).is_some_and(|p| p.address(at.id) != *at);
+        !resident_elsewhere && store.durable_copies(pool, at.id).ok().flatten() == Some(copies)
+    }
+
+    /// Whether page `at` is resident as that page (its content survives in memory).
+    pub fn resident(&self, at: &PageAddress) -> bool {
+        (self.catalog.pool.peek(at.id)).is_some_and(|p| p.address(at.id) == *at)
+    }
+
+    /// Queues page `at`, found with a damaged copy, for a rewrite of both copies by a phase 1.
+    pub fn queue_rewrite(&mut self, at: PageAddress) {
+        self.catalog.store.scrub_found(at);
     }
 
     /// Pages read from copy 1 since open because copy 0 failed (the first 1,024).

@@ -278,7 +278,15 @@ impl VolumeMap {
         }
     }
 
-    /// v2's page slots, for the scrub of map pages (none for the tree yet).
+    /// The page tree's scrub ([`TreeMap::durable_copies_in`]); v2 has its own (`slots`).
+    pub fn tree(&mut self) -> Option<&mut TreeMap> {
+        match self {
+            VolumeMap::Pages(_) => None,
+            VolumeMap::Tree(t) => Some(t),
+        }
+    }
+
+    /// v2's page slots, for the scrub of map pages (the tree's: [`VolumeMap::tree`]).
     pub fn slots(&self) -> &[PageSlot] {
         match self {
             VolumeMap::Pages(m) => m.slots(),

@@ -356,6 +356,62 @@ impl MapTree {
         Ok(())
     }
 
+    /// Calls `f` with the address of every page of the tree whose range starts in `first ..
+    /// first + count`, so that ranges side by side name each page once (a scrub of the pages'
+    /// copies). Interior pages are read to find their children; leaves are not.
+    pub fn pages_in<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        first: u64,
+        count: u64,
+        f: &mut impl FnMut(PageAddress),
+    ) -> Result<()> {
+        let end = first.saturating_add(count).min(self.blocks);
+        if first >= end {
+            return Ok(());
+        }
+        self.pages_below(pool, io, self.root, self.depth - 1, 0, first, end, f)
+    }
+
+    /// `pages_in` of blocks `lo .. hi` below one slot at `level`, `pos`.
+    #[allow(clippy::too_many_arguments)]
+    fn pages_below<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        slot: ChildSlot,
+        level: u8,
+        pos: u64,
+        lo: u64,
+        hi: u64,
+        f: &mut impl FnMut(PageAddress),
+    ) -> Result<()> {
+        let ChildSlot::Page(id) = slot else {
+            return Ok(());
+        };
+        if pos * blocks_under(level) >= lo {
+            f(PageAddress {
+                id,
+                kind: kind_at(level),
+                level,
+                position: pos,
+            });
+        }
+        if level == 0 {
+            return Ok(());
+        }
+        let child_span = blocks_under(level - 1);
+        for c in lo / child_span..=(hi - 1) / child_span {
+            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+            let child = read(pool, io, id, level, pos)?.slot(i);
+            let c_start = c * child_span;
+            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
+            self.pages_below(pool, io, child, level - 1, c, c_lo, c_hi, f)?;
+        }
+        Ok(())
+    }
+
     /// Sets the entry of `lba`, creating the pages on its path that a summary stood for;
     /// returns the old entry.
     pub fn set<I: TreeIo>(

@@ -214,6 +214,12 @@ impl PairStates {
     }
 
     /// Where pair-state page `j` is: its id and current slot, if it was ever written.
+    /// Every written pair-state page: (`j`, its id, its slot).
+    pub fn written_pages(&self) -> impl Iterator<Item = (u32, u32, PairSlot)> + '_ {
+        (self.directory.iter().enumerate())
+            .filter_map(|(j, e)| e.page.map(|id| (j as u32, id, e.slot)))
+    }
+
     pub fn page_of(&self, j: u32) -> Option<(u32, PairSlot)> {
         let e = self.directory.get(j as usize)?;
         e.page.map(|id| (id, e.slot))
@@ -372,6 +378,14 @@ impl PairStates {
                 (k, entries)
             })
             .collect()
+    }
+
+    /// Directory page `k` is written again by the next checkpoint (one of its copies is
+    /// damaged): both copies, into its other slot.
+    pub fn rewrite_directory_page(&mut self, k: u32) {
+        if (k as usize) < self.directory_pages.len() {
+            self.directory_dirty.insert(k);
+        }
     }
 
     /// Directory page `k`'s id and current slot, if written.

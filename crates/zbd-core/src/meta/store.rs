@@ -308,11 +308,54 @@ impl MetaStore {
         Err(last.expect("two copies tried"))
     }
 
+    /// Storage offsets of both copies of page `id`'s durable frame, for a scrub: `None` when
+    /// the next checkpoint writes the page anyway (its frame is dirty or being written).
+    pub fn durable_copies(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        id: u32,
+    ) -> Result<Option<[u64; 2]>> {
+        if pool.is_dirty(id) {
+            return Ok(None);
+        }
+        let Some(slot) = slot_of(self.state(pool, id)?) else {
+            return Ok(None);
+        };
+        Ok(Some([self.offset(id, slot, 0)?, self.offset(id, slot, 1)?]))
+    }
+
+    /// The pair-state and directory pages with the offsets of their durable copies (those a
+    /// checkpoint in flight is writing again left out).
+    pub fn own_pages_copies(&self) -> Result<Vec<(PageAddress, [u64; 2])>> {
+        let written = |at: PageAddress, slot| -> Result<(PageAddress, [u64; 2])> {
+            Ok((
+                at,
+                [self.offset(at.id, slot, 0)?, self.offset(at.id, slot, 1)?],
+            ))
+        };
+        let mut out = Vec::new();
+        for (j, id, slot) in self.states.written_pages() {
+            out.push(written(pair_state_address(id, j), slot)?);
+        }
+        for (k, &(id, slot)) in self.states.directory_list().iter().enumerate() {
+            out.push(written(directory_address(id, k as u32), slot)?);
+        }
+        Ok(out)
+    }
+
+    /// A scrub found a damaged copy of page `at` (the other intact, or the page resident):
+    /// queued like a read that fell back to copy 1, so a phase 1 writes both copies again.
+    pub fn scrub_found(&mut self, at: PageAddress) {
+        if !self.bad_copies.contains(&at) {
+            self.bad_copies.push(at);
+        }
+    }
+
     /// Phase 1 dirties up to [`REPAIR_LIST_MAX`] pages read from copy 1 because copy 0 failed,
     /// so this checkpoint writes both copies of each into the other slot (the rest wait for the
     /// next phase 1). A page freed or reused since is dropped: its bad copy is not current any
-    /// more. Only pages that live in the pool are repaired this way: a bad copy of a directory
-    /// page, or of a pair-state page no longer resident, waits until the page is written anyway.
+    /// more. A directory page (resident as decoded entries, not in the pool) is marked for the
+    /// checkpoint's directory writes; a pair-state page no longer resident is read back first.
     fn dirty_repairs(&mut self, pool: &mut PagePool<Page>) {
         let n = self.bad_copies.len().min(REPAIR_LIST_MAX);
         let found: Vec<PageAddress> = self.bad_copies.drain(..n).collect();
@@ -322,7 +365,25 @@ impl MetaStore {
                     pool.change(at.id, at.kind);
                 }
                 Some(_) => {}
-                None if matches!(at.kind, PageKind::PairState | PageKind::PairStateDirectory) => {}
+                None if at.kind == PageKind::PairStateDirectory => {
+                    let k = at.position as u32;
+                    if self
+                        .states
+                        .directory_page(k)
+                        .is_some_and(|(id, _)| id == at.id)
+                    {
+                        self.states.rewrite_directory_page(k);
+                    }
+                }
+                None if at.kind == PageKind::PairState => {
+                    let j = at.position as u32;
+                    let before = self.bad_copies.len();
+                    let current = self.states.page_of(j).is_some_and(|(id, _)| id == at.id);
+                    if current && self.fault_pair_state(pool, j).is_ok() {
+                        pool.change(at.id, at.kind);
+                    }
+                    self.bad_copies.truncate(before);
+                }
                 None => {
                     // Read again (copy 0 still fails: that read's own report is dropped).
                     let before = self.bad_copies.len();
@@ -643,6 +704,14 @@ impl MetaStore {
         self.region0_freed.extend(f.frees);
         pool.abort();
     }
+}
+
+/// Whether `buf` is an intact copy of page `at` of the volume `uuid` names: its seeded CRC,
+/// its address and its body.
+pub fn intact_copy(buf: &[u8], uuid: &[u8; 16], at: &PageAddress) -> bool {
+    open_page(buf, uuid, at)
+        .and_then(|(stamp, body)| Page::decode(at, &stamp, body))
+        .is_ok()
 }
 
 impl TreeIo for MetaStore {

@@ -47,9 +47,8 @@ impl State {
         let record = len == 0;
         self.room_to_open(cx, record)?;
         // A record's extent is payload-less when payload could not have opened it.
-        let payload_less = record
-            && self.cleans_unlocked()
-            && self.free_now() <= self.floor(Consumer::HostWrite);
+        let payload_less =
+            record && self.cleans_unlocked() && self.free_now() <= self.floor(Consumer::HostWrite);
         self.open_new(cx, payload_less)?;
         Ok(self.buffer.len() - 1)
     }

@@ -137,6 +137,85 @@ fn a_leaf_with_one_bad_copy_is_reported_and_rewritten() {
     assert_reads(&vol, &data, "after the rewrite, the old copy 1 lost too");
 }
 
+/// A leaf whose copy 1 rots is never met by a read (copy 0 serves them all). `check`'s scrub
+/// of the page tree finds it, reports it, and the next checkpoint writes the leaf whole into
+/// its other slot: when copy 0 of the old slot rots later, nothing is lost. Without the scrub
+/// that second rot loses the leaf (`a_damaged_leaf_is_an_error_never_data`).
+#[test]
+fn check_scrubs_a_bad_copy_no_read_meets_and_it_is_rewritten() {
+    let opts = bit10(SIZE, 32768, 16);
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(6);
+    let data = fill(&mut rng, Fill::Text, SIZE as usize);
+    vol.write(0, &data, false).expect("write");
+    vol.close().expect("close");
+    let sb = vol.superblock().clone();
+    drop(vol);
+    damage_copy(&disk, &sb, 2, 1);
+    let vol = reopen(&disk);
+    assert_reads(&vol, &data, "copy 1 bad, copy 0 serving");
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "{report:?}");
+    let line =
+        "metadata page 2 (MapLeaf, level 0, position 2): copy 1 is damaged, copy 0 is intact";
+    assert!(report.repaired.iter().any(|l| l == line), "{report:?}");
+    vol.close().expect("close");
+    drop(vol);
+    damage_copy(&disk, &sb, 2, 0);
+    let vol = reopen(&disk);
+    assert_reads(&vol, &data, "after the rewrite, the old copy 0 lost too");
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "{report:?}");
+}
+
+/// A pair-state directory page (kept in RAM as entries, never in the page pool) with a bad
+/// copy: the scrub reports it and the next checkpoint writes it into its other slot, which an
+/// idle checkpoint does not do otherwise.
+#[test]
+fn check_scrubs_the_pair_state_directory_and_rewrites_it() {
+    let opts = bit10(SIZE, 16384, 6);
+    let (disk, vol) = sim_volume(&opts);
+    churn(&vol, 7, 300);
+    let sb = vol.superblock().clone();
+    let directory = |disk: &SimStorage| {
+        let (_, ck): (_, Checkpoint) = newest_checkpoint(&disk.current_image());
+        let ext = ck.extension.expect("bit 10");
+        let g = zbd_core::meta::MetaGeometry::from_extension(&ext.header, &sb).expect("geometry");
+        (*ext.directory.first().expect("a directory page"), g)
+    };
+    // Idle checkpoints settle the pair-state list; one more then leaves the directory alone.
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    let (settled, _) = directory(&disk);
+    vol.checkpoint().expect("checkpoint");
+    let ((id, slot), g) = directory(&disk);
+    assert_eq!(
+        (id, slot),
+        settled,
+        "an idle checkpoint wrote the directory"
+    );
+    let at = g.slot_offset(&sb, id, slot, 1).expect("in the id space");
+    disk.flip_bit(at + 100, 5);
+    let report = vol.check(&|_, _| {});
+    let line = format!(
+        "metadata page {id} (PairStateDirectory, level 0, position 0): copy 1 is damaged, \
+         copy 0 is intact"
+    );
+    assert!(report.repaired.contains(&line), "{report:?}");
+    vol.checkpoint().expect("checkpoint");
+    let ((moved, to), _) = directory(&disk);
+    assert_eq!(moved, id);
+    assert_ne!(to, slot, "the directory page was not written again");
+    vol.close().expect("close");
+    drop(vol);
+    let vol = reopen(&disk);
+    let report = vol.check(&|_, _| {});
+    assert!(
+        report.is_clean() && report.repaired.is_empty(),
+        "{report:?}"
+    );
+}
+
 // ---- Attacks on bit-10 volumes (an adversarial review of the wiring) ----
 
 /// A block written and trimmed again and again between two checkpoints: each trim collapses
