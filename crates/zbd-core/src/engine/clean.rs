@@ -180,7 +180,11 @@ impl Inner {
             let cx = self.ctx();
             // Victims are read without the state lock; it is taken to choose and to commit.
             let r = {
-                let _one = self.clean_ahead_lock.lock();
+                // On bit 10 a writer at "space short" waits for this pass (its round could
+                // find every victim taken). v2 writers clean beside it, and take its victims
+                // back under the lock when they must (`make_space`).
+                let cleans_unlocked = self.state.lock().cleans_unlocked();
+                let _one = cleans_unlocked.then(|| self.clean_ahead_lock.lock());
                 crate::cleaner::pass_unlocked(&|| self.lock_for_write(), &cx)?
             };
             let (done, checkpoint, wanted) = {

@@ -176,9 +176,10 @@ pub(crate) struct Inner {
     /// before the state lock): such checkpoints run one at a time.
     ckpt_lock: Mutex<()>,
     /// Held by whoever runs cleaning passes outside the state lock: a writer cleaning before
-    /// space runs out (`clean_ahead`) or at "space short" (`space_short_round`), and each of
-    /// the background cleaner's passes. One at a time; the others wait here, without the state
-    /// lock, so a writer at "space short" waits for the pass in flight before its own round.
+    /// space runs out (`clean_ahead`) or at "space short" (`space_short_round`), and on bit-10
+    /// volumes each of the background cleaner's passes. One at a time; the others wait here,
+    /// without the state lock, so a writer at "space short" waits for the pass in flight
+    /// before its own round.
     clean_ahead_lock: Mutex<()>,
     /// `State::extents_opened` when cleaning ahead last ended (`clean_ahead`).
     clean_ahead_opened: AtomicU64,
