@@ -311,15 +311,11 @@ impl Inner {
                     .push("volume counters differ from the map (recounted)".into());
             }
         }
-        let (damaged_pages, repaired) = {
+        let (damaged_pages, lost, repaired) = {
             let st = self.state.lock();
-            (st.map.damaged_pages(), st.map.repaired())
+            (st.map.damaged_pages(), st.map.lost(), st.map.repaired())
         };
-        for p in &damaged_pages {
-            report.metadata_problems.push(format!(
-                "map page {p} is damaged; its blocks are unreadable"
-            ));
-        }
+        report.metadata_problems.extend(lost);
         report
             .metadata_problems
             .extend(self.open_problems.iter().cloned());

@@ -20,6 +20,7 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
     BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
+    MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
@@ -214,14 +215,21 @@ impl TreeMap {
         !resident_elsewhere && store.durable_copies(pool, at.id).ok().flatten() == Some(copies)
     }
 
-    /// Whether page `at` is resident as that page (its content survives in memory).
+    /// Whether page `at` is resident as that page with its content (a leaf standing in for
+    /// one with no intact copy is not its content).
     pub fn resident(&self, at: &PageAddress) -> bool {
         (self.catalog.pool.peek(at.id)).is_some_and(|p| p.address(at.id) == *at)
+            && !self.catalog.store.lost.contains(at)
     }
 
     /// Queues page `at`, found with a damaged copy, for a rewrite of both copies by a phase 1.
     pub fn queue_rewrite(&mut self, at: PageAddress) {
         self.catalog.store.scrub_found(at);
+    }
+
+    /// Leaves found with no intact copy since open (the first 1,024).
+    pub fn lost_leaves(&self) -> &[PageAddress] {
+        &self.catalog.store.lost
     }
 
     /// Pages read from copy 1 since open because copy 0 failed (the first 1,024).
@@ -237,23 +245,41 @@ impl TreeMap {
     /// The entry of `lba`.
     pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.get(pool, store, lba)
+        let r = tree.get(pool, store, lba);
+        self.count_lost();
+        r
+    }
+
+    /// Counts the blocks of leaves found with no intact copy since the last call as damaged,
+    /// as v2 counts a lost map page's (what their entries counted before is unknown).
+    fn count_lost(&mut self) {
+        let blocks = self.blocks();
+        for at in self.catalog.store.lost_new.drain(..) {
+            let first = at.position * MAP_ENTRIES_PER_PAGE as u64;
+            self.counters.damaged_blocks += blocks
+                .saturating_sub(first)
+                .min(MAP_ENTRIES_PER_PAGE as u64);
+        }
     }
 
     /// The entries of `count` blocks from `first`, appended to `out`: one walk for the range,
     /// summaries answered without a page. A range past the device is an error.
     pub fn get_run(&mut self, first: u64, count: u64, out: &mut Vec<MapEntry>) -> Result<()> {
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.scan(pool, store, first, count, &mut |_, n, e| {
+        let r = tree.scan(pool, store, first, count, &mut |_, n, e| {
             out.extend(std::iter::repeat_n(e, n as usize))
-        })
+        });
+        self.count_lost();
+        r
     }
 
     /// Sets the entry of `lba`; returns the old entry if it changed (its leaf is then dirty,
     /// pinned in the pool until a checkpoint writes it).
     pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        let old = tree.set(pool, store, lba, new)?;
+        let old = tree.set(pool, store, lba, new);
+        self.count_lost();
+        let old = old?;
         if old == new {
             return Ok(None);
         }
@@ -282,16 +308,26 @@ impl TreeMap {
             )));
         };
         let counters = &mut self.counters;
+        // Damaged entries replaced are taken off once a leaf found lost meanwhile is counted.
+        let mut damaged = 0;
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.set_range(pool, store, first, count, to, &mut |r: Replaced| {
-            counters.replace(&r.entry, &new, r.count);
+        let r = tree.set_range(pool, store, first, count, to, &mut |r: Replaced| {
+            if r.entry.state == BlockState::Corrupt {
+                damaged += r.count;
+                counters.add(&new, r.count);
+            } else {
+                counters.replace(&r.entry, &new, r.count);
+            }
             if r.entry.state == BlockState::Data {
                 // Data is only ever a leaf entry: runs of one block.
                 for _ in 0..r.count {
                     freed(r.entry);
                 }
             }
-        })
+        });
+        self.count_lost();
+        self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
+        r
     }
 
     /// Calls `f(lba, entry)` for every block in state `Data` in `first..first + count`, in LBA
@@ -303,13 +339,15 @@ impl TreeMap {
         mut f: impl FnMut(u64, &MapEntry),
     ) -> Result<()> {
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.scan(pool, store, first, count, &mut |lba, n, e| {
+        let r = tree.scan(pool, store, first, count, &mut |lba, n, e| {
             if e.state == BlockState::Data {
                 for l in lba..lba + n {
                     f(l, &e);
                 }
             }
-        })
+        });
+        self.count_lost();
+        r
     }
 
     /// Rebuilds the counters by reading the whole tree (an open whose extent table could not
@@ -329,6 +367,8 @@ impl TreeMap {
                 }
             }
         })?;
+        // The recount saw every damaged entry, those of leaves found lost on the way too.
+        self.catalog.store.lost_new.clear();
         self.counters = c;
         Ok(())
     }
@@ -343,14 +383,16 @@ impl TreeMap {
     ) -> Result<()> {
         let mut run: Option<(BlockState, u64)> = None;
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.scan(pool, store, first, count, &mut |_, n, e| match &mut run {
+        let r = tree.scan(pool, store, first, count, &mut |_, n, e| match &mut run {
             Some((s, m)) if *s == e.state => *m += n,
             _ => {
                 if let Some((s, m)) = run.replace((e.state, n)) {
                     f(s, m);
                 }
             }
-        })?;
+        });
+        self.count_lost();
+        r?;
         if let Some((s, m)) = run {
             f(s, m);
         }

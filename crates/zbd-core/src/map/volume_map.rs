@@ -286,6 +286,25 @@ impl VolumeMap {
         }
     }
 
+    /// Pages with no intact copy, one line each for `zbd check`: v2's map pages, the tree's
+    /// leaves (both stand in as pages of damaged entries).
+    pub fn lost(&self) -> Vec<String> {
+        match self {
+            VolumeMap::Pages(m) => (m.damaged_pages().iter())
+                .map(|p| format!("map page {p} is damaged; its blocks are unreadable"))
+                .collect(),
+            VolumeMap::Tree(t) => (t.lost_leaves().iter())
+                .map(|a| {
+                    format!(
+                        "metadata page {} ({:?}, level {}, position {}) has no intact copy; its \
+                         blocks are unreadable",
+                        a.id, a.kind, a.level, a.position
+                    )
+                })
+                .collect(),
+        }
+    }
+
     /// v2's page slots, for the scrub of map pages (the tree's: [`VolumeMap::tree`]).
     pub fn slots(&self) -> &[PageSlot] {
         match self {

@@ -15,8 +15,8 @@ use super::tree::{blocks_under, child_slot, depth_for, entry_index, position, DE
 use crate::error::{Error, Result};
 use crate::format::{
     encode_map_interior, encode_map_leaf, map_child_slot, map_leaf_entry, set_map_child_slot,
-    set_map_leaf_entry, ChildSlot, MapEntry, PageAddress, PageKind, MAP_ENTRIES_PER_PAGE,
-    MAP_INTERIOR_SLOTS, PAGE_ID_ALL_UNMAPPED,
+    set_map_leaf_entry, BlockState, ChildSlot, MapEntry, PageAddress, PageKind, PairSlot,
+    MAP_ENTRIES_PER_PAGE, MAP_INTERIOR_SLOTS, PAGE_ID_ALL_UNMAPPED,
 };
 
 fn kind_at(level: u8) -> PageKind {
@@ -83,6 +83,12 @@ pub trait TreeIo {
     fn allocate(&mut self, page: &Page) -> Result<u32>;
     /// Page `id` left the tree (its subtree became a summary).
     fn free(&mut self, id: u32);
+    /// Leaf `at` had no intact copy and stands in as a leaf of damaged entries
+    /// ([`fault_at`]): noted for counters and reports. Returns the slot its pair's durable
+    /// copy is in, which the stand-in's frame records as a read page's does.
+    fn lost(&mut self, _pool: &mut PagePool<Page>, _at: &PageAddress) -> Option<PairSlot> {
+        None
+    }
 }
 
 /// A run of blocks a range change replaced: `count` blocks from `first` all had `entry`, which
@@ -151,7 +157,31 @@ pub(crate) fn fault_at<I: TreeIo>(
         }
         return Ok(());
     }
-    let page = io.read(pool, at)?;
+    let page = match io.read(pool, at) {
+        // A leaf with no intact copy stands in as a leaf of damaged entries, as v2's lost map
+        // page does: its blocks read as errors, a write under it is taken (and writes the
+        // leaf again), and replay applies records to it. Only for damage: an I/O error is
+        // returned, never made into damage. Its creator is the default device, the only
+        // one whose leaves a single-device volume has.
+        Err(Error::CorruptMetadata(_)) if kind == PageKind::MapLeaf => {
+            let slot = io.lost(pool, at);
+            let damaged = MapEntry {
+                state: BlockState::Corrupt,
+                ..MapEntry::UNMAPPED
+            };
+            Page {
+                creator: DEFAULT_DEVICE,
+                slot,
+                ..Page::new(
+                    kind,
+                    0,
+                    position,
+                    encode_map_leaf(&[damaged; MAP_ENTRIES_PER_PAGE]),
+                )
+            }
+        }
+        r => r?,
+    };
     if page.level != level || page.position != position {
         return Err(Error::CorruptMetadata(format!(
             "{kind:?} page {id} read at level {level} position {position} holds level {} \
@@ -676,6 +706,8 @@ mod tests {
         next: u32,
         reads: u64,
         allocations: u64,
+        /// Pages whose reads fail with an I/O error (not damage: no stand-in).
+        failing: HashSet<u32>,
     }
 
     impl MemIo {
@@ -701,6 +733,9 @@ mod tests {
     impl TreeIo for MemIo {
         fn read(&mut self, _: &mut PagePool<Page>, at: &PageAddress) -> Result<Page> {
             self.reads += 1;
+            if self.failing.contains(&at.id) {
+                return Err(Error::Io(std::io::Error::other("injected read error")));
+            }
             let frame = self.disk.get(&at.id).ok_or_else(|| {
                 Error::CorruptMetadata(format!("page {} was never written", at.id))
             })?;
@@ -1018,12 +1053,13 @@ mod tests {
         assert!(e.to_string().contains("damaged"), "{e}");
     }
 
-    /// A trim over a whole subtree whose second leaf cannot be read fails part-way with a
-    /// consistent prefix done: the first leaf is trimmed (and reported, and freed with its
-    /// parent's slot set), the damaged one stays named and reads as an error, and no page is
-    /// freed while its parent still names it (found by the helper building `map/tree.rs`).
+    /// A trim over a whole subtree whose second leaf cannot be read (an I/O error) fails
+    /// part-way with a consistent prefix done: the first leaf is trimmed (and reported, and
+    /// freed with its parent's slot set), the unreadable one stays named and reads as an
+    /// error, and no page is freed while its parent still names it (found by the helper
+    /// building `map/tree.rs`).
     #[test]
-    fn a_subtree_drop_that_meets_a_damaged_page_leaves_a_consistent_prefix() {
+    fn a_subtree_drop_that_meets_an_unreadable_page_leaves_a_consistent_prefix() {
         let blocks = 3 * 260_100;
         let mut t = MapTree::new(blocks);
         let (mut p, mut io) = (pool(64), MemIo::new());
@@ -1032,8 +1068,8 @@ mod tests {
         t.set(&mut p, &mut io, 260_100, data(3)).expect("tree");
         io.checkpoint(&mut p);
         let mut p = pool(64);
-        // Leaf 1 (region 0: id 1) is damaged on the medium.
-        io.disk.get_mut(&1).expect("written")[100] ^= 1;
+        // Leaf 1 (region 0: id 1) cannot be read.
+        io.failing.insert(1);
         let mut reports = Vec::new();
         let e = t
             .set_range(
@@ -1044,8 +1080,8 @@ mod tests {
                 ChildSlot::AllUnmapped,
                 &mut |r| reports.push(r),
             )
-            .expect_err("a damaged leaf in the subtree");
-        assert!(e.to_string().contains("damaged"), "{e}");
+            .expect_err("an unreadable leaf in the subtree");
+        assert!(e.to_string().contains("injected"), "{e}");
         assert_eq!(
             reports,
             vec![Replaced {
@@ -1057,11 +1093,56 @@ mod tests {
         assert_eq!(t.get(&mut p, &mut io, 0).expect("tree"), MapEntry::UNMAPPED);
         assert!(
             t.get(&mut p, &mut io, 255).is_err(),
-            "still named, still damaged"
+            "still named, still unreadable"
         );
         assert_eq!(t.get(&mut p, &mut io, 260_100).expect("tree"), data(3));
         let live = reachable(&t, &mut p, &mut io);
         assert_eq!(live, io.in_use, "no page freed while named, none leaked");
+    }
+
+    /// A leaf with no intact copy stands in as a leaf of damaged entries: a read of one of
+    /// its blocks gives a damaged entry (never unmapped, never another block's), a write under
+    /// it is taken, and a trim over its subtree reports its blocks as damaged runs and drops it.
+    #[test]
+    fn a_leaf_with_no_intact_copy_stands_in_as_damaged_entries() {
+        let blocks = 3 * 260_100;
+        let mut t = MapTree::new(blocks);
+        let (mut p, mut io) = (pool(64), MemIo::new());
+        t.set(&mut p, &mut io, 0, data(1)).expect("tree");
+        t.set(&mut p, &mut io, 255, data(2)).expect("tree");
+        io.checkpoint(&mut p);
+        let mut p = pool(64);
+        io.disk.get_mut(&1).expect("written")[100] ^= 1;
+        let damaged = MapEntry {
+            state: BlockState::Corrupt,
+            ..MapEntry::UNMAPPED
+        };
+        assert_eq!(t.get(&mut p, &mut io, 255).expect("a stand-in"), damaged);
+        assert_eq!(t.get(&mut p, &mut io, 300).expect("a stand-in"), damaged);
+        assert_eq!(
+            t.set(&mut p, &mut io, 256, data(4)).expect("taken"),
+            damaged
+        );
+        assert_eq!(t.get(&mut p, &mut io, 256).expect("tree"), data(4));
+        let mut reports = Vec::new();
+        t.set_range(
+            &mut p,
+            &mut io,
+            0,
+            260_100,
+            ChildSlot::AllUnmapped,
+            &mut |r| reports.push(r),
+        )
+        .expect("the subtree dropped");
+        let damaged_blocks: u64 = (reports.iter())
+            .filter(|r| r.entry == damaged)
+            .map(|r| r.count)
+            .sum();
+        assert_eq!(damaged_blocks, 254, "{reports:?}");
+        assert_eq!(
+            t.get(&mut p, &mut io, 300).expect("tree"),
+            MapEntry::UNMAPPED
+        );
     }
 
     #[derive(Clone, Debug)]

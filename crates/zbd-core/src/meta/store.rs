@@ -91,6 +91,10 @@ pub struct MetaStore {
     pub bad_seen: Vec<PageAddress>,
     /// Page reads, for tests and statistics.
     pub reads: u64,
+    /// Map leaves found with no intact copy since open (standing in as leaves of damaged
+    /// entries; the first [`BAD_SEEN_MAX`]), and those not yet counted by the map.
+    pub lost: Vec<PageAddress>,
+    pub lost_new: Vec<PageAddress>,
 }
 
 /// Pages with one bad copy a store remembers for reports.
@@ -162,6 +166,8 @@ impl MetaStore {
             bad_copies: Vec::new(),
             bad_seen: Vec::new(),
             reads: 0,
+            lost: Vec::new(),
+            lost_new: Vec::new(),
         }
     }
 
@@ -281,6 +287,7 @@ impl MetaStore {
     fn read_slot(&mut self, at: &PageAddress, slot: PairSlot) -> Result<Page> {
         let mut buf = vec![0u8; MAP_PAGE_BYTES];
         let mut last = None;
+        let mut io_error = None;
         for copy in 0..2u8 {
             self.reads += 1;
             let got = self
@@ -302,10 +309,13 @@ impl MetaStore {
                     }
                     return Ok(page);
                 }
+                Err(Error::Io(e)) => io_error = Some(Error::Io(e)),
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.expect("two copies tried"))
+        // Damage only when both copies were read and failed their checks: the caller may
+        // treat damage as lost content, never a read that failed.
+        Err(io_error.or(last).expect("two copies tried"))
     }
 
     /// Storage offsets of both copies of page `id`'s durable frame, for a scrub: `None` when
@@ -361,7 +371,9 @@ impl MetaStore {
         let found: Vec<PageAddress> = self.bad_copies.drain(..n).collect();
         for at in found {
             match pool.peek(at.id).map(|p| p.address(at.id)) {
-                Some(a) if a == at => {
+                // A stand-in for a lost leaf is not the page's content: a write under it
+                // writes it, never a repair.
+                Some(a) if a == at && !self.lost.contains(&at) => {
                     pool.change(at.id, at.kind);
                 }
                 Some(_) => {}
@@ -737,6 +749,15 @@ impl TreeIo for MetaStore {
             return Ok(id);
         }
         self.alloc.allocate(self.usage).ok_or(Error::NoSpace)
+    }
+
+    fn lost(&mut self, pool: &mut PagePool<Page>, at: &PageAddress) -> Option<PairSlot> {
+        if self.lost.len() < BAD_SEEN_MAX && !self.lost.contains(at) {
+            self.lost.push(*at);
+            self.lost_new.push(*at);
+        }
+        // Known: the read that failed looked it up.
+        self.state(pool, at.id).ok().and_then(slot_of)
     }
 
     fn free(&mut self, id: u32) {
@@ -1403,7 +1424,11 @@ mod tests {
             .expect("offset");
         v.storage.write_at(off1, &b).expect("write");
         let mut cold = pool();
-        assert!(tree.get(&mut cold, &mut store, 300).is_err());
+        // Both copies bad: a damaged entry (the leaf stands in as damaged entries), never
+        // unmapped, never data; the leaf is noted as lost.
+        let e = tree.get(&mut cold, &mut store, 300).expect("a stand-in");
+        assert_eq!(e.state, BlockState::Corrupt);
+        assert_eq!(store.lost.first().map(|a| a.id), Some(1));
     }
 
     /// The next checkpoint rewrites a page found with a bad copy 0: both copies of the other
