@@ -89,6 +89,10 @@ enum What {
         /// Directory for the volume files (default: system temp dir).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Volumes keep their map in metadata pages (bit 10: writers never clean under the
+        /// state lock; hidden like `zbd create --metadata-pages`).
+        #[arg(long, hide = true)]
+        metadata_pages: bool,
     },
     /// The engine's work over the extent table under the state lock on large data areas: one
     /// checkpoint's phase 1 and one choice of cleaner victims (incremental, compact), with
@@ -154,9 +158,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             factor,
             csv,
             dir,
+            metadata_pages,
         } => {
             let d = tempdir_in(dir)?;
-            super::bench_cleaner::run(super::size_arg("--capacity", &capacity)?, factor, csv, &d.0)
+            let capacity = super::size_arg("--capacity", &capacity)?;
+            super::bench_cleaner::run(capacity, factor, csv, metadata_pages, &d.0)
         }
         What::Extents {
             extents,

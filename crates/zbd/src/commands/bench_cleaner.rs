@@ -22,10 +22,17 @@ fn block(rng: &mut SmallRng) -> Vec<u8> {
     b
 }
 
-fn volume(dir: &Path, name: &str, capacity: u64, background: bool) -> Result<(PathBuf, Volume)> {
+fn volume(
+    dir: &Path,
+    name: &str,
+    capacity: u64,
+    background: bool,
+    metadata_pages: bool,
+) -> Result<(PathBuf, Volume)> {
     let path = dir.join(name);
     let opts = CreateOptions {
         capacity_bytes: Some(capacity),
+        metadata_pages,
         ..super::bench::file_volume(capacity * 4)
     };
     let sb = zbd_core::layout::plan(&opts)?;
@@ -46,11 +53,15 @@ struct Level {
     mb_s: f64,
     wa: f64,
     cleaner_share: f64,
+    /// Writes that cleaned with every other request waiting, and writes that found space
+    /// short and cleaned with the lock released (`Stats`).
+    locked: u64,
+    space_short: u64,
 }
 
 /// Fills to `live_pct` % of the data area, then overwrites randomly `factor` x capacity.
-fn level(dir: &Path, capacity: u64, live_pct: u64, factor: u64) -> Result<Level> {
-    let (path, vol) = volume(dir, "level.zbd", capacity, false)?;
+fn level(dir: &Path, capacity: u64, live_pct: u64, factor: u64, pages: bool) -> Result<Level> {
+    let (path, vol) = volume(dir, "level.zbd", capacity, false, pages)?;
     let mut rng = SmallRng::seed_from_u64(live_pct);
     let mut blocks = 0u64;
     let target = capacity * live_pct / 100;
@@ -80,7 +91,8 @@ fn level(dir: &Path, capacity: u64, live_pct: u64, factor: u64) -> Result<Level>
     }
     vol.flush()?;
     let secs = t.elapsed().as_secs_f64();
-    let after = vol.stats().counters;
+    let stats = vol.stats();
+    let after = stats.counters;
     drop(vol);
     std::fs::remove_file(&path)?;
     let host = (after.host_bytes_written - before.host_bytes_written) as f64;
@@ -94,14 +106,16 @@ fn level(dir: &Path, capacity: u64, live_pct: u64, factor: u64) -> Result<Level>
         mb_s: n as f64 * BS as f64 / secs / 1e6,
         wa: device / host,
         cleaner_share: cleaner / device.max(1.0),
+        locked: stats.locked_cleanings,
+        space_short: stats.space_short_rounds,
     })
 }
 
 /// Throughput over time at 55 % live with the background cleaner (watermarks 10 / 25 %), bursts
 /// of random overwrites separated by idle periods: free space falls below the low watermark, the
 /// cleaner brings it back to the high one (during bursts and idle time) and stops.
-fn series(dir: &Path, capacity: u64, factor: u64, csv: &Path) -> Result<()> {
-    let (path, vol) = volume(dir, "series.zbd", capacity, true)?;
+fn series(dir: &Path, capacity: u64, factor: u64, csv: &Path, pages: bool) -> Result<()> {
+    let (path, vol) = volume(dir, "series.zbd", capacity, true, pages)?;
     let mut rng = SmallRng::seed_from_u64(99);
     let mut f = std::fs::File::create(csv).map_err(|e| anyhow!("--csv {}: {e}", csv.display()))?;
     writeln!(
@@ -193,29 +207,38 @@ fn plot(csv: &Path, svg: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn run(capacity: u64, factor: u64, csv: Option<PathBuf>, dir: &Path) -> Result<ExitCode> {
+pub fn run(
+    capacity: u64,
+    factor: u64,
+    csv: Option<PathBuf>,
+    pages: bool,
+    dir: &Path,
+) -> Result<ExitCode> {
     let mut rows = Vec::new();
     for pct in [0u64, 50, 75, 90] {
-        rows.push(level(dir, capacity, pct, factor).map_err(|e| anyhow!("{pct} % live: {e}"))?);
+        let r = level(dir, capacity, pct, factor, pages);
+        rows.push(r.map_err(|e| anyhow!("{pct} % live: {e}"))?);
     }
     let empty = rows[0].mb_s;
     println!("4 KiB random overwrites, ~2 KiB stored per block, data area {} MiB, {factor}x capacity per level", capacity >> 20);
     println!(
-        "{:<8} {:>10} {:>10} {:>8} {:>14}",
-        "live", "MB/s", "x empty", "WA", "cleaner share"
+        "{:<8} {:>10} {:>10} {:>8} {:>14} {:>15} {:>12}",
+        "live", "MB/s", "x empty", "WA", "cleaner share", "locked cleans", "space short"
     );
     for r in &rows {
         println!(
-            "{:<8} {:>10.0} {:>10.2} {:>8.2} {:>13.0}%",
+            "{:<8} {:>10.0} {:>10.2} {:>8.2} {:>13.0}% {:>15} {:>12}",
             format!("{} %", r.live_pct),
             r.mb_s,
             r.mb_s / empty,
             r.wa,
-            100.0 * r.cleaner_share
+            100.0 * r.cleaner_share,
+            r.locked,
+            r.space_short
         );
     }
     if let Some(csv) = csv {
-        series(dir, capacity, factor, &csv)?;
+        series(dir, capacity, factor, &csv, pages)?;
         let svg = csv.with_extension("svg");
         plot(&csv, &svg)?;
         println!(
