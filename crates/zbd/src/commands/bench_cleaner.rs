@@ -64,7 +64,10 @@ fn level(dir: &Path, capacity: u64, live_pct: u64, factor: u64, pages: bool) -> 
     let (path, vol) = volume(dir, "level.zbd", capacity, false, pages)?;
     let mut rng = SmallRng::seed_from_u64(live_pct);
     let mut blocks = 0u64;
-    let target = capacity * live_pct / 100;
+    // Of the data area data may use: a bit-10 volume's carved metadata extents lie inside it.
+    let s = vol.stats();
+    let carved = s.metadata_bytes - vol.superblock().metadata_bytes();
+    let target = (s.data_area_bytes - carved) * live_pct / 100;
     while vol.stats().physical_bytes_live < target {
         for _ in 0..256 {
             vol.write(blocks * BS as u64, &block(&mut rng), false)?;
