@@ -190,6 +190,9 @@ impl TreeMap {
         count: u64,
     ) -> Result<Vec<(PageAddress, [u64; 2])>> {
         let mut pages = Vec::new();
+        if first == 0 {
+            pages = self.catalog.devices.page_addresses();
+        }
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
         tree.pages_in(pool, store, first, count, &mut |at| pages.push(at))?;
         let mut out = Vec::with_capacity(pages.len());
@@ -199,7 +202,8 @@ impl TreeMap {
             }
         }
         if first == 0 {
-            out.extend(self.catalog.store.own_pages_copies()?);
+            let store = &self.catalog.store;
+            out.extend(store.own_pages_copies(&self.catalog.pool)?);
         }
         Ok(out)
     }
@@ -207,7 +211,8 @@ impl TreeMap {
     /// Whether page `at` is still where the scrub read it: `copies` are its durable copies.
     pub fn still_at(&mut self, at: &PageAddress, copies: [u64; 2]) -> bool {
         if matches!(at.kind, PageKind::PairState | PageKind::PairStateDirectory) {
-            return (self.catalog.store.own_pages_copies().ok())
+            let store = &self.catalog.store;
+            return (store.own_pages_copies(&self.catalog.pool).ok())
                 .is_some_and(|own| own.contains(&(*at, copies)));
         }
         let (_, pool, store) = self.catalog.map(DEFAULT_DEVICE);
@@ -216,8 +221,14 @@ impl TreeMap {
     }
 
     /// Whether page `at` is resident as that page with its content (a leaf standing in for
-    /// one with no intact copy is not its content).
+    /// one with no intact copy is not its content). Directory pages always are: the store
+    /// keeps their entries, and a checkpoint encodes the page from them.
     pub fn resident(&self, at: &PageAddress) -> bool {
+        if at.kind == PageKind::PairStateDirectory {
+            let k = at.position as u32;
+            let dir = self.catalog.store.states.directory_page(k);
+            return dir.is_some_and(|(id, _)| id == at.id);
+        }
         (self.catalog.pool.peek(at.id)).is_some_and(|p| p.address(at.id) == *at)
             && !self.catalog.store.lost.contains(at)
     }

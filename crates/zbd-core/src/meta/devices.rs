@@ -179,6 +179,15 @@ impl DeviceTable {
         }
     }
 
+    /// The list page's and the device-table pages' addresses (none before the first write),
+    /// for the scrub.
+    pub fn page_addresses(&self) -> Vec<PageAddress> {
+        let list = self.list.map(|id| address(PageKind::List, id, 0));
+        let pages =
+            (self.pages.iter().enumerate()).map(|(k, &id)| address(PageKind::DeviceTable, id, k));
+        list.into_iter().chain(pages).collect()
+    }
+
     /// Live rows in id order.
     pub fn rows(&self) -> impl Iterator<Item = &DeviceRow> {
         self.rows.values()

@@ -334,9 +334,11 @@ impl MetaStore {
         Ok(Some([self.offset(id, slot, 0)?, self.offset(id, slot, 1)?]))
     }
 
-    /// The pair-state and directory pages with the offsets of their durable copies (those a
-    /// checkpoint in flight is writing again left out).
-    pub fn own_pages_copies(&self) -> Result<Vec<(PageAddress, [u64; 2])>> {
+    /// The pair-state and directory pages with the offsets of their durable copies. A
+    /// pair-state page whose frame is dirty or being written is left out: the next
+    /// checkpoint writes it anyway, and one a fold just made names a slot no commit wrote yet.
+    /// A directory page keeps its durable slot until the commit that writes it again.
+    pub fn own_pages_copies(&self, pool: &PagePool<Page>) -> Result<Vec<(PageAddress, [u64; 2])>> {
         let written = |at: PageAddress, slot| -> Result<(PageAddress, [u64; 2])> {
             Ok((
                 at,
@@ -345,7 +347,9 @@ impl MetaStore {
         };
         let mut out = Vec::new();
         for (j, id, slot) in self.states.written_pages() {
-            out.push(written(pair_state_address(id, j), slot)?);
+            if !pool.is_dirty(id) {
+                out.push(written(pair_state_address(id, j), slot)?);
+            }
         }
         for (k, &(id, slot)) in self.states.directory_list().iter().enumerate() {
             out.push(written(directory_address(id, k as u32), slot)?);

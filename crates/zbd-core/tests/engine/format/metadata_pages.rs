@@ -327,7 +327,10 @@ fn a_write_under_a_damaged_leaf_is_taken_and_survives_a_crash() {
     vol.close().expect("close");
     drop(vol);
     let vol = reopen(&disk);
-    assert!(read_block(&vol, 3).expect("read") == fresh, "block 3 after a close");
+    assert!(
+        read_block(&vol, 3).expect("read") == fresh,
+        "block 3 after a close"
+    );
     let e = read_block(&vol, 4).expect_err("still damaged");
     assert!(matches!(e, zbd_core::Error::Corrupt { lba: 4 }), "{e}");
     // The leaf is whole again; what its lost entries counted stays in their extents'

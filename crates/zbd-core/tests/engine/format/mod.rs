@@ -6,5 +6,6 @@ mod codecs_real_files;
 mod compat;
 mod grow;
 mod metadata_pages;
+mod scrub_attacks;
 mod upgrade;
 mod upgrade_faults;
