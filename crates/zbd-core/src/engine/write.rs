@@ -184,10 +184,7 @@ impl Inner {
                     again.into_iter().rev().for_each(|q| todo.push_front(q));
                     continue;
                 }
-                st.below_host_floor = std::mem::take(&mut below);
-                let put = st.put_block(&cx, lba, &p);
-                st.below_host_floor = false;
-                match put {
+                match st.put_block_after_round(&cx, lba, &p, std::mem::take(&mut below)) {
                     Err(Error::SpaceShort) => {
                         // Nothing of this item was applied: clean with the lock released, then
                         // place it again (its dictionary may have retired meanwhile).
@@ -261,10 +258,7 @@ impl Inner {
                 p = self.prepare(&block);
             }
             let cx = self.ctx();
-            st.below_host_floor = std::mem::take(&mut below);
-            let put = st.put_block(&cx, lba, &p);
-            st.below_host_floor = false;
-            match put {
+            match st.put_block_after_round(&cx, lba, &p, std::mem::take(&mut below)) {
                 Err(Error::SpaceShort) => {
                     // Nothing applied: clean with the lock released and read the block again.
                     drop(st);
@@ -322,10 +316,7 @@ impl Inner {
         block[within..within + patch.len()].copy_from_slice(patch);
         let p = self.prepare(&block);
         let cx = self.ctx();
-        st.below_host_floor = below_host_floor;
-        let put = st.put_block(&cx, lba, &p);
-        st.below_host_floor = false;
-        put
+        st.put_block_after_round(&cx, lba, &p, below_host_floor)
     }
 
     /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).

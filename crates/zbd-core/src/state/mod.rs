@@ -78,9 +78,9 @@ pub struct State {
     /// Times a writer found space short and cleaned with the lock released before placing
     /// again (bit 10), in this open.
     pub space_short_rounds: u64,
-    /// Set by a writer around the `put_block` after a round that found nothing to clean: that
-    /// placement may take free extents down to the cleaner's (`Consumer::AfterCleaning`), as
-    /// v2's does after `make_space`, so both formats keep the same overwrite guarantee.
+    /// Set for one `put_block` after a round that found nothing to clean
+    /// (`put_block_after_round`): that placement may take free extents down to the cleaner's
+    /// (`Consumer::AfterCleaning`), so both formats keep the same overwrite guarantee.
     pub below_host_floor: bool,
     /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
     pub inflight: Option<InFlight>,
@@ -180,6 +180,22 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// `put_block` by a writer back from a "space short" round: with `below_host_floor` (the
+    /// round freed nothing) this placement alone may take extents down to the cleaner's floor,
+    /// as v2's does after `make_space`.
+    pub fn put_block_after_round(
+        &mut self,
+        cx: &Ctx,
+        lba: u64,
+        p: &Prepared,
+        below_host_floor: bool,
+    ) -> Result<()> {
+        self.below_host_floor = below_host_floor;
+        let put = self.put_block(cx, lba, p);
+        self.below_host_floor = false;
+        put
     }
 
     /// Stores one prepared block (or unit: its blocks from `lba`).
