@@ -343,13 +343,24 @@ impl Inner {
         if first_full >= end_full {
             return self.write_partial_range(offset, &vec![0u8; len as usize]);
         }
-        // Whole blocks first: they free space the partial edges may need on a full volume.
-        let wanted = {
+        // Whole blocks first: they free space the partial edges may need on a full volume. In
+        // steps (one on v2), each in its own lock hold with its own record; a checkpoint a
+        // step asked for is written between steps, outside the lock (admission's self-service,
+        // in a first form: the next step's window starts from it).
+        let mut lba = first_full;
+        let mut wanted = false;
+        while lba < end_full {
+            if wanted {
+                self.issue_sealed()?;
+                self.checkpoint_asked()?;
+            }
             let mut st = self.lock_for_write();
             let cx = self.ctx();
-            st.put_range(&cx, kind, first_full, end_full - first_full)?;
-            st.ckpt_wanted
-        };
+            let step_end = st.range_step_end(lba, end_full);
+            st.put_range(&cx, kind, lba, step_end - lba)?;
+            lba = step_end;
+            wanted = st.ckpt_wanted;
+        }
         if offset < first_full * bs {
             self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
         }

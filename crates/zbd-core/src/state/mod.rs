@@ -15,13 +15,16 @@ use crate::error::{Error, Result};
 use crate::extents::{ExtentTable, Extents, FreeList};
 use crate::format::{
     BlockState, DictEntry, MapEntry, QueueEntry, Record, RecordKind, Superblock, BLOCK_BYTES,
-    DICT_ENTRIES, SECTOR_BYTES,
+    DICT_ENTRIES, MAP_ENTRIES_PER_PAGE, SECTOR_BYTES,
 };
 use crate::map::VolumeMap;
 use crate::stats::Counters;
 use parking_lot::RwLock;
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
+
+/// Leaves a zero or trim step settles at most on a page-tree map (the design's step budget).
+pub const STEP_LEAVES: u64 = 64;
 
 /// Everything behind the state lock.
 pub struct State {
@@ -298,6 +301,19 @@ impl State {
         Ok(())
     }
 
+    /// Where the zero or trim step that starts at `lba` ends, for a range ending at `end`. On
+    /// a page-tree map a step settles at most `STEP_LEAVES` leaves (design, "Steps and
+    /// admission"): a 4 GiB trim would otherwise free ~4,100 leaves in one lock hold while
+    /// every other request waits, and pile them into one checkpoint's window. v2's map takes
+    /// the whole range at once, as before.
+    pub fn range_step_end(&self, lba: u64, end: u64) -> u64 {
+        if !self.cleans_unlocked() {
+            return end;
+        }
+        let leaf = MAP_ENTRIES_PER_PAGE as u64;
+        end.min((lba / leaf + STEP_LEAVES) * leaf)
+    }
+
     /// Records a zero or trim range and applies it to the map.
     pub fn put_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u64) -> Result<()> {
         self.map_room(cx)?;
@@ -343,8 +359,10 @@ impl State {
 
     fn append_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u32) -> Result<()> {
         // Extend the previous record when nothing was recorded in between (sequential zeroing).
+        // Not on a page-tree map (R7-D1): a record there covers one step, whose counted pages
+        // and blocks are its own.
         let last_seq = self.next_seq.wrapping_sub(1);
-        if self.buffer.extend_range(kind, lba, count, last_seq) {
+        if !self.cleans_unlocked() && self.buffer.extend_range(kind, lba, count, last_seq) {
             return Ok(());
         }
         let slot = self.place(cx, 0, 1)?;

@@ -4,9 +4,9 @@
 //! crashes exactly as on a v2 volume, and the metadata extents must never take data.
 
 use crate::common::*;
-use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 use zbd_core::format::{Checkpoint, CKPT_FLAG_METADATA_PAGES};
 use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
 
@@ -470,7 +470,8 @@ fn region0_recreated_then_cut(flips: usize, cut: u64) -> (Arc<SimStorage>, Vec<u
     vol.trim(0, 255 * 4096).expect("trim leaf 0");
     model[..255 * 4096].fill(0);
     let data = fill(&mut rng, Fill::Text, 8 * 4096);
-    vol.write(2 * 4096, &data, false).expect("write into leaf 0 again");
+    vol.write(2 * 4096, &data, false)
+        .expect("write into leaf 0 again");
     model[2 * 4096..10 * 4096].copy_from_slice(&data);
     vol.flush().expect("flush");
     disk.set_power_loss_at(disk.ops() + cut);
@@ -500,7 +501,11 @@ fn a_region0_leaf_trimmed_and_recreated_in_one_interval_survives_a_cut_checkpoin
                 let disk = Arc::new(SimStorage::from_image(image));
                 let vol = Volume::open(Box::new(Arc::clone(&disk)), open_opts())
                     .unwrap_or_else(|e| panic!("flips {flips}, cut {cut}, round {round}: {e}"));
-                assert_reads(&vol, &model, &format!("flips {flips}, cut {cut}, round {round}"));
+                assert_reads(
+                    &vol,
+                    &model,
+                    &format!("flips {flips}, cut {cut}, round {round}"),
+                );
                 let report = vol.check(&|_, _| {});
                 assert!(
                     report.is_clean(),
@@ -513,6 +518,89 @@ fn a_region0_leaf_trimmed_and_recreated_in_one_interval_survives_a_cut_checkpoin
             }
             cut += 1;
         }
-        assert!(cut > 2, "flips {flips}: the checkpoint took only {cut} operations");
+        assert!(
+            cut > 2,
+            "flips {flips}: the checkpoint took only {cut} operations"
+        );
+    }
+}
+
+/// A 4 GiB trim and a 4 GiB write-zeroes on a bit-10 volume run in steps of at most 64 leaves
+/// (design, "Steps and admission"), each with its own record (no record is extended on bit
+/// 10: R7-D1): a crash after a flush replays one record per step, and every block reads its
+/// flushed content. The same on a v2 volume replays one record per range (the control: it
+/// shows the record count is what the steps make).
+#[test]
+fn a_4gib_trim_runs_in_steps_of_64_leaves_each_with_its_own_record() {
+    const BIG: u64 = 4 << 30;
+    let leaf_bytes = 255 * 4096;
+    let step_bytes = 64 * leaf_bytes;
+    for metadata_pages in [true, false] {
+        let base = CreateOptions {
+            extent_bytes: 32768,
+            codec: Codec::Lz4,
+            capacity_bytes: Some(8 << 20),
+            queue_len: Some(8),
+            ..CreateOptions::new(BIG)
+        };
+        let opts = if metadata_pages {
+            with_metadata_pages(&base)
+        } else {
+            base
+        };
+        let (disk, vol) = sim_volume_v2_map(&opts, open_opts());
+        // Blocks scattered over the range, made durable by a checkpoint.
+        let mut rng = SmallRng::seed_from_u64(64);
+        let mut blocks: Vec<(u64, Vec<u8>)> = (0..40)
+            .map(|i| (i * (BIG / 40 / 4096) + 7, fill(&mut rng, Fill::Text, 4096)))
+            .collect();
+        for (lba, data) in &blocks {
+            vol.write(lba * 4096, data, false).expect("write");
+        }
+        vol.checkpoint().expect("checkpoint");
+        // A trim from mid-leaf over most of the range, a zero range behind it, and one block
+        // written again after both.
+        let trim = (4096 * 3, BIG - 8 * step_bytes);
+        let zero = (trim.0 + trim.1, 4 * step_bytes + 4096);
+        vol.trim(trim.0, trim.1).expect("trim");
+        vol.write_zeroes(zero.0, zero.1).expect("zero");
+        let again = fill(&mut rng, Fill::Text, 4096);
+        vol.write(blocks[5].0 * 4096, &again, false)
+            .expect("write after");
+        vol.flush().expect("flush");
+        vol.abandon();
+        for (lba, data) in blocks.iter_mut() {
+            let off = *lba * 4096;
+            let inside = |(start, len): (u64, u64)| off >= start && off < start + len;
+            if inside(trim) || inside(zero) {
+                data.fill(0);
+            }
+        }
+        blocks[5].1 = again;
+        let vol = reopen(&disk);
+        let replayed = vol.stats().recovery_records_replayed;
+        let steps = |(start, len): (u64, u64)| {
+            let first = start / 4096;
+            let end = (start + len) / 4096;
+            (first / 255 * 255..end).step_by(64 * 255).count() as u64
+        };
+        let want = if metadata_pages {
+            steps(trim) + steps(zero) + 1
+        } else {
+            3
+        };
+        assert_eq!(
+            replayed, want,
+            "bit 10 {metadata_pages}: records replayed (trim and zero steps, one write)"
+        );
+        for (lba, data) in &blocks {
+            assert!(
+                read_block(&vol, *lba).expect("read") == *data,
+                "bit 10 {metadata_pages}: block {lba} differs after the crash"
+            );
+        }
+        let report = vol.check(&|_, _| {});
+        assert!(report.is_clean(), "bit 10 {metadata_pages}: {report:?}");
+        vol.close().expect("close");
     }
 }
