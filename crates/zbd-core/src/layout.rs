@@ -79,6 +79,10 @@ pub struct CreateOptions {
     /// carves a fixed stock of metadata extents until the carver (design step 1b.5) takes
     /// them as needed.
     pub metadata_pages: bool,
+    /// Metadata extents (copy 0) create carves for the stock, in place of
+    /// `MetaGeometry::stock_extents` (tests: a small stock makes the carver supply the rest).
+    #[doc(hidden)]
+    pub metadata_stock_extents: Option<u32>,
 }
 
 impl CreateOptions {
@@ -98,6 +102,7 @@ impl CreateOptions {
             max_logical_bytes: None,
             max_capacity_bytes: None,
             metadata_pages: false,
+            metadata_stock_extents: None,
         }
     }
 }
@@ -175,7 +180,14 @@ fn stock_extents(opts: &CreateOptions, logical_blocks: u64, extent_count: u64) -
         opts.extent_bytes,
         count,
     )?;
-    Ok(g.stock_extents(logical_blocks))
+    Ok(stock_extents_for(opts, &g, logical_blocks))
+}
+
+/// The stock create carves on geometry `g`: `MetaGeometry::stock_extents`, or what `opts` asks
+/// for (at least one extent, at most `H`).
+pub fn stock_extents_for(opts: &CreateOptions, g: &MetaGeometry, logical_blocks: u64) -> u32 {
+    opts.metadata_stock_extents
+        .map_or_else(|| g.stock_extents(logical_blocks), |k| k.clamp(1, g.h))
 }
 
 /// Computes the superblock for `opts` (uuid and time left for the caller to fill).

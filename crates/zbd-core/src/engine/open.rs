@@ -29,9 +29,9 @@ use std::sync::Arc;
 
 /// The metadata extents (copy 0) a volume created with metadata pages carves: the last
 /// `stock` of the first half of the data area, their partners being the last of the second.
-fn metadata_stock(sb: &Superblock) -> Result<std::ops::Range<u32>> {
+fn metadata_stock(sb: &Superblock, opts: &CreateOptions) -> Result<std::ops::Range<u32>> {
     let g = MetaGeometry::at_enable(sb)?;
-    let stock = g.stock_extents(sb.logical_blocks);
+    let stock = crate::layout::stock_extents_for(opts, &g, sb.logical_blocks);
     if 2 * stock + sb.queue_len > sb.extent_count || stock > g.h {
         return Err(Error::Invalid(format!(
             "metadata pages need {} extents beside a queue of {}; the data area has {}: give \
@@ -113,7 +113,7 @@ impl Inner {
         }
         storage.sync()?;
         let stock = match opts.metadata_pages {
-            true => Some(metadata_stock(&sb)?),
+            true => Some(metadata_stock(&sb, opts)?),
             false => None,
         };
         let h = MetaGeometry::at_enable(&sb).map_or(0, |g| g.h);
@@ -275,6 +275,7 @@ impl Inner {
             locked_cleanings: 0,
             space_short_rounds: 0,
             below_host_floor: false,
+            carving: false,
             inflight: None,
             ckpt_wanted: false,
             refill_early: true,
@@ -368,6 +369,7 @@ impl Inner {
             let mut st = vol.state.lock();
             let cx = vol.ctx();
             st.checkpoint(&cx)?;
+            st.carving = st.cleans_unlocked();
             st.lend_reserve_if_full();
             drop(st);
             vol.dicts.start_sampling_if_needed();

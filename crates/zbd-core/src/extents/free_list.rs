@@ -49,6 +49,48 @@ impl FreeList {
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.runs.iter().flat_map(|&(first, n)| first..first + n)
     }
+
+    /// Takes extent `e` out of the list; false when it is not there.
+    pub fn remove(&mut self, e: u32) -> bool {
+        let Some(i) = self.runs.iter().position(|&(f, n)| e >= f && e - f < n) else {
+            return false;
+        };
+        let (first, n) = self.runs[i];
+        let (before, after) = (e - first, n - (e - first) - 1);
+        match (before, after) {
+            (0, 0) => {
+                self.runs.remove(i);
+            }
+            (0, _) => self.runs[i] = (e + 1, after),
+            (_, 0) => self.runs[i] = (first, before),
+            _ => {
+                self.runs[i] = (first, before);
+                self.runs.insert(i + 1, (e + 1, after));
+            }
+        }
+        self.len -= 1;
+        true
+    }
+
+    /// Up to `n` extents `e < h` in the list whose partners `e + h` are in the list too,
+    /// highest first, among the first `limit` extents below `h` looked at: pairs the metadata
+    /// carver may take (design, "Space for metadata"). One sort of the runs, whatever `n`.
+    pub fn pairs_below(&self, h: u32, n: usize, limit: usize) -> Vec<u32> {
+        let mut sorted: Vec<(u32, u32)> = self.runs.iter().copied().collect();
+        sorted.sort_unstable();
+        let listed = |x: u32| {
+            let i = sorted.partition_point(|&(f, _)| f <= x);
+            i > 0 && x - sorted[i - 1].0 < sorted[i - 1].1
+        };
+        sorted
+            .iter()
+            .rev()
+            .flat_map(|&(f, len)| (f..(f + len).min(h)).rev())
+            .take(limit)
+            .filter(|&e| e.checked_add(h).is_some_and(listed))
+            .take(n)
+            .collect()
+    }
 }
 
 impl Extend<u32> for FreeList {
@@ -71,6 +113,47 @@ impl FromIterator<u32> for FreeList {
 mod tests {
     use super::FreeList;
     use std::collections::VecDeque;
+
+    /// Removal anywhere keeps the order of the rest, and the carver's pairs are exactly the
+    /// listed `e < h` with `e + h` listed, highest first (brute force on a model).
+    #[test]
+    fn removes_anywhere_and_finds_the_carvers_pairs() {
+        let mut model: VecDeque<u32> = VecDeque::new();
+        let mut l = FreeList::default();
+        let mut x: u64 = 11;
+        for step in 0..4000u32 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let e = (x >> 33) as u32 % 200;
+            match x >> 62 {
+                0 => assert_eq!(l.pop_front(), model.pop_front(), "step {step}"),
+                1 => {
+                    let at = model.iter().position(|&m| m == e);
+                    assert_eq!(l.remove(e), at.is_some(), "step {step}: remove {e}");
+                    if let Some(i) = at {
+                        model.remove(i);
+                    }
+                }
+                _ if !model.contains(&e) => {
+                    l.push_back(e);
+                    model.push_back(e);
+                }
+                _ => {}
+            }
+            assert!(l.iter().eq(model.iter().copied()), "step {step}");
+            assert_eq!(l.len(), model.len());
+            let h = 100;
+            let mut want: Vec<u32> = model
+                .iter()
+                .copied()
+                .filter(|&e| e < h && model.contains(&(e + h)))
+                .collect();
+            want.sort_unstable_by(|a, b| b.cmp(a));
+            want.truncate(3);
+            assert_eq!(l.pairs_below(h, 3, usize::MAX), want, "step {step}");
+        }
+    }
 
     #[test]
     fn behaves_like_a_queue_of_extents() {

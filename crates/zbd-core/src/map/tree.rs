@@ -175,10 +175,40 @@ impl TreeMap {
     /// creates at most the pages of two root-to-leaf paths. The caller checks before it logs
     /// the change (a logged change the map then refused would come back at replay).
     pub fn short_of_ids(&self) -> bool {
+        self.catalog.store.alloc.allocatable() <= self.short_at()
+    }
+
+    /// Allocatable ids at or below which one map change may find none (`short_of_ids`).
+    fn short_at(&self) -> usize {
         let store = &self.catalog.store;
         let a = &store.alloc;
-        let step = 2 * usize::from(crate::meta::tree::DEPTH_MAX);
-        a.allocatable() <= a.floor(store.usage) + a.claimed() + step
+        a.floor(store.usage) + a.claimed() + 2 * usize::from(crate::meta::tree::DEPTH_MAX)
+    }
+
+    /// Extent pairs the stock carver wants at this phase 1: none while the allocatable ids
+    /// are at or above the low watermark and above `short_of_ids`; else enough to bring them
+    /// to the high watermark (and past the short mark).
+    pub fn carve_wanted(&self) -> u32 {
+        let a = &self.catalog.store.alloc;
+        let (low, high) = a.watermarks();
+        let have = a.allocatable();
+        let short = self.short_at();
+        if have >= low && have > short {
+            return 0;
+        }
+        let want = high.max(short + 1) - have;
+        want.div_ceil(self.catalog.store.geometry().pairs_per_extent as usize) as u32
+    }
+
+    /// `H`: carved pairs have copy 0 below it and copy 1 in the extent `H` above.
+    pub fn partner_offset(&self) -> u32 {
+        self.catalog.store.geometry().h
+    }
+
+    /// Phase 1 carved extent `e` and its partner (their table state is metadata): their ids
+    /// become allocatable when this checkpoint commits.
+    pub fn carve(&mut self, e: u32) -> Result<()> {
+        self.catalog.store.alloc.carve(e)
     }
 
     /// The pages of the default device's tree whose range starts in `first .. first + count`

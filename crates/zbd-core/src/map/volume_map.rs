@@ -176,6 +176,23 @@ impl VolumeMap {
         }
     }
 
+    /// Extent pairs the metadata carver wants at this phase 1, with `H` (the partner offset);
+    /// none on v2, which has no metadata extents.
+    pub fn carve_wanted(&self) -> (u32, u32) {
+        match self {
+            VolumeMap::Pages(_) => (0, 0),
+            VolumeMap::Tree(t) => (t.carve_wanted(), t.partner_offset()),
+        }
+    }
+
+    /// Phase 1 carved extent `e` and its partner `e + H`.
+    pub fn carve(&mut self, e: u32) -> Result<()> {
+        match self {
+            VolumeMap::Pages(_) => Err(Error::Invalid("a v2 map has no metadata extents".into())),
+            VolumeMap::Tree(t) => t.carve(e),
+        }
+    }
+
     /// Phase 1 of checkpoint `seq`: the page writes its phase 2 issues and what its slot and
     /// commit need.
     pub fn snapshot(&mut self, seq: u64) -> Result<(Vec<PageWrite>, MapSnapshot)> {

@@ -30,6 +30,10 @@ pub const METADATA_RESERVE: usize = 128;
 /// them down (R13-E6), or a 64-extent area could never allocate for a step.
 const RESERVE_FULL_AREA_PAIRS: u64 = 2048;
 
+/// The carver's high watermark on a large area: the dirty cap of one interval (2,048 pages)
+/// plus the reserve.
+const CARVE_HIGH_FULL: u64 = 2048 + METADATA_RESERVE as u64;
+
 /// Who asks for a page id. The reserve's parts are nested floors on the one count of
 /// allocatable pairs (docs/design.md, "Space for metadata", R12-D5): each use allocates only
 /// while more than its floor (plus what steps have claimed) remain, so device operations cannot
@@ -464,6 +468,15 @@ impl PairAllocator {
     /// The reserve on this area: steps claim only above it.
     pub fn reserve(&self) -> usize {
         self.scaled(METADATA_RESERVE)
+    }
+
+    /// The stock carver's watermarks on this area, `(low, high)`: it carves when fewer than
+    /// `low` pairs are allocatable, up to `high` = `max(ceil(3 x reserve / 2), min(2,176, area
+    /// pairs / 16))` (design, "Space for metadata"), and `low` is half of that.
+    pub fn watermarks(&self) -> (usize, usize) {
+        let full = CARVE_HIGH_FULL.min(self.area_pairs / 16) as usize;
+        let high = (3 * self.reserve()).div_ceil(2).max(full);
+        (high / 2, high)
     }
 
     /// Pairs claimed and not yet taken.

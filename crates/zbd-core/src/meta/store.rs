@@ -177,6 +177,11 @@ impl MetaStore {
         pool.stats().dirty as usize + self.states.list_len() + self.region0_freed.len()
     }
 
+    /// Where pairs lie (`H`, `P`, region 0).
+    pub fn geometry(&self) -> &MetaGeometry {
+        &self.geometry
+    }
+
     /// The open interval: the one a checkpoint's phase 1 opened, which an open after that
     /// checkpoint writes on in.
     pub fn interval(&self) -> u64 {

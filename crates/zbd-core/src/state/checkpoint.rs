@@ -2,7 +2,13 @@
 //! storage writes and syncs without it (`CheckpointIo::run`), the commit under it
 //! (`finish_checkpoint`); dictionaries are retired and freed at checkpoint boundaries.
 
-use super::{Ctx, State};
+use super::{Consumer, Ctx, State};
+
+/// Free extents below `H` one phase 1 looks at for pairs to carve, and the extent pairs it
+/// carves at most: it never walks the whole free list, and a shortfall larger than that is
+/// made up over the next checkpoints (the carver asks for them while ids run low).
+const CARVE_LOOK_MAX: usize = 16_384;
+const CARVE_PAIRS_MAX: usize = 64;
 use crate::error::{Error, Result};
 use crate::extents::WrittenTable;
 use crate::format::{
@@ -60,6 +66,36 @@ impl State {
         cx.dicts.resume();
     }
 
+    /// Stock carving, in a first form (design, "Space for metadata"; no returns, no partner
+    /// passes, no demand carving for waiting steps yet): at a phase 1 of a bit-10 volume whose
+    /// allocatable page ids ran low, takes extents `e < H` whose partner `e + H` is free too,
+    /// both from the free list (never from an allocation queue), as metadata, while host
+    /// payload stays above its floor after each pair. Their ids become allocatable when this
+    /// checkpoint commits, so no window uses a pair its durable checkpoint does not list.
+    /// Recovery's checkpoint carves nothing (`carving` is set once the open's checkpoint is
+    /// written).
+    fn carve_stock(&mut self) -> Result<()> {
+        if !self.carving {
+            return Ok(());
+        }
+        let (wanted, h) = self.map.carve_wanted();
+        let wanted = (wanted as usize).min(CARVE_PAIRS_MAX);
+        if wanted == 0 {
+            return Ok(());
+        }
+        for e in self.free.pairs_below(h, wanted, CARVE_LOOK_MAX) {
+            if self.free_now() <= self.floor(Consumer::HostWrite) + 2 {
+                break;
+            }
+            self.free.remove(e);
+            self.free.remove(e + h);
+            self.extents.carve(e);
+            self.extents.carve(e + h);
+            self.map.carve(e)?;
+        }
+        Ok(())
+    }
+
     /// Writes a checkpoint, all of it under the state lock (the caller holds it and cannot let
     /// it go: the queue ran dry, the map cache is full of pinned pages, recovery, close). A
     /// checkpoint another thread is writing outside the lock is waited for and committed first
@@ -90,6 +126,8 @@ impl State {
         for e in self.dicts.iter_mut().filter(|e| e.id != 0) {
             e.live_blocks = by_dict[usize::from(e.id) % crate::map::DICT_IDS];
         }
+        // Before the snapshots: the slot's extent table names the carved extents as metadata.
+        self.carve_stock()?;
         let (mut writes, mut pages) = self.map.snapshot(seq)?;
         self.counters.metadata_bytes_written += match &pages {
             MapSnapshot::Pages(p) => p.bytes,

@@ -85,6 +85,9 @@ pub struct State {
     /// (`put_block_after_round`): that placement may take free extents down to the cleaner's
     /// (`Consumer::AfterCleaning`), so both formats keep the same overwrite guarantee.
     pub below_host_floor: bool,
+    /// Whether phase 1 may carve metadata extents (bit 10, a writable volume past the open's
+    /// own checkpoint: recovery carves nothing).
+    pub carving: bool,
     /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
     pub inflight: Option<InFlight>,
     /// A checkpoint should come soon (the queue runs low, dirty map pages pile up): the next

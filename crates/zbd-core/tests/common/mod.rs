@@ -278,8 +278,15 @@ pub fn with_test_format(opts: &CreateOptions) -> CreateOptions {
 /// `opts` with metadata pages, the carved stock on top of the data area the test asked for
 /// (the stock grows with the area: settled in a few rounds).
 pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
+    // `ZBD_TEST_METADATA_STOCK=N`: a stock of N extents, so that the carver supplies the
+    // rest of the ids (`make test-bit10-carve`).
+    let stock = std::env::var("ZBD_TEST_METADATA_STOCK").ok().map(|v| {
+        v.parse()
+            .expect("ZBD_TEST_METADATA_STOCK: a number of extents")
+    });
     let mut o = CreateOptions {
         metadata_pages: true,
+        metadata_stock_extents: opts.metadata_stock_extents.or(stock),
         ..opts.clone()
     };
     let Some(asked) = opts.capacity_bytes else {
@@ -289,7 +296,11 @@ pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
     for _ in 0..64 {
         let sb = zbd_core::layout::plan(&o).expect("plan");
         let g = zbd_core::meta::MetaGeometry::at_enable(&sb).expect("geometry");
-        let stock = u64::from(g.stock_extents(sb.logical_blocks));
+        let stock = u64::from(zbd_core::layout::stock_extents_for(
+            &o,
+            &g,
+            sb.logical_blocks,
+        ));
         let want = asked + 2 * stock * u64::from(sb.extent_bytes);
         if o.capacity_bytes == Some(want) {
             break;
