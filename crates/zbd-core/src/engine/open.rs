@@ -368,8 +368,11 @@ impl Inner {
             // Make the replayed state durable and start a fresh allocation queue.
             let mut st = vol.state.lock();
             let cx = vol.ctx();
-            st.checkpoint(&cx)?;
+            // After replay, so the open's checkpoint may carve: what the window needed was
+            // in hand (design, "Replay needs what the live run had"), and a volume created
+            // with a small stock gets its ids before its first write.
             st.carving = st.cleans_unlocked();
+            st.checkpoint(&cx)?;
             st.lend_reserve_if_full();
             drop(st);
             vol.dicts.start_sampling_if_needed();

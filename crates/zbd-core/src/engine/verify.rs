@@ -471,12 +471,32 @@ impl Inner {
             let (pages, gen) = {
                 let mut st = self.state.lock();
                 let gen = st.ckpt_seq;
-                let Some(tree) = st.map.tree() else {
+                let State { map, extents, .. } = &mut *st;
+                let Some(tree) = map.tree() else {
                     return;
                 };
                 // A chunk under an interior page with no intact copy: the block walk lists
                 // its blocks as damaged.
-                (tree.durable_copies_in(lba, n).unwrap_or_default(), gen)
+                let pages = tree.durable_copies_in(lba, n).unwrap_or_default();
+                // Invariant 6's other side: a page in use lies in a metadata extent pair, or
+                // the free list may hand its extent to data.
+                for (at, _) in &pages {
+                    let Some(e) = tree.home_extent(at.id) else {
+                        continue;
+                    };
+                    let h = tree.partner_offset();
+                    if let Some(x) = [e, e + h]
+                        .into_iter()
+                        .find(|&x| extents.get(x).state != ExtentState::Metadata)
+                    {
+                        report.metadata_problems.push(format!(
+                            "metadata page {} ({:?}) lies in extent {x}, which the extent table \
+                             does not list as metadata",
+                            at.id, at.kind
+                        ));
+                    }
+                }
+                (pages, gen)
             };
             for (at, copies) in pages {
                 let mut bad = [false; 2];

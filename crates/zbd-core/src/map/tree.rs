@@ -178,6 +178,27 @@ impl TreeMap {
         self.catalog.store.alloc.allocatable() <= self.short_at()
     }
 
+    /// Whether the allocatable ids may not cover the change of blocks `first .. first +
+    /// count` to `to` (unmapped or zero; `None`: data, one block or unit): only when
+    /// `short_of_ids`, the pages the change creates at most are counted on its paths
+    /// (`MapTree::pages_needed`), so a change that creates none (most trims) is never short.
+    pub fn short_for(&mut self, first: u64, count: u64, to: Option<MapEntry>) -> Result<bool> {
+        if !self.short_of_ids() {
+            return Ok(false);
+        }
+        let to = to.map(|e| {
+            if e == MapEntry::ZERO {
+                ChildSlot::AllZero
+            } else {
+                ChildSlot::AllUnmapped
+            }
+        });
+        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let needed = tree.pages_needed(pool, store, first, first.saturating_add(count), to)?;
+        let a = &store.alloc;
+        Ok(a.allocatable() < a.floor(store.usage) + a.claimed() + needed)
+    }
+
     /// Allocatable ids at or below which one map change may find none (`short_of_ids`).
     fn short_at(&self) -> usize {
         let store = &self.catalog.store;
@@ -198,6 +219,14 @@ impl TreeMap {
         }
         let want = high.max(short + 1) - have;
         want.div_ceil(self.catalog.store.geometry().pairs_per_extent as usize) as u32
+    }
+
+    /// The extent holding copy 0 of page `id` (copy 1 is `H` above it); `None` in region 0.
+    pub fn home_extent(&self, id: u32) -> Option<u32> {
+        match self.catalog.store.geometry().home(id)? {
+            crate::meta::PairHome::Extent { extent, .. } => Some(extent),
+            crate::meta::PairHome::Region0 { .. } => None,
+        }
     }
 
     /// `H`: carved pairs have copy 0 below it and copy 1 in the extent `H` above.

@@ -141,14 +141,6 @@ impl VolumeMap {
         }
     }
 
-    /// Whether the next map change might find no page id (the tree; v2's pages are fixed).
-    pub fn short_of_ids(&self) -> bool {
-        match self {
-            VolumeMap::Pages(_) => false,
-            VolumeMap::Tree(t) => t.short_of_ids(),
-        }
-    }
-
     /// Whether dirty pages call for a checkpoint soon (outside the lock).
     pub fn wants_checkpoint(&self) -> bool {
         match self {
@@ -173,6 +165,16 @@ impl VolumeMap {
         match self {
             VolumeMap::Pages(_) => false,
             VolumeMap::Tree(t) => t.window_full(),
+        }
+    }
+
+    /// Whether the page ids may not cover changing blocks `first .. first + count` to `to`
+    /// (`None`: data; `TreeMap::short_for`); never on v2, whose map pages are laid out at
+    /// create.
+    pub fn short_for(&mut self, first: u64, count: u64, to: Option<MapEntry>) -> Result<bool> {
+        match self {
+            VolumeMap::Pages(_) => Ok(false),
+            VolumeMap::Tree(t) => t.short_for(first, count, to),
         }
     }
 

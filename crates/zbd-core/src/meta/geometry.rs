@@ -155,7 +155,7 @@ impl MetaGeometry {
     /// for every interior page of its tree, the pair-state pages of region 0's ids and of the
     /// carved ids, the directory, the device table of one device and its list page, and the
     /// pages of four map changes, twice over (a freed id waits an interval before it is taken
-    /// again). At least one, at most `H`.
+    /// again), and the carver's high watermark. At least one, at most `H`.
     pub fn stock_extents(&self, blocks: u64) -> u32 {
         let depth = super::tree::depth_for(blocks);
         let interior: u64 = (1..depth)
@@ -169,9 +169,12 @@ impl MetaGeometry {
             + u64::from(self.directory_pages())
             + 2
             + 8 * u64::from(super::tree::DEPTH_MAX);
+        // And the carver's high watermark on top, so that an open does not carve at once
+        // (nor take that room from the data a default capacity was sized for).
+        let (_, high) = super::pairs::PairAllocator::new(*self).watermarks();
         // The carved ids' own pair-state pages: one per 16,320 of them, and one more where
         // they straddle a page boundary.
-        let ids = 2 * pages;
+        let ids = 2 * pages + high as u64;
         let need = ids + ids.div_ceil(per_state_page) + 1;
         (need.div_ceil(u64::from(self.pairs_per_extent)) as u32).clamp(1, self.h)
     }

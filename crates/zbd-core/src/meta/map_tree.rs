@@ -442,6 +442,50 @@ impl MapTree {
         Ok(())
     }
 
+    /// At most how many pages `set` of one block (`to` None: a data entry) or `set_range` of
+    /// blocks `first .. end` to summary `to` creates: on the paths of the first and the last
+    /// block, one page per level from a summary slot the change splits down to the leaf. A
+    /// path of pages only, or one reaching a summary the change keeps (the same summary, or a
+    /// subtree the range covers whole), creates none: such a trim or zeroing always works on
+    /// a volume with no page id to spare.
+    pub fn pages_needed<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        first: u64,
+        end: u64,
+        to: Option<ChildSlot>,
+    ) -> Result<usize> {
+        let end = end.min(self.blocks);
+        if first >= end {
+            return Ok(0);
+        }
+        let mut needed = 0;
+        let ends = [first, end - 1];
+        for &lba in &ends[..if end - 1 == first { 1 } else { 2 }] {
+            let mut slot = self.root;
+            for level in (0..self.depth).rev() {
+                match slot {
+                    ChildSlot::Page(_) if level == 0 => break,
+                    ChildSlot::Page(id) => {
+                        let page = read(pool, io, id, level, position(lba, level))?;
+                        slot = page.slot(child_slot(lba, level));
+                    }
+                    summary => {
+                        let span = blocks_under(level);
+                        let start = position(lba, level) * span;
+                        let whole = to.is_some() && first <= start && start + span <= end;
+                        if Some(summary) != to && !whole {
+                            needed += usize::from(level) + 1;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(needed)
+    }
+
     /// Sets the entry of `lba`, creating the pages on its path that a summary stood for;
     /// returns the old entry.
     pub fn set<I: TreeIo>(
@@ -1203,7 +1247,14 @@ mod tests {
             match op {
                 Op::Set(l, v) => {
                     let e = entry_of(v, l);
+                    let to = [ChildSlot::AllUnmapped, ChildSlot::AllZero]
+                        .into_iter()
+                        .find(|&s| summary_entry(s) == Some(e));
+                    let bound = t.pages_needed(&mut p, &mut io, l, l + 1, to).expect("tree");
+                    let made = io.allocations;
                     let old = t.set(&mut p, &mut io, l, e).expect("tree");
+                    // `pages_needed` bounds what a change creates (the engine's id check).
+                    prop_assert!(io.allocations - made <= bound as u64, "set {} made more", l);
                     prop_assert_eq!(old, at(&model, l));
                     model.insert(l, e);
                 }
@@ -1220,10 +1271,19 @@ mod tests {
                     // The engine bounds requests by the device's size, not the tree's reach.
                     let end = (first + count).min(BLOCKS);
                     let mut got = Vec::new();
+                    let bound = t.pages_needed(&mut p, &mut io, first, end, Some(to));
+                    let made = io.allocations;
                     t.set_range(&mut p, &mut io, first, end - first, to, &mut |r| {
                         got.push(r)
                     })
                     .expect("tree");
+                    let bound = bound.expect("tree") as u64;
+                    prop_assert!(
+                        io.allocations - made <= bound,
+                        "range {} {} made more",
+                        first,
+                        end
+                    );
                     // What was reported is what the model held there that differs, expanded.
                     let mut reported: BTreeMap<u64, MapEntry> = BTreeMap::new();
                     for r in got {

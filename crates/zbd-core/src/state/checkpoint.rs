@@ -72,8 +72,8 @@ impl State {
     /// both from the free list (never from an allocation queue), as metadata, while host
     /// payload stays above its floor after each pair. Their ids become allocatable when this
     /// checkpoint commits, so no window uses a pair its durable checkpoint does not list.
-    /// Recovery's checkpoint carves nothing (`carving` is set once the open's checkpoint is
-    /// written).
+    /// Replay carves nothing (`carving` is set once it is done, before the open's
+    /// checkpoint).
     fn carve_stock(&mut self) -> Result<()> {
         if !self.carving {
             return Ok(());
@@ -89,8 +89,12 @@ impl State {
             }
             self.free.remove(e);
             self.free.remove(e + h);
-            self.extents.carve(e);
-            self.extents.carve(e + h);
+            // The table's pages hold the state (metadata is the one state live blocks do not
+            // imply): written by this checkpoint, or a reopen would see them free.
+            for x in [e, e + h] {
+                self.extents.carve(x);
+                self.table.touch(x);
+            }
             self.map.carve(e)?;
         }
         Ok(())

@@ -85,8 +85,8 @@ pub struct State {
     /// (`put_block_after_round`): that placement may take free extents down to the cleaner's
     /// (`Consumer::AfterCleaning`), so both formats keep the same overwrite guarantee.
     pub below_host_floor: bool,
-    /// Whether phase 1 may carve metadata extents (bit 10, a writable volume past the open's
-    /// own checkpoint: recovery carves nothing).
+    /// Whether phase 1 may carve metadata extents (bit 10, a writable volume once replay is
+    /// done: replay itself writes no checkpoint, and carves nothing).
     pub carving: bool,
     /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
     pub inflight: Option<InFlight>,
@@ -174,14 +174,15 @@ impl State {
         s
     }
 
-    /// Room in the map for one change, before it is logged: a change the map refused after
-    /// its record was appended would come back at replay (a failed write that reappears). A
-    /// tree short of page ids first gets the checkpoint that returns the ids freed since the
-    /// last one; still short, the change fails with `NoSpace` and nothing is changed.
-    fn map_room(&mut self, cx: &Ctx) -> Result<()> {
-        if self.map.short_of_ids() {
+    /// Room in the map for changing blocks `lba .. lba + count` to `to` (`None`: data),
+    /// before it is logged: a change the map refused after its record was appended would come
+    /// back at replay (a failed write that reappears). A tree short of page ids for it first
+    /// gets the checkpoint that returns the ids freed since the last one and carves more;
+    /// still short, the change fails with `NoSpace` and nothing is changed.
+    fn map_room(&mut self, cx: &Ctx, lba: u64, count: u64, to: Option<MapEntry>) -> Result<()> {
+        if self.map.short_for(lba, count, to)? {
             self.checkpoint(cx)?;
-            if self.map.short_of_ids() {
+            if self.map.short_for(lba, count, to)? {
                 return Err(Error::NoSpace);
             }
         }
@@ -206,7 +207,10 @@ impl State {
 
     /// Stores one prepared block (or unit: its blocks from `lba`).
     pub fn put_block(&mut self, cx: &Ctx, lba: u64, p: &Prepared) -> Result<()> {
-        self.map_room(cx)?;
+        match *p {
+            Prepared::Zero => self.map_room(cx, lba, 1, Some(MapEntry::ZERO))?,
+            Prepared::Data { blocks, .. } => self.map_room(cx, lba, u64::from(blocks), None)?,
+        }
         match *p {
             Prepared::Zero => {
                 let logged = self.log_range(cx, RecordKind::Zero, lba, 1)?;
@@ -319,7 +323,12 @@ impl State {
 
     /// Records a zero or trim range and applies it to the map.
     pub fn put_range(&mut self, cx: &Ctx, kind: RecordKind, lba: u64, count: u64) -> Result<()> {
-        self.map_room(cx)?;
+        let entry = if kind == RecordKind::Zero {
+            MapEntry::ZERO
+        } else {
+            MapEntry::UNMAPPED
+        };
+        self.map_room(cx, lba, count, Some(entry))?;
         let mut done = 0;
         let mut logged = true;
         while done < count && logged {
@@ -327,11 +336,6 @@ impl State {
             logged = self.log_range(cx, kind, lba + done, n as u32)?;
             done += n;
         }
-        let entry = if kind == RecordKind::Zero {
-            MapEntry::ZERO
-        } else {
-            MapEntry::UNMAPPED
-        };
         let mut olds = Vec::new();
         self.map.set_range(lba, count, entry, |old| {
             if old.state == BlockState::Data {

@@ -279,7 +279,7 @@ pub fn with_test_format(opts: &CreateOptions) -> CreateOptions {
 /// (the stock grows with the area: settled in a few rounds).
 pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
     // `ZBD_TEST_METADATA_STOCK=N`: a stock of N extents, so that the carver supplies the
-    // rest of the ids (`make test-bit10-carve`).
+    // rest of the ids (`make test-bit10`'s second run).
     let stock = std::env::var("ZBD_TEST_METADATA_STOCK").ok().map(|v| {
         v.parse()
             .expect("ZBD_TEST_METADATA_STOCK: a number of extents")
@@ -296,11 +296,18 @@ pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
     for _ in 0..64 {
         let sb = zbd_core::layout::plan(&o).expect("plan");
         let g = zbd_core::meta::MetaGeometry::at_enable(&sb).expect("geometry");
-        let stock = u64::from(zbd_core::layout::stock_extents_for(
+        let mut stock = u64::from(zbd_core::layout::stock_extents_for(
             &o,
             &g,
             sb.logical_blocks,
         ));
+        if o.metadata_stock_extents.is_some() {
+            // Room for what the open's checkpoint carves on top: up to the high watermark,
+            // and past one map change's ids (two root-to-leaf paths).
+            let (_, high) = zbd_core::meta::pairs::PairAllocator::new(g).watermarks();
+            let change = 2 * usize::from(zbd_core::meta::tree::DEPTH_MAX) + 1;
+            stock += high.max(change).div_ceil(g.pairs_per_extent as usize) as u64;
+        }
         let want = asked + 2 * stock * u64::from(sb.extent_bytes);
         if o.capacity_bytes == Some(want) {
             break;
@@ -365,6 +372,26 @@ pub fn concurrently(
             .map(|h| h.join().expect("read thread"))
             .collect()
     })
+}
+
+/// The extents (copy 0 and partners) the extent table of `ck` names as metadata (state 3): the
+/// stock and whatever the carver added.
+pub fn metadata_extents(
+    image: &[u8],
+    sb: &zbd_core::format::Superblock,
+    ck: &zbd_core::format::Checkpoint,
+) -> Vec<u32> {
+    let per_page = zbd_core::format::EXTENT_TABLE_ENTRIES_PER_PAGE as u32;
+    (0..sb.extent_count)
+        .filter(|&e| {
+            let p = e / per_page;
+            let slot = ck.extent_table_slots[p as usize];
+            let page =
+                sb.extent_table_offset[0] + (u64::from(p) * 2 + u64::from(slot.max(1) - 1)) * 4096;
+            // Entries of 8 bytes after a 16-byte header; byte 7 is the state (3: metadata).
+            slot != 0 && image[(page + 16 + u64::from(e % per_page) * 8 + 7) as usize] == 3
+        })
+        .collect()
 }
 
 /// The newest valid checkpoint of a volume image (copy 0 of each slot), with its superblock.

@@ -592,12 +592,14 @@ fn bit10_metadata_target(
         return at as u64 + rng.random_range(0..u64::from(used));
     }
     let g = zbd_core::meta::MetaGeometry::at_enable(sb).expect("geometry");
-    let stock = g.stock_extents(sb.logical_blocks);
     let region0 = (0..2 * sb.map_pages).map(|i| sb.map_page_offset(i / 2, (i % 2) as u8, copy));
-    let carved = (g.h - stock..g.h).flat_map(|e| {
-        let base = sb.extent_offset(if copy == 0 { e } else { e + g.h });
-        (0..u64::from(sb.extent_bytes) / 4096).map(move |k| base + k * 4096)
-    });
+    let carved = metadata_extents(image, sb, ck)
+        .into_iter()
+        .filter(|&e| e < g.h)
+        .flat_map(|e| {
+            let base = sb.extent_offset(if copy == 0 { e } else { e + g.h });
+            (0..u64::from(sb.extent_bytes) / 4096).map(move |k| base + k * 4096)
+        });
     let written: Vec<u64> = region0
         .chain(carved)
         .filter(|&at| {
