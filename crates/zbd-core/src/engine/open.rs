@@ -566,16 +566,8 @@ fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
             };
             st.set_entry(rec.lba, entry)?;
         }
-        RecordKind::Zero => {
-            for l in rec.lba..end {
-                st.set_entry(l, MapEntry::ZERO)?;
-            }
-        }
-        RecordKind::Trim => {
-            for l in rec.lba..end {
-                st.set_entry(l, MapEntry::UNMAPPED)?;
-            }
-        }
+        RecordKind::Zero => st.apply_range(rec.lba, end - rec.lba, MapEntry::ZERO)?,
+        RecordKind::Trim => st.apply_range(rec.lba, end - rec.lba, MapEntry::UNMAPPED)?,
     }
     Ok(())
 }

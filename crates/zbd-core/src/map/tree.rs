@@ -38,6 +38,9 @@ const LIST_MARGIN: usize = 256;
 /// map cache still find clean frames to fault into.
 const POOL_FRAMES_ABOVE_FLOOR: u64 = 256;
 
+/// Pages a checkpoint's fold may create at once: a pair-state page and its directory page.
+const FOLD_PAGES: usize = 2;
+
 /// The list bounds of a bit-10 volume whose list holds `capacity` entries.
 fn list_bounds(sb: &Superblock, capacity: u32) -> ListBounds {
     ListBounds::new(capacity, sb.extent_table_pages, DEVICES_MAX as u32)
@@ -194,7 +197,14 @@ impl TreeMap {
             }
         });
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        let needed = tree.pages_needed(pool, store, first, first.saturating_add(count), to)?;
+        let mut needed = tree.pages_needed(pool, store, first, first.saturating_add(count), to)?;
+        if needed > 0 {
+            // Placing a data block may write a checkpoint (the queue ran dry, the first
+            // unit) between this check and the change, and its fold may take a new
+            // pair-state page and its directory page from the same ids (review 13). A change
+            // that creates nothing needs no margin: trims never fail for ids.
+            needed += FOLD_PAGES;
+        }
         let a = &store.alloc;
         Ok(a.allocatable() < a.floor(store.usage) + a.claimed() + needed)
     }

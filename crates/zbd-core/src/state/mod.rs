@@ -336,6 +336,19 @@ impl State {
             logged = self.log_range(cx, kind, lba + done, n as u32)?;
             done += n;
         }
+        self.apply_range(lba, count, entry)?;
+        if !logged {
+            self.checkpoint(cx)?;
+        }
+        self.checkpoint_if_map_full(cx)
+    }
+
+    /// Sets blocks `lba .. lba + count` to `entry` (zero or unmapped) in the map, with their
+    /// accounting: what a zero or trim record does, live (`put_range`, after logging it) and
+    /// at replay. As one range, never block by block: whole subtrees become summaries, so
+    /// replay makes no page the live run did not (a 16 GiB zeroing replayed block by block
+    /// made a leaf per 255 blocks and ran the page pool out: review 13).
+    pub fn apply_range(&mut self, lba: u64, count: u64, entry: MapEntry) -> Result<()> {
         let mut olds = Vec::new();
         self.map.set_range(lba, count, entry, |old| {
             if old.state == BlockState::Data {
@@ -345,10 +358,7 @@ impl State {
         for old in olds {
             self.account(old, entry);
         }
-        if !logged {
-            self.checkpoint(cx)?;
-        }
-        self.checkpoint_if_map_full(cx)
+        Ok(())
     }
 
     /// Logs a zero or trim range; false when the data area is so full that no extent can take

@@ -6,6 +6,7 @@ mod codecs_real_files;
 mod compat;
 mod grow;
 mod metadata_pages;
+mod review13;
 mod scrub_attacks;
 mod upgrade;
 mod upgrade_faults;
