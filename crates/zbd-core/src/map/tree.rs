@@ -174,10 +174,10 @@ impl TreeMap {
         self.catalog.store.window(&self.catalog.pool) >= self.window_max() / 2
     }
 
-    /// Whether allocation may be short of ids for one map change: a set or a range change
-    /// creates at most the pages of two root-to-leaf paths. The caller checks before it logs
-    /// the change (a logged change the map then refused would come back at replay).
-    pub fn short_of_ids(&self) -> bool {
+    /// Whether allocation may be short of ids for some map change (the cheap mark before
+    /// `short_for` counts): a set or a range change creates at most the pages of two
+    /// root-to-leaf paths, and a fold in a checkpoint placing may write takes two more.
+    fn short_of_ids(&self) -> bool {
         self.catalog.store.alloc.allocatable() <= self.short_at()
     }
 
@@ -213,7 +213,10 @@ impl TreeMap {
     fn short_at(&self) -> usize {
         let store = &self.catalog.store;
         let a = &store.alloc;
-        a.floor(store.usage) + a.claimed() + 2 * usize::from(crate::meta::tree::DEPTH_MAX)
+        a.floor(store.usage)
+            + a.claimed()
+            + 2 * usize::from(crate::meta::tree::DEPTH_MAX)
+            + FOLD_PAGES
     }
 
     /// Extent pairs the stock carver wants at this phase 1: none while the allocatable ids

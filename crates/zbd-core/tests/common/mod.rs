@@ -303,9 +303,9 @@ pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
         ));
         if o.metadata_stock_extents.is_some() {
             // Room for what the open's checkpoint carves on top: up to the high watermark,
-            // and past one map change's ids (two root-to-leaf paths).
+            // and past one map change's ids (two root-to-leaf paths and a fold's two pages).
             let (_, high) = zbd_core::meta::pairs::PairAllocator::new(g).watermarks();
-            let change = 2 * usize::from(zbd_core::meta::tree::DEPTH_MAX) + 1;
+            let change = 2 * usize::from(zbd_core::meta::tree::DEPTH_MAX) + 3;
             stock += high.max(change).div_ceil(g.pairs_per_extent as usize) as u64;
         }
         let want = asked + 2 * stock * u64::from(sb.extent_bytes);
