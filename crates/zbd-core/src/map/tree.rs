@@ -19,12 +19,12 @@ use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, Checkpoint, ChildSlot, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
+    BlockState, Checkpoint, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
     MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
-use crate::meta::map_tree::Replaced;
+use crate::meta::map_tree::{summary_slot, Replaced};
 use crate::meta::page::Page;
 use crate::meta::pool::{Floor, PagePool, PoolStats, FRAME_BYTES};
 use crate::meta::store::{FrameWrite, MetaCheckpoint, MetaStore};
@@ -189,13 +189,7 @@ impl TreeMap {
         if !self.short_of_ids() {
             return Ok(false);
         }
-        let to = to.map(|e| {
-            if e == MapEntry::ZERO {
-                ChildSlot::AllZero
-            } else {
-                ChildSlot::AllUnmapped
-            }
-        });
+        let to = to.and_then(summary_slot);
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
         let mut needed = tree.pages_needed(pool, store, first, first.saturating_add(count), to)?;
         if needed > 0 {
@@ -381,11 +375,7 @@ impl TreeMap {
         new: MapEntry,
         mut freed: impl FnMut(MapEntry),
     ) -> Result<()> {
-        let to = if new == MapEntry::UNMAPPED {
-            ChildSlot::AllUnmapped
-        } else if new == MapEntry::ZERO {
-            ChildSlot::AllZero
-        } else {
+        let Some(to) = summary_slot(new) else {
             return Err(Error::Invalid(format!(
                 "a map range is set to unmapped or zero, not {new:?}"
             )));

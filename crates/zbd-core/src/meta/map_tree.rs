@@ -36,6 +36,14 @@ fn summary_entry(s: ChildSlot) -> Option<MapEntry> {
     }
 }
 
+/// The summary that stands for blocks all holding `e` (unmapped or zero); `None` for any
+/// other entry.
+pub fn summary_slot(e: MapEntry) -> Option<ChildSlot> {
+    [ChildSlot::AllUnmapped, ChildSlot::AllZero]
+        .into_iter()
+        .find(|&s| summary_entry(s) == Some(e))
+}
+
 impl Page {
     /// A page of `device` at `level`, `position` whose every block is what `summary` says.
     fn filled(device: u32, level: u8, position: u64, summary: ChildSlot) -> Page {
@@ -1247,9 +1255,7 @@ mod tests {
             match op {
                 Op::Set(l, v) => {
                     let e = entry_of(v, l);
-                    let to = [ChildSlot::AllUnmapped, ChildSlot::AllZero]
-                        .into_iter()
-                        .find(|&s| summary_entry(s) == Some(e));
+                    let to = summary_slot(e);
                     let bound = t.pages_needed(&mut p, &mut io, l, l + 1, to).expect("tree");
                     let made = io.allocations;
                     let old = t.set(&mut p, &mut io, l, e).expect("tree");

@@ -3,12 +3,6 @@
 //! (`finish_checkpoint`); dictionaries are retired and freed at checkpoint boundaries.
 
 use super::{Consumer, Ctx, State};
-
-/// Free extents below `H` one phase 1 looks at for pairs to carve, and the extent pairs it
-/// carves at most: it never walks the whole free list, and a shortfall larger than that is
-/// made up over the next checkpoints (the carver asks for them while ids run low).
-const CARVE_LOOK_MAX: usize = 16_384;
-const CARVE_PAIRS_MAX: usize = 64;
 use crate::error::{Error, Result};
 use crate::extents::WrittenTable;
 use crate::format::{
@@ -20,6 +14,12 @@ use crate::map::{MapSnapshot, PageWrite};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Free extents below `H` one phase 1 looks at for pairs to carve, and the extent pairs it
+/// carves at most: it never walks the whole free list, and a shortfall larger than that is
+/// made up over the next checkpoints (the carver asks for them while ids run low).
+const CARVE_LOOK_MAX: usize = 16_384;
+const CARVE_PAIRS_MAX: usize = 64;
 
 impl State {
     /// Drops from the directory every dictionary no live block names, other than the one new
