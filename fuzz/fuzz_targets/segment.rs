@@ -3,7 +3,7 @@
 #![no_main]
 
 use zbd_core::format::{
-    parse_segment, parse_segment_footer, seal_segment, SegmentOwner, RECORD_BYTES,
+    parse_segment, parse_segment_footer, seal_segment, SegmentForm, SegmentOwner,
     SEGMENT_HEADER_BYTES,
 };
 use zbd_fuzz::{fix_segment_crc, le_u32, segment_owner_fields};
@@ -21,9 +21,11 @@ libfuzzer_sys::fuzz_target!(|input: &[u8]| {
     // Same image with the header checksum made right, when the table lies inside it.
     let payload_len = le_u32(input, 40) as usize;
     let records = le_u32(input, 44) as usize;
+    let flags = input.get(50..52).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+    let record_bytes = SegmentForm { version, flags }.record_bytes();
     let table = SEGMENT_HEADER_BYTES + payload_len;
     let Some(table_end) = records
-        .checked_mul(RECORD_BYTES)
+        .checked_mul(record_bytes)
         .and_then(|n| n.checked_add(table))
     else {
         return;

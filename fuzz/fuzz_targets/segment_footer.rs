@@ -3,7 +3,7 @@
 #![no_main]
 
 use zbd_core::format::{
-    parse_segment, parse_segment_footer, seal_segment, SegmentOwner, RECORD_BYTES, SECTOR_BYTES,
+    parse_segment, parse_segment_footer, seal_segment, SegmentForm, SegmentOwner, SECTOR_BYTES,
     SEGMENT_HEADER_BYTES,
 };
 use zbd_fuzz::{fix_segment_crc, le_u32, segment_owner_fields};
@@ -26,8 +26,12 @@ libfuzzer_sys::fuzz_target!(|input: &[u8]| {
 
     // Same image with the footer checksum made right, when its table lies inside the image.
     let records = le_u32(input, footer + 44) as usize;
+    let flags = input
+        .get(footer + 50..footer + 52)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+    let record_bytes = SegmentForm { version, flags }.record_bytes();
     let Some(table) = records
-        .checked_mul(RECORD_BYTES)
+        .checked_mul(record_bytes)
         .and_then(|n| footer.checked_sub(n))
     else {
         return;

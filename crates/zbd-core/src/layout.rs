@@ -3,9 +3,9 @@
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::format::{
-    align_up, checkpoint_slot_bytes, segment_padded_len, Superblock, BLOCK_BYTES, EXTENT_BYTES_MAX,
-    EXTENT_BYTES_MIN, EXTENT_TABLE_ENTRIES_PER_PAGE, FORMAT_VERSION, MAP_ENTRIES_PER_PAGE,
-    MAP_PAGE_BYTES, SECTOR_BYTES, SUPERBLOCK_BYTES, UNIT_BLOCKS_MAX,
+    align_up, checkpoint_slot_bytes, SegmentForm, Superblock, BLOCK_BYTES, CKPT_FLAG_V3_SEGMENTS,
+    EXTENT_BYTES_MAX, EXTENT_BYTES_MIN, EXTENT_TABLE_ENTRIES_PER_PAGE, FORMAT_VERSION,
+    MAP_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, SECTOR_BYTES, SUPERBLOCK_BYTES, UNIT_BLOCKS_MAX,
 };
 use crate::meta::geometry::bit10_slot_bytes;
 use crate::meta::{ListBounds, MetaGeometry};
@@ -113,15 +113,13 @@ impl CreateOptions {
 pub const UNIT_BYTES_DEFAULT: u32 = 8 * 1024;
 
 /// Largest unit (in blocks, a power of two) whose worst stored form (compressed, one sector
-/// short of raw, with one record per block) fits an empty extent of `extent_bytes`.
-pub fn unit_blocks_max(extent_bytes: u32) -> u8 {
+/// short of raw, with one record per block) fits an empty extent of `extent_bytes` in segments
+/// of `form` (the widest a volume may write: `SegmentForm::widest`).
+pub fn unit_blocks_max(extent_bytes: u32, form: SegmentForm) -> u8 {
     let mut n = UNIT_BLOCKS_MAX;
     while n > 1
-        && segment_padded_len(
-            FORMAT_VERSION,
-            usize::from(n) * BLOCK_BYTES - SECTOR_BYTES,
-            usize::from(n),
-        ) > u64::from(extent_bytes)
+        && form.padded_len(usize::from(n) * BLOCK_BYTES - SECTOR_BYTES, usize::from(n))
+            > u64::from(extent_bytes)
     {
         n /= 2;
     }
@@ -130,7 +128,15 @@ pub fn unit_blocks_max(extent_bytes: u32) -> u8 {
 
 /// Unit size in blocks for `opts`, checked against its extent size.
 fn unit_blocks(opts: &CreateOptions) -> Result<u8> {
-    let fit = unit_blocks_max(opts.extent_bytes);
+    let flags = if opts.metadata_pages {
+        CKPT_FLAG_V3_SEGMENTS
+    } else {
+        0
+    };
+    let fit = unit_blocks_max(
+        opts.extent_bytes,
+        SegmentForm::widest(opts.format_version, flags),
+    );
     let Some(u) = opts.unit_bytes else {
         return Ok(((UNIT_BYTES_DEFAULT as usize / BLOCK_BYTES) as u8).min(fit));
     };
@@ -156,7 +162,8 @@ fn unit_blocks(opts: &CreateOptions) -> Result<u8> {
 /// Incompressible 4 KiB blocks one extent holds in the worst case: one block per segment (a flush
 /// after every write), each segment paying its header, one record and sector padding.
 pub fn raw_blocks_per_extent(extent_bytes: u32) -> u64 {
-    let per_block = segment_padded_len(FORMAT_VERSION, BLOCK_BYTES, 1);
+    // 64-byte records (bit 11) take the same sectors here as 40-byte ones.
+    let per_block = SegmentForm::plain(FORMAT_VERSION).padded_len(BLOCK_BYTES, 1);
     (u64::from(extent_bytes) / per_block).max(1)
 }
 

@@ -458,6 +458,7 @@ mod tests {
             payload_len: 0,
             record_count: 1,
             durable_seq: 0,
+            flags: 0,
         };
         let n = seal_segment(
             &mut ext,
@@ -476,7 +477,7 @@ mod tests {
             &[Record::new(RecordKind::Trim, 8, 1, 2)],
         );
         assert_eq!(index_segments(&ext, &owner).map(|i| i.len()).ok(), Some(2));
-        set_segment_flags(&mut ext, &second, 1);
+        set_segment_flags(&mut ext, &second, 1 << 4);
         let err = index_segments(&ext, &owner).expect_err("flagged segment skipped");
         assert!(err.to_string().contains("use a newer zbd"), "{err}");
     }

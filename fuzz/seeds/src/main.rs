@@ -9,7 +9,8 @@ use zbd_core::format::{
     checkpoint_slot_bytes, encode_map_page, parse_segment, parse_segment_footer, seal_segment,
     BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, SegmentHeader,
     SegmentOwner, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, COUNTERS, FORMAT_VERSION,
-    FORMAT_VERSION_MIN, MAP_ENTRIES_PER_PAGE, SEGMENT_HEADER_BYTES, VOLUME_COUNTERS,
+    FORMAT_VERSION_MIN, MAP_ENTRIES_PER_PAGE, SEGMENT_HEADER_BYTES, SEG_FLAG_4K,
+    SEG_FLAG_WIDE_RECORDS, VOLUME_COUNTERS,
 };
 use zbd_core::layout::plan;
 use zbd_core::CreateOptions;
@@ -240,9 +241,16 @@ fn on_disk(dir: &Path) {
         Record::new(RecordKind::Zero, 50, 8, 1001),
         Record::new(RecordKind::Trim, 100, 1000, 1002),
     ];
-    for version in [FORMAT_VERSION_MIN, FORMAT_VERSION] {
+    let forms = [
+        (FORMAT_VERSION_MIN, 0),
+        (FORMAT_VERSION, 0),
+        (FORMAT_VERSION, SEG_FLAG_WIDE_RECORDS),
+        (FORMAT_VERSION, SEG_FLAG_WIDE_RECORDS | SEG_FLAG_4K),
+    ];
+    for (version, flags) in forms {
         let header = SegmentHeader {
             version,
+            flags,
             alloc_seq: 55,
             extent: 3,
             seg_offset: 0,
@@ -250,7 +258,7 @@ fn on_disk(dir: &Path) {
             record_count: records.len() as u32,
             durable_seq: if version >= 2 { 999 } else { 0 },
         };
-        let mut extent = vec![0u8; 8192];
+        let mut extent = vec![0u8; 16384];
         extent[payload_at..payload_at + 300].fill(0x3c);
         let total = seal_segment(&mut extent, &sb.uuid, &header, &records);
         let owner = SegmentOwner {
@@ -265,7 +273,10 @@ fn on_disk(dir: &Path) {
             let from_footer = parse_segment_footer(&extent, &owner, total);
             assert_eq!(from_footer.ok(), Some(parsed));
         }
-        let name = format!("three-records-v{version}");
+        let name = match flags {
+            0 => format!("three-records-v{version}"),
+            _ => format!("three-records-v{version}-flags{flags}"),
+        };
         write(dir, "segment", &name, &extent[..total]);
         if version >= 2 {
             // The footer target reads the footer that ends the image's last sector.

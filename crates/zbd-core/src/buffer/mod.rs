@@ -5,8 +5,8 @@
 //! recovery to the queued extents.
 
 use crate::format::{
-    align_up, seal_segment, segment_padded_len, segment_raw_len, Record, RecordKind, SegmentHeader,
-    SEGMENT_HEADER_BYTES,
+    align_up, seal_segment, Record, RecordKind, SegmentForm, SegmentHeader, SEGMENT_HEADER_BYTES,
+    UNIT_BLOCKS_MAX,
 };
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,8 @@ pub struct OpenExtent {
     pub extent: u32,
     /// Allocation sequence its segments carry.
     pub alloc_seq: u64,
-    /// Format version of its segments (the volume's).
-    pub version: u32,
+    /// Layout of its segments (the volume's, `Ctx::form`).
+    pub form: SegmentForm,
     /// The extent's bytes (durable part and pending segment).
     pub buf: Vec<u8>,
     /// Bytes already written to storage (sector aligned).
@@ -48,7 +48,7 @@ impl OpenExtent {
         if n == 0 {
             return self.durable_end;
         }
-        self.durable_end + segment_padded_len(self.version, self.payload_len + payload, n) as usize
+        self.durable_end + self.form.padded_len(self.payload_len + payload, n) as usize
     }
 
     pub(crate) fn fits(&self, payload: usize, records: usize, extent_bytes: usize) -> bool {
@@ -62,8 +62,8 @@ impl OpenExtent {
 
     /// What `place` needs to know of it, in a few bytes.
     fn room(&self, extent_bytes: usize) -> Room {
-        let raw_end = self.durable_end as u64
-            + segment_raw_len(self.version, self.payload_len, self.records.len() + 1);
+        let raw_end =
+            self.durable_end as u64 + self.form.raw_len(self.payload_len, self.records.len() + 1);
         Room {
             free: self.free_bytes(extent_bytes) as u32,
             // Padding only adds to a segment: no payload larger than this fits with any number
@@ -113,6 +113,9 @@ pub enum Prepared {
         blocks: u8,
         /// Dictionary they were compressed with (0 = none).
         dict: u8,
+        /// Per block, the fingerprint its record carries (`Record::fingerprint`; 0 = none:
+        /// segments without 64-byte records have no room for it).
+        fingerprints: [u32; UNIT_BLOCKS_MAX as usize],
     },
 }
 
@@ -305,7 +308,8 @@ impl ExtentBuffer {
             return None;
         }
         let h = SegmentHeader {
-            version: oe.version,
+            version: oe.form.version,
+            flags: oe.form.flags,
             alloc_seq: oe.alloc_seq,
             extent: oe.extent,
             seg_offset: oe.durable_end as u32,
@@ -338,13 +342,18 @@ impl ExtentBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::SECTOR_BYTES;
+    use crate::format::{SECTOR_BYTES, SEG_FLAG_4K, SEG_FLAG_WIDE_RECORDS};
 
-    fn extent(version: u32, durable_end: usize, payload_len: usize, records: usize) -> OpenExtent {
+    fn extent(
+        form: SegmentForm,
+        durable_end: usize,
+        payload_len: usize,
+        records: usize,
+    ) -> OpenExtent {
         OpenExtent {
             extent: 0,
             alloc_seq: 0,
-            version,
+            form,
             buf: Vec::new(),
             durable_end,
             payload_len,
@@ -356,16 +365,19 @@ mod tests {
     }
 
     /// `place` skips an extent whose `payload_max` is below the payload: that must never skip
-    /// one that fits, for any fill, version or number of records.
+    /// one that fits, for any fill, form or number of records.
     #[test]
     fn payload_max_never_hides_an_extent_that_fits() {
         const EXT: usize = 32 * 1024;
         let mut checked = 0;
-        for version in [1, 2] {
+        let wide = SEG_FLAG_WIDE_RECORDS;
+        let forms = [(1, 0), (2, 0), (3, wide), (3, wide | SEG_FLAG_4K)]
+            .map(|(version, flags)| SegmentForm { version, flags });
+        for form in forms {
             for durable_end in (0..EXT).step_by(SECTOR_BYTES * 7) {
                 for payload_len in [0, 1, 100, 511, 512, 3000, 4096, 9000] {
                     for records in [0, 1, 2, 5] {
-                        let oe = extent(version, durable_end, payload_len, records);
+                        let oe = extent(form, durable_end, payload_len, records);
                         let room = oe.room(EXT);
                         for len in (0..=EXT).step_by(97) {
                             for n in [1, 2, 16] {
@@ -373,7 +385,7 @@ mod tests {
                                     checked += 1;
                                     assert!(
                                         len <= room.payload_max as usize,
-                                        "v{version} end {durable_end} payload {payload_len} \
+                                        "{form:?} end {durable_end} payload {payload_len} \
                                          records {records}: {len} bytes x {n} fit, max {}",
                                         room.payload_max
                                     );

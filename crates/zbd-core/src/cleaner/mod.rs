@@ -32,7 +32,7 @@ pub use policy::Mode;
 use crate::error::Result;
 use crate::extents::ExtentState;
 use crate::format::{
-    seal_segment, segment_padded_len, MapEntry, Record, RecordKind, SegmentHeader, Superblock,
+    seal_segment, MapEntry, Record, RecordKind, SegmentForm, SegmentHeader, Superblock,
     BLOCK_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, State};
@@ -234,7 +234,7 @@ fn items(
 }
 
 /// First-fit decreasing over stored sizes; returns bins of item indices.
-fn pack(items: &[Item], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
+fn pack(items: &[Item], extent_bytes: usize, form: SegmentForm) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|&a, &b| {
         items[b]
@@ -246,7 +246,7 @@ fn pack(items: &[Item], extent_bytes: usize, version: u32) -> Vec<Vec<usize>> {
     for i in order {
         let (len, recs) = (items[i].len(), items[i].blocks.len());
         let fits = |payload: usize, n: usize| {
-            segment_padded_len(version, payload + len, n + recs) as usize <= extent_bytes
+            form.padded_len(payload + len, n + recs) as usize <= extent_bytes
         };
         match bins.iter_mut().find(|(p, n, _)| fits(*p, *n)) {
             Some((p, n, b)) => {
@@ -270,7 +270,7 @@ fn stream(
     items: &mut [Item],
     victims: &[u32],
     extent_bytes: usize,
-    version: u32,
+    form: SegmentForm,
     free: usize,
 ) -> Option<Vec<Vec<usize>>> {
     let mut order = victims.to_vec();
@@ -283,8 +283,8 @@ fn stream(
     let mut last_bin = vec![0usize; order.len()];
     for (i, it) in items.iter().enumerate() {
         let (len, n) = (it.len(), it.blocks.len());
-        let fits = !bins.is_empty()
-            && segment_padded_len(version, payload + len, recs + n) as usize <= extent_bytes;
+        let fits =
+            !bins.is_empty() && form.padded_len(payload + len, recs + n) as usize <= extent_bytes;
         if !fits {
             bins.push(Vec::new());
             payload = 0;
@@ -337,7 +337,7 @@ fn fit(
     all: &[Item],
     victims: &mut Vec<u32>,
     extent_bytes: usize,
-    version: u32,
+    form: SegmentForm,
     free: usize,
     migrate: bool,
 ) -> Option<(Vec<Item>, Vec<Vec<usize>>, bool)> {
@@ -347,7 +347,7 @@ fn fit(
             .filter(|it| victims.contains(&it.victim()))
             .cloned()
             .collect();
-        let bins = pack(&chosen, extent_bytes, version);
+        let bins = pack(&chosen, extent_bytes, form);
         if migrate {
             if bins.len() <= free.min(PASS_OUTPUTS_MAX) {
                 return Some((chosen, bins, false));
@@ -360,7 +360,7 @@ fn fit(
         }
         // Too few free extents for the whole packing (small data areas): fill the outputs
         // victim by victim instead, so drained victims are free again for the later outputs.
-        if let Some(bins) = stream(st, &mut chosen, victims, extent_bytes, version, free) {
+        if let Some(bins) = stream(st, &mut chosen, victims, extent_bytes, form, free) {
             return Some((chosen, bins, true));
         }
         victims.pop();
@@ -447,8 +447,7 @@ fn commit(
     }
     let all = items(cx.sb, &candidates, images, cx.codec, cx.dicts);
     let free = st.free_now();
-    let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.sb.version, free, migrate)
-    else {
+    let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.form, free, migrate) else {
         return Ok(PassResult::default());
     };
     let stamp = victims
@@ -536,7 +535,8 @@ fn commit(
             at += len;
         }
         let h = SegmentHeader {
-            version: cx.sb.version,
+            version: cx.form.version,
+            flags: cx.form.flags,
             alloc_seq: q.alloc_seq,
             extent: q.extent,
             seg_offset: 0,

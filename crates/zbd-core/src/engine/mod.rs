@@ -17,7 +17,7 @@ use crate::backend::fence::Fenced;
 use crate::backend::queued::IoOptions;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
-use crate::format::{MapEntry, Superblock, BLOCK_BYTES};
+use crate::format::{MapEntry, SegmentForm, Superblock, BLOCK_BYTES};
 use crate::map::MAP_CACHE_BYTES_DEFAULT;
 use crate::readcache::ReadCache;
 use crate::state::{Ctx, State};
@@ -160,6 +160,8 @@ pub(crate) struct Inner {
     durable_seq: AtomicU64,
     /// Log segments are padded to this (see `Ctx::write_align`).
     write_align: usize,
+    /// How this open writes segments (see `Ctx::form`).
+    seg_form: SegmentForm,
     closed: AtomicBool,
     host_bytes_read: AtomicU64,
     storage_bytes_read: AtomicU64,
@@ -254,6 +256,7 @@ impl Inner {
             gate: &self.gate,
             durable_seq: &self.durable_seq,
             write_align: self.write_align,
+            form: self.seg_form,
             cache: &self.cache,
             outbox: &self.outbox,
             codec: self.codec,

@@ -10,9 +10,10 @@ use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState, ExtentTable, Extents};
 use crate::format::{
-    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, Superblock, BLOCK_BYTES,
+    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, SegmentForm, Superblock, BLOCK_BYTES,
     CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
-    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_V3_SEGMENTS, CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::layout::{plan, CreateOptions};
 use crate::map::{Map, TreeMap, VolumeMap};
@@ -68,7 +69,9 @@ fn format_metadata_pages(
     let mut tree = TreeMap::create(Arc::clone(storage), sb, stock, cache_bytes)?;
     let ext = tree.checkpoint()?.ext;
     Ok(Checkpoint {
-        flags: ck.flags | CKPT_FLAG_EXTENT_TABLE | CKPT_FLAG_METADATA_PAGES,
+        // Bit-10 volumes are created with bit 11's segments too: both are the shared-block
+        // format's (docs/design.md, "Build order" 1b and 1d).
+        flags: ck.flags | CKPT_FLAG_EXTENT_TABLE | CKPT_FLAG_METADATA_PAGES | CKPT_FLAG_V3_SEGMENTS,
         extent_table_slots: table.slots,
         page_slots: Vec::new(),
         page_summaries: Vec::new(),
@@ -223,6 +226,7 @@ impl Inner {
             map.recount(|_| {})?;
         }
         let write_align = segment_align(&*storage, &sb);
+        let seg_form = SegmentForm::for_volume(sb.version, ck.flags, write_align);
         let rolled = recovery::roll_forward(&*storage, &sb, &ck, write_align)?;
         let mut open_repaired = found.damaged_copies;
         if !opts.read_only {
@@ -303,7 +307,13 @@ impl Inner {
         } else {
             opts.unit_bytes
                 .map_or(sb.unit_blocks, |b| (b as usize / BLOCK_BYTES) as u8)
-                .clamp(1, crate::layout::unit_blocks_max(sb.extent_bytes))
+                .clamp(
+                    1,
+                    crate::layout::unit_blocks_max(
+                        sb.extent_bytes,
+                        SegmentForm::widest(sb.version, ck.flags),
+                    ),
+                )
         };
         let dicts = crate::dicts::Dicts::new(
             opts.dictionary
@@ -346,6 +356,7 @@ impl Inner {
             open_repaired,
             durable_seq: AtomicU64::new(rolled.durable_seq),
             write_align,
+            seg_form,
             closed: AtomicBool::new(false),
             host_bytes_read: AtomicU64::new(counters.host_bytes_read),
             storage_bytes_read: AtomicU64::new(counters.storage_bytes_read),

@@ -15,6 +15,7 @@ fn raw_block(n: usize) -> Prepared {
         seeded: false,
         blocks: 1,
         dict: 0,
+        fingerprints: [0; 16],
     }
 }
 

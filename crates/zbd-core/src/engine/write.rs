@@ -7,8 +7,12 @@ use crate::backend::Storage;
 use crate::buffer::Prepared;
 use crate::codec::dict::Dictionary;
 use crate::codec::{self, unit, Codec};
+use crate::dedup::Fingerprint;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{
+    BlockState, MapEntry, RecordKind, BLOCK_BYTES, SECTOR_BYTES, SEG_FLAG_WIDE_RECORDS,
+    UNIT_BLOCKS_MAX,
+};
 use crate::state::{is_zero, State};
 
 impl Inner {
@@ -41,21 +45,30 @@ impl Inner {
             }
             _ => (codec::id::RAW, block.to_vec(), None),
         };
-        self.prepared(codec, bytes, 1, dict.as_deref())
+        self.prepared(block, codec, bytes, dict.as_deref())
     }
 
-    /// A prepared item with the checksum new items of this volume carry (seeded from v3).
+    /// A prepared item of the blocks `raw`, stored as `bytes`, with the checksum new items of
+    /// this volume carry (seeded from v3) and, where its records have room (bit 11), each
+    /// block's fingerprint.
     fn prepared(
         &self,
+        raw: &[u8],
         codec: u8,
         bytes: Vec<u8>,
-        blocks: u8,
         dict: Option<&Dictionary>,
     ) -> Prepared {
+        let blocks = (raw.len() / BLOCK_BYTES) as u8;
         let id = dict.map(|d| d.identity());
         let (crc, seeded) = self
             .sb
             .new_item_checksum(codec, blocks, id.as_ref(), &bytes);
+        let mut fingerprints = [0; UNIT_BLOCKS_MAX as usize];
+        if self.seg_form.flags & SEG_FLAG_WIDE_RECORDS != 0 {
+            for (f, b) in fingerprints.iter_mut().zip(raw.chunks(BLOCK_BYTES)) {
+                *f = Fingerprint::of(b).manifest_part();
+            }
+        }
         Prepared::Data {
             codec,
             bytes,
@@ -63,6 +76,7 @@ impl Inner {
             seeded,
             blocks,
             dict: dict.map_or(0, |d| d.id() as u8),
+            fingerprints,
         }
     }
 
@@ -82,11 +96,11 @@ impl Inner {
                 }
                 self.dicts.sample(data);
                 let dict = active.as_deref().filter(|_| u.dict_id != 0);
-                vec![self.prepared(u.codec_id, u.bytes, n as u8, dict)]
+                vec![self.prepared(data, u.codec_id, u.bytes, dict)]
             }
             _ => data
                 .chunks(BLOCK_BYTES)
-                .map(|b| self.prepared(codec::id::RAW, b.to_vec(), 1, None))
+                .map(|b| self.prepared(b, codec::id::RAW, b.to_vec(), None))
                 .collect(),
         }
     }

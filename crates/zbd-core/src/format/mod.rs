@@ -42,8 +42,14 @@ pub const FORMAT_VERSION_MIN: u32 = 1;
 pub const SUPERBLOCK_BYTES: usize = 4096;
 /// Segment header size (the v2 footer has the same size).
 pub const SEGMENT_HEADER_BYTES: usize = 64;
-/// Block record size.
+/// Block record size (v1, v2, and v3 without bit 11).
 pub const RECORD_BYTES: usize = 40;
+/// Block record size of bit 11's segments (header flag [`SEG_FLAG_WIDE_RECORDS`]).
+pub const WIDE_RECORD_BYTES: usize = 64;
+/// The device sector of bit 11's 4 KiB form.
+pub const SECTOR_4K_BYTES: usize = 4096;
+/// The device every record of a volume without devices (bit 13) names.
+pub const DEFAULT_DEVICE: u32 = 1;
 /// Map page size.
 pub const MAP_PAGE_BYTES: usize = 4096;
 /// Map page header size.
@@ -93,12 +99,17 @@ pub const CKPT_FLAG_DICTIONARIES: u32 = 1 << 9;
 /// extents. The format reads and writes it; the engine refuses such volumes by name until it
 /// opens their maps (design.md, "Build order", the wiring of step 1b).
 pub const CKPT_FLAG_METADATA_PAGES: u32 = 1 << 10;
+/// Checkpoint flag (incompatible): segments may carry bit 11's header flags, 64-byte records
+/// with a device and a fingerprint, and the 4 KiB form (docs/format.md, "Bit 11").
+pub const CKPT_FLAG_V3_SEGMENTS: u32 = 1 << 11;
 /// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
 /// Incompatible flags this build implements.
-pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 =
-    CKPT_FLAG_COMPRESSION_UNITS | CKPT_FLAG_DICTIONARIES | CKPT_FLAG_METADATA_PAGES;
+pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS
+    | CKPT_FLAG_DICTIONARIES
+    | CKPT_FLAG_METADATA_PAGES
+    | CKPT_FLAG_V3_SEGMENTS;
 /// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
 /// that saves a sector, fits the u16 of a map entry).
 pub const UNIT_BLOCKS_MAX: u8 = 16;
@@ -108,11 +119,15 @@ const LOC_OFFSET_MASK: u32 = (1 << 20) - 1;
 const SUPER_MAGIC: &[u8; 8] = b"ZBDSUPER";
 const CKPT_MAGIC: &[u8; 8] = b"ZBDCKPT1";
 const SEG_MAGIC: &[u8; 8] = b"ZBDSEGM1";
-/// Segment header flags (u16 at byte 50) this build reads: none yet. A writer sets a flag only
-/// after the checkpoint flag announcing it is durable, so an older build refuses the checkpoint
-/// first; refusing the segment as well keeps it from taking a segment it cannot parse for the
-/// end of the log (docs/format.md, "Flags").
-const SEG_FLAGS_KNOWN: u16 = 0;
+/// Segment header flag (bit 11): records are [`WIDE_RECORD_BYTES`] long, in both table copies.
+pub const SEG_FLAG_WIDE_RECORDS: u16 = 1;
+/// Segment header flag (bit 11): the 4 KiB form (`SegmentForm::padded_len`).
+pub const SEG_FLAG_4K: u16 = 2;
+/// Segment header flags (u16 at byte 50) this build reads. A writer sets a flag only after the
+/// checkpoint flag announcing it is durable, so an older build refuses the checkpoint first;
+/// refusing the segment as well keeps it from taking a segment it cannot parse for the end of
+/// the log (docs/format.md, "Flags").
+const SEG_FLAGS_KNOWN: u16 = SEG_FLAG_WIDE_RECORDS | SEG_FLAG_4K;
 const SEG_FOOTER_MAGIC: &[u8; 8] = b"ZBDSEGFT";
 
 /// Rounds `v` up to a multiple of `a` (a power of two).

@@ -42,6 +42,12 @@ pub struct Record {
     /// Data records: `crc` is the seeded item checksum (v3; flag bit 0), not the plain CRC32C
     /// of the stored bytes.
     pub seeded: bool,
+    /// Device the record writes (64-byte records; 40-byte ones name device 1, the default).
+    pub device: u32,
+    /// Data records in 64-byte form: the top 32 bits of the block's xxh3-128
+    /// (`Fingerprint::manifest_part`), what makes an extent's record table a dedup manifest;
+    /// 0 = none (40-byte records, and blocks the cleaner copied without decoding).
+    pub fingerprint: u32,
 }
 
 impl Record {
@@ -60,16 +66,20 @@ impl Record {
             unit_blocks: 1,
             dict: 0,
             seeded: false,
+            device: DEFAULT_DEVICE,
+            fingerprint: 0,
         }
     }
 
     /// Whether it names a dictionary id a map entry cannot hold (7 bits), or has a unit shape
     /// that no writer produces (a damaged or foreign table).
     pub fn uses_unsupported_features(&self) -> bool {
-        self.kind == RecordKind::Data
-            && (self.dict > 127
-                || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
-                || u16::from(self.unit_index) >= self.unit_blocks)
+        // Devices beyond the default one come with format bit 13.
+        self.device != DEFAULT_DEVICE
+            || self.kind == RecordKind::Data
+                && (self.dict > 127
+                    || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
+                    || u16::from(self.unit_index) >= self.unit_blocks)
     }
 
     /// Whether it is one block of a multi-block compression unit.
@@ -77,16 +87,51 @@ impl Record {
         self.kind == RecordKind::Data && self.unit_blocks > 1
     }
 
-    fn encode(&self, b: &mut [u8]) {
-        b[0] = match self.kind {
+    fn kind_byte(&self) -> u8 {
+        match self.kind {
             RecordKind::Data => 1,
             RecordKind::Zero => 2,
             RecordKind::Trim => 3,
-        };
+        }
+    }
+
+    fn kind_of(b: u8) -> Option<RecordKind> {
+        match b {
+            1 => Some(RecordKind::Data),
+            2 => Some(RecordKind::Zero),
+            3 => Some(RecordKind::Trim),
+            // 4 ref, 5 move, 6 release step: their checkpoint bits (12, 13) are refused first.
+            _ => None,
+        }
+    }
+
+    /// Encodes into `b`, 40 or 64 bytes (format.md, "Extents and segments" and "Bit 11").
+    fn encode(&self, b: &mut [u8]) {
+        b.fill(0);
+        b[0] = self.kind_byte();
         b[1] = self.codec;
         b[2] = self.unit_index;
         b[3] = u8::from(self.seeded);
         put_u32(b, 4, self.len);
+        if b.len() == WIDE_RECORD_BYTES {
+            // A unit holds at most 16 blocks and a dictionary id at most 127 (checked by every
+            // writer's source, `uses_unsupported_features` on what it read).
+            debug_assert!(self.unit_blocks <= 255 && self.dict <= 255);
+            put_u32(b, 8, self.device);
+            put_u32(b, 12, self.fingerprint);
+            put_u64(b, 16, self.lba);
+            put_u32(b, 24, self.count);
+            put_u32(b, 28, self.offset);
+            put_u64(b, 32, self.seq);
+            put_u32(b, 40, self.crc);
+            b[44] = self.unit_blocks as u8;
+            b[45] = self.dict as u8;
+            return;
+        }
+        debug_assert_eq!(
+            self.device, DEFAULT_DEVICE,
+            "a 40-byte record names device 1"
+        );
         put_u64(b, 8, self.lba);
         put_u32(b, 16, self.count);
         put_u32(b, 20, self.offset);
@@ -96,27 +141,140 @@ impl Record {
         put_u16(b, 38, self.dict);
     }
 
+    /// Decodes a 40- or 64-byte record (by `b`'s length); `None` for a kind or flag this build
+    /// does not write, or reserved bytes in use (the table's checksum passed, so a newer
+    /// writer's, which its checkpoint flag refuses first).
     fn decode(b: &[u8]) -> Option<Record> {
-        let kind = match b[0] {
-            1 => RecordKind::Data,
-            2 => RecordKind::Zero,
-            3 => RecordKind::Trim,
-            _ => return None,
-        };
-        Some(Record {
-            kind,
+        let kind = Record::kind_of(b[0])?;
+        if b[3] & !1 != 0 {
+            return None;
+        }
+        let mut r = Record {
             codec: b[1],
-            len: get_u32(b, 4),
-            lba: get_u64(b, 8),
-            count: get_u32(b, 16),
-            offset: get_u32(b, 20),
-            seq: get_u64(b, 24),
-            crc: get_u32(b, 32),
             unit_index: b[2],
-            unit_blocks: get_u16(b, 36),
-            dict: get_u16(b, 38),
             seeded: b[3] & 1 != 0,
-        })
+            len: get_u32(b, 4),
+            ..Record::new(kind, 0, 0, 0)
+        };
+        if b.len() == WIDE_RECORD_BYTES {
+            if b[46..].iter().any(|&x| x != 0) {
+                return None;
+            }
+            r.device = get_u32(b, 8);
+            r.fingerprint = get_u32(b, 12);
+            r.lba = get_u64(b, 16);
+            r.count = get_u32(b, 24);
+            r.offset = get_u32(b, 28);
+            r.seq = get_u64(b, 32);
+            r.crc = get_u32(b, 40);
+            r.unit_blocks = u16::from(b[44]);
+            r.dict = u16::from(b[45]);
+        } else {
+            r.lba = get_u64(b, 8);
+            r.count = get_u32(b, 16);
+            r.offset = get_u32(b, 20);
+            r.seq = get_u64(b, 24);
+            r.crc = get_u32(b, 32);
+            r.unit_blocks = get_u16(b, 36);
+            r.dict = get_u16(b, 38);
+        }
+        Some(r)
+    }
+}
+
+/// How a segment is laid out: the format version and the header flags of bit 11 (format.md,
+/// "Bit 11: v3 segments"). Writers take theirs from the volume and the write alignment
+/// ([`SegmentForm::for_volume`]); readers from each segment's header, so one extent may hold
+/// several forms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentForm {
+    /// Format version of the segment.
+    pub version: u32,
+    /// Header flags: [`SEG_FLAG_WIDE_RECORDS`], [`SEG_FLAG_4K`].
+    pub flags: u16,
+}
+
+impl SegmentForm {
+    /// The form of a volume without bit 11 (flags 0).
+    pub const fn plain(version: u32) -> SegmentForm {
+        SegmentForm { version, flags: 0 }
+    }
+
+    /// The form a writer of this volume uses: with checkpoint bit 11, 64-byte records, and the
+    /// 4 KiB form where segments are padded to 4 KiB (a device of 4 KiB logical blocks), so
+    /// that a lost device sector takes one copy of the header and record table, never both.
+    pub fn for_volume(version: u32, ckpt_flags: u32, write_align: usize) -> SegmentForm {
+        if ckpt_flags & CKPT_FLAG_V3_SEGMENTS == 0 {
+            return SegmentForm::plain(version);
+        }
+        let sector4k = if write_align >= SECTOR_4K_BYTES {
+            SEG_FLAG_4K
+        } else {
+            0
+        };
+        SegmentForm {
+            version,
+            flags: SEG_FLAG_WIDE_RECORDS | sector4k,
+        }
+    }
+
+    /// The largest form a writer of this volume may use (on any device it is opened on): what
+    /// decides whether a unit fits an extent.
+    pub fn widest(version: u32, ckpt_flags: u32) -> SegmentForm {
+        SegmentForm::for_volume(version, ckpt_flags, SECTOR_4K_BYTES)
+    }
+
+    /// Bytes per record.
+    pub fn record_bytes(self) -> usize {
+        if self.flags & SEG_FLAG_WIDE_RECORDS != 0 {
+            WIDE_RECORD_BYTES
+        } else {
+            RECORD_BYTES
+        }
+    }
+
+    /// The device sector the layout keeps header and footer apart by (and the alignment of the
+    /// segment's start and end).
+    pub fn sector(self) -> usize {
+        if self.flags & SEG_FLAG_4K != 0 {
+            SECTOR_4K_BYTES
+        } else {
+            SECTOR_BYTES
+        }
+    }
+
+    /// Bytes of a segment before padding: header (and footer, v2), payload, record table (and
+    /// its copy, v2). Never more than [`SegmentForm::padded_len`].
+    pub fn raw_len(self, payload_len: usize, records: usize) -> u64 {
+        let table = records * self.record_bytes();
+        if self.version < 2 {
+            return (SEGMENT_HEADER_BYTES + payload_len + table) as u64;
+        }
+        (2 * SEGMENT_HEADER_BYTES + payload_len + 2 * table) as u64
+    }
+
+    /// Bytes a segment of `payload_len` payload and `records` records takes, padded to its
+    /// sector. A v2 segment takes at least two sectors, so that its header and footer never
+    /// share one. The 4 KiB form goes further: the second table copy starts in a sector after
+    /// the one the first copy ends in, so a lost 4 KiB sector takes one copy of the records,
+    /// never both (issue 26), and a flushed block whose payload is lost reads as damage, never
+    /// as its older value.
+    pub fn padded_len(self, payload_len: usize, records: usize) -> u64 {
+        let a = self.sector() as u64;
+        let raw = self.raw_len(payload_len, records);
+        if self.version < 2 {
+            return align_up(raw, a);
+        }
+        let padded = align_up(raw, a).max(2 * a);
+        if self.flags & SEG_FLAG_4K == 0 {
+            return padded;
+        }
+        let table = (records * self.record_bytes()) as u64;
+        let first_end = (SEGMENT_HEADER_BYTES + payload_len) as u64 + table;
+        padded.max(align_up(
+            align_up(first_end, a) + table + SEGMENT_HEADER_BYTES as u64,
+            a,
+        ))
     }
 }
 
@@ -141,38 +299,29 @@ pub struct SegmentHeader {
     /// v2: every record with a write sequence up to this was covered by a completed sync when
     /// the segment was written (v1: 0). Recovery uses it to tell damage from a torn write.
     pub durable_seq: u64,
+    /// Header flags (bit 11's forms; 0 before it).
+    pub flags: u16,
 }
 
 impl SegmentHeader {
+    /// Its layout.
+    pub fn form(&self) -> SegmentForm {
+        SegmentForm {
+            version: self.version,
+            flags: self.flags,
+        }
+    }
+
     /// Total bytes of the segment including sector padding.
     pub fn padded_len(&self) -> u64 {
-        segment_padded_len(
-            self.version,
-            self.payload_len as usize,
-            self.record_count as usize,
-        )
+        self.form()
+            .padded_len(self.payload_len as usize, self.record_count as usize)
     }
-}
 
-/// Bytes a segment of `payload_len` payload and `records` records takes in format `version`,
-/// padded to a sector. A v2 segment takes at least two sectors, so that its header and footer
-/// never share one.
-pub fn segment_padded_len(version: u32, payload_len: usize, records: usize) -> u64 {
-    let raw = segment_raw_len(version, payload_len, records);
-    if version < 2 {
-        return align_up(raw, SECTOR_BYTES as u64);
+    /// Bytes of its record table (one copy).
+    fn table_len(&self) -> usize {
+        self.record_count as usize * self.form().record_bytes()
     }
-    align_up(raw, SECTOR_BYTES as u64).max(2 * SECTOR_BYTES as u64)
-}
-
-/// Bytes of a segment before padding: header (and footer, v2), payload, record table (and its
-/// copy, v2). Never more than [`segment_padded_len`].
-pub fn segment_raw_len(version: u32, payload_len: usize, records: usize) -> u64 {
-    let table = records * RECORD_BYTES;
-    if version < 2 {
-        return (SEGMENT_HEADER_BYTES + payload_len + table) as u64;
-    }
-    (2 * SEGMENT_HEADER_BYTES + payload_len + 2 * table) as u64
 }
 
 fn encode_seg_block(hb: &mut [u8], magic: &[u8; 8], uuid: &[u8; 16], h: &SegmentHeader) {
@@ -185,6 +334,7 @@ fn encode_seg_block(hb: &mut [u8], magic: &[u8; 8], uuid: &[u8; 16], h: &Segment
     put_u32(hb, 40, h.payload_len);
     put_u32(hb, 44, h.record_count);
     put_u16(hb, 48, h.version as u16);
+    put_u16(hb, 50, h.flags);
     if h.version >= 2 {
         put_u64(hb, 56, h.durable_seq);
     }
@@ -210,13 +360,17 @@ pub fn seal_segment(
         ..*h
     };
     let start = h.seg_offset as usize;
+    debug_assert!(
+        start.is_multiple_of(h.form().sector()),
+        "segment start off its sector"
+    );
     let table = start + SEGMENT_HEADER_BYTES + h.payload_len as usize;
-    let tlen = records.len() * RECORD_BYTES;
+    let rb = h.form().record_bytes();
+    let tlen = h.table_len();
     let total = h.padded_len() as usize;
     for (i, r) in records.iter().enumerate() {
-        let o = table + i * RECORD_BYTES;
-        buf[o..o + RECORD_BYTES].fill(0);
-        r.encode(&mut buf[o..o + RECORD_BYTES]);
+        let o = table + i * rb;
+        r.encode(&mut buf[o..o + rb]);
     }
     buf[table + tlen..start + total].fill(0);
     encode_seg_block(
@@ -280,17 +434,25 @@ fn parse_seg_block(
         } else {
             0
         },
+        flags: get_u16(hb, 50),
     };
     // A volume upgraded from v2 to v3 keeps its v2 segments (their records say how their items
     // are checksummed); otherwise a segment has its volume's version.
     let version_fits =
         h.version == owner.version || (owner.version >= SEEDED_CHECKSUMS_VERSION && h.version == 2);
-    if h.alloc_seq != owner.alloc_seq || h.extent != owner.extent || !version_fits {
+    // Bit 11's forms exist from v3 on; a 4 KiB-form segment starts on a 4 KiB boundary.
+    if h.alloc_seq != owner.alloc_seq
+        || h.extent != owner.extent
+        || !version_fits
+        || (h.flags & SEG_FLAGS_KNOWN != 0 && h.version < SEEDED_CHECKSUMS_VERSION)
+        || !(h.seg_offset as usize).is_multiple_of(h.form().sector())
+    {
         return Err(bad());
     }
     let seg_offset = h.seg_offset as usize;
+    let rb = h.form().record_bytes();
     let end = (h.record_count as usize)
-        .checked_mul(RECORD_BYTES)
+        .checked_mul(rb)
         .and_then(|t| seg_offset.checked_add(SEGMENT_HEADER_BYTES)?.checked_add(t))
         .and_then(|e| e.checked_add(h.payload_len as usize));
     let Some(end) = end else { return Err(bad()) };
@@ -298,13 +460,13 @@ fn parse_seg_block(
         return Err(bad());
     }
     let table = table_at(&h).ok_or_else(bad)?;
-    let tlen = h.record_count as usize * RECORD_BYTES;
-    let tb = ext.get(table..table + tlen).ok_or_else(bad)?;
+    let tb = ext.get(table..table + h.table_len()).ok_or_else(bad)?;
     if seg_block_crc(hb, tb) != get_u32(hb, 52) {
         return Err(bad());
     }
-    // Only now, with the checksum good, is a flag a writer's word rather than damage.
-    let unknown = get_u16(hb, 50) & !SEG_FLAGS_KNOWN;
+    // Only now, with the checksum good, is a flag a writer's word rather than damage. (The
+    // table's length came from bit 0, whose meaning a newer writer keeps.)
+    let unknown = h.flags & !SEG_FLAGS_KNOWN;
     if unknown != 0 {
         return Err(Error::NotAVolume(format!(
             "the volume uses features this zbd does not have (segment flags {unknown:#x} in \
@@ -315,7 +477,7 @@ fn parse_seg_block(
     let payload_end = seg_offset + SEGMENT_HEADER_BYTES + h.payload_len as usize;
     let mut records = Vec::with_capacity(h.record_count as usize);
     for i in 0..h.record_count as usize {
-        let r = Record::decode(&tb[i * RECORD_BYTES..(i + 1) * RECORD_BYTES]).ok_or_else(bad)?;
+        let r = Record::decode(&tb[i * rb..(i + 1) * rb]).ok_or_else(bad)?;
         if r.kind == RecordKind::Data {
             let end = r.offset as usize + r.len as usize;
             if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES
@@ -363,7 +525,7 @@ pub fn parse_segment_footer(
     }
     let footer = end - SEGMENT_HEADER_BYTES;
     let (h, r) = parse_seg_block(&ext[footer..end], SEG_FOOTER_MAGIC, ext, owner, |h| {
-        footer.checked_sub(h.record_count as usize * RECORD_BYTES)
+        footer.checked_sub(h.table_len())
     })?;
     if h.seg_offset as u64 + h.padded_len() != end as u64 {
         return Err(corrupt("segment footer names another extent range"));
@@ -376,7 +538,7 @@ pub fn parse_segment_footer(
 #[cfg(test)]
 pub(crate) fn set_segment_flags(buf: &mut [u8], h: &SegmentHeader, flags: u16) {
     let start = h.seg_offset as usize;
-    let tlen = h.record_count as usize * RECORD_BYTES;
+    let tlen = h.table_len();
     let table = start + SEGMENT_HEADER_BYTES + h.payload_len as usize;
     put_u16(&mut buf[start..], 50, flags);
     let crc = seg_block_crc(&buf[start..], &buf[table..table + tlen]);
@@ -405,6 +567,7 @@ mod tests {
                 payload_len: 0,
                 record_count: 1,
                 durable_seq: 1,
+                flags: 0,
             };
             let n = seal_segment(
                 &mut ext,

@@ -222,6 +222,7 @@ fn segment_round_trip_rejects_other_generation_and_survives_header_damage() {
             payload_len: 10,
             record_count: 1,
             durable_seq: if version >= 2 { 4 } else { 0 },
+            flags: 0,
         };
         let n = seal_segment(&mut ext, &[9; 16], &h, &[r]);
         assert_eq!(n % SECTOR_BYTES, 0);
@@ -411,4 +412,121 @@ fn bit10_checkpoint_encode_refuses_what_does_not_fit() {
         .list_capacity = 1000;
     let e = long.encode(&sb).expect_err("passes the slot");
     assert!(e.to_string().contains("passes its slot"), "{e}");
+}
+
+/// Bit 11's forms: 64-byte records (device, fingerprint) read back through the header and the
+/// footer, in 512-byte and 4 KiB sectors.
+#[test]
+fn wide_records_round_trip_in_both_forms() {
+    for flags in [SEG_FLAG_WIDE_RECORDS, SEG_FLAG_WIDE_RECORDS | SEG_FLAG_4K] {
+        let mut ext = vec![0u8; 65536];
+        let start = 4096;
+        let payload_at = start + SEGMENT_HEADER_BYTES;
+        let records: Vec<Record> = (0..4u8)
+            .map(|i| Record {
+                codec: 1,
+                len: 3000,
+                offset: payload_at as u32,
+                crc: 0xdead_beef,
+                unit_index: i,
+                unit_blocks: 4,
+                dict: 127,
+                seeded: true,
+                fingerprint: 0x1234_5600 + u32::from(i),
+                ..Record::new(RecordKind::Data, 100 + u64::from(i), 1, 7 + u64::from(i))
+            })
+            .chain([Record::new(RecordKind::Trim, 9, 1 << 30, 11)])
+            .collect();
+        let h = SegmentHeader {
+            version: 3,
+            alloc_seq: 5,
+            extent: 2,
+            seg_offset: start as u32,
+            payload_len: 3000,
+            record_count: records.len() as u32,
+            durable_seq: 6,
+            flags,
+        };
+        let n = seal_segment(&mut ext, &[3; 16], &h, &records);
+        assert_eq!(n as u64, h.padded_len());
+        assert_eq!(n % h.form().sector(), 0);
+        let owner = SegmentOwner {
+            uuid: &[3; 16],
+            version: 3,
+            extent: 2,
+            alloc_seq: 5,
+        };
+        let want = Some((h, records.clone()));
+        assert_eq!(parse_segment(&ext, &owner, start).ok(), want);
+        assert_eq!(parse_segment_footer(&ext, &owner, start + n).ok(), want);
+        // A v2 volume has no such segments.
+        let v2 = SegmentOwner {
+            version: 2,
+            ..owner
+        };
+        assert!(parse_segment(&ext, &v2, start).is_err());
+        // A record naming another device needs bit 13.
+        assert!(Record {
+            device: 2,
+            ..records[0]
+        }
+        .uses_unsupported_features());
+    }
+}
+
+/// The 4 KiB form keeps the two copies of a segment's header and record table in different
+/// 4 KiB sectors whatever its payload and record count: a lost (garbled) sector leaves one
+/// copy, so a flushed block whose payload was in it reads as damage, never as its older value.
+#[test]
+fn a_garbled_4k_sector_leaves_one_copy_of_every_record() {
+    let owner = SegmentOwner {
+        uuid: &[8; 16],
+        version: 3,
+        extent: 1,
+        alloc_seq: 2,
+    };
+    let flags = SEG_FLAG_WIDE_RECORDS | SEG_FLAG_4K;
+    let mut checked = 0;
+    for records in [1usize, 2, 5, 31, 62, 63, 64, 65, 130] {
+        let payloads = (0..=40_000).step_by(997).chain(
+            // Around the sector boundaries where the first table copy ends.
+            (1..=9usize).flat_map(|k| {
+                let edge =
+                    (k * 4096).checked_sub(SEGMENT_HEADER_BYTES + records * WIDE_RECORD_BYTES);
+                edge.map_or(0..0, |e| e.saturating_sub(3)..e + 3)
+            }),
+        );
+        for payload in payloads {
+            let h = SegmentHeader {
+                version: 3,
+                alloc_seq: 2,
+                extent: 1,
+                seg_offset: 4096,
+                payload_len: payload as u32,
+                record_count: records as u32,
+                durable_seq: 1,
+                flags,
+            };
+            let len = h.padded_len() as usize;
+            let mut ext = vec![0u8; 4096 + len + 4096];
+            let recs: Vec<Record> = (0..records as u64)
+                .map(|i| Record::new(RecordKind::Zero, i, 1, i + 1))
+                .collect();
+            assert_eq!(seal_segment(&mut ext, owner.uuid, &h, &recs), len);
+            for sector in (4096..4096 + len).step_by(4096) {
+                let mut bad = ext.clone();
+                bad[sector..sector + 4096].fill(0xa5);
+                let found = parse_segment(&bad, &owner, 4096)
+                    .or_else(|_| parse_segment_footer(&bad, &owner, 4096 + len));
+                assert_eq!(
+                    found.ok().map(|f| f.1),
+                    Some(recs.clone()),
+                    "payload {payload}, {records} records: sector at {sector} of {len} bytes \
+                     took both copies"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 1000, "{checked}");
 }

@@ -8,7 +8,8 @@ use crate::extents::WrittenTable;
 use crate::format::{
     Checkpoint, DictEntry, QueueEntry, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES,
     CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
-    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_VOLUME_COUNTERS,
+    CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_V3_SEGMENTS, CKPT_FLAG_VOLUME_COUNTERS,
+    SEG_FLAG_WIDE_RECORDS,
 };
 use crate::map::{MapSnapshot, PageWrite};
 use parking_lot::{Condvar, Mutex};
@@ -214,6 +215,11 @@ impl State {
                 0
             } | if extension.is_some() {
                 CKPT_FLAG_METADATA_PAGES
+            } else {
+                0
+            } | if cx.form.flags & SEG_FLAG_WIDE_RECORDS != 0 {
+                // This open writes bit 11's segments: the open's checkpoint had the bit.
+                CKPT_FLAG_V3_SEGMENTS
             } else {
                 0
             },

@@ -119,6 +119,8 @@ pub struct Ctx<'a> {
     /// Log segments are padded to this many bytes (the storage's `write_align`: 4 KiB on a
     /// 4 KiB-sector device), so no device write covers part of a logical block.
     pub write_align: usize,
+    /// How this open lays out the segments it writes (`SegmentForm::for_volume`).
+    pub form: crate::format::SegmentForm,
     /// Stored bytes recently read; reused extents must be forgotten (under the gate).
     pub cache: &'a crate::readcache::ReadCache,
     /// Sealed segments waiting to be issued to the storage (outside the state lock).
@@ -226,6 +228,7 @@ impl State {
                 seeded,
                 blocks,
                 dict,
+                fingerprints,
             } => {
                 debug_assert!(self.lists_dict(dict), "dictionary {dict} is not listed");
                 // The caller checked that `dict` is listed (a writer compressed with it outside
@@ -255,6 +258,7 @@ impl State {
                         unit_blocks: u16::from(blocks),
                         dict: u16::from(dict),
                         seeded,
+                        fingerprint: fingerprints[usize::from(i)],
                         ..Record::new(RecordKind::Data, lba + u64::from(i), 1, seq)
                     });
                 }

@@ -97,7 +97,7 @@ impl State {
         let oe = OpenExtent {
             extent: q.extent,
             alloc_seq: q.alloc_seq,
-            version: cx.sb.version,
+            form: cx.form,
             buf: vec![0; cx.sb.extent_bytes as usize],
             durable_end: 0,
             payload_len: 0,

@@ -7,6 +7,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
+use zbd_core::format::{SegmentForm, CKPT_FLAG_V3_SEGMENTS, FORMAT_VERSION};
 use zbd_core::{Codec, CreateOptions, IoOptions, OpenOptions, SimStorage, Storage, Volume};
 
 mod faulty;
@@ -159,7 +160,8 @@ pub fn test_unit_bytes(extent: u32) -> Option<u32> {
     let s = std::env::var("ZBD_TEST_UNIT_SIZE").ok()?;
     let u = zbd_core::layout::parse_size(&s).expect("ZBD_TEST_UNIT_SIZE: a size like 4K") as u32;
     // Never more than the extent holds (a unit must fit an empty extent).
-    Some(u.min(u32::from(zbd_core::layout::unit_blocks_max(extent)) * BS as u32))
+    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags());
+    Some(u.min(u32::from(zbd_core::layout::unit_blocks_max(extent, widest)) * BS as u32))
 }
 
 /// Volume options for small test volumes: frequent checkpoints, no aging surprises.
@@ -263,11 +265,30 @@ pub fn sim_volume_v2_map(opts: &CreateOptions, open: OpenOptions) -> (Arc<SimSto
     (disk, vol)
 }
 
+/// Whether the suites run on bit-10 volumes (`ZBD_TEST_METADATA_PAGES=1`, `make test-bit10`).
+fn test_bit10() -> bool {
+    std::env::var("ZBD_TEST_METADATA_PAGES").is_ok_and(|v| v == "1")
+}
+
+/// The checkpoint flags that decide the segment form of a default test volume: bit 11 on
+/// bit-10 runs (a volume created with metadata pages writes 64-byte records).
+pub fn test_segment_flags() -> u32 {
+    if test_bit10() {
+        CKPT_FLAG_V3_SEGMENTS
+    } else {
+        0
+    }
+}
+
+/// The segment form a default test volume writes on the simulated disk (512-byte alignment).
+pub fn test_segment_form() -> SegmentForm {
+    SegmentForm::for_volume(FORMAT_VERSION, test_segment_flags(), 512)
+}
+
 /// `opts` with metadata pages (checkpoint flag bit 10) when `ZBD_TEST_METADATA_PAGES=1`: the
 /// suites then run on page-tree maps (`make test-bit10`).
 pub fn with_test_format(opts: &CreateOptions) -> CreateOptions {
-    let bit10 = std::env::var("ZBD_TEST_METADATA_PAGES").is_ok_and(|v| v == "1")
-        && opts.format_version >= 3;
+    let bit10 = test_bit10() && opts.format_version >= 3;
     if bit10 && !opts.metadata_pages {
         with_metadata_pages(opts)
     } else {

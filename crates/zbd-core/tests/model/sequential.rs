@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
+use zbd_core::format::{SegmentForm, FORMAT_VERSION};
 use zbd_core::{AllocState, Codec, OpenOptions, Retrained, SimStorage, Volume};
 
 const SIZE: u64 = 512 * 1024;
@@ -205,8 +206,10 @@ fn run_with(
     dict: bool,
 ) -> Result<usize, TestCaseError> {
     let (size, factor) = if dict { (8 << 20, 2) } else { (SIZE, 16) };
+    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags());
+    let fit = zbd_core::layout::unit_blocks_max(extent, widest);
     let create = zbd_core::CreateOptions {
-        unit_bytes: Some(unit.min(u32::from(zbd_core::layout::unit_blocks_max(extent)) * 4096)),
+        unit_bytes: Some(unit.min(u32::from(fit) * 4096)),
         ..small_volume(size, extent, codec, factor, 8)
     };
     let (mut disk, mut vol) = sim_volume_with(&create, opts(dict));

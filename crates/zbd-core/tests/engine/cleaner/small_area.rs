@@ -5,13 +5,12 @@
 use crate::common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use zbd_core::format::{segment_padded_len, FORMAT_VERSION};
 use zbd_core::{Codec, CreateOptions, Error};
 
 /// Incompressible 4 KiB blocks one output extent of the cleaner holds (one segment).
 fn packed_blocks(extent_bytes: usize) -> u64 {
     (1..)
-        .take_while(|&n| segment_padded_len(FORMAT_VERSION, n * BS, n) as usize <= extent_bytes)
+        .take_while(|&n| test_segment_form().padded_len(n * BS, n) as usize <= extent_bytes)
         .last()
         .unwrap_or(0) as u64
 }
