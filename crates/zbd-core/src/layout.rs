@@ -126,17 +126,20 @@ pub fn unit_blocks_max(extent_bytes: u32, form: SegmentForm) -> u8 {
     n
 }
 
-/// Unit size in blocks for `opts`, checked against its extent size.
-fn unit_blocks(opts: &CreateOptions) -> Result<u8> {
+/// The widest segment form a volume made with `opts` may write (bit 11 comes with metadata
+/// pages).
+fn widest_form(opts: &CreateOptions) -> SegmentForm {
     let flags = if opts.metadata_pages {
         CKPT_FLAG_V3_SEGMENTS
     } else {
         0
     };
-    let fit = unit_blocks_max(
-        opts.extent_bytes,
-        SegmentForm::widest(opts.format_version, flags),
-    );
+    SegmentForm::widest(opts.format_version, flags, opts.extent_bytes)
+}
+
+/// Unit size in blocks for `opts`, checked against its extent size.
+fn unit_blocks(opts: &CreateOptions) -> Result<u8> {
+    let fit = unit_blocks_max(opts.extent_bytes, widest_form(opts));
     let Some(u) = opts.unit_bytes else {
         return Ok(((UNIT_BYTES_DEFAULT as usize / BLOCK_BYTES) as u8).min(fit));
     };
@@ -160,17 +163,24 @@ fn unit_blocks(opts: &CreateOptions) -> Result<u8> {
 }
 
 /// Incompressible 4 KiB blocks one extent holds in the worst case: one block per segment (a flush
-/// after every write), each segment paying its header, one record and sector padding.
-pub fn raw_blocks_per_extent(extent_bytes: u32) -> u64 {
-    // 64-byte records (bit 11) take the same sectors here as 40-byte ones.
+/// after every write), each segment paying its header, one record and 512-byte sector padding,
+/// and never more than one segment of `form` (the widest the volume may write) holds. (The 4 KiB
+/// padding of a 4 KiB device is not counted for single-block segments: 8 to 12 KiB a block
+/// would double the capacity of every volume for a workload that flushes after every block.)
+pub fn raw_blocks_per_extent(extent_bytes: u32, form: SegmentForm) -> u64 {
     let per_block = SegmentForm::plain(FORMAT_VERSION).padded_len(BLOCK_BYTES, 1);
-    (u64::from(extent_bytes) / per_block).max(1)
+    let one_each = u64::from(extent_bytes) / per_block;
+    let packed = (1..)
+        .take_while(|&k| form.padded_len(k * BLOCK_BYTES, k) <= u64::from(extent_bytes))
+        .last()
+        .unwrap_or(0) as u64;
+    one_each.min(packed).max(1)
 }
 
 /// Extents the default capacity provides for `logical_blocks`: the incompressible worst case plus
 /// a reserve for partly filled extents and the cleaner (5 %, at least 16 extents).
-pub fn default_extent_count(logical_blocks: u64, extent_bytes: u32) -> u64 {
-    let needed = logical_blocks.div_ceil(raw_blocks_per_extent(extent_bytes));
+pub fn default_extent_count(logical_blocks: u64, extent_bytes: u32, form: SegmentForm) -> u64 {
+    let needed = logical_blocks.div_ceil(raw_blocks_per_extent(extent_bytes, form));
     needed + (needed / 20).max(16)
 }
 
@@ -234,7 +244,7 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         Some(c) => c / u64::from(e),
         // The carved stock of metadata extents comes on top of the data's room.
         None => {
-            let n = default_extent_count(logical_blocks, e);
+            let n = default_extent_count(logical_blocks, e, widest_form(opts));
             n + 2 * u64::from(stock_extents(opts, logical_blocks, n)?)
         }
     };
@@ -552,16 +562,46 @@ mod tests {
         assert_eq!(parse_size("-1"), None);
     }
 
+    /// Whatever device a volume is opened on, one raw block and the largest unit its create
+    /// accepts fit an empty extent in the widest form it may write (review 14: 8 KiB extents
+    /// in the 4 KiB form held no raw block, and the write panicked).
+    #[test]
+    fn a_raw_block_and_the_largest_unit_fit_an_empty_extent_in_every_form() {
+        for flags in [0, CKPT_FLAG_V3_SEGMENTS] {
+            for e in (13..=20).map(|s| 1u32 << s) {
+                for align in [SECTOR_BYTES, 4096] {
+                    let form = SegmentForm::for_volume(FORMAT_VERSION, flags, align, e);
+                    let n = usize::from(unit_blocks_max(e, SegmentForm::widest(3, flags, e)));
+                    for (payload, records) in
+                        [(BLOCK_BYTES, 1), (n * BLOCK_BYTES - SECTOR_BYTES, n)]
+                    {
+                        assert!(
+                            form.padded_len(payload, records) <= u64::from(e),
+                            "{form:?}, extent {e}: {payload} bytes in {records} records"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn default_capacity_holds_incompressible_data() {
-        for e in [8192u32, 32768, 1 << 20] {
-            let sb = plan(&CreateOptions {
-                extent_bytes: e,
-                ..CreateOptions::new(64 << 20)
-            })
-            .expect("plan");
-            let raw = u64::from(sb.extent_count) * raw_blocks_per_extent(e);
-            assert!(raw >= sb.logical_blocks, "extent {e}");
+        // With bit 11, in the 4 KiB form a 16 KiB extent holds 2 raw blocks, not 3 (review 14).
+        for metadata_pages in [false, true] {
+            for e in [8192u32, 16384, 32768, 1 << 20] {
+                let opts = CreateOptions {
+                    extent_bytes: e,
+                    metadata_pages,
+                    ..CreateOptions::new(64 << 20)
+                };
+                let sb = plan(&opts).expect("plan");
+                let raw = u64::from(sb.extent_count) * raw_blocks_per_extent(e, widest_form(&opts));
+                assert!(
+                    raw >= sb.logical_blocks,
+                    "extent {e}, bit 11 {metadata_pages}"
+                );
+            }
         }
         assert!(plan(&CreateOptions {
             extent_bytes: 3000,

@@ -152,16 +152,17 @@ pub fn account(map: &mut VolumeMap, extent_count: u32) -> Result<Vec<ExtentInfo>
 }
 
 /// The live blocks of closed extent `extent` (its image `ext`), from its segments' record
-/// tables: the data records whose block still maps to exactly that place, in LBA order. `None`
-/// when they do not account for all `live_blocks` (a damaged header, say): the caller then
-/// walks the map instead.
+/// tables: the data records whose block still maps to exactly that place, in LBA order, each
+/// with the fingerprint its record carries (0: none, 40-byte records). `None` when they do not
+/// account for all `live_blocks` (a damaged header, say): the caller then walks the map
+/// instead.
 pub fn live_blocks_in(
     map: &mut VolumeMap,
     sb: &Superblock,
     extent: u32,
     ext: &[u8],
     live_blocks: u32,
-) -> Result<Option<Vec<(u64, MapEntry)>>> {
+) -> Result<Option<Vec<LiveBlock>>> {
     // Every segment of one use of an extent carries the allocation sequence of that use; the
     // first segment's header has it (a stale header from an earlier use cannot match the map).
     let mut seq = [0u8; 8];
@@ -180,13 +181,27 @@ pub fn live_blocks_in(
             }
             let e = map.get(r.lba)?;
             if e.state == BlockState::Data && e.extent == extent && e.offset == r.offset {
-                out.push((r.lba, e));
+                out.push(LiveBlock {
+                    lba: r.lba,
+                    entry: e,
+                    fingerprint: r.fingerprint,
+                });
             }
         }
     }
-    out.sort_by_key(|(l, _)| *l);
-    out.dedup_by_key(|(l, _)| *l);
+    out.sort_by_key(|b| b.lba);
+    out.dedup_by_key(|b| b.lba);
     Ok((out.len() == live_blocks as usize).then_some(out))
+}
+
+/// A live block found by [`live_blocks_in`].
+pub struct LiveBlock {
+    /// Its LBA.
+    pub lba: u64,
+    /// Its map entry (naming the extent searched).
+    pub entry: MapEntry,
+    /// The fingerprint its record carries (`Record::fingerprint`; 0 = none).
+    pub fingerprint: u32,
 }
 
 /// A record found by roll-forward, with the extent it was found in.

@@ -427,11 +427,22 @@ fn commit(
     // The victims' record tables name their live blocks, so the (paged) map is not walked,
     // unless a victim's records do not account for all its live blocks.
     let mut candidates: Vec<(u64, MapEntry)> = Vec::new();
+    // Content does not change when a block moves (recompressed or not): its copy's record
+    // carries the fingerprint the victim's record carried, so the dedup index's manifests
+    // (an extent's record table) survive cleaning.
+    let mut fingerprints: HashMap<u64, u32> = HashMap::new();
     let mut complete = true;
     for &v in &victims {
         let live = st.extents.get(v).live_blocks;
         match crate::recovery::live_blocks_in(&mut st.map, cx.sb, v, &images[&v], live)? {
-            Some(mut found) => candidates.append(&mut found),
+            Some(found) => {
+                for b in found {
+                    candidates.push((b.lba, b.entry));
+                    if b.fingerprint != 0 {
+                        fingerprints.insert(b.lba, b.fingerprint);
+                    }
+                }
+            }
             None => complete = false,
         }
     }
@@ -520,6 +531,7 @@ fn commit(
                     unit_blocks: u16::from(entry.unit_blocks),
                     dict: u16::from(entry.dict),
                     seeded: entry.seeded,
+                    fingerprint: fingerprints.get(&lba).copied().unwrap_or(0),
                     ..Record::new(RecordKind::Data, lba, 1, seq)
                 });
                 moved.push((

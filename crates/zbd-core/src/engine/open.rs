@@ -226,7 +226,7 @@ impl Inner {
             map.recount(|_| {})?;
         }
         let write_align = segment_align(&*storage, &sb);
-        let seg_form = SegmentForm::for_volume(sb.version, ck.flags, write_align);
+        let seg_form = SegmentForm::for_volume(sb.version, ck.flags, write_align, sb.extent_bytes);
         let rolled = recovery::roll_forward(&*storage, &sb, &ck, write_align)?;
         let mut open_repaired = found.damaged_copies;
         if !opts.read_only {
@@ -311,7 +311,7 @@ impl Inner {
                     1,
                     crate::layout::unit_blocks_max(
                         sb.extent_bytes,
-                        SegmentForm::widest(sb.version, ck.flags),
+                        SegmentForm::widest(sb.version, ck.flags, sb.extent_bytes),
                     ),
                 )
         };

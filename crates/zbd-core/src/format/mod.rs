@@ -48,6 +48,8 @@ pub const RECORD_BYTES: usize = 40;
 pub const WIDE_RECORD_BYTES: usize = 64;
 /// The device sector of bit 11's 4 KiB form.
 pub const SECTOR_4K_BYTES: usize = 4096;
+/// Smallest extent whose segments take bit 11's 4 KiB form (a raw block alone takes 12 KiB).
+pub const SECTOR_4K_FORM_EXTENT_MIN: u32 = 16 * 1024;
 /// The device every record of a volume without devices (bit 13) names.
 pub const DEFAULT_DEVICE: u32 = 1;
 /// Map page size.

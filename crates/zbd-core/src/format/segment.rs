@@ -203,15 +203,23 @@ impl SegmentForm {
     /// The form a writer of this volume uses: with checkpoint bit 11, 64-byte records, and the
     /// 4 KiB form where segments are padded to 4 KiB (a device of 4 KiB logical blocks), so
     /// that a lost device sector takes one copy of the header and record table, never both.
-    pub fn for_volume(version: u32, ckpt_flags: u32, write_align: usize) -> SegmentForm {
+    /// Extents below [`SECTOR_4K_FORM_EXTENT_MIN`] keep the 512-byte form (padded to 4 KiB all
+    /// the same): a raw block alone takes 12 KiB in the 4 KiB form.
+    pub fn for_volume(
+        version: u32,
+        ckpt_flags: u32,
+        write_align: usize,
+        extent_bytes: u32,
+    ) -> SegmentForm {
         if ckpt_flags & CKPT_FLAG_V3_SEGMENTS == 0 {
             return SegmentForm::plain(version);
         }
-        let sector4k = if write_align >= SECTOR_4K_BYTES {
-            SEG_FLAG_4K
-        } else {
-            0
-        };
+        let sector4k =
+            if write_align >= SECTOR_4K_BYTES && extent_bytes >= SECTOR_4K_FORM_EXTENT_MIN {
+                SEG_FLAG_4K
+            } else {
+                0
+            };
         SegmentForm {
             version,
             flags: SEG_FLAG_WIDE_RECORDS | sector4k,
@@ -220,8 +228,8 @@ impl SegmentForm {
 
     /// The largest form a writer of this volume may use (on any device it is opened on): what
     /// decides whether a unit fits an extent.
-    pub fn widest(version: u32, ckpt_flags: u32) -> SegmentForm {
-        SegmentForm::for_volume(version, ckpt_flags, SECTOR_4K_BYTES)
+    pub fn widest(version: u32, ckpt_flags: u32, extent_bytes: u32) -> SegmentForm {
+        SegmentForm::for_volume(version, ckpt_flags, SECTOR_4K_BYTES, extent_bytes)
     }
 
     /// Bytes per record.

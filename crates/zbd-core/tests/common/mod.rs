@@ -160,7 +160,7 @@ pub fn test_unit_bytes(extent: u32) -> Option<u32> {
     let s = std::env::var("ZBD_TEST_UNIT_SIZE").ok()?;
     let u = zbd_core::layout::parse_size(&s).expect("ZBD_TEST_UNIT_SIZE: a size like 4K") as u32;
     // Never more than the extent holds (a unit must fit an empty extent).
-    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags());
+    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags(), extent);
     Some(u.min(u32::from(zbd_core::layout::unit_blocks_max(extent, widest)) * BS as u32))
 }
 
@@ -282,7 +282,7 @@ pub fn test_segment_flags() -> u32 {
 
 /// The segment form a default test volume writes on the simulated disk (512-byte alignment).
 pub fn test_segment_form() -> SegmentForm {
-    SegmentForm::for_volume(FORMAT_VERSION, test_segment_flags(), 512)
+    SegmentForm::for_volume(FORMAT_VERSION, test_segment_flags(), 512, 1 << 20)
 }
 
 /// `opts` with metadata pages (checkpoint flag bit 10) when `ZBD_TEST_METADATA_PAGES=1`: the

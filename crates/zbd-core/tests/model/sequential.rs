@@ -206,7 +206,7 @@ fn run_with(
     dict: bool,
 ) -> Result<usize, TestCaseError> {
     let (size, factor) = if dict { (8 << 20, 2) } else { (SIZE, 16) };
-    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags());
+    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags(), extent);
     let fit = zbd_core::layout::unit_blocks_max(extent, widest);
     let create = zbd_core::CreateOptions {
         unit_bytes: Some(unit.min(u32::from(fit) * 4096)),

@@ -7,6 +7,7 @@ mod block_device;
 mod direct;
 mod file;
 mod ram;
+mod review14;
 
 /// A process these tests start (`losetup`) holds a copy of every file open in the test binary
 /// for the instant between its fork and its exec, and with it the `flock` of a volume: a test
