@@ -96,7 +96,7 @@ fn review14_alternating_write_alignment_with_crashes() {
         let sb = zbd_core::layout::plan(&opts).expect("plan");
         let mut disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
         let storage = |disk: &Arc<SimStorage>, round: u64| -> Box<dyn zbd_core::Storage> {
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 Box::new(FourKn::new(disk))
             } else {
                 Box::new(Arc::clone(disk))
