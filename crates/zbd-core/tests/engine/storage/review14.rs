@@ -6,10 +6,10 @@ use rand::SeedableRng;
 use std::sync::Arc;
 use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
 
-/// A bit-11 volume of 8 KiB extents on a 4 KiB-sector device: segments take the 4 KiB form,
-/// in which one incompressible block (4 KiB payload, one 64-byte record) needs 12 KiB. Create
-/// accepts the volume (the unit bound only looks at compressed units); the write must not
-/// panic or fail for lack of an extent that could ever hold it.
+/// A bit-11 volume of 8 KiB extents on a 4 KiB-sector device. In the 4 KiB form one
+/// incompressible block (4 KiB payload, one 64-byte record) needs 12 KiB, and its write
+/// panicked at the seal (review 14); such extents now keep the 512-byte form. The write must
+/// not panic or fail for lack of an extent that could ever hold it.
 #[test]
 fn review14_incompressible_block_on_8k_extents_in_4k_form() {
     let opts = with_metadata_pages(&CreateOptions {
@@ -22,22 +22,27 @@ fn review14_incompressible_block_on_8k_extents_in_4k_form() {
     let vol =
         Volume::create_with(Box::new(FourKn::new(&disk)), &opts, open_opts_sync()).expect("create");
     let data = fill(&mut SmallRng::seed_from_u64(1), Fill::Random, BS);
+    let vol = write_and_flush_or_fail(vol, 0, &data, "one incompressible block");
+    let mut back = vec![0u8; BS];
+    vol.read(0, &mut back).expect("read");
+    assert!(back == data);
+}
+
+/// Writes `data` at `at` and flushes; a failure or a panic fails the test (a panicked volume
+/// is leaked: its drop would seal the same segment again and abort the test binary).
+fn write_and_flush_or_fail(vol: Volume, at: u64, data: &[u8], what: &str) -> Volume {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        vol.write(0, &data, false)?;
+        vol.write(at, data, false)?;
         vol.flush()
     }));
     match r {
         Err(_) => {
-            // Its drop would seal the same segment again and abort the test binary.
             std::mem::forget(vol);
-            panic!("writing one incompressible block panicked")
+            panic!("writing {what} panicked")
         }
-        Ok(Err(e)) => panic!("writing one incompressible block failed: {e}"),
-        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("writing {what} failed: {e}"),
+        Ok(Ok(())) => vol,
     }
-    let mut back = vec![0u8; BS];
-    vol.read(0, &mut back).expect("read");
-    assert!(back == data);
 }
 
 /// Fills a default-capacity volume (`CreateOptions::new`: 32 KiB extents, the capacity
@@ -72,11 +77,11 @@ fn fill_default_capacity(four_k: bool, bit11: bool) -> zbd_core::Result<()> {
     vol.close()
 }
 
-/// The default capacity is sized for the incompressible worst case (`raw_blocks_per_extent`,
-/// "Incompressible 4 KiB blocks one extent holds in the worst case"), computed with the plain
-/// form's 4.5 KiB per block. In the 4 KiB form a 32 KiB extent holds 6 incompressible blocks,
-/// not 7, even in one segment: a bit-11 volume of default capacity on a 4 KiB device cannot
-/// hold its own logical size of incompressible data (NoSpace). (On a 512-byte device it can,
+/// The default capacity is sized for the incompressible worst case (`raw_blocks_per_extent`).
+/// In the 4 KiB form a 32 KiB extent holds 6 incompressible blocks, not 7, even in one
+/// segment: sized with the plain form's 4.5 KiB a block, a bit-11 volume of default capacity
+/// on a 4 KiB device could not hold its own logical size of incompressible data (NoSpace,
+/// review 14). (On a 512-byte device it can,
 /// and so can a volume without bit 11 on the 4 KiB device: the controls.)
 #[test]
 fn review14_default_capacity_holds_incompressible_data_in_4k_form() {
@@ -167,10 +172,10 @@ fn review14_alternating_write_alignment_with_crashes() {
     }
 }
 
-/// The same volume created and filled on a 512-byte device (where segments take the 512-byte
-/// form and an incompressible block fits an 8 KiB extent), then opened on a 4 KiB device: the
-/// open picks the 4 KiB form whatever the extent size, and the next incompressible write
-/// panics. A check at create alone would not cover this.
+/// The same volume created and filled on a 512-byte device (where an incompressible block fits
+/// an 8 KiB extent), then opened on a 4 KiB device: the open picked the 4 KiB form whatever the
+/// extent size, and the next incompressible write panicked (review 14). A check at create
+/// alone would not cover this.
 #[test]
 fn review14_8k_extent_volume_moved_to_a_4k_device() {
     let opts = with_metadata_pages(&CreateOptions {
@@ -189,18 +194,12 @@ fn review14_8k_extent_volume_moved_to_a_4k_device() {
     vol.close().expect("close");
     let vol = Volume::open(Box::new(FourKn::new(&disk)), open_opts_sync()).expect("open on 4K");
     let more = fill(&mut rng, Fill::Random, BS);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        vol.write(16 * BS as u64, &more, false)?;
-        vol.flush()
-    }));
-    match r {
-        Err(_) => {
-            std::mem::forget(vol);
-            panic!("an incompressible write after the move panicked")
-        }
-        Ok(Err(e)) => panic!("an incompressible write after the move failed: {e}"),
-        Ok(Ok(())) => {}
-    }
+    let vol = write_and_flush_or_fail(
+        vol,
+        16 * BS as u64,
+        &more,
+        "an incompressible block after the move",
+    );
     let mut back = vec![0u8; 8 * BS];
     vol.read(0, &mut back).expect("read");
     assert!(back == data);
