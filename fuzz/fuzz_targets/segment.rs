@@ -21,7 +21,9 @@ libfuzzer_sys::fuzz_target!(|input: &[u8]| {
     // Same image with the header checksum made right, when the table lies inside it.
     let payload_len = le_u32(input, 40) as usize;
     let records = le_u32(input, 44) as usize;
-    let flags = input.get(50..52).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+    let flags = input
+        .get(50..52)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
     let record_bytes = SegmentForm { version, flags }.record_bytes();
     let table = SEGMENT_HEADER_BYTES + payload_len;
     let Some(table_end) = records
