@@ -170,11 +170,7 @@ fn unit_blocks(opts: &CreateOptions) -> Result<u8> {
 pub fn raw_blocks_per_extent(extent_bytes: u32, form: SegmentForm) -> u64 {
     let per_block = SegmentForm::plain(FORMAT_VERSION).padded_len(BLOCK_BYTES, 1);
     let one_each = u64::from(extent_bytes) / per_block;
-    let packed = (1..)
-        .take_while(|&k| form.padded_len(k * BLOCK_BYTES, k) <= u64::from(extent_bytes))
-        .last()
-        .unwrap_or(0) as u64;
-    one_each.min(packed).max(1)
+    one_each.min(form.raw_blocks_fitting(extent_bytes)).max(1)
 }
 
 /// Extents the default capacity provides for `logical_blocks`: the incompressible worst case plus

@@ -232,6 +232,15 @@ impl SegmentForm {
         SegmentForm::for_volume(version, ckpt_flags, SECTOR_4K_BYTES, extent_bytes)
     }
 
+    /// Incompressible 4 KiB blocks one segment of this form holds in an empty extent of
+    /// `extent_bytes` (one record each; 0 when not even one fits).
+    pub fn raw_blocks_fitting(self, extent_bytes: u32) -> u64 {
+        (1..)
+            .take_while(|&k| self.padded_len(k * BLOCK_BYTES, k) <= u64::from(extent_bytes))
+            .last()
+            .unwrap_or(0) as u64
+    }
+
     /// Bytes per record.
     pub fn record_bytes(self) -> usize {
         if self.flags & SEG_FLAG_WIDE_RECORDS != 0 {

@@ -9,10 +9,7 @@ use zbd_core::{Codec, CreateOptions, Error};
 
 /// Incompressible 4 KiB blocks one output extent of the cleaner holds (one segment).
 fn packed_blocks(extent_bytes: usize) -> u64 {
-    (1..)
-        .take_while(|&n| test_segment_form().padded_len(n * BS, n) as usize <= extent_bytes)
-        .last()
-        .unwrap_or(0) as u64
+    test_segment_form().raw_blocks_fitting(extent_bytes as u32)
 }
 
 /// The guarantee of docs/design.md: (extents - 2) full output extents of live blocks.

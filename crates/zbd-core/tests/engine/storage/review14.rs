@@ -6,12 +6,8 @@ use rand::SeedableRng;
 use std::sync::Arc;
 use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
 
-/// A bit-11 volume of 8 KiB extents on a 4 KiB-sector device. In the 4 KiB form one
-/// incompressible block (4 KiB payload, one 64-byte record) needs 12 KiB, and its write
-/// panicked at the seal (review 14); such extents now keep the 512-byte form. The write must
-/// not panic or fail for lack of an extent that could ever hold it.
-#[test]
-fn review14_incompressible_block_on_8k_extents_in_4k_form() {
+/// Options of a 1 MiB bit-11 volume of 8 KiB extents, and a simulated disk of its size.
+fn bit11_8k_extents() -> (CreateOptions, Arc<SimStorage>) {
     let opts = with_metadata_pages(&CreateOptions {
         extent_bytes: 8 << 10,
         codec: Codec::Lz4,
@@ -19,6 +15,16 @@ fn review14_incompressible_block_on_8k_extents_in_4k_form() {
     });
     let sb = zbd_core::layout::plan(&opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    (opts, disk)
+}
+
+/// A bit-11 volume of 8 KiB extents on a 4 KiB-sector device. In the 4 KiB form one
+/// incompressible block (4 KiB payload, one 64-byte record) needs 12 KiB, and its write
+/// panicked at the seal (review 14); such extents now keep the 512-byte form. The write must
+/// not panic or fail for lack of an extent that could ever hold it.
+#[test]
+fn review14_incompressible_block_on_8k_extents_in_4k_form() {
+    let (opts, disk) = bit11_8k_extents();
     let vol =
         Volume::create_with(Box::new(FourKn::new(&disk)), &opts, open_opts_sync()).expect("create");
     let data = fill(&mut SmallRng::seed_from_u64(1), Fill::Random, BS);
@@ -178,13 +184,7 @@ fn review14_alternating_write_alignment_with_crashes() {
 /// alone would not cover this.
 #[test]
 fn review14_8k_extent_volume_moved_to_a_4k_device() {
-    let opts = with_metadata_pages(&CreateOptions {
-        extent_bytes: 8 << 10,
-        codec: Codec::Lz4,
-        ..CreateOptions::new(1 << 20)
-    });
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
-    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let (opts, disk) = bit11_8k_extents();
     let mut rng = SmallRng::seed_from_u64(3);
     let data = fill(&mut rng, Fill::Random, 8 * BS);
     let vol =
