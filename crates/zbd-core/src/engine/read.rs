@@ -210,7 +210,9 @@ impl Inner {
             };
             out.push(match entry.state {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
-                BlockState::Corrupt => Source::Damaged,
+                // Until the engine writes shared items (bit 12, refused at open before it) a
+                // state-4 entry can only be damage.
+                BlockState::Corrupt | BlockState::Shared => Source::Damaged,
                 BlockState::Data => match open.map(|i| st.buffer.get(i)) {
                     Some(o)
                         if !medium

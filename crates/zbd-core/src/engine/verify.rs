@@ -30,7 +30,7 @@ impl Inner {
             let s = match state {
                 BlockState::Unmapped => AllocState::Hole,
                 BlockState::Zero => AllocState::Zero,
-                BlockState::Data | BlockState::Corrupt => AllocState::Data,
+                BlockState::Data | BlockState::Corrupt | BlockState::Shared => AllocState::Data,
             };
             let run_end = ((pos / bs + blocks) * bs).min(end);
             let n = run_end - pos;

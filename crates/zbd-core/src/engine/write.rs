@@ -308,7 +308,8 @@ impl Inner {
         let entry = st.map.get(lba)?;
         let mut block = match entry.state {
             BlockState::Unmapped | BlockState::Zero => vec![0u8; BLOCK_BYTES],
-            BlockState::Corrupt => return Err(Error::Corrupt { lba }),
+            // State 4 is damage until the engine writes shared items (bit 12).
+            BlockState::Corrupt | BlockState::Shared => return Err(Error::Corrupt { lba }),
             BlockState::Data => {
                 let (s, n) = (entry.offset as usize, entry.len as usize);
                 let open = st.buffer.position(entry.extent).map(|i| st.buffer.get(i));

@@ -16,6 +16,10 @@ pub enum BlockState {
     /// is overwritten, zeroed or trimmed. Stored as state 3 so that rewriting the page (after a
     /// write to another block of it) keeps the damage reported instead of turning it into holes.
     Corrupt,
+    /// Block `unit_index` of a shared item: its location, length and count are in the
+    /// shared-block table under [`MapEntry::sbt_key`] (state 4, format bit 12: docs/format.md,
+    /// "Bit 12: shared items"; only bit-10 map leaves hold it, never a v2 map page).
+    Shared,
 }
 
 /// One map entry: where a logical block lives. 16 bytes on disk.
@@ -73,13 +77,51 @@ impl MapEntry {
         self.state == BlockState::Data && self.unit_blocks > 1
     }
 
+    /// A shared entry: block `index` of the item the SBT holds under `key` (both key fields
+    /// below 2^48, which the SBT itself enforces).
+    ///
+    /// In RAM the key lives in fields a shared entry has no other use for, so a map entry stays
+    /// 20 bytes (v2's map cache holds them decoded): the birth LBA in `extent` (low 32 bits)
+    /// and `len` (high 16), the serial in `crc` (low 32) and `offset` (high 16). Read it back
+    /// only through [`MapEntry::sbt_key`].
+    pub fn shared(key: SbtKey, index: u8) -> MapEntry {
+        debug_assert!(key.birth <= SBT_KEY_FIELD_MAX && key.serial <= SBT_KEY_FIELD_MAX);
+        debug_assert!(index < UNIT_BLOCKS_MAX);
+        MapEntry {
+            state: BlockState::Shared,
+            extent: key.birth as u32,
+            len: (key.birth >> 32) as u16,
+            crc: key.serial as u32,
+            offset: ((key.serial >> 32) & 0xffff) as u32,
+            unit_index: index,
+            ..MapEntry::UNMAPPED
+        }
+    }
+
+    /// The SBT key a shared entry names (`None` for any other state).
+    pub fn sbt_key(&self) -> Option<SbtKey> {
+        (self.state == BlockState::Shared).then(|| SbtKey {
+            birth: u64::from(self.extent) | u64::from(self.len) << 32,
+            serial: u64::from(self.crc) | u64::from(self.offset & 0xffff) << 32,
+        })
+    }
+
     pub(super) fn encode(&self, b: &mut [u8]) {
+        if let Some(key) = self.sbt_key() {
+            // State 4: index in bits 3-6, birth LBA at 1-6, serial at 8-13, the rest zero.
+            b.fill(0);
+            b[0] = 4 | (self.unit_index & 15) << 3;
+            b[1..7].copy_from_slice(&key.birth.to_le_bytes()[..6]);
+            b[8..14].copy_from_slice(&key.serial.to_le_bytes()[..6]);
+            return;
+        }
         let state = match self.state {
             BlockState::Unmapped => 0,
             BlockState::Zero => 1,
             BlockState::Data if self.seeded => 5,
             BlockState::Data => 2,
             BlockState::Corrupt => 3,
+            BlockState::Shared => unreachable!("encoded above"),
         };
         // Bits 3-7: unit blocks - 1 (format.md; only on volumes with the units flag).
         b[0] = state | (self.unit_blocks.saturating_sub(1) << 3);
@@ -94,6 +136,18 @@ impl MapEntry {
     }
 
     pub(super) fn decode(b: &[u8]) -> Option<MapEntry> {
+        if b[0] & 7 == 4 {
+            // Bytes no state-4 writer sets are refused: such an entry is damage, not a key.
+            if b[0] & 0x80 != 0 || b[7] != 0 || b[14..16] != [0, 0] {
+                return None;
+            }
+            let mut w = [0u8; 8];
+            w[..6].copy_from_slice(&b[1..7]);
+            let birth = u64::from_le_bytes(w);
+            w[..6].copy_from_slice(&b[8..14]);
+            let serial = u64::from_le_bytes(w);
+            return Some(MapEntry::shared(SbtKey { birth, serial }, (b[0] >> 3) & 15));
+        }
         let state = match b[0] & 7 {
             0 => BlockState::Unmapped,
             1 => BlockState::Zero,
@@ -142,7 +196,9 @@ pub fn decode_map_page(b: &[u8], page: u32, max_gen: u64, out: &mut [MapEntry]) 
     }
     for (i, e) in out.iter_mut().enumerate() {
         let o = MAP_PAGE_HEADER_BYTES + i * MAP_ENTRY_BYTES;
+        // A v2 map page never holds a shared entry (state 4 is bit 12's, on bit-10 leaves).
         *e = MapEntry::decode(&b[o..o + MAP_ENTRY_BYTES])
+            .filter(|e| e.state != BlockState::Shared)
             .ok_or_else(|| corrupt("map entry with an unknown state"))?;
     }
     Ok(())

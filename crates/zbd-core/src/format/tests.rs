@@ -155,6 +155,46 @@ fn map_entries_of_units_round_trip_in_the_reserved_bits() {
 }
 
 #[test]
+fn a_shared_entry_round_trips_in_a_leaf_and_is_damage_in_a_v2_page() {
+    let max = SBT_KEY_FIELD_MAX;
+    for (birth, serial, index) in [
+        (0, 1, 0),
+        (255, 7, 15),
+        (max, max, 3),
+        (1 << 40, 1 << 33, 9),
+    ] {
+        let key = SbtKey { birth, serial };
+        let e = MapEntry::shared(key, index);
+        assert_eq!(e.sbt_key(), Some(key));
+        assert_eq!(e.unit_index, index);
+        let leaf = encode_map_leaf(&[e]);
+        // format.md, "Bit 12": state 4 with the index in bits 3-6, birth at 1-6, serial at
+        // 8-13, bytes 7, 14 and 15 zero.
+        assert_eq!(leaf[0], 4 | index << 3);
+        assert_eq!(&leaf[1..7], &birth.to_le_bytes()[..6]);
+        assert_eq!(&leaf[8..14], &serial.to_le_bytes()[..6]);
+        assert_eq!((leaf[7], leaf[14], leaf[15]), (0, 0, 0));
+        assert_eq!(map_leaf_entry(&leaf, 0).expect("valid"), e);
+        // Bytes no writer sets make it damage, not another key.
+        for (at, bit) in [(0, 0x80), (7, 1), (14, 1), (15, 0x80)] {
+            let mut bad = leaf.clone();
+            bad[at] ^= bit;
+            assert!(map_leaf_entry(&bad, 0).is_err(), "byte {at}");
+        }
+        // A v2 map page never holds one.
+        let page = encode_map_page(3, 9, &[e]);
+        let mut out = [MapEntry::UNMAPPED; 1];
+        assert!(decode_map_page(&page, 3, 9, &mut out).is_err());
+    }
+    assert_eq!(MapEntry::ZERO.sbt_key(), None);
+    assert_eq!(
+        std::mem::size_of::<MapEntry>(),
+        20,
+        "v2's map cache holds them decoded"
+    );
+}
+
+#[test]
 fn records_of_units_and_dictionaries_are_supported_within_their_ranges() {
     let r = |index: u8, blocks: u16, dict: u16| Record {
         unit_index: index,

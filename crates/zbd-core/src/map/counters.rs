@@ -94,7 +94,9 @@ impl MapCounters {
                 self.by_dict[usize::from(e.dict) % DICT_IDS] += n;
             }
             BlockState::Zero => self.zero_blocks += n,
-            BlockState::Corrupt => self.damaged_blocks += n,
+            // A shared entry counts as damage until the engine writes shared items (bit 12),
+            // as every reader takes it.
+            BlockState::Corrupt | BlockState::Shared => self.damaged_blocks += n,
             BlockState::Unmapped => {}
         }
     }
@@ -130,7 +132,9 @@ impl MapCounters {
                 *d = d.saturating_sub(n);
             }
             BlockState::Zero => self.zero_blocks = self.zero_blocks.saturating_sub(n),
-            BlockState::Corrupt => self.damaged_blocks = self.damaged_blocks.saturating_sub(n),
+            BlockState::Corrupt | BlockState::Shared => {
+                self.damaged_blocks = self.damaged_blocks.saturating_sub(n)
+            }
             BlockState::Unmapped => {}
         }
     }
