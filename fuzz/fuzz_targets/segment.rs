@@ -3,8 +3,8 @@
 #![no_main]
 
 use zbd_core::format::{
-    parse_segment, parse_segment_footer, seal_segment, SegmentForm, SegmentOwner,
-    SEGMENT_HEADER_BYTES,
+    parse_segment, parse_segment_footer, seal_segment, RecordKind, RefPayload, SegmentForm,
+    SegmentOwner, SEGMENT_HEADER_BYTES,
 };
 use zbd_fuzz::{fix_segment_crc, le_u32, segment_owner_fields};
 
@@ -38,6 +38,14 @@ libfuzzer_sys::fuzz_target!(|input: &[u8]| {
     let mut image = input.to_vec();
     fix_segment_crc(&mut image, 0, table..table_end);
     if let Ok((header, records)) = parse_segment(&image, &owner, 0) {
+        // A ref record's payload lies in the payload area (parse checked its bounds); one that
+        // decodes re-encodes to its own bytes.
+        for r in records.iter().filter(|r| r.kind == RecordKind::Ref) {
+            let bytes = &image[r.offset as usize..(r.offset + r.len) as usize];
+            if let Ok(p) = RefPayload::decode(bytes) {
+                assert_eq!(&p.encode()[..], bytes);
+            }
+        }
         let mut resealed = image.clone();
         let total = seal_segment(&mut resealed, &uuid, &header, &records);
         let again = parse_segment(&resealed, &owner, 0).expect("re-sealed segment parses");

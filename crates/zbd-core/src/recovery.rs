@@ -355,8 +355,8 @@ pub fn roll_forward(
             for r in records.iter().filter(|r| r.seq > ck.write_seq) {
                 if r.uses_unsupported_features() {
                     return Err(Error::NotAVolume(format!(
-                        "extent {} holds a record with a dictionary or a unit shape this zbd \
-                         does not know; use a newer zbd",
+                        "extent {} holds a record this zbd does not know (a dictionary, a \
+                         unit shape, another device, a ref or a move); use a newer zbd",
                         q.extent
                     )));
                 }

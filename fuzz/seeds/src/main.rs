@@ -7,10 +7,10 @@ use std::path::Path;
 
 use zbd_core::format::{
     checkpoint_slot_bytes, encode_map_page, parse_segment, parse_segment_footer, seal_segment,
-    BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, SegmentHeader,
-    SegmentOwner, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, COUNTERS, FORMAT_VERSION,
-    FORMAT_VERSION_MIN, MAP_ENTRIES_PER_PAGE, SEGMENT_HEADER_BYTES, SEG_FLAG_4K,
-    SEG_FLAG_WIDE_RECORDS, VOLUME_COUNTERS,
+    BlockState, Checkpoint, DictEntry, MapEntry, QueueEntry, Record, RecordKind, RefPayload,
+    SegmentHeader, SegmentOwner, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_VOLUME_COUNTERS, COUNTERS,
+    FORMAT_VERSION, FORMAT_VERSION_MIN, MAP_ENTRIES_PER_PAGE, REF_FLAG_OWNER_SHARED,
+    REF_PAYLOAD_BYTES, SEGMENT_HEADER_BYTES, SEG_FLAG_4K, SEG_FLAG_WIDE_RECORDS, VOLUME_COUNTERS,
 };
 use zbd_core::layout::plan;
 use zbd_core::CreateOptions;
@@ -283,6 +283,69 @@ fn on_disk(dir: &Path) {
             write(dir, "segment_footer", &name, &extent[..total]);
         }
     }
+
+    // Bit 12's kinds in a 64-byte table: a ref with its payload and a move.
+    let target = RefPayload {
+        birth_device: 1,
+        index: 1,
+        lba: 43,
+        extent: 3,
+        offset: payload_at as u32,
+        stored_len: 300,
+        codec: 1,
+        unit_blocks: 2,
+        dict: 0,
+        flags: REF_FLAG_OWNER_SHARED,
+        crc: 0x1234_5678,
+    };
+    let payload = target.encode();
+    let shared = [
+        Record {
+            len: REF_PAYLOAD_BYTES as u32,
+            offset: payload_at as u32,
+            // The engine checks this CRC, not parse: any value parses.
+            crc: 0x0102_0304,
+            ..Record::new(RecordKind::Ref, 7, 1, 1003)
+        },
+        Record {
+            codec: 1,
+            len: 200,
+            offset: (payload_at + REF_PAYLOAD_BYTES) as u32,
+            crc: 1,
+            fingerprint: 0xabcd_0123,
+            source_extent: 9,
+            source_offset: 8192,
+            ..Record::new(RecordKind::Move, 44, 1, 1004)
+        },
+    ];
+    let header = SegmentHeader {
+        version: FORMAT_VERSION,
+        flags: SEG_FLAG_WIDE_RECORDS,
+        alloc_seq: 55,
+        extent: 3,
+        seg_offset: 0,
+        payload_len: (REF_PAYLOAD_BYTES + 200) as u32,
+        record_count: shared.len() as u32,
+        durable_seq: 999,
+    };
+    let mut extent = vec![0u8; 16384];
+    extent[payload_at..payload_at + REF_PAYLOAD_BYTES].copy_from_slice(&payload);
+    let total = seal_segment(&mut extent, &sb.uuid, &header, &shared);
+    let owner = SegmentOwner {
+        uuid: &sb.uuid,
+        version: FORMAT_VERSION,
+        extent: 3,
+        alloc_seq: 55,
+    };
+    let parsed = parse_segment(&extent, &owner, 0).expect("seed segment parses");
+    assert_eq!(parsed.1, shared);
+    write(dir, "segment", "ref-and-move-v3-flags1", &extent[..total]);
+    write(
+        dir,
+        "segment_footer",
+        "ref-and-move-v3-flags1",
+        &extent[..total],
+    );
 }
 
 /// One body per page kind of format v3's bit 10, prefixed by the byte that picks its decoder in
@@ -300,7 +363,17 @@ fn metadata_pages(dir: &Path) {
     seed(
         0,
         "map-leaf",
-        &encode_map_leaf(&[MapEntry::ZERO, entry])[..],
+        &encode_map_leaf(&[
+            MapEntry::ZERO,
+            entry,
+            MapEntry::shared(
+                SbtKey {
+                    birth: 1 << 40,
+                    serial: 7,
+                },
+                3,
+            ),
+        ])[..],
     );
     let slots = [ChildSlot::Page(9), ChildSlot::AllZero];
     seed(1, "map-interior", &encode_map_interior(&slots)[..]);

@@ -579,6 +579,13 @@ fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
         }
         RecordKind::Zero => st.apply_range(rec.lba, end - rec.lba, MapEntry::ZERO)?,
         RecordKind::Trim => st.apply_range(rec.lba, end - rec.lba, MapEntry::UNMAPPED)?,
+        // Recovery refuses them first (`uses_unsupported_features`) until bit 12 is built.
+        RecordKind::Ref | RecordKind::Move => {
+            return Err(Error::NotAVolume(format!(
+                "a {:?} record at block {}: this zbd does not replay shared items",
+                rec.kind, rec.lba
+            )))
+        }
     }
     Ok(())
 }

@@ -12,6 +12,12 @@ pub enum RecordKind {
     Zero,
     /// A range of blocks trimmed.
     Trim,
+    /// One block becomes a reference to a stored item (a verified dedup hit); the record's
+    /// payload is a [`RefPayload`] naming the target (64-byte records only; bit 12).
+    Ref,
+    /// One block of an item the cleaner copied: the copy here replaces the one at
+    /// `source_extent`/`source_offset`, content unchanged (64-byte records only; bit 12).
+    Move,
 }
 
 /// A record in a segment's record table.
@@ -48,6 +54,9 @@ pub struct Record {
     /// (`Fingerprint::manifest_part`), what makes an extent's record table a dedup manifest;
     /// 0 = none (40-byte records, and blocks the cleaner copied without decoding).
     pub fingerprint: u32,
+    /// Move records: the extent and byte offset of the copy this one replaces (0 otherwise).
+    pub source_extent: u32,
+    pub source_offset: u32,
 }
 
 impl Record {
@@ -68,14 +77,17 @@ impl Record {
             seeded: false,
             device: DEFAULT_DEVICE,
             fingerprint: 0,
+            source_extent: 0,
+            source_offset: 0,
         }
     }
 
     /// Whether it names a dictionary id a map entry cannot hold (7 bits), or has a unit shape
     /// that no writer produces (a damaged or foreign table).
     pub fn uses_unsupported_features(&self) -> bool {
-        // Devices beyond the default one come with format bit 13.
+        // Devices beyond the default one come with format bit 13, refs and moves with bit 12.
         self.device != DEFAULT_DEVICE
+            || matches!(self.kind, RecordKind::Ref | RecordKind::Move)
             || self.kind == RecordKind::Data
                 && (self.dict > 127
                     || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
@@ -92,6 +104,8 @@ impl Record {
             RecordKind::Data => 1,
             RecordKind::Zero => 2,
             RecordKind::Trim => 3,
+            RecordKind::Ref => 4,
+            RecordKind::Move => 5,
         }
     }
 
@@ -100,13 +114,15 @@ impl Record {
             1 => Some(RecordKind::Data),
             2 => Some(RecordKind::Zero),
             3 => Some(RecordKind::Trim),
-            // 4 ref, 5 move, 6 release step: their checkpoint bits (12, 13) are refused first.
+            4 => Some(RecordKind::Ref),
+            5 => Some(RecordKind::Move),
+            // 6 release step: its checkpoint bit (13) is refused first.
             _ => None,
         }
     }
 
     /// Encodes into `b`, 40 or 64 bytes (format.md, "Extents and segments" and "Bit 11").
-    fn encode(&self, b: &mut [u8]) {
+    pub(super) fn encode(&self, b: &mut [u8]) {
         b.fill(0);
         b[0] = self.kind_byte();
         b[1] = self.codec;
@@ -126,8 +142,17 @@ impl Record {
             put_u32(b, 40, self.crc);
             b[44] = self.unit_blocks as u8;
             b[45] = self.dict as u8;
+            put_u32(b, 48, self.source_extent);
+            put_u32(b, 52, self.source_offset);
             return;
         }
+        debug_assert!(
+            matches!(
+                self.kind,
+                RecordKind::Data | RecordKind::Zero | RecordKind::Trim
+            ),
+            "refs and moves are 64-byte records"
+        );
         debug_assert_eq!(
             self.device, DEFAULT_DEVICE,
             "a 40-byte record names device 1"
@@ -144,7 +169,7 @@ impl Record {
     /// Decodes a 40- or 64-byte record (by `b`'s length); `None` for a kind or flag this build
     /// does not write, or reserved bytes in use (the table's checksum passed, so a newer
     /// writer's, which its checkpoint flag refuses first).
-    fn decode(b: &[u8]) -> Option<Record> {
+    pub(super) fn decode(b: &[u8]) -> Option<Record> {
         let kind = Record::kind_of(b[0])?;
         if b[3] & !1 != 0 {
             return None;
@@ -157,7 +182,9 @@ impl Record {
             ..Record::new(kind, 0, 0, 0)
         };
         if b.len() == WIDE_RECORD_BYTES {
-            if b[46..].iter().any(|&x| x != 0) {
+            // Bytes 48-55 are a move's source (zero and trim steps' counts come with bit 14).
+            let reserved_from = if kind == RecordKind::Move { 56 } else { 46 };
+            if b[46..48] != [0, 0] || b[reserved_from..].iter().any(|&x| x != 0) {
                 return None;
             }
             r.device = get_u32(b, 8);
@@ -169,7 +196,16 @@ impl Record {
             r.crc = get_u32(b, 40);
             r.unit_blocks = u16::from(b[44]);
             r.dict = u16::from(b[45]);
+            r.source_extent = get_u32(b, 48);
+            r.source_offset = get_u32(b, 52);
+            if kind == RecordKind::Ref && r.len != REF_PAYLOAD_BYTES as u32 {
+                return None;
+            }
         } else {
+            if matches!(kind, RecordKind::Ref | RecordKind::Move) {
+                // v2's layout never held them.
+                return None;
+            }
             r.lba = get_u64(b, 8);
             r.count = get_u32(b, 16);
             r.offset = get_u32(b, 20);
@@ -179,6 +215,95 @@ impl Record {
             r.dict = get_u16(b, 38);
         }
         Some(r)
+    }
+}
+
+/// Bytes of a ref record's payload.
+pub const REF_PAYLOAD_BYTES: usize = 64;
+/// Ref payload flag: the target's checksum is v2's plain CRC32C, not a seeded one.
+pub const REF_FLAG_UNSEEDED: u8 = 1;
+/// Ref payload flag: the target's owner was an SBT entry when the ref committed, so replay's
+/// owner search tries the SBT first (an order, never an answer).
+pub const REF_FLAG_OWNER_SHARED: u8 = 2;
+const REF_FLAGS_KNOWN: u8 = REF_FLAG_UNSEEDED | REF_FLAG_OWNER_SHARED;
+
+/// What a ref record points at (format.md, "Ref payload"): the target item as its owner named
+/// it when the ref committed, found again at replay by owner search from its birth and
+/// location. Names no page id and no SBT serial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefPayload {
+    /// Device the target item was born in.
+    pub birth_device: u32,
+    /// Index of the referenced block in the target item.
+    pub index: u32,
+    /// LBA of the referenced block in its birth device (the item's birth LBA + `index`).
+    pub lba: u64,
+    /// Where the target item lies: extent and byte offset.
+    pub extent: u32,
+    pub offset: u32,
+    /// Its stored length, codec, unit blocks and dictionary id.
+    pub stored_len: u32,
+    pub codec: u8,
+    pub unit_blocks: u8,
+    pub dict: u8,
+    /// [`REF_FLAG_UNSEEDED`], [`REF_FLAG_OWNER_SHARED`].
+    pub flags: u8,
+    /// The target item's checksum (seeded unless [`REF_FLAG_UNSEEDED`]).
+    pub crc: u32,
+}
+
+impl RefPayload {
+    pub fn encode(&self) -> [u8; REF_PAYLOAD_BYTES] {
+        let mut b = [0u8; REF_PAYLOAD_BYTES];
+        put_u32(&mut b, 0, self.birth_device);
+        put_u32(&mut b, 4, self.index);
+        put_u64(&mut b, 8, self.lba);
+        put_u32(&mut b, 16, self.extent);
+        put_u32(&mut b, 20, self.offset);
+        put_u32(&mut b, 24, self.stored_len);
+        b[28] = self.codec;
+        b[29] = self.unit_blocks;
+        b[30] = self.dict;
+        b[31] = self.flags;
+        put_u32(&mut b, 32, self.crc);
+        b
+    }
+
+    /// Decodes a payload whose CRC (the record's) already passed: unknown flags, reserved
+    /// bytes in use, an index outside its unit or a unit no writer makes are damage.
+    pub fn decode(b: &[u8]) -> Result<RefPayload> {
+        if b.len() != REF_PAYLOAD_BYTES {
+            return Err(corrupt("ref payload has the wrong size"));
+        }
+        let p = RefPayload {
+            birth_device: get_u32(b, 0),
+            index: get_u32(b, 4),
+            lba: get_u64(b, 8),
+            extent: get_u32(b, 16),
+            offset: get_u32(b, 20),
+            stored_len: get_u32(b, 24),
+            codec: b[28],
+            unit_blocks: b[29],
+            dict: b[30],
+            flags: b[31],
+            crc: get_u32(b, 32),
+        };
+        if p.flags & !REF_FLAGS_KNOWN != 0 || b[36..].iter().any(|&x| x != 0) {
+            return Err(corrupt("ref payload uses reserved bits"));
+        }
+        if !(1..=UNIT_BLOCKS_MAX).contains(&p.unit_blocks)
+            || p.index >= u32::from(p.unit_blocks)
+            || u64::from(p.index) > p.lba
+            || p.dict > 127
+        {
+            return Err(corrupt("ref payload names no block of a unit"));
+        }
+        Ok(p)
+    }
+
+    /// The target item's birth LBA (its first block's).
+    pub fn birth_lba(&self) -> u64 {
+        self.lba - u64::from(self.index)
     }
 }
 
@@ -495,7 +620,11 @@ fn parse_seg_block(
     let mut records = Vec::with_capacity(h.record_count as usize);
     for i in 0..h.record_count as usize {
         let r = Record::decode(&tb[i * rb..(i + 1) * rb]).ok_or_else(bad)?;
-        if r.kind == RecordKind::Data {
+        // Data, move and ref records name bytes of this segment's payload.
+        if matches!(
+            r.kind,
+            RecordKind::Data | RecordKind::Move | RecordKind::Ref
+        ) {
             let end = r.offset as usize + r.len as usize;
             if (r.offset as usize) < seg_offset + SEGMENT_HEADER_BYTES
                 || end > payload_end

@@ -514,6 +514,149 @@ fn wide_records_round_trip_in_both_forms() {
     }
 }
 
+/// Ref and move records (bit 12) round-trip in 64-byte tables beside data records, never
+/// parse from v2's 40-byte layout, and stay refused by the engine until it replays them.
+#[test]
+fn ref_and_move_records_round_trip_only_as_64_byte_records() {
+    let mut ext = vec![0u8; 65536];
+    let start = 8192;
+    let payload_at = (start + SEGMENT_HEADER_BYTES) as u32;
+    let target = RefPayload {
+        birth_device: 1,
+        index: 2,
+        lba: 1 << 40,
+        extent: 77,
+        offset: 123_456,
+        stored_len: 9_000,
+        codec: 3,
+        unit_blocks: 4,
+        dict: 127,
+        flags: REF_FLAG_OWNER_SHARED,
+        crc: 0x0bad_cafe,
+    };
+    let payload = target.encode();
+    assert_eq!(RefPayload::decode(&payload).expect("valid"), target);
+    assert_eq!(target.birth_lba(), (1 << 40) - 2);
+    let refr = Record {
+        len: REF_PAYLOAD_BYTES as u32,
+        offset: payload_at,
+        crc: crc32c::crc32c(&payload),
+        ..Record::new(RecordKind::Ref, 900, 1, 20)
+    };
+    let mv = Record {
+        codec: 1,
+        len: 700,
+        offset: payload_at + 64,
+        crc: 5,
+        unit_index: 1,
+        unit_blocks: 2,
+        seeded: true,
+        fingerprint: 0xfeed_f00d,
+        source_extent: 12,
+        source_offset: 4096 * 31,
+        ..Record::new(RecordKind::Move, 41, 1, 21)
+    };
+    let data = Record {
+        len: 0,
+        offset: payload_at + 764,
+        ..Record::new(RecordKind::Data, 3, 1, 22)
+    };
+    let records = vec![refr, mv, data];
+    let h = SegmentHeader {
+        version: 3,
+        alloc_seq: 5,
+        extent: 2,
+        seg_offset: start as u32,
+        payload_len: 764,
+        record_count: 3,
+        durable_seq: 6,
+        flags: SEG_FLAG_WIDE_RECORDS,
+    };
+    seal_segment(&mut ext, &[3; 16], &h, &records);
+    let owner = SegmentOwner {
+        uuid: &[3; 16],
+        version: 3,
+        extent: 2,
+        alloc_seq: 5,
+    };
+    assert_eq!(
+        parse_segment(&ext, &owner, start).ok(),
+        Some((h, records.clone()))
+    );
+    assert!(refr.uses_unsupported_features() && mv.uses_unsupported_features());
+    // A move whose bytes pass the payload's end is damage, as a data record's.
+    let past = Record { len: 765, ..mv };
+    seal_segment(&mut ext, &[3; 16], &h, &[refr, past, data]);
+    assert!(parse_segment(&ext, &owner, start).is_err());
+
+    let mut wide = [0u8; WIDE_RECORD_BYTES];
+    mv.encode(&mut wide);
+    assert_eq!(get_u32(&wide, 48), 12);
+    assert_eq!(get_u32(&wide, 52), 4096 * 31);
+    // Reserved bytes in use, a ref whose payload is not 64 bytes, or a source on a record that
+    // is not a move: damage (a newer writer's, which its checkpoint bit refuses first).
+    for (r, at) in [(mv, 56), (mv, 63), (refr, 48), (refr, 46)] {
+        let mut b = [0u8; WIDE_RECORD_BYTES];
+        r.encode(&mut b);
+        b[at] = 1;
+        assert_eq!(Record::decode(&b), None, "{:?} byte {at}", r.kind);
+    }
+    refr.encode(&mut wide);
+    put_u32(&mut wide, 4, 63);
+    assert_eq!(Record::decode(&wide), None);
+    // v2's layout has no kinds 4 and 5.
+    let mut narrow = [0u8; RECORD_BYTES];
+    Record::new(RecordKind::Data, 3, 1, 22).encode(&mut narrow);
+    for kind in [4, 5, 6] {
+        narrow[0] = kind;
+        assert_eq!(Record::decode(&narrow), None, "kind {kind}");
+    }
+}
+
+#[test]
+fn a_ref_payload_refuses_what_no_writer_makes() {
+    let good = RefPayload {
+        birth_device: 1,
+        index: 0,
+        lba: 10,
+        extent: 1,
+        offset: 0,
+        stored_len: 4096,
+        codec: 0,
+        unit_blocks: 1,
+        dict: 0,
+        flags: 0,
+        crc: 1,
+    };
+    assert!(RefPayload::decode(&good.encode()).is_ok());
+    let bad = [
+        RefPayload { flags: 4, ..good },
+        RefPayload {
+            unit_blocks: 0,
+            ..good
+        },
+        RefPayload {
+            unit_blocks: 17,
+            ..good
+        },
+        RefPayload { index: 1, ..good },
+        RefPayload {
+            index: 3,
+            unit_blocks: 4,
+            lba: 2,
+            ..good
+        },
+        RefPayload { dict: 128, ..good },
+    ];
+    for p in bad {
+        assert!(RefPayload::decode(&p.encode()).is_err(), "{p:?}");
+    }
+    let mut b = good.encode();
+    b[63] = 1;
+    assert!(RefPayload::decode(&b).is_err());
+    assert!(RefPayload::decode(&b[..63]).is_err());
+}
+
 /// The 4 KiB form keeps the two copies of a segment's header and record table in different
 /// 4 KiB sectors whatever its payload and record count: a lost (garbled) sector leaves one
 /// copy, so a flushed block whose payload was in it reads as damage, never as its older value.
