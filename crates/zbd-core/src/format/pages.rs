@@ -712,6 +712,62 @@ pub struct SbtValue {
     pub count: u32,
 }
 
+/// SBT entry flag: the item's bytes failed their check; every reference reads EIO.
+pub const SBT_FLAG_DAMAGED: u8 = 1;
+/// SBT entry flag: the item carries v2's plain CRC32C, not a seeded checksum.
+pub const SBT_FLAG_UNSEEDED: u8 = 2;
+/// SBT entry flag: the count saturated; the item is never freed until `zbd compact` recounts.
+pub const SBT_FLAG_PINNED: u8 = 4;
+
+impl SbtValue {
+    /// The entry of the direct item `e` names (any of its blocks: they share location, length,
+    /// codec, unit, dictionary and checksum), with `count` references.
+    pub fn of_item(e: &MapEntry, count: u32) -> SbtValue {
+        SbtValue {
+            extent: e.extent,
+            location: (e.offset & LOC_OFFSET_MASK)
+                | u32::from(e.unit_blocks.max(1) - 1) << 20
+                | u32::from(e.dict & 127) << 25,
+            stored_len: e.len,
+            codec: e.codec,
+            flags: if e.seeded { 0 } else { SBT_FLAG_UNSEEDED },
+            crc: e.crc,
+            count,
+        }
+    }
+
+    /// Block `index` of the item as a direct entry would name it: what reads decode and
+    /// check (damaged when the entry says so).
+    pub fn block(&self, index: u8) -> MapEntry {
+        MapEntry {
+            state: if self.flags & SBT_FLAG_DAMAGED != 0 {
+                BlockState::Corrupt
+            } else {
+                BlockState::Data
+            },
+            codec: self.codec,
+            len: self.stored_len,
+            extent: self.extent,
+            offset: self.location & LOC_OFFSET_MASK,
+            crc: self.crc,
+            unit_index: index,
+            unit_blocks: self.unit_blocks(),
+            dict: (self.location >> 25) as u8,
+            seeded: self.flags & SBT_FLAG_UNSEEDED == 0,
+        }
+    }
+
+    /// Blocks in the item (1 = a single block).
+    pub fn unit_blocks(&self) -> u8 {
+        ((self.location >> 20) & 15) as u8 + 1
+    }
+
+    /// Byte offset of the item in its extent.
+    pub fn offset(&self) -> u32 {
+        self.location & LOC_OFFSET_MASK
+    }
+}
+
 /// An SBT leaf's body: up to 127 entries sorted by key, each key once.
 pub fn encode_sbt_leaf(entries: &[(SbtKey, SbtValue)]) -> Result<Box<[u8; PAGE_BODY_BYTES]>> {
     if entries.len() > SBT_LEAF_ENTRIES {

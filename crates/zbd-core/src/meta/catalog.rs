@@ -248,7 +248,7 @@ mod tests {
     use super::*;
     use crate::format::{BlockState, DeviceKind, MapEntry, SbtKey, SbtValue};
     use crate::meta::devices::default_row;
-    use crate::meta::testing::{pool, TestVolume};
+    use crate::meta::testing::{bounds, pool, TestVolume};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -274,22 +274,8 @@ mod tests {
         }
     }
 
-    /// A large list, so the folder runs only past a quarter of it.
-    fn bounds() -> ListBounds {
-        ListBounds::new(65_536, 17, 1)
-    }
-
     fn open(v: &TestVolume, ext: &ExtensionBody, interval: u64) -> Result<Catalog> {
-        Catalog::open(
-            v.storage.clone(),
-            &v.sb,
-            v.geometry,
-            0..v.geometry.h,
-            ext,
-            interval,
-            pool(32),
-            &bounds(),
-        )
+        v.open_catalog(ext, interval, 32)
     }
 
     /// Every kind a catalog holds, changed, checkpointed, then changed again and cut: the open

@@ -20,6 +20,8 @@
 //! - `repairs.rs`: the written sets of the last 64 commits and the hint rule for frames read
 //!   without the lock; the repair list of pages with one bad copy, its re-read set and phase 1's
 //!   drop rule.
+//! - `shared.rs`: shared items (bit 12): promotion into the SBT, references counted exactly
+//!   and dropped to death at 0, owner search, moves of a whole shared item.
 //! - `store.rs`: pages on the medium: reads from the current slot of a pair, new ids and
 //!   frees (a region-0 leaf's free waits for phase 1), and a checkpoint writing the pool's
 //!   snapshot into the other slots.
@@ -36,6 +38,7 @@ pub mod page;
 pub mod pairs;
 pub mod pool;
 pub mod repairs;
+pub mod shared;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod testing;
