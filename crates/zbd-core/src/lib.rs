@@ -33,8 +33,8 @@ pub use codec::Codec;
 #[doc(hidden)]
 pub use engine::bench;
 pub use engine::{
-    AllocState, CheckReport, OpenOptions, Retrained, AGING_DEFAULT, BUFFER_BYTES_DEFAULT,
-    READ_CACHE_BYTES_DEFAULT,
+    AllocState, CheckReport, DedupReport, OpenOptions, Retrained, AGING_DEFAULT,
+    BUFFER_BYTES_DEFAULT, READ_CACHE_BYTES_DEFAULT,
 };
 pub use error::{Error, Result};
 pub use layout::{parse_size, CreateOptions, DICTIONARY_DEFAULT};

@@ -11,10 +11,11 @@ use crate::backend::{Storage, WRITE_ALIGN_MAX};
 use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState};
 use crate::format::{
-    align_up, parse_segment, parse_segment_footer, BlockState, Checkpoint, MapEntry, Record,
-    RecordKind, SegmentHeader, SegmentOwner, Superblock, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    align_up, parse_segment, parse_segment_footer, Checkpoint, MapEntry, Record, RecordKind,
+    SbtKey, SbtValue, SegmentHeader, SegmentOwner, Superblock, SECTOR_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::map::VolumeMap;
+use crate::meta::shared::Owner;
 use std::collections::{BTreeMap, HashSet};
 
 /// Reads the superblock (copy A, else copy B).
@@ -152,17 +153,19 @@ pub fn account(map: &mut VolumeMap, extent_count: u32) -> Result<Vec<ExtentInfo>
 }
 
 /// The live blocks of closed extent `extent` (its image `ext`), from its segments' record
-/// tables: the data records whose block still maps to exactly that place, in LBA order, each
-/// with the fingerprint its record carries (0: none, 40-byte records). `None` when they do not
-/// account for all `live_blocks` (a damaged header, say): the caller then walks the map
-/// instead.
+/// tables: the data and move records whose block still maps directly to exactly that place,
+/// in LBA order, each with the fingerprint its record carries (0: none, 40-byte records), and
+/// the shared items lying there (bit 12), each once, found by owner search from a record's
+/// birth and location. `None` when they do not account for all `live_blocks` (a shared item
+/// counts as one: design.md, build order 2a; a damaged header, say): the caller then walks the
+/// map instead.
 pub fn live_blocks_in(
     map: &mut VolumeMap,
     sb: &Superblock,
     extent: u32,
     ext: &[u8],
     live_blocks: u32,
-) -> Result<Option<Vec<LiveBlock>>> {
+) -> Result<Option<Live>> {
     // Every segment of one use of an extent carries the allocation sequence of that use; the
     // first segment's header has it (a stale header from an earlier use cannot match the map).
     let mut seq = [0u8; 8];
@@ -173,25 +176,45 @@ pub fn live_blocks_in(
         extent,
         alloc_seq: u64::from_le_bytes(seq),
     };
-    let mut out = Vec::new();
+    let mut live = Live::default();
+    let kinds = |r: &&Record| matches!(r.kind, RecordKind::Data | RecordKind::Move);
     for (_, records) in index_segments(ext, &owner)?.values() {
-        for r in records.iter().filter(|r| r.kind == RecordKind::Data) {
+        for r in records.iter().filter(kinds) {
             if r.lba >= map.blocks() {
                 continue;
             }
-            let e = map.get(r.lba)?;
-            if e.state == BlockState::Data && e.extent == extent && e.offset == r.offset {
-                out.push(LiveBlock {
+            match map.owner(r.lba, r.unit_index, extent, r.offset)? {
+                Owner::Direct(e) => live.blocks.push(LiveBlock {
                     lba: r.lba,
                     entry: e,
                     fingerprint: r.fingerprint,
-                });
+                }),
+                Owner::Shared(key, value) => {
+                    let item = live.shared.entry(key).or_insert(LiveShared {
+                        value,
+                        fingerprints: Vec::new(),
+                    });
+                    if r.fingerprint != 0 {
+                        item.fingerprints.push((r.unit_index, r.fingerprint));
+                    }
+                }
+                Owner::Dead => {}
             }
         }
     }
-    out.sort_by_key(|b| b.lba);
-    out.dedup_by_key(|b| b.lba);
-    Ok((out.len() == live_blocks as usize).then_some(out))
+    live.blocks.sort_by_key(|b| b.lba);
+    live.blocks.dedup_by_key(|b| b.lba);
+    let found = live.blocks.len() + live.shared.len();
+    Ok((found == live_blocks as usize).then_some(live))
+}
+
+/// What [`live_blocks_in`] found live in an extent.
+#[derive(Default)]
+pub struct Live {
+    /// Blocks of direct items, in LBA order.
+    pub blocks: Vec<LiveBlock>,
+    /// Shared items, by key.
+    pub shared: BTreeMap<SbtKey, LiveShared>,
 }
 
 /// A live block found by [`live_blocks_in`].
@@ -202,6 +225,13 @@ pub struct LiveBlock {
     pub entry: MapEntry,
     /// The fingerprint its record carries (`Record::fingerprint`; 0 = none).
     pub fingerprint: u32,
+}
+
+/// A live shared item found by [`live_blocks_in`]: its SBT entry, and the fingerprints its
+/// blocks' records carry, by index in the item.
+pub struct LiveShared {
+    pub value: SbtValue,
+    pub fingerprints: Vec<(u8, u32)>,
 }
 
 /// A record found by roll-forward, with the extent it was found in.
@@ -360,7 +390,7 @@ pub fn roll_forward(
                         q.extent
                     )));
                 }
-                let intact = r.kind != RecordKind::Data
+                let intact = !matches!(r.kind, RecordKind::Data | RecordKind::Move)
                     || record_intact(
                         sb,
                         ck,

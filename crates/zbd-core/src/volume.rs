@@ -264,6 +264,13 @@ impl Volume {
         self.inner.compact(progress)
     }
 
+    /// One post-process deduplication pass (offline: nothing else may write meanwhile):
+    /// blocks equal byte for byte to an earlier block become references to its stored copy.
+    /// Needs a volume with metadata pages (format bits 10 and 11); sets bit 12.
+    pub fn dedup(&self, progress: &dyn Fn(u64, u64)) -> Result<crate::DedupReport> {
+        self.inner.dedup(progress)
+    }
+
     /// Trains and installs a new dictionary from `samples` now (tests: a forced retrain).
     /// Says whether a new dictionary serves new blocks from now on, and if not, why.
     #[doc(hidden)]

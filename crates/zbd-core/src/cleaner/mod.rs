@@ -32,12 +32,12 @@ pub use policy::Mode;
 use crate::error::Result;
 use crate::extents::ExtentState;
 use crate::format::{
-    seal_segment, MapEntry, Record, RecordKind, SegmentForm, SegmentHeader, Superblock,
-    BLOCK_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
+    seal_segment, MapEntry, Record, RecordKind, SbtKey, SbtValue, SegmentForm, SegmentHeader,
+    Superblock, BLOCK_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::state::{Ctx, State};
 use parking_lot::MutexGuard;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Output extents per pass at most.
 const PASS_OUTPUTS_MAX: usize = 64;
@@ -72,10 +72,14 @@ impl PassResult {
 /// its own, or a block or unit recompressed with the current dictionary (it named an older one).
 #[derive(Clone, Debug)]
 struct Item {
-    /// Live blocks it carries, (lba, entry in the victim), in LBA order.
+    /// Live blocks it carries, (lba, entry in the victim), in LBA order; a shared item's are
+    /// every block of it, at its birth LBA + index.
     blocks: Vec<(u64, MapEntry)>,
     /// Recompressed form; `None`: the victim's stored bytes, verbatim.
     fresh: Option<Fresh>,
+    /// A shared item (bit 12): moved whole and verbatim, its SBT entry pointed at the copy,
+    /// one move record per block (design.md, build order 2a).
+    shared: Option<SbtKey>,
 }
 
 /// Stored bytes a pass compressed again.
@@ -188,6 +192,7 @@ fn items(
             out.push(Item {
                 blocks: vec![(lba, m)],
                 fresh,
+                shared: None,
             });
         }
     }
@@ -198,6 +203,7 @@ fn items(
             out.push(Item {
                 blocks,
                 fresh: None,
+                shared: None,
             });
             continue;
         }
@@ -206,6 +212,7 @@ fn items(
             out.push(Item {
                 blocks,
                 fresh: None,
+                shared: None,
             });
             continue;
         }
@@ -217,6 +224,7 @@ fn items(
             out.push(Item {
                 blocks,
                 fresh: Some(fresh),
+                shared: None,
             });
             continue;
         }
@@ -226,6 +234,7 @@ fn items(
             out.push(Item {
                 blocks: vec![(lba, e)],
                 fresh,
+                shared: None,
             });
         }
     }
@@ -431,16 +440,24 @@ fn commit(
     // carries the fingerprint the victim's record carried, so the dedup index's manifests
     // (an extent's record table) survive cleaning.
     let mut fingerprints: HashMap<u64, u32> = HashMap::new();
+    // Shared items lying in the victims, by key (bit 12).
+    let mut shared: BTreeMap<SbtKey, SbtValue> = BTreeMap::new();
     let mut complete = true;
     for &v in &victims {
         let live = st.extents.get(v).live_blocks;
         match crate::recovery::live_blocks_in(&mut st.map, cx.sb, v, &images[&v], live)? {
             Some(found) => {
-                for b in found {
+                for b in found.blocks {
                     candidates.push((b.lba, b.entry));
                     if b.fingerprint != 0 {
                         fingerprints.insert(b.lba, b.fingerprint);
                     }
+                }
+                for (key, item) in found.shared {
+                    for (i, f) in item.fingerprints {
+                        fingerprints.insert(key.birth + u64::from(i), f);
+                    }
+                    shared.insert(key, item.value);
                 }
             }
             None => complete = false,
@@ -449,14 +466,31 @@ fn commit(
     if !complete {
         let mut is_victim = vec![false; st.extents.len()];
         victims.iter().for_each(|&v| is_victim[v as usize] = true);
+        let in_victim = |e: u32| is_victim.get(e as usize).copied().unwrap_or(false);
         candidates.clear();
+        shared.clear();
         st.map.for_each_data(|l, m| {
-            if is_victim[m.extent as usize] {
+            if in_victim(m.extent) {
                 candidates.push((l, *m));
             }
         })?;
+        st.map.for_each_shared(&mut |k, v| {
+            if in_victim(v.extent) {
+                shared.insert(k, v);
+            }
+            true
+        })?;
     }
-    let all = items(cx.sb, &candidates, images, cx.codec, cx.dicts);
+    let mut all = items(cx.sb, &candidates, images, cx.codec, cx.dicts);
+    all.extend(shared.iter().map(|(&key, v)| {
+        Item {
+            blocks: (0..v.unit_blocks())
+                .map(|i| (key.birth + u64::from(i), v.block(i)))
+                .collect(),
+            fresh: None,
+            shared: Some(key),
+        }
+    }));
     let free = st.free_now();
     let Some((items, bins, _)) = fit(st, &all, &mut victims, e, cx.form, free, migrate) else {
         return Ok(PassResult::default());
@@ -479,6 +513,7 @@ fn commit(
         let mut buf = vec![0u8; e];
         let mut records = Vec::with_capacity(bin.len());
         let mut moved = Vec::with_capacity(bin.len());
+        let mut moved_shared = Vec::new();
         let mut at = SEGMENT_HEADER_BYTES;
         for &i in bin {
             let it = &items[i];
@@ -499,6 +534,29 @@ fn commit(
                     (old.codec, old.crc, old.seeded, old.dict)
                 }
             };
+            if let Some(key) = it.shared {
+                for &(lba, b) in &it.blocks {
+                    let seq = st.take_seq();
+                    records.push(Record {
+                        codec,
+                        len: len as u32,
+                        offset: at as u32,
+                        crc,
+                        unit_index: b.unit_index,
+                        unit_blocks: u16::from(b.unit_blocks),
+                        dict: u16::from(b.dict),
+                        seeded: b.seeded,
+                        fingerprint: fingerprints.get(&lba).copied().unwrap_or(0),
+                        source_extent: old.extent,
+                        source_offset: old.offset,
+                        ..Record::new(RecordKind::Move, lba, 1, seq)
+                    });
+                }
+                moved_shared.push((key, at as u32));
+                result.bytes_moved += len as u64;
+                at += len;
+                continue;
+            }
             for &(lba, old) in &it.blocks {
                 let entry = match &it.fresh {
                     Some(f) if f.unit => MapEntry {
@@ -563,6 +621,12 @@ fn commit(
             .push(q.extent, 0, cx.sb.extent_offset(q.extent), &buf[..n]);
         st.counters.cleaner_bytes_written += n as u64;
         st.extents.close_output(q.extent, stamp);
+        for (key, offset) in moved_shared {
+            st.move_shared_item(key, q.extent, offset)?;
+            if st.map.window_full() {
+                st.checkpoint(cx)?;
+            }
+        }
         for (lba, entry) in moved {
             st.set_entry(lba, entry)?;
             // One pass may touch a leaf per block it moves: a page tree's window is bounded

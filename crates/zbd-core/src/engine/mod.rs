@@ -5,6 +5,7 @@
 
 pub mod bench;
 mod clean;
+mod dedup;
 mod flush;
 mod open;
 mod read;
@@ -12,6 +13,8 @@ mod train;
 pub use train::Retrained;
 mod verify;
 mod write;
+
+pub use dedup::DedupReport;
 
 use crate::backend::fence::Fenced;
 use crate::backend::queued::IoOptions;

@@ -17,6 +17,7 @@ use crate::format::{
 };
 use crate::layout::{plan, CreateOptions};
 use crate::map::{Map, TreeMap, VolumeMap};
+use crate::meta::shared::Owner;
 use crate::meta::MetaGeometry;
 use crate::readcache::ReadCache;
 use crate::recovery;
@@ -273,6 +274,7 @@ impl Inner {
             cleaning: Vec::new(),
             unreadable: Vec::new(),
             units_flag: ck.flags & CKPT_FLAG_COMPRESSION_UNITS != 0,
+            shared_items: ck.flags & crate::format::CKPT_FLAG_SHARED_ITEMS != 0,
             clean_gen: 0,
             placing_dict: 0,
             extents_opened: 0,
@@ -579,11 +581,37 @@ fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
         }
         RecordKind::Zero => st.apply_range(rec.lba, end - rec.lba, MapEntry::ZERO)?,
         RecordKind::Trim => st.apply_range(rec.lba, end - rec.lba, MapEntry::UNMAPPED)?,
-        // Recovery refuses them first (`uses_unsupported_features`) until bit 12 is built.
-        RecordKind::Ref | RecordKind::Move => {
+        // A move whose copy fails its checksum is skipped whatever its sequence: its victim
+        // is released only by a checkpoint after the copy synced, so the source is intact.
+        RecordKind::Move if r.damaged => {}
+        // The owner that still names the source is pointed at this copy: a shared item's SBT
+        // entry (its other blocks' records then find no owner there), or, where the promotion
+        // that made it shared came after the checkpoint and is not replayed, the block's
+        // direct entry, as a data record would (design.md, build order 2a).
+        RecordKind::Move => {
+            match st.map.owner(
+                rec.lba,
+                rec.unit_index,
+                rec.source_extent,
+                rec.source_offset,
+            )? {
+                Owner::Shared(key, _) => st.move_shared_item(key, r.extent, rec.offset)?,
+                Owner::Direct(e) => st.set_entry(
+                    rec.lba,
+                    MapEntry {
+                        extent: r.extent,
+                        offset: rec.offset,
+                        ..e
+                    },
+                )?,
+                Owner::Dead => {}
+            }
+        }
+        // Recovery refuses them first (`uses_unsupported_features`): inline dedup is not built.
+        RecordKind::Ref => {
             return Err(Error::NotAVolume(format!(
-                "a {:?} record at block {}: this zbd does not replay shared items",
-                rec.kind, rec.lba
+                "a ref record at block {}: this zbd does not replay references",
+                rec.lba
             )))
         }
     }

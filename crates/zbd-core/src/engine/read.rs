@@ -192,6 +192,15 @@ impl Inner {
         self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         let mut entries = Vec::with_capacity(count as usize);
         st.map.get_run(first, count, &mut entries)?;
+        // A shared block reads as its item's block (bit 12), found through the SBT.
+        for (lba, e) in (first..).zip(entries.iter_mut()) {
+            if e.state == BlockState::Shared {
+                *e = st.map.resolve(*e).map_err(|err| match err {
+                    Error::CorruptMetadata(_) => Error::Corrupt { lba },
+                    err => err,
+                })?;
+            }
+        }
         let mut out = Vec::with_capacity(count as usize);
         // Blocks of closed extents whose last segment is not issued yet are read from it.
         let outbox = !self.outbox.is_empty();
@@ -210,8 +219,7 @@ impl Inner {
             };
             out.push(match entry.state {
                 BlockState::Unmapped | BlockState::Zero => Source::Zeros,
-                // Until the engine writes shared items (bit 12, refused at open before it) a
-                // state-4 entry can only be damage.
+                // Shared entries were resolved above.
                 BlockState::Corrupt | BlockState::Shared => Source::Damaged,
                 BlockState::Data => match open.map(|i| st.buffer.get(i)) {
                     Some(o)

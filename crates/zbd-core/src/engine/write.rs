@@ -306,9 +306,10 @@ impl Inner {
     ) -> Result<()> {
         let mut st = self.lock_for_write();
         let entry = st.map.get(lba)?;
+        // A shared block's bytes are its item's (bit 12).
+        let entry = st.map.resolve(entry)?;
         let mut block = match entry.state {
             BlockState::Unmapped | BlockState::Zero => vec![0u8; BLOCK_BYTES],
-            // State 4 is damage until the engine writes shared items (bit 12).
             BlockState::Corrupt | BlockState::Shared => return Err(Error::Corrupt { lba }),
             BlockState::Data => {
                 let (s, n) = (entry.offset as usize, entry.len as usize);

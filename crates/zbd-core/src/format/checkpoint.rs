@@ -315,6 +315,12 @@ impl Checkpoint {
             listed == now || (sb.version >= SEEDED_CHECKSUMS_VERSION && listed < now)
         };
         let bit10 = v2 && get_u32(b, 196) & CKPT_FLAG_METADATA_PAGES != 0;
+        let needs = CKPT_FLAG_METADATA_PAGES | CKPT_FLAG_V3_SEGMENTS;
+        if v2 && get_u32(b, 196) & CKPT_FLAG_SHARED_ITEMS != 0 && get_u32(b, 196) & needs != needs {
+            return Err(corrupt(
+                "checkpoint names shared items without metadata pages and v3 segments",
+            ));
+        }
         // Bit 10: the extension follows the table slots and ends the used part; byte 60 is
         // its `pairs0`.
         let extension = if bit10 {

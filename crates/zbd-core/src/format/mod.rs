@@ -104,6 +104,9 @@ pub const CKPT_FLAG_METADATA_PAGES: u32 = 1 << 10;
 /// Checkpoint flag (incompatible): segments may carry bit 11's header flags, 64-byte records
 /// with a device and a fingerprint, and the 4 KiB form (docs/format.md, "Bit 11").
 pub const CKPT_FLAG_V3_SEGMENTS: u32 = 1 << 11;
+/// Checkpoint flag (incompatible): map entries may be shared (state 4) through the shared-block
+/// table, and segments may hold move records (docs/format.md, "Bit 12"). Needs bits 10 and 11.
+pub const CKPT_FLAG_SHARED_ITEMS: u32 = 1 << 12;
 /// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
@@ -111,7 +114,8 @@ pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
 pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS
     | CKPT_FLAG_DICTIONARIES
     | CKPT_FLAG_METADATA_PAGES
-    | CKPT_FLAG_V3_SEGMENTS;
+    | CKPT_FLAG_V3_SEGMENTS
+    | CKPT_FLAG_SHARED_ITEMS;
 /// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
 /// that saves a sector, fits the u16 of a map entry).
 pub const UNIT_BLOCKS_MAX: u8 = 16;

@@ -757,6 +757,17 @@ impl SbtValue {
         }
     }
 
+    /// The item as one entry of its whole stored length (a one-block view): what its extent
+    /// is charged, one live block of `stored_len` bytes (`units::share` of it is the length).
+    pub fn whole(&self) -> MapEntry {
+        MapEntry {
+            state: BlockState::Data,
+            unit_blocks: 1,
+            unit_index: 0,
+            ..self.block(0)
+        }
+    }
+
     /// Blocks in the item (1 = a single block).
     pub fn unit_blocks(&self) -> u8 {
         ((self.location >> 20) & 15) as u8 + 1

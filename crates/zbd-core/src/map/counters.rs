@@ -7,7 +7,7 @@ use crate::format::*;
 /// Counters kept exact on every map change (persisted as the checkpoint's volume counters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapCounters {
-    /// Blocks in state `Data`.
+    /// Blocks in state `Data` or `Shared` (blocks that name stored bytes).
     pub data_blocks: u64,
     /// Blocks in state `Zero`.
     pub zero_blocks: u64,
@@ -94,10 +94,47 @@ impl MapCounters {
                 self.by_dict[usize::from(e.dict) % DICT_IDS] += n;
             }
             BlockState::Zero => self.zero_blocks += n,
-            // A shared entry counts as damage until the engine writes shared items (bit 12),
-            // as every reader takes it.
-            BlockState::Corrupt | BlockState::Shared => self.damaged_blocks += n,
+            BlockState::Corrupt => self.damaged_blocks += n,
+            // Its stored bytes count once, at its SBT entry (`add_item`). No shared item names
+            // a dictionary (`State::share_block`), so it counts under "none".
+            BlockState::Shared => {
+                self.data_blocks += n;
+                self.by_dict[0] += n;
+            }
             BlockState::Unmapped => {}
+        }
+    }
+
+    /// A shared item's stored bytes, counted once at its SBT entry: its whole length, and its
+    /// blocks in the raw and unit counts. Its referring entries count as blocks in use (and
+    /// under "no dictionary": a shared item never names one), so the dictionary counts still
+    /// add up to the blocks in use.
+    pub fn add_item(&mut self, v: &SbtValue) {
+        self.item(v, true)
+    }
+
+    /// The item `add_item` counted is gone (its count reached 0).
+    pub fn sub_item(&mut self, v: &SbtValue) {
+        self.item(v, false)
+    }
+
+    fn item(&mut self, v: &SbtValue, add: bool) {
+        debug_assert_eq!(v.block(0).dict, 0, "a shared item names no dictionary");
+        let blocks = u64::from(v.unit_blocks());
+        let bytes = u64::from(v.stored_len);
+        let f = |a: &mut u64, b: u64| {
+            *a = if add { *a + b } else { a.saturating_sub(b) };
+        };
+        f(&mut self.live_bytes, bytes);
+        if v.codec == crate::codec::id::RAW {
+            f(&mut self.raw_blocks, blocks);
+        }
+        if blocks > 1 {
+            f(&mut self.unit_blocks, blocks);
+            f(&mut self.unit_bytes, bytes);
+            let c = &mut self.by_unit[unit_class(blocks as u8)];
+            f(&mut c.0, blocks);
+            f(&mut c.1, bytes);
         }
     }
 
@@ -132,8 +169,10 @@ impl MapCounters {
                 *d = d.saturating_sub(n);
             }
             BlockState::Zero => self.zero_blocks = self.zero_blocks.saturating_sub(n),
-            BlockState::Corrupt | BlockState::Shared => {
-                self.damaged_blocks = self.damaged_blocks.saturating_sub(n)
+            BlockState::Corrupt => self.damaged_blocks = self.damaged_blocks.saturating_sub(n),
+            BlockState::Shared => {
+                self.data_blocks = self.data_blocks.saturating_sub(n);
+                self.by_dict[0] = self.by_dict[0].saturating_sub(n);
             }
             BlockState::Unmapped => {}
         }

@@ -22,6 +22,7 @@
 mod cache;
 mod counters;
 mod pager;
+mod shared;
 mod tree;
 mod volume_map;
 

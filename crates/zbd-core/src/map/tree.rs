@@ -19,7 +19,7 @@ use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, Checkpoint, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
+    BlockState, Checkpoint, ExtensionBody, MapEntry, PageAddress, PageKind, SbtKey, Superblock,
     MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
@@ -319,6 +319,11 @@ impl TreeMap {
         self.catalog.pool.stats()
     }
 
+    /// The catalog and the counters, for the shared-item operations (`map/shared.rs`).
+    pub(super) fn parts(&mut self) -> (&mut Catalog, &mut MapCounters) {
+        (&mut self.catalog, &mut self.counters)
+    }
+
     /// The entry of `lba`.
     pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
         let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
@@ -365,7 +370,8 @@ impl TreeMap {
     }
 
     /// Sets `count` entries from `first` to `new`, unmapped or zero (any other entry is
-    /// refused: a range holds one summary); `freed(old)` sees every data entry replaced, in
+    /// refused: a range holds one summary); `freed(old)` sees every data and shared entry
+    /// replaced (each a block's charge or a reference to drop), in
     /// block order. Whole subtrees only change a summary slot; the range stops at the device's
     /// end.
     pub fn set_range(
@@ -391,8 +397,9 @@ impl TreeMap {
             } else {
                 counters.replace(&r.entry, &new, r.count);
             }
-            if r.entry.state == BlockState::Data {
-                // Data is only ever a leaf entry: runs of one block.
+            if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
+                // Data is only ever a leaf entry, and equal shared entries of neighbouring
+                // blocks (references to one block) make runs: each is one reference.
                 for _ in 0..r.count {
                     freed(r.entry);
                 }
@@ -424,7 +431,8 @@ impl TreeMap {
     }
 
     /// Rebuilds the counters by reading the whole tree (an open whose extent table could not
-    /// be read); `data(entry)` sees every data entry.
+    /// be read); `data(entry)` sees every data entry, and each shared item once as one entry
+    /// of its whole stored length (`SbtValue::whole`).
     pub fn recount(&mut self, mut data: impl FnMut(&MapEntry)) -> Result<()> {
         let mut c = MapCounters {
             savings_known: true,
@@ -440,6 +448,23 @@ impl TreeMap {
                 }
             }
         })?;
+        // Each shared item's stored bytes count once, at its SBT entry, charged to its extent
+        // as one block of its whole length.
+        let c_ref = &mut c;
+        let cat = &mut self.catalog;
+        cat.sbt.scan(
+            &mut cat.pool,
+            &mut cat.store,
+            SbtKey {
+                birth: 0,
+                serial: 0,
+            },
+            &mut |_, v| {
+                c_ref.add_item(&v);
+                data(&v.whole());
+                true
+            },
+        )?;
         // The recount saw every damaged entry, those of leaves found lost on the way too.
         self.catalog.store.lost_new.clear();
         self.counters = c;

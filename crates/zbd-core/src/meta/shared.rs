@@ -23,6 +23,18 @@ use super::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::format::{BlockState, MapEntry, SbtKey, SbtValue, SBT_FLAG_PINNED, SBT_KEY_FIELD_MAX};
 
+/// What a promotion did: the new SBT entry, and each block that turned from a direct entry
+/// (given) into a shared one, by LBA. With `error`, the promotion stopped part way (a leaf
+/// that failed to load): what it lists was done and must be accounted, then the error
+/// returned.
+#[derive(Debug)]
+pub struct Promoted {
+    pub key: SbtKey,
+    pub value: SbtValue,
+    pub blocks: Vec<(u64, MapEntry)>,
+    pub error: Option<Error>,
+}
+
 /// Who names the item a record describes (design.md, "Owner search").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner {
@@ -46,9 +58,9 @@ impl Catalog {
 
     /// Makes the direct item whose block at `lba` of `device` is `at` shared: an SBT entry
     /// keyed by the item's birth LBA (`lba - index`) and a new serial, counting the item's
-    /// blocks still named in the tree, each of which becomes a shared entry. Returns the key
-    /// and that count. Nothing changes when the SBT refuses the entry (no page id: `NoSpace`).
-    pub fn promote(&mut self, device: u32, lba: u64, at: MapEntry) -> Result<(SbtKey, u32)> {
+    /// blocks still named in the tree, each of which becomes a shared entry. Nothing changes
+    /// when the SBT refuses the entry (no page id: `NoSpace`).
+    pub fn promote(&mut self, device: u32, lba: u64, at: MapEntry) -> Result<Promoted> {
         if at.state != BlockState::Data || u64::from(at.unit_index) > lba {
             return Err(Error::Invalid(format!(
                 "block {lba} is no direct item to promote"
@@ -66,7 +78,7 @@ impl Catalog {
                 && (e.extent, e.offset) == (at.extent, at.offset)
                 && u64::from(e.unit_index) == l - birth
             {
-                named.push((l, e.unit_index));
+                named.push((l, e));
             }
         }
         let key = SbtKey {
@@ -76,22 +88,31 @@ impl Catalog {
         if key.serial > SBT_KEY_FIELD_MAX {
             return Err(Error::NoSpace);
         }
-        let count = named.len() as u32;
-        self.sbt.insert(
-            &mut self.pool,
-            &mut self.store,
-            key,
-            SbtValue::of_item(&at, count),
-        )?;
+        let mut value = SbtValue::of_item(&at, named.len() as u32);
+        self.sbt
+            .insert(&mut self.pool, &mut self.store, key, value)?;
         let (tree, pool, store) = self.map(device);
-        for (done, &(l, index)) in named.iter().enumerate() {
-            if let Err(e) = tree.set(pool, store, l, MapEntry::shared(key, index)) {
-                // The count says how many slots name the key, whatever stopped us.
-                self.set_count(key, done as u32)?;
-                return Err(e);
+        let mut error = None;
+        for (done, &(l, e)) in named.iter().enumerate() {
+            if let Err(err) = tree.set(pool, store, l, MapEntry::shared(key, e.unit_index)) {
+                // The count says how many slots name the key, whatever stopped us: those
+                // blocks are shared, the rest stay direct, and the caller accounts for both.
+                value.count = done as u32;
+                self.set_count(key, value.count)?;
+                if done == 0 {
+                    return Err(err);
+                }
+                named.truncate(done);
+                error = Some(err);
+                break;
             }
         }
-        Ok((key, count))
+        Ok(Promoted {
+            key,
+            value,
+            blocks: named,
+            error,
+        })
     }
 
     /// One reference more to `key`. A count that reaches `u32::MAX` pins the item: it is then
@@ -423,7 +444,7 @@ mod tests {
                     let e = t.get(p, s, src).expect("get");
                     let key = match e.sbt_key() {
                         Some(k) => k,
-                        None => c.promote(DEFAULT_DEVICE, src, e).expect("promote").0,
+                        None => c.promote(DEFAULT_DEVICE, src, e).expect("promote").key,
                     };
                     // The new reference first: the slot may hold the target already.
                     c.add_ref(key).expect("ref");

@@ -222,6 +222,10 @@ impl State {
                 CKPT_FLAG_V3_SEGMENTS
             } else {
                 0
+            } | if self.shared_items {
+                crate::format::CKPT_FLAG_SHARED_ITEMS
+            } else {
+                0
             },
             volume_counters: self.map.counters().to_array(),
             extent_table_slots: table.slots.clone(),

@@ -70,6 +70,9 @@ pub struct State {
     /// Checkpoints carry `CKPT_FLAG_COMPRESSION_UNITS`: set (durably) before the first unit
     /// record is written, so only volumes that use units have it.
     pub units_flag: bool,
+    /// Checkpoints carry `CKPT_FLAG_SHARED_ITEMS`: set by the first promotion (a dedup step),
+    /// kept from then on (design.md, build order 2a).
+    pub shared_items: bool,
     /// Bumped when foreground cleaning takes the listed victims back (`cleaner::make_space`):
     /// a pass that started under an older value drops its work at commit.
     pub clean_gen: u64,
@@ -138,13 +141,108 @@ impl State {
     /// Sets the map entry of `lba`, keeping extent accounting exact.
     pub fn set_entry(&mut self, lba: u64, new: MapEntry) -> Result<()> {
         if let Some(old) = self.map.set(lba, new)? {
-            self.account(old, new);
+            self.account(old, new)?;
         }
         Ok(())
     }
 
-    /// Moves one block's live accounting from `old`'s extent to `new`'s.
-    fn account(&mut self, old: MapEntry, new: MapEntry) {
+    /// A dedup step (design.md, build order 2a): block `lba`, holding `want`, becomes a
+    /// reference to the block `src` names, holding `src_want` (the caller compared their
+    /// bytes). The item `src` names is promoted first if it is direct. No record is written:
+    /// the step only changes which stored copy `lba` names, and the next checkpoint makes it
+    /// durable; a crash before it leaves `lba` on its own copy, intact under the reuse rule.
+    /// False (nothing done) when either entry changed since the caller read it, or `lba`
+    /// names that block already.
+    pub fn share_block(
+        &mut self,
+        cx: &Ctx,
+        lba: u64,
+        want: MapEntry,
+        src: u64,
+        src_want: MapEntry,
+    ) -> Result<bool> {
+        if cx.form.flags & crate::format::SEG_FLAG_WIDE_RECORDS == 0 {
+            // Moves of shared items are 64-byte records (bit 11, which bit 12 needs).
+            return Err(Error::Invalid(
+                "sharing blocks needs a volume with 64-byte records (format bit 11)".into(),
+            ));
+        }
+        if self.map.get(lba)? != want || self.map.get(src)? != src_want {
+            return Ok(false);
+        }
+        let (key, index) = match src_want.sbt_key() {
+            Some(key) => (key, src_want.unit_index),
+            // An item stored with a trained dictionary stays direct: its dictionary's live
+            // count follows direct blocks only, and must not reach 0 while it lives.
+            None if src_want.state == BlockState::Data && src_want.dict == 0 => {
+                let p = self.map.promote(src, src_want)?;
+                for &(_, old) in &p.blocks {
+                    self.account_direct(old, MapEntry::shared(p.key, old.unit_index));
+                }
+                self.charge_item(&p.value);
+                self.shared_items = true;
+                if let Some(e) = p.error {
+                    return Err(e);
+                }
+                (p.key, src_want.unit_index)
+            }
+            None => return Ok(false),
+        };
+        let now = self.map.get(lba)?;
+        if now.sbt_key() == Some(key) && now.unit_index == index {
+            return Ok(false);
+        }
+        self.map.add_ref(key)?;
+        self.set_entry(lba, MapEntry::shared(key, index))?;
+        self.checkpoint_if_map_full(cx)?;
+        Ok(true)
+    }
+
+    /// Moves one block's live accounting from `old`'s extent to `new`'s; a shared `old` drops
+    /// its reference, and the item's charge leaves its extent when that was the last
+    /// ("Death at 0"). A shared `new` charges nothing: the reference was counted by whoever
+    /// made it (`share_block`).
+    fn account(&mut self, old: MapEntry, new: MapEntry) -> Result<()> {
+        if let Some(key) = old.sbt_key() {
+            if let Some(dead) = self.map.drop_ref(key)? {
+                self.uncharge_item(&dead);
+            }
+        }
+        self.account_direct(old, new);
+        Ok(())
+    }
+
+    /// Points shared item `key` at its copy at `extent`/`offset` (a cleaner move, live or
+    /// replayed), its charge following it.
+    pub fn move_shared_item(
+        &mut self,
+        key: crate::format::SbtKey,
+        extent: u32,
+        offset: u32,
+    ) -> Result<()> {
+        let old = self.map.move_shared(key, extent, offset)?;
+        self.uncharge_item(&old);
+        self.charge_item(&crate::format::SbtValue { extent, ..old });
+        Ok(())
+    }
+
+    /// A shared item's whole charge (one live block of its stored length) in its extent.
+    pub(crate) fn charge_item(&mut self, v: &crate::format::SbtValue) {
+        self.table.touch(v.extent);
+        self.extents.add_block(v.extent, u32::from(v.stored_len));
+    }
+
+    /// The charge `charge_item` made leaves the item's extent.
+    pub(crate) fn uncharge_item(&mut self, v: &crate::format::SbtValue) {
+        if v.extent < self.extents.len() as u32 {
+            self.table.touch(v.extent);
+        }
+        self.extents.remove_block(v.extent, u32::from(v.stored_len));
+    }
+
+    /// Moves one direct block's live accounting from `old`'s extent to `new`'s (entries in
+    /// other states charge nothing here).
+    pub(crate) fn account_direct(&mut self, old: MapEntry, new: MapEntry) {
         if old.state == BlockState::Data && old.extent < self.extents.len() as u32 {
             self.table.touch(old.extent);
         }
@@ -354,13 +452,10 @@ impl State {
     /// made a leaf per 255 blocks and ran the page pool out: review 13).
     pub fn apply_range(&mut self, lba: u64, count: u64, entry: MapEntry) -> Result<()> {
         let mut olds = Vec::new();
-        self.map.set_range(lba, count, entry, |old| {
-            if old.state == BlockState::Data {
-                olds.push(old);
-            }
-        })?;
+        self.map
+            .set_range(lba, count, entry, |old| olds.push(old))?;
         for old in olds {
-            self.account(old, entry);
+            self.account(old, entry)?;
         }
         Ok(())
     }

@@ -8,5 +8,6 @@ mod grow;
 mod metadata_pages;
 mod review13;
 mod scrub_attacks;
+mod shared_items;
 mod upgrade;
 mod upgrade_faults;

@@ -1,0 +1,152 @@
+//! Post-process deduplication (`zbd dedup`; docs/design.md, build order 2a): every mapped
+//! block is read through the read path (checksums checked) and keyed by its xxh3-128; a block
+//! whose fingerprint an earlier block has is compared with it byte for byte and, when equal,
+//! becomes a reference to that block's stored copy (`State::share_block`: the item is promoted
+//! into the shared-block table, no record is written, the next checkpoint makes it durable).
+//!
+//! The fingerprint table is this pass's own, in RAM (about 40 bytes per distinct block): an
+//! offline tool's. Inline deduplication within `--dedup-index` is build step 2b.
+
+use std::collections::hash_map::{Entry, HashMap};
+
+use super::Inner;
+use crate::dedup::Fingerprint;
+use crate::error::{Error, Result};
+use crate::format::{BlockState, MapEntry, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE};
+
+/// Blocks read per map lookup and read: 16 leaves' worth (~16 MiB).
+const CHUNK_BLOCKS: u64 = 16 * MAP_ENTRIES_PER_PAGE as u64;
+
+/// What a dedup pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DedupReport {
+    /// Blocks that named stored bytes, read and fingerprinted.
+    pub blocks: u64,
+    /// Distinct contents among them.
+    pub distinct: u64,
+    /// Blocks this pass turned into references to another block's copy.
+    pub shared: u64,
+    /// Equal fingerprints whose bytes differed (a hash collision; each costs a read).
+    pub collisions: u64,
+    /// Stored bytes of live data before and after (the volume counters).
+    pub stored_before: u64,
+    pub stored_after: u64,
+}
+
+impl Inner {
+    /// One dedup pass over the whole volume; `progress(done, total)` in blocks. The volume
+    /// must not be written meanwhile (the CLI opens it offline): each step re-checks that both
+    /// blocks still name the stored copies whose bytes were compared, and skips otherwise.
+    pub(crate) fn dedup(&self, progress: &dyn Fn(u64, u64)) -> Result<DedupReport> {
+        self.check_writable()?;
+        {
+            let st = self.state.lock();
+            if !matches!(st.map, crate::map::VolumeMap::Tree(_)) {
+                return Err(Error::Invalid(
+                    "deduplication needs a volume with metadata pages (format bits 10 and 11: \
+                     zbd create --metadata-pages)"
+                        .into(),
+                ));
+            }
+        }
+        let total = self.sb.logical_blocks;
+        let mut report = DedupReport {
+            stored_before: self.state.lock().map.counters().live_bytes,
+            ..DedupReport::default()
+        };
+        // Fingerprint -> the first block with it and the stored copy it was read from.
+        let mut first_seen: HashMap<u128, (u64, Copy)> = HashMap::new();
+        let mut buf = Vec::new();
+        let mut other = vec![0u8; BLOCK_BYTES];
+        let mut first = 0;
+        while first < total {
+            let n = CHUNK_BLOCKS.min(total - first);
+            let copies = self.copies(first, n)?;
+            buf.resize(n as usize * BLOCK_BYTES, 0);
+            self.read(first * BLOCK_BYTES as u64, &mut buf)?;
+            for (i, copy) in copies.into_iter().enumerate() {
+                let Some(copy) = copy else { continue };
+                report.blocks += 1;
+                let lba = first + i as u64;
+                let block = &buf[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+                let (src, src_copy) = match first_seen.entry(Fingerprint::of(block).0) {
+                    Entry::Vacant(v) => {
+                        v.insert((lba, copy));
+                        report.distinct += 1;
+                        continue;
+                    }
+                    Entry::Occupied(o) => *o.get(),
+                };
+                if src_copy == copy {
+                    continue;
+                }
+                self.read(src * BLOCK_BYTES as u64, &mut other)?;
+                if other != block {
+                    report.collisions += 1;
+                    continue;
+                }
+                if self.share(lba, copy, src, src_copy)? {
+                    report.shared += 1;
+                }
+            }
+            first += n;
+            progress(first, total);
+        }
+        let mut st = self.state.lock();
+        st.checkpoint(&self.ctx())?;
+        report.stored_after = st.map.counters().live_bytes;
+        Ok(report)
+    }
+
+    /// The stored copy each of `count` blocks from `first` names now (`None`: no stored
+    /// bytes), in one lock hold: taken before the blocks are read, so bytes read afterwards
+    /// are those copies' or a later write's, which `share` then sees as a changed copy.
+    fn copies(&self, first: u64, count: u64) -> Result<Vec<Option<Copy>>> {
+        let mut st = self.state.lock();
+        let mut entries = Vec::with_capacity(count as usize);
+        st.map.get_run(first, count, &mut entries)?;
+        entries
+            .into_iter()
+            .map(|e| match e.state {
+                BlockState::Data | BlockState::Shared => Ok(Some(Copy::of(&st.map.resolve(e)?))),
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Makes `lba` a reference to what `src` names, in one lock hold, if both still name the
+    /// copies whose bytes were compared; false otherwise (or when `lba` names it already).
+    fn share(&self, lba: u64, copy: Copy, src: u64, src_copy: Copy) -> Result<bool> {
+        let cx = self.ctx();
+        let mut st = self.lock_for_write();
+        let (want, src_want) = (st.map.get(lba)?, st.map.get(src)?);
+        if Copy::of(&st.map.resolve(want)?) != copy
+            || Copy::of(&st.map.resolve(src_want)?) != src_copy
+        {
+            return Ok(false);
+        }
+        st.share_block(&cx, lba, want, src, src_want)
+    }
+}
+
+/// Which stored bytes a block reads: its item's location and checksum, and its index in it.
+/// A location holds other bytes only after its extent is reused, which a checkpoint separates
+/// from the lookup that named it; the checksum and index tell apart what it could hold then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Copy {
+    extent: u32,
+    offset: u32,
+    crc: u32,
+    index: u8,
+}
+
+impl Copy {
+    fn of(e: &MapEntry) -> Copy {
+        Copy {
+            extent: e.extent,
+            offset: e.offset,
+            crc: e.crc,
+            index: e.unit_index,
+        }
+    }
+}

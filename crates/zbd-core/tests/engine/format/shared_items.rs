@@ -1,0 +1,235 @@
+//! Shared items (format bit 12, design.md build order 2a): a dedup pass turns blocks equal to
+//! an earlier block into references to its stored copy. Everything must read back as written
+//! through overwrites, trims, the cleaner moving shared items, closes and power cuts, and
+//! `zbd check` must agree with the counts.
+
+use crate::common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use zbd_core::format::{Checkpoint, CKPT_FLAG_SHARED_ITEMS};
+use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
+
+const SIZE: u64 = 4 << 20;
+const BLOCKS: u64 = SIZE / BS as u64;
+
+fn opts(unit: Option<u32>) -> CreateOptions {
+    with_metadata_pages(&CreateOptions {
+        unit_bytes: unit,
+        ..small_volume(SIZE, 65536, Codec::Lz4, 3, 6)
+    })
+}
+
+/// `distinct` contents (half random, half zeros: ~2:1 with lz4), repeated over the volume in
+/// a seeded order.
+fn duplicated(seed: u64, distinct: usize) -> Vec<u8> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let contents: Vec<Vec<u8>> = (0..distinct)
+        .map(|_| {
+            let mut b = fill(&mut rng, Fill::Random, BS / 2);
+            b.resize(BS, 0);
+            b
+        })
+        .collect();
+    let mut data = Vec::with_capacity(SIZE as usize);
+    for _ in 0..BLOCKS {
+        data.extend_from_slice(&contents[rng.random_range(0..distinct)]);
+    }
+    data
+}
+
+fn assert_reads(vol: &Volume, model: &[u8], ctx: &str) {
+    let mut got = vec![0u8; model.len()];
+    vol.read(0, &mut got).expect("read");
+    for (i, (g, m)) in got.chunks(BS).zip(model.chunks(BS)).enumerate() {
+        assert!(g == m, "{ctx}: block {i} differs from the model");
+    }
+}
+
+fn assert_clean(vol: &Volume, ctx: &str) {
+    let r = vol.check(&|_, _| {});
+    assert!(r.is_clean(), "{ctx}: {r:?}");
+}
+
+fn newest_flags(disk: &SimStorage) -> u32 {
+    let (_, ck): (_, Checkpoint) = newest_checkpoint(&disk.current_image());
+    ck.flags
+}
+
+/// Random overwrites and trims of whole blocks, each mirrored in `model`, then a flush.
+fn churn(vol: &Volume, model: &mut [u8], rng: &mut SmallRng, ops: usize) {
+    for _ in 0..ops {
+        let lba = rng.random_range(0..BLOCKS);
+        let n = rng.random_range(1..8u64).min(BLOCKS - lba);
+        let at = (lba * BS as u64) as usize;
+        let len = (n * BS as u64) as usize;
+        if rng.random_bool(0.3) {
+            vol.trim(at as u64, len as u64).expect("trim");
+            model[at..at + len].fill(0);
+        } else {
+            let data = fill(rng, Fill::Text, len);
+            vol.write(at as u64, &data, false).expect("write");
+            model[at..at + len].copy_from_slice(&data);
+        }
+    }
+    vol.flush().expect("flush");
+}
+
+fn shares_and_survives(unit: Option<u32>) {
+    let (disk, vol) = sim_volume(&opts(unit));
+    let mut model = duplicated(7, 40);
+    vol.write(0, &model, false).expect("write");
+    vol.flush().expect("flush");
+    let r = vol.dedup(&|_, _| {}).expect("dedup");
+    assert_eq!(r.blocks, BLOCKS);
+    assert_eq!(r.distinct, 40, "{r:?}");
+    assert_eq!(r.collisions, 0);
+    assert!(r.shared >= BLOCKS - 40 * 16, "{r:?}");
+    assert!(
+        r.stored_after * 4 < r.stored_before,
+        "stored bytes {} -> {}",
+        r.stored_before,
+        r.stored_after
+    );
+    assert!(newest_flags(&disk) & CKPT_FLAG_SHARED_ITEMS != 0);
+    assert_reads(&vol, &model, "after dedup");
+    assert_clean(&vol, "after dedup");
+    // A second pass finds nothing new to share.
+    let again = vol.dedup(&|_, _| {}).expect("dedup again");
+    assert_eq!(again.shared, 0, "{again:?}");
+
+    let mut rng = SmallRng::seed_from_u64(11);
+    churn(&vol, &mut model, &mut rng, 300);
+    assert_reads(&vol, &model, "after overwrites and trims");
+    assert_clean(&vol, "after overwrites and trims");
+    // The cleaner moves shared items whole (move records) and direct blocks as before.
+    vol.compact(&|_, _| {}).expect("compact");
+    assert_reads(&vol, &model, "after compaction");
+    assert_clean(&vol, "after compaction");
+    vol.close().expect("close");
+    let vol = reopen(&disk);
+    assert_reads(&vol, &model, "after a clean close");
+    assert_clean(&vol, "after a clean close");
+
+    // Flushed work after the last checkpoint, then a power cut: replay over shared items.
+    churn(&vol, &mut model, &mut rng, 100);
+    let image = disk.crash_image(&mut rng);
+    vol.abandon();
+    let disk = Arc::new(SimStorage::from_image(image));
+    let vol = reopen(&disk);
+    assert_reads(&vol, &model, "after a power cut");
+    assert_clean(&vol, "after a power cut");
+}
+
+#[test]
+fn dedup_shares_equal_blocks_and_everything_reads_back() {
+    shares_and_survives(None);
+}
+
+#[test]
+fn dedup_shares_blocks_of_units_and_everything_reads_back() {
+    shares_and_survives(Some(16384));
+}
+
+/// A power cut at storage operations spread over a dedup pass and the compaction after it
+/// (which moves shared items, with move records, before its checkpoint): every reopened image
+/// reads back what was flushed before the pass, whichever of the pass's steps, moves and
+/// checkpoints it kept, and `zbd check` agrees with its counts.
+#[test]
+fn power_cuts_during_dedup_and_moves_of_shared_items_lose_nothing() {
+    let (disk, vol) = sim_volume(&opts(None));
+    let model = duplicated(3, 24);
+    vol.write(0, &model, false).expect("write");
+    vol.close().expect("close");
+    let image = disk.current_image();
+    // One run from the closed image, cut at `cut` operations in if given; its operations.
+    let run = |cut: Option<u64>, seed: u64| -> u64 {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = reopen(&disk);
+        let base = disk.ops();
+        if let Some(c) = cut {
+            disk.set_power_loss_at(base + c);
+        }
+        let done = vol.dedup(&|_, _| {}).is_ok() && vol.compact(&|_, _| {}).is_ok();
+        let ops = disk.ops() - base;
+        if cut.is_none() {
+            assert!(done, "the uncut run finishes");
+            let s = vol.stats();
+            assert!(
+                s.counters.cleaner_runs > 0,
+                "the compaction moved something"
+            );
+            assert_reads(&vol, &model, "uncut");
+        }
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let crashed = disk.crash_image(&mut rng);
+        vol.abandon();
+        let disk = Arc::new(SimStorage::from_image(crashed));
+        let vol = reopen(&disk);
+        let ctx = format!("cut at {cut:?}");
+        assert_reads(&vol, &model, &ctx);
+        assert_clean(&vol, &ctx);
+        ops
+    };
+    let total = run(None, 1);
+    let step = (total / 48).max(1);
+    for cut in (0..total).step_by(step as usize) {
+        run(Some(cut), cut);
+    }
+}
+
+/// An item shared by eight blocks lives until its last reference goes (by trim, overwrite
+/// and write-zeroes alike), and then its stored bytes leave the volume's and its extent's
+/// accounting, live and after a crash that replays the drops.
+#[test]
+fn the_last_reference_frees_a_shared_item() {
+    let (disk, vol) = sim_volume(&opts(None));
+    let mut rng = SmallRng::seed_from_u64(5);
+    let a = fill(&mut rng, Fill::Random, BS);
+    let b = fill(&mut rng, Fill::Text, BS);
+    let mut model = vec![0u8; SIZE as usize];
+    for i in 0..8 {
+        model[i * BS..(i + 1) * BS].copy_from_slice(&a);
+    }
+    model[100 * BS..101 * BS].copy_from_slice(&b);
+    // One block a write: each its own item (a unit would compress the copies together).
+    for i in (0..8).chain([100]) {
+        let at = i * BS;
+        vol.write(at as u64, &model[at..at + BS], false)
+            .expect("write");
+    }
+    vol.flush().expect("flush");
+    let before = vol.stats().physical_bytes_live;
+    let r = vol.dedup(&|_, _| {}).expect("dedup");
+    assert_eq!(r.shared, 7, "{r:?}");
+    let one = vol.stats().physical_bytes_live;
+    assert!(one + 6 * BS as u64 <= before, "{before} -> {one}");
+    assert_clean(&vol, "shared");
+    // Seven references go, one of each kind and more; the item stays.
+    vol.trim(0, 3 * BS as u64).expect("trim");
+    vol.write_zeroes(3 * BS as u64, 2 * BS as u64)
+        .expect("zero");
+    let c = fill(&mut rng, Fill::Text, 2 * BS);
+    vol.write(5 * BS as u64, &c, false).expect("write");
+    model[..5 * BS].fill(0);
+    model[5 * BS..7 * BS].copy_from_slice(&c);
+    assert_reads(&vol, &model, "one reference left");
+    assert_clean(&vol, "one reference left");
+    vol.checkpoint().expect("checkpoint");
+    let with_item = vol.stats().physical_bytes_live;
+    // The last one: its bytes leave the accounting (live and after replaying the trim).
+    vol.trim(7 * BS as u64, BS as u64).expect("trim");
+    model[7 * BS..8 * BS].fill(0);
+    vol.flush().expect("flush");
+    let gone = vol.stats().physical_bytes_live;
+    assert!(gone < with_item, "{with_item} -> {gone}");
+    assert_reads(&vol, &model, "no reference left");
+    assert_clean(&vol, "no reference left");
+    let image = disk.crash_image(&mut rng);
+    vol.abandon();
+    let disk = Arc::new(SimStorage::from_image(image));
+    let vol = reopen(&disk);
+    assert_reads(&vol, &model, "after a power cut");
+    assert_clean(&vol, "after a power cut");
+    assert_eq!(vol.stats().physical_bytes_live, gone);
+}
