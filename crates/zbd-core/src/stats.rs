@@ -117,8 +117,13 @@ pub struct Stats {
     pub physical_bytes_allocated: u64,
     /// 100 * (1 - physical live / logical in use).
     pub savings_pct: f64,
-    /// logical in use / physical live.
+    /// logical in use / physical live: compression and deduplication together.
     pub compression_ratio: f64,
+    /// Blocks holding data / blocks stored for them (1.0 without shared items): what
+    /// deduplication saves; `compression_ratio / dedup_ratio` is what compression does alone.
+    pub dedup_ratio: f64,
+    /// Shared items (format bit 12) and the blocks that name them.
+    pub shared: crate::map::SharedTotals,
     /// Extents in the data area.
     pub extents_total: u64,
     /// Extents free (including those queued for allocation).

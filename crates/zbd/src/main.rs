@@ -38,6 +38,9 @@ enum Command {
     Scrub(commands::scrub::Args),
     /// Offline cleaning: compact every extent with dead space.
     Compact(commands::compact::Args),
+    /// Offline deduplication: blocks equal to an earlier block share its stored copy
+    /// (volumes created with --metadata-pages).
+    Dedup(commands::dedup::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
     Bench(commands::bench::Args),
     /// Estimate what deduplication and compression would save on files, trees or images.
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Check(a) => commands::check::run(a),
         Command::Scrub(a) => commands::scrub::run(a),
         Command::Compact(a) => commands::compact::run(a),
+        Command::Dedup(a) => commands::dedup::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
         Command::Estimate(a) => commands::estimate::run(a),

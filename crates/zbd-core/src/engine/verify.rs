@@ -80,6 +80,10 @@ impl Inner {
             m.live_bytes,
         );
         let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
+        // Blocks stored once for every block that names them (bit 12): the direct ones, and
+        // every block of each shared item. Counted from the SBT the first time.
+        let shared = st.map.shared_totals().unwrap_or_default();
+        let stored_blocks = (data + shared.item_blocks).saturating_sub(shared.references);
         let ratio = |blocks: u64, bytes: u64| {
             if bytes == 0 {
                 0.0
@@ -121,7 +125,8 @@ impl Inner {
             single_ratio: if live == unit_live {
                 0.0
             } else {
-                ((data - in_units) * BLOCK_BYTES as u64) as f64 / (live - unit_live) as f64
+                (data.saturating_sub(in_units) * BLOCK_BYTES as u64) as f64
+                    / (live - unit_live) as f64
             },
             damaged_blocks: damaged,
             logical_bytes_in_use: logical_in_use,
@@ -137,6 +142,12 @@ impl Inner {
             } else {
                 logical_in_use as f64 / live as f64
             },
+            dedup_ratio: if stored_blocks == 0 {
+                1.0
+            } else {
+                data as f64 / stored_blocks as f64
+            },
+            shared,
             extents_total: u64::from(self.sb.extent_count),
             extents_free: free,
             extents_in_use: in_use,
@@ -294,6 +305,11 @@ impl Inner {
             }
             // The pending-free set and the counts per state, against the entries they follow.
             report.metadata_problems.extend(st.extents.problems());
+            // Every shared item's count against the blocks that name it (bit 12).
+            match st.map.check_references() {
+                Ok(p) => report.metadata_problems.extend(p),
+                Err(e) => report.metadata_problems.push(format!("shared items: {e}")),
+            }
             let now = st.map.counters();
             if !kept.savings_known {
                 // Not kept by the build that wrote the checkpoint: nothing to compare.
@@ -340,10 +356,22 @@ impl Inner {
         while lba < total {
             let n = CHUNK.min(total - lba);
             let (mut mapped, mut bytes) = (0u64, 0u64);
-            let counted = self.state.lock().map.for_each_data_in(lba, n, |_, e| {
-                mapped += 1;
-                bytes += u64::from(e.len);
-            });
+            let counted = {
+                let mut st = self.state.lock();
+                st.map
+                    .for_each_data_in(lba, n, |_, e| {
+                        mapped += 1;
+                        bytes += u64::from(e.len);
+                    })
+                    .and_then(|()| {
+                        // Blocks naming a shared item are read and checked too (bit 12).
+                        st.map.runs(lba, n, |state, blocks| {
+                            if state == crate::format::BlockState::Shared {
+                                mapped += blocks;
+                            }
+                        })
+                    })
+            };
             match counted {
                 Ok(()) => {}
                 // A page-tree leaf with no intact copy: its blocks are lost (they read as

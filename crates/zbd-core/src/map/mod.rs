@@ -36,6 +36,7 @@ pub use cache::MAP_CACHE_BYTES_DEFAULT;
 use cache::{Cache, Frame};
 pub use counters::{MapCounters, DICT_IDS, UNIT_SIZE_CLASSES};
 use pager::{PageRead, Pager};
+pub use shared::SharedTotals;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 pub use tree::TreeMap;

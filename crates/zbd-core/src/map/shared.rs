@@ -12,24 +12,80 @@ use crate::format::{MapEntry, SbtKey, SbtValue};
 use crate::meta::devices::DEFAULT_DEVICE;
 use crate::meta::shared::{Owner, Promoted};
 
+/// How much is shared: what `zbd stat` reports as the deduplication ratio.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SharedTotals {
+    /// Shared items (SBT entries).
+    pub items: u64,
+    /// Slots naming them (the sum of their counts).
+    pub references: u64,
+    /// Blocks stored in them (their unit sizes summed).
+    pub item_blocks: u64,
+}
+
 impl TreeMap {
     fn promote(&mut self, lba: u64, at: MapEntry) -> Result<Promoted> {
-        let (catalog, counters) = self.parts();
+        let (catalog, counters, totals) = self.parts();
         let p = catalog.promote(DEFAULT_DEVICE, lba, at)?;
         for &(_, old) in &p.blocks {
             counters.replace(&old, &MapEntry::shared(p.key, old.unit_index), 1);
         }
         counters.add_item(&p.value);
+        if let Some(t) = totals {
+            t.items += 1;
+            t.references += u64::from(p.value.count);
+            t.item_blocks += u64::from(p.value.unit_blocks());
+        }
         Ok(p)
     }
 
+    fn add_ref(&mut self, key: SbtKey) -> Result<SbtValue> {
+        let (catalog, _, totals) = self.parts();
+        let v = catalog.add_ref(key)?;
+        if let Some(t) = totals {
+            t.references += 1;
+        }
+        Ok(v)
+    }
+
     fn drop_ref(&mut self, key: SbtKey) -> Result<Option<SbtValue>> {
-        let (catalog, counters) = self.parts();
+        let (catalog, counters, totals) = self.parts();
         let dead = catalog.drop_ref(key, 1)?;
+        if let Some(t) = totals {
+            t.references = t.references.saturating_sub(1);
+        }
         if let Some(v) = &dead {
             counters.sub_item(v);
+            if let Some(t) = totals {
+                t.items = t.items.saturating_sub(1);
+                t.item_blocks = t.item_blocks.saturating_sub(u64::from(v.unit_blocks()));
+            }
         }
         Ok(dead)
+    }
+
+    fn shared_totals(&mut self) -> Result<SharedTotals> {
+        let (c, _, totals) = self.parts();
+        if let Some(t) = totals {
+            return Ok(*t);
+        }
+        let mut t = SharedTotals::default();
+        c.sbt.scan(
+            &mut c.pool,
+            &mut c.store,
+            SbtKey {
+                birth: 0,
+                serial: 0,
+            },
+            &mut |_, v| {
+                t.items += 1;
+                t.references += u64::from(v.count);
+                t.item_blocks += u64::from(v.unit_blocks());
+                true
+            },
+        )?;
+        *totals = Some(t);
+        Ok(t)
     }
 }
 
@@ -59,7 +115,7 @@ impl VolumeMap {
     /// One reference more to `key` (the caller then sets a slot to it).
     pub fn add_ref(&mut self, key: SbtKey) -> Result<SbtValue> {
         match self {
-            VolumeMap::Tree(t) => t.parts().0.add_ref(key),
+            VolumeMap::Tree(t) => t.add_ref(key),
             VolumeMap::Pages(_) => Err(no_shared_items()),
         }
     }
@@ -104,6 +160,14 @@ impl VolumeMap {
         }
     }
 
+    /// How much is shared (none on v2's map). The first call walks the SBT.
+    pub fn shared_totals(&mut self) -> Result<SharedTotals> {
+        match self {
+            VolumeMap::Tree(t) => t.shared_totals(),
+            VolumeMap::Pages(_) => Ok(SharedTotals::default()),
+        }
+    }
+
     /// Calls `f` with every shared item (its key and entry), in key order, until it returns
     /// false; none on v2's map.
     pub fn for_each_shared(&mut self, f: &mut impl FnMut(SbtKey, SbtValue) -> bool) -> Result<()> {
@@ -122,5 +186,129 @@ impl VolumeMap {
             }
             VolumeMap::Pages(_) => Ok(()),
         }
+    }
+}
+
+impl VolumeMap {
+    /// `zbd check`'s recount of references: every SBT count equals the slots naming its key,
+    /// and every shared slot names an SBT entry (one line per problem, at most 16 of each
+    /// kind). A whole walk of the map and the SBT; none on v2's map.
+    pub fn check_references(&mut self) -> Result<Vec<String>> {
+        const SHOWN: usize = 16;
+        let VolumeMap::Tree(t) = self else {
+            return Ok(Vec::new());
+        };
+        let blocks = t.blocks();
+        let c = t.parts().0;
+        let mut named: std::collections::BTreeMap<SbtKey, u64> = Default::default();
+        let (tree, pool, store) = c.map(DEFAULT_DEVICE);
+        tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
+            if let Some(k) = e.sbt_key() {
+                *named.entry(k).or_default() += n;
+            }
+        })?;
+        let mut problems = Vec::new();
+        let mut wrong = 0;
+        c.sbt.scan(
+            &mut c.pool,
+            &mut c.store,
+            SbtKey {
+                birth: 0,
+                serial: 0,
+            },
+            &mut |k, v| {
+                let slots = named.remove(&k).unwrap_or(0);
+                let pinned = v.flags & crate::format::SBT_FLAG_PINNED != 0;
+                if u64::from(v.count) != slots && !(pinned && slots <= u64::from(v.count)) {
+                    wrong += 1;
+                    if wrong <= SHOWN {
+                        problems.push(format!(
+                            "shared item {k:?}: count {} but {slots} blocks name it",
+                            v.count
+                        ));
+                    }
+                }
+                true
+            },
+        )?;
+        for (k, slots) in named.iter().take(SHOWN) {
+            problems.push(format!(
+                "{slots} blocks name shared item {k:?}, which the shared-block table lacks"
+            ));
+        }
+        Ok(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::BlockState;
+    use crate::map::MapCounters;
+    use crate::meta::catalog::Catalog;
+    use crate::meta::devices::default_row;
+    use crate::meta::testing::{bounds, pool, TestVolume};
+
+    fn data(extent: u32) -> MapEntry {
+        MapEntry {
+            state: BlockState::Data,
+            len: 900,
+            extent,
+            crc: extent,
+            ..MapEntry::UNMAPPED
+        }
+    }
+
+    /// The recount finds a count one too high, one too low, and a slot whose key the SBT
+    /// lacks; it is silent on the counts the operations keep.
+    #[test]
+    fn check_references_names_every_wrong_count() {
+        let v = TestVolume::new(8 << 20);
+        let store = v.open(&Default::default(), 1);
+        let c = Catalog::create(
+            store,
+            pool(64),
+            &v.geometry,
+            &bounds(),
+            default_row(1000, 0),
+        )
+        .expect("create");
+        let mut m = VolumeMap::Tree(Box::new(TreeMap::new(c, MapCounters::default())));
+        let mut keys = Vec::new();
+        for (lba, extent) in [(10, 3), (20, 4), (30, 5)] {
+            m.set(lba, data(extent)).expect("set");
+            let p = m.promote(lba, data(extent)).expect("promote");
+            for r in 1..=3 {
+                m.add_ref(p.key).expect("ref");
+                m.set(lba + 100 * r, MapEntry::shared(p.key, 0))
+                    .expect("set");
+            }
+            keys.push(p.key);
+        }
+        assert_eq!(m.check_references().expect("check"), Vec::<String>::new());
+        let VolumeMap::Tree(t) = &mut m else {
+            unreachable!()
+        };
+        let c = t.parts().0;
+        let bump = |c: &mut Catalog, key: SbtKey, by: i64| {
+            c.sbt
+                .update(&mut c.pool, &mut c.store, key, |v| {
+                    v.map(|v| SbtValue {
+                        count: (i64::from(v.count) + by) as u32,
+                        ..v
+                    })
+                })
+                .expect("update");
+        };
+        bump(c, keys[0], 1);
+        bump(c, keys[1], -1);
+        c.sbt
+            .remove(&mut c.pool, &mut c.store, keys[2])
+            .expect("remove");
+        let problems = m.check_references().expect("check");
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("count 5 but 4 blocks"), "{problems:?}");
+        assert!(problems[1].contains("count 3 but 4 blocks"), "{problems:?}");
+        assert!(problems[2].contains("lacks"), "{problems:?}");
     }
 }

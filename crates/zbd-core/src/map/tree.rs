@@ -71,13 +71,20 @@ pub struct TreeCheckpoint {
 pub struct TreeMap {
     catalog: Catalog,
     counters: MapCounters,
+    /// Shared items and their references (`map/shared.rs`), counted from the SBT when first
+    /// asked, then kept with every change.
+    shared: Option<super::shared::SharedTotals>,
 }
 
 impl TreeMap {
     /// The map of `catalog`'s default device; `counters` are the volume counters of the
     /// checkpoint the catalog came from.
     pub fn new(catalog: Catalog, counters: MapCounters) -> TreeMap {
-        TreeMap { catalog, counters }
+        TreeMap {
+            catalog,
+            counters,
+            shared: None,
+        }
     }
 
     /// The map of a volume just laid out (`sb`), its metadata pages to come from the carved
@@ -320,8 +327,14 @@ impl TreeMap {
     }
 
     /// The catalog and the counters, for the shared-item operations (`map/shared.rs`).
-    pub(super) fn parts(&mut self) -> (&mut Catalog, &mut MapCounters) {
-        (&mut self.catalog, &mut self.counters)
+    pub(super) fn parts(
+        &mut self,
+    ) -> (
+        &mut Catalog,
+        &mut MapCounters,
+        &mut Option<super::shared::SharedTotals>,
+    ) {
+        (&mut self.catalog, &mut self.counters, &mut self.shared)
     }
 
     /// The entry of `lba`.

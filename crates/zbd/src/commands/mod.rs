@@ -9,6 +9,7 @@ pub mod check;
 pub mod compact;
 pub mod copy;
 pub mod create;
+pub mod dedup;
 pub mod detach;
 pub mod docs;
 pub mod estimate;

@@ -310,6 +310,22 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
             )
         },
     );
+    if s.shared.items > 0 {
+        // Deduplication (format bit 12): blocks naming a shared copy, and how much of the
+        // data ratio each saving makes.
+        line(
+            "deduplication",
+            format!(
+                "ratio {:.2}:1 ({} blocks name {} shared items of {} blocks), compression \
+                 alone {:.2}:1",
+                s.dedup_ratio,
+                s.shared.references,
+                s.shared.items,
+                s.shared.item_blocks,
+                split.data_compression_ratio / s.dedup_ratio
+            ),
+        );
+    }
     line(
         "zero / never written",
         format!(
