@@ -70,6 +70,15 @@ enum MOp {
     Compact,
     /// Flush, then the process dies (no close): reopening must roll the log forward.
     FlushKill,
+    /// Copies `blocks` whole blocks from block `from` to block `to` (read back, then written):
+    /// duplicates for `Dedup`.
+    Copy {
+        from: u64,
+        to: u64,
+        blocks: u64,
+    },
+    /// A post-process dedup pass (volumes with shared items; else nothing).
+    Dedup,
 }
 
 fn range() -> impl Strategy<Value = (u64, u64)> {
@@ -81,6 +90,20 @@ fn mop() -> impl Strategy<Value = MOp> {
         19 => base_mop(),
         1 => any::<u64>().prop_map(|seed| MOp::Retrain { seed }),
         1 => any::<u64>().prop_map(|seed| MOp::RetireRetrain { seed }),
+    ]
+}
+
+/// Operations of a volume with shared items: duplicates made by copies, and dedup passes.
+fn shared_mop() -> impl Strategy<Value = MOp> {
+    let blocks = SIZE / BS as u64;
+    prop_oneof![
+        14 => base_mop(),
+        4 => (0..blocks, 0..blocks, 1..24u64).prop_map(move |(from, to, n)| MOp::Copy {
+            from,
+            to,
+            blocks: n.min(blocks - from).min(blocks - to),
+        }),
+        2 => Just(MOp::Dedup),
     ]
 }
 
@@ -193,24 +216,37 @@ fn unit_op(op: &MOp) -> MOp {
 }
 
 fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCaseError> {
-    run_with(ops, extent, codec, unit, false).map(|_| ())
+    run_with(ops, extent, codec, unit, false, false).map(|_| ())
 }
 
 /// `dict`: trained dictionaries on; the volume is then 8 MiB (the smallest whose dictionary
 /// region holds two dictionaries) of which the operations use the first `SIZE` bytes.
+/// `shared`: the volume has metadata pages, so `Dedup` shares blocks (format bit 12).
 fn run_with(
     ops: &[MOp],
     extent: u32,
     codec: Codec,
     unit: u32,
     dict: bool,
+    shared: bool,
 ) -> Result<usize, TestCaseError> {
     let (size, factor) = if dict { (8 << 20, 2) } else { (SIZE, 16) };
-    let widest = SegmentForm::widest(FORMAT_VERSION, test_segment_flags(), extent);
+    // Volumes with metadata pages write 64-byte records (bit 11).
+    let flags = if shared {
+        zbd_core::format::CKPT_FLAG_V3_SEGMENTS
+    } else {
+        test_segment_flags()
+    };
+    let widest = SegmentForm::widest(FORMAT_VERSION, flags, extent);
     let fit = zbd_core::layout::unit_blocks_max(extent, widest);
     let create = zbd_core::CreateOptions {
         unit_bytes: Some(unit.min(u32::from(fit) * 4096)),
         ..small_volume(size, extent, codec, factor, 8)
+    };
+    let create = if shared {
+        with_metadata_pages(&create)
+    } else {
+        create
     };
     let (mut disk, mut vol) = sim_volume_with(&create, opts(dict));
     if dict {
@@ -353,6 +389,34 @@ fn run_with(
             }
             MOp::Reopen => vol = reopen(&disk, vol, dict),
             MOp::FlushKill => vol = flush_kill(&mut disk, vol, dict),
+            MOp::Copy { from, to, blocks } => {
+                let (from, to, len) = (from * BS as u64, to * BS as u64, blocks * BS as u64);
+                let mut data = vec![0u8; len as usize];
+                vol.read(from, &mut data)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} copy read: {e}")))?;
+                prop_assert!(
+                    data[..] == model[from as usize..(from + len) as usize],
+                    "op {} copy read mismatch",
+                    i
+                );
+                vol.write(to, &data, false)
+                    .map_err(|e| TestCaseError::fail(format!("op {i} copy write: {e}")))?;
+                apply_model(
+                    &mut model,
+                    &Op::Write {
+                        offset: to,
+                        data,
+                        fua: false,
+                    },
+                );
+            }
+            MOp::Dedup if shared => {
+                let r = vol
+                    .dedup(&|_, _| {})
+                    .map_err(|e| TestCaseError::fail(format!("op {i} dedup: {e}")))?;
+                prop_assert_eq!(r.collisions, 0);
+            }
+            MOp::Dedup => {}
         }
     }
     // Full comparison, allocation report consistency, and the same after a reopen.
@@ -446,7 +510,22 @@ proptest! {
     /// small to hold out 64 KiB units, and zstd gains too little on 16 KiB units.)
     fn volume_with_dictionaries_matches_byte_model(ops in proptest::collection::vec(mop(), 1..60), k in 0usize..3) {
         let (codec, unit) = [(Codec::Lz4, 4096u32), (Codec::Lz4, 16384), (Codec::Zstd(1), 4096)][k];
-        run_with(&ops, 16384, codec, unit, true)?;
+        run_with(&ops, 16384, codec, unit, true, false)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// With shared items (format bit 12): copies make duplicates, dedup passes share them,
+    /// and every other operation (overwrites, trims, zeroes, unit splits, compaction moving
+    /// shared items, reopens, kills after a flush) keeps the bytes, the counts and `zbd check`.
+    #[test]
+    fn volume_with_shared_items_matches_byte_model(ops in proptest::collection::vec(shared_mop(), 1..60), e in 0usize..3, c in 0usize..3, u in 0usize..3) {
+        let extent = [16384u32, 65536, 131072][e];
+        let codec = [Codec::Lz4, Codec::Zstd(1), Codec::None][c];
+        let unit = [4096u32, 16384, 65536][u];
+        run_with(&ops, extent, codec, unit, false, true)?;
     }
 }
 
@@ -501,7 +580,7 @@ fn seeded_long_runs() {
         }
         // With trained dictionaries: training, install and use happen among the operations.
         for (codec, unit) in [(Codec::Lz4, 16384), (Codec::Zstd(1), 4096)] {
-            if let Err(e) = run_with(&ops, 16384, codec, unit, true) {
+            if let Err(e) = run_with(&ops, 16384, codec, unit, true, false) {
                 panic!("seeded model run with dictionaries failed, seed {seed}, {codec}: {e}");
             }
         }
@@ -551,7 +630,7 @@ fn retrain_then_split_units_then_compact() {
         (Codec::Lz4, 4096),
         (Codec::Zstd(1), 4096),
     ] {
-        if let Err(e) = run_with(&ops, 16384, codec, unit, true) {
+        if let Err(e) = run_with(&ops, 16384, codec, unit, true, false) {
             panic!("{codec}, unit {unit}: {e}");
         }
     }
@@ -594,7 +673,7 @@ fn retrain_many_times_retiring_old_dictionaries() {
         (Codec::Lz4, 4096),
         (Codec::Zstd(1), 4096),
     ] {
-        match run_with(&ops, 16384, codec, unit, true) {
+        match run_with(&ops, 16384, codec, unit, true, false) {
             Ok(n) => assert_eq!(n, 8, "{codec}, unit {unit}: retrains that installed"),
             Err(e) => panic!("{codec}, unit {unit}: {e}"),
         }
