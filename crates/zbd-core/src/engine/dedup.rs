@@ -61,9 +61,9 @@ impl Inner {
         let mut first = 0;
         while first < total {
             let n = CHUNK_BLOCKS.min(total - first);
-            let copies = self.copies(first, n)?;
+            let mut copies = self.copies(first, n)?;
             buf.resize(n as usize * BLOCK_BYTES, 0);
-            self.read(first * BLOCK_BYTES as u64, &mut buf)?;
+            self.read_readable(first, &mut buf, &mut copies)?;
             for (i, copy) in copies.into_iter().enumerate() {
                 let Some(copy) = copy else { continue };
                 report.blocks += 1;
@@ -80,10 +80,15 @@ impl Inner {
                 if src_copy == copy {
                     continue;
                 }
-                self.read(src * BLOCK_BYTES as u64, &mut other)?;
-                if other != block {
-                    report.collisions += 1;
-                    continue;
+                match self.read(src * BLOCK_BYTES as u64, &mut other) {
+                    Ok(()) if other == block => {}
+                    Ok(()) => {
+                        report.collisions += 1;
+                        continue;
+                    }
+                    // Damaged since it was read: not shared with.
+                    Err(Error::Corrupt { .. }) => continue,
+                    Err(e) => return Err(e),
                 }
                 if self.share(lba, copy, src, src_copy)? {
                     report.shared += 1;
@@ -96,6 +101,23 @@ impl Inner {
         st.checkpoint(&self.ctx())?;
         report.stored_after = st.map.counters().live_bytes;
         Ok(report)
+    }
+
+    /// Reads the blocks from `first` into `buf`; a block that cannot be read (damaged: `zbd
+    /// check` names it) is left out of `copies`, never shared nor shared with.
+    fn read_readable(&self, first: u64, buf: &mut [u8], copies: &mut [Option<Copy>]) -> Result<()> {
+        match self.read(first * BLOCK_BYTES as u64, buf) {
+            Err(Error::Corrupt { .. }) => {}
+            r => return r,
+        }
+        for (i, (b, copy)) in buf.chunks_mut(BLOCK_BYTES).zip(copies).enumerate() {
+            match self.read((first + i as u64) * BLOCK_BYTES as u64, b) {
+                Ok(()) => {}
+                Err(Error::Corrupt { .. }) => *copy = None,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// The stored copy each of `count` blocks from `first` names now (`None`: no stored

@@ -545,7 +545,9 @@ fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
             // with the same checksum (the victim's copy, kept until a checkpoint), those are
             // the same data. Otherwise the newest version is lost: the block reads as an
             // error, never as its older version.
+            // (A shared block is compared as the item it names.)
             let now = st.map.get(rec.lba)?;
+            let now = st.map.resolve(now)?;
             let same = now.state == BlockState::Data
                 && now.crc == rec.crc
                 && u32::from(now.len) == rec.len

@@ -233,3 +233,53 @@ fn the_last_reference_frees_a_shared_item() {
     assert_clean(&vol, "after a power cut");
     assert_eq!(vol.stats().physical_bytes_live, gone);
 }
+
+/// A block whose stored copy rotted is neither shared nor shared with: the pass goes on, the
+/// copies of other blocks are shared, and the damaged block stays an error (never another
+/// block's bytes), which `zbd check` names.
+#[test]
+fn dedup_skips_a_damaged_block_and_shares_the_rest() {
+    let opts = with_metadata_pages(&small_volume(SIZE, 65536, Codec::None, 3, 6));
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(9);
+    let x = fill(&mut rng, Fill::Random, BS);
+    let y = fill(&mut rng, Fill::Random, BS);
+    for lba in 0..4u64 {
+        vol.write(lba * BS as u64, &x, false).expect("write");
+    }
+    for lba in [10u64, 11] {
+        vol.write(lba * BS as u64, &y, false).expect("write");
+    }
+    // Closed and reopened, so reads come from the medium (no open extent, empty cache).
+    vol.close().expect("close");
+    drop(vol);
+    let vol = reopen(&disk);
+    // Stored raw: the first copy of `y` on the medium gets a flipped bit.
+    let image = disk.current_image();
+    let at = image
+        .windows(BS)
+        .position(|w| w == &y[..])
+        .expect("y is stored raw") as u64;
+    disk.flip_bit(at + 1000, 3);
+    let bad: Vec<u64> = [10u64, 11]
+        .into_iter()
+        .filter(|&lba| {
+            let mut b = vec![0u8; BS];
+            vol.read(lba * BS as u64, &mut b).is_err()
+        })
+        .collect();
+    assert_eq!(bad.len(), 1, "one copy of y rotted");
+    let r = vol.dedup(&|_, _| {}).expect("dedup goes on");
+    assert_eq!(r.shared, 3, "{r:?}");
+    let mut b = vec![0u8; BS];
+    for lba in 0..4u64 {
+        vol.read(lba * BS as u64, &mut b).expect("read");
+        assert!(b == x);
+    }
+    let good = if bad[0] == 10 { 11 } else { 10 };
+    vol.read(good * BS as u64, &mut b).expect("read");
+    assert!(b == y);
+    assert!(vol.read(bad[0] * BS as u64, &mut b).is_err());
+    let report = vol.check(&|_, _| {});
+    assert_eq!(report.damaged_blocks, bad, "{report:?}");
+}
