@@ -15,7 +15,8 @@ Systems, each on a sparse image file of its own:
   gzip-1 and lzjb at the default 128K records, and gzip-1 at 4K records, where ZFS can share
   every 4 KiB block as zbd will (pool v23 has no lz4);
 - ext4 on a zbd volume (lz4, zstd:1; zbd's defaults otherwise), served by `zbd serve` and
-  attached with `zbd attach` (nbdfuse + loop).
+  attached with `zbd attach` (nbdfuse + loop); and once more with zstd:1 on a volume with metadata
+  pages, given `zbd dedup` and `zbd compact` offline after the copy (post-process dedup).
 Stored bytes: btrfs and zbd, bytes the image (backing file) holds after sync + fstrim; ZFS, the
 pool's ALLOC after export/import (zfs-fuse has no TRIM; the image's own bytes are kept too).
 `zbd estimate` adds, per set, the exact 4 KiB duplicate ratio and what dedup + zstd:1 would store.
@@ -52,6 +53,8 @@ from dedup_sets import BLOCK, CLONES, build_clone_set, build_system_tree, used_b
 
 SCHEMA_VERSION = 1
 ZBD_CODECS = ("lz4", "zstd:1")
+# The codec of the arm given `zbd dedup` (post-process deduplication, design.md build order 2a).
+ZBD_DEDUP_CODEC = "zstd:1"
 BTRFS_COMPRESS = "zstd:1"
 ZFS_VARIANTS = "gzip-1 lzjb gzip-1/4K"  # compression[/recordsize], recordsize 128K (ZFS's) if not given
 ZFS_RECORDSIZE = "128K"
@@ -466,15 +469,18 @@ def zfs_size(text: str) -> int:
     return int(text)
 
 
-def zbd_volume(ctx: Context, data: DataSet, codec: str) -> dict[str, Any]:
-    """ext4 on a zbd volume (zbd serve + zbd attach: nbdfuse + loop), as the lab's zbd targets."""
+def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: bool = False) -> dict[str, Any]:
+    """ext4 on a zbd volume (zbd serve + zbd attach: nbdfuse + loop), as the lab's zbd targets.
+    With `dedup`: a volume with metadata pages, given `zbd dedup` (offline, post-process) and
+    `zbd compact` once the server stopped, before the backing file is measured."""
     vol = ctx.work / "vol.zbd"
     state = ctx.work / "attach"
     # Unix socket paths must stay under 108 bytes: a short directory of our own
     sock = Path(tempfile.mkdtemp(prefix="zbd-dedup-", dir="/run")) / "nbd.sock"
     ctx.undo.push(f"remove {sock.parent}", lambda: run(["rm", "-rf", str(sock.parent)]))
     ctx.undo.push(f"remove {vol}", lambda: vol.unlink(missing_ok=True))
-    run([ctx.zbd, "create", str(vol), "--size", f"{data.image_bytes() >> 20}M", "--codec", codec, "--force"])
+    pages = ["--metadata-pages"] if dedup else []
+    run([ctx.zbd, "create", str(vol), "--size", f"{data.image_bytes() >> 20}M", "--codec", codec, "--force", *pages])
     log = (ctx.work / "zbd-serve.log").open("ab")
     pidfile = ctx.work / "zbd.pid"
     pidfile.unlink(missing_ok=True)
@@ -501,9 +507,16 @@ def zbd_volume(ctx: Context, data: DataSet, codec: str) -> dict[str, Any]:
     ctx.undo.release(mount)
     ctx.undo.release(attached)
     ctx.undo.release(serving)
+    extra: dict[str, Any] = {"empty_bytes": empty}
+    if dedup:
+        extra["before_dedup_bytes"] = allocated(vol)
+        started = time.monotonic()
+        run([ctx.zbd, "dedup", str(vol)])
+        extra["zbd_dedup_s"] = time.monotonic() - started
+        run([ctx.zbd, "compact", str(vol)])
     stat = json.loads(run([ctx.zbd, "stat", str(vol), "--json"]).stdout)
-    extra = {"zbd_stat": pick_stat(stat), "image_allocated_bytes": allocated(vol), "empty_bytes": empty}
-    system = f"ext4 on zbd {codec}"
+    extra |= {"zbd_stat": pick_stat(stat), "image_allocated_bytes": allocated(vol)}
+    system = f"ext4 on zbd {codec}" + (" + zbd dedup" if dedup else "")
     row = row_of(data, system, allocated(vol), "backing file allocated after fstrim", extra)
     vol.unlink()
     say(f"  {system}: {row['stored_bytes'] >> 20} MiB")
@@ -535,6 +548,7 @@ def pick_stat(stat: dict[str, Any]) -> dict[str, Any]:
         "physical_bytes_live",
         "data_blocks",
         "compression_ratio",
+        "dedup_ratio",
         "codec",
         "unit_bytes",
         "extent_bytes",
@@ -572,6 +586,7 @@ def measure(ctx: Context, data: DataSet, zfs_variants: list[str]) -> list[dict[s
         rows.append(zfs(ctx, data, variant))
     for codec in ZBD_CODECS:
         rows.append(zbd_volume(ctx, data, codec))
+    rows.append(zbd_volume(ctx, data, ZBD_DEDUP_CODEC, dedup=True))
     return rows
 
 

@@ -230,6 +230,11 @@ def row_note(row: dict[str, Any], logical: int, declared: float | None) -> str:
         parts.append(f"duperemove shared {shared / MIB:.0f} MiB in {extra['duperemove_s']:.0f} s")
     if "empty_bytes" in extra:
         parts.append(f"empty {extra['empty_bytes'] / MIB:.0f} MiB")
+    if "zbd_dedup_s" in extra:
+        ratio = (extra.get("zbd_stat") or {}).get("dedup_ratio")
+        shown = f", dedup ratio {ratio:.2f}:1" if isinstance(ratio, int | float) else ""
+        before = extra.get("before_dedup_bytes", 0)
+        parts.append(f"zbd dedup {extra['zbd_dedup_s']:.0f} s{shown}, {before / MIB:.0f} MiB before")
     if declared and row["stored_bytes"]:
         achieved = logical / row["stored_bytes"]
         parts.append(
