@@ -65,7 +65,7 @@ fn create_copy_stat_check_round_trip() {
         .stdout(predicate::str::contains("clean"));
 }
 
-/// The hidden `--metadata-pages` makes a volume whose map is a page tree (bit 10): copy,
+/// The experimental `--metadata-pages` makes a volume whose map is a page tree (bit 10): copy,
 /// stat and check (every stored block against its checksum) work on it as on any volume.
 #[test]
 fn a_volume_with_metadata_pages_copies_stats_and_checks() {

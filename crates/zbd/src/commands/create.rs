@@ -62,10 +62,9 @@ pub struct Args {
     /// seeded item checksums; `zbd upgrade` brings it to the current one later).
     #[arg(long, default_value_t = zbd_core::format::FORMAT_VERSION)]
     format_version: u32,
-    /// Keep the map in metadata pages (checkpoint flag bit 10) and write v3 segments (bit 11:
-    /// 64-byte records with fingerprints): the format dedup, snapshots and clones build on.
-    /// Hidden until those land; the engine's suites run on it (`make test-bit10`).
-    #[arg(long, hide = true)]
+    /// Experimental: keep the map in metadata pages (format bits 10 and 11), the shared-block
+    /// format `zbd dedup` needs (snapshots and clones will build on it too).
+    #[arg(long)]
     metadata_pages: bool,
     #[command(flatten)]
     ceph: CephArgs,
