@@ -440,8 +440,10 @@ fn commit(
     // carries the fingerprint the victim's record carried, so the dedup index's manifests
     // (an extent's record table) survive cleaning.
     let mut fingerprints: HashMap<u64, u32> = HashMap::new();
-    // Shared items lying in the victims, by key (bit 12).
+    // Shared items lying in the victims, by key (bit 12), and their blocks' fingerprints (by
+    // key and index: a direct block may live at a shared item's birth LBA + index).
     let mut shared: BTreeMap<SbtKey, SbtValue> = BTreeMap::new();
+    let mut shared_prints: HashMap<(SbtKey, u8), u32> = HashMap::new();
     let mut complete = true;
     for &v in &victims {
         let live = st.extents.get(v).live_blocks;
@@ -455,7 +457,7 @@ fn commit(
                 }
                 for (key, item) in found.shared {
                     for (i, f) in item.fingerprints {
-                        fingerprints.insert(key.birth + u64::from(i), f);
+                        shared_prints.insert((key, i), f);
                     }
                     shared.insert(key, item.value);
                 }
@@ -546,7 +548,10 @@ fn commit(
                         unit_blocks: u16::from(b.unit_blocks),
                         dict: u16::from(b.dict),
                         seeded: b.seeded,
-                        fingerprint: fingerprints.get(&lba).copied().unwrap_or(0),
+                        fingerprint: shared_prints
+                            .get(&(key, b.unit_index))
+                            .copied()
+                            .unwrap_or(0),
                         source_extent: old.extent,
                         source_offset: old.offset,
                         ..Record::new(RecordKind::Move, lba, 1, seq)

@@ -140,6 +140,12 @@ pub struct Ctx<'a> {
 impl State {
     /// Sets the map entry of `lba`, keeping extent accounting exact.
     pub fn set_entry(&mut self, lba: u64, new: MapEntry) -> Result<()> {
+        if self.shared_items {
+            // The SBT entry a shared slot names is read before the slot changes, so a failed
+            // read fails the change with nothing done (review of 2a, finding 1).
+            let old = self.map.get(lba)?;
+            self.map.resolve(old)?;
+        }
         if let Some(old) = self.map.set(lba, new)? {
             self.account(old, new)?;
         }
@@ -202,13 +208,17 @@ impl State {
     /// its reference, and the item's charge leaves its extent when that was the last
     /// ("Death at 0"). A shared `new` charges nothing: the reference was counted by whoever
     /// made it (`share_block`).
+    ///
+    /// The direct accounting comes first: a reference drop that fails (its SBT page unreadable
+    /// after all) then leaves the count one high, a leak `zbd check` names, never a copy whose
+    /// extent is not charged for it, which a later overwrite would free under live blocks.
     fn account(&mut self, old: MapEntry, new: MapEntry) -> Result<()> {
+        self.account_direct(old, new);
         if let Some(key) = old.sbt_key() {
             if let Some(dead) = self.map.drop_ref(key)? {
                 self.uncharge_item(&dead);
             }
         }
-        self.account_direct(old, new);
         Ok(())
     }
 
@@ -452,12 +462,17 @@ impl State {
     /// made a leaf per 255 blocks and ran the page pool out: review 13).
     pub fn apply_range(&mut self, lba: u64, count: u64, entry: MapEntry) -> Result<()> {
         let mut olds = Vec::new();
-        self.map
-            .set_range(lba, count, entry, |old| olds.push(old))?;
+        // A range that fails part way leaves its first part changed: that part is accounted
+        // all the same, every block of it, before the error is returned.
+        let changed = self.map.set_range(lba, count, entry, |old| olds.push(old));
+        let mut first_error = None;
         for old in olds {
-            self.account(old, entry)?;
+            if let Err(e) = self.account(old, entry) {
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        changed?;
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Logs a zero or trim range; false when the data area is so full that no extent can take

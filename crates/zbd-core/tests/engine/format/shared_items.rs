@@ -6,9 +6,10 @@
 use crate::common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zbd_core::format::{Checkpoint, CKPT_FLAG_SHARED_ITEMS};
-use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
+use zbd_core::{Codec, CreateOptions, SimStorage, Storage, Volume};
 
 const SIZE: u64 = 4 << 20;
 const BLOCKS: u64 = SIZE / BS as u64;
@@ -131,24 +132,28 @@ fn dedup_shares_blocks_of_units_and_everything_reads_back() {
     shares_and_survives(Some(16384));
 }
 
-/// A power cut at storage operations spread over a dedup pass and the compaction after it
-/// (which moves shared items, with move records, before its checkpoint): every reopened image
-/// reads back what was flushed before the pass, whichever of the pass's steps, moves and
-/// checkpoints it kept, and `zbd check` agrees with its counts.
+/// A power cut, or a failed sync (the fence: the volume stops writing until reopened), at
+/// storage operations spread over a dedup pass and the compaction after it (which moves shared
+/// items, with move records, before its checkpoint): every reopened image reads back what was
+/// flushed before the pass, whichever of the pass's steps, moves and checkpoints it kept, and
+/// `zbd check` agrees with its counts.
 #[test]
-fn power_cuts_during_dedup_and_moves_of_shared_items_lose_nothing() {
+fn power_cuts_and_failed_syncs_during_dedup_and_moves_of_shared_items_lose_nothing() {
     let (disk, vol) = sim_volume(&opts(None));
     let model = duplicated(3, 24);
     vol.write(0, &model, false).expect("write");
     vol.close().expect("close");
     let image = disk.current_image();
-    // One run from the closed image, cut at `cut` operations in if given; its operations.
-    let run = |cut: Option<u64>, seed: u64| -> u64 {
+    // One run from the closed image, cut (or its first sync from there failed) at `cut`
+    // operations in if given; its operations.
+    let run = |cut: Option<u64>, fail_sync: bool, seed: u64| -> u64 {
         let disk = Arc::new(SimStorage::from_image(image.clone()));
         let vol = reopen(&disk);
         let base = disk.ops();
-        if let Some(c) = cut {
-            disk.set_power_loss_at(base + c);
+        match cut {
+            Some(c) if fail_sync => disk.fail_sync_at(base + c, seed),
+            Some(c) => disk.set_power_loss_at(base + c),
+            None => {}
         }
         let done = vol.dedup(&|_, _| {}).is_ok() && vol.compact(&|_, _| {}).is_ok();
         let ops = disk.ops() - base;
@@ -166,15 +171,26 @@ fn power_cuts_during_dedup_and_moves_of_shared_items_lose_nothing() {
         vol.abandon();
         let disk = Arc::new(SimStorage::from_image(crashed));
         let vol = reopen(&disk);
-        let ctx = format!("cut at {cut:?}");
+        if fail_sync && disk.sync_failures() > 0 {
+            assert!(
+                vol.stats().failed.is_some(),
+                "a failed sync fences the volume"
+            );
+            assert_reads(&vol, &model, "fenced, before the reopen");
+        }
+        let ctx = format!(
+            "{} at {cut:?}",
+            if fail_sync { "failed sync" } else { "cut" }
+        );
         assert_reads(&vol, &model, &ctx);
         assert_clean(&vol, &ctx);
         ops
     };
-    let total = run(None, 1);
+    let total = run(None, false, 1);
     let step = (total / 48).max(1);
     for cut in (0..total).step_by(step as usize) {
-        run(Some(cut), cut);
+        run(Some(cut), false, cut);
+        run(Some(cut), true, cut);
     }
 }
 
@@ -282,4 +298,90 @@ fn dedup_skips_a_damaged_block_and_shares_the_rest() {
     assert!(vol.read(bad[0] * BS as u64, &mut b).is_err());
     let report = vol.check(&|_, _| {});
     assert_eq!(report.damaged_blocks, bad, "{report:?}");
+}
+
+/// A simulated disk whose reads fail while `failing` is set.
+struct ReadsFail {
+    disk: Arc<SimStorage>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Storage for ReadsFail {
+    fn len_bytes(&self) -> zbd_core::Result<u64> {
+        self.disk.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(zbd_core::Error::Io(std::io::Error::other("injected read error")));
+        }
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
+        self.disk.write_at(offset, data)
+    }
+    fn sync(&self) -> zbd_core::Result<()> {
+        self.disk.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
+        self.disk.discard(offset, len)
+    }
+}
+
+/// Review of 2a, finding 1: an overwrite of a shared block whose SBT page cannot be read
+/// (its leaf resident, the SBT page not) fails with nothing changed, so no copy is left
+/// uncharged: a block written and flushed later in the same extent survives the overwrites,
+/// checkpoints and reuse that follow, and `zbd check` stays clean. (Before the fix its extent
+/// was freed under it.)
+#[test]
+fn a_failed_sbt_read_during_an_overwrite_of_a_shared_block_changes_nothing() {
+    let opts = with_metadata_pages(&small_volume(SIZE, 65536, Codec::None, 3, 6));
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(11);
+    let a = fill(&mut rng, Fill::Random, BS);
+    vol.write(0, &a, false).expect("write");
+    vol.write(BS as u64, &a, false).expect("write");
+    vol.flush().expect("flush");
+    assert_eq!(vol.dedup(&|_, _| {}).expect("dedup").shared, 1);
+    vol.close().expect("close");
+    drop(vol);
+
+    let failing = Arc::new(AtomicBool::new(false));
+    let storage = ReadsFail {
+        disk: Arc::clone(&disk),
+        failing: Arc::clone(&failing),
+    };
+    let vol = Volume::open(Box::new(storage), open_opts_sync()).expect("open");
+    // Leaf 0 resident (and dirty), the SBT page not.
+    let x = fill(&mut rng, Fill::Random, BS);
+    vol.write(50 * BS as u64, &x, false).expect("write");
+    failing.store(true, Ordering::SeqCst);
+    let over = fill(&mut rng, Fill::Random, BS);
+    let failed = vol.write(BS as u64, &over, false).is_err();
+    failing.store(false, Ordering::SeqCst);
+    assert!(failed, "the overwrite needed the SBT page");
+    let mut got = vec![0u8; BS];
+    vol.read(BS as u64, &mut got).expect("read");
+    assert!(got == a, "a failed overwrite keeps the shared block");
+    assert_clean(&vol, "after the failed overwrite");
+
+    let m = fill(&mut rng, Fill::Random, BS);
+    vol.write(100 * BS as u64, &m, false).expect("write m");
+    vol.flush().expect("flush");
+    for _ in 0..40 {
+        for lba in [1u64, 50] {
+            let d = fill(&mut rng, Fill::Random, BS);
+            vol.write(lba * BS as u64, &d, false).expect("overwrite");
+        }
+    }
+    vol.flush().expect("flush");
+    vol.checkpoint().expect("checkpoint");
+    vol.checkpoint().expect("checkpoint");
+    for lba in 200..700u64 {
+        let d = fill(&mut rng, Fill::Random, BS);
+        vol.write(lba * BS as u64, &d, false).expect("fill");
+    }
+    vol.flush().expect("flush");
+    vol.read(100 * BS as u64, &mut got).expect("read m");
+    assert!(got == m, "m was lost");
+    assert_clean(&vol, "at the end");
 }
