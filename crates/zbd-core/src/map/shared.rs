@@ -70,20 +70,12 @@ impl TreeMap {
             return Ok(*t);
         }
         let mut t = SharedTotals::default();
-        c.sbt.scan(
-            &mut c.pool,
-            &mut c.store,
-            SbtKey {
-                birth: 0,
-                serial: 0,
-            },
-            &mut |_, v| {
-                t.items += 1;
-                t.references += u64::from(v.count);
-                t.item_blocks += u64::from(v.unit_blocks());
-                true
-            },
-        )?;
+        c.for_each_shared(&mut |_, v| {
+            t.items += 1;
+            t.references += u64::from(v.count);
+            t.item_blocks += u64::from(v.unit_blocks());
+            true
+        })?;
         *totals = Some(t);
         Ok(t)
     }
@@ -172,24 +164,11 @@ impl VolumeMap {
     /// false; none on v2's map.
     pub fn for_each_shared(&mut self, f: &mut impl FnMut(SbtKey, SbtValue) -> bool) -> Result<()> {
         match self {
-            VolumeMap::Tree(t) => {
-                let c = t.parts().0;
-                c.sbt.scan(
-                    &mut c.pool,
-                    &mut c.store,
-                    SbtKey {
-                        birth: 0,
-                        serial: 0,
-                    },
-                    f,
-                )
-            }
+            VolumeMap::Tree(t) => t.parts().0.for_each_shared(f),
             VolumeMap::Pages(_) => Ok(()),
         }
     }
-}
 
-impl VolumeMap {
     /// `zbd check`'s recount of references: every SBT count equals the slots naming its key,
     /// and every shared slot names an SBT entry (one line per problem, at most 16 of each
     /// kind). A whole walk of the map and the SBT; none on v2's map.
@@ -209,28 +188,20 @@ impl VolumeMap {
         })?;
         let mut problems = Vec::new();
         let mut wrong = 0;
-        c.sbt.scan(
-            &mut c.pool,
-            &mut c.store,
-            SbtKey {
-                birth: 0,
-                serial: 0,
-            },
-            &mut |k, v| {
-                let slots = named.remove(&k).unwrap_or(0);
-                let pinned = v.flags & crate::format::SBT_FLAG_PINNED != 0;
-                if u64::from(v.count) != slots && !(pinned && slots <= u64::from(v.count)) {
-                    wrong += 1;
-                    if wrong <= SHOWN {
-                        problems.push(format!(
-                            "shared item {k:?}: count {} but {slots} blocks name it",
-                            v.count
-                        ));
-                    }
+        c.for_each_shared(&mut |k, v| {
+            let slots = named.remove(&k).unwrap_or(0);
+            let pinned = v.flags & crate::format::SBT_FLAG_PINNED != 0;
+            if u64::from(v.count) != slots && !(pinned && slots <= u64::from(v.count)) {
+                wrong += 1;
+                if wrong <= SHOWN {
+                    problems.push(format!(
+                        "shared item {k:?}: count {} but {slots} blocks name it",
+                        v.count
+                    ));
                 }
-                true
-            },
-        )?;
+            }
+            true
+        })?;
         for (k, slots) in named.iter().take(SHOWN) {
             problems.push(format!(
                 "{slots} blocks name shared item {k:?}, which the shared-block table lacks"

@@ -19,7 +19,7 @@ use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, Checkpoint, ExtensionBody, MapEntry, PageAddress, PageKind, SbtKey, Superblock,
+    BlockState, Checkpoint, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
     MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
@@ -463,21 +463,11 @@ impl TreeMap {
         })?;
         // Each shared item's stored bytes count once, at its SBT entry, charged to its extent
         // as one block of its whole length.
-        let c_ref = &mut c;
-        let cat = &mut self.catalog;
-        cat.sbt.scan(
-            &mut cat.pool,
-            &mut cat.store,
-            SbtKey {
-                birth: 0,
-                serial: 0,
-            },
-            &mut |_, v| {
-                c_ref.add_item(&v);
-                data(&v.whole());
-                true
-            },
-        )?;
+        self.catalog.for_each_shared(&mut |_, v| {
+            c.add_item(&v);
+            data(&v.whole());
+            true
+        })?;
         // The recount saw every damaged entry, those of leaves found lost on the way too.
         self.catalog.store.lost_new.clear();
         self.counters = c;

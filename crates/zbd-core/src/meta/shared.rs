@@ -207,6 +207,15 @@ impl Catalog {
         Ok(found)
     }
 
+    /// Calls `f` with every shared item (key and entry), in key order, until it returns false.
+    pub fn for_each_shared(&mut self, f: &mut impl FnMut(SbtKey, SbtValue) -> bool) -> Result<()> {
+        let first = SbtKey {
+            birth: 0,
+            serial: 0,
+        };
+        self.sbt.scan(&mut self.pool, &mut self.store, first, f)
+    }
+
     /// The SBT entry a shared map entry names; its absence is damage.
     fn shared_value(&mut self, key: SbtKey) -> Result<SbtValue> {
         self.sbt
@@ -343,20 +352,11 @@ mod tests {
             prop_assert_eq!(got, direct(id, &m.items[&id], index), "block {}", lba);
         }
         let mut counted = BTreeMap::new();
-        c.sbt
-            .scan(
-                &mut c.pool,
-                &mut c.store,
-                SbtKey {
-                    birth: 0,
-                    serial: 0,
-                },
-                &mut |k, v| {
-                    counted.insert(k, v.count);
-                    true
-                },
-            )
-            .expect("sbt scan");
+        c.for_each_shared(&mut |k, v| {
+            counted.insert(k, v.count);
+            true
+        })
+        .expect("sbt scan");
         prop_assert_eq!(&counted, &named);
         let live = m.live();
         for (&id, it) in &m.items {
@@ -405,20 +405,11 @@ mod tests {
             let mut dead = Vec::new();
             let live_before = m.live();
             let mut shared_before = BTreeSet::new();
-            c.sbt
-                .scan(
-                    &mut c.pool,
-                    &mut c.store,
-                    SbtKey {
-                        birth: 0,
-                        serial: 0,
-                    },
-                    &mut |_, v| {
-                        shared_before.insert(v.crc);
-                        true
-                    },
-                )
-                .expect("scan");
+            c.for_each_shared(&mut |_, v| {
+                shared_before.insert(v.crc);
+                true
+            })
+            .expect("scan");
             match op {
                 Op::Write(lba, n) => {
                     let id = m.next;
@@ -466,20 +457,11 @@ mod tests {
                 }
                 Op::Move(n) => {
                     let mut keys = Vec::new();
-                    c.sbt
-                        .scan(
-                            &mut c.pool,
-                            &mut c.store,
-                            SbtKey {
-                                birth: 0,
-                                serial: 0,
-                            },
-                            &mut |k, v| {
-                                keys.push((k, v));
-                                true
-                            },
-                        )
-                        .expect("scan");
+                    c.for_each_shared(&mut |k, v| {
+                        keys.push((k, v));
+                        true
+                    })
+                    .expect("scan");
                     if keys.is_empty() {
                         continue;
                     }

@@ -1,10 +1,8 @@
 //! `zbd check`: verify metadata and every block checksum; non-zero exit lists the damage.
 
-use super::open_read_only;
+use super::{open_read_only, Progress, BLOCKS_BAR};
 use crate::target::CephArgs;
 use anyhow::{anyhow, Result};
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,7 +34,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Ok(vol) => vol,
         // Held by `zbd serve`: the server checks it without stopping (a scrub at full speed).
         Err(error) => {
-            let bar = Progress::new(!a.json);
+            let bar = Progress::new(!a.json, BLOCKS_BAR);
             return match super::serve::remote_scrub(&a.path, 0, |d, t| bar.set(d, t)) {
                 Some(report) => {
                     bar.finish();
@@ -46,7 +44,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             };
         }
     };
-    let bar = Progress::new(!a.json);
+    let bar = Progress::new(!a.json, BLOCKS_BAR);
     let report = vol.check(&|done, total| bar.set(done, total));
     bar.finish();
     print_report(&report, a.json)
@@ -57,7 +55,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
 /// damaged blocks; a clean close persists it all.
 fn repair(a: &Args) -> Result<()> {
     let (target, vol) = super::open_offline(&a.path, &a.ceph)?;
-    let bar = Progress::new(!a.json);
+    let bar = Progress::new(!a.json, BLOCKS_BAR);
     let report = vol.check(&|done, total| bar.set(done, total));
     bar.finish();
     // Twice: each checkpoint writes one slot; both then hold intact copies.
@@ -69,35 +67,6 @@ fn repair(a: &Args) -> Result<()> {
         report.marked_damaged
     );
     Ok(())
-}
-
-/// A progress bar on a terminal (stderr), nothing otherwise.
-pub struct Progress(Option<ProgressBar>);
-
-impl Progress {
-    pub fn new(wanted: bool) -> Progress {
-        Progress((wanted && std::io::stderr().is_terminal()).then(|| {
-            let b = ProgressBar::new(0);
-            b.set_style(
-                ProgressStyle::with_template("{bar:40} {pos}/{len} blocks {eta}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            b
-        }))
-    }
-
-    pub fn set(&self, done: u64, total: u64) {
-        if let Some(b) = &self.0 {
-            b.set_length(total);
-            b.set_position(done);
-        }
-    }
-
-    pub fn finish(&self) {
-        if let Some(b) = &self.0 {
-            b.finish_and_clear();
-        }
-    }
 }
 
 /// Prints a check or scrub report; exit code 3 when damage was found.

@@ -1,10 +1,8 @@
 //! `zbd compact`: offline cleaning of every extent with dead space, with progress.
 
-use super::human;
+use super::{human, Progress};
 use crate::target::CephArgs;
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,23 +18,9 @@ pub struct Args {
 pub fn run(a: Args) -> Result<ExitCode> {
     let (target, vol) = super::open_offline(&a.path, &a.ceph)?;
     let before = vol.stats();
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = ProgressBar::new(0);
-        b.set_style(
-            ProgressStyle::with_template("compacting {bar:40} {pos}/{len} extents {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    });
-    let r = vol.compact(&|done, total| {
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
-        }
-    })?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
+    let bar = Progress::new(true, "compacting {bar:40} {pos}/{len} extents {eta}");
+    let r = vol.compact(&|done, total| bar.set(done, total))?;
+    bar.finish();
     let after = vol.stats();
     vol.close()?;
     println!(

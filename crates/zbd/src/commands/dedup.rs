@@ -1,10 +1,8 @@
 //! `zbd dedup`: offline post-process deduplication (design.md, build order 2a), with progress.
 
-use super::human;
+use super::{human, Progress};
 use crate::target::CephArgs;
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,23 +17,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let (target, vol) = super::open_offline(&a.path, &a.ceph)?;
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = ProgressBar::new(0);
-        b.set_style(
-            ProgressStyle::with_template("deduplicating {bar:40} {percent} % {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    });
-    let r = vol.dedup(&|done, total| {
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
-        }
-    });
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
+    let bar = Progress::new(true, "deduplicating {bar:40} {percent} % {eta}");
+    let r = vol.dedup(&|done, total| bar.set(done, total));
+    bar.finish();
     let r = r?;
     let s = vol.stats();
     vol.close()?;

@@ -10,8 +10,8 @@
 //! appended to extents in order, a hook loads an extent's manifest, and a candidate counts only
 //! if its full fingerprint equals the block's (the engine compares bytes).
 
-use crate::commands::check::Progress;
 use crate::commands::{human, size_arg};
+use crate::commands::{Progress, BLOCKS_BAR};
 use anyhow::{anyhow, Context, Result};
 use rayon::prelude::*;
 use std::collections::hash_map::{Entry, HashMap};
@@ -111,7 +111,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .collect::<Result<Vec<u64>>>()?;
     let files = list_files(&a.paths)?;
     let total: u64 = files.iter().map(|(_, len)| len.div_ceil(4096)).sum();
-    let progress = Progress::new(!a.json);
+    let progress = Progress::new(!a.json, BLOCKS_BAR);
     let mut est = Estimator::new(codec, (unit / 4096) as usize, extent, &budgets);
     for (path, _) in &files {
         est.file(path, &|done| progress.set(done, total))?;

@@ -23,6 +23,8 @@ pub mod upgrade;
 
 use crate::target::{CephArgs, Target};
 use anyhow::{anyhow, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use std::path::Path;
 use zbd_core::Volume;
 
@@ -53,6 +55,39 @@ pub fn open_offline(path: &Path, ceph: &CephArgs) -> Result<(Target, Volume)> {
     };
     let vol = Volume::open(storage, opts).map_err(|e| anyhow!("{target}: {e}"))?;
     Ok((target, vol))
+}
+
+/// A progress bar on a terminal (stderr), nothing otherwise.
+pub struct Progress(Option<ProgressBar>);
+
+/// The bar of commands that count blocks (check, scrub, estimate).
+pub const BLOCKS_BAR: &str = "{bar:40} {pos}/{len} blocks {eta}";
+
+impl Progress {
+    /// A bar drawn with the indicatif `template` when `wanted` and stderr is a terminal.
+    pub fn new(wanted: bool, template: &str) -> Progress {
+        Progress((wanted && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::new(0);
+            b.set_style(
+                ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b
+        }))
+    }
+
+    pub fn set(&self, done: u64, total: u64) {
+        if let Some(b) = &self.0 {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// Human-readable binary size.

@@ -3,7 +3,8 @@
 //! otherwise the volume is opened here. `zbd stat` shows when the last scrub ran and what it
 //! found.
 
-use super::check::{print_report, Progress};
+use super::check::print_report;
+use super::{Progress, BLOCKS_BAR};
 use crate::target::{CephArgs, Target};
 use anyhow::{anyhow, Result};
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let rate = super::size_arg("--rate", &a.rate)?;
-    let bar = Progress::new(!a.json);
+    let bar = Progress::new(!a.json, BLOCKS_BAR);
     if let Some(report) = super::serve::remote_scrub(&a.path, rate, |d, t| bar.set(d, t)) {
         bar.finish();
         return print_report(&report?, a.json);

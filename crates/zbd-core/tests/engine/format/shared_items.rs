@@ -312,7 +312,9 @@ impl Storage for ReadsFail {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
         if self.failing.load(Ordering::SeqCst) {
-            return Err(zbd_core::Error::Io(std::io::Error::other("injected read error")));
+            return Err(zbd_core::Error::Io(std::io::Error::other(
+                "injected read error",
+            )));
         }
         self.disk.read_at(offset, buf)
     }
