@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zbd_core::format::{Checkpoint, CKPT_FLAG_SHARED_ITEMS};
-use zbd_core::{Codec, CreateOptions, SimStorage, Storage, Volume};
+use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
 
 const SIZE: u64 = 4 << 20;
 const BLOCKS: u64 = SIZE / BS as u64;
@@ -50,6 +50,17 @@ fn assert_reads(vol: &Volume, model: &[u8], ctx: &str) {
 fn assert_clean(vol: &Volume, ctx: &str) {
     let r = vol.check(&|_, _| {});
     assert!(r.is_clean(), "{ctx}: {r:?}");
+}
+
+/// A power cut now (pending writes kept, lost or torn at random), then a reopen that must
+/// read back `model` and check clean; the reopened volume.
+fn power_cut(disk: &SimStorage, vol: Volume, model: &[u8], rng: &mut SmallRng) -> Volume {
+    let image = disk.crash_image(rng);
+    vol.abandon();
+    let vol = reopen(&Arc::new(SimStorage::from_image(image)));
+    assert_reads(&vol, model, "after a power cut");
+    assert_clean(&vol, "after a power cut");
+    vol
 }
 
 fn newest_flags(disk: &SimStorage) -> u32 {
@@ -114,12 +125,7 @@ fn shares_and_survives(unit: Option<u32>) {
 
     // Flushed work after the last checkpoint, then a power cut: replay over shared items.
     churn(&vol, &mut model, &mut rng, 100);
-    let image = disk.crash_image(&mut rng);
-    vol.abandon();
-    let disk = Arc::new(SimStorage::from_image(image));
-    let vol = reopen(&disk);
-    assert_reads(&vol, &model, "after a power cut");
-    assert_clean(&vol, "after a power cut");
+    power_cut(&disk, vol, &model, &mut rng);
 }
 
 #[test]
@@ -241,12 +247,7 @@ fn the_last_reference_frees_a_shared_item() {
     assert!(gone < with_item, "{with_item} -> {gone}");
     assert_reads(&vol, &model, "no reference left");
     assert_clean(&vol, "no reference left");
-    let image = disk.crash_image(&mut rng);
-    vol.abandon();
-    let disk = Arc::new(SimStorage::from_image(image));
-    let vol = reopen(&disk);
-    assert_reads(&vol, &model, "after a power cut");
-    assert_clean(&vol, "after a power cut");
+    let vol = power_cut(&disk, vol, &model, &mut rng);
     assert_eq!(vol.stats().physical_bytes_live, gone);
 }
 
@@ -300,35 +301,6 @@ fn dedup_skips_a_damaged_block_and_shares_the_rest() {
     assert_eq!(report.damaged_blocks, bad, "{report:?}");
 }
 
-/// A simulated disk whose reads fail while `failing` is set.
-struct ReadsFail {
-    disk: Arc<SimStorage>,
-    failing: Arc<AtomicBool>,
-}
-
-impl Storage for ReadsFail {
-    fn len_bytes(&self) -> zbd_core::Result<u64> {
-        self.disk.len_bytes()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(zbd_core::Error::Io(std::io::Error::other(
-                "injected read error",
-            )));
-        }
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> zbd_core::Result<()> {
-        self.disk.write_at(offset, data)
-    }
-    fn sync(&self) -> zbd_core::Result<()> {
-        self.disk.sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> zbd_core::Result<()> {
-        self.disk.discard(offset, len)
-    }
-}
-
 /// Review of 2a, finding 1: an overwrite of a shared block whose SBT page cannot be read
 /// (its leaf resident, the SBT page not) fails with nothing changed, so no copy is left
 /// uncharged: a block written and flushed later in the same extent survives the overwrites,
@@ -347,19 +319,21 @@ fn a_failed_sbt_read_during_an_overwrite_of_a_shared_block_changes_nothing() {
     vol.close().expect("close");
     drop(vol);
 
-    let failing = Arc::new(AtomicBool::new(false));
-    let storage = ReadsFail {
+    // Every read fails while armed.
+    let bad = Arc::new(BadSpot {
         disk: Arc::clone(&disk),
-        failing: Arc::clone(&failing),
-    };
-    let vol = Volume::open(Box::new(storage), open_opts_sync()).expect("open");
+        range: 0..u64::MAX,
+        armed: AtomicBool::new(false),
+        failed: Default::default(),
+    });
+    let vol = Volume::open(Box::new(Arc::clone(&bad)), open_opts_sync()).expect("open");
     // Leaf 0 resident (and dirty), the SBT page not.
     let x = fill(&mut rng, Fill::Random, BS);
     vol.write(50 * BS as u64, &x, false).expect("write");
-    failing.store(true, Ordering::SeqCst);
+    bad.armed.store(true, Ordering::SeqCst);
     let over = fill(&mut rng, Fill::Random, BS);
     let failed = vol.write(BS as u64, &over, false).is_err();
-    failing.store(false, Ordering::SeqCst);
+    bad.armed.store(false, Ordering::SeqCst);
     assert!(failed, "the overwrite needed the SBT page");
     let mut got = vec![0u8; BS];
     vol.read(BS as u64, &mut got).expect("read");
