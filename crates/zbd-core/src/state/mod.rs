@@ -181,7 +181,16 @@ impl State {
             // An item stored with a trained dictionary stays direct: its dictionary's live
             // count follows direct blocks only, and must not reach 0 while it lives.
             None if src_want.state == BlockState::Data && src_want.dict == 0 => {
-                let p = self.map.promote(src, src_want)?;
+                // A new SBT entry may need page ids: short of them, the checkpoint that returns
+                // the ids freed since the last one and carves more comes first, as for a map
+                // change (`map_room`).
+                let p = match self.map.promote(src, src_want) {
+                    Err(Error::NoSpace) => {
+                        self.checkpoint(cx)?;
+                        self.map.promote(src, src_want)?
+                    }
+                    r => r?,
+                };
                 for &(_, old) in &p.blocks {
                     self.account_direct(old, MapEntry::shared(p.key, old.unit_index));
                 }
