@@ -361,3 +361,31 @@ fn a_failed_sbt_read_during_an_overwrite_of_a_shared_block_changes_nothing() {
     assert!(got == m, "m was lost");
     assert_clean(&vol, "at the end");
 }
+
+/// On a device with 4 KiB sectors (bit 11's 4 KiB form): the compaction after a dedup pass
+/// moves shared items with move records in aligned writes only, and everything reads back
+/// after a close and reopen.
+#[test]
+fn moves_of_shared_items_on_a_4k_sector_device_are_aligned_and_read_back() {
+    let opts = opts(None);
+    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
+    let dev = FourKn::new(&disk);
+    let vol = Volume::create_with(Box::new(Arc::clone(&dev)), &opts, open_opts()).expect("create");
+    let model = duplicated(13, 30);
+    vol.write(0, &model, false).expect("write");
+    vol.flush().expect("flush");
+    assert!(vol.dedup(&|_, _| {}).expect("dedup").shared > 0);
+    vol.compact(&|_, _| {}).expect("compact");
+    assert!(
+        vol.stats().counters.cleaner_bytes_moved > 0,
+        "nothing moved"
+    );
+    assert_reads(&vol, &model, "after compaction");
+    vol.close().expect("close");
+    drop(vol);
+    assert_eq!(dev.unaligned.load(Ordering::Relaxed), 0);
+    let vol = Volume::open(Box::new(Arc::clone(&dev)), open_opts()).expect("reopen");
+    assert_reads(&vol, &model, "after a reopen");
+    assert_clean(&vol, "after a reopen");
+}
