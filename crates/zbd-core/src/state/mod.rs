@@ -25,6 +25,11 @@ use std::sync::atomic::AtomicU64;
 
 /// Leaves a zero or trim step settles at most on a page-tree map (the design's step budget).
 pub const STEP_LEAVES: u64 = 64;
+/// Map leaves a trim or zero step settles on a volume with shared items: each block it drops
+/// may dirty another SBT leaf (a reference to an item far away), so a step of 64 leaves could
+/// dirty 16,320 pages and pass the pair-state list's capacity (review of 2a, second helper);
+/// two leaves dirty at most 510 SBT leaves beside their own, within the window's margin.
+pub const STEP_LEAVES_SHARED: u64 = 2;
 
 /// Everything behind the state lock.
 pub struct State {
@@ -439,7 +444,12 @@ impl State {
             return end;
         }
         let leaf = MAP_ENTRIES_PER_PAGE as u64;
-        end.min((lba / leaf + STEP_LEAVES) * leaf)
+        let leaves = if self.shared_items {
+            STEP_LEAVES_SHARED
+        } else {
+            STEP_LEAVES
+        };
+        end.min((lba / leaf + leaves) * leaf)
     }
 
     /// Records a zero or trim range and applies it to the map.
