@@ -16,7 +16,10 @@ Systems, each on a sparse image file of its own:
   every 4 KiB block as zbd will (pool v23 has no lz4);
 - ext4 on a zbd volume (lz4, zstd:1; zbd's defaults otherwise), served by `zbd serve` and
   attached with `zbd attach` (nbdfuse + loop); and once more with zstd:1 on a volume with metadata
-  pages, given `zbd dedup` and `zbd compact` offline after the copy (post-process dedup).
+  pages, given `zbd dedup` and `zbd compact` offline after the copy (post-process dedup);
+- the same zstd:1 volume made with `--dedup on` (inline dedup: the server shares duplicates as they
+  are written), measured as written, then once more after `zbd compact` offline. A zbd without
+  `zbd create --dedup` skips these two rows (and says so in the notes).
 Stored bytes: btrfs and zbd, bytes the image (backing file) holds after sync + fstrim; ZFS, the
 pool's ALLOC after export/import (zfs-fuse has no TRIM; the image's own bytes are kept too).
 `zbd estimate` adds, per set, the exact 4 KiB duplicate ratio and what dedup + zstd:1 would store.
@@ -70,7 +73,7 @@ def say(line: str) -> None:
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
     return proc
@@ -121,7 +124,7 @@ class Undo:
             name, step = self.steps.pop()
             try:
                 step()
-            except Exception as exc:  # keep undoing the rest
+            except Exception as exc:  # noqa: BLE001 - keep undoing the rest
                 print(f"cleanup: {name}: {exc}", file=sys.stderr, flush=True)
 
 
@@ -282,6 +285,7 @@ class Context:
     mnt: Path
     undo: Undo
     zfs: ZfsDaemon | None = None
+    inline_dedup: bool = False  # this zbd has `zbd create --dedup on` (inline dedup)
 
 
 def btrfs(ctx: Context, data: DataSet) -> list[dict[str, Any]]:
@@ -469,10 +473,13 @@ def zfs_size(text: str) -> int:
     return int(text)
 
 
-def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: bool = False) -> dict[str, Any]:
-    """ext4 on a zbd volume (zbd serve + zbd attach: nbdfuse + loop), as the lab's zbd targets.
-    With `dedup`: a volume with metadata pages, given `zbd dedup` (offline, post-process) and
-    `zbd compact` once the server stopped, before the backing file is measured."""
+def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: str = "") -> list[dict[str, Any]]:
+    """ext4 on a zbd volume (zbd serve + zbd attach: nbdfuse + loop), as the lab's zbd targets; one
+    row, or two for inline dedup.
+    `dedup` "post": a volume with metadata pages, given `zbd dedup` (offline, post-process) and
+    `zbd compact` once the server stopped, before the backing file is measured.
+    `dedup` "inline": a volume with metadata pages made with `--dedup on` (the server dedups as it
+    writes): measured once the server stopped, and again after `zbd compact` (offline)."""
     vol = ctx.work / "vol.zbd"
     state = ctx.work / "attach"
     # Unix socket paths must stay under 108 bytes: a short directory of our own
@@ -480,7 +487,9 @@ def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: bool = False) -> 
     ctx.undo.push(f"remove {sock.parent}", lambda: run(["rm", "-rf", str(sock.parent)]))
     ctx.undo.push(f"remove {vol}", lambda: vol.unlink(missing_ok=True))
     pages = ["--metadata-pages"] if dedup else []
-    run([ctx.zbd, "create", str(vol), "--size", f"{data.image_bytes() >> 20}M", "--codec", codec, "--force", *pages])
+    pages += ["--dedup", "on"] if dedup == "inline" else []
+    size = f"{data.image_bytes() >> 20}M"
+    run([ctx.zbd, "create", str(vol), "--size", size, "--codec", codec, "--force", *pages])
     log = (ctx.work / "zbd-serve.log").open("ab")
     pidfile = ctx.work / "zbd.pid"
     pidfile.unlink(missing_ok=True)
@@ -502,23 +511,46 @@ def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: bool = False) -> 
     run(["mount", "-t", "ext4", device[0], str(ctx.mnt)])
     trim(ctx.mnt)
     empty = allocated(vol)  # while served: what the server has written back by now
+    started = time.monotonic()
     copy_set(data, ctx.mnt)
     trim(ctx.mnt)
+    extra: dict[str, Any] = {"empty_bytes": empty, "copy_s": round(time.monotonic() - started, 1)}
+    if dedup == "inline":
+        # through the server (its control socket): the index's own counters and the bytes written
+        served = json.loads(run([ctx.zbd, "stat", str(vol), "--json"]).stdout)
+        counters = served.get("counters") or {}
+        extra["served"] = {
+            "dedup_index": served.get("dedup_index"),
+            "dedup_ratio": served.get("dedup_ratio"),
+            "host_bytes_written": counters.get("host_bytes_written"),
+            "data_bytes_written": counters.get("data_bytes_written"),
+        }
     ctx.undo.release(mount)
     ctx.undo.release(attached)
     ctx.undo.release(serving)
-    extra: dict[str, Any] = {"empty_bytes": empty}
-    if dedup:
+    if dedup == "post":
         extra["before_dedup_bytes"] = allocated(vol)
         started = time.monotonic()
         run([ctx.zbd, "dedup", str(vol)])
         extra["zbd_dedup_s"] = time.monotonic() - started
         run([ctx.zbd, "compact", str(vol)])
+    system = f"ext4 on zbd {codec}" + {"": "", "post": " + zbd dedup", "inline": " + inline dedup"}[dedup]
+    rows = [zbd_row(ctx, data, vol, system, extra)]
+    if dedup == "inline":
+        extra = {"before_compact_bytes": allocated(vol)}
+        started = time.monotonic()
+        run([ctx.zbd, "compact", str(vol)])
+        extra["zbd_compact_s"] = round(time.monotonic() - started, 1)
+        rows.append(zbd_row(ctx, data, vol, f"{system}, then zbd compact", extra))
+    vol.unlink()
+    return rows
+
+
+def zbd_row(ctx: Context, data: DataSet, vol: Path, system: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The row of a zbd volume whose server stopped: `zbd stat` and the backing file's bytes."""
     stat = json.loads(run([ctx.zbd, "stat", str(vol), "--json"]).stdout)
     extra |= {"zbd_stat": pick_stat(stat), "image_allocated_bytes": allocated(vol)}
-    system = f"ext4 on zbd {codec}" + (" + zbd dedup" if dedup else "")
     row = row_of(data, system, allocated(vol), "backing file allocated after fstrim", extra)
-    vol.unlink()
     say(f"  {system}: {row['stored_bytes'] >> 20} MiB")
     return row
 
@@ -585,9 +617,16 @@ def measure(ctx: Context, data: DataSet, zfs_variants: list[str]) -> list[dict[s
     for variant in zfs_variants:
         rows.append(zfs(ctx, data, variant))
     for codec in ZBD_CODECS:
-        rows.append(zbd_volume(ctx, data, codec))
-    rows.append(zbd_volume(ctx, data, ZBD_DEDUP_CODEC, dedup=True))
+        rows += zbd_volume(ctx, data, codec)
+    rows += zbd_volume(ctx, data, ZBD_DEDUP_CODEC, dedup="post")
+    if ctx.inline_dedup:
+        rows += zbd_volume(ctx, data, ZBD_DEDUP_CODEC, dedup="inline")
     return rows
+
+
+def has_inline_dedup(zbd: str) -> bool:
+    """Whether this zbd has inline dedup: `zbd create --dedup on|off`."""
+    return "--dedup " in run([zbd, "create", "--help"], check=False).stdout
 
 
 def main() -> int:
@@ -612,11 +651,13 @@ def main() -> int:
     undo = Undo()
     work = Path(tempfile.mkdtemp(prefix="zbd-dedup-space.", dir=os.environ.get("DEDUP_DIR", "/var/tmp")))
     undo.push(f"remove {work}", lambda: run(["rm", "-rf", "--one-file-system", str(work)]))
-    doc: dict[str, Any] = {"version": SCHEMA_VERSION, "sets": [], "rows": []}
+    doc: dict[str, Any] = {"version": SCHEMA_VERSION, "sets": [], "rows": [], "notes": []}
     try:
         mnt = work / "mnt"
         mnt.mkdir()
-        ctx = Context(zbd, work, mnt, undo)
+        ctx = Context(zbd, work, mnt, undo, inline_dedup=has_inline_dedup(zbd))
+        if not ctx.inline_dedup:
+            doc["notes"].append(f"{zbd} has no `zbd create --dedup`: no inline dedup rows")
         builders = {
             "clone": lambda: clone_set(work / "clone", int(os.environ.get("DEDUP_BASE_MB", "256"))),
             "tree": lambda: tree_set(work, int(os.environ.get("DEDUP_TREE_MB", "400"))),

@@ -283,3 +283,58 @@ def test_dedup_space_is_a_default_script_group_with_a_title() -> None:
     assert "dedup-space" in SCRIPT_GROUPS and "dedup-space" in DEFAULT_GROUPS
     assert "dedup-space" in CLI_DEFAULT_GROUPS and "dedup-space" in scripts.SCRIPT_RUNNERS
     assert "dedup-space" in report.GROUP_TITLES
+
+
+def test_dedup_space_notes_the_inline_rows_index_and_compaction() -> None:
+    doc = _space_doc()
+    mib = 2**20
+    served = {"dedup_ratio": 2.9, "dedup_index": {"hit_rate": 0.985}, "data_bytes_written": 110 * mib}
+    inline = {"served": served, "copy_s": 7.0, "empty_bytes": 0}
+    doc["rows"] += [
+        {"set": "seed 003's case", "system": "ext4 on zbd zstd:1 + inline dedup", "logical_bytes": 300 * mib}
+        | {"stored_bytes": 110 * mib, "measure": "m", "extra": inline},
+        {"set": "seed 003's case", "system": "ext4 on zbd zstd:1 + inline dedup, then zbd compact"}
+        | {"logical_bytes": 300 * mib, "stored_bytes": 105 * mib, "measure": "m"}
+        | {"extra": {"zbd_compact_s": 2.0, "before_compact_bytes": 110 * mib}},
+    ]
+    doc["notes"] = ["a note"]
+    lines = scripts.dedup_space_table(doc)
+    rows = [ln for ln in lines if "inline dedup" in ln]
+    assert "inline, dedup ratio 2.90:1, index hit rate 98.5%, 110 MiB data written; copy 7 s" in rows[0]
+    assert "| 105 | 2.86:1 | 0.35 | zbd compact 2 s, 110 MiB before;" in rows[1]
+    assert "- a note" in lines
+
+
+def _write_doc() -> dict[str, Any]:
+    """A summary.json as scripts/bench-dedup-write.py writes it."""
+
+    def arm(values: list[float]) -> dict[str, Any]:
+        return {"runs": len(values), "mib_s": values, "mib_s_median": sorted(values)[1], "live_bytes": 2**28}
+
+    return {
+        "version": 1,
+        "summary": [
+            {"case": "rand4k", "data": "dup50", "off": arm([90, 100, 95]), "on": arm([99, 100, 120])}
+            | {"throughput_on_over_off": 1.05},
+            {"case": "seq128k", "data": "unique", "off": arm([500, 510, 520])},
+        ],
+    }
+
+
+def test_dedup_write_plot_draws_medians_and_nothing_without_runs(tmp_path: Path) -> None:
+    path = tmp_path / "dedup-write.png"
+    assert scripts.dedup_write_plot(_write_doc(), path)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert not scripts.dedup_write_plot({"summary": []}, tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_dedup_write_is_a_rootless_default_script_group_with_a_title() -> None:
+    from zbdlab.bench.settings import DEFAULT_GROUPS, SCRIPT_GROUPS
+    from zbdlab.cli.bench import DEFAULT_GROUPS as CLI_DEFAULT_GROUPS
+    from zbdlab.cli.bench import ROOTLESS_GROUPS
+
+    assert "dedup-write" in SCRIPT_GROUPS and "dedup-write" in DEFAULT_GROUPS
+    assert "dedup-write" in CLI_DEFAULT_GROUPS and "dedup-write" in scripts.SCRIPT_RUNNERS
+    assert "dedup-write" in report.GROUP_TITLES and "dedup-write" in ROOTLESS_GROUPS
+    assert scripts.FIGURE_FILES["dedup-write"] == ("dedup-write.png",)

@@ -106,3 +106,37 @@ def test_summary_sections_follow_the_order_groups_run_in(tmp_path: Path) -> None
     text = write_results(tmp_path, figs, {"tools": {}}, {}, [], tables, {"latency": {"x": 1}}).read_text()
     heads = [line for line in text.splitlines() if line.startswith("## ")]
     assert [h.split()[1] for h in heads] == ["Engine", "Through", "Read"]  # engine, fs, latency
+
+
+DEDUP_WRITE_SCRIPT = """#!/usr/bin/python3
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+(out / "runs").mkdir(parents=True, exist_ok=True)
+(out / "runs" / "rand4k-dup50-dedup-on-r1.json").write_text("{}")
+arm = {"runs": 1, "mib_s": [100.0], "mib_s_median": 100.0, "live_bytes": 2**28}
+summary = [{"case": "rand4k", "label": "4 KiB random write", "data": "dup50", "off": arm,
+            "on": dict(arm, mib_s=[110.0], mib_s_median=110.0), "throughput_on_over_off": 1.1}]
+(out / "summary.json").write_text(json.dumps({"version": 1, "summary": summary}))
+table = "| write | MiB/s on / off |\\n|---|---|\\n| rand4k | 1.10 |\\n"
+(out / "summary.md").write_text("# Inline dedup\\n\\n" + table)
+"""
+
+
+def test_dedup_write_keeps_its_summary_and_its_chart_beside_it(repo: Path, tmp_path: Path) -> None:
+    executable(repo / "scripts" / "bench-dedup-write.py", DEDUP_WRITE_SCRIPT)
+    zbd = executable(tmp_path / "zbd", "#!/bin/sh\nexit 0\n")
+    summary, failed = run_bench(str(zbd), Settings(), ["dedup-write"], repo, say=lambda _: None)
+    out = summary.parent
+    assert failed == [] and out.name.endswith("-dedup-write")
+    # the bar chart is the one file besides the summaries; the runs' fio output stays raw
+    assert sorted(p.name for p in out.iterdir()) == sorted([*RESULT_FILES, "dedup-write.png"])
+    assert (out / "dedup-write.png").read_bytes()[:4] == b"\x89PNG"
+    text = summary.read_text()
+    assert "## Inline dedup: write throughput" in text and "| rand4k | 1.10 |" in text
+    assert "![MiB/s, dedup off and on](dedup-write.png)" in text
+    data = json.loads((out / "figures.json").read_text())["data"]["dedup-write"]
+    assert data["summary"][0]["throughput_on_over_off"] == 1.1
+    assert (
+        repo / "bench" / "raw" / out.name / "dedup-write" / "runs" / "rand4k-dup50-dedup-on-r1.json"
+    ).exists()

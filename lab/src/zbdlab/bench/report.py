@@ -35,6 +35,7 @@ GROUP_TITLES = {
     "metrics": "Cost of the metrics endpoint under 4 KiB random writes (scripts/bench-metrics.sh)",
     "dedup-index": "Dedup index: duplicates found against its RAM budget (scripts/bench-dedup-index.py)",
     "dedup-space": "Dedup space: bytes stored beside btrfs+duperemove and ZFS (scripts/bench-dedup-space.py)",
+    "dedup-write": "Inline dedup: write throughput, dedup on against off (scripts/bench-dedup-write.py)",
     "ceph": "zbd on RADOS against RBD (scripts/bench-ceph.sh)",
     "rados-ab": "Two zbd binaries on one RADOS cluster (scripts/bench-rados-ab.sh)",
 }

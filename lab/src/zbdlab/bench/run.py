@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from typing import Any
 from zbdlab.bench import engine, fs, nbd
 from zbdlab.bench.core import Figure
 from zbdlab.bench.report import machine, raw_dir, results_dir, short_commit, write_results
-from zbdlab.bench.scripts import SCRIPT_RUNNERS
+from zbdlab.bench.scripts import FIGURE_FILES, SCRIPT_RUNNERS
 from zbdlab.bench.settings import ALL_GROUPS, Settings
 from zbdlab.stats.compare import Options
 
@@ -63,6 +64,10 @@ def run_bench(
         f.compute(options)
     described = {**settings.describe(), "groups": list(groups), "zbd": zbd}
     summary = write_results(out, figures, env, described, notes, tables, data)
+    for group, names in FIGURE_FILES.items():  # the figures a script group drew, beside summary.md
+        for name in names:
+            if group in data and (raw / group / name).exists():
+                shutil.copyfile(raw / group / name, out / name)
     return summary, failed
 
 

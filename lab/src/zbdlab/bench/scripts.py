@@ -207,7 +207,8 @@ def dedup_space_table(doc: dict[str, Any]) -> list[str]:
             note = "data only, no filesystem metadata"
             lines.append(space_row(name, system, logical, estimate["stored_bytes"], base, note))
         facts.append(set_fact(data))
-    return [*lines, "", *facts, ""]
+    notes = [f"- {note}" for note in doc.get("notes", [])]
+    return [*lines, "", *facts, *notes, ""]
 
 
 def space_row(set_name: str, system: str, logical: int, stored: int, base: int | None, note: str) -> str:
@@ -235,6 +236,23 @@ def row_note(row: dict[str, Any], logical: int, declared: float | None) -> str:
         shown = f", dedup ratio {ratio:.2f}:1" if isinstance(ratio, int | float) else ""
         before = extra.get("before_dedup_bytes", 0)
         parts.append(f"zbd dedup {extra['zbd_dedup_s']:.0f} s{shown}, {before / MIB:.0f} MiB before")
+    served = extra.get("served") or {}
+    if served:  # inline dedup: what the server said after the copy
+        ratio = served.get("dedup_ratio")
+        index = served.get("dedup_index") or {}
+        hit = index.get("hit_rate")
+        written = served.get("data_bytes_written")
+        parts.append(
+            "inline"
+            + (f", dedup ratio {ratio:.2f}:1" if isinstance(ratio, int | float) else "")
+            + (f", index hit rate {hit:.1%}" if isinstance(hit, int | float) else "")
+            + (f", {written / MIB:.0f} MiB data written" if isinstance(written, int | float) else "")
+        )
+    if "zbd_compact_s" in extra:
+        before = extra.get("before_compact_bytes", 0)
+        parts.append(f"zbd compact {extra['zbd_compact_s']:.0f} s, {before / MIB:.0f} MiB before")
+    if "copy_s" in extra:
+        parts.append(f"copy {extra['copy_s']:.0f} s")
     if declared and row["stored_bytes"]:
         achieved = logical / row["stored_bytes"]
         parts.append(
@@ -256,6 +274,74 @@ def set_fact(data: dict[str, Any]) -> str:
     if "exact_dedup_128k" in facts:
         line += f" The fio data holds {facts['exact_dedup_128k']:.2f}:1 at 128 KiB (SHA-256 of each unit)."
     return line
+
+
+def dedup_write(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-dedup-write.py: summary.md and summary.json (MiB/s and stored bytes, dedup off and
+    on); the bar chart of its medians is drawn here (`dedup_write_plot`) into raw/dedup-write.png,
+    which the results directory gets a copy of (`FIGURE_FILES`)."""
+    env = {"ZBD_BIN": zbd, "DEDUP_DIR": str(settings.work_dir)}
+    if settings.short:
+        env |= {"DEDUP_WRITE_MB": "128"}
+    argv = ["/usr/bin/python3", str(repo / "scripts" / "bench-dedup-write.py"), str(raw)]
+    run_tool(argv, raw / "log.txt", env, repo, settings.progress)
+    doc = json.loads((raw / "summary.json").read_text())
+    lines = demoted((raw / "summary.md").read_text())
+    if dedup_write_plot(doc, raw / "dedup-write.png"):
+        lines += ["", "![MiB/s, dedup off and on](dedup-write.png)"]
+    return [*lines, ""], doc
+
+
+def dedup_write_plot(doc: dict[str, Any], path: Path) -> bool:
+    """Two panels per case and data set, dedup off beside on: median MiB/s with the runs' range as
+    error bars (on / off above each pair), and the bytes stored; False when there is nothing to draw."""
+    entries = [e for e in doc.get("summary", []) if e.get("off") or e.get("on")]
+    if not entries:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{e['case']}\n{e['data']}" for e in entries]
+    fig, (speed, space) = plt.subplots(1, 2, figsize=(9.6, 3.2))
+    width = 0.38
+    for k, (dedup, color) in enumerate((("off", "#7f8c8d"), ("on", "#1f4e79"))):
+        xs, medians, low, high, stored = [], [], [], [], []
+        for x, e in enumerate(entries):
+            arm = e.get(dedup)
+            if not arm or arm.get("mib_s_median") is None:
+                continue
+            m = arm["mib_s_median"]
+            xs.append(x + (k - 0.5) * width)
+            medians.append(m)
+            low.append(max(0.0, m - min(arm["mib_s"])))  # the runs' values are rounded
+            high.append(max(0.0, max(arm["mib_s"]) - m))
+            stored.append((arm.get("live_bytes") or 0) / MIB)
+        if xs:
+            speed.bar(xs, medians, width, yerr=[low, high], capsize=3, color=color, label=f"dedup {dedup}")
+            space.bar(xs, stored, width, color=color, label=f"dedup {dedup}")
+    for x, e in enumerate(entries):
+        if "throughput_on_over_off" in e:
+            top = max(e[d]["mib_s_median"] for d in ("off", "on"))
+            speed.annotate(
+                f"{e['throughput_on_over_off']:.2f}x", (x, top), ha="center", va="bottom", fontsize=7
+            )
+    for ax, unit, title in (
+        (speed, "MiB/s (median)", "write throughput (on / off above)"),
+        (space, "MiB", "stored after the flush (physical live)"),
+    ):
+        ax.set_xticks(range(len(entries)), labels, fontsize=7)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+        ax.set_title(title, fontsize=9)
+    fig.suptitle("zbd over NBD (fio), inline dedup off and on", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
 
 
 def ceph(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
@@ -305,6 +391,9 @@ def rados_ab(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     return lines, data
 
 
+# Figures a script group draws into its raw directory, copied beside summary.md in the results one
+FIGURE_FILES: dict[str, tuple[str, ...]] = {"dedup-write": ("dedup-write.png",)}
+
 SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
     "builtin": builtin,
     "scale": scale,
@@ -313,6 +402,7 @@ SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
     "savings": savings,
     "dedup-index": dedup_index,
     "dedup-space": dedup_space,
+    "dedup-write": dedup_write,
     "ceph": ceph,
     "rados-ab": rados_ab,
 }

@@ -11,7 +11,17 @@ from typing import Any
 GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
 # Groups that run zbd's own benchmarks or a script under scripts/ and keep its summary
 # (zbdlab.bench.scripts); `rados-ab` runs only when asked for, with --base-zbd.
-SCRIPT_GROUPS = ("builtin", "scale", "latency", "metrics", "savings", "dedup-index", "dedup-space", "ceph")
+SCRIPT_GROUPS = (
+    "builtin",
+    "scale",
+    "latency",
+    "metrics",
+    "savings",
+    "dedup-index",
+    "dedup-space",
+    "dedup-write",
+    "ceph",
+)
 ASKED_ONLY = ("rados-ab",)
 ALL_GROUPS = (*GROUPS, *SCRIPT_GROUPS, *ASKED_ONLY)
 # What a plain `zbdlab bench` (`make bench`) runs

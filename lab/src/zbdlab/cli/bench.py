@@ -21,6 +21,7 @@ DEFAULT_GROUPS = (
     "savings",
     "dedup-index",
     "dedup-space",
+    "dedup-write",
     "ceph",
 )
 GROUP_NAMES = (*DEFAULT_GROUPS, "rados-ab")
@@ -31,6 +32,7 @@ ROOTLESS_GROUPS = {
     "latency",
     "metrics",
     "dedup-index",
+    "dedup-write",
 }  # the others mount, attach or loop
 
 
