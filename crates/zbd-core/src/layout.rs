@@ -79,6 +79,9 @@ pub struct CreateOptions {
     /// carves a fixed stock of metadata extents until the carver (design step 1b.5) takes
     /// them as needed.
     pub metadata_pages: bool,
+    /// Whether opens deduplicate inline unless `OpenOptions::dedup` says otherwise (needs
+    /// `metadata_pages`).
+    pub dedup: bool,
     /// Metadata extents (copy 0) create carves for the stock, in place of
     /// `MetaGeometry::stock_extents` (tests: a small stock makes the carver supply the rest).
     #[doc(hidden)]
@@ -102,6 +105,7 @@ impl CreateOptions {
             max_logical_bytes: None,
             max_capacity_bytes: None,
             metadata_pages: false,
+            dedup: false,
             metadata_stock_extents: None,
         }
     }
@@ -209,6 +213,11 @@ pub fn stock_extents_for(opts: &CreateOptions, g: &MetaGeometry, logical_blocks:
 
 /// Computes the superblock for `opts` (uuid and time left for the caller to fill).
 pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
+    if opts.dedup && !opts.metadata_pages {
+        return Err(Error::Invalid(
+            "deduplication needs metadata pages (create with --metadata-pages)".into(),
+        ));
+    }
     let e = opts.extent_bytes;
     if !e.is_power_of_two() || !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&e) {
         return Err(Error::Invalid(format!(
@@ -321,6 +330,10 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         unit_blocks: unit_blocks(opts)?,
         settings: if opts.dictionary {
             crate::format::SB_SETTING_DICTIONARY
+        } else {
+            0
+        } | if opts.dedup {
+            crate::format::SB_SETTING_DEDUP
         } else {
             0
         },

@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState};
 use crate::format::{
     align_up, parse_segment, parse_segment_footer, Checkpoint, MapEntry, Record, RecordKind,
-    SbtKey, SbtValue, SegmentHeader, SegmentOwner, Superblock, SECTOR_BYTES, SUPERBLOCK_BYTES,
+    RefPayload, SbtKey, SbtValue, SegmentHeader, SegmentOwner, Superblock, SECTOR_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::map::VolumeMap;
 use crate::meta::shared::Owner;
@@ -166,16 +167,7 @@ pub fn live_blocks_in(
     ext: &[u8],
     live_blocks: u32,
 ) -> Result<Option<Live>> {
-    // Every segment of one use of an extent carries the allocation sequence of that use; the
-    // first segment's header has it (a stale header from an earlier use cannot match the map).
-    let mut seq = [0u8; 8];
-    seq.copy_from_slice(&ext[24..32]);
-    let owner = SegmentOwner {
-        uuid: &sb.uuid,
-        version: sb.version,
-        extent,
-        alloc_seq: u64::from_le_bytes(seq),
-    };
+    let owner = current_use(sb, extent, ext);
     let mut live = Live::default();
     let kinds = |r: &&Record| matches!(r.kind, RecordKind::Data | RecordKind::Move);
     for (_, records) in index_segments(ext, &owner)?.values() {
@@ -206,6 +198,37 @@ pub fn live_blocks_in(
     live.blocks.dedup_by_key(|b| b.lba);
     let found = live.blocks.len() + live.shared.len();
     Ok((found == live_blocks as usize).then_some(live))
+}
+
+/// Who wrote the segments of `extent` (its image `ext`) in its current use. Every segment of
+/// one use carries the allocation sequence of that use; the first segment's header has it (a
+/// stale header from an earlier use cannot match the map).
+fn current_use<'a>(sb: &'a Superblock, extent: u32, ext: &[u8]) -> SegmentOwner<'a> {
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&ext[24..32]);
+    SegmentOwner {
+        uuid: &sb.uuid,
+        version: sb.version,
+        extent,
+        alloc_seq: u64::from_le_bytes(seq),
+    }
+}
+
+/// The manifest of extent `extent` (its image `ext`) for inline dedup: the fingerprint and LBA
+/// of each data and move record that carries one, as its segments' record tables list them
+/// (nothing when the extent holds no valid segment). Hints only: the blocks may have been
+/// overwritten since.
+pub fn manifest_in(sb: &Superblock, extent: u32, ext: &[u8]) -> Vec<(u32, u64)> {
+    let owner = current_use(sb, extent, ext);
+    let Ok(segments) = index_segments(ext, &owner) else {
+        return Vec::new();
+    };
+    segments
+        .values()
+        .flat_map(|(_, records)| records)
+        .filter(|r| matches!(r.kind, RecordKind::Data | RecordKind::Move) && r.fingerprint != 0)
+        .map(|r| (r.fingerprint, r.lba))
+        .collect()
 }
 
 /// What [`live_blocks_in`] found live in an extent.
@@ -243,6 +266,8 @@ pub struct Replayed {
     /// Its stored bytes fail their checksum although a sync covered them: the block takes the
     /// damaged state (unless an identical copy is still mapped).
     pub damaged: bool,
+    /// A ref record's payload (its CRC and fields checked): the item it references.
+    pub target: Option<RefPayload>,
 }
 
 /// What roll-forward found.
@@ -390,17 +415,23 @@ pub fn roll_forward(
                         q.extent
                     )));
                 }
-                let intact = !matches!(r.kind, RecordKind::Data | RecordKind::Move)
-                    || record_intact(
-                        sb,
-                        ck,
-                        r,
-                        &ext[r.offset as usize..(r.offset + r.len) as usize],
-                    );
+                let stored = &ext[r.offset as usize..(r.offset + r.len) as usize];
+                let mut target = None;
+                let intact = match r.kind {
+                    RecordKind::Data | RecordKind::Move => record_intact(sb, ck, r, stored),
+                    RecordKind::Ref => {
+                        target = (crc32c::crc32c(stored) == r.crc)
+                            .then(|| RefPayload::decode(stored).ok())
+                            .flatten();
+                        target.is_some()
+                    }
+                    RecordKind::Zero | RecordKind::Trim => true,
+                };
                 found.push(Replayed {
                     record: *r,
                     extent: q.extent,
                     damaged: !intact,
+                    target,
                 });
             }
             at += h.padded_len() as usize;

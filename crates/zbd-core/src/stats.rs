@@ -191,6 +191,23 @@ pub struct Stats {
     pub nodict_ratio: f64,
     /// Blocks in compression units by unit size class.
     pub units_by_size: Vec<UnitSizeStat>,
+    /// Whether this open deduplicates inline, and what its index did (`None`: off).
+    pub dedup_index: Option<DedupIndexStat>,
+    /// The volume's setting (`zbd create --dedup`), what opens do unless told otherwise.
+    pub dedup_setting: bool,
+}
+
+/// The inline dedup index of an open (`Stats::dedup`).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct DedupIndexStat {
+    /// Its RAM budget, fixed for the open (`--dedup-index`).
+    pub budget_bytes: u64,
+    /// Blocks written whose bytes equalled a stored block's, and became references, over
+    /// blocks looked up (this open).
+    pub hit_rate: f64,
+    /// Lookups, candidates, comparisons, hooks and sampling level.
+    #[serde(flatten)]
+    pub index: crate::dedup::IndexStats,
 }
 
 /// How full the data area is, cheaply (`Volume::space`: no walk of the extents): what a

@@ -233,6 +233,32 @@ fn space(t: &mut Text, s: &Stats) {
         s.savings_pct / 100.0,
     );
     t.one(
+        "zbd_dedup_ratio",
+        g,
+        "Blocks holding data / blocks stored for them (1 without deduplication).",
+        s.dedup_ratio,
+    );
+    if let Some(d) = &s.dedup_index {
+        t.one(
+            "zbd_dedup_index_budget_bytes",
+            g,
+            "RAM budget of the inline dedup index.",
+            d.budget_bytes as f64,
+        );
+        t.one(
+            "zbd_dedup_lookups_total",
+            "counter",
+            "Blocks written that the inline dedup index was asked about (this open).",
+            d.index.lookups as f64,
+        );
+        t.one(
+            "zbd_dedup_hits_total",
+            "counter",
+            "Blocks written that equalled a stored block and became references (this open).",
+            d.index.verified as f64,
+        );
+    }
+    t.one(
         "zbd_write_amplification_ratio",
         g,
         "Bytes written to storage (data, metadata, cleaner) / bytes the host wrote.",

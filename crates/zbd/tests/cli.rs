@@ -26,6 +26,16 @@ fn fixture(bytes: usize) -> (tempfile::TempDir, std::path::PathBuf, std::path::P
     (dir, vol, input)
 }
 
+/// `zbd stat --json` of a volume, parsed.
+fn stat_json(vol: &Path) -> serde_json::Value {
+    let out = zbd()
+        .args(["stat", "--json"])
+        .arg(vol)
+        .output()
+        .expect("stat");
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
 /// `zbd <sub> <volume> [args]`.
 fn on(sub: &str, vol: &Path, args: &[&str]) -> assert_cmd::assert::Assert {
     zbd().arg(sub).arg(vol).args(args).assert()
@@ -53,11 +63,7 @@ fn create_copy_stat_check_round_trip() {
             .and(predicate::str::contains("8K units 764 blocks"))
             .and(predicate::str::contains("0 blocks (ratio -) / 768 blocks")),
     );
-    let out = zbd()
-        .args(["stat", "--json", vol.to_str().expect("path")])
-        .output()
-        .expect("stat");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = stat_json(&vol);
     assert_eq!(v["data_blocks"], 768);
     assert!(v["savings_pct"].as_f64().expect("savings") > 50.0);
     on("check", &vol, &[])
@@ -72,11 +78,7 @@ fn a_volume_with_metadata_pages_copies_stats_and_checks() {
     let (_dir, vol, input) = fixture(3 << 20);
     on("create", &vol, &["--size", "16M", "--metadata-pages"]).success();
     on("copy", &vol, &[input.to_str().expect("path")]).success();
-    let out = zbd()
-        .args(["stat", "--json", vol.to_str().expect("path")])
-        .output()
-        .expect("stat");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = stat_json(&vol);
     assert_eq!(v["data_blocks"], 768);
     on("check", &vol, &[])
         .success()
@@ -97,11 +99,7 @@ fn dedup_shares_copies_of_a_file_and_refuses_a_volume_without_metadata_pages() {
     on("dedup", &vol, &[])
         .success()
         .stdout(predicate::str::contains("now share another block's copy"));
-    let out = zbd()
-        .args(["stat", "--json", vol.to_str().expect("path")])
-        .output()
-        .expect("stat");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = stat_json(&vol);
     assert_eq!(v["data_blocks"], 768);
     // The sample has two distinct blocks (its pattern alternates every 4 KiB), stored in a
     // few distinct 8K units (cut differently at leaf boundaries): each kept once.
@@ -126,16 +124,54 @@ fn dedup_shares_copies_of_a_file_and_refuses_a_volume_without_metadata_pages() {
         .stderr(predicate::str::contains("metadata pages"));
 }
 
+/// Inline dedup (`zbd create --dedup on`): copies of a file are stored once as they are written,
+/// with no `zbd dedup` pass; the setting needs metadata pages, and a served index budget below
+/// 64K is refused by name.
+#[test]
+fn inline_dedup_stores_copies_once_and_bad_settings_are_refused() {
+    let (dir, vol, one) = fixture(1 << 20);
+    // Three copies in one file, so one open writes them all (the index starts empty at each
+    // open: copies of what an earlier open wrote are found by `zbd dedup`).
+    let one = std::fs::read(one).expect("sample");
+    let input = dir.path().join("three.bin");
+    std::fs::write(&input, [&one[..], &one[..], &one[..]].concat()).expect("write");
+    let input = input.to_str().expect("path");
+    on("create", &vol, &["--size", "16M", "--dedup", "on"])
+        .failure()
+        .stderr(predicate::str::contains("metadata pages"));
+    on(
+        "create",
+        &vol,
+        &["--size", "16M", "--metadata-pages", "--dedup", "on"],
+    )
+    .success()
+    .stdout(predicate::str::contains("deduplication  on"));
+    on("copy", &vol, &[input]).success();
+    let v = stat_json(&vol);
+    assert_eq!(v["data_blocks"], 768);
+    assert!(v["dedup_ratio"].as_f64().expect("ratio") > 2.5, "{v}");
+    assert_eq!(v["dedup_setting"], true);
+    on("stat", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains(
+            "off in this open (the volume's setting is on)",
+        ));
+    on("check", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("clean"));
+    on("serve", &vol, &["--dedup-index", "16K"])
+        .failure()
+        .stderr(predicate::str::contains(
+            "--dedup-index '16K': at least 64K",
+        ));
+}
+
 #[test]
 fn check_lists_damaged_blocks() {
     let (_dir, vol, input) = fixture(1 << 20);
     on("create", &vol, &["--size", "4M", "--unit-size", "8K"]).success();
     on("copy", &vol, &[input.to_str().expect("path")]).success();
-    let out = zbd()
-        .args(["stat", "--json", vol.to_str().expect("path")])
-        .output()
-        .expect("stat");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = stat_json(&vol);
     let data_offset = v["metadata_bytes"].as_u64().expect("metadata bytes");
     // Damage the first stored payload (just past the first segment header).
     let mut f = std::fs::OpenOptions::new()
@@ -825,11 +861,7 @@ fn stat_shows_the_warning_threshold_and_reserve() {
             .and(predicate::str::contains("reserve 2.00 MiB held"))
             .and(predicate::str::contains("(zbd serve's defaults)")),
     );
-    let out = zbd()
-        .args(["stat", "--json", vol.to_str().expect("path")])
-        .output()
-        .expect("stat");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = stat_json(&vol);
     assert_eq!(v["thin"]["warn_used_pct"], 80);
     assert_eq!(v["thin"]["above_warn"], true);
     assert_eq!(v["thin"]["reserve_bytes"], 2 << 20);

@@ -282,13 +282,21 @@ impl Inner {
             space_short_rounds: 0,
             below_host_floor: false,
             carving: false,
+            reuses: 0,
+            promoted_unlogged: false,
+            shared_items_durable: ck.flags & crate::format::CKPT_FLAG_SHARED_ITEMS != 0,
             inflight: None,
             ckpt_wanted: false,
             refill_early: true,
             space_reserve: space_reserve_extents(opts.space_reserve_bytes, &sb, data_extents),
             reserve_lent: false,
         };
-        open_problems.extend(apply_replay(&mut st, &sb, &rolled.replay)?);
+        open_problems.extend(apply_replay(
+            &mut st,
+            &sb,
+            &rolled.replay,
+            rolled.durable_seq,
+        )?);
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
             .filter(|&e| st.extents.get(e).state == ExtentState::Free)
@@ -344,6 +352,20 @@ impl Inner {
         if !opts.read_only {
             crate::dicts::repair(&*storage, &sb, &loaded.rewrite)?;
         }
+        let dedup = opts
+            .dedup
+            .unwrap_or(sb.settings & crate::format::SB_SETTING_DEDUP != 0)
+            && !opts.read_only;
+        if dedup
+            && !(st.cleans_unlocked() && seg_form.flags & crate::format::SEG_FLAG_WIDE_RECORDS != 0)
+        {
+            return Err(Error::Invalid(
+                "deduplication needs a volume with metadata pages (format bits 10 and 11: \
+                 zbd create --metadata-pages)"
+                    .into(),
+            ));
+        }
+        let dedup = dedup.then(|| super::dedup::InlineDedup::new(opts.dedup_index_bytes));
         let vol = Inner {
             storage,
             sb,
@@ -376,6 +398,7 @@ impl Inner {
             clean_ahead_opened: AtomicU64::new(u64::MAX),
             ckpt_in_background: AtomicBool::new(false),
             ckpt_requested: AtomicBool::new(false),
+            dedup,
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.
@@ -507,6 +530,7 @@ fn apply_replay(
     st: &mut State,
     sb: &Superblock,
     replay: &[recovery::Replayed],
+    durable_seq: u64,
 ) -> Result<Vec<String>> {
     let blocks = sb.logical_blocks;
     let mut problems = Vec::new();
@@ -516,7 +540,7 @@ fn apply_replay(
         if end > blocks {
             continue;
         }
-        match replay_one(st, r, end) {
+        match replay_one(st, r, end, durable_seq) {
             Ok(()) => {}
             Err(Error::Corrupt { .. } | Error::CorruptMetadata(_))
                 if matches!(st.map, VolumeMap::Tree(_)) =>
@@ -537,7 +561,7 @@ fn apply_replay(
 }
 
 /// One replayed record (`end`: one past its last block) into the map.
-fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
+fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64, durable_seq: u64) -> Result<()> {
     let rec = &r.record;
     match rec.kind {
         RecordKind::Data if r.damaged => {
@@ -609,13 +633,18 @@ fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64) -> Result<()> {
                 Owner::Dead => {}
             }
         }
-        // Recovery refuses them first (`uses_unsupported_features`): inline dedup is not built.
-        RecordKind::Ref => {
-            return Err(Error::NotAVolume(format!(
-                "a ref record at block {}: this zbd does not replay references",
-                rec.lba
-            )))
-        }
+        // A ref whose payload fails its check (only a durable one is kept: roll_forward
+        // drops torn records) names nothing anyone can trust: the block is damaged.
+        RecordKind::Ref => match &r.target {
+            Some(p) => st.replay_ref(rec.lba, rec.seq, p, durable_seq)?,
+            None => st.set_entry(
+                rec.lba,
+                MapEntry {
+                    state: BlockState::Corrupt,
+                    ..MapEntry::UNMAPPED
+                },
+            )?,
+        },
     }
     Ok(())
 }

@@ -177,6 +177,8 @@ impl Inner {
             counters: c,
             dictionary: self.dicts.enabled,
             dictionary_setting: self.sb.settings & crate::format::SB_SETTING_DICTIONARY != 0,
+            dedup_index: self.dedup.as_ref().map(|d| d.stats()),
+            dedup_setting: self.sb.settings & crate::format::SB_SETTING_DEDUP != 0,
             dictionaries: {
                 let active = self.dicts.active().map(|d| d.id());
                 st.dicts

@@ -15,6 +15,14 @@ use crate::format::{
 };
 use crate::state::{is_zero, State};
 
+/// One piece of a whole-block write, as prepared outside the lock.
+enum Piece {
+    /// A block or unit to store (or a zero block).
+    Item(Prepared),
+    /// A block equal to a stored one (inline dedup).
+    Ref(crate::state::Hit),
+}
+
 impl Inner {
     /// Whether `p` names no dictionary or one the directory lists (`State::lists_dict`).
     pub(super) fn listed(st: &State, p: &Prepared) -> bool {
@@ -161,21 +169,31 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes whole blocks: runs of non-zero blocks become compression units (aligned to LBA
-    /// multiples of the unit size, `unit::plan_units`), zero blocks map states.
+    /// Writes whole blocks: with dedup on, blocks equal to one already stored become
+    /// references (engine/dedup/inline.rs); runs of the other non-zero blocks become
+    /// compression units (aligned to LBA multiples of the unit size, `unit::plan_units`), zero
+    /// blocks map states.
     pub(super) fn write_full_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
         let nonzero: Vec<bool> = data.chunks(BLOCK_BYTES).map(|b| !is_zero(b)).collect();
+        let mut lookups = self.find_hits(data, &nonzero);
+        let stored: Vec<bool> = (nonzero.iter().zip(&lookups.hits))
+            .map(|(&nz, hit)| nz && hit.is_none())
+            .collect();
         let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
         let mut at = 0;
-        for u in unit::plan_units(first, &nonzero, usize::from(self.unit_blocks)) {
+        for u in unit::plan_units(first, &stored, usize::from(self.unit_blocks)) {
             pieces.extend((at..u.start).map(|i| i..i + 1));
             at = u.end;
             pieces.push(u);
         }
         pieces.extend((at..nonzero.len()).map(|i| i..i + 1));
-        let prep = |r: &std::ops::Range<usize>| {
-            let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
-            (r.start, self.prepare_unit(bytes))
+        let prep = |r: &std::ops::Range<usize>| match lookups.hits[r.start] {
+            Some(hit) => (r.start, vec![Piece::Ref(hit)]),
+            None => {
+                let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
+                let items = self.prepare_unit(bytes).into_iter().map(Piece::Item);
+                (r.start, items.collect())
+            }
         };
         // `none` only copies and checksums: a helper's wake-up costs more than it takes over.
         let min = match self.codec {
@@ -183,37 +201,69 @@ impl Inner {
             _ => PARALLEL_ITEMS_MIN,
         };
         let prepared = crate::par::map(pieces.iter().collect(), min, prep);
+        // Blocks stored (LBA, extent), for the dedup index.
+        let mut placed: Vec<(u64, u32)> = Vec::new();
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         for (start, ps) in prepared {
             let mut lba = first + start as u64;
             let mut todo = std::collections::VecDeque::from(ps);
             let mut below = false;
-            while let Some(p) = todo.pop_front() {
-                let n = p.blocks();
-                if !Self::listed(&st, &p) {
-                    // Compressed with a dictionary retired meanwhile: compress again (rare).
-                    let at = (lba - first) as usize * BLOCK_BYTES;
-                    let again = self.prepare_unit(&data[at..at + n * BLOCK_BYTES]);
-                    again.into_iter().rev().for_each(|q| todo.push_front(q));
-                    continue;
-                }
-                match st.put_block_after_round(&cx, lba, &p, std::mem::take(&mut below)) {
+            while let Some(piece) = todo.pop_front() {
+                let at = (lba - first) as usize * BLOCK_BYTES;
+                let put = match &piece {
+                    Piece::Item(p) if !Self::listed(&st, p) => {
+                        // Compressed with a dictionary retired meanwhile: compress again (rare).
+                        let again = self.prepare_unit(&data[at..at + p.blocks() * BLOCK_BYTES]);
+                        again
+                            .into_iter()
+                            .rev()
+                            .for_each(|q| todo.push_front(Piece::Item(q)));
+                        continue;
+                    }
+                    Piece::Item(p) => st
+                        .after_round(std::mem::take(&mut below), |st| st.put_block(&cx, lba, p))
+                        .map(|()| true),
+                    Piece::Ref(hit) => {
+                        st.after_round(std::mem::take(&mut below), |st| st.put_ref(&cx, lba, hit))
+                    }
+                };
+                match put {
                     Err(Error::SpaceShort) => {
-                        // Nothing of this item was applied: clean with the lock released, then
+                        // Nothing of this piece was applied: clean with the lock released, then
                         // place it again (its dictionary may have retired meanwhile).
                         drop(st);
                         below = self.space_short_round()?;
                         st = self.lock_for_write();
-                        todo.push_front(p);
+                        todo.push_front(piece);
+                        continue;
+                    }
+                    Ok(false) => {
+                        // The candidate changed since it was compared: stored as a miss,
+                        // compressed here (rare: a reuse or an overwrite in between).
+                        lookups.hits[(lba - first) as usize] = None;
+                        let p = self.prepare(&data[at..at + BLOCK_BYTES]);
+                        todo.push_front(Piece::Item(p));
                         continue;
                     }
                     r => r?,
+                };
+                let n = match &piece {
+                    Piece::Item(p) => p.blocks(),
+                    Piece::Ref(_) => 1,
+                };
+                if self.dedup.is_some() && matches!(piece, Piece::Item(Prepared::Data { .. })) {
+                    for l in lba..lba + n as u64 {
+                        placed.push((l, st.map.get(l)?.extent));
+                    }
                 }
                 lba += n as u64;
             }
         }
-        st.age(&cx)
+        let aged = st.age(&cx);
+        drop(st);
+        self.remember(first, &lookups, &placed);
+        aged
     }
 
     /// Writes bytes that lie within partial blocks (read-modify-write per block).
@@ -272,7 +322,7 @@ impl Inner {
                 p = self.prepare(&block);
             }
             let cx = self.ctx();
-            match st.put_block_after_round(&cx, lba, &p, std::mem::take(&mut below)) {
+            match st.after_round(std::mem::take(&mut below), |st| st.put_block(&cx, lba, &p)) {
                 Err(Error::SpaceShort) => {
                     // Nothing applied: clean with the lock released and read the block again.
                     drop(st);
@@ -332,7 +382,7 @@ impl Inner {
         block[within..within + patch.len()].copy_from_slice(patch);
         let p = self.prepare(&block);
         let cx = self.ctx();
-        st.put_block_after_round(&cx, lba, &p, below_host_floor)
+        st.after_round(below_host_floor, |st| st.put_block(&cx, lba, &p))
     }
 
     /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).

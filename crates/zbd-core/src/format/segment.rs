@@ -85,10 +85,9 @@ impl Record {
     /// Whether it names a dictionary id a map entry cannot hold (7 bits), or has a unit shape
     /// that no writer produces (a damaged or foreign table).
     pub fn uses_unsupported_features(&self) -> bool {
-        // Devices beyond the default one come with format bit 13; refs with inline dedup
-        // (bit 12's second step). Moves are replayed (build order 2a).
+        // Devices beyond the default one come with format bit 13. Moves (build order 2a)
+        // and refs (2b) are replayed.
         self.device != DEFAULT_DEVICE
-            || self.kind == RecordKind::Ref
             || matches!(self.kind, RecordKind::Data | RecordKind::Move)
                 && (self.dict > 127
                     || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)

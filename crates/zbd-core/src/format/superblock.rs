@@ -67,6 +67,9 @@ pub struct Superblock {
 /// Superblock setting: new blocks train and use dictionaries unless the open says otherwise
 /// (`zbd create --dict on`).
 pub const SB_SETTING_DICTIONARY: u32 = 1;
+/// Setting: opens deduplicate inline unless `OpenOptions::dedup` says otherwise (needs format
+/// bits 10 and 11).
+pub const SB_SETTING_DEDUP: u32 = 2;
 
 impl Superblock {
     /// Total bytes the volume occupies.

@@ -583,8 +583,8 @@ fn ref_and_move_records_round_trip_only_as_64_byte_records() {
         parse_segment(&ext, &owner, start).ok(),
         Some((h, records.clone()))
     );
-    // Moves are replayed (build order 2a); refs wait for inline dedup.
-    assert!(refr.uses_unsupported_features() && !mv.uses_unsupported_features());
+    // Moves (build order 2a) and refs (2b) are replayed.
+    assert!(!refr.uses_unsupported_features() && !mv.uses_unsupported_features());
     assert!(Record {
         unit_index: 2,
         ..mv

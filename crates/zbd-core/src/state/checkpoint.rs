@@ -322,6 +322,7 @@ impl State {
         if released.is_empty() {
             return Ok(());
         }
+        self.reuses += 1;
         let _exclusive = cx.gate.write();
         cx.cache.forget(&released);
         // `released` is in ascending extent order: neighbouring extents go back in one call, so

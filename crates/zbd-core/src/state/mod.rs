@@ -7,9 +7,11 @@ use crate::backend::Storage;
 use crate::buffer::{ExtentBuffer, Prepared};
 mod checkpoint;
 mod place;
+mod share;
 
 pub use checkpoint::InFlight;
 pub use place::Consumer;
+pub use share::{Hit, StoredCopy};
 
 use crate::error::{Error, Result};
 use crate::extents::{ExtentTable, Extents, FreeList};
@@ -90,12 +92,25 @@ pub struct State {
     /// again (bit 10), in this open.
     pub space_short_rounds: u64,
     /// Set for one `put_block` after a round that found nothing to clean
-    /// (`put_block_after_round`): that placement may take free extents down to the cleaner's
+    /// (`after_round`): that placement may take free extents down to the cleaner's
     /// (`Consumer::AfterCleaning`), so both formats keep the same overwrite guarantee.
     pub below_host_floor: bool,
     /// Whether phase 1 may carve metadata extents (bit 10, a writable volume once replay is
     /// done: replay itself writes no checkpoint, and carves nothing).
     pub carving: bool,
+    /// A durable checkpoint carries `CKPT_FLAG_SHARED_ITEMS` (this open's or the one it
+    /// opened): ref records are written only after one does, as unit records after the units
+    /// flag, so no build that lacks bit 12 meets a ref in a log.
+    pub shared_items_durable: bool,
+    /// An offline dedup step promoted an item since the last locked checkpoint (`share_block`
+    /// writes no record): `put_ref` writes a checkpoint before it references a shared item,
+    /// since a ref's replay must find its target in the SBT it starts from or rebuild it
+    /// from a record.
+    pub promoted_unlogged: bool,
+    /// Checkpoint commits that released extents, in this open: an extent is reused only
+    /// after one, so a dedup candidate noted under an unchanged count still holds the bytes
+    /// read from it (`put_ref`).
+    pub reuses: u64,
     /// A checkpoint between its snapshot and its commit (`begin_checkpoint`).
     pub inflight: Option<InFlight>,
     /// A checkpoint should come soon (the queue runs low, dirty map pages pile up): the next
@@ -157,67 +172,6 @@ impl State {
         Ok(())
     }
 
-    /// A dedup step (design.md, build order 2a): block `lba`, holding `want`, becomes a
-    /// reference to the block `src` names, holding `src_want` (the caller compared their
-    /// bytes). The item `src` names is promoted first if it is direct. No record is written:
-    /// the step only changes which stored copy `lba` names, and the next checkpoint makes it
-    /// durable; a crash before it leaves `lba` on its own copy, intact under the reuse rule.
-    /// False (nothing done) when either entry changed since the caller read it, or `lba`
-    /// names that block already.
-    pub fn share_block(
-        &mut self,
-        cx: &Ctx,
-        lba: u64,
-        want: MapEntry,
-        src: u64,
-        src_want: MapEntry,
-    ) -> Result<bool> {
-        if cx.form.flags & crate::format::SEG_FLAG_WIDE_RECORDS == 0 {
-            // Moves of shared items are 64-byte records (bit 11, which bit 12 needs).
-            return Err(Error::Invalid(
-                "sharing blocks needs a volume with 64-byte records (format bit 11)".into(),
-            ));
-        }
-        if self.map.get(lba)? != want || self.map.get(src)? != src_want {
-            return Ok(false);
-        }
-        let (key, index) = match src_want.sbt_key() {
-            Some(key) => (key, src_want.unit_index),
-            // An item stored with a trained dictionary stays direct: its dictionary's live
-            // count follows direct blocks only, and must not reach 0 while it lives.
-            None if src_want.state == BlockState::Data && src_want.dict == 0 => {
-                // A new SBT entry may need page ids: short of them, the checkpoint that returns
-                // the ids freed since the last one and carves more comes first, as for a map
-                // change (`map_room`).
-                let p = match self.map.promote(src, src_want) {
-                    Err(Error::NoSpace) => {
-                        self.checkpoint(cx)?;
-                        self.map.promote(src, src_want)?
-                    }
-                    r => r?,
-                };
-                for &(_, old) in &p.blocks {
-                    self.account_direct(old, MapEntry::shared(p.key, old.unit_index));
-                }
-                self.charge_item(&p.value);
-                self.shared_items = true;
-                if let Some(e) = p.error {
-                    return Err(e);
-                }
-                (p.key, src_want.unit_index)
-            }
-            None => return Ok(false),
-        };
-        let now = self.map.get(lba)?;
-        if now.sbt_key() == Some(key) && now.unit_index == index {
-            return Ok(false);
-        }
-        self.map.add_ref(key)?;
-        self.set_entry(lba, MapEntry::shared(key, index))?;
-        self.checkpoint_if_map_full(cx)?;
-        Ok(true)
-    }
-
     /// Moves one block's live accounting from `old`'s extent to `new`'s; a shared `old` drops
     /// its reference, and the item's charge leaves its extent when that was the last
     /// ("Death at 0"). A shared `new` charges nothing: the reference was counted by whoever
@@ -234,34 +188,6 @@ impl State {
             }
         }
         Ok(())
-    }
-
-    /// Points shared item `key` at its copy at `extent`/`offset` (a cleaner move, live or
-    /// replayed), its charge following it.
-    pub fn move_shared_item(
-        &mut self,
-        key: crate::format::SbtKey,
-        extent: u32,
-        offset: u32,
-    ) -> Result<()> {
-        let old = self.map.move_shared(key, extent, offset)?;
-        self.uncharge_item(&old);
-        self.charge_item(&crate::format::SbtValue { extent, ..old });
-        Ok(())
-    }
-
-    /// A shared item's whole charge (one live block of its stored length) in its extent.
-    pub(crate) fn charge_item(&mut self, v: &crate::format::SbtValue) {
-        self.table.touch(v.extent);
-        self.extents.add_block(v.extent, u32::from(v.stored_len));
-    }
-
-    /// The charge `charge_item` made leaves the item's extent.
-    pub(crate) fn uncharge_item(&mut self, v: &crate::format::SbtValue) {
-        if v.extent < self.extents.len() as u32 {
-            self.table.touch(v.extent);
-        }
-        self.extents.remove_block(v.extent, u32::from(v.stored_len));
     }
 
     /// Moves one direct block's live accounting from `old`'s extent to `new`'s (entries in
@@ -303,7 +229,13 @@ impl State {
     /// back at replay (a failed write that reappears). A tree short of page ids for it first
     /// gets the checkpoint that returns the ids freed since the last one and carves more;
     /// still short, the change fails with `NoSpace` and nothing is changed.
-    fn map_room(&mut self, cx: &Ctx, lba: u64, count: u64, to: Option<MapEntry>) -> Result<()> {
+    pub(crate) fn map_room(
+        &mut self,
+        cx: &Ctx,
+        lba: u64,
+        count: u64,
+        to: Option<MapEntry>,
+    ) -> Result<()> {
         if self.map.short_for(lba, count, to)? {
             self.checkpoint(cx)?;
             if self.map.short_for(lba, count, to)? {
@@ -313,18 +245,16 @@ impl State {
         Ok(())
     }
 
-    /// `put_block` by a writer back from a "space short" round: with `below_host_floor` (the
-    /// round freed nothing) this placement alone may take extents down to the cleaner's floor,
-    /// as v2's does after `make_space`.
-    pub fn put_block_after_round(
+    /// A placement (`put_block`, `put_ref`) by a writer back from a "space short" round: with
+    /// `below_host_floor` (the round freed nothing) it alone may take extents down to the
+    /// cleaner's floor, as v2's does after `make_space`.
+    pub fn after_round<T>(
         &mut self,
-        cx: &Ctx,
-        lba: u64,
-        p: &Prepared,
         below_host_floor: bool,
-    ) -> Result<()> {
+        place: impl FnOnce(&mut State) -> Result<T>,
+    ) -> Result<T> {
         self.below_host_floor = below_host_floor;
-        let put = self.put_block(cx, lba, p);
+        let put = place(self);
         self.below_host_floor = false;
         put
     }

@@ -215,21 +215,34 @@ fn unit_op(op: &MOp) -> MOp {
     }
 }
 
+/// Which deduplication a model run's volume does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sharing {
+    /// None (no metadata pages unless `ZBD_TEST_METADATA_PAGES`).
+    None,
+    /// Post-process passes (`MOp::Dedup`).
+    Pass,
+    /// Inline dedup of every write, and passes.
+    Inline,
+}
+
 fn run(ops: &[MOp], extent: u32, codec: Codec, unit: u32) -> Result<(), TestCaseError> {
-    run_with(ops, extent, codec, unit, false, false).map(|_| ())
+    run_with(ops, extent, codec, unit, false, Sharing::None).map(|_| ())
 }
 
 /// `dict`: trained dictionaries on; the volume is then 8 MiB (the smallest whose dictionary
 /// region holds two dictionaries) of which the operations use the first `SIZE` bytes.
-/// `shared`: the volume has metadata pages, so `Dedup` shares blocks (format bit 12).
+/// `sharing`: whether the volume has metadata pages, so that `Dedup` shares blocks (format
+/// bit 12), and whether writes deduplicate inline too.
 fn run_with(
     ops: &[MOp],
     extent: u32,
     codec: Codec,
     unit: u32,
     dict: bool,
-    shared: bool,
+    sharing: Sharing,
 ) -> Result<usize, TestCaseError> {
+    let shared = sharing != Sharing::None;
     let (size, factor) = if dict { (8 << 20, 2) } else { (SIZE, 16) };
     // Volumes with metadata pages write 64-byte records (bit 11).
     let flags = if shared {
@@ -244,7 +257,10 @@ fn run_with(
         ..small_volume(size, extent, codec, factor, 8)
     };
     let create = if shared {
-        with_metadata_pages(&create)
+        zbd_core::CreateOptions {
+            dedup: sharing == Sharing::Inline,
+            ..with_metadata_pages(&create)
+        }
     } else {
         create
     };
@@ -510,7 +526,7 @@ proptest! {
     /// small to hold out 64 KiB units, and zstd gains too little on 16 KiB units.)
     fn volume_with_dictionaries_matches_byte_model(ops in proptest::collection::vec(mop(), 1..60), k in 0usize..3) {
         let (codec, unit) = [(Codec::Lz4, 4096u32), (Codec::Lz4, 16384), (Codec::Zstd(1), 4096)][k];
-        run_with(&ops, 16384, codec, unit, true, false)?;
+        run_with(&ops, 16384, codec, unit, true, Sharing::None)?;
     }
 }
 
@@ -525,7 +541,18 @@ proptest! {
         let extent = [16384u32, 65536, 131072][e];
         let codec = [Codec::Lz4, Codec::Zstd(1), Codec::None][c];
         let unit = [4096u32, 16384, 65536][u];
-        run_with(&ops, extent, codec, unit, false, true)?;
+        run_with(&ops, extent, codec, unit, false, Sharing::Pass)?;
+    }
+
+    /// With inline dedup (build order 2b): every copy becomes a reference as it is written
+    /// (ref records, replayed after kills), beside dedup passes, overwrites, trims, unit splits
+    /// and compaction.
+    #[test]
+    fn volume_with_inline_dedup_matches_byte_model(ops in proptest::collection::vec(shared_mop(), 1..60), e in 0usize..3, c in 0usize..3, u in 0usize..3) {
+        let extent = [16384u32, 65536, 131072][e];
+        let codec = [Codec::Lz4, Codec::Zstd(1), Codec::None][c];
+        let unit = [4096u32, 16384, 65536][u];
+        run_with(&ops, extent, codec, unit, false, Sharing::Inline)?;
     }
 }
 
@@ -580,7 +607,7 @@ fn seeded_long_runs() {
         }
         // With trained dictionaries: training, install and use happen among the operations.
         for (codec, unit) in [(Codec::Lz4, 16384), (Codec::Zstd(1), 4096)] {
-            if let Err(e) = run_with(&ops, 16384, codec, unit, true, false) {
+            if let Err(e) = run_with(&ops, 16384, codec, unit, true, Sharing::None) {
                 panic!("seeded model run with dictionaries failed, seed {seed}, {codec}: {e}");
             }
         }
@@ -630,7 +657,7 @@ fn retrain_then_split_units_then_compact() {
         (Codec::Lz4, 4096),
         (Codec::Zstd(1), 4096),
     ] {
-        if let Err(e) = run_with(&ops, 16384, codec, unit, true, false) {
+        if let Err(e) = run_with(&ops, 16384, codec, unit, true, Sharing::None) {
             panic!("{codec}, unit {unit}: {e}");
         }
     }
@@ -673,7 +700,7 @@ fn retrain_many_times_retiring_old_dictionaries() {
         (Codec::Lz4, 4096),
         (Codec::Zstd(1), 4096),
     ] {
-        match run_with(&ops, 16384, codec, unit, true, false) {
+        match run_with(&ops, 16384, codec, unit, true, Sharing::None) {
             Ok(n) => assert_eq!(n, 8, "{codec}, unit {unit}: retrains that installed"),
             Err(e) => panic!("{codec}, unit {unit}: {e}"),
         }

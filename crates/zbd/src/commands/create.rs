@@ -66,6 +66,11 @@ pub struct Args {
     /// format `zbd dedup` needs (snapshots and clones will build on it too).
     #[arg(long)]
     metadata_pages: bool,
+    /// Inline deduplication: a block equal to one already stored (compared byte for byte)
+    /// becomes a reference to it. Stored in the volume as what `zbd serve` does unless its
+    /// --dedup says otherwise; needs --metadata-pages.
+    #[arg(long, value_parser = ["on", "off"], default_value = "off")]
+    dedup: String,
     #[command(flatten)]
     ceph: CephArgs,
 }
@@ -128,6 +133,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         clean_high_pct: a.clean_high,
         format_version: a.format_version,
         metadata_pages: a.metadata_pages,
+        dedup: a.dedup == "on",
         ..CreateOptions::new(size)
     };
     let opts = with_room_to_grow(&a, &target, opts)?;
@@ -170,6 +176,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "off"
         }
     );
+    if sb.settings & zbd_core::format::SB_SETTING_DEDUP != 0 {
+        println!("  deduplication  on (zbd serve --dedup overrides)");
+    }
     println!(
         "  data area      {} ({} extents{})",
         human(u64::from(sb.extent_count) * u64::from(sb.extent_bytes)),

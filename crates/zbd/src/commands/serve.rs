@@ -83,6 +83,14 @@ pub struct ServeArgs {
     /// [default: as set by `zbd create --dict`].
     #[arg(long, value_parser = ["on", "off"])]
     pub dict: Option<String>,
+    /// Inline deduplication of new writes (volumes with metadata pages): `on` makes a block
+    /// equal to one already stored a reference to it [default: as set by `zbd create --dedup`].
+    #[arg(long, value_parser = ["on", "off"])]
+    pub dedup: Option<String>,
+    /// RAM budget of the dedup index (K/M/G; at least 64K): past it the index samples and
+    /// forgets, so dedup finds less but writes never fail or wait for it.
+    #[arg(long, default_value = "64M")]
+    pub dedup_index: String,
     /// Log format: `text` (one line per event) or `json` (one JSON object per line, for
     /// journald's structured fields or a collector).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -694,6 +702,14 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+fn dedup_index_bytes(args: &ServeArgs) -> Result<u64> {
+    let bytes = super::size_arg("--dedup-index", &args.dedup_index)?;
+    if bytes < zbd_core::dedup::INDEX_BYTES_MIN {
+        anyhow::bail!("--dedup-index '{}': at least 64K", args.dedup_index);
+    }
+    Ok(bytes)
+}
+
 fn read_cache_bytes(args: &ServeArgs) -> Result<usize> {
     let bytes = super::size_arg("--read-cache", &args.read_cache)?;
     usize::try_from(bytes)
@@ -759,6 +775,9 @@ fn open_volume(
         read_cache_bytes: read_cache_bytes(args)?,
         // Unset: the volume's own setting (`zbd create --dict`).
         dictionary: args.dict.as_deref().map(|d| d == "on"),
+        // Unset: the volume's own setting (`zbd create --dedup`).
+        dedup: args.dedup.as_deref().map(|d| d == "on"),
+        dedup_index_bytes: dedup_index_bytes(args)?,
         ..OpenOptions::default()
     };
     let volume = Volume::open(storage, options.clone())

@@ -313,18 +313,43 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     if s.shared.items > 0 {
         // Deduplication (format bit 12): blocks naming a shared copy, and how much of the
         // data ratio each saving makes.
+        let logical = split.data_logical_bytes as f64;
+        let after_dedup = logical / s.dedup_ratio;
         line(
             "deduplication",
             format!(
                 "ratio {:.2}:1 ({} blocks name {} shared items of {} blocks), compression \
-                 alone {:.2}:1",
+                 alone {:.2}:1, together {:.2}:1; dedup saves {}, compression {}",
                 s.dedup_ratio,
                 s.shared.references,
                 s.shared.items,
                 s.shared.item_blocks,
-                split.data_compression_ratio / s.dedup_ratio
+                split.data_compression_ratio / s.dedup_ratio,
+                split.data_compression_ratio,
+                human((logical - after_dedup).max(0.0) as u64),
+                human((after_dedup - split.data_stored_bytes as f64).max(0.0) as u64),
             ),
         );
+    }
+    match &s.dedup_index {
+        Some(d) => line(
+            "dedup index",
+            format!(
+                "{} budget; {} blocks looked up, {:.1} % found stored ({} candidates differed); \
+                 {} hooks, 1 block in {} sampled",
+                human(d.budget_bytes),
+                d.index.lookups,
+                100.0 * d.hit_rate,
+                d.index.rejected,
+                d.index.hooks,
+                1u64 << d.index.hook_level
+            ),
+        ),
+        None if s.dedup_setting => line(
+            "dedup index",
+            "off in this open (the volume's setting is on)".to_string(),
+        ),
+        None => {}
     }
     line(
         "zero / never written",

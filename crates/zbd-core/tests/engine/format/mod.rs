@@ -5,6 +5,7 @@
 mod codecs_real_files;
 mod compat;
 mod grow;
+mod inline_dedup;
 mod metadata_pages;
 mod review13;
 mod scrub_attacks;

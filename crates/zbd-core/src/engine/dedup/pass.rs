@@ -5,14 +5,15 @@
 //! into the shared-block table, no record is written, the next checkpoint makes it durable).
 //!
 //! The fingerprint table is this pass's own, in RAM (about 40 bytes per distinct block): an
-//! offline tool's. Inline deduplication within `--dedup-index` is build step 2b.
+//! offline tool's; inline deduplication (inline.rs) keeps a bounded index instead.
 
 use std::collections::hash_map::{Entry, HashMap};
 
-use super::Inner;
 use crate::dedup::Fingerprint;
+use crate::engine::Inner;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, MapEntry, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE};
+use crate::format::{BlockState, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE};
+use crate::state::StoredCopy;
 
 /// Blocks read per map lookup and read: 16 leaves' worth (~16 MiB).
 const CHUNK_BLOCKS: u64 = 16 * MAP_ENTRIES_PER_PAGE as u64;
@@ -55,7 +56,7 @@ impl Inner {
             ..DedupReport::default()
         };
         // Fingerprint -> the first block with it and the stored copy it was read from.
-        let mut first_seen: HashMap<u128, (u64, Copy)> = HashMap::new();
+        let mut first_seen: HashMap<u128, (u64, StoredCopy)> = HashMap::new();
         let mut buf = Vec::new();
         let mut other = vec![0u8; BLOCK_BYTES];
         let mut first = 0;
@@ -107,7 +108,12 @@ impl Inner {
     /// could vouch for a copy that has rotted since: review of 2a, second helper); a block that
     /// cannot be read (damaged: `zbd check` names it) is left out of `copies`, never shared nor
     /// shared with.
-    fn read_readable(&self, first: u64, buf: &mut [u8], copies: &mut [Option<Copy>]) -> Result<()> {
+    pub(super) fn read_readable(
+        &self,
+        first: u64,
+        buf: &mut [u8],
+        copies: &mut [Option<StoredCopy>],
+    ) -> Result<()> {
         let n = copies.len() as u64;
         for (r, copy) in self
             .read_into(first, n, false, buf)?
@@ -126,14 +132,16 @@ impl Inner {
     /// The stored copy each of `count` blocks from `first` names now (`None`: no stored
     /// bytes), in one lock hold: taken before the blocks are read, so bytes read afterwards
     /// are those copies' or a later write's, which `share` then sees as a changed copy.
-    fn copies(&self, first: u64, count: u64) -> Result<Vec<Option<Copy>>> {
+    fn copies(&self, first: u64, count: u64) -> Result<Vec<Option<StoredCopy>>> {
         let mut st = self.state.lock();
         let mut entries = Vec::with_capacity(count as usize);
         st.map.get_run(first, count, &mut entries)?;
         entries
             .into_iter()
             .map(|e| match e.state {
-                BlockState::Data | BlockState::Shared => Ok(Some(Copy::of(&st.map.resolve(e)?))),
+                BlockState::Data | BlockState::Shared => {
+                    Ok(Some(StoredCopy::of(&st.map.resolve(e)?)))
+                }
                 _ => Ok(None),
             })
             .collect()
@@ -141,37 +149,15 @@ impl Inner {
 
     /// Makes `lba` a reference to what `src` names, in one lock hold, if both still name the
     /// copies whose bytes were compared; false otherwise (or when `lba` names it already).
-    fn share(&self, lba: u64, copy: Copy, src: u64, src_copy: Copy) -> Result<bool> {
+    fn share(&self, lba: u64, copy: StoredCopy, src: u64, src_copy: StoredCopy) -> Result<bool> {
         let cx = self.ctx();
         let mut st = self.lock_for_write();
         let (want, src_want) = (st.map.get(lba)?, st.map.get(src)?);
-        if Copy::of(&st.map.resolve(want)?) != copy
-            || Copy::of(&st.map.resolve(src_want)?) != src_copy
+        if StoredCopy::of(&st.map.resolve(want)?) != copy
+            || StoredCopy::of(&st.map.resolve(src_want)?) != src_copy
         {
             return Ok(false);
         }
         st.share_block(&cx, lba, want, src, src_want)
-    }
-}
-
-/// Which stored bytes a block reads: its item's location and checksum, and its index in it.
-/// A location holds other bytes only after its extent is reused, which a checkpoint separates
-/// from the lookup that named it; the checksum and index tell apart what it could hold then.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Copy {
-    extent: u32,
-    offset: u32,
-    crc: u32,
-    index: u8,
-}
-
-impl Copy {
-    fn of(e: &MapEntry) -> Copy {
-        Copy {
-            extent: e.extent,
-            offset: e.offset,
-            crc: e.crc,
-            index: e.unit_index,
-        }
     }
 }

@@ -1,0 +1,198 @@
+//! Inline deduplication (`--dedup on`; docs/design.md, "Deduplication", build order 2b): before a
+//! write's blocks are compressed, each is fingerprinted and looked up in the bounded index
+//! (`crate::dedup::Index`); a candidate is read from the medium (or its open extent), and only
+//! a block equal to it byte for byte becomes a *hit*. Under the state lock a hit becomes a
+//! reference with a ref record (`State::put_ref`) if its candidate still names the bytes that
+//! were compared; otherwise, and for every other block, the block is stored as before.
+//!
+//! The index names a candidate by the LBA whose block had those bytes (a hint that may be
+//! stale: the comparison settles it). Hooks name extents: their manifests, the fingerprints
+//! their data records carry, are read from the medium when a hook matches.
+
+use crate::backend::Storage;
+use crate::dedup::{Candidate, Fingerprint, Index};
+use crate::engine::Inner;
+use crate::format::{BlockState, BLOCK_BYTES};
+use crate::state::{Hit, StoredCopy};
+
+/// What a write's blocks found in the index: a verified hit per block, or none.
+pub(crate) struct Lookups {
+    /// Each block's fingerprint (`None`: a zero block, or dedup is off).
+    pub fingerprints: Vec<Option<Fingerprint>>,
+    /// Each block's verified hit.
+    pub hits: Vec<Option<Hit>>,
+}
+
+/// The index of an open with `--dedup on`, and what it found.
+pub(crate) struct InlineDedup {
+    index: parking_lot::Mutex<Index>,
+}
+
+impl InlineDedup {
+    pub fn new(budget: u64) -> InlineDedup {
+        InlineDedup {
+            index: parking_lot::Mutex::new(Index::new(budget)),
+        }
+    }
+
+    /// The index's budget and counters (`zbd stat`).
+    pub fn stats(&self) -> crate::stats::DedupIndexStat {
+        let ix = self.index.lock();
+        let index = ix.stats();
+        crate::stats::DedupIndexStat {
+            budget_bytes: ix.budget(),
+            hit_rate: index.verified as f64 / index.lookups.max(1) as f64,
+            index,
+        }
+    }
+}
+
+impl Inner {
+    /// The blocks of `data` (whole blocks from `first`; `nonzero` says which hold data) that
+    /// equal a block already stored, each with the candidate it was compared with. Nothing
+    /// when dedup is off. Reads candidates outside the state lock; never fails a write for a
+    /// candidate it cannot read (that block is simply stored).
+    pub(crate) fn find_hits(&self, data: &[u8], nonzero: &[bool]) -> Lookups {
+        let n = nonzero.len();
+        let mut out = Lookups {
+            fingerprints: vec![None; n],
+            hits: vec![None; n],
+        };
+        let Some(dd) = &self.dedup else {
+            return out;
+        };
+        for (i, block) in data.chunks(BLOCK_BYTES).enumerate() {
+            if nonzero[i] {
+                out.fingerprints[i] = Some(Fingerprint::of(block));
+            }
+        }
+        let candidates = self.candidates(dd, &out.fingerprints);
+        if candidates.iter().all(Option::is_none) {
+            return out;
+        }
+        // The copies the candidates name, noted before their bytes are read: bytes read
+        // afterwards are those copies' or a later write's, which `put_ref` then sees as a
+        // changed copy (or a reuse in between).
+        let (copies, reuses) = {
+            let mut st = self.state.lock();
+            let mut copies = Vec::with_capacity(n);
+            for c in &candidates {
+                // A candidate whose map or SBT page does not read is no candidate.
+                let copy = c.and_then(|c| {
+                    let e = st.map.get(c).ok()?;
+                    matches!(e.state, BlockState::Data | BlockState::Shared)
+                        .then(|| st.map.resolve(e).ok().map(|e| StoredCopy::of(&e)))
+                        .flatten()
+                });
+                copies.push(copy);
+            }
+            (copies, st.reuses)
+        };
+        // Runs of consecutive candidates (a copy of a file, of an image region) are read in
+        // one request, each unit decoded once.
+        let mut other = Vec::new();
+        let mut rejected = 0;
+        let mut i = 0;
+        while i < n {
+            let Some(src) = candidates[i].filter(|_| copies[i].is_some()) else {
+                i += 1;
+                continue;
+            };
+            let mut end = i + 1;
+            while end < n
+                && copies[end].is_some()
+                && candidates[end] == Some(src + (end - i) as u64)
+            {
+                end += 1;
+            }
+            other.resize((end - i) * BLOCK_BYTES, 0);
+            let mut readable = copies[i..end].to_vec();
+            // A candidate that does not read is no candidate; the write goes on (a failed
+            // volume fails it before anything is placed).
+            if self.read_readable(src, &mut other, &mut readable).is_err() {
+                i = end;
+                continue;
+            }
+            for (k, copy) in readable.into_iter().enumerate() {
+                let Some(copy) = copy else { continue };
+                let block = &data[(i + k) * BLOCK_BYTES..(i + k + 1) * BLOCK_BYTES];
+                if other[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES] != *block {
+                    rejected += 1;
+                    continue;
+                }
+                out.hits[i + k] = Some(Hit {
+                    src: src + k as u64,
+                    copy,
+                    reuses,
+                });
+            }
+            i = end;
+        }
+        if rejected > 0 {
+            let mut ix = dd.index.lock();
+            (0..rejected).for_each(|_| ix.rejected());
+        }
+        out
+    }
+
+    /// The index's candidate for each fingerprint (an LBA inside the volume), loading the
+    /// manifests of the extents whose hooks match, each once per request.
+    fn candidates(&self, dd: &InlineDedup, fps: &[Option<Fingerprint>]) -> Vec<Option<u64>> {
+        let blocks = self.sb.logical_blocks;
+        let mut out = vec![None; fps.len()];
+        for (i, fp) in fps.iter().enumerate() {
+            let Some(fp) = *fp else { continue };
+            let found = dd.index.lock().lookup(fp);
+            let found = match found {
+                Some(Candidate::Extents(extents)) => {
+                    for e in extents {
+                        let manifest = self.manifest(e);
+                        dd.index.lock().add_manifest(e, manifest);
+                    }
+                    dd.index.lock().lookup_cached(fp)
+                }
+                other => other,
+            };
+            if let Some(Candidate::Block(lba)) = found {
+                out[i] = (lba < blocks).then_some(lba);
+            }
+        }
+        out
+    }
+
+    /// What extent `extent`'s record tables say it holds: each data or move record's
+    /// fingerprint and LBA. Read from the medium without the reuse gate: the extent may be
+    /// rewritten meanwhile, and then names other blocks, which only costs comparisons that
+    /// fail. Empty when it cannot be read.
+    fn manifest(&self, extent: u32) -> Vec<(u32, u64)> {
+        if extent >= self.sb.extent_count {
+            return Vec::new();
+        }
+        let mut ext = vec![0u8; self.sb.extent_bytes as usize];
+        if self
+            .storage
+            .read_at(self.sb.extent_offset(extent), &mut ext)
+            .is_err()
+        {
+            return Vec::new();
+        }
+        crate::recovery::manifest_in(&self.sb, extent, &ext)
+    }
+
+    /// After a write's blocks are in the map: its stored blocks (`stored`: LBA, extent) become
+    /// candidates for later writes, and its hits are counted and kept recent.
+    pub(crate) fn remember(&self, first: u64, lookups: &Lookups, stored: &[(u64, u32)]) {
+        let Some(dd) = &self.dedup else { return };
+        let mut ix = dd.index.lock();
+        for &(lba, extent) in stored {
+            if let Some(fp) = lookups.fingerprints[(lba - first) as usize] {
+                ix.insert(fp, lba, extent);
+            }
+        }
+        for (fp, hit) in lookups.fingerprints.iter().zip(&lookups.hits) {
+            if let (Some(fp), Some(hit)) = (fp, hit) {
+                ix.verified(*fp, hit.src);
+            }
+        }
+    }
+}
