@@ -45,6 +45,16 @@ pub struct Hit {
 }
 
 impl State {
+    /// The stored copy block `lba` reads (through the SBT for a shared entry); `None` when it
+    /// has none.
+    pub fn stored_copy(&mut self, lba: u64) -> Result<Option<StoredCopy>> {
+        let e = self.map.get(lba)?;
+        Ok(match e.state {
+            BlockState::Data | BlockState::Shared => Some(StoredCopy::of(&self.map.resolve(e)?)),
+            _ => None,
+        })
+    }
+
     /// The entry of `hit.src` if it still names the copy that was compared and no extent was
     /// reused since it was noted (so the bytes read were that copy's and still are), and the
     /// item may be shared (a direct item with a trained dictionary stays direct).

@@ -12,8 +12,8 @@
 use crate::backend::Storage;
 use crate::dedup::{Candidate, Fingerprint, Index};
 use crate::engine::Inner;
-use crate::format::{BlockState, BLOCK_BYTES};
-use crate::state::{Hit, StoredCopy};
+use crate::format::BLOCK_BYTES;
+use crate::state::Hit;
 
 /// What a write's blocks found in the index: a verified hit per block, or none.
 pub(crate) struct Lookups {
@@ -21,6 +21,10 @@ pub(crate) struct Lookups {
     pub fingerprints: Vec<Option<Fingerprint>>,
     /// Each block's verified hit.
     pub hits: Vec<Option<Hit>>,
+    /// Each block without a hit that equals an earlier block of the same request: the earlier
+    /// block's index. It becomes a reference to whatever that block is once placed (blocks
+    /// are placed in LBA order).
+    pub earlier: Vec<Option<usize>>,
 }
 
 /// The index of an open with `--dedup on`, and what it found.
@@ -57,6 +61,7 @@ impl Inner {
         let mut out = Lookups {
             fingerprints: vec![None; n],
             hits: vec![None; n],
+            earlier: vec![None; n],
         };
         let Some(dd) = &self.dedup else {
             return out;
@@ -67,24 +72,50 @@ impl Inner {
             }
         }
         let candidates = self.candidates(dd, &out.fingerprints);
-        if candidates.iter().all(Option::is_none) {
-            return out;
+        if candidates.iter().any(Option::is_some) {
+            self.verify_candidates(dd, data, &candidates, &mut out.hits);
         }
+        // Copies within the request, compared in its own buffer.
+        let mut first_with: std::collections::HashMap<u128, usize> = Default::default();
+        let block = |i: usize| &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+        for i in 0..n {
+            let Some(fp) = out.fingerprints[i] else {
+                continue;
+            };
+            match first_with.entry(fp.0) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(i);
+                }
+                std::collections::hash_map::Entry::Occupied(o) => {
+                    let j = *o.get();
+                    if out.hits[i].is_none() && block(j) == block(i) {
+                        out.earlier[i] = Some(j);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads the stored copy each candidate names and keeps, in `hits`, those equal to their
+    /// block of `data`.
+    fn verify_candidates(
+        &self,
+        dd: &InlineDedup,
+        data: &[u8],
+        candidates: &[Option<u64>],
+        hits: &mut [Option<Hit>],
+    ) {
+        let n = candidates.len();
         // The copies the candidates name, noted before their bytes are read: bytes read
         // afterwards are those copies' or a later write's, which `put_ref` then sees as a
         // changed copy (or a reuse in between).
         let (copies, reuses) = {
             let mut st = self.state.lock();
             let mut copies = Vec::with_capacity(n);
-            for c in &candidates {
+            for c in candidates {
                 // A candidate whose map or SBT page does not read is no candidate.
-                let copy = c.and_then(|c| {
-                    let e = st.map.get(c).ok()?;
-                    matches!(e.state, BlockState::Data | BlockState::Shared)
-                        .then(|| st.map.resolve(e).ok().map(|e| StoredCopy::of(&e)))
-                        .flatten()
-                });
-                copies.push(copy);
+                copies.push(c.and_then(|c| st.stored_copy(c).ok().flatten()));
             }
             (copies, st.reuses)
         };
@@ -120,7 +151,7 @@ impl Inner {
                     rejected += 1;
                     continue;
                 }
-                out.hits[i + k] = Some(Hit {
+                hits[i + k] = Some(Hit {
                     src: src + k as u64,
                     copy,
                     reuses,
@@ -132,7 +163,6 @@ impl Inner {
             let mut ix = dd.index.lock();
             (0..rejected).for_each(|_| ix.rejected());
         }
-        out
     }
 
     /// The index's candidate for each fingerprint (an LBA inside the volume), loading the
@@ -180,18 +210,26 @@ impl Inner {
     }
 
     /// After a write's blocks are in the map: its stored blocks (`stored`: LBA, extent) become
-    /// candidates for later writes, and its hits are counted and kept recent.
-    pub(crate) fn remember(&self, first: u64, lookups: &Lookups, stored: &[(u64, u32)]) {
+    /// candidates for later writes, and the blocks that became references (`referenced`: LBA,
+    /// the LBA whose copy it names) are counted and their copies kept recent.
+    pub(crate) fn remember(
+        &self,
+        first: u64,
+        lookups: &Lookups,
+        stored: &[(u64, u32)],
+        referenced: &[(u64, u64)],
+    ) {
         let Some(dd) = &self.dedup else { return };
+        let fp = |lba: u64| lookups.fingerprints[(lba - first) as usize];
         let mut ix = dd.index.lock();
         for &(lba, extent) in stored {
-            if let Some(fp) = lookups.fingerprints[(lba - first) as usize] {
+            if let Some(fp) = fp(lba) {
                 ix.insert(fp, lba, extent);
             }
         }
-        for (fp, hit) in lookups.fingerprints.iter().zip(&lookups.hits) {
-            if let (Some(fp), Some(hit)) = (fp, hit) {
-                ix.verified(*fp, hit.src);
+        for &(lba, src) in referenced {
+            if let Some(fp) = fp(lba) {
+                ix.verified(fp, src);
             }
         }
     }

@@ -326,3 +326,29 @@ fn dedup_on_a_volume_without_metadata_pages_is_refused_by_name() {
     .expect("refused");
     assert!(err.to_string().contains("metadata pages"), "{err}");
 }
+
+/// Copies within one request (the index knows none of them yet) are stored once too, and a
+/// power cut after the flush replays them.
+#[test]
+fn copies_within_one_request_are_stored_once() {
+    let opts = CreateOptions {
+        dedup: true,
+        ..with_metadata_pages(&small_volume(SIZE, 65536, Codec::None, 3, 6))
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(8);
+    let x = fill(&mut rng, Fill::Random, BS);
+    let y = fill(&mut rng, Fill::Random, BS);
+    let data = [&x[..], &y[..], &x[..], &x[..], &y[..], &x[..]].concat();
+    vol.write(0, &data, false).expect("write");
+    vol.flush().expect("flush");
+    let image = disk.crash_image(&mut rng);
+    let copies = |b: &[u8]| image.windows(BS).filter(|w| *w == b).count();
+    assert_eq!((copies(&x), copies(&y)), (1, 1), "each content stored once");
+    vol.abandon();
+    let vol = reopen(&Arc::new(SimStorage::from_image(image)));
+    let mut model = vec![0u8; SIZE as usize];
+    model[..data.len()].copy_from_slice(&data);
+    assert_reads(&vol, &model, "after a power cut");
+    assert_clean(&vol, "after a power cut");
+}
