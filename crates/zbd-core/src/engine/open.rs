@@ -365,7 +365,9 @@ impl Inner {
                     .into(),
             ));
         }
-        let dedup = dedup.then(|| super::dedup::InlineDedup::new(opts.dedup_index_bytes));
+        let dedup = dedup.then(|| {
+            super::dedup::InlineDedup::new(opts.dedup_index_bytes, opts.dedup_fingerprint_bits)
+        });
         let vol = Inner {
             storage,
             sb,

@@ -76,7 +76,11 @@ impl Inner {
         let mut fingerprints = [0; UNIT_BLOCKS_MAX as usize];
         if self.seg_form.flags & SEG_FLAG_WIDE_RECORDS != 0 {
             for (f, b) in fingerprints.iter_mut().zip(raw.chunks(BLOCK_BYTES)) {
-                *f = Fingerprint::of(b).manifest_part();
+                *f = match &self.dedup {
+                    Some(dd) => dd.fingerprint(b),
+                    None => Fingerprint::of(b),
+                }
+                .manifest_part();
             }
         }
         Prepared::Data {

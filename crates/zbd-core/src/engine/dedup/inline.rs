@@ -30,12 +30,24 @@ pub(crate) struct Lookups {
 /// The index of an open with `--dedup on`, and what it found.
 pub(crate) struct InlineDedup {
     index: parking_lot::Mutex<Index>,
+    /// Fingerprint bits kept (128; tests keep fewer to make different blocks collide).
+    fingerprint_bits: u32,
 }
 
 impl InlineDedup {
-    pub fn new(budget: u64) -> InlineDedup {
+    pub fn new(budget: u64, fingerprint_bits: u32) -> InlineDedup {
         InlineDedup {
             index: parking_lot::Mutex::new(Index::new(budget)),
+            fingerprint_bits: fingerprint_bits.clamp(1, 128),
+        }
+    }
+
+    /// The fingerprint of `block` as this index keys it.
+    pub fn fingerprint(&self, block: &[u8]) -> Fingerprint {
+        let f = Fingerprint::of(block).0;
+        match u128::MAX.checked_shr(self.fingerprint_bits) {
+            Some(dropped) => Fingerprint(f & !dropped),
+            None => Fingerprint(f),
         }
     }
 
@@ -68,7 +80,7 @@ impl Inner {
         };
         for (i, block) in data.chunks(BLOCK_BYTES).enumerate() {
             if nonzero[i] {
-                out.fingerprints[i] = Some(Fingerprint::of(block));
+                out.fingerprints[i] = Some(dd.fingerprint(block));
             }
         }
         let candidates = self.candidates(dd, &out.fingerprints);
