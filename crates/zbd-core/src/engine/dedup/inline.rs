@@ -12,8 +12,8 @@
 use crate::backend::Storage;
 use crate::dedup::{Candidate, Fingerprint, Index};
 use crate::engine::Inner;
-use crate::format::BLOCK_BYTES;
-use crate::state::Hit;
+use crate::format::{MapEntry, BLOCK_BYTES};
+use crate::state::{Hit, StoredCopy};
 
 /// What a write's blocks found in the index: a verified hit per block, or none.
 pub(crate) struct Lookups {
@@ -111,6 +111,14 @@ impl Inner {
 
     /// Reads the stored copy each candidate names and keeps, in `hits`, those equal to their
     /// block of `data`.
+    ///
+    /// The bytes compared are those of the copy noted, fetched from where that copy was seen
+    /// in the same lock hold (its open extent, the outbox, or the device under the reuse gate)
+    /// and checked against its checksum: never whatever the candidate LBA names when the read
+    /// runs. The LBA may be rewritten and come back to the very same shared copy before the
+    /// commit (review of 2b, finding 1), so bytes read through it could belong to a write in
+    /// between. Bytes at a location change only when its extent is reused, which `put_ref`'s
+    /// unchanged reuse count rules out from the noting on.
     fn verify_candidates(
         &self,
         dd: &InlineDedup,
@@ -118,58 +126,53 @@ impl Inner {
         candidates: &[Option<u64>],
         hits: &mut [Option<Hit>],
     ) {
-        let n = candidates.len();
-        // The copies the candidates name, noted before their bytes are read: bytes read
-        // afterwards are those copies' or a later write's, which `put_ref` then sees as a
-        // changed copy (or a reuse in between).
-        let (copies, reuses) = {
+        // (block, candidate LBA, its copy resolved), in block order.
+        let mut picked: Vec<(usize, u64, MapEntry)> = Vec::new();
+        let (sources, reuses, gate) = {
             let mut st = self.state.lock();
-            let mut copies = Vec::with_capacity(n);
-            for c in candidates {
+            for (i, c) in candidates.iter().enumerate() {
                 // A candidate whose map or SBT page does not read is no candidate.
-                copies.push(c.and_then(|c| st.stored_copy(c).ok().flatten()));
-            }
-            (copies, st.reuses)
-        };
-        // Runs of consecutive candidates (a copy of a file, of an image region) are read in
-        // one request, each unit decoded once.
-        let mut other = Vec::new();
-        let mut rejected = 0;
-        let mut i = 0;
-        while i < n {
-            let Some(src) = candidates[i].filter(|_| copies[i].is_some()) else {
-                i += 1;
-                continue;
-            };
-            let mut end = i + 1;
-            while end < n
-                && copies[end].is_some()
-                && candidates[end] == Some(src + (end - i) as u64)
-            {
-                end += 1;
-            }
-            other.resize((end - i) * BLOCK_BYTES, 0);
-            let mut readable = copies[i..end].to_vec();
-            // A candidate that does not read is no candidate; the write goes on (a failed
-            // volume fails it before anything is placed).
-            if self.read_readable(src, &mut other, &mut readable).is_err() {
-                i = end;
-                continue;
-            }
-            for (k, copy) in readable.into_iter().enumerate() {
-                let Some(copy) = copy else { continue };
-                let block = &data[(i + k) * BLOCK_BYTES..(i + k + 1) * BLOCK_BYTES];
-                if other[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES] != *block {
-                    rejected += 1;
-                    continue;
+                let Some(c) = *c else { continue };
+                if let Ok(Some(e)) = st.stored_entry(c) {
+                    picked.push((i, c, e));
                 }
-                hits[i + k] = Some(Hit {
-                    src: src + k as u64,
-                    copy,
-                    reuses,
-                });
             }
-            i = end;
+            let entries = picked.iter().map(|p| p.2).collect();
+            let sources = self.sources(&st, entries, true);
+            (sources, st.reuses, self.gate.read())
+        };
+        // Consecutive candidates in one extent are read in one request; the later blocks of a
+        // unit come back empty (`fetch`) and take the unit's bytes from its first.
+        let fetched = self.fetch(&sources, false, false);
+        drop(gate);
+        let mut unit: Option<(MapEntry, bytes::Bytes)> = None;
+        let mut block = vec![0u8; BLOCK_BYTES];
+        let mut rejected = 0;
+        for ((i, src, e), f) in picked.into_iter().zip(fetched) {
+            let stored = match f {
+                Ok(Some(b)) => b,
+                Ok(None) => match &unit {
+                    Some((u, b)) if (u.extent, u.offset, u.crc) == (e.extent, e.offset, e.crc) => {
+                        b.clone()
+                    }
+                    _ => continue,
+                },
+                // A candidate that does not read is no candidate; the write goes on.
+                Err(_) => continue,
+            };
+            unit = Some((e, stored.clone()));
+            if self.decode_block(src, &e, &stored, &mut block).is_err() {
+                continue;
+            }
+            if block[..] != data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES] {
+                rejected += 1;
+                continue;
+            }
+            hits[i] = Some(Hit {
+                src,
+                copy: StoredCopy::of(&e),
+                reuses,
+            });
         }
         if rejected > 0 {
             let mut ix = dd.index.lock();

@@ -6,7 +6,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use zbd_core::{Codec, CreateOptions, OpenOptions, SimStorage, Storage, Volume};
+use zbd_core::{Codec, CreateOptions, SimStorage, Storage, Volume};
 
 const SIZE: u64 = 4 << 20;
 const BLOCKS: u64 = SIZE / BS as u64;
@@ -61,7 +61,7 @@ impl TrapReads {
         (t, prx, rtx)
     }
     fn arm(&self, at: Vec<u32>) {
-        *self.at.lock().unwrap() = (at, 0);
+        *self.at.lock().expect("lock") = (at, 0);
     }
 }
 
@@ -72,14 +72,14 @@ impl Storage for TrapReads {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> zbd_core::Result<()> {
         if std::thread::current().name() == Some("w1") {
             let n = {
-                let mut a = self.at.lock().unwrap();
+                let mut a = self.at.lock().expect("lock");
                 a.1 += 1;
-                self.log.lock().unwrap().push(offset);
+                self.log.lock().expect("lock").push(offset);
                 a.0.contains(&a.1).then_some(a.1)
             };
             if let Some(n) = n {
-                self.parked.lock().unwrap().send(n).unwrap();
-                self.release.lock().unwrap().recv().unwrap();
+                self.parked.lock().expect("lock").send(n).expect("send");
+                self.release.lock().expect("lock").recv().expect("recv");
             }
         }
         self.disk.read_at(offset, buf)
@@ -103,10 +103,10 @@ fn random_block(rng: &mut SmallRng) -> Vec<u8> {
 /// names (shared item K), then reads the candidate *through the LBA*: meanwhile the LBA was
 /// overwritten with the writer's own bytes X, so the read compares equal; before the writer
 /// takes the lock the LBA is written back to K's content, which inline dedup turns into a ref
-/// to K again: the same StoredCopy. `put_ref` sees "still names the compared copy" and makes
-/// the writer's block a reference to K: it reads K's bytes, not X.
+/// to K again: the same StoredCopy. `put_ref` saw "still names the compared copy" and made
+/// the writer's block a reference to K, which reads K's bytes, not X (fixed: the writer now
+/// compares the bytes of the copy it noted, fetched in the same lock hold).
 #[test]
-#[ignore = "finding 1: the verify read goes through the candidate LBA, and put_ref's identity check is ABA-prone"]
 fn review_inline_verify_read_aba_through_the_candidate_lba() {
     let sb = zbd_core::layout::plan(&with_test_format(&opts(None, Codec::None))).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
@@ -140,8 +140,14 @@ fn review_inline_verify_read_aba_through_the_candidate_lba() {
     vol.flush().expect("flush");
     assert_eq!(block(&vol, 2), a);
 
-    // The writer: [P, X, Q] at 100..103; candidates 50, 2, 60: three runs, read in order.
-    trap.arm(vec![1, 2]);
+    // The writer: [P, X, Q] at 100..103; candidates 50, 2, 60. Before the fix it read each
+    // run through its LBA, one storage read at a time, and the test parked it at its first and
+    // second read to put X at LBA 2 before the read of 2 and A (K again) after it. Now every
+    // candidate's bytes are fetched from the copy noted under the lock, in one batch: it parks
+    // at its first read, after noting, and LBA 2 goes to X meanwhile. The bytes it compares
+    // must be K's (A), which differ from X (a rejected candidate), never X read through the
+    // LBA (an equal one, which the old code then kept unless the LBA changed again).
+    trap.arm(vec![1]);
     let w = {
         let vol = Arc::clone(&vol);
         let mut data = p.clone();
@@ -150,18 +156,21 @@ fn review_inline_verify_read_aba_through_the_candidate_lba() {
         std::thread::Builder::new()
             .name("w1".into())
             .spawn(move || vol.write(100 * BS as u64, &data, false))
-            .unwrap()
+            .expect("spawn")
     };
-    // Parked at its first medium read (candidate 50): its copies are noted.
+    // Parked at its first medium read: its candidates' copies are noted.
     assert_eq!(parked.recv_timeout(STUCK).expect("parked"), 1);
     put(&vol, 2, &x); // the candidate LBA now holds X (stored: its bytes differ from K)
-    release.send(()).unwrap();
-    // Parked at its second medium read (candidate 60): it has read 2 (X) and compared equal.
-    assert_eq!(parked.recv_timeout(STUCK).expect("parked"), 2);
+    let rejected = |vol: &Volume| vol.stats().dedup_index.expect("on").index.rejected;
+    let before = rejected(&vol);
+    release.send(()).expect("release");
+    w.join().expect("join").expect("writer");
+    assert_eq!(
+        rejected(&vol),
+        before + 1,
+        "the writer compared X with K's bytes, not with LBA 2's new ones"
+    );
     put(&vol, 2, &a); // back to K, by a dedup hit: the same stored copy as noted
-    release.send(()).unwrap();
-    w.join().unwrap().expect("writer");
-    eprintln!("w1 reads: {:?}", trap.log.lock().unwrap());
     assert!(block(&vol, 2) == a);
     let got = block(&vol, 101);
     assert!(
@@ -221,7 +230,7 @@ fn concurrent_writers_with_shared_contents(seed: u64, rounds: usize) {
             })
         })
         .collect();
-    let models: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let models: Vec<_> = handles.into_iter().map(|h| h.join().expect("join")).collect();
     let mut wrong = Vec::new();
     for (t, model) in models.iter().enumerate() {
         for (i, want) in model.iter().enumerate() {
