@@ -293,6 +293,26 @@ impl Volume {
         self.inner.close_upgraded()
     }
 
+    /// Closes the volume cleanly and writes its settings (`format::SB_SETTING_*`: what opens do
+    /// unless their options say otherwise) into both superblock copies, as `close_grown` writes
+    /// a grown geometry; returns the new superblock. Refused before anything is written (the
+    /// handle stays open) when the volume is read-only, failed or closed, or a setting needs a
+    /// format the volume lacks (dedup: metadata pages).
+    pub fn close_with_settings(&self, settings: u32) -> Result<Superblock> {
+        let new = self.inner.plan_settings(settings)?;
+        self.close_rewritten(new)
+    }
+
+    /// Stops the background thread, closes cleanly and writes `new` over the superblock.
+    fn close_rewritten(&self, new: Superblock) -> Result<Superblock> {
+        self.stop_cleaner();
+        if let Some(thread) = self.cleaner.lock().take() {
+            let _ = thread.join();
+        }
+        self.inner.close_rewritten(&new)?;
+        Ok(new)
+    }
+
     /// Closes the volume cleanly and grows it in place to a logical size of `logical_bytes`
     /// and/or a data area of `capacity_bytes` (`layout::grow`; `zbd grow` of a served volume,
     /// whose server then opens it again); returns the new superblock. Call it with no request
@@ -312,12 +332,7 @@ impl Volume {
         capacity_bytes: Option<u64>,
     ) -> Result<Superblock> {
         let grown = self.inner.plan_grow(logical_bytes, capacity_bytes)?;
-        self.stop_cleaner();
-        if let Some(thread) = self.cleaner.lock().take() {
-            let _ = thread.join();
-        }
-        self.inner.close_grown(&grown)?;
-        Ok(grown)
+        self.close_rewritten(grown)
     }
 
     /// Whether the handle is closed (`close`, `close_grown`, `abandon`): it serves nothing more.

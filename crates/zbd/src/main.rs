@@ -41,6 +41,8 @@ enum Command {
     /// Offline deduplication: blocks equal to an earlier block share its stored copy
     /// (volumes created with --metadata-pages).
     Dedup(commands::dedup::Args),
+    /// Change what opens of a volume do by default (offline): dedup=on|off, dict=on|off.
+    Set(commands::set::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
     Bench(commands::bench::Args),
     /// Estimate what deduplication and compression would save on files, trees or images.
@@ -79,6 +81,7 @@ fn main() -> ExitCode {
         Command::Scrub(a) => commands::scrub::run(a),
         Command::Compact(a) => commands::compact::run(a),
         Command::Dedup(a) => commands::dedup::run(a),
+        Command::Set(a) => commands::set::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
         Command::Estimate(a) => commands::estimate::run(a),

@@ -164,6 +164,26 @@ fn inline_dedup_stores_copies_once_and_bad_settings_are_refused() {
         .stderr(predicate::str::contains(
             "--dedup-index '16K': at least 64K",
         ));
+    // Changeable later, offline: off, then on again; a volume without metadata pages refuses.
+    on("set", &vol, &["dedup=off"])
+        .success()
+        .stdout(predicate::str::contains("dedup off"));
+    assert_eq!(stat_json(&vol)["dedup_setting"], false);
+    on("set", &vol, &["dedup=on", "dict=on"])
+        .success()
+        .stdout(predicate::str::contains("dedup on, dict on"));
+    assert_eq!(stat_json(&vol)["dedup_setting"], true);
+    on("set", &vol, &["dedup=maybe"])
+        .failure()
+        .stderr(predicate::str::contains("expected on or off"));
+    let (_dir2, plain, _) = fixture(4096);
+    on("create", &plain, &["--size", "4M"]).success();
+    on("set", &plain, &["dedup=on"])
+        .failure()
+        .stderr(predicate::str::contains("metadata pages"));
+    on("check", &vol, &[])
+        .success()
+        .stdout(predicate::str::contains("clean"));
 }
 
 #[test]

@@ -96,6 +96,10 @@ pub struct OpenOptions {
     /// RAM budget of the dedup index (fixed for the open; at least 64 KiB). Past it the index
     /// samples and forgets: dedup finds less, writes never fail or wait for it.
     pub dedup_index_bytes: u64,
+    /// Fingerprint bits the dedup index keys blocks by (128). Tests keep a few, so that
+    /// different blocks collide in the index and the byte comparison must tell them apart.
+    #[doc(hidden)]
+    pub dedup_fingerprint_bits: u32,
 }
 
 impl Default for OpenOptions {
@@ -115,6 +119,7 @@ impl Default for OpenOptions {
             space_reserve_bytes: 0,
             dedup: None,
             dedup_index_bytes: DEDUP_INDEX_BYTES_DEFAULT,
+            dedup_fingerprint_bits: 128,
         }
     }
 }

@@ -365,7 +365,9 @@ impl Inner {
                     .into(),
             ));
         }
-        let dedup = dedup.then(|| super::dedup::InlineDedup::new(opts.dedup_index_bytes));
+        let dedup = dedup.then(|| {
+            super::dedup::InlineDedup::new(opts.dedup_index_bytes, opts.dedup_fingerprint_bits)
+        });
         let vol = Inner {
             storage,
             sb,
@@ -495,9 +497,33 @@ impl Inner {
         Ok(grown)
     }
 
-    /// Closes the volume cleanly and writes `grown` (from `plan_grow`) over its superblock, as
-    /// `close_upgraded` does: the storage stays held until the new superblock is durable.
-    pub(crate) fn close_grown(&self, grown: &Superblock) -> Result<()> {
+    /// The superblock with `settings` (`SB_SETTING_*`: what opens do by default), or why not;
+    /// writes nothing.
+    pub(crate) fn plan_settings(&self, settings: u32) -> Result<Superblock> {
+        if self.read_only || self.is_closed() {
+            return Err(Error::Invalid(
+                "changing settings needs a writable open".into(),
+            ));
+        }
+        self.storage.check()?;
+        let tree = matches!(self.state.lock().map, VolumeMap::Tree(_));
+        if settings & crate::format::SB_SETTING_DEDUP != 0 && !tree {
+            return Err(Error::Invalid(
+                "deduplication needs a volume with metadata pages (format bits 10 and 11: \
+                 zbd create --metadata-pages)"
+                    .into(),
+            ));
+        }
+        Ok(Superblock {
+            settings,
+            ..self.sb.clone()
+        })
+    }
+
+    /// Closes the volume cleanly and writes `grown` (from `plan_grow` or `plan_settings`) over
+    /// its superblock, as `close_upgraded` does: the storage stays held until the new
+    /// superblock is durable.
+    pub(crate) fn close_rewritten(&self, grown: &Superblock) -> Result<()> {
         self.close()?;
         if *grown == self.sb {
             return Ok(());

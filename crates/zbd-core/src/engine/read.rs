@@ -201,7 +201,17 @@ impl Inner {
                 })?;
             }
         }
-        let mut out = Vec::with_capacity(count as usize);
+        let out = self.sources(&st, entries, medium);
+        let gate = self.gate.read();
+        drop(st);
+        Ok((out, gate))
+    }
+
+    /// Where the stored bytes of each of `entries` (resolved: no shared entry) are now, seen
+    /// under the state lock `st` (the caller takes the reuse gate before letting it go):
+    /// bytes copied from an open extent or the outbox, or a place on the device.
+    pub(super) fn sources(&self, st: &State, entries: Vec<MapEntry>, medium: bool) -> Vec<Source> {
+        let mut out = Vec::with_capacity(entries.len());
         // Blocks of closed extents whose last segment is not issued yet are read from it.
         let outbox = !self.outbox.is_empty();
         // The open extent of the previous block: the blocks of one request mostly share
@@ -248,9 +258,7 @@ impl Inner {
                 },
             });
         }
-        let gate = self.gate.read();
-        drop(st);
-        Ok((out, gate))
+        out
     }
 
     /// Reads the stored bytes of every `Disk` source, one storage read per run of blocks in the

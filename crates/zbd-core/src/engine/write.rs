@@ -21,6 +21,8 @@ enum Piece {
     Item(Prepared),
     /// A block equal to a stored one (inline dedup).
     Ref(crate::state::Hit),
+    /// A block equal to the request's block at this index (inline dedup).
+    Copy(usize),
 }
 
 impl Inner {
@@ -74,7 +76,11 @@ impl Inner {
         let mut fingerprints = [0; UNIT_BLOCKS_MAX as usize];
         if self.seg_form.flags & SEG_FLAG_WIDE_RECORDS != 0 {
             for (f, b) in fingerprints.iter_mut().zip(raw.chunks(BLOCK_BYTES)) {
-                *f = Fingerprint::of(b).manifest_part();
+                *f = match &self.dedup {
+                    Some(dd) => dd.fingerprint(b),
+                    None => Fingerprint::of(b),
+                }
+                .manifest_part();
             }
         }
         Prepared::Data {
@@ -175,9 +181,9 @@ impl Inner {
     /// blocks map states.
     pub(super) fn write_full_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
         let nonzero: Vec<bool> = data.chunks(BLOCK_BYTES).map(|b| !is_zero(b)).collect();
-        let mut lookups = self.find_hits(data, &nonzero);
-        let stored: Vec<bool> = (nonzero.iter().zip(&lookups.hits))
-            .map(|(&nz, hit)| nz && hit.is_none())
+        let lookups = self.find_hits(data, &nonzero);
+        let stored: Vec<bool> = (0..nonzero.len())
+            .map(|i| nonzero[i] && lookups.hits[i].is_none() && lookups.earlier[i].is_none())
             .collect();
         let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
         let mut at = 0;
@@ -187,22 +193,25 @@ impl Inner {
             pieces.push(u);
         }
         pieces.extend((at..nonzero.len()).map(|i| i..i + 1));
-        let prep = |r: &std::ops::Range<usize>| match lookups.hits[r.start] {
-            Some(hit) => (r.start, vec![Piece::Ref(hit)]),
-            None => {
-                let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
-                let items = self.prepare_unit(bytes).into_iter().map(Piece::Item);
-                (r.start, items.collect())
-            }
-        };
+        let prep =
+            |r: &std::ops::Range<usize>| match (lookups.hits[r.start], lookups.earlier[r.start]) {
+                (Some(hit), _) => (r.start, vec![Piece::Ref(hit)]),
+                (None, Some(j)) => (r.start, vec![Piece::Copy(j)]),
+                (None, None) => {
+                    let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
+                    let items = self.prepare_unit(bytes).into_iter().map(Piece::Item);
+                    (r.start, items.collect())
+                }
+            };
         // `none` only copies and checksums: a helper's wake-up costs more than it takes over.
         let min = match self.codec {
             Codec::None => usize::MAX,
             _ => PARALLEL_ITEMS_MIN,
         };
         let prepared = crate::par::map(pieces.iter().collect(), min, prep);
-        // Blocks stored (LBA, extent), for the dedup index.
+        // Blocks stored (LBA, extent) and made references (LBA, the LBA named), for the index.
         let mut placed: Vec<(u64, u32)> = Vec::new();
+        let mut referenced: Vec<(u64, u64)> = Vec::new();
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         for (start, ps) in prepared {
@@ -227,6 +236,24 @@ impl Inner {
                     Piece::Ref(hit) => {
                         st.after_round(std::mem::take(&mut below), |st| st.put_ref(&cx, lba, hit))
                     }
+                    // The earlier block is placed (LBA order), and its bytes were compared in
+                    // the request: no read, and the lock held since its copy is noted here.
+                    Piece::Copy(j) => {
+                        let src = first + *j as u64;
+                        match st.stored_copy(src)? {
+                            Some(copy) => {
+                                let hit = crate::state::Hit {
+                                    src,
+                                    copy,
+                                    reuses: st.reuses,
+                                };
+                                st.after_round(std::mem::take(&mut below), |st| {
+                                    st.put_ref(&cx, lba, &hit)
+                                })
+                            }
+                            None => Ok(false),
+                        }
+                    }
                 };
                 match put {
                     Err(Error::SpaceShort) => {
@@ -241,7 +268,6 @@ impl Inner {
                     Ok(false) => {
                         // The candidate changed since it was compared: stored as a miss,
                         // compressed here (rare: a reuse or an overwrite in between).
-                        lookups.hits[(lba - first) as usize] = None;
                         let p = self.prepare(&data[at..at + BLOCK_BYTES]);
                         todo.push_front(Piece::Item(p));
                         continue;
@@ -250,7 +276,14 @@ impl Inner {
                 };
                 let n = match &piece {
                     Piece::Item(p) => p.blocks(),
-                    Piece::Ref(_) => 1,
+                    Piece::Ref(hit) => {
+                        referenced.push((lba, hit.src));
+                        1
+                    }
+                    Piece::Copy(j) => {
+                        referenced.push((lba, first + *j as u64));
+                        1
+                    }
                 };
                 if self.dedup.is_some() && matches!(piece, Piece::Item(Prepared::Data { .. })) {
                     for l in lba..lba + n as u64 {
@@ -262,7 +295,7 @@ impl Inner {
         }
         let aged = st.age(&cx);
         drop(st);
-        self.remember(first, &lookups, &placed);
+        self.remember(first, &lookups, &placed, &referenced);
         aged
     }
 

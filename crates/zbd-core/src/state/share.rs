@@ -9,6 +9,18 @@ use crate::format::{
     REF_FLAG_OWNER_SHARED, REF_FLAG_UNSEEDED, REF_PAYLOAD_BYTES, SECTOR_BYTES,
     SEG_FLAG_WIDE_RECORDS,
 };
+use crate::meta::shared::Owner;
+
+/// Whether `e` (a resolved entry) is block `p.index` of the item the ref payload `p` names,
+/// wherever it lies now.
+fn same_item(e: &MapEntry, p: &RefPayload) -> bool {
+    e.state == BlockState::Data
+        && e.dict == 0
+        && (e.crc, u32::from(e.len), e.codec, e.unit_blocks)
+            == (p.crc, p.stored_len, p.codec, p.unit_blocks)
+        && u32::from(e.unit_index) == p.index
+        && e.seeded == (p.flags & REF_FLAG_UNSEEDED == 0)
+}
 
 /// Which stored bytes a block reads: its item's location and checksum, and its index in it.
 /// A location holds other bytes only after its extent is reused, which a checkpoint separates
@@ -45,6 +57,21 @@ pub struct Hit {
 }
 
 impl State {
+    /// The entry of the stored bytes block `lba` reads (through the SBT for a shared entry);
+    /// `None` when it has none.
+    pub fn stored_entry(&mut self, lba: u64) -> Result<Option<MapEntry>> {
+        let e = self.map.get(lba)?;
+        Ok(match e.state {
+            BlockState::Data | BlockState::Shared => Some(self.map.resolve(e)?),
+            _ => None,
+        })
+    }
+
+    /// The stored copy block `lba` reads; `None` when it has none.
+    pub fn stored_copy(&mut self, lba: u64) -> Result<Option<StoredCopy>> {
+        Ok(self.stored_entry(lba)?.map(|e| StoredCopy::of(&e)))
+    }
+
     /// The entry of `hit.src` if it still names the copy that was compared and no extent was
     /// reused since it was noted (so the bytes read were that copy's and still are), and the
     /// item may be shared (a direct item with a trained dictionary stays direct).
@@ -103,10 +130,26 @@ impl State {
         let index = src_now.unit_index;
         let key = match src_now.sbt_key() {
             Some(key) => key,
-            None => self.promote_item(Some(cx), hit.src, src_now)?,
+            None => {
+                // Until the ref record below is appended, the promotion is one no record
+                // carries: if anything from here on fails, it stays so (review of 2b,
+                // finding 3), and a later ref to the item needs the checkpoint first.
+                let before = std::mem::replace(&mut self.promoted_unlogged, true);
+                let key = self.promote_item(Some(cx), hit.src, src_now)?;
+                self.promoted_unlogged = before;
+                key
+            }
         };
-        self.map_room(cx, lba, 1, None)?;
-        let slot = self.place(cx, REF_PAYLOAD_BYTES, 1)?;
+        let placed = self
+            .map_room(cx, lba, 1, None)
+            .and_then(|()| self.place(cx, REF_PAYLOAD_BYTES, 1));
+        let slot = match placed {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.promoted_unlogged |= !owner_shared;
+                return Err(e);
+            }
+        };
         let target = self.map.resolve(MapEntry::shared(key, index))?;
         let mut flags = if owner_shared {
             REF_FLAG_OWNER_SHARED
@@ -164,11 +207,24 @@ impl State {
     ) -> Result<()> {
         let index = p.index as u8;
         let found = match self.map.owner(p.lba, index, p.extent, p.offset)? {
-            crate::meta::shared::Owner::Shared(key, v) if v.crc == p.crc => Some(key),
-            crate::meta::shared::Owner::Direct(e) if e.crc == p.crc && e.dict == 0 => {
+            Owner::Shared(key, v) if v.crc == p.crc => Some(key),
+            Owner::Direct(e) if e.crc == p.crc && e.dict == 0 => {
                 Some(self.promote_item(None, p.lba, e)?)
             }
-            _ => None,
+            // Not at the payload's location: a cleaner's copy the ref named may have failed
+            // its checksum, its move skipped, so the item is still at its source. The block
+            // at the payload's LBA naming the same item elsewhere (same checksum, length,
+            // codec, unit, index) is that item (review of 2b, finding 2).
+            _ => match self.map.get(p.lba)? {
+                e @ MapEntry {
+                    state: BlockState::Data,
+                    ..
+                } if same_item(&e, p) => Some(self.promote_item(None, p.lba, e)?),
+                e => match e.sbt_key() {
+                    Some(key) if same_item(&self.map.resolve(e)?, p) => Some(key),
+                    _ => None,
+                },
+            },
         };
         match found {
             Some(key) => {

@@ -17,6 +17,7 @@ pub mod grow;
 pub mod list;
 pub mod scrub;
 pub mod serve;
+pub mod set;
 pub mod stat;
 pub mod unlock;
 pub mod upgrade;

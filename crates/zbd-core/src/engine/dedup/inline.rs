@@ -12,7 +12,7 @@
 use crate::backend::Storage;
 use crate::dedup::{Candidate, Fingerprint, Index};
 use crate::engine::Inner;
-use crate::format::{BlockState, BLOCK_BYTES};
+use crate::format::{MapEntry, BLOCK_BYTES};
 use crate::state::{Hit, StoredCopy};
 
 /// What a write's blocks found in the index: a verified hit per block, or none.
@@ -21,17 +21,33 @@ pub(crate) struct Lookups {
     pub fingerprints: Vec<Option<Fingerprint>>,
     /// Each block's verified hit.
     pub hits: Vec<Option<Hit>>,
+    /// Each block without a hit that equals an earlier block of the same request: the earlier
+    /// block's index. It becomes a reference to whatever that block is once placed (blocks
+    /// are placed in LBA order).
+    pub earlier: Vec<Option<usize>>,
 }
 
 /// The index of an open with `--dedup on`, and what it found.
 pub(crate) struct InlineDedup {
     index: parking_lot::Mutex<Index>,
+    /// Fingerprint bits kept (128; tests keep fewer to make different blocks collide).
+    fingerprint_bits: u32,
 }
 
 impl InlineDedup {
-    pub fn new(budget: u64) -> InlineDedup {
+    pub fn new(budget: u64, fingerprint_bits: u32) -> InlineDedup {
         InlineDedup {
             index: parking_lot::Mutex::new(Index::new(budget)),
+            fingerprint_bits: fingerprint_bits.clamp(1, 128),
+        }
+    }
+
+    /// The fingerprint of `block` as this index keys it.
+    pub fn fingerprint(&self, block: &[u8]) -> Fingerprint {
+        let f = Fingerprint::of(block).0;
+        match u128::MAX.checked_shr(self.fingerprint_bits) {
+            Some(dropped) => Fingerprint(f & !dropped),
+            None => Fingerprint(f),
         }
     }
 
@@ -57,82 +73,111 @@ impl Inner {
         let mut out = Lookups {
             fingerprints: vec![None; n],
             hits: vec![None; n],
+            earlier: vec![None; n],
         };
         let Some(dd) = &self.dedup else {
             return out;
         };
         for (i, block) in data.chunks(BLOCK_BYTES).enumerate() {
             if nonzero[i] {
-                out.fingerprints[i] = Some(Fingerprint::of(block));
+                out.fingerprints[i] = Some(dd.fingerprint(block));
             }
         }
         let candidates = self.candidates(dd, &out.fingerprints);
-        if candidates.iter().all(Option::is_none) {
-            return out;
+        if candidates.iter().any(Option::is_some) {
+            self.verify_candidates(dd, data, &candidates, &mut out.hits);
         }
-        // The copies the candidates name, noted before their bytes are read: bytes read
-        // afterwards are those copies' or a later write's, which `put_ref` then sees as a
-        // changed copy (or a reuse in between).
-        let (copies, reuses) = {
-            let mut st = self.state.lock();
-            let mut copies = Vec::with_capacity(n);
-            for c in &candidates {
-                // A candidate whose map or SBT page does not read is no candidate.
-                let copy = c.and_then(|c| {
-                    let e = st.map.get(c).ok()?;
-                    matches!(e.state, BlockState::Data | BlockState::Shared)
-                        .then(|| st.map.resolve(e).ok().map(|e| StoredCopy::of(&e)))
-                        .flatten()
-                });
-                copies.push(copy);
-            }
-            (copies, st.reuses)
-        };
-        // Runs of consecutive candidates (a copy of a file, of an image region) are read in
-        // one request, each unit decoded once.
-        let mut other = Vec::new();
-        let mut rejected = 0;
-        let mut i = 0;
-        while i < n {
-            let Some(src) = candidates[i].filter(|_| copies[i].is_some()) else {
-                i += 1;
+        // Copies within the request, compared in its own buffer.
+        let mut first_with: std::collections::HashMap<u128, usize> = Default::default();
+        let block = |i: usize| &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+        for i in 0..n {
+            let Some(fp) = out.fingerprints[i] else {
                 continue;
             };
-            let mut end = i + 1;
-            while end < n
-                && copies[end].is_some()
-                && candidates[end] == Some(src + (end - i) as u64)
-            {
-                end += 1;
+            match first_with.entry(fp.0) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(i);
+                }
+                std::collections::hash_map::Entry::Occupied(o) => {
+                    let j = *o.get();
+                    if out.hits[i].is_none() && block(j) == block(i) {
+                        out.earlier[i] = Some(j);
+                    }
+                }
             }
-            other.resize((end - i) * BLOCK_BYTES, 0);
-            let mut readable = copies[i..end].to_vec();
-            // A candidate that does not read is no candidate; the write goes on (a failed
-            // volume fails it before anything is placed).
-            if self.read_readable(src, &mut other, &mut readable).is_err() {
-                i = end;
+        }
+        out
+    }
+
+    /// Reads the stored copy each candidate names and keeps, in `hits`, those equal to their
+    /// block of `data`.
+    ///
+    /// The bytes compared are those of the copy noted, fetched from where that copy was seen
+    /// in the same lock hold (its open extent, the outbox, or the device under the reuse gate)
+    /// and checked against its checksum: never whatever the candidate LBA names when the read
+    /// runs. The LBA may be rewritten and come back to the very same shared copy before the
+    /// commit (review of 2b, finding 1), so bytes read through it could belong to a write in
+    /// between. Bytes at a location change only when its extent is reused, which `put_ref`'s
+    /// unchanged reuse count rules out from the noting on.
+    fn verify_candidates(
+        &self,
+        dd: &InlineDedup,
+        data: &[u8],
+        candidates: &[Option<u64>],
+        hits: &mut [Option<Hit>],
+    ) {
+        // (block, candidate LBA, its copy resolved), in block order.
+        let mut picked: Vec<(usize, u64, MapEntry)> = Vec::new();
+        let (sources, reuses, gate) = {
+            let mut st = self.state.lock();
+            for (i, c) in candidates.iter().enumerate() {
+                // A candidate whose map or SBT page does not read is no candidate.
+                let Some(c) = *c else { continue };
+                if let Ok(Some(e)) = st.stored_entry(c) {
+                    picked.push((i, c, e));
+                }
+            }
+            let entries = picked.iter().map(|p| p.2).collect();
+            let sources = self.sources(&st, entries, true);
+            (sources, st.reuses, self.gate.read())
+        };
+        // Consecutive candidates in one extent are read in one request; the later blocks of a
+        // unit come back empty (`fetch`) and take the unit's bytes from its first.
+        let fetched = self.fetch(&sources, false, false);
+        drop(gate);
+        let mut unit: Option<(MapEntry, bytes::Bytes)> = None;
+        let mut block = vec![0u8; BLOCK_BYTES];
+        let mut rejected = 0;
+        for ((i, src, e), f) in picked.into_iter().zip(fetched) {
+            let stored = match f {
+                Ok(Some(b)) => b,
+                Ok(None) => match &unit {
+                    Some((u, b)) if (u.extent, u.offset, u.crc) == (e.extent, e.offset, e.crc) => {
+                        b.clone()
+                    }
+                    _ => continue,
+                },
+                // A candidate that does not read is no candidate; the write goes on.
+                Err(_) => continue,
+            };
+            unit = Some((e, stored.clone()));
+            if self.decode_block(src, &e, &stored, &mut block).is_err() {
                 continue;
             }
-            for (k, copy) in readable.into_iter().enumerate() {
-                let Some(copy) = copy else { continue };
-                let block = &data[(i + k) * BLOCK_BYTES..(i + k + 1) * BLOCK_BYTES];
-                if other[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES] != *block {
-                    rejected += 1;
-                    continue;
-                }
-                out.hits[i + k] = Some(Hit {
-                    src: src + k as u64,
-                    copy,
-                    reuses,
-                });
+            if block[..] != data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES] {
+                rejected += 1;
+                continue;
             }
-            i = end;
+            hits[i] = Some(Hit {
+                src,
+                copy: StoredCopy::of(&e),
+                reuses,
+            });
         }
         if rejected > 0 {
             let mut ix = dd.index.lock();
             (0..rejected).for_each(|_| ix.rejected());
         }
-        out
     }
 
     /// The index's candidate for each fingerprint (an LBA inside the volume), loading the
@@ -180,18 +225,26 @@ impl Inner {
     }
 
     /// After a write's blocks are in the map: its stored blocks (`stored`: LBA, extent) become
-    /// candidates for later writes, and its hits are counted and kept recent.
-    pub(crate) fn remember(&self, first: u64, lookups: &Lookups, stored: &[(u64, u32)]) {
+    /// candidates for later writes, and the blocks that became references (`referenced`: LBA,
+    /// the LBA whose copy it names) are counted and their copies kept recent.
+    pub(crate) fn remember(
+        &self,
+        first: u64,
+        lookups: &Lookups,
+        stored: &[(u64, u32)],
+        referenced: &[(u64, u64)],
+    ) {
         let Some(dd) = &self.dedup else { return };
+        let fp = |lba: u64| lookups.fingerprints[(lba - first) as usize];
         let mut ix = dd.index.lock();
         for &(lba, extent) in stored {
-            if let Some(fp) = lookups.fingerprints[(lba - first) as usize] {
+            if let Some(fp) = fp(lba) {
                 ix.insert(fp, lba, extent);
             }
         }
-        for (fp, hit) in lookups.fingerprints.iter().zip(&lookups.hits) {
-            if let (Some(fp), Some(hit)) = (fp, hit) {
-                ix.verified(*fp, hit.src);
+        for &(lba, src) in referenced {
+            if let Some(fp) = fp(lba) {
+                ix.verified(fp, src);
             }
         }
     }
