@@ -323,7 +323,7 @@ def dedup_write_plot(doc: dict[str, Any], path: Path) -> bool:
             space.bar(xs, stored, width, color=color, label=f"dedup {dedup}")
     for x, e in enumerate(entries):
         if "throughput_on_over_off" in e:
-            top = max(e[d]["mib_s_median"] for d in ("off", "on"))
+            top = max(max(e[d]["mib_s"]) for d in ("off", "on"))  # above the error bars
             speed.annotate(
                 f"{e['throughput_on_over_off']:.2f}x", (x, top), ha="center", va="bottom", fontsize=7
             )
@@ -334,10 +334,11 @@ def dedup_write_plot(doc: dict[str, Any], path: Path) -> bool:
         ax.set_xticks(range(len(entries)), labels, fontsize=7)
         ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7)
         ax.set_title(title, fontsize=9)
+    handles, names = speed.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=7, frameon=False)
     fig.suptitle("zbd over NBD (fio), inline dedup off and on", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
