@@ -132,7 +132,8 @@ stop
 # --- 16 TiB with inline dedup (issue 27's RAM goal: under 512 MiB RSS under scattered writes
 # and reads): 1 MiB extents, a 15 TiB data area (ext4 caps a file at 16 TiB), the default
 # 64 MiB dedup index and map cache; rounds of random 4 KiB writes over the whole range (half of
-# them duplicates, half-compressible) and random reads, RSS after each round.
+# them duplicates, half-compressible; each round's own seed, so rounds do not repeat each other)
+# and random reads, RSS after each round.
 "$zbd" create "$work/huge.zbd" --size 16T --capacity 15T --max-size 16T --max-capacity 15T \
   --extent-size 1M --metadata-pages --dedup on >/dev/null 2>&1
 sock=$work/huge.sock
@@ -141,7 +142,9 @@ log "16 TiB, dedup on, open: ${took} s, RSS $(awk '/VmRSS/ {print $2 " KiB"}' "/
 rounds=${RSS_ROUNDS:-4}
 for round in $(seq 1 "$rounds"); do
   fio_nbd "$out/scale-16t-write-$round.json" "$sock" --rw=randwrite --iodepth=16 \
-    --random_generator=tausworthe64 --number_ios=200000 --dedupe_percentage=50
+    --random_generator=tausworthe64 --number_ios=200000 --dedupe_percentage=50 \
+    --randseed="$round"
+
   fio_nbd "$out/scale-16t-read-$round.json" "$sock" --rw=randread --iodepth=16 \
     --random_generator=tausworthe64 --number_ios=50000
   log "16 TiB, dedup on, after round $round of 200k random writes (50 % duplicates) + 50k random reads: RSS $(awk '/VmRSS/ {print $2 " KiB"}' "/proc/$pid/status")"

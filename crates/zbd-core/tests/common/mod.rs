@@ -494,3 +494,18 @@ pub const IO_MODES: [IoMode; 3] = [
     ("reordered", || IoOptions::reordered(11)),
     ("threads", IoOptions::default),
 ];
+
+/// Reads the volume from 0 and asserts it equals `model`, naming the first block that differs.
+pub fn assert_reads(vol: &Volume, model: &[u8], ctx: &str) {
+    let mut got = vec![0u8; model.len()];
+    vol.read(0, &mut got).expect("read");
+    for (i, (g, m)) in got.chunks(BS).zip(model.chunks(BS)).enumerate() {
+        assert!(g == m, "{ctx}: block {i} differs from the model");
+    }
+}
+
+/// `zbd check` finds nothing.
+pub fn assert_clean(vol: &Volume, ctx: &str) {
+    let r = vol.check(&|_, _| {});
+    assert!(r.is_clean(), "{ctx}: {r:?}");
+}

@@ -42,19 +42,6 @@ fn drawn(rng: &mut SmallRng, contents: &[Vec<u8>], blocks: u64) -> Vec<u8> {
     data
 }
 
-fn assert_reads(vol: &Volume, model: &[u8], ctx: &str) {
-    let mut got = vec![0u8; model.len()];
-    vol.read(0, &mut got).expect("read");
-    for (i, (g, m)) in got.chunks(BS).zip(model.chunks(BS)).enumerate() {
-        assert!(g == m, "{ctx}: block {i} differs from the model");
-    }
-}
-
-fn assert_clean(vol: &Volume, ctx: &str) {
-    let r = vol.check(&|_, _| {});
-    assert!(r.is_clean(), "{ctx}: {r:?}");
-}
-
 /// Writes `data` at 0 in requests of `chunk` blocks.
 fn write_in(vol: &Volume, data: &[u8], chunk: usize) {
     for (i, part) in data.chunks(chunk * BS).enumerate() {

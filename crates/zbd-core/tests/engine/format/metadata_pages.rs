@@ -29,12 +29,6 @@ fn churn(vol: &Volume, seed: u64, ops: usize) -> Vec<u8> {
     model
 }
 
-fn assert_reads(vol: &Volume, model: &[u8], ctx: &str) {
-    let mut got = vec![0u8; model.len()];
-    vol.read(0, &mut got).expect("read");
-    assert!(got == model, "{ctx}: the volume differs from the model");
-}
-
 /// The newest checkpoint on `disk` sets bit 10 and carries an extension.
 fn assert_bit10(disk: &SimStorage) {
     let (_, ck): (_, Checkpoint) = newest_checkpoint(&disk.current_image());

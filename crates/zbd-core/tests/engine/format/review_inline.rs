@@ -21,11 +21,6 @@ fn opts(unit: Option<u32>, codec: Codec) -> CreateOptions {
     }
 }
 
-fn assert_clean(vol: &Volume, ctx: &str) {
-    let r = vol.check(&|_, _| {});
-    assert!(r.is_clean(), "{ctx}: {r:?}");
-}
-
 fn block(vol: &Volume, lba: u64) -> Vec<u8> {
     let mut b = vec![0u8; BS];
     vol.read(lba * BS as u64, &mut b)
@@ -230,7 +225,10 @@ fn concurrent_writers_with_shared_contents(seed: u64, rounds: usize) {
             })
         })
         .collect();
-    let models: Vec<_> = handles.into_iter().map(|h| h.join().expect("join")).collect();
+    let models: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
     let mut wrong = Vec::new();
     for (t, model) in models.iter().enumerate() {
         for (i, want) in model.iter().enumerate() {

@@ -39,19 +39,6 @@ fn duplicated(seed: u64, distinct: usize) -> Vec<u8> {
     data
 }
 
-fn assert_reads(vol: &Volume, model: &[u8], ctx: &str) {
-    let mut got = vec![0u8; model.len()];
-    vol.read(0, &mut got).expect("read");
-    for (i, (g, m)) in got.chunks(BS).zip(model.chunks(BS)).enumerate() {
-        assert!(g == m, "{ctx}: block {i} differs from the model");
-    }
-}
-
-fn assert_clean(vol: &Volume, ctx: &str) {
-    let r = vol.check(&|_, _| {});
-    assert!(r.is_clean(), "{ctx}: {r:?}");
-}
-
 /// A power cut now (pending writes kept, lost or torn at random), then a reopen that must
 /// read back `model` and check clean; the reopened volume.
 fn power_cut(disk: &SimStorage, vol: Volume, model: &[u8], rng: &mut SmallRng) -> Volume {
