@@ -212,6 +212,13 @@ impl Inner {
         // Blocks stored (LBA, extent) and made references (LBA, the LBA named), for the index.
         let mut placed: Vec<(u64, u32)> = Vec::new();
         let mut referenced: Vec<(u64, u64)> = Vec::new();
+        // The copies of earlier blocks that later blocks of the request repeat, noted as each is
+        // placed, in that lock hold: a space-short round may let the lock go before the copy
+        // is placed, and another writer rewrite the earlier block meanwhile (review of 2b,
+        // second helper, finding 1).
+        let targets: std::collections::HashSet<usize> =
+            lookups.earlier.iter().flatten().copied().collect();
+        let mut noted: std::collections::HashMap<usize, crate::state::Hit> = Default::default();
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         for (start, ps) in prepared {
@@ -236,24 +243,14 @@ impl Inner {
                     Piece::Ref(hit) => {
                         st.after_round(std::mem::take(&mut below), |st| st.put_ref(&cx, lba, hit))
                     }
-                    // The earlier block is placed (LBA order), and its bytes were compared in
-                    // the request: no read, and the lock held since its copy is noted here.
-                    Piece::Copy(j) => {
-                        let src = first + *j as u64;
-                        match st.stored_copy(src)? {
-                            Some(copy) => {
-                                let hit = crate::state::Hit {
-                                    src,
-                                    copy,
-                                    reuses: st.reuses,
-                                };
-                                st.after_round(std::mem::take(&mut below), |st| {
-                                    st.put_ref(&cx, lba, &hit)
-                                })
-                            }
-                            None => Ok(false),
-                        }
-                    }
+                    // The earlier block is placed (LBA order) and its copy noted then; its
+                    // bytes were compared in the request buffer: no read.
+                    Piece::Copy(j) => match noted.get(j).copied() {
+                        Some(hit) => st.after_round(std::mem::take(&mut below), |st| {
+                            st.put_ref(&cx, lba, &hit)
+                        }),
+                        None => Ok(false),
+                    },
                 };
                 match put {
                     Err(Error::SpaceShort) => {
@@ -285,6 +282,21 @@ impl Inner {
                         1
                     }
                 };
+                for l in lba..lba + n as u64 {
+                    let k = (l - first) as usize;
+                    if targets.contains(&k) {
+                        if let Some(copy) = st.stored_copy(l)? {
+                            noted.insert(
+                                k,
+                                crate::state::Hit {
+                                    src: l,
+                                    copy,
+                                    reuses: st.reuses,
+                                },
+                            );
+                        }
+                    }
+                }
                 if self.dedup.is_some() && matches!(piece, Piece::Item(Prepared::Data { .. })) {
                     for l in lba..lba + n as u64 {
                         placed.push((l, st.map.get(l)?.extent));

@@ -227,6 +227,10 @@ impl State {
             },
         };
         match found {
+            // A block that names the item already (a torn record between two refs to it) keeps
+            // its one reference: the count would otherwise rise with no slot to match (review
+            // of 2b, second helper, finding 2).
+            Some(key) if self.map.get(lba)? == MapEntry::shared(key, index) => Ok(()),
             Some(key) => {
                 self.map.add_ref(key)?;
                 self.set_entry(lba, MapEntry::shared(key, index))

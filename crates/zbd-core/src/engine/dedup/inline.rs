@@ -12,8 +12,8 @@
 use crate::backend::Storage;
 use crate::dedup::{Candidate, Fingerprint, Index};
 use crate::engine::Inner;
-use crate::format::{MapEntry, BLOCK_BYTES};
-use crate::state::{Hit, StoredCopy};
+use crate::format::BLOCK_BYTES;
+use crate::state::Hit;
 
 /// What a write's blocks found in the index: a verified hit per block, or none.
 pub(crate) struct Lookups {
@@ -109,16 +109,8 @@ impl Inner {
         out
     }
 
-    /// Reads the stored copy each candidate names and keeps, in `hits`, those equal to their
-    /// block of `data`.
-    ///
-    /// The bytes compared are those of the copy noted, fetched from where that copy was seen
-    /// in the same lock hold (its open extent, the outbox, or the device under the reuse gate)
-    /// and checked against its checksum: never whatever the candidate LBA names when the read
-    /// runs. The LBA may be rewritten and come back to the very same shared copy before the
-    /// commit (review of 2b, finding 1), so bytes read through it could belong to a write in
-    /// between. Bytes at a location change only when its extent is reused, which `put_ref`'s
-    /// unchanged reuse count rules out from the noting on.
+    /// Reads the stored copy each candidate names (`read_copies`) and keeps, in `hits`, those
+    /// equal to their block of `data`.
     fn verify_candidates(
         &self,
         dd: &InlineDedup,
@@ -126,53 +118,21 @@ impl Inner {
         candidates: &[Option<u64>],
         hits: &mut [Option<Hit>],
     ) {
-        // (block, candidate LBA, its copy resolved), in block order.
-        let mut picked: Vec<(usize, u64, MapEntry)> = Vec::new();
-        let (sources, reuses, gate) = {
-            let mut st = self.state.lock();
-            for (i, c) in candidates.iter().enumerate() {
-                // A candidate whose map or SBT page does not read is no candidate.
-                let Some(c) = *c else { continue };
-                if let Ok(Some(e)) = st.stored_entry(c) {
-                    picked.push((i, c, e));
-                }
-            }
-            let entries = picked.iter().map(|p| p.2).collect();
-            let sources = self.sources(&st, entries, true);
-            (sources, st.reuses, self.gate.read())
-        };
-        // Consecutive candidates in one extent are read in one request; the later blocks of a
-        // unit come back empty (`fetch`) and take the unit's bytes from its first.
-        let fetched = self.fetch(&sources, false, false);
-        drop(gate);
-        let mut unit: Option<(MapEntry, bytes::Bytes)> = None;
-        let mut block = vec![0u8; BLOCK_BYTES];
+        let lbas: Vec<u64> = candidates.iter().flatten().copied().collect();
+        let mut read = vec![0u8; lbas.len() * BLOCK_BYTES];
+        let (copies, reuses) = self.read_copies(&lbas, &mut read);
+        let mut got = read.chunks(BLOCK_BYTES).zip(copies);
         let mut rejected = 0;
-        for ((i, src, e), f) in picked.into_iter().zip(fetched) {
-            let stored = match f {
-                Ok(Some(b)) => b,
-                Ok(None) => match &unit {
-                    Some((u, b)) if (u.extent, u.offset, u.crc) == (e.extent, e.offset, e.crc) => {
-                        b.clone()
-                    }
-                    _ => continue,
-                },
-                // A candidate that does not read is no candidate; the write goes on.
-                Err(_) => continue,
-            };
-            unit = Some((e, stored.clone()));
-            if self.decode_block(src, &e, &stored, &mut block).is_err() {
+        for (i, c) in candidates.iter().enumerate() {
+            let Some(src) = *c else { continue };
+            let Some((other, Some(copy))) = got.next() else {
                 continue;
-            }
-            if block[..] != data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES] {
+            };
+            if other != &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES] {
                 rejected += 1;
                 continue;
             }
-            hits[i] = Some(Hit {
-                src,
-                copy: StoredCopy::of(&e),
-                reuses,
-            });
+            hits[i] = Some(Hit { src, copy, reuses });
         }
         if rejected > 0 {
             let mut ix = dd.index.lock();

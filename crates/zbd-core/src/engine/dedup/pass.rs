@@ -12,7 +12,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use crate::dedup::Fingerprint;
 use crate::engine::Inner;
 use crate::error::{Error, Result};
-use crate::format::{BlockState, BLOCK_BYTES, MAP_ENTRIES_PER_PAGE};
+use crate::format::{BLOCK_BYTES, MAP_ENTRIES_PER_PAGE};
 use crate::state::StoredCopy;
 
 /// Blocks read per map lookup and read: 16 leaves' worth (~16 MiB).
@@ -58,13 +58,13 @@ impl Inner {
         // Fingerprint -> the first block with it and the stored copy it was read from.
         let mut first_seen: HashMap<u128, (u64, StoredCopy)> = HashMap::new();
         let mut buf = Vec::new();
-        let mut other = vec![0u8; BLOCK_BYTES];
+        let mut pair = vec![0u8; 2 * BLOCK_BYTES];
         let mut first = 0;
         while first < total {
             let n = CHUNK_BLOCKS.min(total - first);
-            let mut copies = self.copies(first, n)?;
+            let lbas: Vec<u64> = (first..first + n).collect();
             buf.resize(n as usize * BLOCK_BYTES, 0);
-            self.read_readable(first, &mut buf, &mut copies)?;
+            let (copies, _) = self.read_copies(&lbas, &mut buf);
             for (i, copy) in copies.into_iter().enumerate() {
                 let Some(copy) = copy else { continue };
                 report.blocks += 1;
@@ -81,17 +81,18 @@ impl Inner {
                 if src_copy == copy {
                     continue;
                 }
-                let mut src_copy_now = [Some(src_copy)];
-                self.read_readable(src, &mut other, &mut src_copy_now)?;
-                if src_copy_now[0].is_none() {
-                    // Damaged since it was read: not shared with.
+                // Both blocks read again, from the copies they name now (the earlier one was
+                // read long ago; a reuse since the chunk was read voids its bytes too).
+                let (now, r) = self.read_copies(&[lba, src], &mut pair);
+                if now[0] != Some(copy) || now[1] != Some(src_copy) {
+                    // Changed, or damaged since it was read: not shared.
                     continue;
                 }
-                if other != block {
+                if pair[..BLOCK_BYTES] != pair[BLOCK_BYTES..] {
                     report.collisions += 1;
                     continue;
                 }
-                if self.share(lba, copy, src, src_copy)? {
+                if self.share(lba, copy, src, src_copy, r)? {
                     report.shared += 1;
                 }
             }
@@ -104,56 +105,22 @@ impl Inner {
         Ok(report)
     }
 
-    /// Reads the blocks from `first` into `buf` from the medium (never the read cache, which
-    /// could vouch for a copy that has rotted since: review of 2a, second helper); a block that
-    /// cannot be read (damaged: `zbd check` names it) is left out of `copies`, never shared nor
-    /// shared with.
-    pub(super) fn read_readable(
-        &self,
-        first: u64,
-        buf: &mut [u8],
-        copies: &mut [Option<StoredCopy>],
-    ) -> Result<()> {
-        let n = copies.len() as u64;
-        for (r, copy) in self
-            .read_into(first, n, false, buf)?
-            .into_iter()
-            .zip(copies)
-        {
-            match r {
-                Ok(()) => {}
-                Err(Error::Corrupt { .. }) => *copy = None,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// The stored copy each of `count` blocks from `first` names now (`None`: no stored
-    /// bytes), in one lock hold: taken before the blocks are read, so bytes read afterwards
-    /// are those copies' or a later write's, which `share` then sees as a changed copy.
-    fn copies(&self, first: u64, count: u64) -> Result<Vec<Option<StoredCopy>>> {
-        let mut st = self.state.lock();
-        let mut entries = Vec::with_capacity(count as usize);
-        st.map.get_run(first, count, &mut entries)?;
-        entries
-            .into_iter()
-            .map(|e| match e.state {
-                BlockState::Data | BlockState::Shared => {
-                    Ok(Some(StoredCopy::of(&st.map.resolve(e)?)))
-                }
-                _ => Ok(None),
-            })
-            .collect()
-    }
-
     /// Makes `lba` a reference to what `src` names, in one lock hold, if both still name the
-    /// copies whose bytes were compared; false otherwise (or when `lba` names it already).
-    fn share(&self, lba: u64, copy: StoredCopy, src: u64, src_copy: StoredCopy) -> Result<bool> {
+    /// copies whose bytes were compared and no extent was reused since they were read
+    /// (`reuses`); false otherwise (or when `lba` names it already).
+    fn share(
+        &self,
+        lba: u64,
+        copy: StoredCopy,
+        src: u64,
+        src_copy: StoredCopy,
+        reuses: u64,
+    ) -> Result<bool> {
         let cx = self.ctx();
         let mut st = self.lock_for_write();
         let (want, src_want) = (st.map.get(lba)?, st.map.get(src)?);
-        if StoredCopy::of(&st.map.resolve(want)?) != copy
+        if st.reuses != reuses
+            || StoredCopy::of(&st.map.resolve(want)?) != copy
             || StoredCopy::of(&st.map.resolve(src_want)?) != src_copy
         {
             return Ok(false);

@@ -8,6 +8,7 @@ mod grow;
 mod inline_dedup;
 mod metadata_pages;
 mod review13;
+mod review2_inline;
 mod review_inline;
 mod scrub_attacks;
 mod shared_items;
