@@ -327,6 +327,7 @@ def dedup_write_plot(doc: dict[str, Any], path: Path) -> bool:
             speed.annotate(
                 f"{e['throughput_on_over_off']:.2f}x", (x, top), ha="center", va="bottom", fontsize=7
             )
+    speed.set_ylim(top=speed.get_ylim()[1] * 1.08)  # room for the ratios under the title
     for ax, unit, title in (
         (speed, "MiB/s (median)", "write throughput (on / off above)"),
         (space, "MiB", "stored after the flush (physical live)"),
