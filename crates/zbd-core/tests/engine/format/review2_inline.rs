@@ -16,7 +16,6 @@ fn dedup_on(o: &CreateOptions) -> CreateOptions {
     }
 }
 
-
 fn block(vol: &Volume, lba: u64) -> Vec<u8> {
     let mut b = vec![0u8; BS];
     vol.read(lba * BS as u64, &mut b)
