@@ -41,17 +41,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchkit import Undo, run, say, stop, wait_for
 
 SCHEMA_VERSION = 1
 MIB = 1 << 20
 FIO_SEED = 20240229  # the lab's fixed randseed: same offsets and data in every run
 COMPRESS_PERCENTAGE = 50
 GOAL_DUP_RATIO = 1.0  # issue 27: with 50 % duplicates, dedup on writes at >= 1.0x dedup off
-WAIT_S = 60
 
 
 @dataclass(frozen=True)
@@ -81,60 +81,6 @@ STAT_KEYS = (
     "dedup_ratio",
     "write_amplification",
 )
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
-    return proc
-
-
-def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to a process this script started, then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class Undo:
-    """Undo steps, newest first; each is pushed before its action and checks what exists."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, Callable[[], None]]] = []
-
-    def push(self, name: str, step: Callable[[], None]) -> tuple[str, Callable[[], None]]:
-        self.steps.append((name, step))
-        return self.steps[-1]
-
-    def release(self, entry: tuple[str, Callable[[], None]]) -> None:
-        """Runs one step now (it must succeed) and forgets it."""
-        self.steps.remove(entry)
-        entry[1]()
-
-    def run_all(self) -> None:
-        while self.steps:
-            name, step = self.steps.pop()
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - keep undoing the rest
-                print(f"cleanup: {name}: {exc}", file=sys.stderr, flush=True)
 
 
 def pid_written(pidfile: Path) -> bool:

@@ -1,0 +1,66 @@
+"""What the bench scripts share: running commands, waiting, stopping what they started, and
+undoing their setup newest first (loops, mounts, servers), even when interrupted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+WAIT_S = 60  # for a daemon's socket, a server's start, a pool to let go
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
+    return proc
+
+
+def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a process this script started, then SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Undo:
+    """Undo steps, newest first. Each step is pushed before its action and checks what exists, so an
+    interrupt at any instant leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, Callable[[], None]]] = []
+
+    def push(self, name: str, step: Callable[[], None]) -> tuple[str, Callable[[], None]]:
+        self.steps.append((name, step))
+        return self.steps[-1]
+
+    def release(self, entry: tuple[str, Callable[[], None]]) -> None:
+        """Runs one step now (it must succeed) and forgets it."""
+        self.steps.remove(entry)
+        entry[1]()
+
+    def run_all(self) -> None:
+        while self.steps:
+            name, step = self.steps.pop()
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - keep undoing the rest
+                print(f"cleanup: {name}: {exc}", file=sys.stderr, flush=True)
