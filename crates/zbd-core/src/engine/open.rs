@@ -283,6 +283,7 @@ impl Inner {
             below_host_floor: false,
             carving: false,
             reuses: 0,
+            placed_extent: 0,
             promoted_unlogged: false,
             shared_items_durable: ck.flags & crate::format::CKPT_FLAG_SHARED_ITEMS != 0,
             inflight: None,

@@ -298,9 +298,7 @@ impl Inner {
                     }
                 }
                 if self.dedup.is_some() && matches!(piece, Piece::Item(Prepared::Data { .. })) {
-                    for l in lba..lba + n as u64 {
-                        placed.push((l, st.map.get(l)?.extent));
-                    }
+                    placed.extend((lba..lba + n as u64).map(|l| (l, st.placed_extent)));
                 }
                 lba += n as u64;
             }

@@ -107,6 +107,9 @@ pub struct State {
     /// since a ref's replay must find its target in the SBT it starts from or rebuild it
     /// from a record.
     pub promoted_unlogged: bool,
+    /// The extent the last data item `put_block` placed went to (the dedup index learns where
+    /// stored blocks are without a map lookup).
+    pub placed_extent: u32,
     /// Checkpoint commits that released extents, in this open: an extent is reused only
     /// after one, so a dedup candidate noted under an unchanged count still holds the bytes
     /// read from it (`put_ref`).
@@ -316,6 +319,7 @@ impl State {
                 }
                 let used = self.next_seq;
                 let extent = self.buffer.get(slot).extent;
+                self.placed_extent = extent;
                 let nearly_full = self.buffer.append(slot, bytes, records, used) < SECTOR_BYTES;
                 for i in 0..blocks {
                     let entry = MapEntry {

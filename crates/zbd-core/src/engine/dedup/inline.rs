@@ -145,16 +145,20 @@ impl Inner {
     fn candidates(&self, dd: &InlineDedup, fps: &[Option<Fingerprint>]) -> Vec<Option<u64>> {
         let blocks = self.sb.logical_blocks;
         let mut out = vec![None; fps.len()];
+        // One hold of the index for the request, let go only to read manifests.
+        let mut ix = dd.index.lock();
         for (i, fp) in fps.iter().enumerate() {
             let Some(fp) = *fp else { continue };
-            let found = dd.index.lock().lookup(fp);
-            let found = match found {
+            let found = match ix.lookup(fp) {
                 Some(Candidate::Extents(extents)) => {
-                    for e in extents {
-                        let manifest = self.manifest(e);
-                        dd.index.lock().add_manifest(e, manifest);
+                    drop(ix);
+                    let manifests: Vec<_> =
+                        extents.iter().map(|&e| (e, self.manifest(e))).collect();
+                    ix = dd.index.lock();
+                    for (e, manifest) in manifests {
+                        ix.add_manifest(e, manifest);
                     }
-                    dd.index.lock().lookup_cached(fp)
+                    ix.lookup_cached(fp)
                 }
                 other => other,
             };
