@@ -101,8 +101,7 @@ impl State {
         let Some(src_now) = self.still_names(hit)? else {
             return Ok(false);
         };
-        let now = self.map.get(lba)?;
-        if StoredCopy::of(&self.map.resolve(now)?) == hit.copy && now.state != BlockState::Corrupt {
+        if self.stored_copy(lba)? == Some(hit.copy) {
             // `lba` reads those bytes already (a block written again with its own content).
             return Ok(true);
         }
