@@ -144,12 +144,21 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<FoundCh
 /// counters). A block of a unit counts its share of the unit (units.rs).
 pub fn account(map: &mut VolumeMap, extent_count: u32) -> Result<Vec<ExtentInfo>> {
     let mut extents = vec![ExtentInfo::FREE; extent_count as usize];
+    let mut over = None;
     map.recount(|e| {
         let x = &mut extents[e.extent as usize];
-        x.live_bytes += crate::units::share(e);
-        x.live_blocks += 1;
-        x.state = ExtentState::Closed;
+        let (bytes, blocks) = (x.live_bytes() + crate::units::share(e), x.live_blocks() + 1);
+        if ExtentInfo::holds(bytes, blocks) {
+            *x = ExtentInfo::new(ExtentState::Closed, bytes, blocks, 0);
+        } else {
+            over.get_or_insert(e.extent);
+        }
     })?;
+    if let Some(e) = over {
+        return Err(Error::CorruptMetadata(format!(
+            "the map names more blocks in extent {e} than an extent can hold"
+        )));
+    }
     Ok(extents)
 }
 

@@ -283,7 +283,7 @@ fn stream(
     free: usize,
 ) -> Option<Vec<Vec<usize>>> {
     let mut order = victims.to_vec();
-    order.sort_by_key(|&v| (st.extents.get(v).live_bytes, v));
+    order.sort_by_key(|&v| (st.extents.get(v).live_bytes(), v));
     let rank: HashMap<u32, usize> = order.iter().enumerate().map(|(r, &v)| (v, r)).collect();
     items.sort_by_key(|it| (rank[&it.victim()], it.lba()));
     let mut bins: Vec<Vec<usize>> = Vec::new();
@@ -446,7 +446,7 @@ fn commit(
     let mut shared_prints: HashMap<(SbtKey, u8), u32> = HashMap::new();
     let mut complete = true;
     for &v in &victims {
-        let live = st.extents.get(v).live_blocks;
+        let live = st.extents.get(v).live_blocks();
         match crate::recovery::live_blocks_in(&mut st.map, cx.sb, v, &images[&v], live)? {
             Some(found) => {
                 for b in found.blocks {
@@ -499,7 +499,7 @@ fn commit(
     };
     let stamp = victims
         .iter()
-        .map(|&v| st.extents.get(v).stamp)
+        .map(|&v| st.extents.get(v).stamp())
         .max()
         .unwrap_or(0);
     let mut result = PassResult {
@@ -645,7 +645,7 @@ fn commit(
     }
     result.reclaimed = victims
         .iter()
-        .filter(|&&v| st.extents.get(v).live_blocks == 0 || outputs.contains(&v))
+        .filter(|&&v| st.extents.get(v).live_blocks() == 0 || outputs.contains(&v))
         .count();
     st.counters.cleaner_runs += 1;
     st.counters.cleaner_bytes_moved += result.bytes_moved;
@@ -709,7 +709,7 @@ pub fn migrate(st: &mut State, cx: &Ctx, mut victims: Vec<u32>) -> Result<PassRe
     // Only closed extents are cleaned (open ones are closed by `compact` first), and none a
     // background pass is reading.
     victims.retain(|&v| {
-        st.extents.get(v).state == ExtentState::Closed
+        st.extents.get(v).state() == ExtentState::Closed
             && !st.cleaning.contains(&v)
             && !st.unreadable.contains(&v)
     });

@@ -19,15 +19,15 @@ const PASS_GAIN_TARGET: usize = 8;
 /// Victims per pass at most.
 const PASS_VICTIMS_MAX: usize = 128;
 fn cost_benefit(x: &ExtentInfo, extent_bytes: f64, now: u64) -> f64 {
-    let u = f64::from(x.live_bytes) / extent_bytes;
-    let age = (f64::from((now as u32).wrapping_sub(x.stamp))) + 1.0;
+    let u = f64::from(x.live_bytes()) / extent_bytes;
+    let age = (f64::from((now as u32).wrapping_sub(x.stamp()))) + 1.0;
     (1.0 - u) * age / (1.0 + u)
 }
 
 /// Bytes an extent's live blocks take in an output extent (payload and records).
 fn footprint(x: &ExtentInfo) -> usize {
     // v2 segments carry their record table twice (v1 once: the estimate errs on the safe side).
-    x.live_bytes as usize + x.live_blocks as usize * 2 * RECORD_BYTES
+    x.live_bytes() as usize + x.live_blocks() as usize * 2 * RECORD_BYTES
 }
 
 /// Candidates ranked before the greedy loop runs: 32 times the victims a pass takes, so the
@@ -91,14 +91,14 @@ fn choose_ranking(
             .iter()
             .enumerate()
             .filter(|(i, x)| {
-                x.state == ExtentState::Closed
+                x.state() == ExtentState::Closed
                     && footprint(x) < usable
                     && busy.binary_search(&(*i as u32)).is_err()
             })
             .map(|(i, x)| {
                 let key = match mode {
                     Mode::Incremental => -cost_benefit(x, extent_bytes as f64, now),
-                    Mode::Compact => f64::from(x.live_bytes),
+                    Mode::Compact => f64::from(x.live_bytes()),
                 };
                 (key, i as u32)
             })
@@ -197,14 +197,14 @@ mod tests {
             .iter()
             .enumerate()
             .filter(|(i, x)| {
-                x.state == ExtentState::Closed
+                x.state() == ExtentState::Closed
                     && footprint(x) < usable
                     && !busy.contains(&(*i as u32))
             })
             .map(|(i, x)| {
                 let key = match mode {
                     Mode::Incremental => -cost_benefit(x, extent_bytes as f64, now),
-                    Mode::Compact => f64::from(x.live_bytes),
+                    Mode::Compact => f64::from(x.live_bytes()),
                 };
                 (key, i as u32)
             })
@@ -252,11 +252,9 @@ mod tests {
     fn table(entries: &[(ExtentState, u32, u32, u32)], extent_bytes: usize) -> Vec<ExtentInfo> {
         entries
             .iter()
-            .map(|&(state, per_mille, live_blocks, stamp)| ExtentInfo {
-                live_bytes: (extent_bytes as u64 * u64::from(per_mille) / 1000) as u32,
-                live_blocks,
-                state,
-                stamp,
+            .map(|&(state, per_mille, live_blocks, stamp)| {
+                let live_bytes = (extent_bytes as u64 * u64::from(per_mille) / 1000) as u32;
+                ExtentInfo::new(state, live_bytes, live_blocks, stamp)
             })
             .collect()
     }
@@ -294,12 +292,7 @@ mod tests {
     }
 
     fn closed(live_bytes: u32, live_blocks: u32, stamp: u32) -> ExtentInfo {
-        ExtentInfo {
-            live_bytes,
-            live_blocks,
-            state: ExtentState::Closed,
-            stamp,
-        }
+        ExtentInfo::new(ExtentState::Closed, live_bytes, live_blocks, stamp)
     }
 
     const EB: usize = 128 << 10;
@@ -372,7 +365,7 @@ mod tests {
                 let live = next() % EB as u32;
                 let mut e = closed(live, live / 2048 + 1, next());
                 if next() % 10 == 0 {
-                    e.state = ExtentState::Free;
+                    e = e.with_state(ExtentState::Free);
                 }
                 e
             })

@@ -85,28 +85,23 @@ impl Inner {
         let eb = o.extent_bytes;
         let mut infos = Vec::with_capacity(o.extents as usize);
         for e in 0..o.extents {
-            let free = ExtentInfo {
-                live_bytes: 0,
-                live_blocks: 0,
-                state: ExtentState::Free,
-                stamp: 0,
-            };
+            let free = ExtentInfo::FREE;
             if queued.contains(&e) || rng.random_ratio(1, 10) {
                 infos.push(free);
                 continue;
             }
             let live_bytes = rng.random_range(eb / 64..eb);
-            infos.push(ExtentInfo {
+            infos.push(ExtentInfo::new(
+                ExtentState::Closed,
                 live_bytes,
                 // About 2:1 compression of 4 KiB blocks.
-                live_blocks: (live_bytes / 2048).max(1),
-                state: ExtentState::Closed,
-                stamp: now.wrapping_sub(rng.random_range(0..1 << 24)),
-            });
+                (live_bytes / 2048).max(1),
+                now.wrapping_sub(rng.random_range(0..1 << 24)),
+            ));
         }
         let closed = infos
             .iter()
-            .filter(|x| x.state == ExtentState::Closed)
+            .filter(|x| x.state() == ExtentState::Closed)
             .count();
         self.install_extents(&mut st, infos, &queued);
         let mut t = ExtentScanTimes {
@@ -153,7 +148,7 @@ impl Inner {
         queued: &std::collections::HashSet<u32>,
     ) {
         st.free = (0..infos.len() as u32)
-            .filter(|e| infos[*e as usize].state == ExtentState::Free && !queued.contains(e))
+            .filter(|e| infos[*e as usize].state() == ExtentState::Free && !queued.contains(e))
             .collect();
         st.extents = Extents::new(infos);
     }
@@ -161,10 +156,10 @@ impl Inner {
     /// Empties closed extent `e` (no live block left); false if it is not closed.
     fn bench_make_pending(&self, st: &mut crate::state::State, e: u32) -> bool {
         let x = st.extents.get(e);
-        if x.state != ExtentState::Closed {
+        if x.state() != ExtentState::Closed {
             return false;
         }
-        let (mut bytes, blocks) = (x.live_bytes, x.live_blocks);
+        let (mut bytes, blocks) = (x.live_bytes(), x.live_blocks());
         for left in (1..=blocks).rev() {
             let share = if left == 1 { bytes } else { bytes / left };
             st.extents.remove_block(e, share);

@@ -203,7 +203,7 @@ impl Inner {
                     ));
                 };
                 let metadata = (0..infos.len() as u32)
-                    .filter(|&e| infos[e as usize].state == ExtentState::Metadata);
+                    .filter(|&e| infos[e as usize].state() == ExtentState::Metadata);
                 VolumeMap::Tree(Box::new(TreeMap::open(
                     storage.clone(),
                     &sb,
@@ -300,7 +300,7 @@ impl Inner {
         )?);
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
-            .filter(|&e| st.extents.get(e).state == ExtentState::Free)
+            .filter(|&e| st.extents.get(e).state() == ExtentState::Free)
             .collect();
         let counters = st.counters;
         let (low, high) = opts

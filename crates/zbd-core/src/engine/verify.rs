@@ -299,7 +299,7 @@ impl Inner {
                 }
             };
             for (i, (a, b)) in fresh.iter().zip(st.extents.as_slice()).enumerate() {
-                if a.live_bytes != b.live_bytes || a.live_blocks != b.live_blocks {
+                if a.live_bytes() != b.live_bytes() || a.live_blocks() != b.live_blocks() {
                     report
                         .metadata_problems
                         .push(format!("extent {i}: live accounting differs from the map"));
@@ -517,7 +517,7 @@ impl Inner {
                     let h = tree.partner_offset();
                     if let Some(x) = [e, e + h]
                         .into_iter()
-                        .find(|&x| extents.get(x).state != ExtentState::Metadata)
+                        .find(|&x| extents.get(x).state() != ExtentState::Metadata)
                     {
                         report.metadata_problems.push(format!(
                             "metadata page {} ({:?}) lies in extent {x}, which the extent table \

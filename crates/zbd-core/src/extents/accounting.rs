@@ -7,25 +7,7 @@
 use super::runs::RunSet;
 use super::{ExtentInfo, ExtentState};
 
-const STATES: [ExtentState; 5] = [
-    ExtentState::Free,
-    ExtentState::Open,
-    ExtentState::Closed,
-    ExtentState::PendingFree,
-    ExtentState::Metadata,
-];
-
-impl ExtentState {
-    fn index(self) -> usize {
-        match self {
-            ExtentState::Free => 0,
-            ExtentState::Open => 1,
-            ExtentState::Closed => 2,
-            ExtentState::PendingFree => 3,
-            ExtentState::Metadata => 4,
-        }
-    }
-}
+const STATES: [ExtentState; 5] = ExtentState::ALL;
 
 /// The accounting of every extent (see the module doc).
 #[derive(Clone, Debug)]
@@ -83,11 +65,11 @@ impl Extents {
     /// The only write of an entry's state: keeps the pending set and the counts with it.
     fn set_state(&mut self, e: u32, to: ExtentState) {
         let x = &mut self.infos[e as usize];
-        let from = x.state;
+        let from = x.state();
         if from == to {
             return;
         }
-        x.state = to;
+        *x = x.with_state(to);
         self.counts[from.index()] -= 1;
         self.counts[to.index()] += 1;
         if from == ExtentState::PendingFree {
@@ -108,8 +90,8 @@ impl Extents {
     /// free if no block in it is live any more.
     pub fn close(&mut self, e: u32, stamp: u32) {
         let x = &mut self.infos[e as usize];
-        x.stamp = stamp;
-        let to = if x.live_blocks == 0 {
+        *x = x.with_stamp(stamp);
+        let to = if x.live_blocks() == 0 {
             ExtentState::PendingFree
         } else {
             ExtentState::Closed
@@ -120,7 +102,8 @@ impl Extents {
     /// Extent `e` (from the allocation queue) is a cleaner output, written whole: closed, aged
     /// as its victims (`stamp`), before its blocks are mapped to it.
     pub fn close_output(&mut self, e: u32, stamp: u32) {
-        self.infos[e as usize].stamp = stamp;
+        let x = &mut self.infos[e as usize];
+        *x = x.with_stamp(stamp);
         self.set_state(e, ExtentState::Closed);
     }
 
@@ -129,12 +112,11 @@ impl Extents {
     pub fn add_block(&mut self, e: u32, share: u32) {
         let x = &mut self.infos[e as usize];
         debug_assert!(
-            x.state != ExtentState::Metadata,
+            x.state() != ExtentState::Metadata,
             "a data block in metadata extent {e}"
         );
-        x.live_bytes += share;
-        x.live_blocks += 1;
-        let state = x.state;
+        *x = x.with_live(x.live_bytes() + share, x.live_blocks() + 1);
+        let state = x.state();
         if state == ExtentState::PendingFree || state == ExtentState::Free {
             self.set_state(e, ExtentState::Closed);
         }
@@ -147,19 +129,18 @@ impl Extents {
         let Some(x) = self.infos.get_mut(e as usize) else {
             return;
         };
-        if x.state == ExtentState::Metadata {
+        if x.state() == ExtentState::Metadata {
             return;
         }
-        x.live_bytes -= share;
-        x.live_blocks -= 1;
-        if x.live_blocks == 0 && x.state == ExtentState::Closed {
+        *x = x.with_live(x.live_bytes() - share, x.live_blocks() - 1);
+        if x.live_blocks() == 0 && x.state() == ExtentState::Closed {
             self.set_state(e, ExtentState::PendingFree);
         }
     }
 
     /// Pending-free extent `e` is free: a durable checkpoint no longer references it.
     pub fn release(&mut self, e: u32) {
-        debug_assert_eq!(self.infos[e as usize].state, ExtentState::PendingFree);
+        debug_assert_eq!(self.infos[e as usize].state(), ExtentState::PendingFree);
         self.set_state(e, ExtentState::Free);
     }
 
@@ -173,14 +154,14 @@ impl Extents {
 
     /// Free extent `e` holds metadata pairs from now on (carved by the metadata store).
     pub fn carve(&mut self, e: u32) {
-        debug_assert_eq!(self.infos[e as usize].state, ExtentState::Free);
+        debug_assert_eq!(self.infos[e as usize].state(), ExtentState::Free);
         self.set_state(e, ExtentState::Metadata);
     }
 
     /// The metadata extents, ascending (open walks the table once; 1c's summaries replace it).
     pub fn metadata(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.infos.len() as u32)
-            .filter(|&e| self.infos[e as usize].state == ExtentState::Metadata)
+            .filter(|&e| self.infos[e as usize].state() == ExtentState::Metadata)
     }
 
     /// Differences between the pending set and counts kept and a recount of the entries
@@ -188,7 +169,7 @@ impl Extents {
     pub fn problems(&self) -> Vec<String> {
         let (pending, counts) = derive(&self.infos);
         let mut out = Vec::new();
-        if let Some(e) = self.metadata().find(|&e| self.get(e).live_bytes != 0) {
+        if let Some(e) = self.metadata().find(|&e| self.get(e).live_bytes() != 0) {
             out.push(format!("metadata extent {e} counts live bytes"));
         }
         for s in STATES {
@@ -217,7 +198,7 @@ fn derive(infos: &[ExtentInfo]) -> (RunSet, [usize; 5]) {
     let mut pending = RunSet::default();
     let mut counts = [0usize; 5];
     for (e, x) in infos.iter().enumerate() {
-        let state = x.state;
+        let state = x.state();
         counts[state.index()] += 1;
         if state == ExtentState::PendingFree {
             pending.insert(e as u32);
@@ -234,12 +215,7 @@ mod tests {
     const N: u32 = 48;
 
     fn info(state: ExtentState, live_blocks: u32) -> ExtentInfo {
-        ExtentInfo {
-            live_bytes: live_blocks * 1000,
-            live_blocks,
-            state,
-            stamp: 0,
-        }
+        ExtentInfo::new(state, live_blocks * 1000, live_blocks, 0)
     }
 
     /// One change, as the engine makes them (only where it would: a block is removed from an
@@ -282,17 +258,9 @@ mod tests {
     /// The pending set and counts by a plain walk of the entries, written apart from `derive`.
     fn naive(x: &Extents) -> (Vec<u32>, [usize; 5]) {
         let pending = (0..x.len() as u32)
-            .filter(|&e| x.get(e).state == ExtentState::PendingFree)
+            .filter(|&e| x.get(e).state() == ExtentState::PendingFree)
             .collect();
-        let count = |s: ExtentState| {
-            x.as_slice()
-                .iter()
-                .filter(|i| {
-                    let t = i.state;
-                    t == s
-                })
-                .count()
-        };
+        let count = |s: ExtentState| x.as_slice().iter().filter(|i| i.state() == s).count();
         let counts = [
             count(ExtentState::Free),
             count(ExtentState::Open),
@@ -334,36 +302,36 @@ mod tests {
             assert_exact(&x)?;
             for op in ops {
                 match op {
-                    Op::Open(e) if x.get(e).state == ExtentState::Free => x.open(e),
-                    Op::Close(e, s) if x.get(e).state == ExtentState::Open => x.close(e, s),
-                    Op::Output(e, s) if x.get(e).state == ExtentState::Free => {
+                    Op::Open(e) if x.get(e).state() == ExtentState::Free => x.open(e),
+                    Op::Close(e, s) if x.get(e).state() == ExtentState::Open => x.close(e, s),
+                    Op::Output(e, s) if x.get(e).state() == ExtentState::Free => {
                         x.close_output(e, s)
                     }
-                    Op::Add(e, b) if x.get(e).state != ExtentState::Metadata => x.add_block(e, b),
+                    Op::Add(e, b) if x.get(e).state() != ExtentState::Metadata => x.add_block(e, b),
                     Op::Remove(e, b) => {
                         if e >= N {
                             x.remove_block(e, b);
-                        } else if x.get(e).state == ExtentState::Metadata {
+                        } else if x.get(e).state() == ExtentState::Metadata {
                             // A damaged entry naming a metadata extent changes nothing.
                             let before = x.get(e);
                             x.remove_block(e, b);
-                            prop_assert_eq!(x.get(e).live_blocks, before.live_blocks);
-                        } else if x.get(e).live_blocks > 0 {
+                            prop_assert_eq!(x.get(e).live_blocks(), before.live_blocks());
+                        } else if x.get(e).live_blocks() > 0 {
                             let i = x.get(e);
-                            let share = if i.live_blocks == 1 {
-                                i.live_bytes
+                            let share = if i.live_blocks() == 1 {
+                                i.live_bytes()
                             } else {
-                                b.min(i.live_bytes)
+                                b.min(i.live_bytes())
                             };
                             x.remove_block(e, share);
                         }
                     }
-                    Op::Release(e) if x.get(e).state == ExtentState::PendingFree => x.release(e),
+                    Op::Release(e) if x.get(e).state() == ExtentState::PendingFree => x.release(e),
                     Op::ReleaseAll => {
                         x.release_all_pending();
                         prop_assert_eq!(x.count(ExtentState::PendingFree), 0);
                     }
-                    Op::Carve(e) if x.get(e).state == ExtentState::Free => x.carve(e),
+                    Op::Carve(e) if x.get(e).state() == ExtentState::Free => x.carve(e),
                     _ => {}
                 }
                 assert_exact(&x)?;
@@ -378,11 +346,14 @@ mod tests {
         x.add_block(2, 700);
         x.add_block(2, 300);
         x.close(2, 9);
-        assert_eq!((x.get(2).state, x.get(2).stamp), (ExtentState::Closed, 9));
+        assert_eq!(
+            (x.get(2).state(), x.get(2).stamp()),
+            (ExtentState::Closed, 9)
+        );
         x.remove_block(2, 700);
-        assert_eq!(x.get(2).state, ExtentState::Closed);
+        assert_eq!(x.get(2).state(), ExtentState::Closed);
         x.remove_block(2, 300);
-        assert_eq!(x.get(2).state, ExtentState::PendingFree);
+        assert_eq!(x.get(2).state(), ExtentState::PendingFree);
         x.open(0);
         x.close(0, 1);
         assert_eq!(x.pending().collect::<Vec<_>>(), [0, 2]);
@@ -401,7 +372,7 @@ mod tests {
         // A damaged entry naming a metadata extent changes nothing there.
         x.remove_block(1, 1);
         assert_eq!(
-            (x.get(1).state, x.get(1).live_blocks),
+            (x.get(1).state(), x.get(1).live_blocks()),
             (ExtentState::Metadata, 0)
         );
         // Beyond the data area: a damaged entry's block changes nothing.

@@ -12,7 +12,7 @@ use crate::backend::Storage;
 use crate::error::Result;
 use crate::format::{
     Checkpoint, PageSlot, Superblock, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
-    EXTENT_TABLE_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE,
+    EXTENT_TABLE_ENTRIES_PER_PAGE, MAP_PAGE_BYTES, PAGE_NONE, RECORD_BYTES,
 };
 
 const HEADER_BYTES: usize = 16;
@@ -53,11 +53,11 @@ fn encode_entries(extents: &[ExtentInfo], p: u32) -> Vec<u8> {
     let last = (first + EXTENT_TABLE_ENTRIES_PER_PAGE).min(extents.len());
     for (i, x) in extents[first..last].iter().enumerate() {
         let o = i * ENTRY_BYTES;
-        b[o..o + 4].copy_from_slice(&x.live_bytes.to_le_bytes());
-        b[o + 4..o + 7].copy_from_slice(&x.live_blocks.to_le_bytes()[..3]);
-        b[o + 7] = if x.state == ExtentState::Metadata {
+        b[o..o + 4].copy_from_slice(&x.live_bytes().to_le_bytes());
+        b[o + 4..o + 7].copy_from_slice(&x.live_blocks().to_le_bytes()[..3]);
+        b[o + 7] = if x.state() == ExtentState::Metadata {
             STATE_METADATA
-        } else if x.live_blocks > 0 {
+        } else if x.live_blocks() > 0 {
             STATE_CLOSED
         } else {
             STATE_FREE
@@ -213,16 +213,12 @@ fn decode_page(
             _ => return false,
         };
         if u64::from(live_bytes) > u64::from(sb.extent_bytes)
+            || u64::from(live_blocks) > u64::from(sb.extent_bytes) / RECORD_BYTES as u64
             || (live_blocks == 0 && live_bytes != 0)
         {
             return false;
         }
-        decoded.push(ExtentInfo {
-            live_bytes,
-            live_blocks,
-            state,
-            stamp: 0,
-        });
+        decoded.push(ExtentInfo::new(state, live_bytes, live_blocks, 0));
     }
     extents[first..last].copy_from_slice(&decoded);
     true
@@ -234,16 +230,12 @@ mod tests {
     use crate::backend::MemStorage;
 
     fn info(state: ExtentState, live_blocks: u32) -> ExtentInfo {
-        ExtentInfo {
-            live_bytes: if state == ExtentState::Closed {
-                4096
-            } else {
-                0
-            },
-            live_blocks,
-            state,
-            stamp: 0,
-        }
+        let live_bytes = if state == ExtentState::Closed {
+            4096
+        } else {
+            0
+        };
+        ExtentInfo::new(state, live_bytes, live_blocks, 0)
     }
 
     /// Writes `extents` as checkpoint 1's table and loads it back under `flags`.
@@ -276,9 +268,22 @@ mod tests {
         extents[2] = info(ExtentState::Closed, 1);
         let back = round_trip(&extents, CKPT_FLAG_METADATA_PAGES).expect("bit 10 loads");
         let view = |x: &[ExtentInfo]| -> Vec<(ExtentState, u32)> {
-            x.iter().map(|i| (i.state, i.live_blocks)).collect()
+            x.iter().map(|i| (i.state(), i.live_blocks())).collect()
         };
         assert_eq!(view(&back), view(&extents));
+        assert!(round_trip(&extents, 0).is_none());
+    }
+
+    /// An entry counting more live blocks than the extent has room for records is damage
+    /// (whatever its checksum says): the page is refused and the open recounts.
+    #[test]
+    fn a_page_counting_more_blocks_than_records_fit_is_refused() {
+        let sb = crate::layout::plan(&crate::layout::CreateOptions::new(1 << 30)).expect("plan");
+        let fit = sb.extent_bytes / RECORD_BYTES as u32;
+        let mut extents = vec![info(ExtentState::Free, 0); sb.extent_count as usize];
+        extents[2] = info(ExtentState::Closed, fit);
+        assert!(round_trip(&extents, 0).is_some());
+        extents[2] = info(ExtentState::Closed, fit + 1);
         assert!(round_trip(&extents, 0).is_none());
     }
 }
