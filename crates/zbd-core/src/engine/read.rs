@@ -443,7 +443,7 @@ impl Inner {
     /// Counts `blocks` damaged blocks read from `lba` on, and says so in the log: the first ten
     /// such reads since open, then the 16th, 32nd, 64th... (a filesystem retrying a bad block
     /// must not flood the log, and a person must still learn that it goes on).
-    fn note_damaged_read(&self, lba: u64, blocks: u64) {
+    pub(super) fn note_damaged_read(&self, lba: u64, blocks: u64) {
         let total = self.corrupt_reads.fetch_add(blocks, Ordering::Relaxed) + blocks;
         let before = self
             .damaged_reads_since_open

@@ -790,15 +790,20 @@ pub fn encode_sbt_leaf(entries: &[(SbtKey, SbtValue)]) -> Result<Box<[u8; PAGE_B
         let o = NODE_HEADER_BYTES + i * 32;
         k.fits()?;
         k.encode(&mut b[o..]);
-        put_u32(&mut b[..], o + 12, v.extent);
-        put_u32(&mut b[..], o + 16, v.location);
-        put_u16(&mut b[..], o + 20, v.stored_len);
-        b[o + 22] = v.codec;
-        b[o + 23] = v.flags;
-        put_u32(&mut b[..], o + 24, v.crc);
-        put_u32(&mut b[..], o + 28, v.count);
+        put_sbt_value(&mut b[..], o, v);
     }
     Ok(b)
+}
+
+/// The value half of the SBT leaf entry at byte `o`.
+fn put_sbt_value(b: &mut [u8], o: usize, v: &SbtValue) {
+    put_u32(b, o + 12, v.extent);
+    put_u32(b, o + 16, v.location);
+    put_u16(b, o + 20, v.stored_len);
+    b[o + 22] = v.codec;
+    b[o + 23] = v.flags;
+    put_u32(b, o + 24, v.crc);
+    put_u32(b, o + 28, v.count);
 }
 
 fn ascending<K: Ord, V>(entries: &[(K, V)], what: &str) -> Result<()> {
@@ -848,6 +853,26 @@ pub fn find_in_sbt_leaf(b: &[u8], key: &SbtKey) -> Result<Option<SbtValue>> {
         }
     }
     Ok(None)
+}
+
+/// Sets the value of `key` in an SBT leaf's body in place (the dedup write path counts a
+/// reference per hit: a count changes, the page's order does not); false when the leaf does not
+/// hold `key`, and then the body is unchanged.
+pub fn replace_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<bool> {
+    let n = node_entries(b, SBT_LEAF_ENTRIES)?;
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match SbtKey::decode(&b[NODE_HEADER_BYTES + mid * 32..]).cmp(key) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => {
+                put_sbt_value(b, NODE_HEADER_BYTES + mid * 32, v);
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// The child of an SBT interior page's body that covers `key` (the last slot whose first key
@@ -1268,8 +1293,8 @@ mod tests {
 
     const UUID: [u8; 16] = [3; 16];
 
-    /// The searches over encoded SBT pages answer as the decoded pages do, for keys present,
-    /// between, before and after them, on full and nearly empty pages.
+    /// The searches and the in-place replace over encoded SBT pages answer as the decoded pages
+    /// do, for keys present, between, before and after them, on full and nearly empty pages.
     #[test]
     fn sbt_searches_agree_with_decoded_pages() {
         let key = |i: u64| SbtKey {
@@ -1317,6 +1342,24 @@ mod tests {
                 assert_eq!(
                     child_in_sbt_interior(&interior[..], &k).expect("interior"),
                     child
+                );
+                // In place: the leaf a decode, change and encode would give; absent keys
+                // change nothing.
+                let mut changed = leaf.clone();
+                let v = SbtValue {
+                    count: 1000 + probe as u32,
+                    extent: 77,
+                    ..entries[0].1
+                };
+                let replaced = replace_in_sbt_leaf(&mut changed[..], &k, &v).expect("leaf");
+                assert_eq!(replaced, want.is_some(), "{k:?}");
+                let mut expect = entries.clone();
+                if let Some(e) = expect.iter_mut().find(|(e, _)| *e == k) {
+                    e.1 = v;
+                }
+                assert!(
+                    changed[..] == encode_sbt_leaf(&expect).expect("leaf")[..],
+                    "{k:?}"
                 );
             }
         }

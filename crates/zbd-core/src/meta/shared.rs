@@ -125,7 +125,7 @@ impl Catalog {
                 v.flags |= SBT_FLAG_PINNED;
             }
         }
-        self.sbt.insert(&mut self.pool, &mut self.store, key, v)?;
+        self.sbt.replace(&mut self.pool, &mut self.store, key, v)?;
         Ok(v)
     }
 
@@ -144,7 +144,7 @@ impl Catalog {
         }
         v.count -= n;
         if v.count > 0 {
-            self.sbt.insert(&mut self.pool, &mut self.store, key, v)?;
+            self.sbt.replace(&mut self.pool, &mut self.store, key, v)?;
             return Ok(None);
         }
         self.sbt.remove(&mut self.pool, &mut self.store, key)?;
@@ -161,7 +161,8 @@ impl Catalog {
             flags: old.flags,
             ..SbtValue::of_item(&at, old.count)
         };
-        self.sbt.insert(&mut self.pool, &mut self.store, key, new)?;
+        self.sbt
+            .replace(&mut self.pool, &mut self.store, key, new)?;
         Ok(old)
     }
 

@@ -50,21 +50,47 @@ impl Inner {
         let fetched = self.fetch(&sources, false, false);
         drop(gate);
         let mut copies = vec![None; lbas.len()];
+        let same =
+            |u: &MapEntry, e: &MapEntry| (u.extent, u.offset, u.crc) == (e.extent, e.offset, e.crc);
         let mut unit: Option<(MapEntry, bytes::Bytes)> = None;
+        // The last unit decoded whole (its entry, its blocks; empty if it failed its check):
+        // candidates in one unit cost one decode, not one prefix decode each.
+        let mut decoded: Option<(MapEntry, Vec<u8>)> = None;
         for ((k, lba, e), f) in picked.into_iter().zip(fetched) {
             let stored = match f {
                 Ok(Some(b)) => b,
                 Ok(None) => match &unit {
-                    Some((u, b)) if (u.extent, u.offset, u.crc) == (e.extent, e.offset, e.crc) => {
-                        b.clone()
-                    }
+                    Some((u, b)) if same(u, &e) => b.clone(),
                     _ => continue,
                 },
                 Err(_) => continue,
             };
             unit = Some((e, stored.clone()));
             let block = &mut out[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES];
-            if self.decode_block(lba, &e, &stored, block).is_ok() {
+            let ok = if e.unit_blocks > 1 {
+                if !decoded.as_ref().is_some_and(|(u, _)| same(u, &e)) {
+                    let mut whole = vec![0u8; usize::from(e.unit_blocks) * BLOCK_BYTES];
+                    if self.decode_unit(&e, &stored, &mut whole).is_none() {
+                        whole.clear();
+                    }
+                    decoded = Some((e, whole));
+                }
+                let whole = decoded.as_ref().map_or(&[][..], |(_, w)| &w[..]);
+                let at = usize::from(e.unit_index) * BLOCK_BYTES;
+                match whole.get(at..at + BLOCK_BYTES) {
+                    Some(b) => {
+                        block.copy_from_slice(b);
+                        true
+                    }
+                    None => {
+                        self.note_damaged_read(lba, 1);
+                        false
+                    }
+                }
+            } else {
+                self.decode_block(lba, &e, &stored, block).is_ok()
+            };
+            if ok {
                 copies[k] = Some(StoredCopy::of(&e));
             }
         }
