@@ -875,6 +875,38 @@ pub fn replace_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<b
     Ok(false)
 }
 
+/// Entries an SBT leaf's body holds.
+pub fn sbt_leaf_len(b: &[u8]) -> Result<usize> {
+    node_entries(b, SBT_LEAF_ENTRIES)
+}
+
+/// Inserts `key`, which the SBT leaf's body lacks, in place, keeping the order: the body an
+/// encode of the entries with `key` added would give (a promotion per dedup hit: decoding and
+/// encoding the leaf for it cost more than the rest of the insert). An error when the leaf is
+/// full, holds `key` already, or `key` does not fit; the body is then unchanged.
+pub fn insert_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<()> {
+    let n = node_entries(b, SBT_LEAF_ENTRIES)?;
+    key.fits()?;
+    if n == SBT_LEAF_ENTRIES {
+        return Err(Error::Invalid("an insert into a full SBT leaf".into()));
+    }
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match SbtKey::decode(&b[NODE_HEADER_BYTES + mid * 32..]).cmp(key) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return Err(corrupt("SBT leaf holds the key inserted")),
+        }
+    }
+    let o = NODE_HEADER_BYTES + lo * 32;
+    b.copy_within(o..NODE_HEADER_BYTES + n * 32, o + 32);
+    key.encode(&mut b[o..]);
+    put_sbt_value(b, o, v);
+    encode_node(n + 1, b);
+    Ok(())
+}
+
 /// The child of an SBT interior page's body that covers `key` (the last slot whose first key
 /// is at most `key`), by binary search over the encoded slots.
 pub fn child_in_sbt_interior(b: &[u8], key: &SbtKey) -> Result<u32> {
@@ -1293,8 +1325,8 @@ mod tests {
 
     const UUID: [u8; 16] = [3; 16];
 
-    /// The searches and the in-place replace over encoded SBT pages answer as the decoded pages
-    /// do, for keys present, between, before and after them, on full and nearly empty pages.
+    /// The searches and the in-place replace and insert over encoded SBT pages answer as the
+    /// decoded pages do, for keys present, between, before and after them, on full and nearly empty pages.
     #[test]
     fn sbt_searches_agree_with_decoded_pages() {
         let key = |i: u64| SbtKey {
@@ -1361,6 +1393,23 @@ mod tests {
                     changed[..] == encode_sbt_leaf(&expect).expect("leaf")[..],
                     "{k:?}"
                 );
+                // Insert in place: what encoding the entries with the key added gives; a full
+                // leaf or a held key is an error that changes nothing.
+                let mut grown = leaf.clone();
+                let inserted = insert_in_sbt_leaf(&mut grown[..], &k, &v);
+                if want.is_some() || n == SBT_LEAF_ENTRIES {
+                    assert!(inserted.is_err() && grown[..] == leaf[..], "{k:?}");
+                } else {
+                    inserted.expect("insert");
+                    let mut expect = entries.clone();
+                    let at = expect.partition_point(|(e, _)| *e < k);
+                    expect.insert(at, (k, v));
+                    assert!(
+                        grown[..] == encode_sbt_leaf(&expect).expect("leaf")[..],
+                        "{k:?}"
+                    );
+                    assert_eq!(sbt_leaf_len(&grown[..]).expect("len"), n + 1);
+                }
             }
         }
     }

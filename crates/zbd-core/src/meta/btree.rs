@@ -27,9 +27,9 @@ use super::pool::PagePool;
 use crate::error::{Error, Result};
 use crate::format::{
     child_in_sbt_interior, decode_pct, decode_sbt_interior, decode_sbt_leaf, encode_pct,
-    encode_sbt_interior, encode_sbt_leaf, find_in_sbt_leaf, replace_in_sbt_leaf, PageAddress,
-    PageKind, PctEntry, SbtKey, SbtValue, PAGE_BODY_BYTES, PCT_ENTRIES_PER_PAGE,
-    SBT_INTERIOR_ENTRIES, SBT_LEAF_ENTRIES,
+    encode_sbt_interior, encode_sbt_leaf, find_in_sbt_leaf, insert_in_sbt_leaf,
+    replace_in_sbt_leaf, sbt_leaf_len, PageAddress, PageKind, PctEntry, SbtKey, SbtValue,
+    PAGE_BODY_BYTES, PCT_ENTRIES_PER_PAGE, SBT_INTERIOR_ENTRIES, SBT_LEAF_ENTRIES,
 };
 
 /// How one tree kind lays its entries out in leaf and interior bodies.
@@ -70,6 +70,18 @@ pub trait NodeFormat {
         entries[i].1 = value;
         body.copy_from_slice(&Self::encode_leaf(&entries)?[..]);
         Ok(true)
+    }
+    /// Entries a leaf's body holds.
+    fn leaf_len(body: &[u8]) -> Result<usize> {
+        Ok(Self::decode_leaf(body)?.len())
+    }
+    /// Inserts `key`, which the leaf's body lacks and has room for, in place.
+    fn insert_in_leaf(body: &mut [u8], key: &Self::Key, value: Self::Value) -> Result<()> {
+        let mut entries = Self::decode_leaf(body)?;
+        let i = entries.partition_point(|(k, _)| k < key);
+        entries.insert(i, (*key, value));
+        body.copy_from_slice(&Self::encode_leaf(&entries)?[..]);
+        Ok(())
     }
     /// The value of `key` in a leaf's body (`get`).
     fn value_in_leaf(body: &[u8], key: &Self::Key) -> Result<Option<Self::Value>> {
@@ -121,6 +133,12 @@ impl NodeFormat for Sbt {
     // the server's time on sequential writes with duplicates.
     fn replace_in_leaf(body: &mut [u8], key: &SbtKey, value: SbtValue) -> Result<bool> {
         replace_in_sbt_leaf(body, key, &value)
+    }
+    fn leaf_len(body: &[u8]) -> Result<usize> {
+        sbt_leaf_len(body)
+    }
+    fn insert_in_leaf(body: &mut [u8], key: &SbtKey, value: SbtValue) -> Result<()> {
+        insert_in_sbt_leaf(body, key, &value)
     }
 }
 
@@ -360,6 +378,23 @@ impl<F: NodeFormat> BTree<F> {
             (self.root, self.height, self.entries) = (Some(id), 1, 1);
             return Ok(None);
         };
+        // A leaf that holds the key or has room changes alone, in place: no page to make, no
+        // separator above it to change (the key lies within its slot's range already).
+        let (id, at) = self.leaf_of(pool, io, root, &key)?;
+        let body = &pool.get(id, at.kind).expect("faulted in").body[..];
+        match F::value_in_leaf(body, &key)? {
+            Some(old) => {
+                self.replace(pool, io, key, value)?;
+                return Ok(Some(old));
+            }
+            None if F::leaf_len(body)? < F::LEAF_MAX => {
+                let page = pool.change(id, at.kind).expect("faulted in");
+                F::insert_in_leaf(&mut page.body[..], &key, value)?;
+                self.entries += 1;
+                return Ok(None);
+            }
+            None => {}
+        }
         // Every read and every new page the insert needs comes first, its path held resident:
         // an error (no id, a read) leaves the tree as it was, never a split half taken.
         let mut held = Vec::new();
