@@ -837,28 +837,11 @@ fn sbt_leaf_entry(b: &[u8], i: usize) -> (SbtKey, SbtValue) {
     )
 }
 
-/// The value of `key` in an SBT leaf's body, found by binary search over the encoded entries
-/// (a lookup decodes ~7 keys, not the page: the dedup write path looks items up per block).
-/// Order is not re-checked: a page out of order finds nothing or an error, as a decode would.
-pub fn find_in_sbt_leaf(b: &[u8], key: &SbtKey) -> Result<Option<SbtValue>> {
-    let n = node_entries(b, SBT_LEAF_ENTRIES)?;
-    let (mut lo, mut hi) = (0, n);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        let (k, v) = sbt_leaf_entry(b, mid);
-        match k.cmp(key) {
-            std::cmp::Ordering::Less => lo = mid + 1,
-            std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => return Ok(Some(v)),
-        }
-    }
-    Ok(None)
-}
-
-/// Sets the value of `key` in an SBT leaf's body in place (the dedup write path counts a
-/// reference per hit: a count changes, the page's order does not); false when the leaf does not
-/// hold `key`, and then the body is unchanged.
-pub fn replace_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<bool> {
+/// The entries of an SBT leaf's body and where `key` is among them: `Ok(i)` at entry `i`,
+/// `Err(i)` absent, to go at `i`; by binary search over the encoded keys (~7 decoded, not the
+/// page: the dedup write path looks items up, counts and promotes them per block). Order is not
+/// re-checked: a page out of order finds nothing or an error, as a decode would.
+fn search_sbt_leaf(b: &[u8], key: &SbtKey) -> Result<(usize, std::result::Result<usize, usize>)> {
     let n = node_entries(b, SBT_LEAF_ENTRIES)?;
     let (mut lo, mut hi) = (0, n);
     while lo < hi {
@@ -866,13 +849,28 @@ pub fn replace_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<b
         match SbtKey::decode(&b[NODE_HEADER_BYTES + mid * 32..]).cmp(key) {
             std::cmp::Ordering::Less => lo = mid + 1,
             std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => {
-                put_sbt_value(b, NODE_HEADER_BYTES + mid * 32, v);
-                return Ok(true);
-            }
+            std::cmp::Ordering::Equal => return Ok((n, Ok(mid))),
         }
     }
-    Ok(false)
+    Ok((n, Err(lo)))
+}
+
+/// The value of `key` in an SBT leaf's body.
+pub fn find_in_sbt_leaf(b: &[u8], key: &SbtKey) -> Result<Option<SbtValue>> {
+    Ok(search_sbt_leaf(b, key)?
+        .1
+        .ok()
+        .map(|i| sbt_leaf_entry(b, i).1))
+}
+
+/// Sets the value of `key` in an SBT leaf's body in place (a count changes, the page's order
+/// does not); false when the leaf does not hold `key`, and then the body is unchanged.
+pub fn replace_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<bool> {
+    let Ok(i) = search_sbt_leaf(b, key)?.1 else {
+        return Ok(false);
+    };
+    put_sbt_value(b, NODE_HEADER_BYTES + i * 32, v);
+    Ok(true)
 }
 
 /// Entries an SBT leaf's body holds.
@@ -881,24 +879,17 @@ pub fn sbt_leaf_len(b: &[u8]) -> Result<usize> {
 }
 
 /// Inserts `key`, which the SBT leaf's body lacks, in place, keeping the order: the body an
-/// encode of the entries with `key` added would give (a promotion per dedup hit: decoding and
-/// encoding the leaf for it cost more than the rest of the insert). An error when the leaf is
-/// full, holds `key` already, or `key` does not fit; the body is then unchanged.
+/// encode of the entries with `key` added would give. An error when the leaf is full, holds
+/// `key` already, or `key` does not fit; the body is then unchanged.
 pub fn insert_in_sbt_leaf(b: &mut [u8], key: &SbtKey, v: &SbtValue) -> Result<()> {
-    let n = node_entries(b, SBT_LEAF_ENTRIES)?;
     key.fits()?;
+    let (n, at) = search_sbt_leaf(b, key)?;
     if n == SBT_LEAF_ENTRIES {
         return Err(Error::Invalid("an insert into a full SBT leaf".into()));
     }
-    let (mut lo, mut hi) = (0, n);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        match SbtKey::decode(&b[NODE_HEADER_BYTES + mid * 32..]).cmp(key) {
-            std::cmp::Ordering::Less => lo = mid + 1,
-            std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => return Err(corrupt("SBT leaf holds the key inserted")),
-        }
-    }
+    let Err(lo) = at else {
+        return Err(corrupt("SBT leaf holds the key inserted"));
+    };
     let o = NODE_HEADER_BYTES + lo * 32;
     b.copy_within(o..NODE_HEADER_BYTES + n * 32, o + 32);
     key.encode(&mut b[o..]);
