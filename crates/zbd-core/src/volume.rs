@@ -271,6 +271,21 @@ impl Volume {
         self.inner.dedup(progress)
     }
 
+    /// The inline dedup index of this open as bytes, for the next open of the same volume to
+    /// begin with ([`Volume::restore_dedup_index`]); `None` when dedup is off in this open.
+    /// The index holds hints only, so an image may be stale or lost without harm.
+    pub fn dedup_index_image(&self) -> Option<Vec<u8>> {
+        self.inner.dedup_index_image()
+    }
+
+    /// Starts the inline dedup index from `image` (made by [`Volume::dedup_index_image`] of this
+    /// volume, with the same `--dedup-index` budget); the hooks it holds, or why it was refused
+    /// (another volume, another budget, damaged, or dedup off in this open). A refused image
+    /// leaves the index as it was.
+    pub fn restore_dedup_index(&self, image: &[u8]) -> std::result::Result<u64, String> {
+        self.inner.restore_dedup_index(image)
+    }
+
     /// Trains and installs a new dictionary from `samples` now (tests: a forced retrain).
     /// Says whether a new dictionary serves new blocks from now on, and if not, why.
     #[doc(hidden)]

@@ -2,6 +2,7 @@
 //! Thin: parse arguments, dispatch to one module per subcommand, print one error line.
 
 mod commands;
+mod dedup_index;
 mod log;
 mod metrics;
 mod notify;

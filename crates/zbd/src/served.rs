@@ -217,6 +217,8 @@ impl ServedVolume {
                 return Err(why);
             }
         };
+        // The reopen starts its dedup index where this open's ends (same volume, same budget).
+        let index = volume.dedup_index_image();
         let grown = match volume.close_grown(request.size_bytes(), request.capacity_bytes()) {
             Ok(grown) => grown,
             Err(e) if !volume.is_closed() => {
@@ -243,6 +245,10 @@ impl ServedVolume {
             .and_then(|v| apply_thin(&v, &self.thin_args, false).map(|s| (v, s)));
         match reopened {
             Ok((volume, settings)) => {
+                if let Some(image) = index {
+                    // Refused only if dedup went off, which a grow does not do: nothing lost.
+                    let _ = volume.restore_dedup_index(&image);
+                }
                 crate::commands::serve::log_opened(&self.path, &volume.stats());
                 self.size.store(volume.size_bytes(), Ordering::SeqCst);
                 *self.thin.lock() = settings;

@@ -130,8 +130,8 @@ fn dedup_shares_copies_of_a_file_and_refuses_a_volume_without_metadata_pages() {
 #[test]
 fn inline_dedup_stores_copies_once_and_bad_settings_are_refused() {
     let (dir, vol, one) = fixture(1 << 20);
-    // Three copies in one file, so one open writes them all (the index starts empty at each
-    // open: copies of what an earlier open wrote are found by `zbd dedup`).
+    // Three copies in one file, so one open writes them all (across opens the index is kept
+    // beside the volume: `the_dedup_index_survives_a_clean_close`).
     let one = std::fs::read(one).expect("sample");
     let input = dir.path().join("three.bin");
     std::fs::write(&input, [&one[..], &one[..], &one[..]].concat()).expect("write");
@@ -184,6 +184,65 @@ fn inline_dedup_stores_copies_once_and_bad_settings_are_refused() {
     on("check", &vol, &[])
         .success()
         .stdout(predicate::str::contains("clean"));
+}
+
+/// A clean close keeps the dedup index beside the volume file and the next open starts from
+/// it: a copy of data an earlier open wrote is stored once. Without the image, or with a
+/// damaged one (warned about by name), the same copy is stored again and nothing fails.
+#[test]
+fn the_dedup_index_survives_a_clean_close() {
+    let (dir, _, input) = fixture(1 << 20);
+    let input = input.to_str().expect("path");
+    // Writes the sample twice, in two opens, doing `between` to the index image in between;
+    // returns the dedup ratio after each copy and the second copy's stderr.
+    let twice = |name: &str, between: &dyn Fn(&Path)| {
+        let vol = dir.path().join(name);
+        let image = dir.path().join(format!("{name}.dedup-index"));
+        on(
+            "create",
+            &vol,
+            &["--size", "16M", "--metadata-pages", "--dedup", "on"],
+        )
+        .success();
+        on("copy", &vol, &[input]).success();
+        assert!(image.exists(), "a clean close keeps the index");
+        let first = stat_json(&vol)["dedup_ratio"].as_f64().expect("ratio");
+        between(&image);
+        let out = zbd()
+            .args(["copy"])
+            .arg(&vol)
+            .args([input, "--offset", "4M"])
+            .output()
+            .expect("copy");
+        assert!(out.status.success(), "{out:?}");
+        on("check", &vol, &[])
+            .success()
+            .stdout(predicate::str::contains("clean"));
+        let second = stat_json(&vol)["dedup_ratio"].as_f64().expect("ratio");
+        (
+            first,
+            second,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (first, kept, said) = twice("kept.zbd", &|_| {});
+    assert!(said.contains("dedup index restored from"), "{said}");
+    assert!(kept > 1.8 * first, "{first} then {kept}");
+    let (first, lost, _) = twice("lost.zbd", &|image| {
+        std::fs::remove_file(image).expect("remove");
+    });
+    assert!(lost < 1.2 * first, "{first} then {lost}");
+    let (first, damaged, said) = twice("damaged.zbd", &|image| {
+        let mut b = std::fs::read(image).expect("read");
+        let at = b.len() / 2;
+        b[at] ^= 1;
+        std::fs::write(image, b).expect("write");
+    });
+    assert!(
+        said.contains(".dedup-index not used (") && said.contains("damaged"),
+        "{said}"
+    );
+    assert!(damaged < 1.2 * first, "{first} then {damaged}");
 }
 
 #[test]

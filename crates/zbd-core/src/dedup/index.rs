@@ -39,6 +39,11 @@ const HOOK_WAYS: usize = 8;
 /// load factor of 7/8) plus its key kept for eviction.
 const MANIFEST_ENTRY_BYTES: u64 = 28;
 
+/// The start of an [`Index::image`]: what it is and its layout's version.
+const IMAGE_MAGIC: &[u8; 16] = b"zbd-dedup-idx-1\0";
+/// Magic, volume uuid, budget, hook level (u32), hooks held, recent slots, hook slots.
+const IMAGE_HEADER_BYTES: usize = 16 + 16 + 8 + 4 + 8 + 8 + 8;
+
 /// What the index proposes for a fingerprint.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Candidate {
@@ -283,6 +288,117 @@ impl Index {
         }
     }
 
+    /// The recent and hook tables as bytes, for a restart of the same volume to begin where
+    /// this one ends ([`Index::restore`]): `uuid` names the volume. The loaded manifests are
+    /// left out (they are read again from the medium when a hook matches), and so are the
+    /// counters but the hooks held and the sampling level. Little-endian, CRC32C at the end,
+    /// in one zstd frame (docs/format.md, "The dedup index image").
+    pub fn image(&self, uuid: &[u8; 16]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(
+            IMAGE_HEADER_BYTES + self.recent_tags.len() * 16 + self.hook_tags.len() * 6 + 4,
+        );
+        b.extend_from_slice(IMAGE_MAGIC);
+        b.extend_from_slice(uuid);
+        b.extend_from_slice(&self.budget.to_le_bytes());
+        b.extend_from_slice(&self.stats.hook_level.to_le_bytes());
+        b.extend_from_slice(&self.stats.hooks.to_le_bytes());
+        b.extend_from_slice(&(self.recent_tags.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(self.hook_tags.len() as u64).to_le_bytes());
+        self.recent_tags
+            .iter()
+            .for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+        self.recent_locs
+            .iter()
+            .for_each(|l| b.extend_from_slice(&l.to_le_bytes()));
+        self.hook_tags
+            .iter()
+            .for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+        self.hook_extents
+            .iter()
+            .for_each(|e| b.extend_from_slice(&e.to_le_bytes()));
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        // One zstd frame: empty slots are runs that vanish, so a lightly used index costs
+        // little beside its volume (the raw tables are 3/4 of the budget).
+        zstd::bulk::compress(&b, 1).unwrap_or(b)
+    }
+
+    /// The index an [`Index::image`] of volume `uuid` holds, if it was made with the same
+    /// budget (the tables' shape depends on it) and reads back intact; otherwise why not. What
+    /// it proposes stays a hint: a restored entry that names blocks rewritten since costs a
+    /// comparison that fails, never wrong data.
+    pub fn restore(image: &[u8], uuid: &[u8; 16], budget: u64) -> Result<Index, String> {
+        let fresh = Index::new(budget);
+        let (recent, hooks) = (fresh.recent_tags.len(), fresh.hook_tags.len());
+        let want = IMAGE_HEADER_BYTES + recent * 16 + hooks * 6 + 4;
+        // Never more than this budget's tables: a larger frame is not ours.
+        let image = &zstd::bulk::decompress(image, want).map_err(|_| {
+            "it does not decompress to an image of this budget: damaged or cut short"
+        })?;
+        if image.len() < IMAGE_HEADER_BYTES || &image[..IMAGE_MAGIC.len()] != IMAGE_MAGIC {
+            return Err("not a dedup index image".into());
+        }
+        let (body, crc) = image.split_at(image.len() - 4);
+        if crc32c::crc32c(body).to_le_bytes() != crc {
+            return Err("its checksum does not match (damaged or cut short)".into());
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(image[o..o + 8].try_into().expect("8 bytes"));
+        let o = IMAGE_MAGIC.len();
+        if &image[o..o + 16] != uuid {
+            return Err("it belongs to another volume".into());
+        }
+        if u64_at(o + 16) != fresh.budget {
+            return Err(format!(
+                "it was made with a {} KiB index, this open has {} KiB",
+                u64_at(o + 16) >> 10,
+                fresh.budget >> 10
+            ));
+        }
+        let level = u32::from_le_bytes(image[o + 24..o + 28].try_into().expect("4 bytes"));
+        let held = u64_at(o + 28);
+        if u64_at(o + 36) != recent as u64
+            || u64_at(o + 44) != hooks as u64
+            || image.len() != want
+            || level > HOOK_LEVEL_MAX
+        {
+            return Err("its tables do not have the shape of this budget's".into());
+        }
+        let mut at = IMAGE_HEADER_BYTES;
+        let mut take = |n: usize| {
+            let s = &image[at..at + n];
+            at += n;
+            s
+        };
+        let mut ix = fresh;
+        ix.recent_tags = take(recent * 8)
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+            .collect();
+        ix.recent_locs = take(recent * 8)
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+            .collect();
+        ix.hook_tags = take(hooks * 2)
+            .chunks(2)
+            .map(|c| u16::from_le_bytes(c.try_into().expect("2")))
+            .collect();
+        ix.hook_extents = take(hooks * 4)
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+            .collect();
+        let counted = ix
+            .hook_extents
+            .iter()
+            .filter(|&&e| e != EMPTY_EXTENT)
+            .count() as u64;
+        if counted != held {
+            return Err("its hook count does not match its hook table".into());
+        }
+        ix.stats.hook_level = level;
+        ix.stats.hooks = held;
+        Ok(ix)
+    }
+
     fn remember_recent(&mut self, fp: Fingerprint, loc: Location) {
         let set = self.recent_set(fp);
         let tag = fp.high();
@@ -330,6 +446,56 @@ mod tests {
             .map(|i| (i, fp(i)))
             .find(|(_, f)| f.is_hook_at(level))
             .expect("some block is a hook")
+    }
+
+    /// An image restores an index that proposes what the saved one proposed, and continues
+    /// where it stopped; an image of another volume, another budget, or with any byte changed or
+    /// cut off is refused with its reason.
+    #[test]
+    fn an_image_restores_what_the_index_proposed_and_refuses_anything_else() {
+        let uuid = [7u8; 16];
+        let budget = 256 << 10;
+        let mut ix = Index::new(budget);
+        for i in 0..50_000 {
+            ix.insert(fp(i), i * 3, (i / 100) as u32);
+        }
+        assert!(ix.stats().hook_level > 0, "the sample thinned");
+        let image = ix.image(&uuid);
+        let mut back = Index::restore(&image, &uuid, budget).expect("restores");
+        assert_eq!(
+            (back.stats().hooks, back.stats().hook_level),
+            (ix.stats().hooks, ix.stats().hook_level)
+        );
+        let mut proposed = 0;
+        for i in 0..50_000 {
+            let want = ix.lookup(fp(i));
+            proposed += usize::from(want.is_some());
+            assert_eq!(back.lookup(fp(i)), want, "block {i}");
+        }
+        assert!(proposed > 1000, "the index proposed {proposed}");
+        // A fresh index proposes none of it: the restore is what finds them.
+        let mut cold = Index::new(budget);
+        assert!((0..50_000).all(|i| cold.lookup(fp(i)).is_none()));
+        // It goes on as the saved index would.
+        ix.insert(fp(1 << 40), 1, 1);
+        back.insert(fp(1 << 40), 1, 1);
+        assert_eq!(back.image(&uuid), ix.image(&uuid));
+
+        let refused = |img: &[u8], u: &[u8; 16], b: u64| Index::restore(img, u, b).err();
+        assert!(refused(&image, &[8; 16], budget)
+            .expect("uuid")
+            .contains("another volume"));
+        assert!(refused(&image, &uuid, budget * 2)
+            .expect("budget")
+            .contains("KiB index"));
+        assert!(refused(&image[..image.len() - 1], &uuid, budget).is_some());
+        assert!(refused(&image[..10], &uuid, budget).is_some());
+        assert!(refused(&[], &uuid, budget).is_some());
+        for at in [0, 20, 40, 70, image.len() / 2, image.len() - 1] {
+            let mut bad = image.clone();
+            bad[at] ^= 0x10;
+            assert!(refused(&bad, &uuid, budget).is_some(), "byte {at} flipped");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         FileStorage::open(&a.volume, true).map_err(|e| anyhow!("{}: {e}", a.volume.display()))?;
     let vol = Volume::open(Box::new(storage), OpenOptions::default())
         .map_err(|e| anyhow!("{}: {e}", a.volume.display()))?;
+    crate::dedup_index::restore(&vol, Some(&a.volume));
     let mut f = std::fs::File::open(&a.input).map_err(|e| anyhow!("{}: {e}", a.input.display()))?;
     let len = f.metadata()?.len();
     if offset.saturating_add(len) > vol.size_bytes() {
@@ -69,6 +70,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let rt = t.elapsed();
     vol.close()?;
+    crate::dedup_index::save(&vol, Some(&a.volume));
     let mb = len as f64 / 1e6;
     println!(
         "copied {} ({:.1} MB): write {:.0} MB/s, read back and verified {:.0} MB/s",

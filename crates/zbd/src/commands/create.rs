@@ -156,6 +156,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let vol = Volume::create(storage, &opts).with_context(|| format!("creating {target}"))?;
     let sb = vol.superblock().clone();
     vol.close()?;
+    // The dedup index a volume overwritten here kept names another volume's blocks.
+    if let Some(image) = crate::dedup_index::path(target.file()) {
+        let _ = std::fs::remove_file(image);
+    }
     println!("created {target}");
     println!(
         "  logical size   {} ({} blocks of 4 KiB)",

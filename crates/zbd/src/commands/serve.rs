@@ -782,6 +782,7 @@ fn open_volume(
     };
     let volume = Volume::open(storage, options.clone())
         .with_context(|| format!("cannot open volume {target}"))?;
+    crate::dedup_index::restore(&volume, target.file());
     Ok((volume, file, options))
 }
 
@@ -1001,6 +1002,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         Some(volume) => volume.close().context("cannot close the volume cleanly"),
         None => Ok(()),
     };
+    if let (Some(volume), Ok(()), Ok(target)) = (&volume, &closed, Target::parse(args.volume())) {
+        crate::dedup_index::save(volume, target.file());
+    }
     // The last handles: dropping them releases the storage (its lock) now.
     drop(volume);
     drop(served);

@@ -51,6 +51,19 @@ impl InlineDedup {
         }
     }
 
+    /// The index's tables as bytes ([`Index::image`]), naming volume `uuid`.
+    pub fn image(&self, uuid: &[u8; 16]) -> Vec<u8> {
+        self.index.lock().image(uuid)
+    }
+
+    /// Replaces the index with the one `image` holds ([`Index::restore`]); the hooks it holds.
+    pub fn restore(&self, image: &[u8], uuid: &[u8; 16]) -> Result<u64, String> {
+        let mut ix = self.index.lock();
+        let restored = Index::restore(image, uuid, ix.budget())?;
+        *ix = restored;
+        Ok(ix.stats().hooks)
+    }
+
     /// The index's budget and counters (`zbd stat`).
     pub fn stats(&self) -> crate::stats::DedupIndexStat {
         let ix = self.index.lock();
@@ -64,6 +77,19 @@ impl InlineDedup {
 }
 
 impl Inner {
+    /// `Volume::dedup_index_image`.
+    pub(crate) fn dedup_index_image(&self) -> Option<Vec<u8>> {
+        self.dedup.as_ref().map(|d| d.image(&self.sb.uuid))
+    }
+
+    /// `Volume::restore_dedup_index`.
+    pub(crate) fn restore_dedup_index(&self, image: &[u8]) -> Result<u64, String> {
+        match &self.dedup {
+            Some(d) => d.restore(image, &self.sb.uuid),
+            None => Err("dedup is off in this open".into()),
+        }
+    }
+
     /// The blocks of `data` (whole blocks from `first`; `nonzero` says which hold data) that
     /// equal a block already stored, each with the candidate it was compared with. Nothing
     /// when dedup is off. Reads candidates outside the state lock; never fails a write for a
