@@ -429,7 +429,8 @@ def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: str = "") -> list
     # Unix socket paths must stay under 108 bytes: a short directory of our own
     sock = Path(tempfile.mkdtemp(prefix="zbd-dedup-", dir="/run")) / "nbd.sock"
     ctx.undo.push(f"remove {sock.parent}", lambda: run(["rm", "-rf", str(sock.parent)]))
-    ctx.undo.push(f"remove {vol}", lambda: vol.unlink(missing_ok=True))
+    index = vol.with_name(vol.name + ".dedup-index")  # kept by a clean close with dedup on
+    ctx.undo.push(f"remove {vol}", lambda: [p.unlink(missing_ok=True) for p in (vol, index)])
     pages = ["--metadata-pages"] if dedup else []
     pages += ["--dedup", "on"] if dedup == "inline" else []
     size = f"{data.image_bytes() >> 20}M"
@@ -487,6 +488,7 @@ def zbd_volume(ctx: Context, data: DataSet, codec: str, dedup: str = "") -> list
         extra["zbd_compact_s"] = round(time.monotonic() - started, 1)
         rows.append(zbd_row(ctx, data, vol, f"{system}, then zbd compact", extra))
     vol.unlink()
+    index.unlink(missing_ok=True)
     return rows
 
 
