@@ -36,6 +36,11 @@ impl Inner {
 
     /// Compresses one full block (outside any lock).
     pub(super) fn prepare(&self, block: &[u8]) -> Prepared {
+        self.prepare_with(block, None)
+    }
+
+    /// [`Inner::prepare`], given the block's fingerprint if inline dedup computed it.
+    fn prepare_with(&self, block: &[u8], known: Option<&[Option<Fingerprint>]>) -> Prepared {
         if is_zero(block) {
             return Prepared::Zero;
         }
@@ -55,18 +60,20 @@ impl Inner {
             }
             _ => (codec::id::RAW, block.to_vec(), None),
         };
-        self.prepared(block, codec, bytes, dict.as_deref())
+        self.prepared(block, codec, bytes, dict.as_deref(), known)
     }
 
     /// A prepared item of the blocks `raw`, stored as `bytes`, with the checksum new items of
     /// this volume carry (seeded from v3) and, where its records have room (bit 11), each
-    /// block's fingerprint.
+    /// block's fingerprint (`known`: the blocks' fingerprints as inline dedup computed them,
+    /// not computed twice).
     fn prepared(
         &self,
         raw: &[u8],
         codec: u8,
         bytes: Vec<u8>,
         dict: Option<&Dictionary>,
+        known: Option<&[Option<Fingerprint>]>,
     ) -> Prepared {
         let blocks = (raw.len() / BLOCK_BYTES) as u8;
         let id = dict.map(|d| d.identity());
@@ -75,12 +82,18 @@ impl Inner {
             .new_item_checksum(codec, blocks, id.as_ref(), &bytes);
         let mut fingerprints = [0; UNIT_BLOCKS_MAX as usize];
         if self.seg_form.flags & SEG_FLAG_WIDE_RECORDS != 0 {
-            for (f, b) in fingerprints.iter_mut().zip(raw.chunks(BLOCK_BYTES)) {
-                *f = match &self.dedup {
-                    Some(dd) => dd.fingerprint(b),
-                    None => Fingerprint::of(b),
-                }
-                .manifest_part();
+            for (i, (f, b)) in fingerprints
+                .iter_mut()
+                .zip(raw.chunks(BLOCK_BYTES))
+                .enumerate()
+            {
+                let known = known.and_then(|k| k.get(i).copied().flatten());
+                *f = known
+                    .unwrap_or_else(|| match &self.dedup {
+                        Some(dd) => dd.fingerprint(b),
+                        None => Fingerprint::of(b),
+                    })
+                    .manifest_part();
             }
         }
         Prepared::Data {
@@ -97,10 +110,14 @@ impl Inner {
     /// Compresses consecutive non-zero blocks as one unit (outside any lock). A unit that does
     /// not save a sector is stored as raw single blocks: never more than `none` would store,
     /// and reads of them decode nothing.
-    pub(super) fn prepare_unit(&self, data: &[u8]) -> Vec<Prepared> {
+    pub(super) fn prepare_unit(
+        &self,
+        data: &[u8],
+        known: Option<&[Option<Fingerprint>]>,
+    ) -> Vec<Prepared> {
         let n = data.len() / BLOCK_BYTES;
         if n == 1 {
-            return vec![self.prepare(data)];
+            return vec![self.prepare_with(data, known)];
         }
         let active = self.dicts.active();
         match unit::compress_unit(self.codec, active.as_deref(), data) {
@@ -110,11 +127,15 @@ impl Inner {
                 }
                 self.dicts.sample(data);
                 let dict = active.as_deref().filter(|_| u.dict_id != 0);
-                vec![self.prepared(data, u.codec_id, u.bytes, dict)]
+                vec![self.prepared(data, u.codec_id, u.bytes, dict, known)]
             }
             _ => data
                 .chunks(BLOCK_BYTES)
-                .map(|b| self.prepared(b, codec::id::RAW, b.to_vec(), None))
+                .enumerate()
+                .map(|(i, b)| {
+                    let known = known.map(|k| &k[i.min(k.len())..]);
+                    self.prepared(b, codec::id::RAW, b.to_vec(), None, known)
+                })
                 .collect(),
         }
     }
@@ -199,7 +220,9 @@ impl Inner {
                 (None, Some(j)) => (r.start, vec![Piece::Copy(j)]),
                 (None, None) => {
                     let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
-                    let items = self.prepare_unit(bytes).into_iter().map(Piece::Item);
+                    let known = &lookups.fingerprints[r.clone()];
+                    let items = self.prepare_unit(bytes, Some(known)).into_iter();
+                    let items = items.map(Piece::Item);
                     (r.start, items.collect())
                 }
             };
@@ -230,7 +253,8 @@ impl Inner {
                 let put = match &piece {
                     Piece::Item(p) if !Self::listed(&st, p) => {
                         // Compressed with a dictionary retired meanwhile: compress again (rare).
-                        let again = self.prepare_unit(&data[at..at + p.blocks() * BLOCK_BYTES]);
+                        let again =
+                            self.prepare_unit(&data[at..at + p.blocks() * BLOCK_BYTES], None);
                         again
                             .into_iter()
                             .rev()

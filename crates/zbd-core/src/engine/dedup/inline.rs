@@ -114,7 +114,8 @@ impl Inner {
             self.verify_candidates(dd, data, &candidates, &mut out.hits);
         }
         // Copies within the request, compared in its own buffer.
-        let mut first_with: std::collections::HashMap<u128, usize> = Default::default();
+        let mut first_with: std::collections::HashMap<u128, usize, foldhash::fast::RandomState> =
+            Default::default();
         let block = |i: usize| &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
         for i in 0..n {
             let Some(fp) = out.fingerprints[i] else {

@@ -267,14 +267,24 @@ fn compact_frees_partly_dead_extents() {
 
 /// Bit 11: a block the cleaner moves keeps its fingerprint in its new record, so the dedup
 /// index's manifests (extents' record tables) survive cleaning. Every LBA is written once, so
-/// every data record in the image, stale or live, must name its LBA's one content.
+/// every data record in the image, stale or live, must name its LBA's one content. With inline
+/// dedup on, the records take the fingerprints its lookups computed: the same.
 #[test]
 fn moved_blocks_keep_their_fingerprints() {
+    moved_blocks_keep_their_fingerprints_with(false);
+    moved_blocks_keep_their_fingerprints_with(true);
+}
+
+fn moved_blocks_keep_their_fingerprints_with(dedup: bool) {
     use zbd_core::dedup::Fingerprint;
     use zbd_core::format::{parse_segment, RecordKind, SegmentOwner, Superblock, SECTOR_BYTES};
     const BLOCKS: usize = 512;
-    let opts = with_metadata_pages(&small_volume(4 << 20, 32768, Codec::Lz4, 4, 16));
+    let opts = CreateOptions {
+        dedup,
+        ..with_metadata_pages(&small_volume(4 << 20, 32768, Codec::Lz4, 4, 16))
+    };
     let (disk, vol) = sim_volume(&opts);
+    assert_eq!(vol.stats().dedup_index.is_some(), dedup);
     let mut rng = SmallRng::seed_from_u64(11);
     let data: Vec<u8> = (0..BLOCKS).flat_map(|_| block(&mut rng, 1500)).collect();
     vol.write(0, &data, false).expect("write");
