@@ -36,11 +36,11 @@ impl Inner {
 
     /// Compresses one full block (outside any lock).
     pub(super) fn prepare(&self, block: &[u8]) -> Prepared {
-        self.prepare_with(block, None)
+        self.prepare_with(block, &[])
     }
 
     /// [`Inner::prepare`], given the block's fingerprint if inline dedup computed it.
-    fn prepare_with(&self, block: &[u8], known: Option<&[Option<Fingerprint>]>) -> Prepared {
+    fn prepare_with(&self, block: &[u8], known: &[Option<Fingerprint>]) -> Prepared {
         if is_zero(block) {
             return Prepared::Zero;
         }
@@ -66,14 +66,14 @@ impl Inner {
     /// A prepared item of the blocks `raw`, stored as `bytes`, with the checksum new items of
     /// this volume carry (seeded from v3) and, where its records have room (bit 11), each
     /// block's fingerprint (`known`: the blocks' fingerprints as inline dedup computed them,
-    /// not computed twice).
+    /// not computed twice; empty or `None` where it did not).
     fn prepared(
         &self,
         raw: &[u8],
         codec: u8,
         bytes: Vec<u8>,
         dict: Option<&Dictionary>,
-        known: Option<&[Option<Fingerprint>]>,
+        known: &[Option<Fingerprint>],
     ) -> Prepared {
         let blocks = (raw.len() / BLOCK_BYTES) as u8;
         let id = dict.map(|d| d.identity());
@@ -87,8 +87,10 @@ impl Inner {
                 .zip(raw.chunks(BLOCK_BYTES))
                 .enumerate()
             {
-                let known = known.and_then(|k| k.get(i).copied().flatten());
                 *f = known
+                    .get(i)
+                    .copied()
+                    .flatten()
                     .unwrap_or_else(|| match &self.dedup {
                         Some(dd) => dd.fingerprint(b),
                         None => Fingerprint::of(b),
@@ -110,11 +112,7 @@ impl Inner {
     /// Compresses consecutive non-zero blocks as one unit (outside any lock). A unit that does
     /// not save a sector is stored as raw single blocks: never more than `none` would store,
     /// and reads of them decode nothing.
-    pub(super) fn prepare_unit(
-        &self,
-        data: &[u8],
-        known: Option<&[Option<Fingerprint>]>,
-    ) -> Vec<Prepared> {
+    pub(super) fn prepare_unit(&self, data: &[u8], known: &[Option<Fingerprint>]) -> Vec<Prepared> {
         let n = data.len() / BLOCK_BYTES;
         if n == 1 {
             return vec![self.prepare_with(data, known)];
@@ -133,7 +131,7 @@ impl Inner {
                 .chunks(BLOCK_BYTES)
                 .enumerate()
                 .map(|(i, b)| {
-                    let known = known.map(|k| &k[i.min(k.len())..]);
+                    let known = known.get(i..).unwrap_or_default();
                     self.prepared(b, codec::id::RAW, b.to_vec(), None, known)
                 })
                 .collect(),
@@ -221,8 +219,7 @@ impl Inner {
                 (None, None) => {
                     let bytes = &data[r.start * BLOCK_BYTES..r.end * BLOCK_BYTES];
                     let known = &lookups.fingerprints[r.clone()];
-                    let items = self.prepare_unit(bytes, Some(known)).into_iter();
-                    let items = items.map(Piece::Item);
+                    let items = self.prepare_unit(bytes, known).into_iter().map(Piece::Item);
                     (r.start, items.collect())
                 }
             };
@@ -254,7 +251,7 @@ impl Inner {
                     Piece::Item(p) if !Self::listed(&st, p) => {
                         // Compressed with a dictionary retired meanwhile: compress again (rare).
                         let again =
-                            self.prepare_unit(&data[at..at + p.blocks() * BLOCK_BYTES], None);
+                            self.prepare_unit(&data[at..at + p.blocks() * BLOCK_BYTES], &[]);
                         again
                             .into_iter()
                             .rev()
