@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchkit import Undo, run, say, stop, wait_for
+from benchkit import Undo, missing_tools, run, say, stop, wait_for, work_dir
 from dedup_sets import BLOCK, CLONES, build_clone_set, build_system_tree, used_blocks
 
 SCHEMA_VERSION = 1
@@ -588,15 +587,12 @@ def main() -> int:
     zfs_variants = os.environ.get("DEDUP_SPACE_ZFS", ZFS_VARIANTS).split()
     tools = ["mkfs.ext4", "mkfs.btrfs", "compsize", "duperemove", "fio", "fstrim", "losetup", "nbdfuse"]
     tools += ["zfs-fuse", "zpool"] if zfs_variants else []
-    missing = [t for t in tools if not any(Path(d, t).exists() for d in os.environ["PATH"].split(":"))]
+    missing = missing_tools(tools)
     if missing:
         print(f"bench-dedup-space: missing {', '.join(missing)} (scripts/install-deps.sh)", file=sys.stderr)
         return 1
-    # SIGTERM (zbdlab bench interrupted) unwinds like Ctrl-C: every undo step runs
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     undo = Undo()
-    work = Path(tempfile.mkdtemp(prefix="zbd-dedup-space.", dir=os.environ.get("DEDUP_DIR", "/var/tmp")))
-    undo.push(f"remove {work}", lambda: run(["rm", "-rf", "--one-file-system", str(work)]))
+    work = work_dir(undo, "zbd-dedup-space.")
     doc: dict[str, Any] = {"version": SCHEMA_VERSION, "sets": [], "rows": [], "notes": []}
     try:
         mnt = work / "mnt"

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchkit import Undo, run, say, stop, wait_for
+from benchkit import Undo, missing_tools, run, say, stop, wait_for, work_dir
 
 SCHEMA_VERSION = 1
 MIB = 1 << 20
@@ -347,7 +346,7 @@ def main() -> int:
     out = Path(sys.argv[1]).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     zbd = os.environ.get("ZBD_BIN", str(Path(__file__).resolve().parent.parent / "target/release/zbd"))
-    missing = [t for t in ("fio",) if not any(Path(d, t).exists() for d in os.environ["PATH"].split(":"))]
+    missing = missing_tools(["fio"])
     if missing or not Path(zbd).exists():
         print(f"bench-dedup-write: missing {', '.join(missing) or zbd}", file=sys.stderr)
         return 1
@@ -357,11 +356,8 @@ def main() -> int:
     if unknown:
         print(f"bench-dedup-write: unknown case or data set {unknown}", file=sys.stderr)
         return 2
-    # SIGTERM (zbdlab bench interrupted) unwinds like Ctrl-C: every undo step runs
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     undo = Undo()
-    work = Path(tempfile.mkdtemp(prefix="zbd-dedup-write.", dir=os.environ.get("DEDUP_DIR", "/var/tmp")))
-    undo.push(f"remove {work}", lambda: run(["rm", "-rf", "--one-file-system", str(work)]))
+    work = work_dir(undo, "zbd-dedup-write.")
     st = Settings(
         zbd=zbd,
         work=work,

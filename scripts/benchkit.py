@@ -3,10 +3,15 @@ undoing their setup newest first (loops, mounts, servers), even when interrupted
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 WAIT_S = 60  # for a daemon's socket, a server's start, a pool to let go
 
@@ -20,6 +25,20 @@ def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
     return proc
+
+
+def missing_tools(tools: list[str]) -> list[str]:
+    """The tools not found on PATH."""
+    return [t for t in tools if shutil.which(t) is None]
+
+
+def work_dir(undo: Undo, prefix: str) -> Path:
+    """A scratch directory of our own under DEDUP_DIR (/var/tmp), removed by `undo`; from now on
+    SIGTERM (zbdlab bench interrupted) unwinds like Ctrl-C, so every undo step runs."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("DEDUP_DIR", "/var/tmp")))
+    undo.push(f"remove {work}", lambda: run(["rm", "-rf", "--one-file-system", str(work)]))
+    return work
 
 
 def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
