@@ -9,22 +9,8 @@ from pathlib import Path
 import click
 
 from zbdlab.app import EXIT_FAILED, UserError, repo_root, zbd_binary
+from zbdlab.bench.settings import ALL_GROUPS, DEFAULT_GROUPS, GROUPS
 
-# zbdlab.bench.settings' GROUPS, SCRIPT_GROUPS and ASKED_ONLY (not imported: no numpy here)
-RATIO_GROUPS = ("engine", "nbd-fast", "nbd-slow", "fs")
-DEFAULT_GROUPS = (
-    *RATIO_GROUPS,
-    "builtin",
-    "scale",
-    "latency",
-    "metrics",
-    "savings",
-    "dedup-index",
-    "dedup-space",
-    "dedup-write",
-    "ceph",
-)
-GROUP_NAMES = (*DEFAULT_GROUPS, "rados-ab")
 ROOTLESS_GROUPS = {
     "engine",
     "builtin",
@@ -42,7 +28,7 @@ ROOTLESS_GROUPS = {
     "--only",
     "only",
     multiple=True,
-    type=click.Choice(GROUP_NAMES),
+    type=click.Choice(ALL_GROUPS),
     help="Run only this group (repeatable; default: every group but rados-ab; --quick: the ratio groups "
     "engine, nbd-fast, nbd-slow and fs).",
 )
@@ -108,7 +94,7 @@ def command(
     try:
         if binary is None:
             raise UserError("no zbd binary (build it with `cargo build --release` or pass --zbd)")
-        groups = list(only or (RATIO_GROUPS if quick else DEFAULT_GROUPS))
+        groups = list(only or (GROUPS if quick else DEFAULT_GROUPS))
         if os.geteuid() != 0 and (needs_root := sorted(set(groups) - ROOTLESS_GROUPS)):
             raise UserError(
                 f"groups {', '.join(needs_root)} need root (loop devices, mounts); try --only engine"
