@@ -33,7 +33,7 @@ pub use codec::Codec;
 #[doc(hidden)]
 pub use engine::bench;
 pub use engine::{
-    AllocState, CheckReport, DedupReport, OpenOptions, Retrained, AGING_DEFAULT,
+    AllocState, CheckReport, DedupReport, DeviceInfo, OpenOptions, Retrained, AGING_DEFAULT,
     BUFFER_BYTES_DEFAULT, READ_CACHE_BYTES_DEFAULT,
 };
 pub use error::{Error, Result};

@@ -181,9 +181,6 @@ pub fn live_blocks_in(
     let kinds = |r: &&Record| matches!(r.kind, RecordKind::Data | RecordKind::Move);
     for (_, records) in index_segments(ext, &owner)?.values() {
         for r in records.iter().filter(kinds) {
-            if r.lba >= map.blocks() {
-                continue;
-            }
             match map.owner(r.lba, r.unit_index, extent, r.offset)? {
                 Owner::Direct(e) => live.blocks.push(LiveBlock {
                     lba: r.lba,

@@ -2,9 +2,9 @@
 
 use crate::backend::Storage;
 use crate::cleaner::PassResult;
-use crate::engine::{AllocState, CheckReport, Inner, OpenOptions};
+use crate::engine::{AllocState, CheckReport, DeviceInfo, Inner, OpenOptions};
 use crate::error::{Error, Result};
-use crate::format::Superblock;
+use crate::format::{Superblock, DEFAULT_DEVICE};
 use crate::layout::CreateOptions;
 use crate::stats::{Space, Stats};
 use crate::Codec;
@@ -119,30 +119,75 @@ impl Volume {
         self.inner.codec()
     }
 
-    /// Reads `buf.len()` bytes at byte `offset`.
+    /// Reads `buf.len()` bytes at byte `offset` of the default device.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.inner.read(offset, buf)
+        self.read_in(DEFAULT_DEVICE, offset, buf)
     }
 
-    /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
+    /// Writes `data` at byte `offset` of the default device; with `fua`, returns once it is
+    /// durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        let r = self.inner.write(offset, data, fua);
+        self.write_in(DEFAULT_DEVICE, offset, data, fua)
+    }
+
+    /// Writes zeros over a range of the default device (whole blocks become zero-state
+    /// entries, no data stored).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.write_zeroes_in(DEFAULT_DEVICE, offset, len)
+    }
+
+    /// Discards a range of the default device; it reads back as zeros and its space is
+    /// reclaimable at once.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.trim_in(DEFAULT_DEVICE, offset, len)
+    }
+
+    /// The devices of the volume (design.md, "Devices"), in id order; one, the default,
+    /// unless `create_device` made more.
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.inner.devices()
+    }
+
+    /// Makes a new writable device `name` of `size` bytes (a multiple of 4 KiB), all
+    /// unmapped, in one checkpoint; returns its id. Needs a volume with metadata pages and
+    /// 64-byte records (format bits 10 and 11); sets bit 13.
+    pub fn create_device(&self, name: &str, size: u64) -> Result<u32> {
+        self.inner.create_device(name, size)
+    }
+
+    /// Deletes device `name` (not the default one): its blocks are trimmed, in logged steps
+    /// as any trim, then its row goes in a checkpoint. A crash between leaves the device
+    /// empty, and deleting it again finishes.
+    pub fn delete_device(&self, name: &str) -> Result<()> {
+        let r = self.inner.delete_device(name);
+        self.room.freed();
+        r
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset` of `device`.
+    pub fn read_in(&self, device: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read(device, offset, buf)
+    }
+
+    /// [`Volume::write`] on `device`.
+    pub fn write_in(&self, device: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let r = self.inner.write(device, offset, data, fua);
         self.kick_checkpoint_if_asked();
         self.kick_if_low();
         r
     }
 
-    /// Writes zeros over a range (whole blocks become zero-state entries, no data stored).
-    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        let r = self.inner.write_zeroes(offset, len);
+    /// [`Volume::write_zeroes`] on `device`.
+    pub fn write_zeroes_in(&self, device: u32, offset: u64, len: u64) -> Result<()> {
+        let r = self.inner.write_zeroes(device, offset, len);
         self.kick_checkpoint_if_asked();
         self.room.freed();
         r
     }
 
-    /// Discards a range; it reads back as zeros and its space is reclaimable at once.
-    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        let r = self.inner.trim(offset, len);
+    /// [`Volume::trim`] on `device`.
+    pub fn trim_in(&self, device: u32, offset: u64, len: u64) -> Result<()> {
+        let r = self.inner.trim(device, offset, len);
         self.kick_checkpoint_if_asked();
         self.room.freed();
         r
@@ -161,7 +206,7 @@ impl Volume {
         fua: bool,
         deadline: Instant,
     ) -> Result<()> {
-        self.write_or_wait_while(offset, data, fua, deadline, &|| true)
+        self.write_or_wait_while(DEFAULT_DEVICE, offset, data, fua, deadline, &|| true)
     }
 
     /// [`Volume::write_or_wait`] that also gives up (with `NoSpace`) once `keep_waiting` says
@@ -171,6 +216,7 @@ impl Volume {
     /// opens.
     pub fn write_or_wait_while(
         &self,
+        device: u32,
         offset: u64,
         data: &[u8],
         fua: bool,
@@ -179,7 +225,7 @@ impl Volume {
     ) -> Result<()> {
         loop {
             let seen = *self.room.generation.lock();
-            match self.write(offset, data, fua) {
+            match self.write_in(device, offset, data, fua) {
                 Err(Error::NoSpace) if Instant::now() < deadline && keep_waiting() => {}
                 other => return other,
             }
@@ -221,9 +267,19 @@ impl Volume {
         self.inner.checkpoint()
     }
 
-    /// Allocation state of a byte range, as runs of (length, state).
+    /// Allocation state of a byte range of the default device, as runs of (length, state).
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
-        self.inner.allocation(offset, len)
+        self.allocation_in(DEFAULT_DEVICE, offset, len)
+    }
+
+    /// [`Volume::allocation`] on `device`.
+    pub fn allocation_in(
+        &self,
+        device: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, AllocState)>> {
+        self.inner.allocation(device, offset, len)
     }
 
     /// Current statistics.

@@ -286,7 +286,6 @@ fn on_disk(dir: &Path) {
 
     // Bit 12's kinds in a 64-byte table: a ref with its payload and a move.
     let target = RefPayload {
-        birth_device: 1,
         index: 1,
         lba: 43,
         extent: 3,

@@ -6,6 +6,8 @@
 pub mod bench;
 mod clean;
 mod dedup;
+mod devices;
+pub use devices::DeviceInfo;
 mod flush;
 mod open;
 mod read;
@@ -315,12 +317,14 @@ impl Inner {
         self.state.lock()
     }
 
-    pub(super) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
-        let size = self.size_bytes();
+    /// Checks a byte range of `device`; returns the block key of the device's first block
+    /// (`format::block_key`), from which the request's blocks are named.
+    pub(super) fn check_range(&self, device: u32, offset: u64, len: u64) -> Result<u64> {
+        let size = self.device_size(device)?;
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::OutOfRange { offset, len, size });
         }
-        Ok(())
+        Ok(crate::format::block_key(device, 0))
     }
 
     pub(super) fn check_writable(&self) -> Result<()> {

@@ -10,8 +10,8 @@ use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::extents::{ExtentInfo, ExtentState, ExtentTable, Extents};
 use crate::format::{
-    BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, SegmentForm, Superblock, BLOCK_BYTES,
-    CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
+    key_device, BlockState, Checkpoint, MapEntry, QueueEntry, RecordKind, SegmentForm, Superblock,
+    BLOCK_BYTES, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
     CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_V3_SEGMENTS, CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES,
     SUPERBLOCK_BYTES,
 };
@@ -292,12 +292,7 @@ impl Inner {
             space_reserve: space_reserve_extents(opts.space_reserve_bytes, &sb, data_extents),
             reserve_lent: false,
         };
-        open_problems.extend(apply_replay(
-            &mut st,
-            &sb,
-            &rolled.replay,
-            rolled.durable_seq,
-        )?);
+        open_problems.extend(apply_replay(&mut st, &rolled.replay, rolled.durable_seq)?);
         st.next_seq = st.next_seq.max(rolled.durable_seq + 1);
         st.free = (0..sb.extent_count)
             .filter(|&e| st.extents.get(e).state() == ExtentState::Free)
@@ -555,16 +550,20 @@ fn segment_align(storage: &dyn Storage, sb: &Superblock) -> usize {
 /// the leaf and read as errors), where an error would keep the whole volume from opening.
 fn apply_replay(
     st: &mut State,
-    sb: &Superblock,
     replay: &[recovery::Replayed],
     durable_seq: u64,
 ) -> Result<Vec<String>> {
-    let blocks = sb.logical_blocks;
     let mut problems = Vec::new();
     for r in replay {
         let rec = &r.record;
         let end = rec.lba.saturating_add(u64::from(rec.count));
-        if end > blocks {
+        // A move names its item's birth block, which owner search finds or not (a shared
+        // item's birth device may be another); every other record stays inside its device.
+        let inside = rec.count > 0
+            && st.map.holds(rec.lba)
+            && st.map.holds(end - 1)
+            && key_device(end - 1) == key_device(rec.lba);
+        if rec.kind != RecordKind::Move && !inside {
             continue;
         }
         match replay_one(st, r, end, durable_seq) {

@@ -13,8 +13,8 @@ use std::sync::Arc;
 impl Inner {
     /// Reads `buf.len()` bytes at byte `offset`. Whole-block reads are decoded straight into
     /// `buf`; only a read with a partial first or last block goes through a scratch buffer.
-    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
+    pub fn read(&self, device: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let base = self.check_range(device, offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -22,6 +22,7 @@ impl Inner {
         let bs = BLOCK_BYTES as u64;
         let first = offset / bs;
         let count = (offset + buf.len() as u64 - 1) / bs - first + 1;
+        let first = base + first;
         if offset.is_multiple_of(bs) && buf.len().is_multiple_of(BLOCK_BYTES) {
             self.read_into(first, count, true, buf)?
                 .into_iter()

@@ -150,6 +150,7 @@ fn a_checkpoint_while_a_block_is_placed_keeps_the_dictionary_it_names() {
         st.checkpoint(&cx).expect("checkpoint");
     }
     let mut got = vec![0u8; BLOCK_BYTES];
-    vol.read(0, &mut got).expect("the block reads");
+    vol.read(crate::format::DEFAULT_DEVICE, 0, &mut got)
+        .expect("the block reads");
     assert!(got == block, "the block reads back its data");
 }

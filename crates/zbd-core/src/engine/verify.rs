@@ -15,8 +15,8 @@ use std::time::Duration;
 
 impl Inner {
     /// Allocation state of a byte range, as runs of (length, state).
-    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
-        self.check_range(offset, len)?;
+    pub fn allocation(&self, device: u32, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
+        let base = self.check_range(device, offset, len)?;
         let mut runs: Vec<(u64, AllocState)> = Vec::new();
         if len == 0 {
             return Ok(runs);
@@ -26,20 +26,21 @@ impl Inner {
         let (first, last) = (offset / bs, (end - 1) / bs);
         let mut pos = offset;
         let mut st = self.state.lock();
-        st.map.runs(first, last - first + 1, |state, blocks| {
-            let s = match state {
-                BlockState::Unmapped => AllocState::Hole,
-                BlockState::Zero => AllocState::Zero,
-                BlockState::Data | BlockState::Corrupt | BlockState::Shared => AllocState::Data,
-            };
-            let run_end = ((pos / bs + blocks) * bs).min(end);
-            let n = run_end - pos;
-            match runs.last_mut() {
-                Some((l, last)) if *last == s => *l += n,
-                _ => runs.push((n, s)),
-            }
-            pos = run_end;
-        })?;
+        st.map
+            .runs(base + first, last - first + 1, |state, blocks| {
+                let s = match state {
+                    BlockState::Unmapped => AllocState::Hole,
+                    BlockState::Zero => AllocState::Zero,
+                    BlockState::Data | BlockState::Corrupt | BlockState::Shared => AllocState::Data,
+                };
+                let run_end = ((pos / bs + blocks) * bs).min(end);
+                let n = run_end - pos;
+                match runs.last_mut() {
+                    Some((l, last)) if *last == s => *l += n,
+                    _ => runs.push((n, s)),
+                }
+                pos = run_end;
+            })?;
         Ok(runs)
     }
 
@@ -349,76 +350,84 @@ impl Inner {
                     .push(format!("superblock copy {name} is damaged"));
             }
         }
-        let total = self.sb.logical_blocks;
         const CHUNK: u64 = 256;
         let started = std::time::Instant::now();
         let mut bytes_read = 0u64;
-        let mut lba = 0;
         let mut scratch = Vec::new();
-        while lba < total {
-            let n = CHUNK.min(total - lba);
-            let (mut mapped, mut bytes) = (0u64, 0u64);
-            let counted = {
-                let mut st = self.state.lock();
-                st.map
-                    .for_each_data_in(lba, n, |_, e| {
-                        mapped += 1;
-                        bytes += u64::from(e.len);
-                    })
-                    .and_then(|()| {
-                        // Blocks naming a shared item are read and checked too (bit 12).
-                        st.map.runs(lba, n, |state, blocks| {
-                            if state == crate::format::BlockState::Shared {
-                                mapped += blocks;
-                            }
+        // Every device's blocks, one after the other (their keys: `format::block_key`).
+        let ranges = self.state.lock().map.device_ranges();
+        let total: u64 = ranges.iter().map(|&(_, blocks)| blocks).sum();
+        let mut done = 0;
+        'walk: for (base, blocks) in ranges {
+            let end = base + blocks;
+            let mut lba = base;
+            while lba < end {
+                let n = CHUNK.min(end - lba);
+                let (mut mapped, mut bytes) = (0u64, 0u64);
+                let counted = {
+                    let mut st = self.state.lock();
+                    st.map
+                        .for_each_data_in(lba, n, |_, e| {
+                            mapped += 1;
+                            bytes += u64::from(e.len);
                         })
-                    })
-            };
-            match counted {
-                Ok(()) => {}
-                // A page-tree leaf with no intact copy: its blocks are lost (they read as
-                // errors); the others of the chunk are checked one by one.
-                Err(Error::Corrupt { .. }) => {
-                    report.blocks_checked += self.check_blocks_one_by_one(lba, n, &mut report);
-                    lba += n;
-                    progress(lba, total);
-                    continue;
+                        .and_then(|()| {
+                            // Blocks naming a shared item are read and checked too (bit 12).
+                            st.map.runs(lba, n, |state, blocks| {
+                                if state == crate::format::BlockState::Shared {
+                                    mapped += blocks;
+                                }
+                            })
+                        })
+                };
+                match counted {
+                    Ok(()) => {}
+                    // A page-tree leaf with no intact copy: its blocks are lost (they read as
+                    // errors); the others of the chunk are checked one by one.
+                    Err(Error::Corrupt { .. }) => {
+                        report.blocks_checked += self.check_blocks_one_by_one(lba, n, &mut report);
+                        lba += n;
+                        done += n;
+                        progress(done, total);
+                        continue;
+                    }
+                    Err(e) => {
+                        report.metadata_problems.push(format!("map: {e}"));
+                        break 'walk;
+                    }
                 }
-                Err(e) => {
-                    report.metadata_problems.push(format!("map: {e}"));
-                    break;
+                if let Some(rate) = rate {
+                    // Pace the reads: this chunk may start once the bytes read so far took their
+                    // share of time at `rate`.
+                    bytes_read += bytes;
+                    let due = Duration::from_secs_f64(bytes_read as f64 / rate as f64);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
                 }
-            }
-            if let Some(rate) = rate {
-                // Pace the reads: this chunk may start once the bytes read so far took their
-                // share of time at `rate`.
-                bytes_read += bytes;
-                let due = Duration::from_secs_f64(bytes_read as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-            scratch.resize(n as usize * BLOCK_BYTES, 0);
-            match self.read_into(lba, n, false, &mut scratch) {
-                Ok(blocks) => {
-                    for (i, r) in blocks.into_iter().enumerate() {
-                        if let Err(e) = r {
-                            let at = lba + i as u64;
-                            report.damaged_blocks.push(at);
-                            if matches!(e, Error::Corrupt { .. }) && self.remember_damage(at) {
-                                report.marked_damaged += 1;
+                scratch.resize(n as usize * BLOCK_BYTES, 0);
+                match self.read_into(lba, n, false, &mut scratch) {
+                    Ok(blocks) => {
+                        for (i, r) in blocks.into_iter().enumerate() {
+                            if let Err(e) = r {
+                                let at = lba + i as u64;
+                                report.damaged_blocks.push(at);
+                                if matches!(e, Error::Corrupt { .. }) && self.remember_damage(at) {
+                                    report.marked_damaged += 1;
+                                }
                             }
                         }
                     }
+                    Err(e) => {
+                        report.metadata_problems.push(format!("map: {e}"));
+                        break 'walk;
+                    }
                 }
-                Err(e) => {
-                    report.metadata_problems.push(format!("map: {e}"));
-                    break;
-                }
+                report.blocks_checked += mapped;
+                lba += n;
+                done += n;
+                progress(done, total);
             }
-            report.blocks_checked += mapped;
-            lba += n;
-            progress(lba, total);
         }
         report
     }
@@ -493,86 +502,89 @@ impl Inner {
     /// copy in memory are reported: their blocks read as damaged (the block walk lists them).
     pub(super) fn check_tree_copies(&self, report: &mut CheckReport) {
         const SPAN: u64 = 64 * MAP_ENTRIES_PER_PAGE as u64;
-        let total = self.sb.logical_blocks;
         let mut buf = vec![0u8; MAP_PAGE_BYTES];
-        let mut lba = 0;
-        loop {
-            let n = SPAN.min(total - lba);
-            let (pages, gen) = {
-                let mut st = self.state.lock();
-                let gen = st.ckpt_seq;
-                let State { map, extents, .. } = &mut *st;
-                let Some(tree) = map.tree() else {
-                    return;
-                };
-                // A chunk under an interior page with no intact copy: the block walk lists
-                // its blocks as damaged.
-                let pages = tree.durable_copies_in(lba, n).unwrap_or_default();
-                // Invariant 6's other side: a page in use lies in a metadata extent pair, or
-                // the free list may hand its extent to data.
-                for (at, _) in &pages {
-                    let Some(e) = tree.home_extent(at.id) else {
-                        continue;
+        let ranges = self.state.lock().map.device_ranges();
+        for (base, blocks) in ranges {
+            let end = base + blocks;
+            let mut lba = base;
+            loop {
+                let n = SPAN.min(end - lba);
+                let (pages, gen) = {
+                    let mut st = self.state.lock();
+                    let gen = st.ckpt_seq;
+                    let State { map, extents, .. } = &mut *st;
+                    let Some(tree) = map.tree() else {
+                        return;
                     };
-                    let h = tree.partner_offset();
-                    if let Some(x) = [e, e + h]
-                        .into_iter()
-                        .find(|&x| extents.get(x).state() != ExtentState::Metadata)
-                    {
-                        report.metadata_problems.push(format!(
+                    // A chunk under an interior page with no intact copy: the block walk lists
+                    // its blocks as damaged.
+                    let pages = tree.durable_copies_in(lba, n).unwrap_or_default();
+                    // Invariant 6's other side: a page in use lies in a metadata extent pair, or
+                    // the free list may hand its extent to data.
+                    for (at, _) in &pages {
+                        let Some(e) = tree.home_extent(at.id) else {
+                            continue;
+                        };
+                        let h = tree.partner_offset();
+                        if let Some(x) = [e, e + h]
+                            .into_iter()
+                            .find(|&x| extents.get(x).state() != ExtentState::Metadata)
+                        {
+                            report.metadata_problems.push(format!(
                             "metadata page {} ({:?}) lies in extent {x}, which the extent table \
                              does not list as metadata",
                             at.id, at.kind
                         ));
+                        }
+                    }
+                    (pages, gen)
+                };
+                for (at, copies) in pages {
+                    let mut bad = [false; 2];
+                    for (b, &off) in bad.iter_mut().zip(&copies) {
+                        *b = self.storage.read_at(off, &mut buf).is_err()
+                            || !crate::meta::store::intact_copy(&buf, &self.sb.uuid, &at);
+                    }
+                    if bad == [false, false] {
+                        continue;
+                    }
+                    let mut st = self.state.lock();
+                    let still = st.ckpt_seq == gen
+                        && st.map.tree().is_some_and(|t| t.still_at(&at, copies));
+                    if !still {
+                        // A checkpoint moved the page meanwhile: what was read may be its new
+                        // copy being written. The next scrub looks again.
+                        continue;
+                    }
+                    let tree = st.map.tree().expect("a tree");
+                    let name = format!(
+                        "metadata page {} ({:?}, level {}, position {})",
+                        at.id, at.kind, at.level, at.position
+                    );
+                    let repairable = bad != [true, true] || tree.resident(&at);
+                    if bad == [true, true] && repairable {
+                        report.repaired.push(format!(
+                            "{name}: both copies are damaged, the copy in memory is intact"
+                        ));
+                    } else if bad == [true, true] {
+                        report
+                            .metadata_problems
+                            .push(format!("{name}: both copies are damaged"));
+                    } else {
+                        let (b, g) = if bad[0] { (0, 1) } else { (1, 0) };
+                        let line = format!("{name}: copy {b} is damaged, copy {g} is intact");
+                        if !report.repaired.contains(&line) {
+                            report.repaired.push(line);
+                        }
+                    }
+                    if repairable && !self.read_only {
+                        tree.queue_rewrite(at);
                     }
                 }
-                (pages, gen)
-            };
-            for (at, copies) in pages {
-                let mut bad = [false; 2];
-                for (b, &off) in bad.iter_mut().zip(&copies) {
-                    *b = self.storage.read_at(off, &mut buf).is_err()
-                        || !crate::meta::store::intact_copy(&buf, &self.sb.uuid, &at);
+                lba += n;
+                if lba >= end {
+                    break;
                 }
-                if bad == [false, false] {
-                    continue;
-                }
-                let mut st = self.state.lock();
-                let still =
-                    st.ckpt_seq == gen && st.map.tree().is_some_and(|t| t.still_at(&at, copies));
-                if !still {
-                    // A checkpoint moved the page meanwhile: what was read may be its new
-                    // copy being written. The next scrub looks again.
-                    continue;
-                }
-                let tree = st.map.tree().expect("a tree");
-                let name = format!(
-                    "metadata page {} ({:?}, level {}, position {})",
-                    at.id, at.kind, at.level, at.position
-                );
-                let repairable = bad != [true, true] || tree.resident(&at);
-                if bad == [true, true] && repairable {
-                    report.repaired.push(format!(
-                        "{name}: both copies are damaged, the copy in memory is intact"
-                    ));
-                } else if bad == [true, true] {
-                    report
-                        .metadata_problems
-                        .push(format!("{name}: both copies are damaged"));
-                } else {
-                    let (b, g) = if bad[0] { (0, 1) } else { (1, 0) };
-                    let line = format!("{name}: copy {b} is damaged, copy {g} is intact");
-                    if !report.repaired.contains(&line) {
-                        report.repaired.push(line);
-                    }
-                }
-                if repairable && !self.read_only {
-                    tree.queue_rewrite(at);
-                }
-            }
-            lba += n;
-            if lba >= total {
-                return;
             }
         }
     }

@@ -139,9 +139,9 @@ impl Inner {
     }
 
     /// Writes `data` at byte `offset`. With `fua`, returns only once the data is durable.
-    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub fn write(&self, device: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_writable()?;
-        self.check_range(offset, data.len() as u64)?;
+        let base = self.check_range(device, offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -161,16 +161,16 @@ impl Inner {
         let end_full = end / bs;
         if first_full >= end_full {
             // Everything inside one or two partial blocks.
-            self.write_partial_range(offset, data)?;
+            self.write_partial_range(base, offset, data)?;
         } else {
             let head = (first_full * bs - offset) as usize;
             let tail_start = (end_full * bs - offset) as usize;
             if head > 0 {
-                self.write_partial_range(offset, &data[..head])?;
+                self.write_partial_range(base, offset, &data[..head])?;
             }
-            self.write_full_blocks(first_full, &data[head..tail_start])?;
+            self.write_full_blocks(base + first_full, &data[head..tail_start])?;
             if tail_start < data.len() {
-                self.write_partial_range(end_full * bs, &data[tail_start..])?;
+                self.write_partial_range(base, end_full * bs, &data[tail_start..])?;
             }
         }
         let wanted = {
@@ -331,12 +331,12 @@ impl Inner {
     }
 
     /// Writes bytes that lie within partial blocks (read-modify-write per block).
-    pub(super) fn write_partial_range(&self, offset: u64, data: &[u8]) -> Result<()> {
+    pub(super) fn write_partial_range(&self, base: u64, offset: u64, data: &[u8]) -> Result<()> {
         let bs = BLOCK_BYTES as u64;
         let mut pos = 0usize;
         while pos < data.len() {
             let at = offset + pos as u64;
-            let lba = at / bs;
+            let lba = base + at / bs;
             let within = (at % bs) as usize;
             let n = (BLOCK_BYTES - within).min(data.len() - pos);
             self.rmw_block(lba, within, &data[pos..pos + n])?;
@@ -450,19 +450,25 @@ impl Inner {
     }
 
     /// Writes zeros over a range. Whole blocks become zero-state map entries (no data stored).
-    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.range_op(offset, len, RecordKind::Zero)
+    pub fn write_zeroes(&self, device: u32, offset: u64, len: u64) -> Result<()> {
+        self.range_op(device, offset, len, RecordKind::Zero)
     }
 
     /// Discards a range: whole blocks become holes; partial blocks at the edges are zeroed so the
     /// whole range reads back as zeros.
-    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.range_op(offset, len, RecordKind::Trim)
+    pub fn trim(&self, device: u32, offset: u64, len: u64) -> Result<()> {
+        self.range_op(device, offset, len, RecordKind::Trim)
     }
 
-    pub(super) fn range_op(&self, offset: u64, len: u64, kind: RecordKind) -> Result<()> {
+    pub(super) fn range_op(
+        &self,
+        device: u32,
+        offset: u64,
+        len: u64,
+        kind: RecordKind,
+    ) -> Result<()> {
         self.check_writable()?;
-        self.check_range(offset, len)?;
+        let base = self.check_range(device, offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -471,31 +477,33 @@ impl Inner {
         let first_full = offset.div_ceil(bs);
         let end_full = end / bs;
         if first_full >= end_full {
-            return self.write_partial_range(offset, &vec![0u8; len as usize]);
+            return self.write_partial_range(base, offset, &vec![0u8; len as usize]);
         }
         // Whole blocks first: they free space the partial edges may need on a full volume. In
         // steps (one on v2), each in its own lock hold with its own record; a checkpoint a
         // step asked for is written between steps, outside the lock (admission's self-service,
         // in a first form: the next step's window starts from it).
-        let mut lba = first_full;
+        let (mut lba, end_key) = (base + first_full, base + end_full);
         let mut wanted = false;
-        while lba < end_full {
+        while lba < end_key {
             if wanted {
                 self.issue_sealed()?;
                 self.checkpoint_asked()?;
             }
             let mut st = self.lock_for_write();
             let cx = self.ctx();
-            let step_end = st.range_step_end(lba, end_full);
+            let step_end = st.range_step_end(lba, end_key);
             st.put_range(&cx, kind, lba, step_end - lba)?;
             lba = step_end;
             wanted = st.ckpt_wanted;
         }
         if offset < first_full * bs {
-            self.write_partial_range(offset, &vec![0u8; (first_full * bs - offset) as usize])?;
+            let head = vec![0u8; (first_full * bs - offset) as usize];
+            self.write_partial_range(base, offset, &head)?;
         }
         if end > end_full * bs {
-            self.write_partial_range(end_full * bs, &vec![0u8; (end - end_full * bs) as usize])?;
+            let tail = vec![0u8; (end - end_full * bs) as usize];
+            self.write_partial_range(base, end_full * bs, &tail)?;
         }
         self.issue_sealed()?;
         if wanted {

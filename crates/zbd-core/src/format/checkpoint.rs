@@ -316,9 +316,12 @@ impl Checkpoint {
         };
         let bit10 = v2 && get_u32(b, 196) & CKPT_FLAG_METADATA_PAGES != 0;
         let needs = CKPT_FLAG_METADATA_PAGES | CKPT_FLAG_V3_SEGMENTS;
-        if v2 && get_u32(b, 196) & CKPT_FLAG_SHARED_ITEMS != 0 && get_u32(b, 196) & needs != needs {
+        if v2
+            && get_u32(b, 196) & (CKPT_FLAG_SHARED_ITEMS | CKPT_FLAG_DEVICES) != 0
+            && get_u32(b, 196) & needs != needs
+        {
             return Err(corrupt(
-                "checkpoint names shared items without metadata pages and v3 segments",
+                "checkpoint names shared items or devices without metadata pages and v3 segments",
             ));
         }
         // Bit 10: the extension follows the table slots and ends the used part; byte 60 is

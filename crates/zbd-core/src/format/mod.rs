@@ -52,6 +52,32 @@ pub const SECTOR_4K_BYTES: usize = 4096;
 pub const SECTOR_4K_FORM_EXTENT_MIN: u32 = 16 * 1024;
 /// The device every record of a volume without devices (bit 13) names.
 pub const DEFAULT_DEVICE: u32 = 1;
+/// Block keys: the engine names a block of device `d` at LBA `l` by one u64,
+/// `(d - 1) * DEVICE_KEY_STRIDE + l`, so the extent buffer, the read cache, units and
+/// records need no second field (design.md, "Devices"). The default device's keys are its
+/// LBAs. The stride is a multiple of a map leaf, of 64 leaves (a range step) and of every unit
+/// size, so a key is at the same place in its leaf, step and unit as its LBA; it bounds a
+/// device at 2^30 x 16,320 blocks (65 PiB) and ids at about a million.
+pub const DEVICE_KEY_STRIDE: u64 = (64 * MAP_ENTRIES_PER_PAGE as u64) << 30;
+/// Largest device id a block key can name.
+pub const DEVICE_KEY_MAX: u32 = (u64::MAX / DEVICE_KEY_STRIDE) as u32;
+
+/// The key of block `lba` of `device` (see [`DEVICE_KEY_STRIDE`]).
+pub fn block_key(device: u32, lba: u64) -> u64 {
+    debug_assert!((DEFAULT_DEVICE..=DEVICE_KEY_MAX).contains(&device));
+    debug_assert!(lba < DEVICE_KEY_STRIDE);
+    u64::from(device - 1) * DEVICE_KEY_STRIDE + lba
+}
+
+/// The device of block key `key`.
+pub fn key_device(key: u64) -> u32 {
+    (key / DEVICE_KEY_STRIDE) as u32 + 1
+}
+
+/// The LBA in its device of block key `key`.
+pub fn key_lba(key: u64) -> u64 {
+    key % DEVICE_KEY_STRIDE
+}
 /// Map page size.
 pub const MAP_PAGE_BYTES: usize = 4096;
 /// Map page header size.
@@ -107,6 +133,9 @@ pub const CKPT_FLAG_V3_SEGMENTS: u32 = 1 << 11;
 /// Checkpoint flag (incompatible): map entries may be shared (state 4) through the shared-block
 /// table, and segments may hold move records (docs/format.md, "Bit 12"). Needs bits 10 and 11.
 pub const CKPT_FLAG_SHARED_ITEMS: u32 = 1 << 12;
+/// Checkpoint flag (incompatible): the device table has more than one row, and records may
+/// name devices other than the default one (docs/format.md, "Bit 13"). Needs bits 10 and 11.
+pub const CKPT_FLAG_DEVICES: u32 = 1 << 13;
 /// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
@@ -115,7 +144,8 @@ pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS
     | CKPT_FLAG_DICTIONARIES
     | CKPT_FLAG_METADATA_PAGES
     | CKPT_FLAG_V3_SEGMENTS
-    | CKPT_FLAG_SHARED_ITEMS;
+    | CKPT_FLAG_SHARED_ITEMS
+    | CKPT_FLAG_DEVICES;
 /// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
 /// that saves a sector, fits the u16 of a map entry).
 pub const UNIT_BLOCKS_MAX: u8 = 16;

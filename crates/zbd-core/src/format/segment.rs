@@ -29,7 +29,8 @@ pub struct Record {
     pub codec: u8,
     /// Stored length (data records; of the whole compression unit).
     pub len: u32,
-    /// First logical block.
+    /// First block, as a block key (`block_key`: its device and LBA; a 64-byte record
+    /// stores them apart, a 40-byte one only names the default device, whose keys are LBAs).
     pub lba: u64,
     /// Blocks covered (1 for data records).
     pub count: u32,
@@ -48,8 +49,6 @@ pub struct Record {
     /// Data records: `crc` is the seeded item checksum (v3; flag bit 0), not the plain CRC32C
     /// of the stored bytes.
     pub seeded: bool,
-    /// Device the record writes (64-byte records; 40-byte ones name device 1, the default).
-    pub device: u32,
     /// Data records in 64-byte form: the top 32 bits of the block's xxh3-128
     /// (`Fingerprint::manifest_part`), what makes an extent's record table a dedup manifest;
     /// 0 = none (40-byte records, and blocks the cleaner copied without decoding).
@@ -75,23 +74,24 @@ impl Record {
             unit_blocks: 1,
             dict: 0,
             seeded: false,
-            device: DEFAULT_DEVICE,
             fingerprint: 0,
             source_extent: 0,
             source_offset: 0,
         }
     }
 
+    /// The device it writes (or, for a move, the item's birth device).
+    pub fn device(&self) -> u32 {
+        key_device(self.lba)
+    }
+
     /// Whether it names a dictionary id a map entry cannot hold (7 bits), or has a unit shape
     /// that no writer produces (a damaged or foreign table).
     pub fn uses_unsupported_features(&self) -> bool {
-        // Devices beyond the default one come with format bit 13. Moves (build order 2a)
-        // and refs (2b) are replayed.
-        self.device != DEFAULT_DEVICE
-            || matches!(self.kind, RecordKind::Data | RecordKind::Move)
-                && (self.dict > 127
-                    || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
-                    || u16::from(self.unit_index) >= self.unit_blocks)
+        matches!(self.kind, RecordKind::Data | RecordKind::Move)
+            && (self.dict > 127
+                || !(1..=u16::from(UNIT_BLOCKS_MAX)).contains(&self.unit_blocks)
+                || u16::from(self.unit_index) >= self.unit_blocks)
     }
 
     /// Whether it is one block of a multi-block compression unit.
@@ -133,9 +133,9 @@ impl Record {
             // A unit holds at most 16 blocks and a dictionary id at most 127 (checked by every
             // writer's source, `uses_unsupported_features` on what it read).
             debug_assert!(self.unit_blocks <= 255 && self.dict <= 255);
-            put_u32(b, 8, self.device);
+            put_u32(b, 8, key_device(self.lba));
             put_u32(b, 12, self.fingerprint);
-            put_u64(b, 16, self.lba);
+            put_u64(b, 16, key_lba(self.lba));
             put_u32(b, 24, self.count);
             put_u32(b, 28, self.offset);
             put_u64(b, 32, self.seq);
@@ -154,7 +154,8 @@ impl Record {
             "refs and moves are 64-byte records"
         );
         debug_assert_eq!(
-            self.device, DEFAULT_DEVICE,
+            key_device(self.lba),
+            DEFAULT_DEVICE,
             "a 40-byte record names device 1"
         );
         put_u64(b, 8, self.lba);
@@ -187,9 +188,14 @@ impl Record {
             if b[46..48] != [0, 0] || b[reserved_from..].iter().any(|&x| x != 0) {
                 return None;
             }
-            r.device = get_u32(b, 8);
+            // A device no key can name, or an LBA past a device's keys, is no record this
+            // build writes.
+            let (device, lba) = (get_u32(b, 8), get_u64(b, 16));
+            if !(DEFAULT_DEVICE..=DEVICE_KEY_MAX).contains(&device) || lba >= DEVICE_KEY_STRIDE {
+                return None;
+            }
+            r.lba = block_key(device, lba);
             r.fingerprint = get_u32(b, 12);
-            r.lba = get_u64(b, 16);
             r.count = get_u32(b, 24);
             r.offset = get_u32(b, 28);
             r.seq = get_u64(b, 32);
@@ -232,11 +238,10 @@ const REF_FLAGS_KNOWN: u8 = REF_FLAG_UNSEEDED | REF_FLAG_OWNER_SHARED;
 /// location. Names no page id and no SBT serial.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RefPayload {
-    /// Device the target item was born in.
-    pub birth_device: u32,
     /// Index of the referenced block in the target item.
     pub index: u32,
-    /// LBA of the referenced block in its birth device (the item's birth LBA + `index`).
+    /// Block key of the referenced block in its birth device (the item's birth key +
+    /// `index`); stored as the device and its LBA.
     pub lba: u64,
     /// Where the target item lies: extent and byte offset.
     pub extent: u32,
@@ -255,9 +260,9 @@ pub struct RefPayload {
 impl RefPayload {
     pub fn encode(&self) -> [u8; REF_PAYLOAD_BYTES] {
         let mut b = [0u8; REF_PAYLOAD_BYTES];
-        put_u32(&mut b, 0, self.birth_device);
+        put_u32(&mut b, 0, key_device(self.lba));
         put_u32(&mut b, 4, self.index);
-        put_u64(&mut b, 8, self.lba);
+        put_u64(&mut b, 8, key_lba(self.lba));
         put_u32(&mut b, 16, self.extent);
         put_u32(&mut b, 20, self.offset);
         put_u32(&mut b, 24, self.stored_len);
@@ -275,10 +280,13 @@ impl RefPayload {
         if b.len() != REF_PAYLOAD_BYTES {
             return Err(corrupt("ref payload has the wrong size"));
         }
+        let (device, lba) = (get_u32(b, 0), get_u64(b, 8));
+        if !(DEFAULT_DEVICE..=DEVICE_KEY_MAX).contains(&device) || lba >= DEVICE_KEY_STRIDE {
+            return Err(corrupt("ref payload names no device's block"));
+        }
         let p = RefPayload {
-            birth_device: get_u32(b, 0),
             index: get_u32(b, 4),
-            lba: get_u64(b, 8),
+            lba: block_key(device, lba),
             extent: get_u32(b, 16),
             offset: get_u32(b, 20),
             stored_len: get_u32(b, 24),
@@ -293,7 +301,7 @@ impl RefPayload {
         }
         if !(1..=UNIT_BLOCKS_MAX).contains(&p.unit_blocks)
             || p.index >= u32::from(p.unit_blocks)
-            || u64::from(p.index) > p.lba
+            || u64::from(p.index) > key_lba(p.lba)
             || p.dict > 127
         {
             return Err(corrupt("ref payload names no block of a unit"));

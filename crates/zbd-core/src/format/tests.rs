@@ -505,12 +505,27 @@ fn wide_records_round_trip_in_both_forms() {
             ..owner
         };
         assert!(parse_segment(&ext, &v2, start).is_err());
-        // A record naming another device needs bit 13.
-        assert!(Record {
-            device: 2,
+        // A record of another device (bit 13) keeps its block key: stored as device and LBA.
+        let other = Record {
+            lba: block_key(7, 12_345),
             ..records[0]
-        }
-        .uses_unsupported_features());
+        };
+        let mut b = [0u8; WIDE_RECORD_BYTES];
+        other.encode(&mut b);
+        assert_eq!(u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")), 7);
+        assert_eq!(
+            u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            12_345
+        );
+        assert_eq!(Record::decode(&b), Some(other));
+        assert_eq!(other.device(), 7);
+        // Device 0, or an LBA past a device's keys, is no record this build writes.
+        let mut bad = b;
+        bad[8..12].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(Record::decode(&bad), None);
+        let mut bad = b;
+        bad[16..24].copy_from_slice(&DEVICE_KEY_STRIDE.to_le_bytes());
+        assert_eq!(Record::decode(&bad), None);
     }
 }
 
@@ -522,7 +537,6 @@ fn ref_and_move_records_round_trip_only_as_64_byte_records() {
     let start = 8192;
     let payload_at = (start + SEGMENT_HEADER_BYTES) as u32;
     let target = RefPayload {
-        birth_device: 1,
         index: 2,
         lba: 1 << 40,
         extent: 77,
@@ -622,7 +636,6 @@ fn ref_and_move_records_round_trip_only_as_64_byte_records() {
 #[test]
 fn a_ref_payload_refuses_what_no_writer_makes() {
     let good = RefPayload {
-        birth_device: 1,
         index: 0,
         lba: 10,
         extent: 1,

@@ -8,8 +8,7 @@
 use super::tree::TreeMap;
 use super::VolumeMap;
 use crate::error::{Error, Result};
-use crate::format::{MapEntry, SbtKey, SbtValue};
-use crate::meta::devices::DEFAULT_DEVICE;
+use crate::format::{key_device, key_lba, MapEntry, SbtKey, SbtValue};
 use crate::meta::shared::{Owner, Promoted};
 
 /// How much is shared: what `zbd stat` reports as the deduplication ratio.
@@ -26,7 +25,7 @@ pub struct SharedTotals {
 impl TreeMap {
     fn promote(&mut self, lba: u64, at: MapEntry) -> Result<Promoted> {
         let (catalog, counters, totals) = self.parts();
-        let p = catalog.promote(DEFAULT_DEVICE, lba, at)?;
+        let p = catalog.promote(key_device(lba), key_lba(lba), at)?;
         for &(_, old) in &p.blocks {
             counters.replace(&old, &MapEntry::shared(p.key, old.unit_index), 1);
         }
@@ -133,10 +132,12 @@ impl VolumeMap {
     /// `extent`/`offset` (`Catalog::owner`). On v2's map only a direct entry can be.
     pub fn owner(&mut self, lba: u64, index: u8, extent: u32, offset: u32) -> Result<Owner> {
         match self {
-            VolumeMap::Tree(t) => t
-                .parts()
-                .0
-                .owner(DEFAULT_DEVICE, lba, index, extent, offset),
+            VolumeMap::Tree(t) => {
+                t.parts()
+                    .0
+                    .owner(key_device(lba), key_lba(lba), index, extent, offset)
+            }
+            VolumeMap::Pages(m) if lba >= m.blocks() => Ok(Owner::Dead),
             VolumeMap::Pages(m) => {
                 let e = m.get(lba)?;
                 Ok(
@@ -177,15 +178,19 @@ impl VolumeMap {
         let VolumeMap::Tree(t) = self else {
             return Ok(Vec::new());
         };
-        let blocks = t.blocks();
         let c = t.parts().0;
         let mut named: std::collections::BTreeMap<SbtKey, u64> = Default::default();
-        let (tree, pool, store) = c.map(DEFAULT_DEVICE);
-        tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
-            if let Some(k) = e.sbt_key() {
-                *named.entry(k).or_default() += n;
-            }
-        })?;
+        let crate::meta::catalog::Catalog {
+            trees, pool, store, ..
+        } = &mut *c;
+        for tree in trees.values_mut() {
+            let blocks = tree.blocks();
+            tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
+                if let Some(k) = e.sbt_key() {
+                    *named.entry(k).or_default() += n;
+                }
+            })?;
+        }
         let mut problems = Vec::new();
         let mut wrong = 0;
         c.for_each_shared(&mut |k, v| {

@@ -19,11 +19,12 @@ use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, Checkpoint, ExtensionBody, MapEntry, PageAddress, PageKind, Superblock,
-    MAP_ENTRIES_PER_PAGE,
+    key_device, key_lba, BlockState, Checkpoint, DeviceRow, ExtensionBody, MapEntry, PageAddress,
+    PageKind, Superblock, MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
+use crate::meta::map_tree::MapTree;
 use crate::meta::map_tree::{summary_slot, Replaced};
 use crate::meta::page::Page;
 use crate::meta::pool::{Floor, PagePool, PoolStats, FRAME_BYTES};
@@ -153,9 +154,43 @@ impl TreeMap {
         Ok(TreeMap::new(catalog, MapCounters::of_checkpoint(ck)))
     }
 
-    /// Logical blocks.
+    /// Logical blocks of the default device.
     pub fn blocks(&self) -> u64 {
         self.catalog.trees[&DEFAULT_DEVICE].blocks()
+    }
+
+    /// Logical blocks of `device`; `None` for no live device.
+    pub fn blocks_of(&self, device: u32) -> Option<u64> {
+        self.catalog.trees.get(&device).map(|t| t.blocks())
+    }
+
+    /// The catalog's devices (rows in id order).
+    pub fn devices(&self) -> Vec<DeviceRow> {
+        self.catalog.devices.rows().cloned().collect()
+    }
+
+    /// Adds a device (`Catalog::add_device`); its id.
+    pub fn add_device(&mut self, row: DeviceRow) -> Result<u32> {
+        self.catalog.add_device(row)
+    }
+
+    /// Removes device `id`, whose blocks must all be unmapped (`Catalog::remove_device`).
+    pub fn remove_device(&mut self, id: u32) -> Result<DeviceRow> {
+        self.catalog.remove_device(id)
+    }
+
+    /// The tree of the device block key `key` names, with the pool and the store, and the
+    /// key's LBA in it; an error for a key of no live device.
+    fn tree_at(
+        &mut self,
+        key: u64,
+    ) -> Result<(&mut MapTree, &mut PagePool<Page>, &mut MetaStore, u64)> {
+        let device = key_device(key);
+        let (tree, pool, store) = self
+            .catalog
+            .map_of(device)
+            .ok_or_else(|| Error::Invalid(format!("block key {key} names no device ({device})")))?;
+        Ok((tree, pool, store, key_lba(key)))
     }
 
     /// Exact counters of the whole map.
@@ -197,7 +232,7 @@ impl TreeMap {
             return Ok(false);
         }
         let to = to.and_then(summary_slot);
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let (tree, pool, store, first) = self.tree_at(first)?;
         let mut needed = tree.pages_needed(pool, store, first, first.saturating_add(count), to)?;
         if needed > 0 {
             // Placing a data block may write a checkpoint (the queue ran dry, the first
@@ -254,7 +289,7 @@ impl TreeMap {
         self.catalog.store.alloc.carve(e)
     }
 
-    /// The pages of the default device's tree whose range starts in `first .. first + count`
+    /// The pages of a device's tree whose range starts in block keys `first .. first + count`
     /// (and, with `first` 0, the pair-state and directory pages), each with the offsets of its
     /// durable copies; pages the next checkpoint writes anyway are left out. For the scrub.
     pub fn durable_copies_in(
@@ -266,8 +301,8 @@ impl TreeMap {
         if first == 0 {
             pages = self.catalog.devices.page_addresses();
         }
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.pages_in(pool, store, first, count, &mut |at| pages.push(at))?;
+        let (tree, pool, store, lba) = self.tree_at(first)?;
+        tree.pages_in(pool, store, lba, count, &mut |at| pages.push(at))?;
         let mut out = Vec::with_capacity(pages.len());
         for at in pages {
             if let Some(copies) = store.durable_copies(pool, at.id)? {
@@ -288,7 +323,7 @@ impl TreeMap {
             return (store.own_pages_copies(&self.catalog.pool).ok())
                 .is_some_and(|own| own.contains(&(*at, copies)));
         }
-        let (_, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let (pool, store) = (&mut self.catalog.pool, &mut self.catalog.store);
         let resident_elsewhere = pool.peek(at.id).is_some_and(|p| p.address(at.id) != *at);
         !resident_elsewhere && store.durable_copies(pool, at.id).ok().flatten() == Some(copies)
     }
@@ -338,8 +373,13 @@ impl TreeMap {
     }
 
     /// The entry of `lba`.
-    pub fn get(&mut self, lba: u64) -> Result<MapEntry> {
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+    pub fn get(&mut self, key: u64) -> Result<MapEntry> {
+        if self.blocks_of(key_device(key)).is_none() {
+            // Only a stale name can get here (requests are checked against their device):
+            // a dedup candidate in a deleted device, which is a miss.
+            return Ok(MapEntry::UNMAPPED);
+        }
+        let (tree, pool, store, lba) = self.tree_at(key)?;
         let r = tree.get(pool, store, lba);
         self.count_lost();
         r
@@ -360,7 +400,7 @@ impl TreeMap {
     /// The entries of `count` blocks from `first`, appended to `out`: one walk for the range,
     /// summaries answered without a page. A range past the device is an error.
     pub fn get_run(&mut self, first: u64, count: u64, out: &mut Vec<MapEntry>) -> Result<()> {
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let (tree, pool, store, first) = self.tree_at(first)?;
         let r = tree.scan(pool, store, first, count, &mut |_, n, e| {
             out.extend(std::iter::repeat_n(e, n as usize))
         });
@@ -370,8 +410,8 @@ impl TreeMap {
 
     /// Sets the entry of `lba`; returns the old entry if it changed (its leaf is then dirty,
     /// pinned in the pool until a checkpoint writes it).
-    pub fn set(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+    pub fn set(&mut self, key: u64, new: MapEntry) -> Result<Option<MapEntry>> {
+        let (tree, pool, store, lba) = self.tree_at(key)?;
         let old = tree.set(pool, store, lba, new);
         self.count_lost();
         let old = old?;
@@ -399,10 +439,15 @@ impl TreeMap {
                 "a map range is set to unmapped or zero, not {new:?}"
             )));
         };
+        let device = key_device(first);
+        let (tree, pool, store) = self
+            .catalog
+            .map_of(device)
+            .ok_or_else(|| Error::Invalid(format!("block key {first} names no device")))?;
+        let first = key_lba(first);
         let counters = &mut self.counters;
         // Damaged entries replaced are taken off once a leaf found lost meanwhile is counted.
         let mut damaged = 0;
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
         let r = tree.set_range(pool, store, first, count, to, &mut |r: Replaced| {
             if r.entry.state == BlockState::Corrupt {
                 damaged += r.count;
@@ -431,11 +476,12 @@ impl TreeMap {
         count: u64,
         mut f: impl FnMut(u64, &MapEntry),
     ) -> Result<()> {
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let base = first - key_lba(first);
+        let (tree, pool, store, first) = self.tree_at(first)?;
         let r = tree.scan(pool, store, first, count, &mut |lba, n, e| {
             if e.state == BlockState::Data {
                 for l in lba..lba + n {
-                    f(l, &e);
+                    f(base + l, &e);
                 }
             }
         });
@@ -451,16 +497,20 @@ impl TreeMap {
             savings_known: true,
             ..MapCounters::default()
         };
-        let blocks = self.blocks();
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
-        tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
-            c.add(&e, n);
-            if e.state == BlockState::Data {
-                for _ in 0..n {
-                    data(&e);
+        let Catalog {
+            trees, pool, store, ..
+        } = &mut self.catalog;
+        for tree in trees.values_mut() {
+            let blocks = tree.blocks();
+            tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
+                c.add(&e, n);
+                if e.state == BlockState::Data {
+                    for _ in 0..n {
+                        data(&e);
+                    }
                 }
-            }
-        })?;
+            })?;
+        }
         // Each shared item's stored bytes count once, at its SBT entry, charged to its extent
         // as one block of its whole length.
         self.catalog.for_each_shared(&mut |_, v| {
@@ -483,7 +533,7 @@ impl TreeMap {
         mut f: impl FnMut(BlockState, u64),
     ) -> Result<()> {
         let mut run: Option<(BlockState, u64)> = None;
-        let (tree, pool, store) = self.catalog.map(DEFAULT_DEVICE);
+        let (tree, pool, store, first) = self.tree_at(first)?;
         let r = tree.scan(pool, store, first, count, &mut |_, n, e| match &mut run {
             Some((s, m)) if *s == e.state => *m += n,
             _ => {

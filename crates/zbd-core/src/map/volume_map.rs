@@ -10,7 +10,9 @@
 use super::tree::TreeMap;
 use super::{Map, MapCacheStats, MapCounters, PageWrite, WrittenPages};
 use crate::error::{Error, Result};
-use crate::format::{BlockState, ExtensionBody, MapEntry, PageSlot};
+use crate::format::{
+    block_key, key_device, key_lba, BlockState, ExtensionBody, MapEntry, PageSlot, DEFAULT_DEVICE,
+};
 use crate::meta::geometry::WINDOW_PAGES_MAX;
 
 /// Dirty tree pages at which a checkpoint is asked for outside the lock (half the window a
@@ -47,11 +49,29 @@ pub enum MapSnapshot {
 }
 
 impl VolumeMap {
-    /// Logical blocks.
-    pub fn blocks(&self) -> u64 {
+    /// Logical blocks of `device`; `None` for no live device (v2's map has only the default).
+    pub fn blocks_of(&self, device: u32) -> Option<u64> {
         match self {
-            VolumeMap::Pages(m) => m.blocks(),
-            VolumeMap::Tree(t) => t.blocks(),
+            VolumeMap::Pages(m) => (device == DEFAULT_DEVICE).then(|| m.blocks()),
+            VolumeMap::Tree(t) => t.blocks_of(device),
+        }
+    }
+
+    /// Whether block key `key` names a block of a live device.
+    pub fn holds(&self, key: u64) -> bool {
+        self.blocks_of(key_device(key))
+            .is_some_and(|blocks| key_lba(key) < blocks)
+    }
+
+    /// The key ranges of every live device, in id order: (first key, blocks).
+    pub fn device_ranges(&self) -> Vec<(u64, u64)> {
+        match self {
+            VolumeMap::Pages(m) => vec![(0, m.blocks())],
+            VolumeMap::Tree(t) => t
+                .devices()
+                .iter()
+                .map(|r| (block_key(r.id, 0), r.blocks))
+                .collect(),
         }
     }
 
@@ -119,10 +139,12 @@ impl VolumeMap {
         }
     }
 
-    /// Calls `f(lba, entry)` for every data block, in LBA order.
-    pub fn for_each_data(&mut self, f: impl FnMut(u64, &MapEntry)) -> Result<()> {
-        let blocks = self.blocks();
-        self.for_each_data_in(0, blocks, f)
+    /// Calls `f(key, entry)` for every data block of every device, in key order.
+    pub fn for_each_data(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
+        for (first, blocks) in self.device_ranges() {
+            self.for_each_data_in(first, blocks, &mut f)?;
+        }
+        Ok(())
     }
 
     /// Rebuilds the counters by reading the whole map; `data(entry)` sees every data entry.

@@ -142,6 +142,15 @@ impl Catalog {
         (tree, &mut self.pool, &mut self.store)
     }
 
+    /// Device `device`'s map with what its calls need; `None` for no live device.
+    pub fn map_of(
+        &mut self,
+        device: u32,
+    ) -> Option<(&mut MapTree, &mut PagePool<Page>, &mut MetaStore)> {
+        let tree = self.trees.get_mut(&device)?;
+        Some((tree, &mut self.pool, &mut self.store))
+    }
+
     /// Adds a device of `row.blocks` blocks, all unmapped, under a new id (returned); its
     /// row's root and depth are set here.
     pub fn add_device(&mut self, mut row: DeviceRow) -> Result<u32> {

@@ -179,11 +179,13 @@ impl Catalog {
         extent: u32,
         offset: u32,
     ) -> Result<Owner> {
-        let (tree, pool, store) = self.map(device);
-        if lba < tree.blocks() {
-            let e = tree.get(pool, store, lba)?;
-            if e.state == BlockState::Data && (e.extent, e.offset) == (extent, offset) {
-                return Ok(Owner::Direct(e));
+        // A device deleted since the record was written names nothing any more.
+        if let Some((tree, pool, store)) = self.map_of(device) {
+            if lba < tree.blocks() {
+                let e = tree.get(pool, store, lba)?;
+                if e.state == BlockState::Data && (e.extent, e.offset) == (extent, offset) {
+                    return Ok(Owner::Direct(e));
+                }
             }
         }
         let Some(birth) = lba.checked_sub(u64::from(index)) else {

@@ -226,6 +226,11 @@ impl State {
                 crate::format::CKPT_FLAG_SHARED_ITEMS
             } else {
                 0
+            } | if self.map.device_ranges().len() > 1 {
+                // Set by the checkpoint that adds the second row, before a record names it.
+                crate::format::CKPT_FLAG_DEVICES
+            } else {
+                0
             },
             volume_counters: self.map.counters().to_array(),
             extent_table_slots: table.slots.clone(),

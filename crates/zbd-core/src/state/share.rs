@@ -5,7 +5,7 @@
 use super::{Ctx, State};
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockState, MapEntry, Record, RecordKind, RefPayload, SbtKey, SbtValue, DEFAULT_DEVICE,
+    block_key, key_device, BlockState, MapEntry, Record, RecordKind, RefPayload, SbtKey, SbtValue,
     REF_FLAG_OWNER_SHARED, REF_FLAG_UNSEEDED, REF_PAYLOAD_BYTES, SECTOR_BYTES,
     SEG_FLAG_WIDE_RECORDS,
 };
@@ -158,10 +158,12 @@ impl State {
         if !target.seeded {
             flags |= REF_FLAG_UNSEEDED;
         }
+        // The SBT keys items by their birth LBA alone: a direct target's device is the
+        // candidate's; a shared one's may be another, which costs its owner search nothing
+        // (a shared item has no direct entry, so the search goes on to the SBT).
         let payload = RefPayload {
-            birth_device: DEFAULT_DEVICE,
             index: u32::from(index),
-            lba: key.birth + u64::from(index),
+            lba: block_key(key_device(hit.src), key.birth + u64::from(index)),
             extent: target.extent,
             offset: target.offset,
             stored_len: u32::from(target.len),

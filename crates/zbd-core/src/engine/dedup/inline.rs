@@ -190,7 +190,11 @@ impl Inner {
                 other => other,
             };
             if let Some(Candidate::Block(lba)) = found {
-                out[i] = (lba < blocks).then_some(lba);
+                // A block of another device is checked where it is read (a deleted device's
+                // blocks read as unmapped, a miss).
+                let inside =
+                    crate::format::key_device(lba) != crate::format::DEFAULT_DEVICE || lba < blocks;
+                out[i] = inside.then_some(lba);
             }
         }
         out

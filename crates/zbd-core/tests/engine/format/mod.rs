@@ -4,6 +4,7 @@
 
 mod codecs_real_files;
 mod compat;
+mod devices;
 mod grow;
 mod inline_dedup;
 mod metadata_pages;
