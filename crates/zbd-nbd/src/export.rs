@@ -151,6 +151,15 @@ impl Default for BlockSizes {
     }
 }
 
+/// Exports beside the default one, found by name at each handshake (the other devices of a
+/// zbd volume): a client lists them (NBD_OPT_LIST) and picks one by name.
+pub trait Directory: Send + Sync + 'static {
+    /// Their names, in the order a listing shows them (the default export's is listed first).
+    fn names(&self) -> Vec<String>;
+    /// The export named `name` (never the default one's name), if there is one now.
+    fn find(&self, name: &str) -> Option<std::sync::Arc<dyn Export>>;
+}
+
 /// A block device the server exports.
 pub trait Export: Send + Sync + 'static {
     /// Size in bytes. It may grow while served (`zbd grow` of a served volume): each connection

@@ -24,6 +24,7 @@ pub fn handshake(input: &[u8]) {
     let offer = Offer {
         export: &export,
         name: "fuzz",
+        directory: None,
         description: Some("fuzzed export"),
         payload_bytes_max: PAYLOAD_BYTES_MAX,
         shutting_down: &shutting_down,

@@ -3,8 +3,9 @@
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use crate::export::{BlockSizes, Export};
+use crate::export::{BlockSizes, Directory, Export};
 use crate::limits;
 use crate::wire::{self, PayloadReader};
 
@@ -28,15 +29,21 @@ pub(crate) struct Session {
 pub(crate) struct Offer<'a> {
     pub export: &'a dyn Export,
     pub name: &'a str,
+    /// The other exports, by name.
+    pub directory: Option<&'a dyn Directory>,
     pub description: Option<&'a str>,
     pub payload_bytes_max: u32,
     pub shutting_down: &'a AtomicBool,
 }
 
 impl Offer<'_> {
-    /// The client may name the export or ask for the default one with an empty name.
-    fn matches(&self, requested: &str) -> bool {
-        requested.is_empty() || requested == self.name
+    /// The export the client names: the default one by its name or the empty name
+    /// (`Some(None)`), another one of the directory (`Some(Some(_))`), or none.
+    fn choose(&self, requested: &str) -> Option<Option<Arc<dyn Export>>> {
+        if requested.is_empty() || requested == self.name {
+            return Some(None);
+        }
+        self.directory?.find(requested).map(Some)
     }
 
     fn block_sizes(&self) -> BlockSizes {
@@ -115,11 +122,12 @@ fn reject_option(
 }
 
 /// Runs the handshake. `Ok(session)` means the transmission phase starts now.
+/// Returns the session and the export chosen when it is not the default one.
 pub(crate) fn negotiate(
     reader: &mut impl Read,
     writer: &mut impl Write,
     offer: &Offer<'_>,
-) -> Result<Session, HandshakeError> {
+) -> Result<(Session, Option<Arc<dyn Export>>), HandshakeError> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&wire::NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&wire::IHAVEOPT.to_be_bytes());
@@ -170,14 +178,15 @@ pub(crate) fn negotiate(
         match option {
             wire::OPT_EXPORT_NAME => {
                 let name = std::str::from_utf8(&data).unwrap_or("\u{fffd}");
-                if !offer.matches(name) {
+                let Some(chosen) = offer.choose(name) else {
                     // This option cannot carry an error: the protocol says to drop the session.
                     return Err(violation(format!(
                         "EXPORT_NAME asks for unknown export {name:?}"
                     )));
-                }
-                let flags = transmission_flags(offer.export, state.structured);
-                let size = offer.export.size();
+                };
+                let export = chosen.as_deref().unwrap_or(offer.export);
+                let flags = transmission_flags(export, state.structured);
+                let size = export.size();
                 let mut reply = Vec::with_capacity(10 + wire::EXPORT_NAME_PADDING_BYTES);
                 reply.extend_from_slice(&size.to_be_bytes());
                 reply.extend_from_slice(&flags.to_be_bytes());
@@ -186,7 +195,7 @@ pub(crate) fn negotiate(
                 }
                 writer.write_all(&reply)?;
                 writer.flush()?;
-                return Ok(state.session(flags, size));
+                return Ok((state.session(flags, size), chosen));
             }
             wire::OPT_ABORT => {
                 // The client may already have closed; a failed ACK is no error.
@@ -194,9 +203,10 @@ pub(crate) fn negotiate(
                 return Err(HandshakeError::Aborted);
             }
             wire::OPT_GO | wire::OPT_INFO => {
-                if let Some(size) = answer_info(writer, option, &data, offer, &state)? {
-                    let flags = transmission_flags(offer.export, state.structured);
-                    return Ok(state.session(flags, size));
+                if let Some((size, flags, chosen)) =
+                    answer_info(writer, option, &data, offer, &state)?
+                {
+                    return Ok((state.session(flags, size), chosen));
                 }
             }
             wire::OPT_LIST => answer_list(writer, &data, offer)?,
@@ -244,7 +254,7 @@ impl OptionState {
     }
 }
 
-/// NBD_OPT_LIST: our single export, then ACK.
+/// NBD_OPT_LIST: the default export, then the directory's, then ACK.
 fn answer_list(writer: &mut impl Write, data: &[u8], offer: &Offer<'_>) -> io::Result<()> {
     if !data.is_empty() {
         return reject_option(
@@ -261,17 +271,25 @@ fn answer_list(writer: &mut impl Write, data: &[u8], offer: &Offer<'_>) -> io::R
         server.extend_from_slice(description.as_bytes());
     }
     write_option_reply(writer, wire::OPT_LIST, wire::REP_SERVER, &server)?;
+    for name in offer.directory.map(|d| d.names()).unwrap_or_default() {
+        let mut server = (name.len() as u32).to_be_bytes().to_vec();
+        server.extend_from_slice(name.as_bytes());
+        write_option_reply(writer, wire::OPT_LIST, wire::REP_SERVER, &server)?;
+    }
     write_option_reply(writer, wire::OPT_LIST, wire::REP_ACK, &[])
 }
 
-/// NBD_OPT_INFO / NBD_OPT_GO. Returns the size told when GO succeeded (transmission starts).
+/// What GO settled: the size told, the transmission flags and the export when not the default.
+type Chosen = (u64, u16, Option<Arc<dyn Export>>);
+
+/// NBD_OPT_INFO / NBD_OPT_GO. Returns what GO settled when it succeeded (transmission starts).
 fn answer_info(
     writer: &mut impl Write,
     option: u32,
     data: &[u8],
     offer: &Offer<'_>,
     state: &OptionState,
-) -> io::Result<Option<u64>> {
+) -> io::Result<Option<Chosen>> {
     let mut payload = PayloadReader::new(data);
     let Some(name) = payload.string32(limits::STRING_BYTES_MAX) else {
         reject_option(
@@ -311,15 +329,16 @@ fn answer_info(
         reject_option(writer, option, wire::REP_ERR_INVALID, "trailing bytes")?;
         return Ok(None);
     }
-    if !offer.matches(&name) {
+    let Some(chosen) = offer.choose(&name) else {
         let message = format!("no export named {name:?}");
         reject_option(writer, option, wire::REP_ERR_UNKNOWN, &message)?;
         return Ok(None);
-    }
+    };
+    let export = chosen.as_deref().unwrap_or(offer.export);
 
-    let flags = transmission_flags(offer.export, state.structured);
+    let flags = transmission_flags(export, state.structured);
     // Read once: the size told is the size the connection keeps (`Session::size`).
-    let size = offer.export.size();
+    let size = export.size();
     let mut export = Vec::with_capacity(12);
     export.extend_from_slice(&wire::INFO_EXPORT.to_be_bytes());
     export.extend_from_slice(&size.to_be_bytes());
@@ -337,7 +356,8 @@ fn answer_info(
 
     if requests.contains(&wire::INFO_NAME) {
         let mut info = wire::INFO_NAME.to_be_bytes().to_vec();
-        info.extend_from_slice(offer.name.as_bytes());
+        let told = if chosen.is_some() { &name } else { offer.name };
+        info.extend_from_slice(told.as_bytes());
         write_option_reply(writer, option, wire::REP_INFO, &info)?;
     }
     if let (true, Some(description)) = (
@@ -349,7 +369,7 @@ fn answer_info(
         write_option_reply(writer, option, wire::REP_INFO, &info)?;
     }
     write_option_reply(writer, option, wire::REP_ACK, &[])?;
-    Ok((option == wire::OPT_GO).then_some(size))
+    Ok((option == wire::OPT_GO).then_some((size, flags, chosen)))
 }
 
 /// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT. We know one context,
@@ -392,7 +412,7 @@ fn answer_meta_context(
     if payload.remaining() != 0 {
         return reject_option(writer, option, wire::REP_ERR_INVALID, "trailing bytes");
     }
-    if !offer.matches(&name) {
+    if offer.choose(&name).is_none() {
         return reject_option(
             writer,
             option,

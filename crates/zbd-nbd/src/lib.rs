@@ -31,6 +31,6 @@ mod transmission;
 pub mod wire;
 
 pub use budget::{Grant, InflightBudget};
-pub use export::{BlockSizes, ErrorKind, Export, ExportError, ExportResult, Extent};
+pub use export::{BlockSizes, Directory, ErrorKind, Export, ExportError, ExportResult, Extent};
 pub use mem::{MemExport, MEM_CHUNK_BYTES};
 pub use server::{Listen, Server, ServerConfig, ServerError, ShutdownHandle};

@@ -23,7 +23,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::pipe::PipeFlags;
 
 use crate::budget::InflightBudget;
-use crate::export::Export;
+use crate::export::{Directory, Export};
 use crate::handshake::{self, HandshakeError, Offer};
 use crate::limits;
 use crate::stream::Stream;
@@ -157,6 +157,7 @@ pub struct Server {
     listener: Listener,
     listen: Listen,
     export: Arc<dyn Export>,
+    directory: Option<Arc<dyn Directory>>,
     config: ServerConfig,
     shutdown: ShutdownHandle,
     woken: OwnedFd,
@@ -199,6 +200,7 @@ impl Server {
             listener,
             listen,
             export,
+            directory: None,
             shutdown: ShutdownHandle {
                 inner: Arc::new(ShutdownInner {
                     requested: AtomicBool::new(false),
@@ -209,6 +211,11 @@ impl Server {
             budget: Arc::new(InflightBudget::new(config.inflight_bytes_max)),
             config,
         })
+    }
+
+    /// Offers the exports of `directory` beside the default one, by name.
+    pub fn set_directory(&mut self, directory: Arc<dyn Directory>) {
+        self.directory = Some(directory);
     }
 
     /// The server-wide in-flight memory budget (to watch it; the server manages it).
@@ -234,6 +241,7 @@ impl Server {
                 .map_err(io_error("create connection-slot pipe"))?;
         let shared = Arc::new(Shared {
             export: Arc::clone(&self.export),
+            directory: self.directory.clone(),
             config: self.config.clone(),
             budget: Arc::clone(&self.budget),
             shutting_down: AtomicBool::new(false),
@@ -347,6 +355,7 @@ fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
 /// State all connection threads share.
 struct Shared {
     export: Arc<dyn Export>,
+    directory: Option<Arc<dyn Directory>>,
     config: ServerConfig,
     budget: Arc<InflightBudget>,
     shutting_down: AtomicBool,
@@ -408,12 +417,13 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
     let offer = Offer {
         export: &*shared.export,
         name: &shared.config.export_name,
+        directory: shared.directory.as_deref(),
         description: shared.config.description.as_deref(),
         payload_bytes_max: shared.config.effective_payload_bytes_max(),
         shutting_down: &shared.shutting_down,
     };
-    let session = match handshake::negotiate(&mut reader, &mut handshake_writer, &offer) {
-        Ok(session) => session,
+    let (session, chosen) = match handshake::negotiate(&mut reader, &mut handshake_writer, &offer) {
+        Ok(negotiated) => negotiated,
         Err(HandshakeError::Aborted) => {
             tracing::debug!(conn = id, "client aborted the handshake");
             return;
@@ -433,7 +443,7 @@ fn run_connection(shared: &Shared, id: u64, stream: Stream) {
     );
     let connection = Arc::new(Connection::new(id, session, Box::new(writer)));
     let context = Context {
-        export: Arc::clone(&shared.export),
+        export: chosen.unwrap_or_else(|| Arc::clone(&shared.export)),
         payload_bytes_max: shared.config.effective_payload_bytes_max(),
         threads: shared.config.threads_per_connection,
         budget: Arc::clone(&shared.budget),
