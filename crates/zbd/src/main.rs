@@ -42,6 +42,8 @@ enum Command {
     /// Offline deduplication: blocks equal to an earlier block share its stored copy
     /// (volumes created with --metadata-pages).
     Dedup(commands::dedup::Args),
+    /// Named block devices in one volume: create, list, delete (offline; served as NBD exports).
+    Device(commands::device::Args),
     /// Change what opens of a volume do by default (offline): dedup=on|off, dict=on|off.
     Set(commands::set::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Command::Compact(a) => commands::compact::run(a),
         Command::Dedup(a) => commands::dedup::run(a),
         Command::Set(a) => commands::set::run(a),
+        Command::Device(a) => commands::device::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
         Command::Estimate(a) => commands::estimate::run(a),

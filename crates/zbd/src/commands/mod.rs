@@ -11,6 +11,7 @@ pub mod copy;
 pub mod create;
 pub mod dedup;
 pub mod detach;
+pub mod device;
 pub mod docs;
 pub mod estimate;
 pub mod grow;

@@ -18,6 +18,7 @@ use crate::metrics::{Op, Requests};
 use crate::served::{ServedVolume, ThinArgs};
 use crate::target::{CephArgs, Target};
 use anyhow::{bail, Context, Result};
+use zbd_core::format::DEFAULT_DEVICE;
 use zbd_core::{AllocState, FileStorage, OpenOptions, Volume};
 use zbd_nbd::{
     ErrorKind, Export, ExportError, ExportResult, Extent, Listen, Server, ServerConfig,
@@ -203,6 +204,8 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
 /// (`ServedVolume::with`), so an online grow waits for it and it waits for the grow.
 pub struct VolumeExport {
     served: Arc<ServedVolume>,
+    /// The volume's device this export is (`zbd device`; the default one is the default export).
+    device: u32,
     read_only: bool,
     requests: Arc<Requests>,
     /// `--when-full queue`: how long a write waits for room (None: ENOSPC at once).
@@ -242,19 +245,28 @@ fn export_error(error: zbd_core::Error) -> ExportError {
 
 impl Export for VolumeExport {
     fn size(&self) -> u64 {
-        self.served.size_bytes()
+        if self.device == DEFAULT_DEVICE {
+            return self.served.size_bytes();
+        }
+        self.served
+            .with(|v| v.devices().into_iter().find(|d| d.id == self.device))
+            .ok()
+            .flatten()
+            .map_or(0, |d| d.size_bytes)
     }
     fn is_read_only(&self) -> bool {
         self.read_only
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
         let bytes = buf.len() as u64;
-        self.timed(Op::Read, bytes, || self.on_volume(|v| v.read(offset, buf)))
+        self.timed(Op::Read, bytes, || {
+            self.on_volume(|v| v.read_in(self.device, offset, buf))
+        })
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ExportResult<()> {
         self.timed(Op::Write, data.len() as u64, || {
             match self.queue_when_full {
-                None => self.on_volume(|v| v.write(offset, data, fua)),
+                None => self.on_volume(|v| v.write_in(self.device, offset, data, fua)),
                 Some(wait) => self.write_or_wait(offset, data, fua, Instant::now() + wait),
             }
         })
@@ -264,7 +276,7 @@ impl Export for VolumeExport {
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> ExportResult<()> {
         self.timed(Op::Trim, length, || {
-            self.on_volume(|v| v.trim(offset, length))?;
+            self.on_volume(|v| v.trim_in(self.device, offset, length))?;
             if fua {
                 self.flush_volume()?;
             }
@@ -281,7 +293,7 @@ impl Export for VolumeExport {
         // Zero blocks become a map state with no data either way; block status reports them as
         // allocated zeroes (not holes), which also honours NBD_CMD_FLAG_NO_HOLE.
         self.timed(Op::WriteZeroes, length, || {
-            self.on_volume(|v| v.write_zeroes(offset, length))?;
+            self.on_volume(|v| v.write_zeroes_in(self.device, offset, length))?;
             if fua {
                 self.flush_volume()?;
             }
@@ -290,6 +302,41 @@ impl Export for VolumeExport {
     }
     fn block_status(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
         self.timed(Op::BlockStatus, length, || self.allocation(offset, length))
+    }
+}
+
+/// The volume's other devices as NBD exports of their names (`zbd device`), each found at
+/// the handshake that names it; its requests go to the same volume through the same gate.
+struct VolumeDirectory {
+    served: Arc<ServedVolume>,
+    read_only: bool,
+    requests: Arc<Requests>,
+    queue_when_full: Option<Duration>,
+}
+
+impl zbd_nbd::Directory for VolumeDirectory {
+    fn names(&self) -> Vec<String> {
+        let devices = self.served.with(|v| v.devices()).unwrap_or_default();
+        devices
+            .into_iter()
+            .filter(|d| d.id != DEFAULT_DEVICE)
+            .map(|d| d.name)
+            .collect()
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<dyn Export>> {
+        let devices = self.served.with(|v| v.devices()).ok()?;
+        let d = devices
+            .into_iter()
+            .find(|d| d.name == name && d.id != DEFAULT_DEVICE)?;
+        Some(Arc::new(VolumeExport {
+            served: Arc::clone(&self.served),
+            device: d.id,
+            read_only: self.read_only || !d.writable,
+            requests: Arc::clone(&self.requests),
+            queue_when_full: self.queue_when_full,
+            waiting_logged: std::sync::Mutex::new(None),
+        }))
     }
 }
 
@@ -325,8 +372,9 @@ impl VolumeExport {
                 }
                 !growing
             };
-            let result = self
-                .on_volume(|v| v.write_or_wait_while(offset, data, fua, deadline, &keep_waiting));
+            let result = self.on_volume(|v| {
+                v.write_or_wait_while(self.device, offset, data, fua, deadline, &keep_waiting)
+            });
             match result {
                 Err(e)
                     if e.kind == ErrorKind::NoSpace
@@ -362,7 +410,7 @@ impl VolumeExport {
     }
 
     fn allocation(&self, offset: u64, length: u64) -> ExportResult<Vec<Extent>> {
-        let runs = self.on_volume(|v| v.allocation(offset, length))?;
+        let runs = self.on_volume(|v| v.allocation_in(self.device, offset, length))?;
         Ok(runs
             .into_iter()
             .map(|(length, state)| match state {
@@ -947,15 +995,23 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     crate::thin::spawn_watch(Arc::downgrade(&served), thin.warn_used_pct)
         .context("cannot start the data area watch")?;
     let requests = Arc::new(Requests::default());
+    let queue_when_full =
+        (thin.when_full == crate::thin::WhenFull::Queue).then_some(thin.when_full_timeout);
     let export = Arc::new(VolumeExport {
+        served: Arc::clone(&served),
+        device: DEFAULT_DEVICE,
+        read_only: args.read_only,
+        requests: Arc::clone(&requests),
+        queue_when_full,
+        waiting_logged: std::sync::Mutex::new(None),
+    });
+    let mut server = Server::bind(&listen, export, config)?;
+    server.set_directory(Arc::new(VolumeDirectory {
         served: Arc::clone(&served),
         read_only: args.read_only,
         requests: Arc::clone(&requests),
-        queue_when_full: (thin.when_full == crate::thin::WhenFull::Queue)
-            .then_some(thin.when_full_timeout),
-        waiting_logged: std::sync::Mutex::new(None),
-    });
-    let server = Server::bind(&listen, export, config)?;
+        queue_when_full,
+    }));
     let metrics = match &args.metrics {
         Some(address) => Some(start_metrics(address, &served, args.volume(), &requests)?),
         None => None,

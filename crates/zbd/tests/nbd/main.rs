@@ -5,6 +5,7 @@
 #[path = "../nbd_support/mod.rs"]
 mod nbd_support;
 
+mod devices;
 mod filesystem;
 mod power_loss;
 mod scrub;
