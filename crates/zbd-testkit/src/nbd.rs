@@ -288,7 +288,13 @@ fn protocol(message: String) -> io::Error {
 }
 
 impl Client {
+    /// Connects to the default export.
     pub fn connect(socket: &Path) -> io::Result<Client> {
+        Client::connect_to(socket, "")
+    }
+
+    /// Connects to the export named `export` ("" is the default one).
+    pub fn connect_to(socket: &Path, export: &str) -> io::Result<Client> {
         let mut stream = UnixStream::connect(socket)?;
         let mut greeting = [0u8; 18];
         stream.read_exact(&mut greeting)?;
@@ -298,8 +304,8 @@ impl Client {
             return Err(protocol("bad greeting".into()));
         }
         stream.write_all(&(wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES).to_be_bytes())?;
-        // The default export, no info requests.
-        let data = RawClient::go_data("", &[]);
+        // No info requests.
+        let data = RawClient::go_data(export, &[]);
         let mut go = wire::IHAVEOPT.to_be_bytes().to_vec();
         go.extend_from_slice(&wire::OPT_GO.to_be_bytes());
         go.extend_from_slice(&(data.len() as u32).to_be_bytes());

@@ -1,12 +1,14 @@
-//! `zbd device`: the named block devices of one volume (design.md, "Devices"), offline.
-//! `zbd serve` offers each as an NBD export of its name.
+//! `zbd device`: the named block devices of one volume (design.md, "Devices"). Offline, or on a
+//! served volume through its control socket without stopping I/O; `zbd serve` offers each
+//! device as an NBD export of its name.
 
 use super::human;
 use crate::target::CephArgs;
-use anyhow::{Context, Result};
-use std::path::PathBuf;
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zbd_core::AllocState;
+use zbd_core::{AllocState, Volume};
 
 /// Arguments of `zbd device`.
 #[derive(clap::Args)]
@@ -19,7 +21,7 @@ pub struct Args {
 enum Action {
     /// Make a new empty writable device (needs a volume made with --metadata-pages).
     Create {
-        /// Volume file, block device or rados:POOL/NAME (not in use).
+        /// Volume file, block device or rados:POOL/NAME (served or not).
         path: PathBuf,
         /// Name, unique in the volume (1-64 bytes): the NBD export name.
         name: String,
@@ -31,7 +33,7 @@ enum Action {
     },
     /// List the devices with their size and the bytes they map.
     List {
-        /// Volume file, block device or rados:POOL/NAME (not in use).
+        /// Volume file, block device or rados:POOL/NAME (served or not).
         path: PathBuf,
         /// JSON instead of a table.
         #[arg(long)]
@@ -39,9 +41,10 @@ enum Action {
         #[command(flatten)]
         ceph: CephArgs,
     },
-    /// Delete a device and free the blocks only it holds (not the default device).
+    /// Delete a device and free the blocks only it holds (not the default device; refused
+    /// while an NBD client has it open).
     Delete {
-        /// Volume file, block device or rados:POOL/NAME (not in use).
+        /// Volume file, block device or rados:POOL/NAME (served or not).
         path: PathBuf,
         /// The device's name.
         name: String,
@@ -50,72 +53,140 @@ enum Action {
     },
 }
 
+/// A device operation, as the control socket carries it (one JSON line after `device `).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    Create { name: String, size: u64 },
+    Delete { name: String },
+    List,
+}
+
+/// One device as `zbd device list` shows it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub id: u32,
+    pub name: String,
+    pub kind: String,
+    pub size_bytes: u64,
+    /// Bytes of blocks that name stored data.
+    pub mapped_bytes: u64,
+    pub created_at: u64,
+    pub writable: bool,
+}
+
+/// What a device operation did.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Reply {
+    Created { id: u32 },
+    Deleted,
+    List(Vec<Listed>),
+    Error(String),
+}
+
+/// Does `request` on an open volume (offline, or the server's).
+pub fn apply(vol: &Volume, request: &Request) -> Reply {
+    let done = match request {
+        Request::Create { name, size } => vol
+            .create_device(name, *size)
+            .map(|id| Reply::Created { id }),
+        Request::Delete { name } => vol.delete_device(name).map(|()| Reply::Deleted),
+        Request::List => list(vol).map(Reply::List),
+    };
+    done.unwrap_or_else(|e| Reply::Error(e.to_string()))
+}
+
+fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
+    vol.devices()
+        .into_iter()
+        .map(|d| {
+            let runs = vol.allocation_in(d.id, 0, d.size_bytes)?;
+            let mapped_bytes = runs
+                .iter()
+                .filter(|(_, s)| *s == AllocState::Data)
+                .map(|(n, _)| n)
+                .sum();
+            Ok(Listed {
+                id: d.id,
+                name: d.name,
+                kind: d.kind.into(),
+                size_bytes: d.size_bytes,
+                mapped_bytes,
+                created_at: d.created_at,
+                writable: d.writable,
+            })
+        })
+        .collect()
+}
+
+/// How long a device operation of a served volume may take: a delete trims the whole device.
+const REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// `request` on the volume at `path`: through its server if one serves it, else offline.
+fn perform(path: &Path, ceph: &CephArgs, request: &Request) -> Result<Reply> {
+    let line = format!("device {}", serde_json::to_string(request)?);
+    if let Some(answer) = super::serve::ask_control(path, &line, REMOTE_TIMEOUT) {
+        let answer = answer.with_context(|| format!("the server of {}", path.display()))?;
+        if answer.starts_with("unknown control request") {
+            bail!(
+                "{} is served by an older zbd that has no devices online: stop the server first",
+                path.display()
+            );
+        }
+        return serde_json::from_str(answer.trim())
+            .with_context(|| format!("unreadable answer from the server: {answer:?}"));
+    }
+    let (_, vol) = super::open_offline(path, ceph)?;
+    let reply = apply(&vol, request);
+    vol.close()?;
+    Ok(reply)
+}
+
 pub fn run(a: Args) -> Result<ExitCode> {
-    match a.action {
+    let (path, ceph, request, json) = match a.action {
         Action::Create {
             path,
             name,
             size,
             ceph,
         } => {
-            let bytes = super::size_arg("--size", &size)?;
-            let (target, vol) = super::open_offline(&path, &ceph)?;
-            let id = vol
-                .create_device(&name, bytes)
-                .with_context(|| format!("{target}: device {name:?}"))?;
-            vol.close()?;
+            let size = super::size_arg("--size", &size)?;
+            (path, ceph, Request::Create { name, size }, false)
+        }
+        Action::List { path, json, ceph } => (path, ceph, Request::List, json),
+        Action::Delete { path, name, ceph } => (path, ceph, Request::Delete { name }, false),
+    };
+    let target = path.display().to_string();
+    match (perform(&path, &ceph, &request)?, &request) {
+        (Reply::Error(why), _) => return Err(anyhow!("{target}: {why}")),
+        (Reply::Created { id }, Request::Create { name, size }) => {
             println!(
                 "created device {name} (id {id}, {}) in {target}",
-                human(bytes)
+                human(*size)
             );
         }
-        Action::List { path, json, ceph } => {
-            let (_, vol) = super::open_offline(&path, &ceph)?;
-            let mut rows = Vec::new();
-            for d in vol.devices() {
-                let runs = vol.allocation_in(d.id, 0, d.size_bytes)?;
-                let mapped: u64 = runs
-                    .iter()
-                    .filter(|(_, s)| *s == AllocState::Data)
-                    .map(|(n, _)| n)
-                    .sum();
-                rows.push((d, mapped));
-            }
-            vol.close()?;
-            if json {
-                let list: Vec<_> = rows
-                    .iter()
-                    .map(|(d, mapped)| {
-                        let mut v = serde_json::to_value(d).expect("serializable");
-                        v["mapped_bytes"] = (*mapped).into();
-                        v
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
+        (Reply::Deleted, Request::Delete { name }) => {
+            println!("deleted device {name} from {target}")
+        }
+        (Reply::List(rows), _) if json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        (Reply::List(rows), _) => {
+            println!(
+                "{:<4} {:<24} {:<9} {:>12} {:>12}",
+                "ID", "NAME", "KIND", "SIZE", "MAPPED"
+            );
+            for d in &rows {
                 println!(
                     "{:<4} {:<24} {:<9} {:>12} {:>12}",
-                    "ID", "NAME", "KIND", "SIZE", "MAPPED"
+                    d.id,
+                    d.name,
+                    d.kind,
+                    human(d.size_bytes),
+                    human(d.mapped_bytes)
                 );
-                for (d, mapped) in &rows {
-                    println!(
-                        "{:<4} {:<24} {:<9} {:>12} {:>12}",
-                        d.id,
-                        d.name,
-                        d.kind,
-                        human(d.size_bytes),
-                        human(*mapped)
-                    );
-                }
             }
         }
-        Action::Delete { path, name, ceph } => {
-            let (target, vol) = super::open_offline(&path, &ceph)?;
-            vol.delete_device(&name)
-                .with_context(|| format!("{target}: device {name:?}"))?;
-            vol.close()?;
-            println!("deleted device {name} from {target}");
-        }
+        (other, _) => bail!("{target}: unexpected answer {other:?}"),
     }
     Ok(ExitCode::SUCCESS)
 }

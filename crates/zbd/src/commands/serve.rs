@@ -213,6 +213,8 @@ pub struct VolumeExport {
     /// When a write last started waiting for room (`--when-full queue`), for the log line
     /// that says writes wait: at most one per `WAITING_LOG_PERIOD`.
     waiting_logged: std::sync::Mutex<Option<Instant>>,
+    /// Counts this export's connection on its device (not for the default export).
+    _open: Option<OpenGuard>,
 }
 
 /// Writes that wait for room are logged at most this often.
@@ -312,6 +314,42 @@ struct VolumeDirectory {
     read_only: bool,
     requests: Arc<Requests>,
     queue_when_full: Option<Duration>,
+    open: Arc<OpenExports>,
+}
+
+/// Connections open on each device other than the default one: a device is not deleted
+/// under a client (`zbd device delete` of a served volume).
+#[derive(Default)]
+struct OpenExports(std::sync::Mutex<std::collections::HashMap<u32, usize>>);
+
+impl OpenExports {
+    fn count(&self, device: u32) -> usize {
+        self.0
+            .lock()
+            .map_or(0, |m| m.get(&device).copied().unwrap_or(0))
+    }
+}
+
+/// Counts one connection on a device while it lives (dropped with the connection's export).
+struct OpenGuard(Arc<OpenExports>, u32);
+
+impl OpenGuard {
+    fn new(open: &Arc<OpenExports>, device: u32) -> OpenGuard {
+        if let Ok(mut m) = open.0.lock() {
+            *m.entry(device).or_default() += 1;
+        }
+        OpenGuard(Arc::clone(open), device)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.0 .0.lock() {
+            if let Some(n) = m.get_mut(&self.1) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
 }
 
 impl zbd_nbd::Directory for VolumeDirectory {
@@ -336,6 +374,7 @@ impl zbd_nbd::Directory for VolumeDirectory {
             requests: Arc::clone(&self.requests),
             queue_when_full: self.queue_when_full,
             waiting_logged: std::sync::Mutex::new(None),
+            _open: Some(OpenGuard::new(&self.open, d.id)),
         }))
     }
 }
@@ -465,6 +504,24 @@ pub fn default_socket_path(volume: &Path) -> PathBuf {
         .collect();
     let short = path_hash(volume) as u32;
     Path::new(RUN_DIR).join(format!("{name}-{short:08x}.sock"))
+}
+
+/// Sends one request to the server serving `volume` and returns its whole reply, waiting up to
+/// `timeout` for it; None if no server listens for the volume.
+pub fn ask_control(
+    volume: &Path,
+    request: &str,
+    timeout: Duration,
+) -> Option<std::io::Result<String>> {
+    let mut stream = UnixStream::connect(control_socket_path(volume)).ok()?;
+    let answer = stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.write_all(format!("{request}\n").as_bytes()))
+        .and_then(|()| {
+            let mut reply = String::new();
+            std::io::Read::read_to_string(&mut stream, &mut reply).map(|_| reply)
+        });
+    Some(answer)
 }
 
 /// Sends one request (`stats json`, `stats text`, `metrics`) to the server serving `volume`
@@ -607,6 +664,43 @@ fn serve_scrub(stream: UnixStream, served: Arc<ServedVolume>, rate: &str) {
         });
 }
 
+/// Does a device operation (`zbd device` of a served volume) for a control connection, on its
+/// own thread (a delete trims the whole device) while I/O goes on; the answer is one JSON line
+/// (`device::Reply`). A device an NBD client has open is not deleted.
+fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open: Arc<OpenExports>) {
+    use super::device::{apply, Reply, Request};
+    let json = json.to_string();
+    let _ = stream.set_write_timeout(None);
+    let _ = std::thread::Builder::new()
+        .name("zbd-device".into())
+        .spawn(move || {
+            let reply = match serde_json::from_str::<Request>(&json) {
+                Err(e) => Reply::Error(format!("unreadable device request: {e}")),
+                Ok(request) => served
+                    .with(|v| {
+                        if let Request::Delete { name } = &request {
+                            let id = v.devices().into_iter().find(|d| &d.name == name);
+                            if let Some(n) = id.map(|d| open.count(d.id)).filter(|&n| n > 0) {
+                                return Reply::Error(format!(
+                                    "device {name:?} is open by {n} NBD connection(s): \
+                                     disconnect them first"
+                                ));
+                            }
+                        }
+                        let reply = apply(v, &request);
+                        if !matches!(reply, Reply::List(_) | Reply::Error(_)) {
+                            crate::log::line(format!("zbd: device operation done: {json}"));
+                        }
+                        reply
+                    })
+                    .unwrap_or_else(|why| Reply::Error(format!("the volume is not served: {why}"))),
+            };
+            let line = serde_json::to_string(&reply).unwrap_or_else(|e| format!("{e}"));
+            let mut s = &stream;
+            let _ = s.write_all(format!("{line}\n").as_bytes());
+        });
+}
+
 /// Grows the served volume for a control connection (`zbd grow`), on its own thread so that
 /// `zbd stat` keeps answering meanwhile; the answer is one line (`grow::Reply`), sent once
 /// the grown volume serves.
@@ -648,6 +742,7 @@ fn spawn_control(
     served: std::sync::Weak<ServedVolume>,
     info: ServedInfo,
     requests: Arc<Requests>,
+    open: Arc<OpenExports>,
 ) -> std::io::Result<()> {
     let name = info.volume.clone();
     std::thread::Builder::new()
@@ -670,6 +765,10 @@ fn spawn_control(
                 }
                 if let Some(sizes) = request.trim().strip_prefix("grow ") {
                     serve_grow(stream, served, sizes);
+                    continue;
+                }
+                if let Some(json) = request.trim().strip_prefix("device ") {
+                    serve_device(stream, served, json, Arc::clone(&open));
                     continue;
                 }
                 let thin = served.thin();
@@ -856,6 +955,7 @@ fn start_control(
     path: &Path,
     info: ServedInfo,
     requests: &Arc<Requests>,
+    open: &Arc<OpenExports>,
 ) -> Result<RemoveOnDrop> {
     let control_path = control_socket_path(path);
     if let Some(parent) = control_path.parent() {
@@ -867,7 +967,13 @@ fn start_control(
     let control = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot listen on control socket {}", control_path.display()))?;
     let guard = RemoveOnDrop(control_path);
-    spawn_control(control, Arc::downgrade(served), info, Arc::clone(requests))?;
+    spawn_control(
+        control,
+        Arc::downgrade(served),
+        info,
+        Arc::clone(requests),
+        Arc::clone(open),
+    )?;
     Ok(guard)
 }
 
@@ -1004,13 +1110,16 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         requests: Arc::clone(&requests),
         queue_when_full,
         waiting_logged: std::sync::Mutex::new(None),
+        _open: None,
     });
     let mut server = Server::bind(&listen, export, config)?;
+    let open = Arc::new(OpenExports::default());
     server.set_directory(Arc::new(VolumeDirectory {
         served: Arc::clone(&served),
         read_only: args.read_only,
         requests: Arc::clone(&requests),
         queue_when_full,
+        open: Arc::clone(&open),
     }));
     let metrics = match &args.metrics {
         Some(address) => Some(start_metrics(address, &served, args.volume(), &requests)?),
@@ -1027,7 +1136,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         read_only: args.read_only,
         metrics: metrics.map(|bound| bound.to_string()),
     };
-    let _control = start_control(&served, args.volume(), info, &requests)?;
+    let _control = start_control(&served, args.volume(), info, &requests, &open)?;
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {

@@ -4,6 +4,7 @@
 
 use crate::nbd_support::*;
 use std::process::Command;
+use zbd_testkit::nbd::Client;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut state = seed | 1;
@@ -93,6 +94,39 @@ fn devices_are_served_by_name_and_keep_their_own_bytes() {
         .output()
         .expect("nbdinfo");
     assert!(!missing.status.success(), "no export named nobody");
+
+    // On the served volume, through its control socket: a new device is served at once, and
+    // one a client has open is not deleted until the client goes.
+    run(Command::new(ZBD)
+        .args(["device", "create"])
+        .arg(&volume)
+        .args(["vm2", "--size", "4M"]));
+    assert_eq!(device_names(&volume), ["default", "vm1", "vm2"]);
+    let mut client = Client::connect_to(&served.socket, "vm2").expect("connect to vm2");
+    assert_eq!(client.size, 4 << 20);
+    client.write(0, &bytes(3, 64 << 10), false).expect("write");
+    client.flush().expect("flush");
+    let refused = Command::new(ZBD)
+        .args(["device", "delete"])
+        .arg(&volume)
+        .arg("vm2")
+        .output()
+        .expect("zbd device delete");
+    assert!(!refused.status.success(), "deleted under a client");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("open by 1 NBD connection"), "{said}");
+    drop(client);
+    wait_until("the delete once the client is gone", || {
+        Command::new(ZBD)
+            .args(["device", "delete"])
+            .arg(&volume)
+            .arg("vm2")
+            .output()
+            .expect("zbd device delete")
+            .status
+            .success()
+    });
+    assert_eq!(device_names(&volume), ["default", "vm1"]);
     drop(served);
 
     run(Command::new(ZBD).arg("check").arg(&volume));
