@@ -195,6 +195,8 @@ pub struct Stats {
     pub dedup_index: Option<DedupIndexStat>,
     /// The volume's setting (`zbd create --dedup`), what opens do unless told otherwise.
     pub dedup_setting: bool,
+    /// The volume's block devices (`zbd device`), the default one first.
+    pub devices: Vec<crate::engine::DeviceInfo>,
 }
 
 /// The inline dedup index of an open (`Stats::dedup`).

@@ -57,8 +57,12 @@ impl DeviceInfo {
 impl Inner {
     /// The devices, in id order (a v2 map has only the default one).
     pub fn devices(&self) -> Vec<DeviceInfo> {
-        let st = self.state.lock();
-        match &st.map {
+        self.devices_of(&self.state.lock().map)
+    }
+
+    /// The devices of `map`, this volume's (its state lock held).
+    pub(super) fn devices_of(&self, map: &VolumeMap) -> Vec<DeviceInfo> {
+        match map {
             VolumeMap::Tree(t) => t.devices().iter().map(DeviceInfo::of).collect(),
             VolumeMap::Pages(_) => vec![DeviceInfo {
                 id: DEFAULT_DEVICE,

@@ -80,7 +80,9 @@ impl Inner {
             m.damaged_blocks,
             m.live_bytes,
         );
-        let unmapped = self.sb.logical_blocks.saturating_sub(data + zero + damaged);
+        // Every device's blocks (the counters are the volume's).
+        let logical_blocks: u64 = st.map.device_ranges().iter().map(|&(_, n)| n).sum();
+        let unmapped = logical_blocks.saturating_sub(data + zero + damaged);
         // Blocks stored once for every block that names them (bit 12): the direct ones, and
         // every block of each shared item. Counted from the SBT the first time.
         let shared = st.map.shared_totals().unwrap_or_default();
@@ -180,6 +182,7 @@ impl Inner {
             dictionary_setting: self.sb.settings & crate::format::SB_SETTING_DICTIONARY != 0,
             dedup_index: self.dedup.as_ref().map(|d| d.stats()),
             dedup_setting: self.sb.settings & crate::format::SB_SETTING_DEDUP != 0,
+            devices: self.devices_of(&st.map),
             dictionaries: {
                 let active = self.dicts.active().map(|d| d.id());
                 st.dicts

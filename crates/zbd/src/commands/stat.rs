@@ -148,6 +148,17 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     }
     line("format version", s.format_version.to_string());
     line("logical size", human(s.logical_bytes));
+    if s.devices.len() > 1 {
+        let list: Vec<String> = s
+            .devices
+            .iter()
+            .map(|d| format!("{} ({}, {})", d.name, d.kind, human(d.size_bytes)))
+            .collect();
+        line(
+            "devices",
+            format!("{}: {}", s.devices.len(), list.join(", ")),
+        );
+    }
     line(
         "codec / extent",
         format!("{} / {}", s.codec, human(u64::from(s.extent_bytes))),

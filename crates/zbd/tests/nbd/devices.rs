@@ -130,6 +130,12 @@ fn devices_are_served_by_name_and_keep_their_own_bytes() {
     drop(served);
 
     run(Command::new(ZBD).arg("check").arg(&volume));
+    let stat: serde_json::Value = serde_json::from_str(&stdout(&run(Command::new(ZBD)
+        .arg("stat")
+        .arg(&volume)
+        .arg("--json"))))
+    .expect("json");
+    assert_eq!(stat["devices"][1]["name"], "vm1", "{stat}");
     run(Command::new(ZBD)
         .args(["device", "delete"])
         .arg(&volume)
