@@ -164,6 +164,34 @@ impl Volume {
         r
     }
 
+    /// Takes snapshot `name` of writable device `origin` (design.md, "Copy on write"): a
+    /// read-only device that keeps what `origin` holds now, in one checkpoint, at O(1) cost
+    /// (a row and a count); `origin` copies each map page the first time it changes it
+    /// afterwards. Returns its id.
+    pub fn snapshot(&self, origin: &str, name: &str) -> Result<u32> {
+        self.inner.snapshot(origin, name)
+    }
+
+    /// Makes writable device `name` from snapshot `snapshot`, sharing its pages: instant, and
+    /// independent of the snapshot from then on (deleting the snapshot keeps it).
+    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<u32> {
+        self.inner.clone_snapshot(snapshot, name)
+    }
+
+    /// Rolls writable device `name` back to `snapshot`, one of its own snapshots: what it
+    /// wrote since is given up (through the trim path), then it shares the snapshot's pages.
+    pub fn rollback(&self, name: &str, snapshot: &str) -> Result<()> {
+        let r = self.inner.rollback(name, snapshot);
+        self.room.freed();
+        r
+    }
+
+    /// Byte ranges (offset, length) where devices `a` and `b` (of one size: a device and its
+    /// snapshots, or two snapshots) differ; pages they share are not read.
+    pub fn diff(&self, a: &str, b: &str) -> Result<Vec<(u64, u64)>> {
+        self.inner.diff(a, b)
+    }
+
     /// Reads `buf.len()` bytes at byte `offset` of `device`.
     pub fn read_in(&self, device: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read(device, offset, buf)

@@ -633,7 +633,8 @@ fn commit(
             }
         }
         for (lba, entry) in moved {
-            st.set_entry(lba, entry)?;
+            // A move changes no block's content: every device that shares the leaf follows.
+            st.set_entry_in_place(lba, entry)?;
             // One pass may touch a leaf per block it moves: a page tree's window is bounded
             // (VolumeMap::window_full). Each block maps to a good copy at any point, so a
             // checkpoint between two moves records a consistent map.

@@ -33,6 +33,8 @@ pub struct DeviceInfo {
     pub created_at: u64,
     /// Whether it takes writes.
     pub writable: bool,
+    /// The device it was made from (a snapshot's origin, a clone's snapshot; 0: none).
+    pub parent: u32,
 }
 
 impl DeviceInfo {
@@ -50,6 +52,7 @@ impl DeviceInfo {
             size_bytes: row.blocks * BLOCK_BYTES as u64,
             created_at: row.created_at,
             writable: row.flags & 1 == 0 && row.kind != DeviceKind::Snapshot,
+            parent: row.parent,
         }
     }
 }
@@ -71,6 +74,7 @@ impl Inner {
                 size_bytes: self.size_bytes(),
                 created_at: 0,
                 writable: !self.read_only,
+                parent: 0,
             }],
         }
     }
@@ -84,14 +88,16 @@ impl Inner {
             .ok_or_else(|| Error::Invalid(format!("no device named {name:?} in this volume")))
     }
 
-    /// Size in bytes of `device`.
-    pub(super) fn device_size(&self, device: u32) -> Result<u64> {
+    /// Size in bytes of `device`, and whether it takes writes (a snapshot does not).
+    pub(super) fn device_size(&self, device: u32) -> Result<(u64, bool)> {
         if device == DEFAULT_DEVICE {
-            return Ok(self.size_bytes());
+            return Ok((self.size_bytes(), true));
         }
-        let blocks = self.state.lock().map.blocks_of(device);
+        let st = self.state.lock();
+        let blocks = st.map.blocks_of(device);
+        let writable = st.map.writable(device);
         blocks
-            .map(|b| b * BLOCK_BYTES as u64)
+            .map(|b| (b * BLOCK_BYTES as u64, writable))
             .ok_or_else(|| Error::Invalid(format!("no device {device} in this volume")))
     }
 
@@ -125,9 +131,7 @@ impl Inner {
                 "devices need a volume with metadata pages (zbd create --metadata-pages)".into(),
             ));
         };
-        let created_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let created_at = unix_now();
         let id = t.add_device(DeviceRow {
             id: 0,
             parent: 0,
@@ -164,12 +168,43 @@ impl Inner {
                 "the default device is the volume's own: it cannot be deleted".into(),
             ));
         }
-        let size = self.device_size(id)?;
-        self.trim(id, 0, size)?;
+        let (size, writable) = self.device_size(id)?;
+        if writable {
+            // A writable device gives its blocks up through the trim path first, in logged
+            // steps: what it made and another device keeps has its items made shared before
+            // it is let go (invariant P), everything else is freed.
+            self.emptied(id, name, size)?;
+        }
         let mut st = self.lock_for_write();
         let cx = self.ctx();
-        // Every block must be unmapped now: one written since the trim (a request that was
-        // in flight) would be lost with the tree without its space being freed.
+        if writable {
+            Self::check_empty(&mut st, id, name, size)?;
+        }
+        // A snapshot made no page: its tree is given up in this hold, every page no other
+        // device names freed with what it holds, the rest one count less.
+        let mut freed = Vec::new();
+        let VolumeMap::Tree(t) = &mut st.map else {
+            unreachable!("a device beside the default one lives in a page tree");
+        };
+        let released = t.release_device(id, |e| freed.push(e));
+        st.account_promoted();
+        for old in freed {
+            st.account(old, crate::format::MapEntry::UNMAPPED)?;
+        }
+        released?;
+        st.checkpoint(&cx)?;
+        Ok(())
+    }
+
+    /// Trims the whole of writable device `id` (`name`, `size` bytes).
+    fn emptied(&self, id: u32, name: &str, size: u64) -> Result<()> {
+        self.trim(id, 0, size)
+            .map_err(|e| Error::Invalid(format!("device {name:?}: emptying it failed: {e}")))
+    }
+
+    /// Every block of device `id` must be unmapped after its trim: one written since (a
+    /// request that was in flight) would be lost with the tree without its space being freed.
+    fn check_empty(st: &mut crate::state::State, id: u32, name: &str, size: u64) -> Result<()> {
         let mut written = 0u64;
         st.map
             .runs(block_key(id, 0), size / BLOCK_BYTES as u64, |s, n| {
@@ -179,15 +214,108 @@ impl Inner {
             })?;
         if written > 0 {
             return Err(Error::Invalid(format!(
-                "device {name:?} was written while it was being deleted ({written} blocks); \
-                 delete it again"
+                "device {name:?} was written while it was emptied ({written} blocks); \
+                 try again"
             )));
         }
+        Ok(())
+    }
+
+    /// Takes snapshot `name` of writable device `origin` (`Volume::snapshot`): a read-only
+    /// device sharing every page of the origin's tree, made in one checkpoint. O(1): one row
+    /// and one count; the origin copies a page the first time it changes it afterwards.
+    pub fn snapshot(&self, origin: &str, name: &str) -> Result<u32> {
+        let source = self.device_id(origin)?;
+        self.add_shared(source, DeviceKind::Snapshot, name)
+    }
+
+    /// Makes writable device `name` from snapshot `snapshot` (`Volume::clone_snapshot`),
+    /// sharing its pages, in one checkpoint.
+    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<u32> {
+        let source = self.device_id(snapshot)?;
+        self.add_shared(source, DeviceKind::Clone, name)
+    }
+
+    fn add_shared(&self, source: u32, kind: DeviceKind, name: &str) -> Result<u32> {
+        self.check_writable()?;
+        if self.ctx().form.flags & SEG_FLAG_WIDE_RECORDS == 0 {
+            return Err(Error::Invalid(
+                "snapshots need a volume with metadata pages and 64-byte records \
+                 (zbd create --metadata-pages)"
+                    .into(),
+            ));
+        }
+        let mut st = self.lock_for_write();
+        let cx = self.ctx();
+        let created = (st.next_seq, unix_now());
         let VolumeMap::Tree(t) = &mut st.map else {
-            unreachable!("a device beside the default one lives in a page tree");
+            return Err(Error::Invalid(
+                "snapshots need a volume with metadata pages (zbd create --metadata-pages)".into(),
+            ));
         };
-        t.remove_device(id)?;
+        let id = t.add_shared_device(source, kind, name, created)?;
+        if id > DEVICE_KEY_MAX {
+            t.release_device(id, |_| {})?;
+            return Err(Error::Invalid(format!(
+                "device ids are used up (a block key names ids up to {DEVICE_KEY_MAX})"
+            )));
+        }
+        // Copies of shared leaves promote their items (format bit 12, which this checkpoint
+        // carries), and the row, the count and the origin's epoch are durable together.
+        st.shared_items = true;
+        st.checkpoint(&cx)?;
+        st.shared_items_durable = true;
+        Ok(id)
+    }
+
+    /// Rolls writable device `name` back to its snapshot `snapshot` (`Volume::rollback`):
+    /// the device is emptied through the trim path (its pages given up in logged steps),
+    /// then names the snapshot's tree in one checkpoint. A crash between leaves it empty;
+    /// rolling back again finishes.
+    pub fn rollback(&self, name: &str, snapshot: &str) -> Result<()> {
+        self.check_writable()?;
+        let id = self.device_id(name)?;
+        let snap = self.device_id(snapshot)?;
+        let row = self
+            .devices()
+            .into_iter()
+            .find(|d| d.id == snap)
+            .filter(|d| d.kind == "snapshot" && d.parent == id)
+            .ok_or_else(|| Error::Invalid(format!("{snapshot:?} is not a snapshot of {name:?}")))?;
+        let (size, writable) = self.device_size(id)?;
+        if !writable || row.size_bytes != size {
+            return Err(Error::Invalid(format!("{name:?} cannot be rolled back")));
+        }
+        self.emptied(id, name, size)?;
+        let mut st = self.lock_for_write();
+        let cx = self.ctx();
+        Self::check_empty(&mut st, id, name, size)?;
+        let VolumeMap::Tree(t) = &mut st.map else {
+            unreachable!("a snapshot lives in a page tree");
+        };
+        t.share_tree(snap, id)?;
         st.checkpoint(&cx)?;
         Ok(())
     }
+
+    /// The block ranges where devices `a` and `b` differ (`Volume::diff`), as (byte offset,
+    /// length); pages both share are not read.
+    pub fn diff(&self, a: &str, b: &str) -> Result<Vec<(u64, u64)>> {
+        let (a, b) = (self.device_id(a)?, self.device_id(b)?);
+        let mut st = self.state.lock();
+        let VolumeMap::Tree(t) = &mut st.map else {
+            return Ok(Vec::new());
+        };
+        let bs = BLOCK_BYTES as u64;
+        Ok(t.diff(a, b)?
+            .into_iter()
+            .map(|(lba, n)| (lba * bs, n * bs))
+            .collect())
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

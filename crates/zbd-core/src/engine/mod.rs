@@ -317,12 +317,22 @@ impl Inner {
         self.state.lock()
     }
 
-    /// Checks a byte range of `device`; returns the block key of the device's first block
-    /// (`format::block_key`), from which the request's blocks are named.
-    pub(super) fn check_range(&self, device: u32, offset: u64, len: u64) -> Result<u64> {
-        let size = self.device_size(device)?;
+    /// Checks a byte range of `device` (to change it when `write`: a snapshot is read-only);
+    /// returns the block key of the device's first block (`format::block_key`), from which
+    /// the request's blocks are named.
+    pub(super) fn check_range(
+        &self,
+        device: u32,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<u64> {
+        let (size, writable) = self.device_size(device)?;
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::OutOfRange { offset, len, size });
+        }
+        if write && !writable {
+            return Err(Error::ReadOnly);
         }
         Ok(crate::format::block_key(device, 0))
     }

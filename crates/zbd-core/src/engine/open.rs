@@ -648,7 +648,7 @@ fn replay_one(st: &mut State, r: &recovery::Replayed, end: u64, durable_seq: u64
                 rec.source_offset,
             )? {
                 Owner::Shared(key, _) => st.move_shared_item(key, r.extent, rec.offset)?,
-                Owner::Direct(e) => st.set_entry(
+                Owner::Direct(e) => st.set_entry_in_place(
                     rec.lba,
                     MapEntry {
                         extent: r.extent,

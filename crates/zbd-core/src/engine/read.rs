@@ -14,7 +14,7 @@ impl Inner {
     /// Reads `buf.len()` bytes at byte `offset`. Whole-block reads are decoded straight into
     /// `buf`; only a read with a partial first or last block goes through a scratch buffer.
     pub fn read(&self, device: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let base = self.check_range(device, offset, buf.len() as u64)?;
+        let base = self.check_range(device, offset, buf.len() as u64, false)?;
         if buf.is_empty() {
             return Ok(());
         }

@@ -16,7 +16,7 @@ use std::time::Duration;
 impl Inner {
     /// Allocation state of a byte range, as runs of (length, state).
     pub fn allocation(&self, device: u32, offset: u64, len: u64) -> Result<Vec<(u64, AllocState)>> {
-        let base = self.check_range(device, offset, len)?;
+        let base = self.check_range(device, offset, len, false)?;
         let mut runs: Vec<(u64, AllocState)> = Vec::new();
         if len == 0 {
             return Ok(runs);
@@ -251,7 +251,8 @@ impl Inner {
             state: BlockState::Corrupt,
             ..MapEntry::UNMAPPED
         };
-        st.set_entry(lba, damaged).is_ok()
+        // A damage mark: every device that shares the leaf reads the block as damaged.
+        st.set_entry_in_place(lba, damaged).is_ok()
     }
 
     /// Verifies metadata and the checksum of every stored block. `progress(done, total)` is

@@ -141,7 +141,7 @@ impl Inner {
     /// Writes `data` at byte `offset`. With `fua`, returns only once the data is durable.
     pub fn write(&self, device: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_writable()?;
-        let base = self.check_range(device, offset, data.len() as u64)?;
+        let base = self.check_range(device, offset, data.len() as u64, true)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -468,7 +468,7 @@ impl Inner {
         kind: RecordKind,
     ) -> Result<()> {
         self.check_writable()?;
-        let base = self.check_range(device, offset, len)?;
+        let base = self.check_range(device, offset, len, true)?;
         if len == 0 {
             return Ok(());
         }

@@ -317,7 +317,8 @@ impl Checkpoint {
         let bit10 = v2 && get_u32(b, 196) & CKPT_FLAG_METADATA_PAGES != 0;
         let needs = CKPT_FLAG_METADATA_PAGES | CKPT_FLAG_V3_SEGMENTS;
         if v2
-            && get_u32(b, 196) & (CKPT_FLAG_SHARED_ITEMS | CKPT_FLAG_DEVICES) != 0
+            && get_u32(b, 196) & (CKPT_FLAG_SHARED_ITEMS | CKPT_FLAG_DEVICES | CKPT_FLAG_SNAPSHOTS)
+                != 0
             && get_u32(b, 196) & needs != needs
         {
             return Err(corrupt(

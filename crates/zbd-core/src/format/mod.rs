@@ -136,6 +136,10 @@ pub const CKPT_FLAG_SHARED_ITEMS: u32 = 1 << 12;
 /// Checkpoint flag (incompatible): the device table has more than one row, and records may
 /// name devices other than the default one (docs/format.md, "Bit 13"). Needs bits 10 and 11.
 pub const CKPT_FLAG_DEVICES: u32 = 1 << 13;
+/// Checkpoint flag (incompatible): map pages may have more than one parent (snapshots and
+/// clones); the PCT counts them and a host change copies a shared page first (docs/format.md,
+/// "Bit 14"). A build without copy on write would change a snapshot's pages in place.
+pub const CKPT_FLAG_SNAPSHOTS: u32 = 1 << 14;
 /// Flag bits a reader must understand to open the volume (bits 8..16). The others (0..8) are
 /// compatible: a writer that does not maintain what they announce clears them.
 pub const CKPT_FLAGS_INCOMPAT: u32 = 0xff00;
@@ -145,7 +149,8 @@ pub const CKPT_FLAGS_INCOMPAT_KNOWN: u32 = CKPT_FLAG_COMPRESSION_UNITS
     | CKPT_FLAG_METADATA_PAGES
     | CKPT_FLAG_V3_SEGMENTS
     | CKPT_FLAG_SHARED_ITEMS
-    | CKPT_FLAG_DEVICES;
+    | CKPT_FLAG_DEVICES
+    | CKPT_FLAG_SNAPSHOTS;
 /// Largest compression unit, in blocks (64 KiB: its stored length, kept compressed only when
 /// that saves a sector, fits the u16 of a map entry).
 pub const UNIT_BLOCKS_MAX: u8 = 16;

@@ -71,7 +71,7 @@ fn unit_class(blocks: u8) -> usize {
 }
 
 impl MapCounters {
-    pub(super) fn add(&mut self, e: &MapEntry, n: u64) {
+    pub(crate) fn add(&mut self, e: &MapEntry, n: u64) {
         match e.state {
             BlockState::Data => {
                 let share = n * u64::from(crate::units::share(e));
@@ -139,12 +139,12 @@ impl MapCounters {
     }
 
     /// `n` blocks leave entry `old` for entry `new`.
-    pub(super) fn replace(&mut self, old: &MapEntry, new: &MapEntry, n: u64) {
+    pub(crate) fn replace(&mut self, old: &MapEntry, new: &MapEntry, n: u64) {
         self.sub(old, n);
         self.add(new, n);
     }
 
-    pub(super) fn sub(&mut self, e: &MapEntry, n: u64) {
+    pub(crate) fn sub(&mut self, e: &MapEntry, n: u64) {
         // Saturating: a map page found damaged after open loses what its entries counted.
         match e.state {
             BlockState::Data => {

@@ -178,19 +178,14 @@ impl VolumeMap {
         let VolumeMap::Tree(t) = self else {
             return Ok(Vec::new());
         };
-        let c = t.parts().0;
         let mut named: std::collections::BTreeMap<SbtKey, u64> = Default::default();
-        let crate::meta::catalog::Catalog {
-            trees, pool, store, ..
-        } = &mut *c;
-        for tree in trees.values_mut() {
-            let blocks = tree.blocks();
-            tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
-                if let Some(k) = e.sbt_key() {
-                    *named.entry(k).or_default() += n;
-                }
-            })?;
-        }
+        // Each live leaf's slots once, whatever the devices that share it.
+        t.visit(&mut |_, n, e| {
+            if let Some(k) = e.sbt_key() {
+                *named.entry(k).or_default() += n;
+            }
+        })?;
+        let c = t.parts().0;
         let mut problems = Vec::new();
         let mut wrong = 0;
         c.for_each_shared(&mut |k, v| {
@@ -212,6 +207,7 @@ impl VolumeMap {
                 "{slots} blocks name shared item {k:?}, which the shared-block table lacks"
             ));
         }
+        problems.extend(t.check_page_counts()?);
         Ok(problems)
     }
 }

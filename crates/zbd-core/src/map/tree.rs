@@ -23,6 +23,7 @@ use crate::format::{
     PageKind, Superblock, MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
+use crate::meta::cow::CowPromotion;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
 use crate::meta::map_tree::MapTree;
 use crate::meta::map_tree::{summary_slot, Replaced};
@@ -30,6 +31,7 @@ use crate::meta::page::Page;
 use crate::meta::pool::{Floor, PagePool, PoolStats, FRAME_BYTES};
 use crate::meta::store::{FrameWrite, MetaCheckpoint, MetaStore};
 use crate::meta::{ListBounds, MetaGeometry};
+use std::cell::RefCell;
 
 /// List entries kept out of the window's count: the directory, pair-state and fixed pages a
 /// checkpoint adds, and the pages one step dirties past the check.
@@ -58,6 +60,26 @@ fn pool(
     PagePool::new((cache_bytes as u64).max(least), floor.frames())
 }
 
+/// A key of no live device: a request checked against its device cannot name one.
+fn no_device(key: u64) -> Error {
+    Error::Invalid(format!(
+        "block key {key} names no device ({})",
+        key_device(key)
+    ))
+}
+
+/// What a range change replaced, into the counters: `r.count` blocks leave `r.entry` for
+/// `new` (damaged blocks are taken off `damaged_blocks` by the caller, after the leaves found
+/// lost meanwhile are counted).
+fn replaced_into(counters: &mut MapCounters, damaged: &mut u64, r: &Replaced, new: &MapEntry) {
+    if r.entry.state == BlockState::Corrupt {
+        *damaged += r.count;
+        counters.add(new, r.count);
+    } else {
+        counters.replace(&r.entry, new, r.count);
+    }
+}
+
 /// What a checkpoint of a [`TreeMap`] carries, all as of its phase 1: the volume counters, the
 /// extension (pair-state and directory lists, device table, SBT and PCT roots), and the
 /// interval an open after it writes in.
@@ -75,6 +97,9 @@ pub struct TreeMap {
     /// Shared items and their references (`map/shared.rs`), counted from the SBT when first
     /// asked, then kept with every change.
     shared: Option<super::shared::SharedTotals>,
+    /// Items copy on write made shared since the caller last took them (`take_promoted`):
+    /// their extent charges are the caller's to move.
+    promoted: Vec<CowPromotion>,
 }
 
 impl TreeMap {
@@ -85,6 +110,7 @@ impl TreeMap {
             catalog,
             counters,
             shared: None,
+            promoted: Vec::new(),
         }
     }
 
@@ -164,6 +190,16 @@ impl TreeMap {
         self.catalog.trees.get(&device).map(|t| t.blocks())
     }
 
+    /// Whether some map page has more than one parent (the PCT holds a count).
+    pub fn shares_pages(&self) -> bool {
+        !self.catalog.pct.is_empty()
+    }
+
+    /// Device `id`'s row.
+    pub fn row(&self, id: u32) -> Option<&DeviceRow> {
+        self.catalog.devices.get(id)
+    }
+
     /// The catalog's devices (rows in id order).
     pub fn devices(&self) -> Vec<DeviceRow> {
         self.catalog.devices.rows().cloned().collect()
@@ -241,8 +277,22 @@ impl TreeMap {
             // that creates nothing needs no margin: trims never fail for ids.
             needed += FOLD_PAGES;
         }
-        let a = &store.alloc;
-        Ok(a.allocatable() < a.floor(store.usage) + a.claimed() + needed)
+        needed += self.cow_margin();
+        let a = &self.catalog.store.alloc;
+        Ok(a.allocatable() < a.floor(self.catalog.store.usage) + a.claimed() + needed)
+    }
+
+    /// Pages a change may take for copy on write beyond its path's own, while pages are
+    /// shared: per level a copy and the PCT or SBT leaves its counts split (an interior copy
+    /// counts 1,020 children, a leaf copy shares up to 255 items), and the promotions of the
+    /// 64 leaves one range step may give up (about three SBT leaves each). Asked before the
+    /// change, so that no copy stops half way for want of an id (first form: a margin, where
+    /// the design admits steps by their worst case).
+    fn cow_margin(&self) -> usize {
+        if self.catalog.pct.is_empty() {
+            return 0;
+        }
+        10 * usize::from(crate::meta::tree::DEPTH_MAX) + 64 * 3
     }
 
     /// Allocatable ids at or below which one map change may find none (`short_of_ids`).
@@ -251,6 +301,7 @@ impl TreeMap {
         let a = &store.alloc;
         a.floor(store.usage)
             + a.claimed()
+            + self.cow_margin()
             + 2 * usize::from(crate::meta::tree::DEPTH_MAX)
             + FOLD_PAGES
     }
@@ -374,9 +425,13 @@ impl TreeMap {
 
     /// The entry of `lba`.
     pub fn get(&mut self, key: u64) -> Result<MapEntry> {
-        if self.blocks_of(key_device(key)).is_none() {
-            // Only a stale name can get here (requests are checked against their device):
-            // a dedup candidate in a deleted device, which is a miss.
+        if self
+            .blocks_of(key_device(key))
+            .is_none_or(|blocks| key_lba(key) >= blocks)
+        {
+            // Only a stale name can get here (requests are checked against their device): a
+            // dedup candidate in a deleted device, or a ref's birth block named under another
+            // device than its own (state/share.rs), which name nothing.
             return Ok(MapEntry::UNMAPPED);
         }
         let (tree, pool, store, lba) = self.tree_at(key)?;
@@ -408,9 +463,34 @@ impl TreeMap {
         r
     }
 
-    /// Sets the entry of `lba`; returns the old entry if it changed (its leaf is then dirty,
-    /// pinned in the pool until a checkpoint writes it).
+    /// A host change of the entry of `key` (copy on write of the pages its device shares:
+    /// `MapTree::write`); returns the old entry if it changed (its leaf is then dirty, pinned
+    /// in the pool until a checkpoint writes it).
     pub fn set(&mut self, key: u64, new: MapEntry) -> Result<Option<MapEntry>> {
+        let device = key_device(key);
+        let counters = RefCell::new(self.counters);
+        let old = match self
+            .catalog
+            .cow(device, &counters, &mut self.shared, &mut self.promoted)
+        {
+            Some((tree, pool, store, mut share)) => {
+                tree.write(pool, store, &mut share, key_lba(key), new)
+            }
+            None => Err(no_device(key)),
+        };
+        self.counters = counters.into_inner();
+        self.count_lost();
+        let old = old?;
+        if old == new {
+            return Ok(None);
+        }
+        self.counters.replace(&old, &new, 1);
+        Ok(Some(old))
+    }
+
+    /// A content-preserving change of the entry of `key` (a cleaner move, a damage mark, a
+    /// promotion): in place, every device that shares the page sees it.
+    pub fn set_in_place(&mut self, key: u64, new: MapEntry) -> Result<Option<MapEntry>> {
         let (tree, pool, store, lba) = self.tree_at(key)?;
         let old = tree.set(pool, store, lba, new);
         self.count_lost();
@@ -440,32 +520,171 @@ impl TreeMap {
             )));
         };
         let device = key_device(first);
-        let (tree, pool, store) = self
-            .catalog
-            .map_of(device)
-            .ok_or_else(|| Error::Invalid(format!("block key {first} names no device")))?;
-        let first = key_lba(first);
-        let counters = &mut self.counters;
+        let counters = RefCell::new(self.counters);
         // Damaged entries replaced are taken off once a leaf found lost meanwhile is counted.
         let mut damaged = 0;
-        let r = tree.set_range(pool, store, first, count, to, &mut |r: Replaced| {
-            if r.entry.state == BlockState::Corrupt {
-                damaged += r.count;
-                counters.add(&new, r.count);
-            } else {
-                counters.replace(&r.entry, &new, r.count);
-            }
-            if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
-                // Data is only ever a leaf entry, and equal shared entries of neighbouring
-                // blocks (references to one block) make runs: each is one reference.
-                for _ in 0..r.count {
-                    freed(r.entry);
-                }
-            }
-        });
+        let r = match self
+            .catalog
+            .cow(device, &counters, &mut self.shared, &mut self.promoted)
+        {
+            Some((tree, pool, store, mut share)) => tree.set_range(
+                pool,
+                store,
+                &mut share,
+                key_lba(first),
+                count,
+                to,
+                &mut |r: Replaced| {
+                    replaced_into(&mut counters.borrow_mut(), &mut damaged, &r, &new);
+                    if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
+                        // Data is only ever a leaf entry, and equal shared entries of
+                        // neighbouring blocks (references to one block) make runs: each is
+                        // one reference.
+                        for _ in 0..r.count {
+                            freed(r.entry);
+                        }
+                    }
+                },
+            ),
+            None => Err(no_device(first)),
+        };
+        self.counters = counters.into_inner();
         self.count_lost();
         self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
         r
+    }
+
+    /// `zbd check`'s recount of page counts: every page's parents (device rows and interior
+    /// slots, each interior page once) against the PCT (no entry: 1); one line per problem,
+    /// at most 16.
+    pub fn check_page_counts(&mut self) -> Result<Vec<String>> {
+        use crate::format::PctEntry;
+        let Catalog {
+            trees,
+            pool,
+            store,
+            pct,
+            ..
+        } = &mut self.catalog;
+        let mut parents: std::collections::HashMap<(u64, u32), u32> = Default::default();
+        let mut seen = std::collections::HashSet::new();
+        for tree in trees.values() {
+            tree.links(pool, store, &mut seen, &mut |level, pos, id| {
+                *parents.entry((PctEntry::key(level, pos), id)).or_default() += 1;
+            })?;
+        }
+        let mut stored: std::collections::HashMap<(u64, u32), u32> = Default::default();
+        pct.scan(pool, store, (0, 0), &mut |k, v| {
+            stored.insert(k, v);
+            true
+        })?;
+        let mut problems = Vec::new();
+        for (k, &n) in &parents {
+            let count = stored.remove(k).unwrap_or(1);
+            if count != n {
+                problems.push(format!(
+                    "map page {} (key {:#x}): count {count} but {n} parents name it",
+                    k.1, k.0
+                ));
+            }
+        }
+        for (k, count) in stored {
+            problems.push(format!(
+                "map page {} (key {:#x}): count {count} but no parent names it",
+                k.1, k.0
+            ));
+        }
+        problems.truncate(16);
+        Ok(problems)
+    }
+
+    /// The items copy on write made shared since the last call (their extent charges move
+    /// from their direct blocks to the items).
+    pub fn take_promoted(&mut self) -> Vec<CowPromotion> {
+        std::mem::take(&mut self.promoted)
+    }
+
+    /// A snapshot of writable device `source` (`kind` snapshot), or a clone of snapshot
+    /// `source` (`kind` clone), named `name`, made at write sequence `seq` and Unix time
+    /// `at`: a new row sharing the source's pages (`Catalog::add_shared_device`). Its id.
+    pub fn add_shared_device(
+        &mut self,
+        source: u32,
+        kind: crate::format::DeviceKind,
+        name: &str,
+        created: (u64, u64),
+    ) -> Result<u32> {
+        self.catalog
+            .add_shared_device(source, kind, name, created, &mut self.counters)
+    }
+
+    /// Device `id` (emptied: its root a summary) names snapshot `snapshot`'s tree from now on,
+    /// one parent more for its root; its epoch goes up (a rollback).
+    pub fn share_tree(&mut self, snapshot: u32, id: u32) -> Result<()> {
+        self.catalog.share_tree(snapshot, id, &mut self.counters)
+    }
+
+    /// The runs of blocks (LBA, count) where devices `a` and `b` (of one size) differ; pages
+    /// both trees name are not read.
+    pub fn diff(&mut self, a: u32, b: u32) -> Result<Vec<(u64, u64)>> {
+        let (ta, tb) = match (self.catalog.trees.get(&a), self.catalog.trees.get(&b)) {
+            (Some(&ta), Some(&tb)) => (ta, tb),
+            _ => return Err(Error::Invalid("no such device".into())),
+        };
+        if ta.blocks() != tb.blocks() || ta.depth() != tb.depth() {
+            return Err(Error::Invalid(
+                "devices of different sizes are not compared block by block".into(),
+            ));
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let Catalog { pool, store, .. } = &mut self.catalog;
+        crate::meta::map_tree::diff(pool, store, &ta, &tb, &mut |lba, n| match runs.last_mut() {
+            Some((s, m)) if *s + *m == lba => *m += n,
+            _ => runs.push((lba, n)),
+        })?;
+        Ok(runs)
+    }
+
+    /// Deletes device `id` (not the default one) and gives up its tree: every page no other
+    /// device names is freed, `freed(entry)` hearing each data or shared entry of their leaves
+    /// (a direct item dies, a reference goes); pages other devices keep only lose a count.
+    pub fn release_device(&mut self, id: u32, mut freed: impl FnMut(MapEntry)) -> Result<()> {
+        if id == crate::meta::devices::DEFAULT_DEVICE {
+            return Err(Error::Invalid("the default device is never deleted".into()));
+        }
+        let counters = RefCell::new(self.counters);
+        let mut damaged = 0;
+        let r = match self
+            .catalog
+            .cow(id, &counters, &mut self.shared, &mut self.promoted)
+        {
+            Some((tree, pool, store, mut share)) => {
+                let blocks = tree.blocks();
+                if tree.root() == crate::format::ChildSlot::AllZero {
+                    let mut c = counters.borrow_mut();
+                    c.sub(&MapEntry::ZERO, blocks);
+                }
+                tree.release(pool, store, &mut share, &mut |r: Replaced| {
+                    replaced_into(
+                        &mut counters.borrow_mut(),
+                        &mut damaged,
+                        &r,
+                        &MapEntry::UNMAPPED,
+                    );
+                    if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
+                        for _ in 0..r.count {
+                            freed(r.entry);
+                        }
+                    }
+                })
+            }
+            None => Err(Error::Invalid(format!("no device {id} to delete"))),
+        };
+        self.counters = counters.into_inner();
+        self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
+        r?;
+        self.catalog.remove_device(id)?;
+        Ok(())
     }
 
     /// Calls `f(lba, entry)` for every block in state `Data` in `first..first + count`, in LBA
@@ -497,20 +716,14 @@ impl TreeMap {
             savings_known: true,
             ..MapCounters::default()
         };
-        let Catalog {
-            trees, pool, store, ..
-        } = &mut self.catalog;
-        for tree in trees.values_mut() {
-            let blocks = tree.blocks();
-            tree.scan(pool, store, 0, blocks, &mut |_, n, e| {
-                c.add(&e, n);
-                if e.state == BlockState::Data {
-                    for _ in 0..n {
-                        data(&e);
-                    }
+        self.visit(&mut |_, n, e| {
+            c.add(&e, n);
+            if e.state == BlockState::Data {
+                for _ in 0..n {
+                    data(&e);
                 }
-            })?;
-        }
+            }
+        })?;
         // Each shared item's stored bytes count once, at its SBT entry, charged to its extent
         // as one block of its whole length.
         self.catalog.for_each_shared(&mut |_, v| {
@@ -521,6 +734,21 @@ impl TreeMap {
         // The recount saw every damaged entry, those of leaves found lost on the way too.
         self.catalog.store.lost_new.clear();
         self.counters = c;
+        Ok(())
+    }
+
+    /// Calls `f(key, n, entry)` for the blocks of every live page once, over every device's
+    /// tree in id order (`MapTree::visit`): a page devices share is visited through the first
+    /// tree that reaches it, with that device's keys.
+    pub fn visit(&mut self, f: &mut impl FnMut(u64, u64, MapEntry)) -> Result<()> {
+        let Catalog {
+            trees, pool, store, ..
+        } = &mut self.catalog;
+        let mut seen = std::collections::HashSet::new();
+        for (&id, tree) in trees.iter() {
+            let base = crate::format::block_key(id, 0);
+            tree.visit(pool, store, &mut seen, &mut |lba, n, e| f(base + lba, n, e))?;
+        }
         Ok(())
     }
 

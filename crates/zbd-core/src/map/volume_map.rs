@@ -11,7 +11,8 @@ use super::tree::TreeMap;
 use super::{Map, MapCacheStats, MapCounters, PageWrite, WrittenPages};
 use crate::error::{Error, Result};
 use crate::format::{
-    block_key, key_device, key_lba, BlockState, ExtensionBody, MapEntry, PageSlot, DEFAULT_DEVICE,
+    block_key, key_device, key_lba, BlockState, DeviceKind, ExtensionBody, MapEntry, PageSlot,
+    DEFAULT_DEVICE,
 };
 use crate::meta::geometry::WINDOW_PAGES_MAX;
 
@@ -54,6 +55,24 @@ impl VolumeMap {
         match self {
             VolumeMap::Pages(m) => (device == DEFAULT_DEVICE).then(|| m.blocks()),
             VolumeMap::Tree(t) => t.blocks_of(device),
+        }
+    }
+
+    /// Whether some map page has more than one parent (snapshots, clones: format bit 14).
+    pub fn shares_pages(&self) -> bool {
+        match self {
+            VolumeMap::Pages(_) => false,
+            VolumeMap::Tree(t) => t.shares_pages(),
+        }
+    }
+
+    /// Whether `device` takes writes (a snapshot does not).
+    pub fn writable(&self, device: u32) -> bool {
+        match self {
+            VolumeMap::Pages(_) => device == DEFAULT_DEVICE,
+            VolumeMap::Tree(t) => t
+                .row(device)
+                .is_some_and(|r| r.flags & 1 == 0 && r.kind != DeviceKind::Snapshot),
         }
     }
 
@@ -109,6 +128,24 @@ impl VolumeMap {
         }
     }
 
+    /// Sets the entry of `lba` in the page that holds it, for every device that shares the
+    /// page: a content-preserving change (a cleaner move, a damage mark, a dedup step of the
+    /// offline pass). A host change goes through [`VolumeMap::set`] (copy on write).
+    pub fn set_in_place(&mut self, lba: u64, new: MapEntry) -> Result<Option<MapEntry>> {
+        match self {
+            VolumeMap::Pages(m) => m.set(lba, new),
+            VolumeMap::Tree(t) => t.set_in_place(lba, new),
+        }
+    }
+
+    /// The items copy on write made shared since the last call (`TreeMap::take_promoted`).
+    pub fn take_promoted(&mut self) -> Vec<crate::meta::cow::CowPromotion> {
+        match self {
+            VolumeMap::Pages(_) => Vec::new(),
+            VolumeMap::Tree(t) => t.take_promoted(),
+        }
+    }
+
     /// Sets `count` entries from `first` to `new` (unmapped or zero); `freed(old)` sees every
     /// data entry replaced.
     pub fn set_range(
@@ -139,12 +176,22 @@ impl VolumeMap {
         }
     }
 
-    /// Calls `f(key, entry)` for every data block of every device, in key order.
+    /// Calls `f(key, entry)` for every data block of every live page once (a page devices
+    /// share through the first device that reaches it, with its key).
     pub fn for_each_data(&mut self, mut f: impl FnMut(u64, &MapEntry)) -> Result<()> {
-        for (first, blocks) in self.device_ranges() {
-            self.for_each_data_in(first, blocks, &mut f)?;
+        match self {
+            VolumeMap::Pages(m) => {
+                let blocks = m.blocks();
+                m.for_each_data_in(0, blocks, f)
+            }
+            VolumeMap::Tree(t) => t.visit(&mut |key, n, e| {
+                if e.state == BlockState::Data {
+                    for k in key..key + n {
+                        f(k, &e);
+                    }
+                }
+            }),
         }
-        Ok(())
     }
 
     /// Rebuilds the counters by reading the whole map; `data(entry)` sees every data entry.

@@ -19,7 +19,9 @@ use super::store::{FrameWrite, MetaCheckpoint, MetaStore};
 use super::{ListBounds, MetaGeometry};
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::format::{ChildSlot, DeviceRow, Extension, ExtensionBody, Superblock, PAGE_ID_NONE};
+use crate::format::{
+    ChildSlot, DeviceKind, DeviceRow, Extension, ExtensionBody, Superblock, PAGE_ID_NONE,
+};
 
 /// The metadata of one bit-10 volume.
 pub struct Catalog {
@@ -32,7 +34,7 @@ pub struct Catalog {
     pub pct: BTree<Pct>,
     /// The header fields no checkpoint changes (`H`, `pairs0`, the list's capacity, the
     /// enabling checkpoint) and the counters the catalog keeps (next SBT serial).
-    header: Extension,
+    pub(super) header: Extension,
 }
 
 impl Catalog {
@@ -108,11 +110,17 @@ impl Catalog {
             .map(|r| {
                 Ok((
                     r.id,
-                    MapTree::from_root(r.root, r.depth, r.blocks)?.with_device(r.id),
+                    MapTree::from_root(r.root, r.depth, r.blocks)?
+                        .with_device(r.id)
+                        .with_epoch(r.epoch),
                 ))
             })
             .collect::<Result<_>>()?;
         let root = |id: u32| (id != PAGE_ID_NONE).then_some(id);
+        let shared_rows = devices
+            .rows()
+            .any(|r| matches!(r.kind, DeviceKind::Snapshot | DeviceKind::Clone));
+        store.set_region0_fixed(!shared_rows);
         Ok(Catalog {
             store,
             pool,
@@ -162,26 +170,23 @@ impl Catalog {
         Ok(id)
     }
 
-    /// Removes device `id` and frees every page of its tree (none is shared before step 4).
-    /// All its pages go in this call: the release queue's bounded steps replace it when
-    /// devices are served (step 3).
+    /// Removes device `id`, whose tree must hold no page any more (given up with
+    /// `MapTree::release`, or emptied by a trim of its whole range).
     pub fn remove_device(&mut self, id: u32) -> Result<DeviceRow> {
-        let mut tree = *self
+        let tree = *self
             .trees
             .get(&id)
             .filter(|_| id != DEFAULT_DEVICE)
             .ok_or_else(|| Error::Invalid(format!("no device {id} to remove")))?;
-        let blocks = tree.blocks();
-        tree.set_range(
-            &mut self.pool,
-            &mut self.store,
-            0,
-            blocks,
-            ChildSlot::AllUnmapped,
-            &mut |_| {},
-        )?;
+        if let ChildSlot::Page(root) = tree.root() {
+            return Err(Error::Invalid(format!(
+                "device {id} still names page {root}: give its tree up first"
+            )));
+        }
         self.trees.remove(&id);
-        self.devices.remove(id)
+        let row = self.devices.remove(id)?;
+        self.store.set_region0_fixed(!self.any_shared_rows());
+        Ok(row)
     }
 
     /// Phases 1 and 2 of a checkpoint: [`Catalog::prepare`], its writes issued and synced.
@@ -257,6 +262,7 @@ mod tests {
     use super::*;
     use crate::format::{BlockState, DeviceKind, MapEntry, SbtKey, SbtValue};
     use crate::meta::devices::default_row;
+    use crate::meta::map_tree::NoSharing;
     use crate::meta::testing::{bounds, pool, TestVolume};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
@@ -463,8 +469,16 @@ mod tests {
                     let d = live[d % live.len()];
                     let n = n.min(blocks - l);
                     let (t, p, s) = c.map(d);
-                    t.set_range(p, s, l, n, ChildSlot::AllUnmapped, &mut |_| {})
-                        .expect("trim");
+                    t.set_range(
+                        p,
+                        s,
+                        &mut NoSharing,
+                        l,
+                        n,
+                        ChildSlot::AllUnmapped,
+                        &mut |_| {},
+                    )
+                    .expect("trim");
                     model
                         .get_mut(&d)
                         .expect("live")
@@ -481,6 +495,19 @@ mod tests {
                 Op::Add => {}
                 Op::Remove(n) if live.len() > 1 => {
                     let d = live[1 + n % (live.len() - 1)];
+                    // A device's tree is emptied before its row goes.
+                    let (t, p, s) = c.map(d);
+                    let blocks = t.blocks();
+                    t.set_range(
+                        p,
+                        s,
+                        &mut NoSharing,
+                        0,
+                        blocks,
+                        ChildSlot::AllUnmapped,
+                        &mut |_| {},
+                    )
+                    .expect("emptied");
                     c.remove_device(d).expect("remove");
                     model.remove(&d);
                 }

@@ -5,8 +5,9 @@
 //!
 //! Pages live in the [`PagePool`]; the tree reads what it lacks and gets new ids through
 //! [`TreeIo`], the one place with I/O and allocation, so the tree itself is pure and tested
-//! against a model. One device, no sharing: every page is the device's own and changed in
-//! place (copy-on-write of shared pages comes with snapshots, step 4).
+//! against a model. Pages named by more than one parent (snapshots and clones share their
+//! origin's pages) are copied on write ([`Sharing`], design.md "Copy on write"); a volume
+//! without them changes every page in place.
 
 use super::devices::DEFAULT_DEVICE;
 use super::page::Page;
@@ -45,8 +46,9 @@ pub fn summary_slot(e: MapEntry) -> Option<ChildSlot> {
 }
 
 impl Page {
-    /// A page of `device` at `level`, `position` whose every block is what `summary` says.
-    fn filled(device: u32, level: u8, position: u64, summary: ChildSlot) -> Page {
+    /// A page of `device` (at `epoch`) at `level`, `position` whose every block is what
+    /// `summary` says.
+    fn filled(device: u32, epoch: u32, level: u8, position: u64, summary: ChildSlot) -> Page {
         let body = match level {
             0 => {
                 encode_map_leaf(&[summary_entry(summary).expect("a summary"); MAP_ENTRIES_PER_PAGE])
@@ -55,6 +57,7 @@ impl Page {
         };
         Page {
             creator: device,
+            epoch,
             ..Page::new(kind_at(level), level, position, body)
         }
     }
@@ -78,6 +81,158 @@ impl Page {
         debug_assert!(self.level > 0);
         set_map_child_slot(&mut self.body, i, s);
     }
+}
+
+/// What copy on write asks of the volume beside one tree (design.md, "Copy on write"): page
+/// counts (the PCT: a page named by more than one parent is shared, and a change to it goes to
+/// a copy) and the promotion of a leaf's direct items before a copy shares them (invariant P).
+/// A volume where no page has more than one parent is [`NoSharing`]: every page is changed in
+/// place, as before snapshots.
+pub trait Sharing<I: TreeIo> {
+    /// Whether any page may have more than one parent (else nothing below is asked).
+    fn active(&self) -> bool;
+    /// count(page): the parents that name page `id` at `level`, `pos` (1 when none is stored).
+    fn count(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        level: u8,
+        pos: u64,
+        id: u32,
+    ) -> Result<u32>;
+    /// Sets count(page) (stored only when it is not 1).
+    fn set_count(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        level: u8,
+        pos: u64,
+        id: u32,
+        count: u32,
+    ) -> Result<()>;
+    /// A new shared item for the direct item `at` names, its blocks at `blocks` (each named
+    /// once in a live leaf): its SBT key, or an error with nothing stored.
+    fn share_item(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        birth: u64,
+        at: &MapEntry,
+        blocks: &[(u64, MapEntry)],
+    ) -> Result<crate::format::SbtKey>;
+    /// One more leaf slot names the shared item of `e` (a leaf copy).
+    fn add_ref(&mut self, pool: &mut PagePool<Page>, io: &mut I, e: &MapEntry) -> Result<()>;
+    /// A copy made `blocks` more blocks of entry `e` live (the volume counters count each
+    /// live page once).
+    fn copied(&mut self, e: &MapEntry, blocks: u64);
+}
+
+/// A volume whose pages each have one parent: no copy on write.
+pub struct NoSharing;
+
+impl<I: TreeIo> Sharing<I> for NoSharing {
+    fn active(&self) -> bool {
+        false
+    }
+    fn count(&mut self, _: &mut PagePool<Page>, _: &mut I, _: u8, _: u64, _: u32) -> Result<u32> {
+        Ok(1)
+    }
+    fn set_count(
+        &mut self,
+        _: &mut PagePool<Page>,
+        _: &mut I,
+        _: u8,
+        _: u64,
+        _: u32,
+        _: u32,
+    ) -> Result<()> {
+        Err(Error::Invalid("no page is shared on this volume".into()))
+    }
+    fn share_item(
+        &mut self,
+        _: &mut PagePool<Page>,
+        _: &mut I,
+        _: u64,
+        _: &MapEntry,
+        _: &[(u64, MapEntry)],
+    ) -> Result<crate::format::SbtKey> {
+        Err(Error::Invalid("no page is shared on this volume".into()))
+    }
+    fn add_ref(&mut self, _: &mut PagePool<Page>, _: &mut I, _: &MapEntry) -> Result<()> {
+        Err(Error::Invalid("no page is shared on this volume".into()))
+    }
+    fn copied(&mut self, _: &MapEntry, _: u64) {}
+}
+
+/// Calls `f(lba, n)` for every run of blocks where trees `a` and `b` (of one depth and size)
+/// hold different entries, in LBA order: slots that name the same page, or the same summary,
+/// are skipped without a read (a snapshot and its origin differ only where the origin copied).
+/// Zero and unmapped blocks both read zeros: they do not differ.
+pub fn diff<I: TreeIo>(
+    pool: &mut PagePool<Page>,
+    io: &mut I,
+    a: &MapTree,
+    b: &MapTree,
+    f: &mut impl FnMut(u64, u64),
+) -> Result<()> {
+    diff_below(pool, io, a.root, b.root, a.depth - 1, 0, a.blocks, f)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn diff_below<I: TreeIo>(
+    pool: &mut PagePool<Page>,
+    io: &mut I,
+    a: ChildSlot,
+    b: ChildSlot,
+    level: u8,
+    pos: u64,
+    blocks: u64,
+    f: &mut impl FnMut(u64, u64),
+) -> Result<()> {
+    let start = pos * blocks_under(level);
+    let zeros = |s: ChildSlot| matches!(s, ChildSlot::AllZero | ChildSlot::AllUnmapped);
+    if a == b || (zeros(a) && zeros(b)) || start >= blocks {
+        return Ok(());
+    }
+    let end = (start + blocks_under(level)).min(blocks);
+    if level == 0 {
+        let entries = |pool: &mut PagePool<Page>, io: &mut I, s: ChildSlot| match s {
+            ChildSlot::Page(id) => (0..MAP_ENTRIES_PER_PAGE)
+                .map(|i| read(pool, io, id, 0, pos)?.entry(i))
+                .collect::<Result<Vec<_>>>(),
+            summary => Ok(vec![
+                summary_entry(summary).expect("a summary");
+                MAP_ENTRIES_PER_PAGE
+            ]),
+        };
+        let (ea, eb) = (entries(pool, io, a)?, entries(pool, io, b)?);
+        let zero = |e: &MapEntry| matches!(e.state, BlockState::Zero | BlockState::Unmapped);
+        for lba in start..end {
+            let i = (lba - start) as usize;
+            if ea[i] != eb[i] && !(zero(&ea[i]) && zero(&eb[i])) {
+                f(lba, 1);
+            }
+        }
+        return Ok(());
+    }
+    if let (ChildSlot::Page(_), ChildSlot::Page(_))
+    | (ChildSlot::Page(_), _)
+    | (_, ChildSlot::Page(_)) = (a, b)
+    {
+        let child = |pool: &mut PagePool<Page>, io: &mut I, s: ChildSlot, i: usize| match s {
+            ChildSlot::Page(id) => Ok::<_, Error>(read(pool, io, id, level, pos)?.slot(i)),
+            summary => Ok(summary),
+        };
+        for i in 0..MAP_INTERIOR_SLOTS {
+            let (ca, cb) = (child(pool, io, a, i)?, child(pool, io, b, i)?);
+            let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
+            diff_below(pool, io, ca, cb, level - 1, cpos, blocks, f)?;
+        }
+        return Ok(());
+    }
+    // Two different summaries: every block differs.
+    f(start, end - start);
+    Ok(())
 }
 
 /// Reads, ids and frees for a tree: the engine's implementation reads a page's current slot
@@ -117,6 +272,8 @@ pub struct MapTree {
     /// The device whose map it is: the creator its new pages carry (only the default
     /// device's leaves take region 0's fixed ids).
     device: u32,
+    /// The device's epoch (its row's): pages it made at this epoch are its own alone.
+    epoch: u32,
     root: ChildSlot,
     depth: u8,
     /// The device's size: blocks at and past it are refused, and ranges stop there, so the
@@ -253,6 +410,7 @@ impl MapTree {
     pub fn new(blocks: u64) -> MapTree {
         MapTree {
             device: DEFAULT_DEVICE,
+            epoch: 0,
             root: ChildSlot::AllUnmapped,
             depth: depth_for(blocks),
             blocks,
@@ -269,6 +427,7 @@ impl MapTree {
         }
         Ok(MapTree {
             device: DEFAULT_DEVICE,
+            epoch: 0,
             root,
             depth,
             blocks,
@@ -282,6 +441,15 @@ impl MapTree {
 
     pub fn device(&self) -> u32 {
         self.device
+    }
+
+    /// The same tree at `epoch` (its device's row's).
+    pub fn with_epoch(self, epoch: u32) -> MapTree {
+        MapTree { epoch, ..self }
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     pub fn root(&self) -> ChildSlot {
@@ -394,6 +562,102 @@ impl MapTree {
         Ok(())
     }
 
+    /// `scan` of the whole device, skipping every page already in `seen` (reached through
+    /// another tree that shares it) and adding the pages it reads: over the trees of all
+    /// devices, each live page's blocks are visited once, the way the volume counters and
+    /// the SBT counts count them. A summary root counts for its device.
+    pub fn visit<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        seen: &mut std::collections::HashSet<u32>,
+        f: &mut impl FnMut(u64, u64, MapEntry),
+    ) -> Result<()> {
+        if self.blocks == 0 {
+            return Ok(());
+        }
+        self.visit_below(
+            pool,
+            io,
+            seen,
+            self.root,
+            self.depth - 1,
+            0,
+            0,
+            self.blocks,
+            f,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn visit_below<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        seen: &mut std::collections::HashSet<u32>,
+        slot: ChildSlot,
+        level: u8,
+        pos: u64,
+        lo: u64,
+        hi: u64,
+        f: &mut impl FnMut(u64, u64, MapEntry),
+    ) -> Result<()> {
+        let ChildSlot::Page(id) = slot else {
+            f(lo, hi - lo, summary_entry(slot).expect("a summary"));
+            return Ok(());
+        };
+        if !seen.insert(id) {
+            return Ok(());
+        }
+        if level == 0 {
+            let start = pos * blocks_under(0);
+            let leaf = read(pool, io, id, 0, pos)?;
+            for lba in lo..hi {
+                f(lba, 1, leaf.entry((lba - start) as usize)?);
+            }
+            return Ok(());
+        }
+        let child_span = blocks_under(level - 1);
+        for c in lo / child_span..=(hi - 1) / child_span {
+            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+            let child = read(pool, io, id, level, pos)?.slot(i);
+            let c_start = c * child_span;
+            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
+            self.visit_below(pool, io, seen, child, level - 1, c, c_lo, c_hi, f)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f(level, pos, id)` for every link to a page: the root's (from the device row),
+    /// and each slot of the interior pages not yet in `seen` (added as they are read): over
+    /// every device's tree, `count(page)` is the number of calls naming it.
+    pub fn links<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        seen: &mut std::collections::HashSet<u32>,
+        f: &mut impl FnMut(u8, u64, u32),
+    ) -> Result<()> {
+        let ChildSlot::Page(root) = self.root else {
+            return Ok(());
+        };
+        f(self.depth - 1, 0, root);
+        let mut todo = vec![(self.depth - 1, 0u64, root)];
+        while let Some((level, pos, id)) = todo.pop() {
+            if level == 0 || !seen.insert(id) {
+                continue;
+            }
+            for i in 0..MAP_INTERIOR_SLOTS {
+                if let ChildSlot::Page(c) = read(pool, io, id, level, pos)?.slot(i) {
+                    let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
+                    f(level - 1, cpos, c);
+                    todo.push((level - 1, cpos, c));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Calls `f` with the address of every page of the tree whose range starts in `first ..
     /// first + count`, so that ranges side by side name each page once (a scrub of the pages'
     /// copies). Interior pages are read to find their children; leaves are not.
@@ -494,8 +758,167 @@ impl MapTree {
         Ok(needed)
     }
 
-    /// Sets the entry of `lba`, creating the pages on its path that a summary stood for;
-    /// returns the old entry.
+    /// A host change of the entry of `lba` (design.md, "Copy on write"): every page on its
+    /// path becomes this device's own first ([`MapTree::own`]), then as [`MapTree::set`].
+    /// Returns the old entry.
+    pub fn write<I: TreeIo, S: Sharing<I>>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        lba: u64,
+        entry: MapEntry,
+    ) -> Result<MapEntry> {
+        if !share.active() {
+            return self.set(pool, io, lba, entry);
+        }
+        self.check(lba)?;
+        let old = self.get(pool, io, lba)?;
+        if old == entry {
+            // Nothing changes, so nothing is copied.
+            return Ok(old);
+        }
+        let mut parent: Option<(u32, u8)> = None;
+        let mut slot = self.root;
+        for level in (0..self.depth).rev() {
+            let ChildSlot::Page(id) = slot else {
+                // The rest of the path is made by `set`, this device's own.
+                break;
+            };
+            let pos = position(lba, level);
+            let own = self.own(pool, io, share, id, level, pos)?;
+            if own != id {
+                self.link(pool, io, parent, lba, ChildSlot::Page(own))?;
+            }
+            if level == 0 {
+                break;
+            }
+            slot = read(pool, io, own, level, pos)?.slot(child_slot(lba, level));
+            parent = Some((own, level));
+        }
+        self.set(pool, io, lba, entry)
+    }
+
+    /// Page `id` at `level`, `pos` on this tree's path, made this device's own before a host
+    /// change: a page it made since its last snapshot is (nobody else can reach it); one that
+    /// no other parent names is claimed (its header takes this device and epoch); a shared one
+    /// is shadowed: copied under a new id at the same place, one count less for the original
+    /// and one more for each child of an interior copy; a leaf's direct items are made shared
+    /// first, in place (what every sharer reads stays the same), and each shared slot of the
+    /// copy is one reference more. Returns the id to change (the caller links a new one).
+    fn own<I: TreeIo, S: Sharing<I>>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        id: u32,
+        level: u8,
+        pos: u64,
+    ) -> Result<u32> {
+        let page = read(pool, io, id, level, pos)?;
+        if page.creator == self.device && page.epoch == self.epoch {
+            return Ok(id);
+        }
+        let count = share.count(pool, io, level, pos, id)?;
+        if count <= 1 {
+            let page = change(pool, io, id, level, pos)?;
+            (page.creator, page.epoch) = (self.device, self.epoch);
+            return Ok(id);
+        }
+        if level == 0 {
+            self.promote_leaf(pool, io, share, id, pos)?;
+        }
+        let mut copy = read(pool, io, id, level, pos)?.clone();
+        (copy.creator, copy.epoch, copy.slot) = (self.device, self.epoch, None);
+        let children: Vec<ChildSlot> = if level > 0 {
+            (0..MAP_INTERIOR_SLOTS).map(|i| copy.slot(i)).collect()
+        } else {
+            Vec::new()
+        };
+        let entries: Vec<MapEntry> = if level == 0 {
+            (0..MAP_ENTRIES_PER_PAGE)
+                .map(|i| copy.entry(i))
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        let new = create(pool, io, copy)?;
+        share.set_count(pool, io, level, pos, id, count - 1)?;
+        for (i, &c) in children.iter().enumerate() {
+            match c {
+                ChildSlot::Page(c) => {
+                    let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
+                    let n = share.count(pool, io, level - 1, cpos, c)?;
+                    share.set_count(pool, io, level - 1, cpos, c, n + 1)?;
+                }
+                ChildSlot::AllZero => share.copied(&MapEntry::ZERO, blocks_under(level - 1)),
+                ChildSlot::AllUnmapped => {}
+            }
+        }
+        for e in &entries {
+            if e.state == BlockState::Shared {
+                share.add_ref(pool, io, e)?;
+            }
+            share.copied(e, 1);
+        }
+        Ok(new)
+    }
+
+    /// Makes every direct item with a block in leaf `id` (at `pos`) shared, in place: its
+    /// blocks named in this tree become shared entries (a unit of an older writer may have
+    /// blocks in a neighbouring leaf too), and the SBT counts them.
+    fn promote_leaf<I: TreeIo, S: Sharing<I>>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        id: u32,
+        pos: u64,
+    ) -> Result<()> {
+        let start = pos * MAP_ENTRIES_PER_PAGE as u64;
+        let mut i = 0;
+        while i < MAP_ENTRIES_PER_PAGE {
+            let at = read(pool, io, id, 0, pos)?.entry(i)?;
+            i += 1;
+            if at.state != BlockState::Data {
+                continue;
+            }
+            let lba = start + i as u64 - 1;
+            let Some(birth) = lba.checked_sub(u64::from(at.unit_index)) else {
+                continue;
+            };
+            let end = (birth + u64::from(at.unit_blocks.max(1))).min(self.blocks);
+            let mut blocks = Vec::new();
+            for l in birth..end {
+                let e = if (start..start + MAP_ENTRIES_PER_PAGE as u64).contains(&l) {
+                    read(pool, io, id, 0, pos)?.entry((l - start) as usize)?
+                } else {
+                    self.get(pool, io, l)?
+                };
+                if e.state == BlockState::Data
+                    && (e.extent, e.offset) == (at.extent, at.offset)
+                    && u64::from(e.unit_index) == l - birth
+                {
+                    blocks.push((l, e));
+                }
+            }
+            let key = share.share_item(pool, io, birth, &at, &blocks)?;
+            for &(l, e) in &blocks {
+                let shared = MapEntry::shared(key, e.unit_index);
+                if (start..start + MAP_ENTRIES_PER_PAGE as u64).contains(&l) {
+                    change(pool, io, id, 0, pos)?.set_entry((l - start) as usize, &shared);
+                } else {
+                    self.set(pool, io, l, shared)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the entry of `lba` in place, creating the pages on its path that a summary stood
+    /// for: what a content-preserving change (a cleaner move, a promotion, a damage mark) and
+    /// a volume without shared pages use; a host change of a shared page goes through
+    /// [`MapTree::write`]. Returns the old entry.
     pub fn set<I: TreeIo>(
         &mut self,
         pool: &mut PagePool<Page>,
@@ -516,7 +939,11 @@ impl MapTree {
                     if had == entry {
                         return Ok(had);
                     }
-                    let id = create(pool, io, Page::filled(self.device, level, pos, summary))?;
+                    let id = create(
+                        pool,
+                        io,
+                        Page::filled(self.device, self.epoch, level, pos, summary),
+                    )?;
                     self.link(pool, io, parent, lba, ChildSlot::Page(id))?;
                     id
                 }
@@ -562,10 +989,18 @@ impl MapTree {
     /// subtree the other summary replaces as one run (an unmapped one only by a zeroing, and
     /// only whole inside the range, which stops at the device's end). Blocks that already
     /// held the new entry are not reported.
-    pub fn set_range<I: TreeIo>(
+    ///
+    /// With shared pages (`share` active), the pages the change writes are made this device's
+    /// own first, as a write's ([`MapTree::own`]), and a shared subtree the range covers whole
+    /// is only given up: one count less, after its direct items are made shared in place when
+    /// this device made it (invariant P: design.md, "Settling dropped pages"). Its blocks
+    /// are not reported: the pages stay, named by their other parents.
+    #[allow(clippy::too_many_arguments)]
+    pub fn set_range<I: TreeIo, S: Sharing<I>>(
         &mut self,
         pool: &mut PagePool<Page>,
         io: &mut I,
+        share: &mut S,
         first: u64,
         count: u64,
         to: ChildSlot,
@@ -579,6 +1014,7 @@ impl MapTree {
         self.root = self.range(
             pool,
             io,
+            share,
             self.root,
             self.depth - 1,
             0,
@@ -592,10 +1028,11 @@ impl MapTree {
 
     /// `set_range` below one slot at `level`, `pos`; returns the slot's new value.
     #[allow(clippy::too_many_arguments)]
-    fn range<I: TreeIo>(
+    fn range<I: TreeIo, S: Sharing<I>>(
         &mut self,
         pool: &mut PagePool<Page>,
         io: &mut I,
+        share: &mut S,
         slot: ChildSlot,
         level: u8,
         pos: u64,
@@ -609,6 +1046,23 @@ impl MapTree {
         let stop = start.saturating_add(span);
         if slot == to {
             return Ok(to);
+        }
+        if let (ChildSlot::Page(id), true) = (slot, share.active()) {
+            let page = read(pool, io, id, level, pos)?;
+            let mine = page.creator == self.device && page.epoch == self.epoch;
+            let made = page.creator == self.device;
+            let count = if mine {
+                1
+            } else {
+                share.count(pool, io, level, pos, id)?
+            };
+            if count > 1 && first <= start && stop <= end {
+                if made {
+                    self.promote_walk(pool, io, share, id, level, pos)?;
+                }
+                share.set_count(pool, io, level, pos, id, count - 1)?;
+                return Ok(to);
+            }
         }
         if first <= start && stop <= end {
             // The whole subtree becomes `to`. A summary or a leaf goes at once (one page at
@@ -647,10 +1101,16 @@ impl MapTree {
                 }
             }
         }
-        // Part of this subtree changes (or all of an interior page's): it needs a page.
+        // Part of this subtree changes (or all of an interior page's): it needs a page, this
+        // device's own.
         let id = match slot {
+            ChildSlot::Page(id) if share.active() => self.own(pool, io, share, id, level, pos)?,
             ChildSlot::Page(id) => id,
-            summary => create(pool, io, Page::filled(self.device, level, pos, summary))?,
+            summary => create(
+                pool,
+                io,
+                Page::filled(self.device, self.epoch, level, pos, summary),
+            )?,
         };
         let lo = first.max(start);
         let hi = end.min(stop);
@@ -688,7 +1148,7 @@ impl MapTree {
         for c in c_lo..=c_hi {
             let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
             let old = read(pool, io, id, level, pos)?.slot(i);
-            let new = self.range(pool, io, old, level - 1, c, first, end, to, replaced)?;
+            let new = self.range(pool, io, share, old, level - 1, c, first, end, to, replaced)?;
             if new != old {
                 change(pool, io, id, level, pos)?.set_slot(i, new);
             }
@@ -696,6 +1156,102 @@ impl MapTree {
         let page = read(pool, io, id, level, pos)?;
         let uniform = (0..MAP_INTERIOR_SLOTS).all(|i| page.slot(i) == to);
         Ok(self.collapse(pool, io, id, uniform, to))
+    }
+
+    /// Makes the direct items in the pages of this device below page `id` shared, in place:
+    /// before the device gives up a page another parent keeps (invariant P). Pages another
+    /// device made hold none of this device's items, and are not read.
+    fn promote_walk<I: TreeIo, S: Sharing<I>>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        id: u32,
+        level: u8,
+        pos: u64,
+    ) -> Result<()> {
+        if read(pool, io, id, level, pos)?.creator != self.device {
+            return Ok(());
+        }
+        if level == 0 {
+            return self.promote_leaf(pool, io, share, id, pos);
+        }
+        for i in 0..MAP_INTERIOR_SLOTS {
+            if let ChildSlot::Page(c) = read(pool, io, id, level, pos)?.slot(i) {
+                let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
+                self.promote_walk(pool, io, share, c, level - 1, cpos)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up this tree (a snapshot or device deleted): its root loses one count, and every
+    /// page that no parent names then is freed, its children given up in turn. `replaced`
+    /// hears every entry of the leaves freed (each a block the device held: a direct item
+    /// dies, a shared entry is one reference less), as `set_range` reports them. Pages other
+    /// parents keep are not read.
+    pub fn release<I: TreeIo, S: Sharing<I>>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        replaced: &mut impl FnMut(Replaced),
+    ) -> Result<()> {
+        let root = std::mem::replace(&mut self.root, ChildSlot::AllUnmapped);
+        self.release_below(pool, io, share, root, self.depth - 1, 0, replaced)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn release_below<I: TreeIo, S: Sharing<I>>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        slot: ChildSlot,
+        level: u8,
+        pos: u64,
+        replaced: &mut impl FnMut(Replaced),
+    ) -> Result<()> {
+        let ChildSlot::Page(id) = slot else {
+            return Ok(());
+        };
+        let count = share.count(pool, io, level, pos, id)?;
+        if count > 1 {
+            return share.set_count(pool, io, level, pos, id, count - 1);
+        }
+        if level == 0 {
+            let start = pos * MAP_ENTRIES_PER_PAGE as u64;
+            let leaf = read(pool, io, id, 0, pos)?;
+            let mut runs = Vec::new();
+            for i in 0..MAP_ENTRIES_PER_PAGE {
+                let e = leaf.entry(i)?;
+                if e != MapEntry::UNMAPPED {
+                    runs.push(Replaced {
+                        first: start + i as u64,
+                        count: 1,
+                        entry: e,
+                    });
+                }
+            }
+            runs.into_iter().for_each(&mut *replaced);
+        } else {
+            for i in 0..MAP_INTERIOR_SLOTS {
+                let child = read(pool, io, id, level, pos)?.slot(i);
+                let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
+                if let ChildSlot::Page(_) = child {
+                    self.release_below(pool, io, share, child, level - 1, cpos, replaced)?;
+                } else if child == ChildSlot::AllZero {
+                    replaced(Replaced {
+                        first: cpos * blocks_under(level - 1),
+                        count: blocks_under(level - 1),
+                        entry: MapEntry::ZERO,
+                    });
+                }
+            }
+        }
+        pool.remove(id);
+        io.free(id);
+        Ok(())
     }
 
     /// A page whose every block is now what summary `to` says leaves the tree for it (a
@@ -728,7 +1284,13 @@ impl MapTree {
         self.blocks = self.blocks.max(blocks);
         while depth_for(blocks) > self.depth {
             if self.root != ChildSlot::AllUnmapped {
-                let mut page = Page::filled(self.device, self.depth, 0, ChildSlot::AllUnmapped);
+                let mut page = Page::filled(
+                    self.device,
+                    self.epoch,
+                    self.depth,
+                    0,
+                    ChildSlot::AllUnmapped,
+                );
                 page.set_slot(0, self.root);
                 self.root = ChildSlot::Page(create(pool, io, page)?);
             }
@@ -893,13 +1455,22 @@ mod tests {
         for lba in [0u64, 1, 254, 255, 260_100, 780_799] {
             t.set(&mut p, &mut io, lba, data(lba as u32)).expect("tree");
         }
-        t.set_range(&mut p, &mut io, 300, 10, ChildSlot::AllZero, &mut |_| {})
-            .expect("tree");
+        t.set_range(
+            &mut p,
+            &mut io,
+            &mut NoSharing,
+            300,
+            10,
+            ChildSlot::AllZero,
+            &mut |_| {},
+        )
+        .expect("tree");
         io.checkpoint(&mut p);
         let mut got = Vec::new();
         t.set_range(
             &mut p,
             &mut io,
+            &mut NoSharing,
             0,
             blocks,
             ChildSlot::AllUnmapped,
@@ -935,9 +1506,15 @@ mod tests {
         t.set(&mut p, &mut io, 5, data(1)).expect("tree");
         t.set(&mut p, &mut io, 6, MapEntry::ZERO).expect("tree");
         let mut got = Vec::new();
-        t.set_range(&mut p, &mut io, 0, blocks, ChildSlot::AllZero, &mut |r| {
-            got.push(r)
-        })
+        t.set_range(
+            &mut p,
+            &mut io,
+            &mut NoSharing,
+            0,
+            blocks,
+            ChildSlot::AllZero,
+            &mut |r| got.push(r),
+        )
         .expect("tree");
         // Ascending, each changed block once, and only those.
         let mut next = 0;
@@ -978,9 +1555,15 @@ mod tests {
         }));
         // Zeroing it again changes nothing and reports nothing.
         got.clear();
-        t.set_range(&mut p, &mut io, 0, blocks, ChildSlot::AllZero, &mut |r| {
-            got.push(r)
-        })
+        t.set_range(
+            &mut p,
+            &mut io,
+            &mut NoSharing,
+            0,
+            blocks,
+            ChildSlot::AllZero,
+            &mut |r| got.push(r),
+        )
         .expect("tree");
         assert!(got.is_empty(), "{got:?}");
     }
@@ -990,8 +1573,16 @@ mod tests {
         let (mut p, mut io) = (pool(64), MemIo::new());
         // A one-leaf device zeroed whole: its root is the all-zero summary.
         let mut t = MapTree::new(255);
-        t.set_range(&mut p, &mut io, 0, 255, ChildSlot::AllZero, &mut |_| {})
-            .expect("tree");
+        t.set_range(
+            &mut p,
+            &mut io,
+            &mut NoSharing,
+            0,
+            255,
+            ChildSlot::AllZero,
+            &mut |_| {},
+        )
+        .expect("tree");
         assert_eq!(t.root(), ChildSlot::AllZero);
         t.grow(&mut p, &mut io, 1 << 30).expect("tree");
         assert_eq!(t.depth(), depth_for(1 << 30));
@@ -1009,6 +1600,7 @@ mod tests {
         t.set_range(
             &mut p,
             &mut io,
+            &mut NoSharing,
             0,
             u64::MAX,
             ChildSlot::AllZero,
@@ -1127,6 +1719,7 @@ mod tests {
             .set_range(
                 &mut p,
                 &mut io,
+                &mut NoSharing,
                 0,
                 260_100,
                 ChildSlot::AllUnmapped,
@@ -1180,6 +1773,7 @@ mod tests {
         t.set_range(
             &mut p,
             &mut io,
+            &mut NoSharing,
             0,
             260_100,
             ChildSlot::AllUnmapped,
@@ -1279,9 +1873,15 @@ mod tests {
                     let mut got = Vec::new();
                     let bound = t.pages_needed(&mut p, &mut io, first, end, Some(to));
                     let made = io.allocations;
-                    t.set_range(&mut p, &mut io, first, end - first, to, &mut |r| {
-                        got.push(r)
-                    })
+                    t.set_range(
+                        &mut p,
+                        &mut io,
+                        &mut NoSharing,
+                        first,
+                        end - first,
+                        to,
+                        &mut |r| got.push(r),
+                    )
                     .expect("tree");
                     let bound = bound.expect("tree") as u64;
                     prop_assert!(

@@ -31,6 +31,7 @@
 
 pub mod btree;
 pub mod catalog;
+pub mod cow;
 pub mod devices;
 pub mod geometry;
 pub mod map_tree;

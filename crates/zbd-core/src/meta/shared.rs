@@ -244,7 +244,7 @@ mod tests {
     use super::*;
     use crate::format::{ChildSlot, ExtensionBody};
     use crate::meta::devices::{default_row, DEFAULT_DEVICE};
-    use crate::meta::map_tree::Replaced;
+    use crate::meta::map_tree::{NoSharing, Replaced};
     use crate::meta::testing::{bounds, pool, TestVolume};
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet};
@@ -453,9 +453,15 @@ mod tests {
                     let n = n.min(BLOCKS - lba);
                     let mut olds = Vec::new();
                     let (t, p, s) = c.map(DEFAULT_DEVICE);
-                    t.set_range(p, s, lba, n, ChildSlot::AllUnmapped, &mut |r: Replaced| {
-                        olds.push(r)
-                    })
+                    t.set_range(
+                        p,
+                        s,
+                        &mut NoSharing,
+                        lba,
+                        n,
+                        ChildSlot::AllUnmapped,
+                        &mut |r: Replaced| olds.push(r),
+                    )
                     .expect("trim");
                     for r in olds {
                         dropped(&mut c, r.entry, r.count, &mut dead);

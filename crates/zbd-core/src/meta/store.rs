@@ -79,6 +79,10 @@ pub struct MetaStore {
     committed: u64,
     /// Region-0 ids dropped in the open interval: allocated still, until a phase 1 (R15-A1).
     region0_freed: BTreeSet<u32>,
+    /// Whether the default device's leaves at region-0 positions take their fixed ids: not
+    /// while snapshots or clones exist, since a page they keep may hold the id
+    /// (`Catalog::any_shared_rows`).
+    region0_fixed: bool,
     /// Ids taken for directory pages no commit has named yet, by page: a failed checkpoint's
     /// are used again by the next one, never leaked.
     new_directory_ids: BTreeMap<u32, u32>,
@@ -161,6 +165,7 @@ impl MetaStore {
             interval,
             committed: interval,
             region0_freed: BTreeSet::new(),
+            region0_fixed: true,
             new_directory_ids: BTreeMap::new(),
             flight: None,
             bad_copies: Vec::new(),
@@ -473,6 +478,12 @@ impl MetaStore {
 
     /// The list's bounds: a phase 1 folds from their `fold_from` entries, and on a small list
     /// folds the whole list and keeps its pair-state pages resident once read or made.
+    /// Whether new leaves of the default device at region-0 positions take their fixed ids
+    /// (see the field).
+    pub fn set_region0_fixed(&mut self, on: bool) {
+        self.region0_fixed = on;
+    }
+
     pub fn set_bounds(&mut self, bounds: &ListBounds) {
         self.fold_from = bounds.fold_from().map_or(0, |f| f as usize);
         self.hold_pair_states = bounds.small();
@@ -744,7 +755,8 @@ impl TreeIo for MetaStore {
     }
 
     fn allocate(&mut self, page: &Page) -> Result<u32> {
-        let region0 = page.kind == PageKind::MapLeaf
+        let region0 = self.region0_fixed
+            && page.kind == PageKind::MapLeaf
             && page.creator == DEFAULT_DEVICE
             && page.position < u64::from(self.geometry.pairs0);
         if region0 {
@@ -790,7 +802,7 @@ mod tests {
     use super::*;
     use crate::backend::{MemStorage, SimStorage};
     use crate::format::{BlockState, ChildSlot, MapEntry, PageKind};
-    use crate::meta::map_tree::MapTree;
+    use crate::meta::map_tree::{MapTree, NoSharing};
     use crate::meta::pool::FRAME_BYTES;
     use crate::meta::repairs::{Recheck, WrittenSets};
     use proptest::prelude::*;
@@ -877,8 +889,16 @@ mod tests {
     }
 
     fn trim(t: &mut MapTree, p: &mut PagePool<Page>, s: &mut MetaStore, first: u64, n: u64) {
-        t.set_range(p, s, first, n, ChildSlot::AllUnmapped, &mut |_| {})
-            .expect("trim");
+        t.set_range(
+            p,
+            s,
+            &mut NoSharing,
+            first,
+            n,
+            ChildSlot::AllUnmapped,
+            &mut |_| {},
+        )
+        .expect("trim");
     }
 
     /// A checkpoint's phase 1 as the engine takes it: the list it carries and the root.
@@ -1996,8 +2016,16 @@ mod tests {
                     self.room();
                     let n = n.min(self.blocks - first);
                     let (tree, p, mut io) = self.io();
-                    tree.set_range(p, &mut io, first, n, ChildSlot::AllUnmapped, &mut |_| {})
-                        .expect("trim");
+                    tree.set_range(
+                        p,
+                        &mut io,
+                        &mut NoSharing,
+                        first,
+                        n,
+                        ChildSlot::AllUnmapped,
+                        &mut |_| {},
+                    )
+                    .expect("trim");
                     let gone: Vec<u64> = self
                         .model
                         .range(first..first + n)
@@ -2073,8 +2101,16 @@ mod tests {
                     self.room();
                     let n = n.min(self.blocks - first);
                     if let Some((tree, p, mut io)) = self.io_other() {
-                        tree.set_range(p, &mut io, first, n, ChildSlot::AllUnmapped, &mut |_| {})
-                            .expect("trim");
+                        tree.set_range(
+                            p,
+                            &mut io,
+                            &mut NoSharing,
+                            first,
+                            n,
+                            ChildSlot::AllUnmapped,
+                            &mut |_| {},
+                        )
+                        .expect("trim");
                         let m = &mut self.other.as_mut().expect("made").1;
                         m.retain(|&b, _| b < first || b >= first + n);
                     }
@@ -2088,8 +2124,16 @@ mod tests {
                 GuardedOp::OtherRemove => {
                     let blocks = self.blocks;
                     if let Some((tree, p, mut io)) = self.io_other() {
-                        tree.set_range(p, &mut io, 0, blocks, ChildSlot::AllUnmapped, &mut |_| {})
-                            .expect("remove");
+                        tree.set_range(
+                            p,
+                            &mut io,
+                            &mut NoSharing,
+                            0,
+                            blocks,
+                            ChildSlot::AllUnmapped,
+                            &mut |_| {},
+                        )
+                        .expect("remove");
                         self.other = None;
                     }
                 }

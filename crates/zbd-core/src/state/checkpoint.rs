@@ -231,6 +231,11 @@ impl State {
                 crate::format::CKPT_FLAG_DEVICES
             } else {
                 0
+            } | if self.map.shares_pages() {
+                // Set by the snapshot's own checkpoint, with the count it adds.
+                crate::format::CKPT_FLAG_SNAPSHOTS
+            } else {
+                0
             },
             volume_counters: self.map.counters().to_array(),
             extent_table_slots: table.slots.clone(),

@@ -161,18 +161,46 @@ pub struct Ctx<'a> {
 }
 
 impl State {
-    /// Sets the map entry of `lba`, keeping extent accounting exact.
+    /// A host change of the map entry of `lba` (copy on write where its device shares
+    /// pages), keeping extent accounting exact.
     pub fn set_entry(&mut self, lba: u64, new: MapEntry) -> Result<()> {
+        self.change_entry(lba, new, false)
+    }
+
+    /// A content-preserving change of the map entry of `lba` (a cleaner move, a damage mark,
+    /// an offline dedup step): in the page that holds it, for every device that shares it.
+    pub fn set_entry_in_place(&mut self, lba: u64, new: MapEntry) -> Result<()> {
+        self.change_entry(lba, new, true)
+    }
+
+    fn change_entry(&mut self, lba: u64, new: MapEntry, in_place: bool) -> Result<()> {
         if self.shared_items {
             // The SBT entry a shared slot names is read before the slot changes, so a failed
             // read fails the change with nothing done (review of 2a, finding 1).
             let old = self.map.get(lba)?;
             self.map.resolve(old)?;
         }
-        if let Some(old) = self.map.set(lba, new)? {
+        let changed = if in_place {
+            self.map.set_in_place(lba, new)
+        } else {
+            self.map.set(lba, new)
+        };
+        self.account_promoted();
+        if let Some(old) = changed? {
             self.account(old, new)?;
         }
         Ok(())
+    }
+
+    /// Moves the extent charges of the items copy on write made shared: from their direct
+    /// blocks to the items (each charged whole, once).
+    pub(crate) fn account_promoted(&mut self) {
+        for p in self.map.take_promoted() {
+            for &(_, old) in &p.blocks {
+                self.account_direct(old, MapEntry::shared(p.key, old.unit_index));
+            }
+            self.charge_item(&p.value);
+        }
     }
 
     /// Moves one block's live accounting from `old`'s extent to `new`'s; a shared `old` drops
@@ -183,7 +211,7 @@ impl State {
     /// The direct accounting comes first: a reference drop that fails (its SBT page unreadable
     /// after all) then leaves the count one high, a leak `zbd check` names, never a copy whose
     /// extent is not charged for it, which a later overwrite would free under live blocks.
-    fn account(&mut self, old: MapEntry, new: MapEntry) -> Result<()> {
+    pub(crate) fn account(&mut self, old: MapEntry, new: MapEntry) -> Result<()> {
         self.account_direct(old, new);
         if let Some(key) = old.sbt_key() {
             if let Some(dead) = self.map.drop_ref(key)? {
@@ -418,6 +446,7 @@ impl State {
         // A range that fails part way leaves its first part changed: that part is accounted
         // all the same, every block of it, before the error is returned.
         let changed = self.map.set_range(lba, count, entry, |old| olds.push(old));
+        self.account_promoted();
         let mut first_error = None;
         for old in olds {
             if let Err(e) = self.account(old, entry) {

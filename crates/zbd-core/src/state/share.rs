@@ -311,7 +311,8 @@ impl State {
             return Ok(false);
         }
         self.map.add_ref(key)?;
-        self.set_entry(lba, MapEntry::shared(key, index))?;
+        // The same bytes from another copy: every device that shares the leaf follows.
+        self.set_entry_in_place(lba, MapEntry::shared(key, index))?;
         self.checkpoint_if_map_full(cx)?;
         Ok(true)
     }

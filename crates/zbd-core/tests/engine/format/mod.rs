@@ -13,5 +13,6 @@ mod review2_inline;
 mod review_inline;
 mod scrub_attacks;
 mod shared_items;
+mod snapshots;
 mod upgrade;
 mod upgrade_faults;

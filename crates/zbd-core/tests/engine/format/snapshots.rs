@@ -1,0 +1,319 @@
+//! Snapshots and clones (issue 28; design.md "Copy on write", build order step 4, first
+//! form): a snapshot keeps what its origin held when it was taken, through the origin's
+//! overwrites, trims and zeroing, the cleaner, closes and power cuts; a clone starts from its
+//! snapshot and goes its own way; deletes free what only they held and nothing else; `zbd
+//! check` recounts every page and reference.
+
+use crate::common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use zbd_core::{Codec, CreateOptions, SimStorage, Volume};
+
+const SIZE: u64 = 4 << 20;
+const BLOCKS: usize = (SIZE / BS as u64) as usize;
+
+fn opts(dedup: bool) -> CreateOptions {
+    CreateOptions {
+        dedup,
+        ..with_metadata_pages(&small_volume(SIZE, 65536, Codec::Lz4, 2, 6))
+    }
+}
+
+fn read_all(vol: &Volume, name: &str) -> Vec<u8> {
+    let id = vol
+        .devices()
+        .into_iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("no device {name}"))
+        .id;
+    let mut got = vec![0u8; SIZE as usize];
+    vol.read_in(id, 0, &mut got).expect("read");
+    got
+}
+
+fn assert_device(vol: &Volume, name: &str, model: &[u8], ctx: &str) {
+    let got = read_all(vol, name);
+    for (i, (g, m)) in got.chunks(BS).zip(model.chunks(BS)).enumerate() {
+        assert!(g == m, "{ctx}: {name} block {i} differs from its model");
+    }
+}
+
+fn id_of(vol: &Volume, name: &str) -> u32 {
+    vol.devices()
+        .into_iter()
+        .find(|d| d.name == name)
+        .map(|d| d.id)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+/// One round of host changes to `device`: scattered single blocks, a run, a trim of whole
+/// leaves and part of one, a zeroing; applied to `model` too.
+fn churn(vol: &Volume, device: u32, model: &mut [u8], rng: &mut SmallRng) {
+    for _ in 0..200 {
+        let i = rng.random_range(0..BLOCKS);
+        let b = fill(rng, Fill::Random, BS);
+        vol.write_in(device, (i * BS) as u64, &b, false)
+            .expect("write");
+        model[i * BS..(i + 1) * BS].copy_from_slice(&b);
+    }
+    let at = rng.random_range(0..BLOCKS - 64);
+    let run: Vec<u8> = (0..64).flat_map(|_| part_random(rng)).collect();
+    vol.write_in(device, (at * BS) as u64, &run, false)
+        .expect("write");
+    model[at * BS..(at + 64) * BS].copy_from_slice(&run);
+    let at = rng.random_range(0..BLOCKS - 600);
+    let n = rng.random_range(1..600);
+    vol.trim_in(device, (at * BS) as u64, (n * BS) as u64)
+        .expect("trim");
+    model[at * BS..(at + n) * BS].fill(0);
+    let at = rng.random_range(0..BLOCKS - 300);
+    vol.write_zeroes_in(device, (at * BS) as u64, (300 * BS) as u64)
+        .expect("zero");
+    model[at * BS..(at + 300) * BS].fill(0);
+}
+
+fn snapshots_keep_their_point_in_time(dedup: bool) {
+    let (disk, vol) = sim_volume(&opts(dedup));
+    let mut rng = SmallRng::seed_from_u64(21);
+    let mut now: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    if dedup {
+        // Repeats across the device: shared items before any snapshot.
+        let (a, b) = now.split_at_mut(SIZE as usize / 2);
+        b[..BS * 100].copy_from_slice(&a[..BS * 100]);
+    }
+    vol.write(0, &now, false).expect("write");
+    let mut kept = Vec::new();
+    for round in 0..4 {
+        let name = format!("s{round}");
+        vol.snapshot("default", &name).expect("snapshot");
+        kept.push((name, now.clone()));
+        churn(&vol, 1, &mut now, &mut rng);
+        assert!(
+            vol.write_in(id_of(&vol, &kept[0].0), 0, &[1u8; BS], false)
+                .is_err(),
+            "a snapshot takes no writes"
+        );
+    }
+    // Overwrites past the data area's room: the cleaner moves blocks that snapshots share.
+    for _ in 0..6 {
+        churn(&vol, 1, &mut now, &mut rng);
+    }
+    vol.flush().expect("flush");
+    let s = vol.stats();
+    assert!(
+        s.counters.extents_reclaimed > 0,
+        "the cleaner ran: {:?}",
+        s.counters
+    );
+    assert_device(&vol, "default", &now, "live");
+    for (name, model) in &kept {
+        assert_device(&vol, name, model, "live");
+    }
+    assert_clean(&vol, "live");
+
+    // Diff against the newest snapshot names exactly the blocks that differ.
+    let (last, at_last) = kept.last().expect("a snapshot");
+    let ranges = vol.diff("default", last).expect("diff");
+    let mut differ = vec![false; BLOCKS];
+    for (off, len) in ranges {
+        differ[off as usize / BS..(off + len) as usize / BS].fill(true);
+    }
+    for b in 0..BLOCKS {
+        let same = now[b * BS..(b + 1) * BS] == at_last[b * BS..(b + 1) * BS];
+        assert!(
+            !same || !differ[b],
+            "diff names block {b}, which is equal in both"
+        );
+        assert!(same || differ[b], "diff misses block {b}, which differs");
+    }
+
+    // Unflushed origin writes (each block once), then a power cut: snapshots whole, the
+    // origin at its flushed value or the later one, block by block.
+    let flushed = now.clone();
+    for i in (0..BLOCKS).step_by(7) {
+        let b = fill(&mut rng, Fill::Random, BS);
+        vol.write((i * BS) as u64, &b, false).expect("write");
+        now[i * BS..(i + 1) * BS].copy_from_slice(&b);
+    }
+    let image = disk.crash_image(&mut rng);
+    vol.abandon();
+    let disk = Arc::new(SimStorage::from_image(image));
+    let vol = reopen(&disk);
+    for (name, model) in &kept {
+        assert_device(&vol, name, model, "after a power cut");
+    }
+    let got = read_all(&vol, "default");
+    for (i, g) in got.chunks(BS).enumerate() {
+        let ok = g == &flushed[i * BS..(i + 1) * BS] || g == &now[i * BS..(i + 1) * BS];
+        assert!(
+            ok,
+            "after a power cut: default block {i} reads another value"
+        );
+    }
+    assert_clean(&vol, "after a power cut");
+    let mut now = got;
+
+    // A clone of the oldest snapshot goes its own way; deleting the snapshot keeps it.
+    let (s0, at_s0) = kept.remove(0);
+    let c = vol.clone_snapshot(&s0, "c").expect("clone");
+    let mut in_c = at_s0.clone();
+    churn(&vol, c, &mut in_c, &mut rng);
+    vol.delete_device(&s0)
+        .expect("delete a snapshot a clone shares");
+    assert_device(&vol, "c", &in_c, "after its snapshot went");
+    for (name, model) in &kept {
+        assert_device(&vol, name, model, "after s0 went");
+    }
+    assert_clean(&vol, "after s0 went");
+
+    // Rollback to a snapshot, then deletes of everything but the default device.
+    let (s1, at_s1) = kept.remove(0);
+    vol.rollback("default", &s1).expect("rollback");
+    assert_device(&vol, "default", &at_s1, "after the rollback");
+    churn(&vol, 1, &mut now, &mut rng);
+    let _ = now;
+    let live_before = vol.stats().physical_bytes_live;
+    for (name, _) in &kept {
+        vol.delete_device(name).expect("delete");
+    }
+    vol.delete_device(&s1).expect("delete");
+    vol.delete_device("c").expect("delete the clone");
+    assert_eq!(vol.devices().len(), 1);
+    assert!(
+        vol.stats().physical_bytes_live < live_before,
+        "deleting snapshots freed what only they held"
+    );
+    assert_clean(&vol, "with the default device alone");
+    vol.close().expect("close");
+    assert_clean(&reopen(&disk), "reopened");
+}
+
+#[test]
+fn snapshots_keep_their_point_in_time_through_churn_crashes_and_deletes() {
+    snapshots_keep_their_point_in_time(false);
+}
+
+#[test]
+fn snapshots_and_dedup_share_blocks_together() {
+    snapshots_keep_their_point_in_time(true);
+}
+
+/// A power cut at storage operations spread over snapshot creates, origin writes after them,
+/// a clone's writes and snapshot deletes: the volume opens, `zbd check` agrees, every snapshot
+/// that exists reads its point in time, and the origin reads its flushed value or a later one.
+#[test]
+fn power_cuts_across_snapshot_operations_lose_nothing() {
+    let (disk, vol) = sim_volume(&opts(false));
+    let mut rng = SmallRng::seed_from_u64(5);
+    let base: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &base, false).expect("write");
+    vol.close().expect("close");
+    let image = disk.current_image();
+    let run = |cut: Option<u64>| -> u64 {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = reopen(&disk);
+        let ops0 = disk.ops();
+        if let Some(c) = cut {
+            disk.set_power_loss_at(ops0 + c);
+        }
+        let mut rng = SmallRng::seed_from_u64(9);
+        let mut now = base.clone();
+        let mut flushed = base.clone();
+        // Values written to each block since the last completed flush.
+        let mut since: Vec<Vec<Vec<u8>>> = vec![Vec::new(); BLOCKS];
+        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+        for round in 0..3 {
+            let name = format!("s{round}");
+            if vol.snapshot("default", &name).is_ok() {
+                kept.push((name, now.clone()));
+            }
+            for _ in 0..30 {
+                let i = rng.random_range(0..BLOCKS);
+                let b = part_random(&mut rng);
+                let _ = vol.write((i * BS) as u64, &b, false);
+                now[i * BS..(i + 1) * BS].copy_from_slice(&b);
+                since[i].push(b);
+            }
+            let _ = vol.trim((round * 300 * BS) as u64, (260 * BS) as u64);
+            now[round * 300 * BS..(round * 300 + 260) * BS].fill(0);
+            for v in &mut since[round * 300..round * 300 + 260] {
+                v.push(vec![0u8; BS]);
+            }
+            if vol.flush().is_ok() {
+                flushed = now.clone();
+                since.iter_mut().for_each(Vec::clear);
+            }
+        }
+        if let Ok(c) = vol.clone_snapshot("s0", "c") {
+            let _ = vol.write_in(c, 0, &part_random(&mut rng), false);
+        }
+        let _ = vol.delete_device("s1");
+        let _ = vol.flush();
+        let ops = disk.ops() - ops0;
+        let mut rng = SmallRng::seed_from_u64(cut.unwrap_or(0));
+        let crashed = disk.crash_image(&mut rng);
+        vol.abandon();
+        let vol = reopen(&Arc::new(SimStorage::from_image(crashed)));
+        let ctx = format!("cut at {cut:?}");
+        assert_clean(&vol, &ctx);
+        let names: Vec<String> = vol.devices().into_iter().map(|d| d.name).collect();
+        for (name, model) in &kept {
+            if names.contains(name) {
+                assert_device(&vol, name, model, &ctx);
+            }
+        }
+        let got = read_all(&vol, "default");
+        for (i, g) in got.chunks(BS).enumerate() {
+            let ok = g == &flushed[i * BS..(i + 1) * BS] || since[i].iter().any(|v| v == g);
+            assert!(
+                ok,
+                "{ctx}: default block {i} reads neither its flushed value nor a later one"
+            );
+        }
+        ops
+    };
+    let total = run(None);
+    let step = (total / full_or_light(80, 20)).max(1);
+    for cut in (0..total).step_by(step as usize) {
+        run(Some(cut));
+    }
+}
+
+/// A thousand snapshots cost a row and a count each: they are taken, listed after a reopen,
+/// read back, and deleted, and the volume checks clean throughout.
+#[test]
+fn a_thousand_snapshots() {
+    let (disk, vol) = sim_volume(&opts(false));
+    let mut rng = SmallRng::seed_from_u64(2);
+    let mut now: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &now, false).expect("write");
+    let mut every = Vec::new();
+    for i in 0..1000 {
+        vol.snapshot("default", &format!("s{i}")).expect("snapshot");
+        if i % 100 == 0 {
+            every.push((format!("s{i}"), now.clone()));
+        }
+        if i % 50 == 0 {
+            // Most snapshots share every page with their neighbours; some diverge.
+            let b = rng.random_range(0..BLOCKS);
+            let data = part_random(&mut rng);
+            vol.write((b * BS) as u64, &data, false).expect("write");
+            now[b * BS..(b + 1) * BS].copy_from_slice(&data);
+        }
+    }
+    vol.close().expect("close");
+    let vol = reopen(&disk);
+    assert_eq!(vol.devices().len(), 1001);
+    for (name, model) in &every {
+        assert_device(&vol, name, model, "after a reopen");
+    }
+    assert_device(&vol, "default", &now, "after a reopen");
+    assert_clean(&vol, "1,000 snapshots");
+    for i in 0..1000 {
+        vol.delete_device(&format!("s{i}")).expect("delete");
+    }
+    assert_eq!(vol.devices().len(), 1);
+    assert_device(&vol, "default", &now, "after the deletes");
+    assert_clean(&vol, "after the deletes");
+}
