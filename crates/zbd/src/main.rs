@@ -42,8 +42,16 @@ enum Command {
     /// Offline deduplication: blocks equal to an earlier block share its stored copy
     /// (volumes created with --metadata-pages).
     Dedup(commands::dedup::Args),
-    /// Named block devices in one volume: create, list, delete (offline; served as NBD exports).
+    /// Named block devices in one volume: create, list, delete (served as NBD exports).
     Device(commands::device::Args),
+    /// Snapshots of a device: create (O(1)), list, delete.
+    Snapshot(commands::snapshot::Args),
+    /// Make a writable device from a snapshot, sharing its blocks.
+    Clone(commands::snapshot::CloneArgs),
+    /// Roll a device back to one of its snapshots.
+    Rollback(commands::snapshot::RollbackArgs),
+    /// The byte ranges where two devices or snapshots of a volume differ, as JSON.
+    Diff(commands::snapshot::DiffArgs),
     /// Change what opens of a volume do by default (offline): dedup=on|off, dict=on|off.
     Set(commands::set::Args),
     /// Benchmarks: codecs on 4 KiB blocks, engine throughput.
@@ -86,6 +94,10 @@ fn main() -> ExitCode {
         Command::Dedup(a) => commands::dedup::run(a),
         Command::Set(a) => commands::set::run(a),
         Command::Device(a) => commands::device::run(a),
+        Command::Snapshot(a) => commands::snapshot::run(a),
+        Command::Clone(a) => commands::snapshot::clone(a),
+        Command::Rollback(a) => commands::snapshot::rollback(a),
+        Command::Diff(a) => commands::snapshot::diff(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Copy(a) => commands::copy::run(a),
         Command::Estimate(a) => commands::estimate::run(a),

@@ -60,6 +60,10 @@ pub enum Request {
     Create { name: String, size: u64 },
     Delete { name: String },
     List,
+    Snapshot { origin: String, name: String },
+    Clone { snapshot: String, name: String },
+    Rollback { device: String, snapshot: String },
+    Diff { a: String, b: String },
 }
 
 /// One device as `zbd device list` shows it.
@@ -73,15 +77,22 @@ pub struct Listed {
     pub mapped_bytes: u64,
     pub created_at: u64,
     pub writable: bool,
+    /// The device it was made from (a snapshot's origin, a clone's snapshot), by name.
+    pub origin: Option<String>,
 }
 
 /// What a device operation did.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Reply {
-    Created { id: u32 },
+    Created {
+        id: u32,
+    },
     Deleted,
+    RolledBack,
     List(Vec<Listed>),
+    /// Byte ranges (offset, length) where two devices differ.
+    Diff(Vec<(u64, u64)>),
     Error(String),
 }
 
@@ -93,13 +104,26 @@ pub fn apply(vol: &Volume, request: &Request) -> Reply {
             .map(|id| Reply::Created { id }),
         Request::Delete { name } => vol.delete_device(name).map(|()| Reply::Deleted),
         Request::List => list(vol).map(Reply::List),
+        Request::Snapshot { origin, name } => {
+            vol.snapshot(origin, name).map(|id| Reply::Created { id })
+        }
+        Request::Clone { snapshot, name } => vol
+            .clone_snapshot(snapshot, name)
+            .map(|id| Reply::Created { id }),
+        Request::Rollback { device, snapshot } => {
+            vol.rollback(device, snapshot).map(|()| Reply::RolledBack)
+        }
+        Request::Diff { a, b } => vol.diff(a, b).map(Reply::Diff),
     };
     done.unwrap_or_else(|e| Reply::Error(e.to_string()))
 }
 
 fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
-    vol.devices()
-        .into_iter()
+    let devices = vol.devices();
+    let name_of = |id: u32| devices.iter().find(|d| d.id == id).map(|d| d.name.clone());
+    devices
+        .iter()
+        .cloned()
         .map(|d| {
             let runs = vol.allocation_in(d.id, 0, d.size_bytes)?;
             let mapped_bytes = runs
@@ -108,6 +132,7 @@ fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
                 .map(|(n, _)| n)
                 .sum();
             Ok(Listed {
+                origin: (d.parent != 0).then(|| name_of(d.parent).unwrap_or("(deleted)".into())),
                 id: d.id,
                 name: d.name,
                 kind: d.kind.into(),
@@ -124,7 +149,7 @@ fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
 const REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// `request` on the volume at `path`: through its server if one serves it, else offline.
-fn perform(path: &Path, ceph: &CephArgs, request: &Request) -> Result<Reply> {
+pub fn perform(path: &Path, ceph: &CephArgs, request: &Request) -> Result<Reply> {
     let line = format!("device {}", serde_json::to_string(request)?);
     if let Some(answer) = super::serve::ask_control(path, &line, REMOTE_TIMEOUT) {
         let answer = answer.with_context(|| format!("the server of {}", path.display()))?;

@@ -19,6 +19,7 @@ pub mod list;
 pub mod scrub;
 pub mod serve;
 pub mod set;
+pub mod snapshot;
 pub mod stat;
 pub mod unlock;
 pub mod upgrade;

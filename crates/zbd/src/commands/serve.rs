@@ -317,12 +317,19 @@ struct VolumeDirectory {
     open: Arc<OpenExports>,
 }
 
-/// Connections open on each device other than the default one: a device is not deleted
-/// under a client (`zbd device delete` of a served volume).
-#[derive(Default)]
-struct OpenExports(std::sync::Mutex<std::collections::HashMap<u32, usize>>);
+/// Connections open on each device other than the default one (a device is not deleted under
+/// a client: `zbd device delete` of a served volume), and the default export's name (no
+/// device may take it).
+struct OpenExports(
+    std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    String,
+);
 
 impl OpenExports {
+    fn new(default_name: &str) -> OpenExports {
+        OpenExports(Default::default(), default_name.to_owned())
+    }
+
     fn count(&self, device: u32) -> usize {
         self.0
             .lock()
@@ -678,17 +685,44 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                 Err(e) => Reply::Error(format!("unreadable device request: {e}")),
                 Ok(request) => served
                     .with(|v| {
-                        if let Request::Delete { name } = &request {
-                            let id = v.devices().into_iter().find(|d| &d.name == name);
-                            if let Some(n) = id.map(|d| open.count(d.id)).filter(|&n| n > 0) {
+                        // A device a client has open is neither deleted nor rolled back under it
+                        // (the default export's clients are not counted: it is never deleted,
+                        // and is rolled back offline only).
+                        let busy = match &request {
+                            Request::Delete { name } => Some(name),
+                            Request::Rollback { device, .. } => Some(device),
+                            _ => None,
+                        };
+                        if let Some(name) = busy {
+                            let d = v.devices().into_iter().find(|d| &d.name == name);
+                            if d.as_ref().is_some_and(|d| d.id == DEFAULT_DEVICE) {
+                                return Reply::Error(
+                                    "the default device is exported: roll it back offline".into(),
+                                );
+                            }
+                            if let Some(n) = d.map(|d| open.count(d.id)).filter(|&n| n > 0) {
                                 return Reply::Error(format!(
                                     "device {name:?} is open by {n} NBD connection(s): \
                                      disconnect them first"
                                 ));
                             }
                         }
+                        // The default export's name is not a device's (a client asking for
+                        // it would get the default device).
+                        let named = match &request {
+                            Request::Create { name, .. }
+                            | Request::Snapshot { name, .. }
+                            | Request::Clone { name, .. } => Some(name),
+                            _ => None,
+                        };
+                        let export_name = &open.1;
+                        if named.is_some_and(|n| !export_name.is_empty() && n == export_name) {
+                            return Reply::Error(format!(
+                                "{export_name:?} is the default export's name (zbd serve --export)"
+                            ));
+                        }
                         let reply = apply(v, &request);
-                        if !matches!(reply, Reply::List(_) | Reply::Error(_)) {
+                        if !matches!(reply, Reply::List(_) | Reply::Diff(_) | Reply::Error(_)) {
                             crate::log::line(format!("zbd: device operation done: {json}"));
                         }
                         reply
@@ -1095,6 +1129,19 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let config = server_config(args)?;
     let listen = listen_address(args)?;
     let (volume, file, options) = open_volume(args, map_cache_bytes(args)?)?;
+    // A client asking for the default export by name must get the default device, never a
+    // device of that name shadowed by it.
+    if volume
+        .devices()
+        .iter()
+        .any(|d| d.id != DEFAULT_DEVICE && d.name == args.export)
+    {
+        bail!(
+            "--export {:?}: the volume has a device of that name (zbd device list); choose \
+             another export name",
+            args.export
+        );
+    }
     log_opened(args.volume(), &volume.stats());
     let served = ServedVolume::new(volume, args.volume(), file, options, thin_args(args))?;
     let thin = served.thin();
@@ -1113,7 +1160,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         _open: None,
     });
     let mut server = Server::bind(&listen, export, config)?;
-    let open = Arc::new(OpenExports::default());
+    let open = Arc::new(OpenExports::new(&args.export));
     server.set_directory(Arc::new(VolumeDirectory {
         served: Arc::clone(&served),
         read_only: args.read_only,
