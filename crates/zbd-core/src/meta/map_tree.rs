@@ -522,16 +522,17 @@ impl MapTree {
                     self.blocks
                 ))
             })?;
-        self.scan_below(pool, io, self.root, self.depth - 1, 0, first, end, f)
+        self.scan_below(pool, io, None, self.root, self.depth - 1, 0, first, end, f)
     }
 
     /// `scan` of blocks `lo .. hi` (non-empty, inside the subtree) below one slot at `level`,
-    /// `pos`.
+    /// `pos`; with `seen`, pages in it are skipped and the others added (`visit`).
     #[allow(clippy::too_many_arguments)]
     fn scan_below<I: TreeIo>(
         &self,
         pool: &mut PagePool<Page>,
         io: &mut I,
+        mut seen: Option<&mut std::collections::HashSet<u32>>,
         slot: ChildSlot,
         level: u8,
         pos: u64,
@@ -543,6 +544,9 @@ impl MapTree {
             f(lo, hi - lo, summary_entry(slot).expect("a summary"));
             return Ok(());
         };
+        if seen.as_mut().is_some_and(|seen| !seen.insert(id)) {
+            return Ok(());
+        }
         if level == 0 {
             let start = pos * blocks_under(0);
             let leaf = read(pool, io, id, 0, pos)?;
@@ -557,7 +561,8 @@ impl MapTree {
             let child = read(pool, io, id, level, pos)?.slot(i);
             let c_start = c * child_span;
             let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
-            self.scan_below(pool, io, child, level - 1, c, c_lo, c_hi, f)?;
+            let seen = seen.as_deref_mut();
+            self.scan_below(pool, io, seen, child, level - 1, c, c_lo, c_hi, f)?;
         }
         Ok(())
     }
@@ -576,56 +581,8 @@ impl MapTree {
         if self.blocks == 0 {
             return Ok(());
         }
-        self.visit_below(
-            pool,
-            io,
-            seen,
-            self.root,
-            self.depth - 1,
-            0,
-            0,
-            self.blocks,
-            f,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn visit_below<I: TreeIo>(
-        &self,
-        pool: &mut PagePool<Page>,
-        io: &mut I,
-        seen: &mut std::collections::HashSet<u32>,
-        slot: ChildSlot,
-        level: u8,
-        pos: u64,
-        lo: u64,
-        hi: u64,
-        f: &mut impl FnMut(u64, u64, MapEntry),
-    ) -> Result<()> {
-        let ChildSlot::Page(id) = slot else {
-            f(lo, hi - lo, summary_entry(slot).expect("a summary"));
-            return Ok(());
-        };
-        if !seen.insert(id) {
-            return Ok(());
-        }
-        if level == 0 {
-            let start = pos * blocks_under(0);
-            let leaf = read(pool, io, id, 0, pos)?;
-            for lba in lo..hi {
-                f(lba, 1, leaf.entry((lba - start) as usize)?);
-            }
-            return Ok(());
-        }
-        let child_span = blocks_under(level - 1);
-        for c in lo / child_span..=(hi - 1) / child_span {
-            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
-            let child = read(pool, io, id, level, pos)?.slot(i);
-            let c_start = c * child_span;
-            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
-            self.visit_below(pool, io, seen, child, level - 1, c, c_lo, c_hi, f)?;
-        }
-        Ok(())
+        let (root, top) = (self.root, self.depth - 1);
+        self.scan_below(pool, io, Some(seen), root, top, 0, 0, self.blocks, f)
     }
 
     /// Calls `f(level, pos, id)` for every link to a page: the root's (from the device row),

@@ -7,15 +7,7 @@ use std::process::Command;
 use zbd_testkit::nbd::Client;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    pseudo_random(seed, len)
 }
 
 fn device_names(volume: &std::path::Path) -> Vec<String> {

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::nbd_support::{create_volume, run, stdout, tools, Served, ZBD};
+use crate::nbd_support::{create_volume, pseudo_random, run, stdout, tools, Served, ZBD};
 use zbd_testkit::nbd::Client;
 
 const BLOCK: usize = 4096;
@@ -13,15 +13,7 @@ const BLOCK: usize = 4096;
 const VICTIM: u64 = 100;
 
 fn incompressible(block: u64) -> Vec<u8> {
-    let mut state = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..BLOCK)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    pseudo_random(block.wrapping_mul(0x9E37_79B9_7F4A_7C15), BLOCK)
 }
 
 #[test]
