@@ -36,6 +36,8 @@ GROUP_TITLES = {
     "dedup-index": "Dedup index: duplicates found against its RAM budget (scripts/bench-dedup-index.py)",
     "dedup-space": "Dedup space: bytes stored beside btrfs+duperemove and ZFS (scripts/bench-dedup-space.py)",
     "dedup-write": "Inline dedup: write throughput, dedup on against off (scripts/bench-dedup-write.py)",
+    "snapshots": "Snapshots under load, clones' space and reads, RAM and reopen with snapshots kept "
+    "(scripts/bench-snapshots.py)",
     "ceph": "zbd on RADOS against RBD (scripts/bench-ceph.sh)",
     "rados-ab": "Two zbd binaries on one RADOS cluster (scripts/bench-rados-ab.sh)",
 }

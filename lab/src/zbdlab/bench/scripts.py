@@ -276,6 +276,29 @@ def set_fact(data: dict[str, Any]) -> str:
     return line
 
 
+def snapshots(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
+    """scripts/bench-snapshots.py: summary.md and summary.json (snapshots under load, clones, retained
+    snapshots); `--quick` shrinks every part."""
+    env = {"ZBD_BIN": zbd, "DEDUP_DIR": str(settings.work_dir)}
+    if settings.short:
+        env |= {
+            "SNAP_SIZE": "1G",
+            "SNAP_CAPACITY": "8G",
+            "SNAP_FILL_MB": "256",
+            "SNAP_LOAD_S": "20",
+            "SNAP_EVERY_S": "2",
+            "SNAP_BASE_MB": "256",
+            "SNAP_HOLD_SIZE": "8G",
+            "SNAP_HOLD_MB": "1024",
+            "SNAP_RETAINED": "20",
+            "SNAP_READ_MB": "64",
+        }
+    argv = ["/usr/bin/python3", str(repo / "scripts" / "bench-snapshots.py"), str(raw)]
+    run_tool(argv, raw / "log.txt", env, repo, settings.progress)
+    doc = json.loads((raw / "summary.json").read_text())
+    return demoted((raw / "summary.md").read_text()) + [""], doc
+
+
 def dedup_write(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     """scripts/bench-dedup-write.py: summary.md and summary.json (MiB/s and stored bytes, dedup off and
     on); the bar chart of its medians is drawn here (`dedup_write_plot`) into raw/dedup-write.png,
@@ -405,6 +428,7 @@ SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
     "dedup-index": dedup_index,
     "dedup-space": dedup_space,
     "dedup-write": dedup_write,
+    "snapshots": snapshots,
     "ceph": ceph,
     "rados-ab": rados_ab,
 }

@@ -20,6 +20,7 @@ SCRIPT_GROUPS = (
     "dedup-index",
     "dedup-space",
     "dedup-write",
+    "snapshots",
     "ceph",
 )
 ASKED_ONLY = ("rados-ab",)
