@@ -85,13 +85,14 @@ impl<I: TreeIo> Sharing<I> for CatalogSharing<'_> {
         birth: u64,
         at: &MapEntry,
         blocks: &[(u64, MapEntry)],
+        extra: u32,
     ) -> Result<SbtKey> {
         let serial = self.header.next_sbt_serial;
         if serial > SBT_KEY_FIELD_MAX || birth > SBT_KEY_FIELD_MAX {
             return Err(Error::NoSpace);
         }
         let key = SbtKey { birth, serial };
-        let value = SbtValue::of_item(at, blocks.len() as u32);
+        let value = SbtValue::of_item(at, blocks.len() as u32 + extra);
         self.sbt.insert(pool, io, key, value)?;
         self.header.next_sbt_serial += 1;
         let mut c = self.counters.borrow_mut();

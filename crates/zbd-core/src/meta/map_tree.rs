@@ -111,7 +111,8 @@ pub trait Sharing<I: TreeIo> {
         count: u32,
     ) -> Result<()>;
     /// A new shared item for the direct item `at` names, its blocks at `blocks` (each named
-    /// once in a live leaf): its SBT key, or an error with nothing stored.
+    /// once in a live leaf) and `extra` more slots the caller is adding (a leaf copy's): its
+    /// SBT key, or an error with nothing stored.
     fn share_item(
         &mut self,
         pool: &mut PagePool<Page>,
@@ -119,6 +120,7 @@ pub trait Sharing<I: TreeIo> {
         birth: u64,
         at: &MapEntry,
         blocks: &[(u64, MapEntry)],
+        extra: u32,
     ) -> Result<crate::format::SbtKey>;
     /// One more leaf slot names the shared item of `e` (a leaf copy).
     fn add_ref(&mut self, pool: &mut PagePool<Page>, io: &mut I, e: &MapEntry) -> Result<()>;
@@ -155,6 +157,7 @@ impl<I: TreeIo> Sharing<I> for NoSharing {
         _: u64,
         _: &MapEntry,
         _: &[(u64, MapEntry)],
+        _: u32,
     ) -> Result<crate::format::SbtKey> {
         Err(Error::Invalid("no page is shared on this volume".into()))
     }
@@ -782,9 +785,12 @@ impl MapTree {
             (page.creator, page.epoch) = (self.device, self.epoch);
             return Ok(id);
         }
-        if level == 0 {
-            self.promote_leaf(pool, io, share, id, pos)?;
-        }
+        // Items promoted here count the copy's slots already (one SBT change each, not two).
+        let promoted = if level == 0 {
+            self.promote_leaf(pool, io, share, id, pos, true)?
+        } else {
+            Vec::new()
+        };
         let mut copy = read(pool, io, id, level, pos)?.clone();
         (copy.creator, copy.epoch, copy.slot) = (self.device, self.epoch, None);
         let children: Vec<ChildSlot> = if level > 0 {
@@ -813,7 +819,8 @@ impl MapTree {
             }
         }
         for e in &entries {
-            if e.state == BlockState::Shared {
+            let key = e.sbt_key();
+            if key.is_some_and(|k| !promoted.contains(&k)) {
                 share.add_ref(pool, io, e)?;
             }
             share.copied(e, 1);
@@ -823,7 +830,8 @@ impl MapTree {
 
     /// Makes every direct item with a block in leaf `id` (at `pos`) shared, in place: its
     /// blocks named in this tree become shared entries (a unit of an older writer may have
-    /// blocks in a neighbouring leaf too), and the SBT counts them.
+    /// blocks in a neighbouring leaf too), and the SBT counts them, and with `copy` the slots
+    /// a copy of the leaf is about to add too. Returns the items' keys.
     fn promote_leaf<I: TreeIo, S: Sharing<I>>(
         &mut self,
         pool: &mut PagePool<Page>,
@@ -831,7 +839,9 @@ impl MapTree {
         share: &mut S,
         id: u32,
         pos: u64,
-    ) -> Result<()> {
+        copy: bool,
+    ) -> Result<Vec<crate::format::SbtKey>> {
+        let mut keys = Vec::new();
         let start = pos * MAP_ENTRIES_PER_PAGE as u64;
         let mut i = 0;
         while i < MAP_ENTRIES_PER_PAGE {
@@ -859,7 +869,11 @@ impl MapTree {
                     blocks.push((l, e));
                 }
             }
-            let key = share.share_item(pool, io, birth, &at, &blocks)?;
+            let leaf = start..start + MAP_ENTRIES_PER_PAGE as u64;
+            let here = blocks.iter().filter(|(l, _)| leaf.contains(l)).count() as u32;
+            let key =
+                share.share_item(pool, io, birth, &at, &blocks, if copy { here } else { 0 })?;
+            keys.push(key);
             for &(l, e) in &blocks {
                 let shared = MapEntry::shared(key, e.unit_index);
                 if (start..start + MAP_ENTRIES_PER_PAGE as u64).contains(&l) {
@@ -869,7 +883,7 @@ impl MapTree {
                 }
             }
         }
-        Ok(())
+        Ok(keys)
     }
 
     /// Sets the entry of `lba` in place, creating the pages on its path that a summary stood
@@ -1018,6 +1032,11 @@ impl MapTree {
                     self.promote_walk(pool, io, share, id, level, pos)?;
                 }
                 share.set_count(pool, io, level, pos, id, count - 1)?;
+                // The page stays for its other parents (its blocks still count there); the
+                // summary that takes its place here is new, and a zero one counts its blocks.
+                if to == ChildSlot::AllZero {
+                    share.copied(&MapEntry::ZERO, stop.min(self.blocks) - start);
+                }
                 return Ok(to);
             }
         }
@@ -1131,7 +1150,7 @@ impl MapTree {
             return Ok(());
         }
         if level == 0 {
-            return self.promote_leaf(pool, io, share, id, pos);
+            return self.promote_leaf(pool, io, share, id, pos, false).map(drop);
         }
         for i in 0..MAP_INTERIOR_SLOTS {
             if let ChildSlot::Page(c) = read(pool, io, id, level, pos)?.slot(i) {

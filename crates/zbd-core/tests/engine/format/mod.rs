@@ -14,5 +14,6 @@ mod review_inline;
 mod scrub_attacks;
 mod shared_items;
 mod snapshots;
+mod snapshots_review;
 mod upgrade;
 mod upgrade_faults;
