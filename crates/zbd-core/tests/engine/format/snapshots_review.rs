@@ -147,7 +147,8 @@ fn mix(seed: u64, dedup: bool, ops: usize) {
                 }
             }
             vol.write_in(id, (at * BS) as u64, &buf, false).expect(&ctx);
-            devs.get_mut(d).unwrap().0[at * BS..(at + len) * BS].copy_from_slice(&buf);
+            devs.get_mut(d).expect("a live device").0[at * BS..(at + len) * BS]
+                .copy_from_slice(&buf);
         } else if op < 48 {
             let d = &writable[rng.random_range(0..writable.len())];
             let id = id_of(&vol, d);
@@ -164,7 +165,7 @@ fn mix(seed: u64, dedup: bool, ops: usize) {
                 vol.trim_in(id, (at * BS) as u64, (len * BS) as u64)
             }
             .expect(&ctx);
-            devs.get_mut(d).unwrap().0[at * BS..(at + len) * BS].fill(0);
+            devs.get_mut(d).expect("a live device").0[at * BS..(at + len) * BS].fill(0);
         } else if op < 58 {
             let d = writable[rng.random_range(0..writable.len())].clone();
             n += 1;
@@ -199,7 +200,7 @@ fn mix(seed: u64, dedup: bool, ops: usize) {
             let (d, s) = cands[rng.random_range(0..cands.len())].clone();
             vol.rollback(&d, &s).expect(&ctx);
             let m = devs[&s].0.clone();
-            devs.get_mut(&d).unwrap().0 = m;
+            devs.get_mut(&d).expect("a live device").0 = m;
         } else if op < 88 {
             vol.clean().expect(&ctx);
         } else if op < 92 && dedup {
@@ -292,7 +293,7 @@ fn review_power_cuts_across_rollback_and_origin_delete() {
         let _ = vol.trim_in(2, (10 * BS) as u64, (600 * BS) as u64);
         o_now[10 * BS..610 * BS].fill(0);
         if let Ok(c) = vol.clone_snapshot("os", "oc") {
-            let mut c_now = kept.last().unwrap().1.clone();
+            let mut c_now = kept.last().expect("a snapshot").1.clone();
             scribble(&vol, c, &mut c_now, &mut rng);
             if vol.snapshot("oc", "ocs").is_ok() {
                 kept.push(("ocs".into(), c_now.clone()));
@@ -392,7 +393,7 @@ fn review_failed_syncs_across_rollback_and_origin_delete() {
         let _ = vol.trim_in(2, (10 * BS) as u64, (600 * BS) as u64);
         o_now[10 * BS..610 * BS].fill(0);
         if let Ok(c) = vol.clone_snapshot("os", "oc") {
-            let mut c_now = kept.last().unwrap().1.clone();
+            let mut c_now = kept.last().expect("a snapshot").1.clone();
             scribble(&vol, c, &mut c_now, &mut rng);
             if vol.snapshot("oc", "ocs").is_ok() {
                 kept.push(("ocs".into(), c_now.clone()));
