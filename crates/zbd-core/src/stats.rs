@@ -196,7 +196,7 @@ pub struct Stats {
     /// The volume's setting (`zbd create --dedup`), what opens do unless told otherwise.
     pub dedup_setting: bool,
     /// The volume's block devices (`zbd device`), the default one first.
-    pub devices: Vec<crate::engine::DeviceInfo>,
+    pub devices: Vec<DeviceInfo>,
 }
 
 /// The inline dedup index of an open (`Stats::dedup`).
@@ -255,4 +255,43 @@ pub struct DictStat {
     /// Live blocks that name it (`None`: not known, see `Stats::savings_known`); a dictionary
     /// that no live block names and new blocks do not use is retired by the next checkpoint.
     pub live_blocks: Option<u64>,
+}
+
+/// One device as `Volume::devices` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Id (1 is the default device; ids are never reused).
+    pub id: u32,
+    /// Name: the NBD export name (the default device is also the default export).
+    pub name: String,
+    /// "default", "snapshot", "clone" or "writable".
+    pub kind: &'static str,
+    /// Logical size in bytes.
+    pub size_bytes: u64,
+    /// Creation time, Unix seconds (0 for the default device).
+    pub created_at: u64,
+    /// Whether it takes writes.
+    pub writable: bool,
+    /// The device it was made from (a snapshot's origin, a clone's snapshot; 0: none).
+    pub parent: u32,
+}
+
+impl DeviceInfo {
+    pub(crate) fn of(row: &crate::format::DeviceRow) -> DeviceInfo {
+        let kind = match row.kind {
+            crate::format::DeviceKind::Default => "default",
+            crate::format::DeviceKind::Snapshot => "snapshot",
+            crate::format::DeviceKind::Clone => "clone",
+            crate::format::DeviceKind::Other => "writable",
+        };
+        DeviceInfo {
+            id: row.id,
+            name: row.name.clone(),
+            kind,
+            size_bytes: row.blocks * crate::format::BLOCK_BYTES as u64,
+            created_at: row.created_at,
+            writable: row.flags & 1 == 0 && row.kind != crate::format::DeviceKind::Snapshot,
+            parent: row.parent,
+        }
+    }
 }

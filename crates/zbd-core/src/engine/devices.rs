@@ -17,45 +17,7 @@ use crate::format::{
     DEVICE_KEY_STRIDE, SEG_FLAG_WIDE_RECORDS,
 };
 use crate::map::VolumeMap;
-
-/// One device as `Volume::devices` lists it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceInfo {
-    /// Id (1 is the default device; ids are never reused).
-    pub id: u32,
-    /// Name: the NBD export name (the default device is also the default export).
-    pub name: String,
-    /// "default", "snapshot", "clone" or "writable".
-    pub kind: &'static str,
-    /// Logical size in bytes.
-    pub size_bytes: u64,
-    /// Creation time, Unix seconds (0 for the default device).
-    pub created_at: u64,
-    /// Whether it takes writes.
-    pub writable: bool,
-    /// The device it was made from (a snapshot's origin, a clone's snapshot; 0: none).
-    pub parent: u32,
-}
-
-impl DeviceInfo {
-    fn of(row: &DeviceRow) -> DeviceInfo {
-        let kind = match row.kind {
-            DeviceKind::Default => "default",
-            DeviceKind::Snapshot => "snapshot",
-            DeviceKind::Clone => "clone",
-            DeviceKind::Other => "writable",
-        };
-        DeviceInfo {
-            id: row.id,
-            name: row.name.clone(),
-            kind,
-            size_bytes: row.blocks * BLOCK_BYTES as u64,
-            created_at: row.created_at,
-            writable: row.flags & 1 == 0 && row.kind != DeviceKind::Snapshot,
-            parent: row.parent,
-        }
-    }
-}
+use crate::stats::DeviceInfo;
 
 impl Inner {
     /// The devices, in id order (a v2 map has only the default one).

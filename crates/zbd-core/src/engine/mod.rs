@@ -7,7 +7,7 @@ pub mod bench;
 mod clean;
 mod dedup;
 mod devices;
-pub use devices::DeviceInfo;
+pub use crate::stats::DeviceInfo;
 mod flush;
 mod open;
 mod read;

@@ -21,6 +21,7 @@
 
 mod cache;
 mod counters;
+pub mod cow;
 mod pager;
 mod shared;
 mod tree;

@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use super::cow::{CatalogSharing, CowPromotion};
 use super::MapCounters;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -23,7 +24,6 @@ use crate::format::{
     PageKind, Superblock, MAP_ENTRIES_PER_PAGE,
 };
 use crate::meta::catalog::Catalog;
-use crate::meta::cow::CowPromotion;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
 use crate::meta::map_tree::MapTree;
 use crate::meta::map_tree::{summary_slot, Replaced};
@@ -469,15 +469,15 @@ impl TreeMap {
     pub fn set(&mut self, key: u64, new: MapEntry) -> Result<Option<MapEntry>> {
         let device = key_device(key);
         let counters = RefCell::new(self.counters);
-        let old = match self
-            .catalog
-            .cow(device, &counters, &mut self.shared, &mut self.promoted)
-        {
-            Some((tree, pool, store, mut share)) => {
-                tree.write(pool, store, &mut share, key_lba(key), new)
-            }
-            None => Err(no_device(key)),
-        };
+        let old =
+            match self.catalog.cow(device).map(|parts| {
+                CatalogSharing::of(parts, &counters, &mut self.shared, &mut self.promoted)
+            }) {
+                Some((tree, pool, store, mut share)) => {
+                    tree.write(pool, store, &mut share, key_lba(key), new)
+                }
+                None => Err(no_device(key)),
+            };
         self.counters = counters.into_inner();
         self.count_lost();
         let old = old?;
@@ -523,31 +523,31 @@ impl TreeMap {
         let counters = RefCell::new(self.counters);
         // Damaged entries replaced are taken off once a leaf found lost meanwhile is counted.
         let mut damaged = 0;
-        let r = match self
-            .catalog
-            .cow(device, &counters, &mut self.shared, &mut self.promoted)
-        {
-            Some((tree, pool, store, mut share)) => tree.set_range(
-                pool,
-                store,
-                &mut share,
-                key_lba(first),
-                count,
-                to,
-                &mut |r: Replaced| {
-                    replaced_into(&mut counters.borrow_mut(), &mut damaged, &r, &new);
-                    if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
-                        // Data is only ever a leaf entry, and equal shared entries of
-                        // neighbouring blocks (references to one block) make runs: each is
-                        // one reference.
-                        for _ in 0..r.count {
-                            freed(r.entry);
+        let r =
+            match self.catalog.cow(device).map(|parts| {
+                CatalogSharing::of(parts, &counters, &mut self.shared, &mut self.promoted)
+            }) {
+                Some((tree, pool, store, mut share)) => tree.set_range(
+                    pool,
+                    store,
+                    &mut share,
+                    key_lba(first),
+                    count,
+                    to,
+                    &mut |r: Replaced| {
+                        replaced_into(&mut counters.borrow_mut(), &mut damaged, &r, &new);
+                        if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
+                            // Data is only ever a leaf entry, and equal shared entries of
+                            // neighbouring blocks (references to one block) make runs: each is
+                            // one reference.
+                            for _ in 0..r.count {
+                                freed(r.entry);
+                            }
                         }
-                    }
-                },
-            ),
-            None => Err(no_device(first)),
-        };
+                    },
+                ),
+                None => Err(no_device(first)),
+            };
         self.counters = counters.into_inner();
         self.count_lost();
         self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
@@ -614,14 +614,19 @@ impl TreeMap {
         name: &str,
         created: (u64, u64),
     ) -> Result<u32> {
-        self.catalog
-            .add_shared_device(source, kind, name, created, &mut self.counters)
+        let (id, zeros) = self
+            .catalog
+            .add_shared_device(source, kind, name, created)?;
+        self.counters.add(&MapEntry::ZERO, zeros);
+        Ok(id)
     }
 
     /// Device `id` (emptied: its root a summary) names snapshot `snapshot`'s tree from now on,
     /// one parent more for its root; its epoch goes up (a rollback).
     pub fn share_tree(&mut self, snapshot: u32, id: u32) -> Result<()> {
-        self.catalog.share_tree(snapshot, id, &mut self.counters)
+        let zeros = self.catalog.share_tree(snapshot, id)?;
+        self.counters.add(&MapEntry::ZERO, zeros);
+        Ok(())
     }
 
     /// The runs of blocks (LBA, count) where devices `a` and `b` (of one size) differ; pages
@@ -654,32 +659,32 @@ impl TreeMap {
         }
         let counters = RefCell::new(self.counters);
         let mut damaged = 0;
-        let r = match self
-            .catalog
-            .cow(id, &counters, &mut self.shared, &mut self.promoted)
-        {
-            Some((tree, pool, store, mut share)) => {
-                let blocks = tree.blocks();
-                if tree.root() == crate::format::ChildSlot::AllZero {
-                    let mut c = counters.borrow_mut();
-                    c.sub(&MapEntry::ZERO, blocks);
-                }
-                tree.release(pool, store, &mut share, &mut |r: Replaced| {
-                    replaced_into(
-                        &mut counters.borrow_mut(),
-                        &mut damaged,
-                        &r,
-                        &MapEntry::UNMAPPED,
-                    );
-                    if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
-                        for _ in 0..r.count {
-                            freed(r.entry);
-                        }
+        let r =
+            match self.catalog.cow(id).map(|parts| {
+                CatalogSharing::of(parts, &counters, &mut self.shared, &mut self.promoted)
+            }) {
+                Some((tree, pool, store, mut share)) => {
+                    let blocks = tree.blocks();
+                    if tree.root() == crate::format::ChildSlot::AllZero {
+                        let mut c = counters.borrow_mut();
+                        c.sub(&MapEntry::ZERO, blocks);
                     }
-                })
-            }
-            None => Err(Error::Invalid(format!("no device {id} to delete"))),
-        };
+                    tree.release(pool, store, &mut share, &mut |r: Replaced| {
+                        replaced_into(
+                            &mut counters.borrow_mut(),
+                            &mut damaged,
+                            &r,
+                            &MapEntry::UNMAPPED,
+                        );
+                        if matches!(r.entry.state, BlockState::Data | BlockState::Shared) {
+                            for _ in 0..r.count {
+                                freed(r.entry);
+                            }
+                        }
+                    })
+                }
+                None => Err(Error::Invalid(format!("no device {id} to delete"))),
+            };
         self.counters = counters.into_inner();
         self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
         r?;

@@ -139,7 +139,7 @@ impl VolumeMap {
     }
 
     /// The items copy on write made shared since the last call (`TreeMap::take_promoted`).
-    pub fn take_promoted(&mut self) -> Vec<crate::meta::cow::CowPromotion> {
+    pub fn take_promoted(&mut self) -> Vec<super::cow::CowPromotion> {
         match self {
             VolumeMap::Pages(_) => Vec::new(),
             VolumeMap::Tree(t) => t.take_promoted(),

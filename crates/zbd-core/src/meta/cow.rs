@@ -4,155 +4,34 @@
 //! holds how many parents name each page that more than one does, and a host change of a
 //! shared page goes to a copy ([`MapTree::write`], [`MapTree::set_range`]).
 //!
-//! [`CatalogSharing`] is what the tree walks ask of the catalog: counts in the PCT, new shared
-//! items in the SBT (a leaf's direct items before a copy shares them) and one more reference
-//! for each shared slot a copy adds. It keeps the volume counters exact as it goes (a copy's
-//! blocks count: the counters count each live page once) and lists the items it promoted,
-//! whose extent charges the caller moves.
+//! This is the catalog's side: the rows, the root counts and the parts a walk borrows
+//! ([`CowParts`]); what a walk asks of them (`Sharing`) is `map/cow.rs`, beside the counters
+//! it keeps.
 
 use super::btree::{BTree, Pct, Sbt};
 use super::catalog::Catalog;
-use super::map_tree::{MapTree, Sharing, TreeIo};
+use super::map_tree::MapTree;
 use super::page::Page;
 use super::pool::PagePool;
+use super::store::MetaStore;
 use crate::error::{Error, Result};
-use crate::format::{
-    ChildSlot, DeviceKind, DeviceRow, Extension, MapEntry, PctEntry, SbtKey, SbtValue,
-    SBT_FLAG_PINNED, SBT_KEY_FIELD_MAX,
-};
-use crate::map::{MapCounters, SharedTotals};
-use std::cell::RefCell;
+use crate::format::{ChildSlot, DeviceKind, DeviceRow, Extension, PctEntry};
 
-/// What a copy on write promoted: the new shared item and the blocks that turned from direct
-/// entries (given) into shared ones. The caller moves their extent charges.
-#[derive(Debug)]
-pub struct CowPromotion {
-    pub key: SbtKey,
-    pub value: SbtValue,
-    pub blocks: Vec<(u64, MapEntry)>,
-}
-
-/// The catalog's part of copy on write for one tree walk.
-pub struct CatalogSharing<'a> {
+/// What a copy-on-write walk of one device's tree needs of the catalog, borrowed at once
+/// (`map/cow.rs` builds the `Sharing` of the walk from it).
+pub struct CowParts<'a> {
+    pub tree: &'a mut MapTree,
+    pub pool: &'a mut PagePool<Page>,
+    pub store: &'a mut MetaStore,
     pub pct: &'a mut BTree<Pct>,
     pub sbt: &'a mut BTree<Sbt>,
     pub header: &'a mut Extension,
-    /// Shared with the walk's own report of what it replaced (both keep the counters).
-    pub counters: &'a RefCell<MapCounters>,
-    pub totals: &'a mut Option<SharedTotals>,
-    pub promoted: &'a mut Vec<CowPromotion>,
-}
-
-impl<I: TreeIo> Sharing<I> for CatalogSharing<'_> {
-    fn active(&self) -> bool {
-        !self.pct.is_empty()
-    }
-
-    fn count(
-        &mut self,
-        pool: &mut PagePool<Page>,
-        io: &mut I,
-        level: u8,
-        pos: u64,
-        id: u32,
-    ) -> Result<u32> {
-        let key = (PctEntry::key(level, pos), id);
-        Ok(self.pct.get(pool, io, key)?.unwrap_or(1))
-    }
-
-    fn set_count(
-        &mut self,
-        pool: &mut PagePool<Page>,
-        io: &mut I,
-        level: u8,
-        pos: u64,
-        id: u32,
-        count: u32,
-    ) -> Result<()> {
-        let key = (PctEntry::key(level, pos), id);
-        if count == 1 {
-            self.pct.remove(pool, io, key)?;
-        } else {
-            self.pct.insert(pool, io, key, count)?;
-        }
-        Ok(())
-    }
-
-    fn share_item(
-        &mut self,
-        pool: &mut PagePool<Page>,
-        io: &mut I,
-        birth: u64,
-        at: &MapEntry,
-        blocks: &[(u64, MapEntry)],
-        extra: u32,
-    ) -> Result<SbtKey> {
-        let serial = self.header.next_sbt_serial;
-        if serial > SBT_KEY_FIELD_MAX || birth > SBT_KEY_FIELD_MAX {
-            return Err(Error::NoSpace);
-        }
-        let key = SbtKey { birth, serial };
-        let value = SbtValue::of_item(at, blocks.len() as u32 + extra);
-        self.sbt.insert(pool, io, key, value)?;
-        self.header.next_sbt_serial += 1;
-        let mut c = self.counters.borrow_mut();
-        for &(_, old) in blocks {
-            c.replace(&old, &MapEntry::shared(key, old.unit_index), 1);
-        }
-        c.add_item(&value);
-        if let Some(t) = self.totals {
-            t.items += 1;
-            t.references += u64::from(value.count);
-            t.item_blocks += u64::from(value.unit_blocks());
-        }
-        self.promoted.push(CowPromotion {
-            key,
-            value,
-            blocks: blocks.to_vec(),
-        });
-        Ok(key)
-    }
-
-    fn add_ref(&mut self, pool: &mut PagePool<Page>, io: &mut I, e: &MapEntry) -> Result<()> {
-        let key = e.sbt_key().expect("a shared entry");
-        let mut v = self.sbt.get(pool, io, key)?.ok_or_else(|| {
-            Error::CorruptMetadata(format!(
-                "a shared map entry names {key:?}, which the SBT lacks"
-            ))
-        })?;
-        if v.flags & SBT_FLAG_PINNED == 0 {
-            v.count += 1;
-            if v.count == u32::MAX {
-                v.flags |= SBT_FLAG_PINNED;
-            }
-        }
-        self.sbt.replace(pool, io, key, v)?;
-        if let Some(t) = self.totals {
-            t.references += 1;
-        }
-        Ok(())
-    }
-
-    fn copied(&mut self, e: &MapEntry, blocks: u64) {
-        self.counters.borrow_mut().add(e, blocks);
-    }
 }
 
 impl Catalog {
-    /// Device `device`'s tree, the pool, the store and the sharing its walks ask of (with the
-    /// volume counters and the promotions list the walk adds to).
-    pub fn cow<'a>(
-        &'a mut self,
-        device: u32,
-        counters: &'a RefCell<MapCounters>,
-        totals: &'a mut Option<SharedTotals>,
-        promoted: &'a mut Vec<CowPromotion>,
-    ) -> Option<(
-        &'a mut MapTree,
-        &'a mut PagePool<Page>,
-        &'a mut super::store::MetaStore,
-        CatalogSharing<'a>,
-    )> {
+    /// Device `device`'s tree with what copy on write asks of the catalog; `None` for no live
+    /// device.
+    pub fn cow(&mut self, device: u32) -> Option<CowParts<'_>> {
         let Catalog {
             store,
             pool,
@@ -162,34 +41,28 @@ impl Catalog {
             header,
             ..
         } = self;
-        let tree = trees.get_mut(&device)?;
-        Some((
-            tree,
+        Some(CowParts {
+            tree: trees.get_mut(&device)?,
             pool,
             store,
-            CatalogSharing {
-                pct,
-                sbt,
-                header,
-                counters,
-                totals,
-                promoted,
-            },
-        ))
+            pct,
+            sbt,
+            header,
+        })
     }
 
     /// A new device sharing `source`'s tree: a read-only snapshot of a writable device (whose
     /// epoch goes up, so its next change of every page copies it first), or a writable clone
-    /// of a snapshot. Its root gains one parent. Returns the new id. The counters gain the
-    /// blocks of a root summary (a root page's are counted once, however many name it).
+    /// of a snapshot. Its root gains one parent. Returns the new id and the zero blocks the
+    /// volume counters gain: a zero root summary's (a root page's blocks are counted once,
+    /// however many name it).
     pub fn add_shared_device(
         &mut self,
         source: u32,
         kind: DeviceKind,
         name: &str,
         created: (u64, u64),
-        counters: &mut MapCounters,
-    ) -> Result<u32> {
+    ) -> Result<(u32, u64)> {
         let src = self
             .devices
             .get(source)
@@ -240,9 +113,12 @@ impl Catalog {
                 self.devices.remove(id)?;
                 return Err(e);
             }
-        } else if tree.root() == ChildSlot::AllZero {
-            counters.add(&MapEntry::ZERO, tree.blocks());
         }
+        let zeros = if tree.root() == ChildSlot::AllZero {
+            tree.blocks()
+        } else {
+            0
+        };
         let shared = MapTree::from_root(tree.root(), tree.depth(), tree.blocks())?.with_device(id);
         self.trees.insert(id, shared);
         if kind == DeviceKind::Snapshot {
@@ -254,16 +130,17 @@ impl Catalog {
             *t = t.with_epoch(epoch);
         }
         self.store.set_region0_fixed(!self.any_shared_rows());
-        Ok(id)
+        Ok((id, zeros))
     }
 
     /// Device `id`, emptied (its root a summary), names snapshot `snapshot`'s tree from now on
-    /// (a rollback): the snapshot's root gains a parent, the device's epoch goes up.
-    pub fn share_tree(&mut self, snapshot: u32, id: u32, counters: &mut MapCounters) -> Result<()> {
+    /// (a rollback): the snapshot's root gains a parent, the device's epoch goes up. Returns
+    /// the zero blocks the volume counters gain (a zero root summary's).
+    pub fn share_tree(&mut self, snapshot: u32, id: u32) -> Result<u64> {
         let (Some(&snap), Some(&tree)) = (self.trees.get(&snapshot), self.trees.get(&id)) else {
             return Err(Error::Invalid(format!("no device {snapshot} or {id}")));
         };
-        if matches!(tree.root(), ChildSlot::Page(_))
+        if tree.root() != ChildSlot::AllUnmapped
             || (snap.blocks(), snap.depth()) != (tree.blocks(), tree.depth())
         {
             return Err(Error::Invalid(format!(
@@ -279,6 +156,7 @@ impl Catalog {
             .epoch
             .checked_add(1)
             .ok_or_else(|| Error::Invalid(format!("{:?} is out of epochs", row.name)))?;
+        let mut zeros = 0;
         match snap.root() {
             ChildSlot::Page(root) => {
                 let key = (PctEntry::key(snap.depth() - 1, 0), root);
@@ -289,12 +167,8 @@ impl Catalog {
                 self.pct
                     .insert(&mut self.pool, &mut self.store, key, n + 1)?;
             }
-            ChildSlot::AllZero => counters.add(&MapEntry::ZERO, snap.blocks()),
+            ChildSlot::AllZero => zeros = snap.blocks(),
             ChildSlot::AllUnmapped => {}
-        }
-        if tree.root() == ChildSlot::AllZero {
-            // Emptied by a trim, so unmapped; a zeroed root would be counted.
-            counters.sub(&MapEntry::ZERO, tree.blocks());
         }
         self.devices.update(id, |r| r.epoch = epoch)?;
         self.trees.insert(
@@ -303,7 +177,7 @@ impl Catalog {
                 .with_device(id)
                 .with_epoch(epoch),
         );
-        Ok(())
+        Ok(zeros)
     }
 
     /// Whether any snapshot or clone exists: leaves of the default device then take allocated
