@@ -683,15 +683,7 @@ fn check_repair_rewrites_a_damaged_superblock_copy() {
 
 /// Pseudo-random bytes (xorshift), so that no two blocks of a test repeat by accident.
 fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    zbd_testkit::pseudo_random(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), len)
 }
 
 #[test]

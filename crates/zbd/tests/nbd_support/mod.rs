@@ -36,18 +36,8 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// `len` incompressible bytes from `seed` (xorshift: the same for the same seed).
-pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
+#[allow(unused_imports)]
+pub use zbd_testkit::pseudo_random;
 
 pub fn create_volume(path: &Path, size: &str, codec: &str) {
     run(Command::new(ZBD)
