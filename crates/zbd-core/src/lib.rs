@@ -38,7 +38,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use layout::{parse_size, CreateOptions, DICTIONARY_DEFAULT};
-pub use map::{MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
+pub use map::{DeviceSpace, MapCacheStats, MAP_CACHE_BYTES_DEFAULT};
 pub use readcache::ReadCacheStats;
 pub use stats::{Counters, DictStat, Space, Stats, UnitSizeStat};
 pub use volume::Volume;

@@ -6,6 +6,7 @@ use crate::engine::{AllocState, CheckReport, DeviceInfo, Inner, OpenOptions};
 use crate::error::{Error, Result};
 use crate::format::{Superblock, DEFAULT_DEVICE};
 use crate::layout::CreateOptions;
+use crate::map::DeviceSpace;
 use crate::stats::{Space, Stats};
 use crate::Codec;
 use parking_lot::{Condvar, Mutex};
@@ -146,6 +147,12 @@ impl Volume {
     /// unless `create_device` made more.
     pub fn devices(&self) -> Vec<DeviceInfo> {
         self.inner.devices()
+    }
+
+    /// Stored bytes each device references and the part only it references (what deleting
+    /// it would free), computed by a walk of the trees (design.md, "Stat"); in id order.
+    pub fn device_space(&self) -> Result<Vec<DeviceSpace>> {
+        self.inner.device_space()
     }
 
     /// Makes a new writable device `name` of `size` bytes (a multiple of 4 KiB), all

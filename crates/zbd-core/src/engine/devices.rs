@@ -16,7 +16,7 @@ use crate::format::{
     block_key, DeviceKind, DeviceRow, BLOCK_BYTES, DEFAULT_DEVICE, DEVICE_KEY_MAX,
     DEVICE_KEY_STRIDE, SEG_FLAG_WIDE_RECORDS,
 };
-use crate::map::VolumeMap;
+use crate::map::{DeviceSpace, VolumeMap};
 use crate::stats::DeviceInfo;
 
 impl Inner {
@@ -38,6 +38,24 @@ impl Inner {
                 writable: !self.read_only,
                 parent: 0,
             }],
+        }
+    }
+
+    /// Referenced and unique stored bytes of every device (`Volume::device_space`), by a
+    /// walk under the state lock (design.md, "Stat"); a v2 map's one device references and
+    /// owns all live bytes.
+    pub fn device_space(&self) -> Result<Vec<DeviceSpace>> {
+        let mut st = self.state.lock();
+        match &mut st.map {
+            VolumeMap::Tree(t) => t.space(),
+            VolumeMap::Pages(m) => {
+                let live = m.counters().live_bytes;
+                Ok(vec![DeviceSpace {
+                    id: DEFAULT_DEVICE,
+                    referenced_bytes: live,
+                    unique_bytes: live,
+                }])
+            }
         }
     }
 

@@ -24,6 +24,7 @@ mod counters;
 pub mod cow;
 mod pager;
 mod shared;
+mod space;
 mod tree;
 mod volume_map;
 
@@ -38,6 +39,7 @@ use cache::{Cache, Frame};
 pub use counters::{MapCounters, DICT_IDS, UNIT_SIZE_CLASSES};
 use pager::{PageRead, Pager};
 pub use shared::SharedTotals;
+pub use space::DeviceSpace;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 pub use tree::TreeMap;

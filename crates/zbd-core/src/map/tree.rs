@@ -92,7 +92,7 @@ pub struct TreeCheckpoint {
 
 /// The map of one device as a tree of metadata pages, in the volume's [`Catalog`].
 pub struct TreeMap {
-    catalog: Catalog,
+    pub(super) catalog: Catalog,
     counters: MapCounters,
     /// Shared items and their references (`map/shared.rs`), counted from the SBT when first
     /// asked, then kept with every change.

@@ -238,6 +238,42 @@ fn diff_below<I: TreeIo>(
     Ok(())
 }
 
+/// `MapTree::referenced` below one slot at `level`, `pos`.
+fn referenced_below<I: TreeIo>(
+    pool: &mut PagePool<Page>,
+    io: &mut I,
+    slot: ChildSlot,
+    level: u8,
+    pos: u64,
+    memo: &mut std::collections::HashMap<u32, u64>,
+    bytes: &mut impl FnMut(&mut PagePool<Page>, &mut I, &MapEntry) -> Result<u64>,
+) -> Result<u64> {
+    let ChildSlot::Page(id) = slot else {
+        return Ok(0);
+    };
+    if level == 0 {
+        let mut sum = 0;
+        for i in 0..MAP_ENTRIES_PER_PAGE {
+            let e = read(pool, io, id, 0, pos)?.entry(i)?;
+            if matches!(e.state, BlockState::Data | BlockState::Shared) {
+                sum += bytes(pool, io, &e)?;
+            }
+        }
+        return Ok(sum);
+    }
+    if let Some(&sum) = memo.get(&id) {
+        return Ok(sum);
+    }
+    let mut sum = 0;
+    for i in 0..MAP_INTERIOR_SLOTS {
+        let child = read(pool, io, id, level, pos)?.slot(i);
+        let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
+        sum += referenced_below(pool, io, child, level - 1, cpos, memo, bytes)?;
+    }
+    memo.insert(id, sum);
+    Ok(sum)
+}
+
 /// Reads, ids and frees for a tree: the engine's implementation reads a page's current slot
 /// (pair state), allocates from the pair allocator and records frees in the pair-state list.
 pub trait TreeIo {
@@ -612,6 +648,58 @@ impl MapTree {
                     let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
                     f(level - 1, cpos, c);
                     todo.push((level - 1, cpos, c));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The sum of `bytes(entry)` over every mapped entry of the tree (data and shared; zero
+    /// and unmapped blocks store nothing): the stored bytes a device references (design.md,
+    /// "Stat"). An interior page's sum is kept in `memo` by page id, so a page several trees
+    /// share is summed once over a walk of them all.
+    pub fn referenced<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        memo: &mut std::collections::HashMap<u32, u64>,
+        bytes: &mut impl FnMut(&mut PagePool<Page>, &mut I, &MapEntry) -> Result<u64>,
+    ) -> Result<u64> {
+        referenced_below(pool, io, self.root, self.depth - 1, 0, memo, bytes)
+    }
+
+    /// Calls `f(entry)` for every mapped entry of the pages only this tree names: those
+    /// reached from its root through pages whose `count` is 1 (design.md, "Stat": a direct
+    /// item there, or a shared item all of whose references are there, is what deleting the
+    /// device frees). Pages other trees share are not read.
+    pub fn unique<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        count: &mut impl FnMut(&mut PagePool<Page>, &mut I, u8, u64, u32) -> Result<u32>,
+        f: &mut impl FnMut(&MapEntry),
+    ) -> Result<()> {
+        let ChildSlot::Page(root) = self.root else {
+            return Ok(());
+        };
+        let mut todo = vec![(self.depth - 1, 0u64, root)];
+        while let Some((level, pos, id)) = todo.pop() {
+            if count(pool, io, level, pos, id)? != 1 {
+                continue;
+            }
+            let page = read(pool, io, id, level, pos)?;
+            if level == 0 {
+                for i in 0..MAP_ENTRIES_PER_PAGE {
+                    let e = page.entry(i)?;
+                    if matches!(e.state, BlockState::Data | BlockState::Shared) {
+                        f(&e);
+                    }
+                }
+                continue;
+            }
+            for i in 0..MAP_INTERIOR_SLOTS {
+                if let ChildSlot::Page(c) = page.slot(i) {
+                    todo.push((level - 1, pos * MAP_INTERIOR_SLOTS as u64 + i as u64, c));
                 }
             }
         }

@@ -75,6 +75,10 @@ pub struct Listed {
     pub size_bytes: u64,
     /// Bytes of blocks that name stored data.
     pub mapped_bytes: u64,
+    /// Stored bytes of those blocks, shared ones included (`zfs list -o refer`).
+    pub referenced_bytes: u64,
+    /// Stored bytes no other device names: what deleting it would free.
+    pub unique_bytes: u64,
     pub created_at: u64,
     pub writable: bool,
     /// The device it was made from (a snapshot's origin, a clone's snapshot), by name.
@@ -120,11 +124,17 @@ pub fn apply(vol: &Volume, request: &Request) -> Reply {
 
 fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
     let devices = vol.devices();
+    let space = vol.device_space()?;
     let name_of = |id: u32| devices.iter().find(|d| d.id == id).map(|d| d.name.clone());
     devices
         .iter()
         .cloned()
         .map(|d| {
+            let room = space
+                .iter()
+                .find(|s| s.id == d.id)
+                .copied()
+                .unwrap_or_default();
             let runs = vol.allocation_in(d.id, 0, d.size_bytes)?;
             let mapped_bytes = runs
                 .iter()
@@ -138,6 +148,8 @@ fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
                 kind: d.kind.into(),
                 size_bytes: d.size_bytes,
                 mapped_bytes,
+                referenced_bytes: room.referenced_bytes,
+                unique_bytes: room.unique_bytes,
                 created_at: d.created_at,
                 writable: d.writable,
             })
@@ -197,17 +209,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (Reply::List(rows), _) if json => println!("{}", serde_json::to_string_pretty(&rows)?),
         (Reply::List(rows), _) => {
             println!(
-                "{:<4} {:<24} {:<9} {:>12} {:>12}",
-                "ID", "NAME", "KIND", "SIZE", "MAPPED"
+                "{:<4} {:<24} {:<9} {:>12} {:>12} {:>12} {:>12}",
+                "ID", "NAME", "KIND", "SIZE", "MAPPED", "REFER", "UNIQUE"
             );
             for d in &rows {
                 println!(
-                    "{:<4} {:<24} {:<9} {:>12} {:>12}",
+                    "{:<4} {:<24} {:<9} {:>12} {:>12} {:>12} {:>12}",
                     d.id,
                     d.name,
                     d.kind,
                     human(d.size_bytes),
-                    human(d.mapped_bytes)
+                    human(d.mapped_bytes),
+                    human(d.referenced_bytes),
+                    human(d.unique_bytes)
                 );
             }
         }

@@ -38,7 +38,8 @@ enum Action {
         #[command(flatten)]
         ceph: CephArgs,
     },
-    /// List the snapshots, with their origin, creation time and mapped bytes.
+    /// List the snapshots: origin, creation time (UTC), and stored bytes referenced and
+    /// unique (what deleting the snapshot frees), computed when asked.
     List {
         /// Volume file, block device or rados:POOL/NAME (served or not).
         path: PathBuf,
@@ -126,16 +127,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 println!(
-                    "{:<24} {:<16} {:>20} {:>12}",
-                    "NAME", "ORIGIN", "CREATED", "MAPPED"
+                    "{:<24} {:<16} {:<20} {:>12} {:>12} {:>12}",
+                    "NAME", "ORIGIN", "CREATED", "MAPPED", "REFER", "UNIQUE"
                 );
                 for d in &rows {
+                    let created =
+                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(d.created_at);
                     println!(
-                        "{:<24} {:<16} {:>20} {:>12}",
+                        "{:<24} {:<16} {:<20} {:>12} {:>12} {:>12}",
                         d.name,
                         d.origin.as_deref().unwrap_or("-"),
-                        d.created_at,
-                        human(d.mapped_bytes)
+                        humantime::format_rfc3339_seconds(created).to_string(),
+                        human(d.mapped_bytes),
+                        human(d.referenced_bytes),
+                        human(d.unique_bytes)
                     );
                 }
             }

@@ -268,10 +268,28 @@ fn an_ext4_snapshot_is_crash_consistent_and_served_read_only() {
     let snaps = stdout(&run(Command::new(ZBD)
         .args(["snapshot", "list", "--json"])
         .arg(&volume)));
-    assert!(snaps.contains("\"s1\""), "{snaps}");
+    let rows: serde_json::Value = serde_json::from_str(&snaps).expect("json");
+    let s1 = rows
+        .as_array()
+        .and_then(|r| r.iter().find(|d| d["name"] == "s1"))
+        .unwrap_or_else(|| panic!("no s1 in {snaps}"));
+    // The clone names every page of s1: s1 alone holds nothing, and its delete frees nothing.
+    assert!(s1["referenced_bytes"].as_u64() > Some(0), "{snaps}");
+    assert_eq!(s1["unique_bytes"].as_u64(), Some(0), "{snaps}");
+    let live = || {
+        let stat = stdout(&run(Command::new(ZBD)
+            .args(["stat", "--json"])
+            .arg(&volume)));
+        let v: serde_json::Value = serde_json::from_str(&stat).expect("json");
+        v["physical_bytes_live"]
+            .as_u64()
+            .expect("physical_bytes_live")
+    };
+    let before = live();
     run(Command::new(ZBD)
         .args(["snapshot", "delete"])
         .arg(format!("{}@s1", volume.display())));
+    assert_eq!(live(), before, "deleting s1 freed blocks its clone names");
     assert_eq!(device_names(&volume), ["default", "c1"]);
     let check = stdout(&run(Command::new(ZBD).arg("check").arg(&volume)));
     assert!(check.contains("clean"), "{check}");

@@ -317,3 +317,102 @@ fn a_thousand_snapshots() {
     assert_device(&vol, "default", &now, "after the deletes");
     assert_clean(&vol, "after the deletes");
 }
+
+fn space_of(vol: &Volume, name: &str) -> zbd_core::DeviceSpace {
+    let id = id_of(vol, name);
+    vol.device_space()
+        .expect("space")
+        .into_iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("no space for {name}"))
+}
+
+fn live(vol: &Volume) -> u64 {
+    vol.stats().physical_bytes_live
+}
+
+/// Deletes device `name` and checks that it freed exactly the unique bytes the walk gave
+/// for it (the volume counters are kept apart from that walk).
+fn delete_frees_its_unique_bytes(vol: &Volume, name: &str) {
+    let unique = space_of(vol, name).unique_bytes;
+    let before = live(vol);
+    vol.delete_device(name).expect("delete");
+    assert_eq!(
+        before - live(vol),
+        unique,
+        "deleting {name} freed other than its unique bytes"
+    );
+}
+
+/// `Volume::device_space` (`zbd snapshot list`'s REFER and UNIQUE): a lone device references
+/// and owns every stored byte; a snapshot shares all of them until its origin rewrites, then
+/// owns what was rewritten; deleting a snapshot or a clone frees exactly its unique bytes.
+fn space_names_what_a_delete_frees(dedup: bool) {
+    let (_disk, vol) = sim_volume(&opts(dedup));
+    let mut rng = SmallRng::seed_from_u64(5);
+    let base: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &base, false).expect("write");
+    let all = live(&vol);
+    assert!(all > 0);
+    let d = space_of(&vol, "default");
+    assert_eq!(
+        (d.referenced_bytes, d.unique_bytes),
+        (all, all),
+        "one device"
+    );
+
+    vol.snapshot("default", "s").expect("snapshot");
+    for name in ["default", "s"] {
+        let s = space_of(&vol, name);
+        assert_eq!(
+            (s.referenced_bytes, s.unique_bytes),
+            (all, 0),
+            "{name}, just taken"
+        );
+    }
+
+    // The origin rewrites two whole leaves and a bit: the snapshot alone keeps the old data.
+    let new: Vec<u8> = (0..512).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &new, false).expect("write");
+    let s = space_of(&vol, "s");
+    assert_eq!(s.referenced_bytes, all, "the snapshot names what it named");
+    assert!(s.unique_bytes > 0 && s.unique_bytes < all, "{s:?}");
+    let d = space_of(&vol, "default");
+    assert!(
+        d.unique_bytes > 0,
+        "the rewritten blocks are the origin's alone: {d:?}"
+    );
+    assert_eq!(
+        d.unique_bytes + s.unique_bytes + (d.referenced_bytes - d.unique_bytes),
+        live(&vol),
+        "what is stored is the origin's, the snapshot's, or both"
+    );
+
+    vol.clone_snapshot("s", "c").expect("clone");
+    let c = id_of(&vol, "c");
+    let run: Vec<u8> = (0..100).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write_in(c, (700 * BS) as u64, &run, false)
+        .expect("write");
+    assert!(space_of(&vol, "c").unique_bytes > 0);
+    assert_clean(&vol, "with a clone");
+    delete_frees_its_unique_bytes(&vol, "c");
+    delete_frees_its_unique_bytes(&vol, "s");
+    let d = space_of(&vol, "default");
+    let now = live(&vol);
+    assert_eq!(
+        (d.referenced_bytes, d.unique_bytes),
+        (now, now),
+        "alone again"
+    );
+    assert_clean(&vol, "after the deletes");
+}
+
+#[test]
+fn space_names_what_a_delete_frees_plain() {
+    space_names_what_a_delete_frees(false);
+}
+
+#[test]
+fn space_names_what_a_delete_frees_with_dedup() {
+    space_names_what_a_delete_frees(true);
+}
