@@ -264,7 +264,8 @@ pub struct DeviceInfo {
     pub id: u32,
     /// Name: the NBD export name (the default device is also the default export).
     pub name: String,
-    /// "default", "snapshot", "clone" or "writable".
+    /// "default", "snapshot", "clone", "writable", or "deleting" (a delete that a crash or an
+    /// error stopped: deleting it again finishes).
     pub kind: &'static str,
     /// Logical size in bytes.
     pub size_bytes: u64,
@@ -278,7 +279,9 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     pub(crate) fn of(row: &crate::format::DeviceRow) -> DeviceInfo {
+        let deleting = row.flags & crate::format::ROW_FLAG_DELETING != 0;
         let kind = match row.kind {
+            _ if deleting => "deleting",
             crate::format::DeviceKind::Default => "default",
             crate::format::DeviceKind::Snapshot => "snapshot",
             crate::format::DeviceKind::Clone => "clone",
@@ -290,7 +293,9 @@ impl DeviceInfo {
             kind,
             size_bytes: row.blocks * crate::format::BLOCK_BYTES as u64,
             created_at: row.created_at,
-            writable: row.flags & 1 == 0 && row.kind != crate::format::DeviceKind::Snapshot,
+            writable: row.flags & 1 == 0
+                && !deleting
+                && row.kind != crate::format::DeviceKind::Snapshot,
             parent: row.parent,
         }
     }

@@ -19,6 +19,10 @@ use crate::format::{
 use crate::map::{DeviceSpace, VolumeMap};
 use crate::stats::DeviceInfo;
 
+/// Pages and map entries one step of a device delete gives up in one hold of the state lock
+/// (~64 full leaves: a few milliseconds of SBT updates), each step ending in a checkpoint.
+pub const RELEASE_STEP: u64 = 64 * 256;
+
 impl Inner {
     /// The devices, in id order (a v2 map has only the default one).
     pub fn devices(&self) -> Vec<DeviceInfo> {
@@ -139,7 +143,13 @@ impl Inner {
         Ok(id)
     }
 
-    /// Deletes device `name` (`Volume::delete_device`).
+    /// Deletes device `name` (`Volume::delete_device`). A writable device is emptied through
+    /// the trim path first; then the row is marked as being deleted in one checkpoint, and
+    /// its tree is given up in steps of [`RELEASE_STEP`] pages and entries, each in one hold
+    /// of the state lock and made durable by its own checkpoint, so writers to other devices
+    /// wait at most a step and a checkpoint; the last step's checkpoint drops the row. A
+    /// crash or an error between steps leaves the row marked ("deleting"): deleting it again
+    /// finishes.
     pub fn delete_device(&self, name: &str) -> Result<()> {
         self.check_writable()?;
         let id = self.device_id(name)?;
@@ -148,32 +158,58 @@ impl Inner {
                 "the default device is the volume's own: it cannot be deleted".into(),
             ));
         }
-        let (size, writable) = self.device_size(id)?;
-        if writable {
-            // A writable device gives its blocks up through the trim path first, in logged
-            // steps: what it made and another device keeps has its items made shared before
-            // it is let go (invariant P), everything else is freed.
-            self.emptied(id, name, size)?;
+        if !self.deleting(id) {
+            let (size, writable) = self.device_size(id)?;
+            if writable {
+                // A writable device gives its blocks up through the trim path first, in
+                // logged steps: what it made and another device keeps has its items made
+                // shared before it is let go (invariant P), everything else is freed.
+                self.emptied(id, name, size)?;
+            }
+            let mut st = self.lock_for_write();
+            let cx = self.ctx();
+            if writable {
+                Self::check_empty(&mut st, id, name, size)?;
+            }
+            // From this checkpoint on no record names the device and no request reaches
+            // it: what replay rebuilds never writes under a tree being given up.
+            Self::tree_of(&mut st).mark_deleting(id)?;
+            st.checkpoint(&cx)?;
         }
-        let mut st = self.lock_for_write();
-        let cx = self.ctx();
-        if writable {
-            Self::check_empty(&mut st, id, name, size)?;
+        loop {
+            let mut st = self.lock_for_write();
+            let cx = self.ctx();
+            let mut freed = Vec::new();
+            let step =
+                Self::tree_of(&mut st).release_device_step(id, RELEASE_STEP, |e| freed.push(e));
+            st.account_promoted();
+            for old in freed {
+                st.account(old, crate::format::MapEntry::UNMAPPED)?;
+            }
+            let done = step?;
+            st.checkpoint(&cx)?;
+            if done {
+                return Ok(());
+            }
         }
-        // A snapshot made no page: its tree is given up in this hold, every page no other
-        // device names freed with what it holds, the rest one count less.
-        let mut freed = Vec::new();
-        let VolumeMap::Tree(t) = &mut st.map else {
-            unreachable!("a device beside the default one lives in a page tree");
-        };
-        let released = t.release_device(id, |e| freed.push(e));
-        st.account_promoted();
-        for old in freed {
-            st.account(old, crate::format::MapEntry::UNMAPPED)?;
+    }
+
+    /// Whether device `id` is being deleted (a delete a crash or an error stopped).
+    fn deleting(&self, id: u32) -> bool {
+        match &self.state.lock().map {
+            VolumeMap::Tree(t) => t.deleting(id),
+            VolumeMap::Pages(_) => false,
         }
-        released?;
-        st.checkpoint(&cx)?;
-        Ok(())
+    }
+
+    /// The page tree map of a volume with devices beside the default one.
+    fn tree_of(st: &mut crate::state::State) -> &mut crate::map::TreeMap {
+        match &mut st.map {
+            VolumeMap::Tree(t) => t,
+            VolumeMap::Pages(_) => {
+                unreachable!("a device beside the default one lives in a page tree")
+            }
+        }
     }
 
     /// Trims the whole of writable device `id` (`name`, `size` bytes).

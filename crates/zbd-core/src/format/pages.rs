@@ -454,6 +454,11 @@ pub enum DeviceKind {
     Other,
 }
 
+/// Device row flag: the device is being deleted, its tree given up in checkpointed steps
+/// (part of it may be gone): it is never read, written or served, and a delete of it again
+/// finishes the release.
+pub const ROW_FLAG_DELETING: u16 = 4;
+
 /// One device row (128 bytes; docs/format.md, "Device row").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceRow {
@@ -465,7 +470,8 @@ pub struct DeviceRow {
     pub kind: DeviceKind,
     /// Levels of its map tree, leaves included.
     pub depth: u8,
-    /// Bit 0 read-only, bit 1 origin hidden by flatten.
+    /// Bit 0 read-only, bit 1 origin hidden by flatten, bit 2 being deleted
+    /// ([`ROW_FLAG_DELETING`]).
     pub flags: u16,
     /// Root of its map tree.
     pub root: ChildSlot,

@@ -21,7 +21,7 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
     key_device, key_lba, BlockState, Checkpoint, DeviceRow, ExtensionBody, MapEntry, PageAddress,
-    PageKind, Superblock, MAP_ENTRIES_PER_PAGE,
+    PageKind, Superblock, MAP_ENTRIES_PER_PAGE, ROW_FLAG_DELETING,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
@@ -187,6 +187,9 @@ impl TreeMap {
 
     /// Logical blocks of `device`; `None` for no live device.
     pub fn blocks_of(&self, device: u32) -> Option<u64> {
+        if self.deleting(device) {
+            return None;
+        }
         self.catalog.trees.get(&device).map(|t| t.blocks())
     }
 
@@ -653,7 +656,21 @@ impl TreeMap {
     /// Deletes device `id` (not the default one) and gives up its tree: every page no other
     /// device names is freed, `freed(entry)` hearing each data or shared entry of their leaves
     /// (a direct item dies, a reference goes); pages other devices keep only lose a count.
-    pub fn release_device(&mut self, id: u32, mut freed: impl FnMut(MapEntry)) -> Result<()> {
+    pub fn release_device(&mut self, id: u32, freed: impl FnMut(MapEntry)) -> Result<()> {
+        let done = self.release_device_step(id, u64::MAX, freed)?;
+        debug_assert!(done, "an unbounded release finishes");
+        Ok(())
+    }
+
+    /// `release_device` in steps (`MapTree::release_step`, `budget` pages and entries each):
+    /// the row stays, marked [`ROW_FLAG_DELETING`] (`mark_deleting`), until the step that
+    /// finishes, which removes it. Whether it finished.
+    pub fn release_device_step(
+        &mut self,
+        id: u32,
+        mut budget: u64,
+        mut freed: impl FnMut(MapEntry),
+    ) -> Result<bool> {
         if id == crate::meta::devices::DEFAULT_DEVICE {
             return Err(Error::Invalid("the default device is never deleted".into()));
         }
@@ -669,7 +686,7 @@ impl TreeMap {
                         let mut c = counters.borrow_mut();
                         c.sub(&MapEntry::ZERO, blocks);
                     }
-                    tree.release(pool, store, &mut share, &mut |r: Replaced| {
+                    let replaced = &mut |r: Replaced| {
                         replaced_into(
                             &mut counters.borrow_mut(),
                             &mut damaged,
@@ -681,15 +698,33 @@ impl TreeMap {
                                 freed(r.entry);
                             }
                         }
-                    })
+                    };
+                    tree.release_step(pool, store, &mut share, &mut budget, replaced)
                 }
                 None => Err(Error::Invalid(format!("no device {id} to delete"))),
             };
         self.counters = counters.into_inner();
         self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
-        r?;
-        self.catalog.remove_device(id)?;
-        Ok(())
+        let done = r?;
+        if done {
+            self.catalog.remove_device(id)?;
+        }
+        Ok(done)
+    }
+
+    /// Marks device `id` as being deleted ([`ROW_FLAG_DELETING`]): from now on it is never
+    /// read, written or served (`blocks_of` knows no such device), and its tree may be given
+    /// up in steps, each made durable by a checkpoint.
+    pub fn mark_deleting(&mut self, id: u32) -> Result<()> {
+        self.catalog
+            .devices
+            .update(id, |r| r.flags |= ROW_FLAG_DELETING)
+    }
+
+    /// Whether device `id` is being deleted.
+    pub fn deleting(&self, id: u32) -> bool {
+        self.row(id)
+            .is_some_and(|r| r.flags & ROW_FLAG_DELETING != 0)
     }
 
     /// Calls `f(lba, entry)` for every block in state `Data` in `first..first + count`, in LBA

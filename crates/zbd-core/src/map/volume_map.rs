@@ -70,9 +70,11 @@ impl VolumeMap {
     pub fn writable(&self, device: u32) -> bool {
         match self {
             VolumeMap::Pages(_) => device == DEFAULT_DEVICE,
-            VolumeMap::Tree(t) => t
-                .row(device)
-                .is_some_and(|r| r.flags & 1 == 0 && r.kind != DeviceKind::Snapshot),
+            VolumeMap::Tree(t) => {
+                t.row(device)
+                    .is_some_and(|r| r.flags & 1 == 0 && r.kind != DeviceKind::Snapshot)
+                    && !t.deleting(device)
+            }
         }
     }
 

@@ -1261,10 +1261,36 @@ impl MapTree {
         share: &mut S,
         replaced: &mut impl FnMut(Replaced),
     ) -> Result<()> {
-        let root = std::mem::replace(&mut self.root, ChildSlot::AllUnmapped);
-        self.release_below(pool, io, share, root, self.depth - 1, 0, replaced)
+        let mut budget = u64::MAX;
+        let done = self.release_step(pool, io, share, &mut budget, replaced)?;
+        debug_assert!(done, "an unbounded release finishes");
+        Ok(())
     }
 
+    /// `release` of a part of the tree: it stops once `budget` (one unit per page met and per
+    /// mapped entry given up) is spent, leaving a tree whose given-up subtrees are unmapped
+    /// slots and whose pages are the rest, unchanged, so each step can be made durable on its
+    /// own. Only pages of count 1 change (in place): no other device reaches them. Whether
+    /// the whole tree is given up.
+    pub fn release_step<I: TreeIo, S: Sharing<I>>(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        share: &mut S,
+        budget: &mut u64,
+        replaced: &mut impl FnMut(Replaced),
+    ) -> Result<bool> {
+        let root = match self.root {
+            ChildSlot::Page(_) => self.root,
+            // A summary root's blocks are the caller's to count (it knows the device's end).
+            _ => ChildSlot::AllUnmapped,
+        };
+        self.root =
+            self.release_below(pool, io, share, root, self.depth - 1, 0, budget, replaced)?;
+        Ok(self.root == ChildSlot::AllUnmapped)
+    }
+
+    /// `release_step` below one slot at `level`, `pos`: what the slot names afterwards.
     #[allow(clippy::too_many_arguments)]
     fn release_below<I: TreeIo, S: Sharing<I>>(
         &self,
@@ -1274,14 +1300,20 @@ impl MapTree {
         slot: ChildSlot,
         level: u8,
         pos: u64,
+        budget: &mut u64,
         replaced: &mut impl FnMut(Replaced),
-    ) -> Result<()> {
+    ) -> Result<ChildSlot> {
         let ChildSlot::Page(id) = slot else {
-            return Ok(());
+            return Ok(ChildSlot::AllUnmapped);
         };
+        if *budget == 0 {
+            return Ok(slot);
+        }
+        *budget -= 1;
         let count = share.count(pool, io, level, pos, id)?;
         if count > 1 {
-            return share.set_count(pool, io, level, pos, id, count - 1);
+            share.set_count(pool, io, level, pos, id, count - 1)?;
+            return Ok(ChildSlot::AllUnmapped);
         }
         if level == 0 {
             let start = pos * MAP_ENTRIES_PER_PAGE as u64;
@@ -1297,25 +1329,45 @@ impl MapTree {
                     });
                 }
             }
+            *budget = budget.saturating_sub(runs.len() as u64);
             runs.into_iter().for_each(&mut *replaced);
         } else {
+            // Slots given up so far: written into the page only if it stays (a step ends
+            // inside it); a page given up whole is freed unchanged.
+            let mut gone = Vec::new();
             for i in 0..MAP_INTERIOR_SLOTS {
                 let child = read(pool, io, id, level, pos)?.slot(i);
+                if child == ChildSlot::AllUnmapped {
+                    continue;
+                }
                 let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
-                if let ChildSlot::Page(_) = child {
-                    self.release_below(pool, io, share, child, level - 1, cpos, replaced)?;
-                } else if child == ChildSlot::AllZero {
-                    replaced(Replaced {
-                        first: cpos * blocks_under(level - 1),
-                        count: blocks_under(level - 1),
-                        entry: MapEntry::ZERO,
-                    });
+                let left = if *budget == 0 {
+                    child
+                } else {
+                    if child == ChildSlot::AllZero {
+                        replaced(Replaced {
+                            first: cpos * blocks_under(level - 1),
+                            count: blocks_under(level - 1),
+                            entry: MapEntry::ZERO,
+                        });
+                    }
+                    self.release_below(pool, io, share, child, level - 1, cpos, budget, replaced)?
+                };
+                if left != child {
+                    gone.push((i, left));
+                }
+                if left != ChildSlot::AllUnmapped {
+                    let page = change(pool, io, id, level, pos)?;
+                    for (i, left) in gone {
+                        page.set_slot(i, left);
+                    }
+                    return Ok(slot);
                 }
             }
         }
         pool.remove(id);
         io.free(id);
-        Ok(())
+        Ok(ChildSlot::AllUnmapped)
     }
 
     /// A page whose every block is now what summary `to` says leaves the tree for it (a

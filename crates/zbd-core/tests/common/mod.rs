@@ -509,3 +509,34 @@ pub fn assert_clean(vol: &Volume, ctx: &str) {
     let r = vol.check(&|_, _| {});
     assert!(r.is_clean(), "{ctx}: {r:?}");
 }
+
+/// Finishes the device deletes a crash stopped (rows listed as "deleting", which take no
+/// request): each delete again must finish, leave the volume clean, and drop the row.
+pub fn finish_deletes(vol: &Volume, ctx: &str) {
+    let stopped: Vec<String> = vol
+        .devices()
+        .into_iter()
+        .filter(|d| d.kind == "deleting")
+        .map(|d| d.name)
+        .collect();
+    for name in &stopped {
+        let id = vol
+            .devices()
+            .iter()
+            .find(|d| &d.name == name)
+            .expect("listed")
+            .id;
+        let mut buf = vec![0u8; 4096];
+        assert!(
+            vol.read_in(id, 0, &mut buf).is_err(),
+            "{ctx}: {name} being deleted was read"
+        );
+        vol.delete_device(name)
+            .unwrap_or_else(|e| panic!("{ctx}: finishing the delete of {name}: {e}"));
+        assert!(
+            vol.devices().iter().all(|d| &d.name != name),
+            "{ctx}: {name} still listed after its delete finished"
+        );
+        assert_clean(vol, &format!("{ctx}, {name}'s delete finished"));
+    }
+}

@@ -364,7 +364,7 @@ impl zbd_nbd::Directory for VolumeDirectory {
         let devices = self.served.with(|v| v.devices()).unwrap_or_default();
         devices
             .into_iter()
-            .filter(|d| d.id != DEFAULT_DEVICE)
+            .filter(|d| d.id != DEFAULT_DEVICE && d.kind != "deleting")
             .map(|d| d.name)
             .collect()
     }
@@ -373,7 +373,7 @@ impl zbd_nbd::Directory for VolumeDirectory {
         let devices = self.served.with(|v| v.devices()).ok()?;
         let d = devices
             .into_iter()
-            .find(|d| d.name == name && d.id != DEFAULT_DEVICE)?;
+            .find(|d| d.name == name && d.id != DEFAULT_DEVICE && d.kind != "deleting")?;
         Some(Arc::new(VolumeExport {
             served: Arc::clone(&self.served),
             device: d.id,

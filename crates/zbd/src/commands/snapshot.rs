@@ -148,7 +148,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Action::Delete { spec, ceph } => {
             let (path, name) = at(&spec)?;
             let rows = listed(&path, &ceph)?;
-            if !rows.iter().any(|d| d.name == name && d.kind == "snapshot") {
+            // "deleting": a delete a crash stopped, which this one finishes.
+            if !rows
+                .iter()
+                .any(|d| d.name == name && matches!(d.kind.as_str(), "snapshot" | "deleting"))
+            {
                 bail!("{spec}: no snapshot named {name:?}");
             }
             done(
