@@ -12,7 +12,10 @@ a fresh volume (`zbd create --metadata-pages`, lz4) in DEDUP_DIR:
   sequential reads of each clone against the base device (goal >= 0.9x);
 - retained: SNAP_HOLD_MB written to a SNAP_HOLD_SIZE volume, then SNAP_RETAINED snapshots or
   none, then the server killed (SIGKILL) and started again: the time until it serves, and its
-  peak RSS after reading SNAP_READ_MB at random (goal: within 10 % of the arm without snapshots).
+  peak RSS after reading SNAP_READ_MB at random (goal: within 10 % of the arm without snapshots);
+- delete: a snapshot alone holding SNAP_DEL_MB (its origin rewrote it) deleted while 4 KiB random
+  writes go to the origin for SNAP_DEL_S seconds, against the same writes with no delete: the
+  delete's time and the writers' p99.9 and maximum latency.
 
 fio data is set explicitly (`refill_buffers`, `buffer_compress_percentage=50`). Writes
 OUTDIR/summary.json and OUTDIR/summary.md; fio job files and outputs under OUTDIR/runs/. Standard
@@ -23,7 +26,8 @@ library only; creates only its own volumes, servers and sockets and undoes them 
 env: ZBD_BIN (target/release/zbd), DEDUP_DIR (/var/tmp), SNAP_SIZE (4G), SNAP_CAPACITY (24G: the
      load arm's data area), SNAP_FILL_MB (1024),
      SNAP_LOAD_S (100), SNAP_EVERY_S (5), SNAP_BASE_MB (1024), SNAP_CLONES (10), SNAP_HOLD_SIZE (64G),
-     SNAP_HOLD_MB (8192), SNAP_RETAINED (100), SNAP_READ_MB (256), SNAP_PARTS ("load clones retained").
+     SNAP_HOLD_MB (8192), SNAP_RETAINED (100), SNAP_READ_MB (256), SNAP_DEL_MB (2048), SNAP_DEL_S (40),
+     SNAP_PARTS ("load clones retained delete").
 """
 
 from __future__ import annotations
@@ -133,6 +137,7 @@ def fio(st: Settings, tag: str, uri: str, options: dict[str, Any]) -> dict[str, 
         "mib_s": side["io_bytes"] / MIB / runtime if runtime else 0.0,
         "p99_9_us": pct.get("99.900000", 0) / 1000,
         "p99_us": pct.get("99.000000", 0) / 1000,
+        "max_us": side.get("clat_ns", {}).get("max", 0) / 1000,
     }
 
 
@@ -247,6 +252,44 @@ def retained(st: Settings, undo: Undo) -> dict[str, Any]:
     }
 
 
+def delete(st: Settings, undo: Undo) -> dict[str, Any]:
+    """A snapshot that alone holds SNAP_DEL_MB (its origin rewrote it all) deleted through the
+    control socket while 4 KiB random writes at iodepth 16 go to the origin; against the same
+    writes with no delete: how long the delete took and what it did to the writers' latency."""
+    size, del_mb, seconds = st.text("SNAP_SIZE", "4G"), st.num("SNAP_DEL_MB", 2048), st.num("SNAP_DEL_S", 40)
+    arms: dict[str, Any] = {}
+    for arm in ("without", "with"):
+        vol = fresh(st, undo, size, st.text("SNAP_CAPACITY", "24G"))
+        server = Server(st, undo, vol, f"delete-{arm}")
+        server.start()
+        fill = {"rw": "write", "bs": "128k", "iodepth": 4, "size": f"{del_mb}M", "end_fsync": 1}
+        fio(st, f"delete-{arm}-fill", server.uri(), fill)
+        run([st.zbd, "snapshot", "create", f"{vol}@old"])
+        fio(st, f"delete-{arm}-rewrite", server.uri(), {**fill, "randseed": FIO_SEED + 1})
+        options = {"rw": "randwrite", "bs": "4k", "iodepth": 16, "size": size, "time_based": 1,
+                   "runtime": seconds, "norandommap": 1}
+        took = None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            writes = pool.submit(fio, st, f"delete-{arm}", server.uri(), options)
+            time.sleep(seconds / 4)  # let the writers settle first; a pace, not a synchronisation
+            if arm == "with":
+                t0 = time.monotonic()
+                run([st.zbd, "snapshot", "delete", f"{vol}@old"])
+                took = time.monotonic() - t0
+            result = writes.result()
+        arms[arm] = {**result, "delete_s": took}
+        server.stop()
+        say(f"  delete {arm}: {result['mib_s']:.1f} MiB/s, p99.9 {result['p99_9_us']:.0f} us, "
+            f"max {result['max_us']:.0f} us" + (f", delete {took:.1f} s" if took else ""))
+    w, wo = arms["with"], arms["without"]
+    return {
+        "arms": arms,
+        "delete_s": w["delete_s"],
+        "p99_9_ratio": w["p99_9_us"] / wo["p99_9_us"] if wo["p99_9_us"] else None,
+        "max_ratio": w["max_us"] / wo["max_us"] if wo["max_us"] else None,
+    }
+
+
 def markdown(doc: dict[str, Any]) -> str:
     out = ["## Snapshots and clones (scripts/bench-snapshots.py)", ""]
     s = doc["settings"]
@@ -303,6 +346,22 @@ def markdown(doc: dict[str, Any]) -> str:
             a = d["arms"][arm]
             out.append(f"| {arm} | {a['reopen_s']:.2f} | {(a['rss_kib'] or 0) / 1024:.0f} |")
         out += ["", f"Reopen **{d['reopen_ratio']:.2f}x**, RSS **{d['rss_ratio']:.2f}x** (goal: within 1.10).", ""]
+    if "delete" in doc:
+        d = doc["delete"]
+        out += [
+            (
+                f"Delete under load: a snapshot alone holding {s['del_mb']} MiB (its origin rewrote "
+                f"it) deleted while 4 KiB random writes (iodepth 16, {s['del_s']} s) go to the origin."
+            ),
+            "",
+            "| arm | MiB/s | p99.9 (us) | max (us) | delete (s) |",
+            "|---|---|---|---|---|",
+        ]
+        for arm in ("without", "with"):
+            a = d["arms"][arm]
+            took = f"{a['delete_s']:.1f}" if a["delete_s"] is not None else "-"
+            out.append(f"| {arm} delete | {a['mib_s']:.1f} | {a['p99_9_us']:.0f} | {a['max_us']:.0f} | {took} |")
+        out += ["", f"p99.9 with / without: **{d['p99_9_ratio']:.2f}x**; max: **{d['max_ratio']:.2f}x**.", ""]
     return "\n".join(out)
 
 
@@ -319,7 +378,7 @@ def main() -> int:
         return 1
     undo = Undo()
     st = Settings(zbd=zbd, work=work_dir(undo, "zbd-snapshots."), out=out, env=dict(os.environ))
-    parts = st.text("SNAP_PARTS", "load clones retained").split()
+    parts = st.text("SNAP_PARTS", "load clones retained delete").split()
     doc: dict[str, Any] = {
         "version": SCHEMA_VERSION,
         "settings": {
@@ -328,11 +387,12 @@ def main() -> int:
             "base_mb": st.num("SNAP_BASE_MB", 1024), "clones": st.num("SNAP_CLONES", 10),
             "hold_size": st.text("SNAP_HOLD_SIZE", "64G"), "hold_mb": st.num("SNAP_HOLD_MB", 8192),
             "retained": st.num("SNAP_RETAINED", 100), "read_mb": st.num("SNAP_READ_MB", 256),
+            "del_mb": st.num("SNAP_DEL_MB", 2048), "del_s": st.num("SNAP_DEL_S", 40),
         },
     }
     try:
         doc["loadavg_start"] = [round(v, 2) for v in os.getloadavg()]
-        for part, measure in (("load", load), ("clones", clones), ("retained", retained)):
+        for part, measure in (("load", load), ("clones", clones), ("retained", retained), ("delete", delete)):
             if part in parts:
                 say(f"== {part}")
                 doc[part] = measure(st, undo)
