@@ -278,7 +278,10 @@ def set_fact(data: dict[str, Any]) -> str:
 
 def snapshots(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
     """scripts/bench-snapshots.py: summary.md and summary.json (snapshots under load, clones, retained
-    snapshots); `--quick` shrinks every part."""
+    snapshots, a delete under load); `--quick` shrinks every part. SNAP_PARTS and the script's other
+    settings pass through from the environment (`SNAP_PARTS=clones zbdlab bench --only snapshots`).
+    The clone set's bar chart (zbd beside btrfs, bytes and time) is drawn here into
+    raw/snapshot-clones.png (`FIGURE_FILES`)."""
     env = {"ZBD_BIN": zbd, "DEDUP_DIR": str(settings.work_dir)}
     if settings.short:
         env |= {
@@ -287,16 +290,90 @@ def snapshots(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
             "SNAP_FILL_MB": "256",
             "SNAP_LOAD_S": "20",
             "SNAP_EVERY_S": "2",
-            "SNAP_BASE_MB": "256",
+            "SNAP_IMAGE_SIZE": "1G",
+            "SNAP_IMAGE_FILL_MB": "512",
+            "SNAP_READ_ROUNDS": "1",
             "SNAP_HOLD_SIZE": "8G",
             "SNAP_HOLD_MB": "1024",
             "SNAP_RETAINED": "20",
             "SNAP_READ_MB": "64",
+            "SNAP_DEL_MB": "256",
+            "SNAP_DEL_S": "12",
         }
     argv = ["/usr/bin/python3", str(repo / "scripts" / "bench-snapshots.py"), str(raw)]
     run_tool(argv, raw / "log.txt", env, repo, settings.progress)
     doc = json.loads((raw / "summary.json").read_text())
-    return demoted((raw / "summary.md").read_text()) + [""], doc
+    lines = demoted((raw / "summary.md").read_text())
+    if clones_plot(doc, raw / "snapshot-clones.png"):
+        lines += ["", "![clone set: bytes stored and time, zbd and btrfs](snapshot-clones.png)"]
+    return [*lines, ""], doc
+
+
+def clones_plot(doc: dict[str, Any], path: Path) -> bool:
+    """The clone set, one bar pair per system: MiB stored for the image alone and with its clones
+    (x one image above), and the seconds taken (import, clone commands, new data, stacked); False
+    when the run has no clone set (SNAP_PARTS without clones, or an older summary)."""
+    clones = doc.get("clones") or {}
+    if "zbd" not in clones or "image" not in clones:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    z = clones["zbd"]
+    rows = [("zbd lz4\nzbd clone", z["one"]["physical_bytes_live"], z["stored"]["physical_bytes_live"], z)]
+    for b in clones.get("btrfs", []):
+        codec = "btrfs" if b["compress"] == "none" else f"btrfs {b['compress']}"
+        rows.append((f"{codec}\n{b['method']}", b["one"]["data"], b["stored"]["data"], b))
+    n = clones["clones"]
+    fig, (space, spent) = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    xs = range(len(rows))
+    width = 0.38
+    space.bar(
+        [x - width / 2 for x in xs], [r[1] / MIB for r in rows], width, color="#7f8c8d", label="one image"
+    )
+    space.bar(
+        [x + width / 2 for x in xs],
+        [r[2] / MIB for r in rows],
+        width,
+        color="#1f4e79",
+        label=f"image + {n} clones",
+    )
+    for x, r in zip(xs, rows, strict=True):
+        space.annotate(
+            f"{r[2] / r[1]:.2f}x", (x + width / 2, r[2] / MIB), ha="center", va="bottom", fontsize=7
+        )
+    bottom = [0.0] * len(rows)
+    for key, label, color in (
+        ("import_s", "import", "#bdc3c7"),
+        ("clone_s", f"{n} clones", "#e67e22"),
+        ("write_s", "new data", "#1f4e79"),
+    ):
+        vals = [sum(r[3][key]) if isinstance(r[3][key], list) else r[3][key] for r in rows]
+        spent.bar(list(xs), vals, 0.6, bottom=bottom, color=color, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    space.set_ylim(top=space.get_ylim()[1] * 1.1)  # room for the ratios
+    for ax, unit, title in (
+        (space, "MiB", "stored (zbd live, btrfs data used); x one image above"),
+        (spent, "s", "time"),
+    ):
+        ax.set_xticks(list(xs), [r[0] for r in rows], fontsize=7)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7, frameon=False, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    gib = clones["image"]["size_bytes"] / (1 << 30)
+    fig.suptitle(
+        f"{n} clones of one {gib:g} GiB ext4 image, {clones['new_bytes_each'] / MIB:.0f} MiB of new "
+        "files each",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
 
 
 def dedup_write(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
@@ -417,7 +494,10 @@ def rados_ab(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
 
 
 # Figures a script group draws into its raw directory, copied beside summary.md in the results one
-FIGURE_FILES: dict[str, tuple[str, ...]] = {"dedup-write": ("dedup-write.png",)}
+FIGURE_FILES: dict[str, tuple[str, ...]] = {
+    "dedup-write": ("dedup-write.png",),
+    "snapshots": ("snapshot-clones.png",),
+}
 
 SCRIPT_RUNNERS: dict[str, Callable[[str, Path, Settings, Path], Result]] = {
     "builtin": builtin,
