@@ -19,8 +19,11 @@ use crate::format::{
 use crate::map::{DeviceSpace, VolumeMap};
 use crate::stats::DeviceInfo;
 
-/// Pages and map entries one step of a device delete gives up in one hold of the state lock
-/// (~64 full leaves: a few milliseconds of SBT updates), each step ending in a checkpoint.
+/// Budget of one step of a device delete, in one hold of the state lock, each step ending in a
+/// checkpoint: ~57 full leaves (a few milliseconds of SBT updates), and at most 513 pages freed
+/// (`RELEASE_PAGE_COST`): a step starts on a window at most half full (else a checkpoint comes
+/// first), so its frees keep the window within what the pair-state list allows (`window_max`,
+/// ~2,000 entries on the smallest list).
 pub const RELEASE_STEP: u64 = 64 * 256;
 
 impl Inner {
@@ -179,6 +182,9 @@ impl Inner {
         loop {
             let mut st = self.lock_for_write();
             let cx = self.ctx();
+            if Self::tree_of(&mut st).window_half_full() {
+                st.checkpoint(&cx)?;
+            }
             let mut freed = Vec::new();
             let step =
                 Self::tree_of(&mut st).release_device_step(id, RELEASE_STEP, |e| freed.push(e));

@@ -238,6 +238,11 @@ fn diff_below<I: TreeIo>(
     Ok(())
 }
 
+/// What meeting one page costs a release step's budget, against one unit per entry given up:
+/// a step frees at most `budget / RELEASE_PAGE_COST + 1` pages, however few entries they
+/// hold, and that must stay well inside the open window a checkpoint's pair-state list allows.
+pub const RELEASE_PAGE_COST: u64 = 32;
+
 /// `MapTree::referenced` below one slot at `level`, `pos`.
 fn referenced_below<I: TreeIo>(
     pool: &mut PagePool<Page>,
@@ -1267,8 +1272,8 @@ impl MapTree {
         Ok(())
     }
 
-    /// `release` of a part of the tree: it stops once `budget` (one unit per page met and per
-    /// mapped entry given up) is spent, leaving a tree whose given-up subtrees are unmapped
+    /// `release` of a part of the tree: it stops once `budget` ([`RELEASE_PAGE_COST`] units per
+    /// page met, one per mapped entry given up) is spent, leaving a tree whose given-up subtrees are unmapped
     /// slots and whose pages are the rest, unchanged, so each step can be made durable on its
     /// own. Only pages of count 1 change (in place): no other device reaches them. Whether
     /// the whole tree is given up.
@@ -1309,7 +1314,7 @@ impl MapTree {
         if *budget == 0 {
             return Ok(slot);
         }
-        *budget -= 1;
+        *budget = budget.saturating_sub(RELEASE_PAGE_COST);
         let count = share.count(pool, io, level, pos, id)?;
         if count > 1 {
             share.set_count(pool, io, level, pos, id, count - 1)?;
