@@ -189,10 +189,21 @@ impl Inner {
             let step =
                 Self::tree_of(&mut st).release_device_step(id, RELEASE_STEP, |e| freed.push(e));
             st.account_promoted();
+            // Every entry the tree gave up is accounted, even when one fails or the step
+            // stopped on an error: what it gave up is gone from the tree whatever happens
+            // here, so stopping at the first failed reference drop would leak every item
+            // after it (direct ones with their extent charges), not just that one reference
+            // (`State::apply_range` does the same).
+            let mut first_error = None;
             for old in freed {
-                st.account(old, crate::format::MapEntry::UNMAPPED)?;
+                if let Err(e) = st.account(old, crate::format::MapEntry::UNMAPPED) {
+                    first_error.get_or_insert(e);
+                }
             }
             let done = step?;
+            if let Some(e) = first_error {
+                return Err(e);
+            }
             st.checkpoint(&cx)?;
             if done {
                 return Ok(());

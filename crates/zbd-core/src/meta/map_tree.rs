@@ -1337,35 +1337,36 @@ impl MapTree {
             *budget = budget.saturating_sub(runs.len() as u64);
             runs.into_iter().for_each(&mut *replaced);
         } else {
-            // Slots given up so far: written into the page only if it stays (a step ends
-            // inside it); a page given up whole is freed unchanged.
-            let mut gone = Vec::new();
+            // The page is made dirty (so resident, pinned) before anything below it is
+            // given up, and each slot given up is written into it at once: a step that ends
+            // inside it, or an error below it (a page or a count that cannot be read), leaves
+            // a page naming exactly what is not given up yet. Were the slots kept aside and
+            // the error returned, the page would still name freed pages and pages whose count
+            // was already dropped, which deleting again would give up a second time (a page
+            // the origin shares freed under it). A page given up whole is freed.
+            change(pool, io, id, level, pos)?;
             for i in 0..MAP_INTERIOR_SLOTS {
                 let child = read(pool, io, id, level, pos)?.slot(i);
                 if child == ChildSlot::AllUnmapped {
                     continue;
                 }
+                if *budget == 0 {
+                    return Ok(slot);
+                }
                 let cpos = pos * MAP_INTERIOR_SLOTS as u64 + i as u64;
-                let left = if *budget == 0 {
-                    child
-                } else {
-                    if child == ChildSlot::AllZero {
-                        replaced(Replaced {
-                            first: cpos * blocks_under(level - 1),
-                            count: blocks_under(level - 1),
-                            entry: MapEntry::ZERO,
-                        });
-                    }
-                    self.release_below(pool, io, share, child, level - 1, cpos, budget, replaced)?
-                };
+                if child == ChildSlot::AllZero {
+                    replaced(Replaced {
+                        first: cpos * blocks_under(level - 1),
+                        count: blocks_under(level - 1),
+                        entry: MapEntry::ZERO,
+                    });
+                }
+                let left =
+                    self.release_below(pool, io, share, child, level - 1, cpos, budget, replaced)?;
                 if left != child {
-                    gone.push((i, left));
+                    change(pool, io, id, level, pos)?.set_slot(i, left);
                 }
                 if left != ChildSlot::AllUnmapped {
-                    let page = change(pool, io, id, level, pos)?;
-                    for (i, left) in gone {
-                        page.set_slot(i, left);
-                    }
                     return Ok(slot);
                 }
             }

@@ -15,5 +15,6 @@ mod scrub_attacks;
 mod shared_items;
 mod snapshots;
 mod snapshots_review;
+mod snapshots_review2;
 mod upgrade;
 mod upgrade_faults;
