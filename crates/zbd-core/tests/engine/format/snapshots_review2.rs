@@ -35,7 +35,10 @@ fn read_dev(vol: &Volume, id: u32, size: u64) -> Vec<u8> {
 fn assert_dev(vol: &Volume, id: u32, model: &[u8], ctx: &str) {
     let got = read_dev(vol, id, model.len() as u64);
     for (i, (g, m)) in got.chunks(BS).zip(model.chunks(BS)).enumerate() {
-        assert!(g == m, "{ctx}: device {id} block {i} differs from its model");
+        assert!(
+            g == m,
+            "{ctx}: device {id} block {i} differs from its model"
+        );
     }
 }
 
