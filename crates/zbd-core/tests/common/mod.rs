@@ -510,6 +510,30 @@ pub fn assert_clean(vol: &Volume, ctx: &str) {
     assert!(r.is_clean(), "{ctx}: {r:?}");
 }
 
+/// The id of device `name`.
+pub fn id_of(vol: &Volume, name: &str) -> u32 {
+    vol.devices()
+        .into_iter()
+        .find(|d| d.name == name)
+        .map(|d| d.id)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+/// Referenced and unique bytes of device `name` (`Volume::device_space`).
+pub fn space_of(vol: &Volume, name: &str) -> zbd_core::DeviceSpace {
+    let id = id_of(vol, name);
+    vol.device_space()
+        .expect("space")
+        .into_iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("no space for {name}"))
+}
+
+/// Stored bytes the volume counters hold live.
+pub fn live(vol: &Volume) -> u64 {
+    vol.stats().physical_bytes_live
+}
+
 /// Finishes the device deletes a crash stopped (rows listed as "deleting", which take no
 /// request): each delete again must finish, leave the volume clean, and drop the row.
 pub fn finish_deletes(vol: &Volume, ctx: &str) {

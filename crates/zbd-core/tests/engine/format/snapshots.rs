@@ -39,14 +39,6 @@ fn assert_device(vol: &Volume, name: &str, model: &[u8], ctx: &str) {
     }
 }
 
-fn id_of(vol: &Volume, name: &str) -> u32 {
-    vol.devices()
-        .into_iter()
-        .find(|d| d.name == name)
-        .map(|d| d.id)
-        .unwrap_or_else(|| panic!("no device {name}"))
-}
-
 /// One round of host changes to `device`: scattered single blocks, a run, a trim of whole
 /// leaves and part of one, a zeroing; applied to `model` too.
 fn churn(vol: &Volume, device: u32, model: &mut [u8], rng: &mut SmallRng) {
@@ -317,19 +309,6 @@ fn a_thousand_snapshots() {
     assert_eq!(vol.devices().len(), 1);
     assert_device(&vol, "default", &now, "after the deletes");
     assert_clean(&vol, "after the deletes");
-}
-
-fn space_of(vol: &Volume, name: &str) -> zbd_core::DeviceSpace {
-    let id = id_of(vol, name);
-    vol.device_space()
-        .expect("space")
-        .into_iter()
-        .find(|s| s.id == id)
-        .unwrap_or_else(|| panic!("no space for {name}"))
-}
-
-fn live(vol: &Volume) -> u64 {
-    vol.stats().physical_bytes_live
 }
 
 /// Deletes device `name` and checks that it freed exactly the unique bytes the walk gave

@@ -18,14 +18,6 @@ fn opts(dedup: bool) -> CreateOptions {
     }
 }
 
-fn id_of(vol: &Volume, name: &str) -> u32 {
-    vol.devices()
-        .into_iter()
-        .find(|d| d.name == name)
-        .map(|d| d.id)
-        .unwrap_or_else(|| panic!("no device {name}"))
-}
-
 fn read_dev(vol: &Volume, id: u32) -> Vec<u8> {
     let mut got = vec![0u8; SIZE as usize];
     vol.read_in(id, 0, &mut got).expect("read");

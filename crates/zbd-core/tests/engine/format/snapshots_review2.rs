@@ -18,14 +18,6 @@ fn opts(size: u64, dedup: bool) -> CreateOptions {
     }
 }
 
-fn id_of(vol: &Volume, name: &str) -> u32 {
-    vol.devices()
-        .into_iter()
-        .find(|d| d.name == name)
-        .map(|d| d.id)
-        .unwrap_or_else(|| panic!("no device {name}"))
-}
-
 fn read_dev(vol: &Volume, id: u32, size: u64) -> Vec<u8> {
     let mut got = vec![0u8; size as usize];
     vol.read_in(id, 0, &mut got).expect("read");
@@ -40,19 +32,6 @@ fn assert_dev(vol: &Volume, id: u32, model: &[u8], ctx: &str) {
             "{ctx}: device {id} block {i} differs from its model"
         );
     }
-}
-
-fn space_of(vol: &Volume, name: &str) -> zbd_core::DeviceSpace {
-    let id = id_of(vol, name);
-    vol.device_space()
-        .expect("space")
-        .into_iter()
-        .find(|s| s.id == id)
-        .unwrap_or_else(|| panic!("no space for {name}"))
-}
-
-fn live(vol: &Volume) -> u64 {
-    vol.stats().physical_bytes_live
 }
 
 /// `zbd check` finds nothing but shared items counted higher than the slots naming them
