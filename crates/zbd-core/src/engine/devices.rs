@@ -323,10 +323,7 @@ impl Inner {
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         Self::check_empty(&mut st, id, name, size)?;
-        let VolumeMap::Tree(t) = &mut st.map else {
-            unreachable!("a snapshot lives in a page tree");
-        };
-        t.share_tree(snap, id)?;
+        Self::tree_of(&mut st).share_tree(snap, id)?;
         st.checkpoint(&cx)?;
         Ok(())
     }
