@@ -74,10 +74,10 @@ def command(
 ) -> None:
     """Measure zbd as same-run ratios in alternating rounds, check the targets, run the other
     benchmarks (scripts/bench-*.sh), write the results."""
+    from zbdlab import signals
     from zbdlab.bench.report import rerender as render_again
     from zbdlab.bench.run import run_bench
     from zbdlab.bench.settings import Settings
-    from zbdlab.runner import signals
     from zbdlab.runner.execute import Interrupted
 
     if rerender:

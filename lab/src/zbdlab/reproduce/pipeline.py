@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from zbdlab import signals
 from zbdlab.app import UserError, repo_root
 from zbdlab.reproduce import seed000, seed001, seed002, seed003, seed004
 from zbdlab.reproduce.context import Context
 from zbdlab.reproduce.model import NOT_RUN, Outcome, Reproduction, planned_seconds, table_dict
 from zbdlab.reproduce.render import plot_outcome, render_html, render_markdown
-from zbdlab.runner import signals
 from zbdlab.runner.execute import Interrupted
 
 ENTRIES: list[Reproduction] = [

@@ -28,13 +28,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from zbdlab import memlimit, throttle
+from zbdlab import memlimit, signals, throttle
 from zbdlab.app import HostError, UserError
 from zbdlab.config import Study, TargetSpec, WorkloadSpec
 from zbdlab.monitors import cache, counters, environment
 from zbdlab.results.schema import RunRecord
 from zbdlab.results.store import ResultStore
-from zbdlab.runner import factory, plan, recover, signals, validity
+from zbdlab.runner import factory, plan, recover, validity
 from zbdlab.targets.cleanup import CleanupStack
 from zbdlab.targets.commands import Commands
 from zbdlab.targets.instance import Space, TargetInstance, provision

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from zbdlab import signals
 from zbdlab.app import HostError
 
 
@@ -49,27 +50,41 @@ class Commands:
     def run(
         self, argv: list[str], *, check: bool = True, timeout: float = 600, input_text: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        """Run a tool to its end. Interrupted (SIGINT/SIGTERM raised as an exception), it is killed
+        and waited for before the exception goes on: cleanup must see what a `mount` or `losetup`
+        did, not find it done a moment after it looked."""
+        proc: subprocess.Popen[str] | None = None
         try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, input=input_text, check=False
-            )
+            with signals.held():
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE if input_text is not None else None,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            stdout, stderr = proc.communicate(input_text, timeout=timeout)
         except FileNotFoundError:
             self.record(argv, None, "not found")
             raise HostError(f"{argv[0]} not found (run scripts/install-deps.sh)") from None
         except subprocess.TimeoutExpired:
+            _reap(proc)
             self.record(argv, None, f"timed out after {timeout}s")
             raise CommandError(argv, -1, f"timed out after {timeout}s") from None
+        except BaseException:
+            _reap(proc)
+            raise
         self.record(argv, proc.returncode)
         if check and proc.returncode != 0:
-            raise CommandError(argv, proc.returncode, proc.stderr + proc.stdout)
-        return proc
+            raise CommandError(argv, proc.returncode, stderr + stdout)
+        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
     def spawn(
         self, argv: list[str], log_file: Path, adopt: Callable[[subprocess.Popen[bytes]], None]
     ) -> subprocess.Popen[bytes]:
         """Start a daemon in its own session, so a terminal's Ctrl-C reaches zbdlab first and zbdlab
         stops it only after unmounting what depends on it."""
-        with open(log_file, "ab") as out:
+        with open(log_file, "ab") as out, signals.held():  # adopted before a signal can strand it
             try:
                 proc = subprocess.Popen(
                     argv,
@@ -84,6 +99,16 @@ class Commands:
             adopt(proc)  # handed over at once, so the undo step pushed before this can stop it
         self.record(argv, None, f"spawned pid {proc.pid}")
         return proc
+
+
+def _reap(proc: subprocess.Popen[str] | None) -> None:
+    if proc is None:
+        return
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe:
+            pipe.close()
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
