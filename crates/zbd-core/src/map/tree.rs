@@ -635,6 +635,12 @@ impl TreeMap {
     /// The runs of blocks (LBA, count) where devices `a` and `b` (of one size) differ; pages
     /// both trees name are not read.
     pub fn diff(&mut self, a: u32, b: u32) -> Result<Vec<(u64, u64)>> {
+        if self.deleting(a) || self.deleting(b) {
+            return Err(Error::Invalid(
+                "a device being deleted is compared with nothing (delete it again to finish)"
+                    .into(),
+            ));
+        }
         let (ta, tb) = match (self.catalog.trees.get(&a), self.catalog.trees.get(&b)) {
             (Some(&ta), Some(&tb)) => (ta, tb),
             _ => return Err(Error::Invalid("no such device".into())),

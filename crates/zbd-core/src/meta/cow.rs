@@ -15,7 +15,7 @@ use super::page::Page;
 use super::pool::PagePool;
 use super::store::MetaStore;
 use crate::error::{Error, Result};
-use crate::format::{ChildSlot, DeviceKind, DeviceRow, Extension, PctEntry};
+use crate::format::{ChildSlot, DeviceKind, DeviceRow, Extension, PctEntry, ROW_FLAG_DELETING};
 
 /// What a copy-on-write walk of one device's tree needs of the catalog, borrowed at once
 /// (`map/cow.rs` builds the `Sharing` of the walk from it).
@@ -68,6 +68,14 @@ impl Catalog {
             .get(source)
             .cloned()
             .ok_or_else(|| Error::Invalid(format!("no device {source}")))?;
+        if src.flags & ROW_FLAG_DELETING != 0 {
+            // Part of its tree may be given up already: what a new device would share of it
+            // is no point in time of anything.
+            return Err(Error::Invalid(format!(
+                "{:?} is being deleted (delete it again to finish)",
+                src.name
+            )));
+        }
         match (kind, src.kind) {
             (DeviceKind::Snapshot, DeviceKind::Default | DeviceKind::Other | DeviceKind::Clone) => {
             }

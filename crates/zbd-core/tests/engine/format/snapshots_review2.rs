@@ -170,3 +170,88 @@ fn a_read_error_inside_a_release_step_leaves_a_tree_a_retry_finishes() {
     assert!(stopped > 3, "few reads failed a delete ({stopped})");
     eprintln!("{stopped} deletes stopped by a read error, {leaked} leaving a leak");
 }
+
+/// The origin's image with a snapshot "s" of it (a 16 MiB default device, written whole),
+/// then a block rewritten in every other leaf, closed: the snapshot's tree is leaves of
+/// count 2 and of count 1 in turn. Returns the image, what "s" holds and what the origin
+/// holds.
+fn snapshot_image(size: u64, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let blocks = (size / BS as u64) as usize;
+    let (disk, vol) = sim_volume(&opts(size, false));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let old: Vec<u8> = (0..blocks).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &old, false).expect("write");
+    vol.snapshot("default", "s").expect("snapshot");
+    let mut now = old.clone();
+    for leaf in (1..blocks / LEAF).step_by(2) {
+        let b = leaf * LEAF + 7;
+        let data = part_random(&mut rng);
+        vol.write((b * BS) as u64, &data, false).expect("write");
+        now[b * BS..(b + 1) * BS].copy_from_slice(&data);
+    }
+    vol.close().expect("close");
+    (disk.current_image(), old, now)
+}
+
+/// Opens `image` and stops a delete of "s" part way (reads failing from the right one on):
+/// the row is left "deleting", its tree partly given up. Returns the disk and the volume.
+fn stopped_delete(image: &[u8]) -> (Arc<SimStorage>, Volume) {
+    let whole = {
+        let vol = reopen(&Arc::new(SimStorage::from_image(image.to_vec())));
+        space_of(&vol, "s").referenced_bytes
+    };
+    for k in 2..200 {
+        let sim = Arc::new(SimStorage::from_image(image.to_vec()));
+        let storage = Arc::new(ReadsFailFrom {
+            disk: Arc::clone(&sim),
+            countdown: AtomicI64::new(i64::MAX),
+        });
+        let vol = Volume::open(Box::new(Arc::clone(&storage)), open_opts()).expect("open");
+        storage.arm(k);
+        let r = vol.delete_device("s");
+        storage.disarm();
+        if r.is_ok() {
+            break;
+        }
+        let s = vol.devices().into_iter().find(|d| d.name == "s");
+        if s.is_some_and(|d| d.kind == "deleting") {
+            let left = space_of(&vol, "s").referenced_bytes;
+            if left > 0 && left < whole {
+                return (sim, vol);
+            }
+        }
+    }
+    panic!("no failed read stopped the delete part way");
+}
+
+/// A snapshot being deleted (a delete an error or a crash stopped, listed "deleting") is
+/// no snapshot any more: part of its tree is gone. A clone of it, a snapshot of a device
+/// being deleted, a rollback to it or a diff against it must be refused; a clone made of
+/// it would hold the part not yet given up, and read zeros for the rest, as if the
+/// snapshot had held them.
+#[test]
+fn a_device_being_deleted_is_no_source_of_clones_snapshots_or_diffs() {
+    const SIZE: u64 = 16 << 20;
+    let (image, old, _now) = snapshot_image(SIZE, 32);
+    let (_disk, vol) = stopped_delete(&image);
+    let c = vol.clone_snapshot("s", "c");
+    if let Ok(id) = c {
+        let got = read_dev(&vol, id, SIZE);
+        let lost = got
+            .chunks(BS)
+            .zip(old.chunks(BS))
+            .filter(|(g, m)| g != m)
+            .count();
+        panic!("a clone of the snapshot being deleted was made; {lost} of its blocks differ from the snapshot's");
+    }
+    assert!(
+        vol.diff("default", "s").is_err(),
+        "a diff against a device being deleted"
+    );
+    assert!(
+        vol.rollback("default", "s").is_err(),
+        "a rollback to a snapshot being deleted"
+    );
+    vol.delete_device("s").expect("finish the delete");
+    assert_clean_but_leaks(&vol, "finished");
+}
