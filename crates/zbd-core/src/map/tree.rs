@@ -710,6 +710,10 @@ impl TreeMap {
                 None => Err(Error::Invalid(format!("no device {id} to delete"))),
             };
         self.counters = counters.into_inner();
+        // A leaf the step found lost (its blocks reported damaged, above) is counted damaged
+        // first: counted only by the next map call, after it was given up, it would stay
+        // counted with no device naming it.
+        self.count_lost();
         self.counters.damaged_blocks = self.counters.damaged_blocks.saturating_sub(damaged);
         let done = r?;
         if done {
