@@ -162,9 +162,10 @@ impl Volume {
         self.inner.create_device(name, size)
     }
 
-    /// Deletes device `name` (not the default one): its blocks are trimmed, in logged steps
-    /// as any trim, then its row goes in a checkpoint. A crash between leaves the device
-    /// empty, and deleting it again finishes.
+    /// Deletes device `name` (not the default one): a writable device is first trimmed, in
+    /// logged steps as any trim; then its row is marked as being deleted and its map given
+    /// up in checkpointed steps, the last of which drops the row. A crash or an error
+    /// between leaves it listed as "deleting", and deleting it again finishes.
     pub fn delete_device(&self, name: &str) -> Result<()> {
         let r = self.inner.delete_device(name);
         self.room.freed();

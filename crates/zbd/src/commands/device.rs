@@ -135,12 +135,17 @@ fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
                 .find(|s| s.id == d.id)
                 .copied()
                 .unwrap_or_default();
-            let runs = vol.allocation_in(d.id, 0, d.size_bytes)?;
-            let mapped_bytes = runs
-                .iter()
-                .filter(|(_, s)| *s == AllocState::Data)
-                .map(|(n, _)| n)
-                .sum();
+            // A device being deleted takes no request, this one neither: part of its tree
+            // may be given up already, so what it maps is nothing to show.
+            let mapped_bytes = if d.kind == "deleting" {
+                0
+            } else {
+                vol.allocation_in(d.id, 0, d.size_bytes)?
+                    .iter()
+                    .filter(|(_, s)| *s == AllocState::Data)
+                    .map(|(n, _)| n)
+                    .sum()
+            };
             Ok(Listed {
                 origin: (d.parent != 0).then(|| name_of(d.parent).unwrap_or("(deleted)".into())),
                 id: d.id,

@@ -983,6 +983,47 @@ pub struct ServedInfo {
     pub metrics: Option<String>,
 }
 
+/// Finishes, on its own thread while I/O goes on, each delete that a crash or an error stopped
+/// part way (devices listed as "deleting"): until then its space stays taken, and nobody may
+/// remember to repeat the delete. As `zbd device delete` does it: in checkpointed steps, and
+/// a shutdown waits for the device being finished.
+fn spawn_finish_deletes(served: &Arc<ServedVolume>) -> Result<()> {
+    let stopped: Vec<String> = served
+        .with(|v| v.devices())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| d.kind == "deleting")
+        .map(|d| d.name)
+        .collect();
+    if stopped.is_empty() {
+        return Ok(());
+    }
+    let weak = Arc::downgrade(served);
+    std::thread::Builder::new()
+        .name("zbd-deletes".into())
+        .spawn(move || {
+            for name in stopped {
+                let Some(served) = weak.upgrade() else { return };
+                crate::log::line(format!(
+                    "zbd: finishing the delete of {name:?}, which stopped part way"
+                ));
+                match served.with(|v| v.delete_device(&name)) {
+                    Ok(Ok(())) => crate::log::line(format!("zbd: deleted {name:?}")),
+                    Ok(Err(e)) => crate::log::line(format!(
+                        "zbd: the delete of {name:?} stopped again: {e} (`zbd device delete` \
+                         of it retries)"
+                    )),
+                    Err(why) => {
+                        crate::log::line(format!("zbd: {name:?} not deleted: {why}"));
+                        return;
+                    }
+                }
+            }
+        })
+        .context("cannot start the thread that finishes stopped deletes")?;
+    Ok(())
+}
+
 /// Binds the control socket and starts answering on it; the guard removes the socket.
 fn start_control(
     served: &Arc<ServedVolume>,
@@ -1184,6 +1225,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         metrics: metrics.map(|bound| bound.to_string()),
     };
     let _control = start_control(&served, args.volume(), info, &requests, &open)?;
+    if !args.read_only {
+        spawn_finish_deletes(&served)?;
+    }
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {

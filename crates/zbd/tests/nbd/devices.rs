@@ -294,3 +294,101 @@ fn an_ext4_snapshot_is_crash_consistent_and_served_read_only() {
     let check = stdout(&run(Command::new(ZBD).arg("check").arg(&volume)));
     assert!(check.contains("clean"), "{check}");
 }
+
+/// A snapshot delete cut by a power loss between its steps leaves the row "deleting"
+/// (design.md, "Deletes in steps"). `zbd serve` finishes such a delete by itself, beside I/O:
+/// the row goes, the space is freed, the origin keeps its bytes, and `zbd check` is clean.
+#[test]
+fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
+    use rand::SeedableRng;
+    use std::sync::Arc;
+    use zbd_core::{OpenOptions, SimStorage, Volume};
+    if tools(&["nbdcopy"]).is_none() {
+        return;
+    }
+    const SIZE: usize = 32 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let volume = dir.path().join("vol.zbd");
+    run(Command::new(ZBD).arg("create").arg(&volume).args([
+        "--size",
+        "32M",
+        "--capacity",
+        "96M",
+        "--metadata-pages",
+    ]));
+    let open = |image: Vec<u8>| {
+        let disk = Arc::new(SimStorage::from_image(image));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), OpenOptions::default()).expect("open");
+        (disk, vol)
+    };
+    // Blocks that compress about 3:1, so both versions fit the volume's data area.
+    let compressible = |seed: u64| {
+        let mut b = bytes(seed, SIZE);
+        b.chunks_mut(4096).for_each(|block| block[1200..].fill(0));
+        b
+    };
+    // The snapshot alone holds the old bytes: the origin rewrote them all.
+    let (disk, vol) = open(std::fs::read(&volume).expect("read the volume"));
+    vol.write(0, &compressible(10), false).expect("write");
+    vol.snapshot("default", "s").expect("snapshot");
+    let now = compressible(11);
+    vol.write(0, &now, false).expect("write");
+    vol.close().expect("close");
+    let image = disk.current_image();
+    drop(vol);
+    let ops = {
+        let (disk, vol) = open(image.clone());
+        let ops0 = disk.ops();
+        vol.delete_device("s").expect("delete");
+        disk.ops() - ops0
+    };
+    // A power loss part way through the delete, at the first cut that leaves it stopped.
+    let stopped = (1..8)
+        .find_map(|eighth| {
+            let (disk, vol) = open(image.clone());
+            disk.set_power_loss_at(disk.ops() + ops * eighth / 8);
+            assert!(
+                vol.delete_device("s").is_err(),
+                "the power loss stops the delete"
+            );
+            let crashed = disk.crash_image(&mut rand::rngs::SmallRng::seed_from_u64(eighth));
+            vol.abandon();
+            let (_, vol) = open(crashed.clone());
+            let kind = vol
+                .devices()
+                .into_iter()
+                .find(|d| d.name == "s")
+                .map(|d| d.kind);
+            vol.close().expect("close");
+            (kind == Some("deleting")).then_some(crashed)
+        })
+        .expect("a cut that leaves the delete stopped");
+    std::fs::write(&volume, stopped).expect("write the volume");
+    let listed = stdout(&run(Command::new(ZBD)
+        .args(["device", "list"])
+        .arg(&volume)));
+    assert!(listed.contains("deleting"), "{listed}");
+
+    let mut served = Served::start(&volume, dir.path());
+    wait_until("the stopped delete finished by the server", || {
+        device_names(&volume) == ["default"]
+    });
+    let out = dir.path().join("out");
+    run(Command::new("nbdcopy").arg(served.uri()).arg(&out));
+    assert!(
+        std::fs::read(&out).expect("read") == now,
+        "the origin keeps its bytes"
+    );
+    assert!(served.stop(), "zbd serve exits 0 on SIGTERM");
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).expect("log");
+    assert!(log.contains("zbd: deleted \"s\""), "{log}");
+    run(Command::new(ZBD).arg("check").arg(&volume));
+    let (_, vol) = open(std::fs::read(&volume).expect("read"));
+    let space = vol.device_space().expect("space");
+    assert_eq!(space.len(), 1);
+    assert_eq!(
+        space[0].unique_bytes,
+        vol.stats().physical_bytes_live,
+        "the snapshot's blocks were all freed"
+    );
+}
