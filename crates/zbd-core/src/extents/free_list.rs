@@ -32,7 +32,8 @@ impl FreeList {
         self.runs.push_back((e, 1));
     }
 
-    /// Takes the first extent.
+    /// Takes the first extent (the model tests' counterpart of `remove`).
+    #[cfg(test)]
     pub fn pop_front(&mut self) -> Option<u32> {
         let (first, n) = self.runs.front_mut()?;
         let e = *first;
@@ -70,6 +71,15 @@ impl FreeList {
         }
         self.len -= 1;
         true
+    }
+
+    /// Whether extent `e` is among the first `runs` runs of the list (a bounded look: the
+    /// list of a fragmented volume can hold a million runs).
+    pub fn holds_near_front(&self, e: u32, runs: usize) -> bool {
+        self.runs
+            .iter()
+            .take(runs)
+            .any(|&(first, n)| e >= first && e - first < n)
     }
 
     /// Up to `n` extents `e < h` in the list whose partners `e + h` are in the list too,

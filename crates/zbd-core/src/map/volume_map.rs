@@ -258,6 +258,14 @@ impl VolumeMap {
         }
     }
 
+    /// `H`, the offset between a carving pair's extents (`e < H` and `e + H`); none on v2.
+    pub fn partner_offset(&self) -> Option<u32> {
+        match self {
+            VolumeMap::Pages(_) => None,
+            VolumeMap::Tree(t) => Some(t.partner_offset()),
+        }
+    }
+
     /// Phase 1 carved extent `e` and its partner `e + H`.
     pub fn carve(&mut self, e: u32) -> Result<()> {
         match self {

@@ -516,3 +516,45 @@ fn a_snapshot_holding_more_pages_than_a_checkpoint_frees_is_deleted() {
         "the snapshot's blocks were not all freed"
     );
 }
+
+/// Versions of a device kept by snapshots fill the data area until writes fail with ENOSPC,
+/// and they fail only once it is nearly full: the map pages snapshots make are carved from
+/// pairs of free extents (`e`, `e + H`), and the allocation queue takes a fresh extent's free
+/// partner with it, so data does not spend a pair per extent (in list order, no pair was
+/// left once half the extents held data: ENOSPC with a quarter of the extents free).
+#[test]
+fn versions_kept_by_snapshots_fill_the_data_area_before_enospc() {
+    const SIZE: u64 = 24 << 20;
+    let opts = with_metadata_pages(&small_volume(SIZE, 65536, Codec::Lz4, 2, 6));
+    let (_disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(31);
+    let chunk = 1 << 20;
+    let mut failed = None;
+    'versions: for v in 0..64 {
+        for at in (0..SIZE).step_by(chunk) {
+            let data: Vec<u8> = (0..chunk / BS)
+                .flat_map(|_| part_random(&mut rng))
+                .collect();
+            match vol.write(at, &data, false) {
+                Ok(()) => {}
+                Err(zbd_core::Error::NoSpace) => {
+                    failed = Some(v);
+                    break 'versions;
+                }
+                Err(e) => panic!("version {v}: {e}"),
+            }
+        }
+        vol.snapshot("default", &format!("v{v}")).expect("snapshot");
+    }
+    let versions = failed.expect("64 versions fit: the test volume is too large");
+    let s = vol.stats();
+    let free = s.extents_free as f64 / s.extents_total as f64;
+    assert!(
+        free < 0.12,
+        "ENOSPC after {versions} versions with {} of {} extents free",
+        s.extents_free,
+        s.extents_total
+    );
+    vol.flush().expect("flush");
+    assert_clean(&vol, "full");
+}
