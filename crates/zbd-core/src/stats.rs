@@ -91,6 +91,9 @@ pub struct Stats {
     pub data_area_bytes: u64,
     /// Metadata area size in bytes (superblocks, checkpoints, map).
     pub metadata_bytes: u64,
+    /// The part of it carved from the data area (bit 10: map pages of snapshots, clones and
+    /// dedup beyond create's stock), which the data area's "used" counts with live data.
+    pub metadata_extent_bytes: u64,
     /// Blocks holding stored data.
     pub data_blocks: u64,
     /// Blocks in the zero state (no data stored).
@@ -220,6 +223,8 @@ pub struct Space {
     pub live_bytes: u64,
     /// Size of the data area.
     pub data_area_bytes: u64,
+    /// Extents of the data area carved for map pages (`Stats::metadata_extent_bytes`).
+    pub metadata_extent_bytes: u64,
     /// Extents free now (queued or on the free list).
     pub extents_free: u64,
     /// The space reserve of this open, bytes.

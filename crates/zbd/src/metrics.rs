@@ -300,7 +300,7 @@ fn thin_provisioning(t: &mut Text, s: &Stats, thin: &crate::thin::Settings) {
     t.one(
         "zbd_data_area_used_ratio",
         g,
-        "Live (stored) data / data area size (0..1).",
+        "Live (stored) data and map pages carved from the data area / its size (0..1).",
         r.data_area_used_pct / 100.0,
     );
     t.one(

@@ -61,6 +61,7 @@ impl Inner {
         crate::stats::Space {
             live_bytes: st.map.counters().live_bytes,
             data_area_bytes: u64::from(self.sb.extent_count) * eb,
+            metadata_extent_bytes: st.extents.count(ExtentState::Metadata) as u64 * eb,
             extents_free: st.free_now() as u64,
             reserve_bytes: st.space_reserve as u64 * eb,
             reserve_lent: st.reserve_lent,
@@ -114,6 +115,7 @@ impl Inner {
             data_area_bytes: u64::from(self.sb.extent_count) * eb,
             // Carved metadata extents (bit 10) are metadata too, never data or dead space.
             metadata_bytes: self.sb.metadata_bytes() + count(ExtentState::Metadata) * eb,
+            metadata_extent_bytes: count(ExtentState::Metadata) * eb,
             data_blocks: data,
             zero_blocks: zero,
             unmapped_blocks: unmapped,

@@ -388,7 +388,7 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     line(
         "data area used",
         format!(
-            "{:.1} % live{}; warning at {} %",
+            "{:.1} % (live data and map pages){}; warning at {} %",
             t.data_area_used_pct,
             if t.above_warn {
                 " (ABOVE THE WARNING THRESHOLD)"

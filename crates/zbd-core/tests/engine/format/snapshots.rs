@@ -555,6 +555,15 @@ fn versions_kept_by_snapshots_fill_the_data_area_before_enospc() {
         s.extents_free,
         s.extents_total
     );
+    // What `zbd serve`'s warning counts (live data and carved map pages) passed its default
+    // 80 % before the write failed.
+    let used = (s.physical_bytes_live + s.metadata_extent_bytes) as f64 / s.data_area_bytes as f64;
+    assert!(
+        s.metadata_extent_bytes > 0 && used >= 0.8,
+        "ENOSPC at {:.1} % used ({} B map pages)",
+        100.0 * used,
+        s.metadata_extent_bytes
+    );
     vol.flush().expect("flush");
     assert_clean(&vol, "full");
 }
