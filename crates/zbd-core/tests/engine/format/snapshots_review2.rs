@@ -108,23 +108,9 @@ impl Storage for ReadsFailFrom {
 #[test]
 fn a_read_error_inside_a_release_step_leaves_a_tree_a_retry_finishes() {
     const SIZE: u64 = 16 << 20;
-    let blocks = (SIZE / BS as u64) as usize;
-    let (disk, vol) = sim_volume(&opts(SIZE, false));
-    let mut rng = SmallRng::seed_from_u64(31);
-    let old: Vec<u8> = (0..blocks).flat_map(|_| part_random(&mut rng)).collect();
-    vol.write(0, &old, false).expect("write");
-    vol.snapshot("default", "s").expect("snapshot");
-    // The origin rewrites a block in every other leaf: the snapshot's tree is then leaves of
-    // count 2 (shared) and of count 1 (its own) in turn, under a root only it names.
-    let mut now = old.clone();
-    for leaf in (1..blocks / LEAF).step_by(2) {
-        let b = leaf * LEAF + 7;
-        let data = part_random(&mut rng);
-        vol.write((b * BS) as u64, &data, false).expect("write");
-        now[b * BS..(b + 1) * BS].copy_from_slice(&data);
-    }
-    vol.close().expect("close");
-    let image = disk.current_image();
+    // Leaves of count 2 (shared) and of count 1 (the snapshot's own) in turn, under a root
+    // only the snapshot names.
+    let (image, _, now) = snapshot_image(SIZE, 31);
 
     let mut k = 0i64;
     let mut stopped = 0;
