@@ -76,6 +76,27 @@ impl ReadsFailFrom {
     }
 }
 
+/// Opens `image` and deletes "s" with reads failing from the `k`-th on (still armed).
+fn delete_with_reads_failing_from(
+    image: &[u8],
+    k: i64,
+) -> (
+    Arc<SimStorage>,
+    Arc<ReadsFailFrom>,
+    Volume,
+    zbd_core::Result<()>,
+) {
+    let sim = Arc::new(SimStorage::from_image(image.to_vec()));
+    let storage = Arc::new(ReadsFailFrom {
+        disk: Arc::clone(&sim),
+        countdown: AtomicI64::new(i64::MAX),
+    });
+    let vol = Volume::open(Box::new(Arc::clone(&storage)), open_opts()).expect("open");
+    storage.arm(k);
+    let r = vol.delete_device("s");
+    (sim, storage, vol, r)
+}
+
 impl Storage for ReadsFailFrom {
     fn len_bytes(&self) -> zbd_core::Result<u64> {
         self.disk.len_bytes()
@@ -116,14 +137,7 @@ fn a_read_error_inside_a_release_step_leaves_a_tree_a_retry_finishes() {
     let mut stopped = 0;
     let mut leaked = 0;
     loop {
-        let sim = Arc::new(SimStorage::from_image(image.clone()));
-        let storage = Arc::new(ReadsFailFrom {
-            disk: Arc::clone(&sim),
-            countdown: AtomicI64::new(i64::MAX),
-        });
-        let vol = Volume::open(Box::new(Arc::clone(&storage)), open_opts()).expect("open");
-        storage.arm(k);
-        let r = vol.delete_device("s");
+        let (sim, storage, vol, r) = delete_with_reads_failing_from(&image, k);
         let hit = storage.failed();
         storage.disarm();
         let ctx = format!("reads failing from the {k}-th of the delete");
@@ -187,14 +201,7 @@ fn stopped_delete(image: &[u8]) -> (Arc<SimStorage>, Volume) {
         space_of(&vol, "s").referenced_bytes
     };
     for k in 2..200 {
-        let sim = Arc::new(SimStorage::from_image(image.to_vec()));
-        let storage = Arc::new(ReadsFailFrom {
-            disk: Arc::clone(&sim),
-            countdown: AtomicI64::new(i64::MAX),
-        });
-        let vol = Volume::open(Box::new(Arc::clone(&storage)), open_opts()).expect("open");
-        storage.arm(k);
-        let r = vol.delete_device("s");
+        let (sim, storage, vol, r) = delete_with_reads_failing_from(image, k);
         storage.disarm();
         if r.is_ok() {
             break;
