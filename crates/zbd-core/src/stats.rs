@@ -91,8 +91,9 @@ pub struct Stats {
     pub data_area_bytes: u64,
     /// Metadata area size in bytes (superblocks, checkpoints, map).
     pub metadata_bytes: u64,
-    /// The part of it carved from the data area (bit 10: map pages of snapshots, clones and
-    /// dedup beyond create's stock), which the data area's "used" counts with live data.
+    /// The part of it in extents of the data area (bit 10: create's stock and what carving
+    /// added since, for the map pages of every device, the SBT and the PCT), which the data
+    /// area's "used" counts with live data.
     pub metadata_extent_bytes: u64,
     /// Blocks holding stored data.
     pub data_blocks: u64,
