@@ -151,8 +151,9 @@ class Server:
         else:
             self.cmds.run(["truncate", "-s", str(self.size), str(self.image)])
         self.stack.push(f"stop {self.arm}", self.stop)
-        self.proc = self.cmds.spawn(self.argv(), self.dir / "server.log", lambda p: None)
-        proc = self.proc
+        # adopted inside spawn, so the stop step pushed above finds it even if a signal cuts
+        # spawn short
+        proc = self.cmds.spawn(self.argv(), self.dir / "server.log", lambda p: setattr(self, "proc", p))
 
         def ready() -> bool:
             return proc.poll() is not None or (self.socket.exists() and self.pidfile.exists())
@@ -263,8 +264,10 @@ def check_flush(cmds: Commands, raw: Path) -> str:
             "64M",
             f"logfile={log}",
         ]
-        proc = cmds.spawn(argv, raw / "flush-check-nbdkit.log", lambda p: None)
+        started: list[subprocess.Popen[bytes]] = []
         try:
+            # adopted inside spawn, so the `finally` stops it even if a signal cuts spawn short
+            proc = cmds.spawn(argv, raw / "flush-check-nbdkit.log", started.append)
             wait_for(lambda: pid.exists() or proc.poll() is not None, 30, "nbdkit (flush check)")
             job = fio_job(
                 TEST_BY_KEY["seq_write"],
@@ -274,7 +277,8 @@ def check_flush(cmds: Commands, raw: Path) -> str:
             )
             run_fio(job, raw / "flush-check", cmds)
         finally:
-            stop_process(proc)
+            for p in started:
+                stop_process(p)
         flushes = sum(
             1 for line in log.read_text().splitlines() if " Flush " in line and "return" not in line
         )

@@ -105,7 +105,8 @@ def _reap(proc: subprocess.Popen[str] | None) -> None:
     if proc is None:
         return
     proc.kill()
-    proc.wait()
+    with signals.held():  # reaped before a signal goes on: a killed mount may still be mounting
+        proc.wait()
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe:
             pipe.close()
