@@ -172,6 +172,16 @@ impl Volume {
         r
     }
 
+    /// Goes on with a delete a crash or an error stopped (device `id`, listed as "deleting")
+    /// until it is done (true) or `until` has passed, between two of its checkpointed steps
+    /// (false: call again). `zbd serve` finishes stopped deletes this way, a second of steps
+    /// at a time, so a grow or a shutdown waits at most that long.
+    pub fn finish_delete(&self, id: u32, until: std::time::Instant) -> Result<bool> {
+        let r = self.inner.finish_delete(id, until);
+        self.room.freed();
+        r
+    }
+
     /// Takes snapshot `name` of writable device `origin` (design.md, "Copy on write"): a
     /// read-only device that keeps what `origin` holds now, in one checkpoint, at O(1) cost
     /// (a row and a count); `origin` copies each map page the first time it changes it

@@ -179,6 +179,34 @@ impl Inner {
             Self::tree_of(&mut st).mark_deleting(id)?;
             st.checkpoint(&cx)?;
         }
+        self.release_steps(id, None).map(|_| ())
+    }
+
+    /// Goes on with the delete of device `id`, marked as being deleted, until it is done
+    /// (true) or `until` has passed (false, between two steps; `Volume::finish_delete`).
+    /// By id: a device of the same name made since is never touched. True also when no row
+    /// of that id is left (another delete finished it).
+    pub fn finish_delete(&self, id: u32, until: std::time::Instant) -> Result<bool> {
+        self.check_writable()?;
+        if !self.deleting(id) {
+            return match self.devices().iter().any(|d| d.id == id) {
+                true => Err(Error::Invalid(format!("device {id} is not being deleted"))),
+                false => Ok(true),
+            };
+        }
+        // A concurrent delete of the same device may finish it under us: done, not failed.
+        self.release_steps(id, Some(until)).or_else(|e| {
+            match self.devices().iter().any(|d| d.id == id) {
+                true => Err(e),
+                false => Ok(true),
+            }
+        })
+    }
+
+    /// Gives up the tree of device `id`, marked as being deleted, step by step; each step's
+    /// checkpoint makes it durable, the last one drops the row. Stops between steps once
+    /// `until` has passed (returns false).
+    fn release_steps(&self, id: u32, until: Option<std::time::Instant>) -> Result<bool> {
         loop {
             let mut st = self.lock_for_write();
             let cx = self.ctx();
@@ -206,7 +234,10 @@ impl Inner {
             }
             st.checkpoint(&cx)?;
             if done {
-                return Ok(());
+                return Ok(true);
+            }
+            if until.is_some_and(|t| std::time::Instant::now() >= t) {
+                return Ok(false);
             }
         }
     }

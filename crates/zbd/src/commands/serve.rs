@@ -967,6 +967,9 @@ fn open_volume(
     Ok((volume, file, options))
 }
 
+/// How long the thread finishing stopped deletes holds the served volume at a time.
+const FINISH_DELETE_HOLD: Duration = Duration::from_secs(1);
+
 /// What the control socket's `info` request answers (`zbd list`), one JSON line.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ServedInfo {
@@ -985,15 +988,16 @@ pub struct ServedInfo {
 
 /// Finishes, on its own thread while I/O goes on, each delete that a crash or an error stopped
 /// part way (devices listed as "deleting"): until then its space stays taken, and nobody may
-/// remember to repeat the delete. As `zbd device delete` does it: in checkpointed steps, and
-/// a shutdown waits for the device being finished.
+/// remember to repeat the delete. By id, in checkpointed steps, holding the served volume a
+/// second of steps at a time ([`FINISH_DELETE_HOLD`]), so a grow or a shutdown waits at most
+/// that long (a shutdown leaves the rest to the next start).
 fn spawn_finish_deletes(served: &Arc<ServedVolume>) -> Result<()> {
-    let stopped: Vec<String> = served
+    let stopped: Vec<(u32, String)> = served
         .with(|v| v.devices())
         .unwrap_or_default()
         .into_iter()
         .filter(|d| d.kind == "deleting")
-        .map(|d| d.name)
+        .map(|d| (d.id, d.name))
         .collect();
     if stopped.is_empty() {
         return Ok(());
@@ -1002,20 +1006,27 @@ fn spawn_finish_deletes(served: &Arc<ServedVolume>) -> Result<()> {
     std::thread::Builder::new()
         .name("zbd-deletes".into())
         .spawn(move || {
-            for name in stopped {
-                let Some(served) = weak.upgrade() else { return };
+            for (id, name) in stopped {
                 crate::log::line(format!(
                     "zbd: finishing the delete of {name:?}, which stopped part way"
                 ));
-                match served.with(|v| v.delete_device(&name)) {
-                    Ok(Ok(())) => crate::log::line(format!("zbd: deleted {name:?}")),
-                    Ok(Err(e)) => crate::log::line(format!(
-                        "zbd: the delete of {name:?} stopped again: {e} (`zbd device delete` \
-                         of it retries)"
-                    )),
-                    Err(why) => {
-                        crate::log::line(format!("zbd: {name:?} not deleted: {why}"));
-                        return;
+                loop {
+                    let Some(served) = weak.upgrade() else { return };
+                    let until = Instant::now() + FINISH_DELETE_HOLD;
+                    match served.with(|v| v.finish_delete(id, until)) {
+                        Ok(Ok(true)) => {
+                            crate::log::line(format!("zbd: deleted {name:?}"));
+                            break;
+                        }
+                        Ok(Ok(false)) => {}
+                        Ok(Err(e)) => {
+                            crate::log::line(format!(
+                                "zbd: the delete of {name:?} stopped again: {e} (`zbd device \
+                                 delete` of it retries)"
+                            ));
+                            break;
+                        }
+                        Err(_) => return, // shutting down (or a failed grow): the next start goes on
                     }
                 }
             }

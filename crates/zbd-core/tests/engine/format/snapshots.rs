@@ -567,3 +567,85 @@ fn versions_kept_by_snapshots_fill_the_data_area_before_enospc() {
     vol.flush().expect("flush");
     assert_clean(&vol, "full");
 }
+
+/// `Volume::finish_delete` (what `zbd serve` runs for a delete a crash stopped) goes on by
+/// id, a bounded stretch of steps per call: with its time already passed each call makes one
+/// step, so a multi-step delete takes several calls, and the volume is clean after each.
+/// A device made since under the same name is not its target.
+#[test]
+fn a_stopped_delete_is_finished_by_id_a_step_at_a_time() {
+    const SIZE: u64 = 96 << 20; // a three-step delete
+    let blocks = (SIZE / BS as u64) as usize;
+    let opts = CreateOptions {
+        dedup: false,
+        ..with_metadata_pages(&small_volume(SIZE, 1 << 20, Codec::Lz4, 2, 6))
+    };
+    let (disk, vol) = sim_volume(&opts);
+    let mut rng = SmallRng::seed_from_u64(12);
+    let old: Vec<u8> = (0..blocks).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &old, false).expect("write");
+    vol.snapshot("default", "s").expect("snapshot");
+    let now: Vec<u8> = (0..blocks).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &now, false).expect("write");
+    vol.close().expect("close");
+    let image = disk.current_image();
+    let ops = {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = reopen(&disk);
+        let ops0 = disk.ops();
+        vol.delete_device("s").expect("delete");
+        disk.ops() - ops0
+    };
+    // A power cut early in the delete: past the mark, before most steps.
+    let (vol, id) = (1..16)
+        .find_map(|k| {
+            let disk = Arc::new(SimStorage::from_image(image.clone()));
+            let vol = reopen(&disk);
+            disk.set_power_loss_at(disk.ops() + ops * k / 16);
+            assert!(vol.delete_device("s").is_err(), "cut {k}");
+            let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(k));
+            vol.abandon();
+            let vol = reopen(&Arc::new(SimStorage::from_image(crashed)));
+            let d = vol.devices().into_iter().find(|d| d.name == "s")?;
+            (d.kind == "deleting").then_some((vol, d.id))
+        })
+        .expect("a cut that leaves the delete stopped");
+    assert!(
+        vol.finish_delete(1, std::time::Instant::now()).is_err(),
+        "the default device is not being deleted"
+    );
+    let mut calls = 0;
+    while !vol
+        .finish_delete(id, std::time::Instant::now())
+        .expect("finish")
+    {
+        calls += 1;
+        assert_clean(&vol, &format!("after {calls} calls"));
+        assert!(calls < 10_000, "no end");
+    }
+    assert!(
+        calls >= 1,
+        "the delete took one call: no stretch was bounded"
+    );
+    assert!(vol.devices().iter().all(|d| d.id != id), "the row went");
+    vol.create_device("s", SIZE)
+        .expect("a new device of the name");
+    assert!(
+        vol.finish_delete(id, std::time::Instant::now())
+            .expect("gone"),
+        "an id no row has is done"
+    );
+    assert!(
+        vol.devices().iter().any(|d| d.name == "s"),
+        "the new s kept"
+    );
+    let mut got = vec![0u8; SIZE as usize];
+    vol.read(0, &mut got).expect("read");
+    assert!(got == now, "the origin changed");
+    assert_eq!(
+        space_of(&vol, "default").unique_bytes,
+        live(&vol),
+        "all freed"
+    );
+    assert_clean(&vol, "finished");
+}
