@@ -179,7 +179,9 @@ impl Inner {
             Self::tree_of(&mut st).mark_deleting(id)?;
             st.checkpoint(&cx)?;
         }
-        self.release_steps(id, None).map(|_| ())
+        self.release_steps(id, None)
+            .or_else(|e| self.gone_is_done(id, e))
+            .map(|_| ())
     }
 
     /// Goes on with the delete of device `id`, marked as being deleted, until it is done
@@ -194,13 +196,17 @@ impl Inner {
                 false => Ok(true),
             };
         }
-        // A concurrent delete of the same device may finish it under us: done, not failed.
-        self.release_steps(id, Some(until)).or_else(|e| {
-            match self.devices().iter().any(|d| d.id == id) {
-                true => Err(e),
-                false => Ok(true),
-            }
-        })
+        self.release_steps(id, Some(until))
+            .or_else(|e| self.gone_is_done(id, e))
+    }
+
+    /// A step's error `e` when device `id` still has a row; done when a concurrent delete of
+    /// it (`zbd serve` finishing it while the user repeats the delete) removed the row first.
+    fn gone_is_done(&self, id: u32, e: Error) -> Result<bool> {
+        match self.devices().iter().any(|d| d.id == id) {
+            true => Err(e),
+            false => Ok(true),
+        }
     }
 
     /// Gives up the tree of device `id`, marked as being deleted, step by step; each step's

@@ -396,8 +396,8 @@ pub struct InFlight {
     seq: u64,
     pages: MapSnapshot,
     table: WrittenTable,
-    /// Queue entries added to the current queue at commit: the first ones of the free list
-    /// followed by `released`.
+    /// Queue entries added to the current queue at commit (`State::fresh_extents`: from the
+    /// front of the free list, then `released`, each with its free carving partner).
     fresh: Vec<QueueEntry>,
     /// Extents that turn free at commit.
     released: Vec<u32>,
