@@ -154,3 +154,104 @@ fn a_checkpoint_while_a_block_is_placed_keeps_the_dictionary_it_names() {
         .expect("the block reads");
     assert!(got == block, "the block reads back its data");
 }
+
+/// Review 4: after every operation, the free list, the allocation queue and the open
+/// extents are disjoint, hold no duplicate, every free or queued extent is Free in the
+/// extent table, and together they are every Free extent.
+fn review4_invariants(vol: &Inner, ctx: &str) {
+    use crate::extents::ExtentState;
+    let st = vol.state.lock();
+    let mut seen = std::collections::HashMap::new();
+    for e in st.free.iter() {
+        assert!(
+            seen.insert(e, "free").is_none(),
+            "{ctx}: {e} twice in the free list"
+        );
+        assert_eq!(
+            st.extents.get(e).state(),
+            ExtentState::Free,
+            "{ctx}: free {e}"
+        );
+    }
+    for q in st.queue.iter() {
+        if let Some(w) = seen.insert(q.extent, "queue") {
+            panic!("{ctx}: queued extent {} also in {w}", q.extent);
+        }
+        assert_eq!(
+            st.extents.get(q.extent).state(),
+            ExtentState::Free,
+            "{ctx}: queued {}",
+            q.extent
+        );
+    }
+    for o in st.buffer.iter() {
+        if let Some(w) = seen.insert(o.extent, "open") {
+            panic!("{ctx}: open extent {} also in {w}", o.extent);
+        }
+    }
+    assert_eq!(
+        st.free.len() + st.queue.len(),
+        st.extents.count(ExtentState::Free),
+        "{ctx}: free list + queue vs table"
+    );
+}
+
+fn review4_run(queue_len: u32, extent: u32, capacity_factor: u64, stock: Option<u32>, seed: u64) {
+    use rand::{Rng, SeedableRng};
+    const SIZE: u64 = 8 << 20;
+    let opts = CreateOptions {
+        extent_bytes: extent,
+        codec: Codec::Lz4,
+        capacity_bytes: Some(SIZE * capacity_factor),
+        queue_len: Some(queue_len),
+        metadata_pages: true,
+        metadata_stock_extents: stock,
+        format_version: crate::format::FORMAT_VERSION,
+        ..CreateOptions::new(SIZE)
+    };
+    let vol = sim_inner(&opts, OpenOptions::default());
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let dev = crate::format::DEFAULT_DEVICE;
+    let mut snaps = 0;
+    for step in 0..3000 {
+        let ctx = format!("q{queue_len} step {step}");
+        let r: u32 = rng.random_range(0..100);
+        let res = if r < 80 {
+            let blocks = rng.random_range(1..64u64);
+            let at = rng.random_range(0..SIZE / 4096 - blocks);
+            let mut data = vec![0u8; (blocks * 4096) as usize];
+            for c in data.chunks_mut(4096) {
+                rng.fill(&mut c[..1500]);
+            }
+            vol.write(dev, at * 4096, &data, false)
+        } else if r < 90 {
+            let blocks = rng.random_range(1..512u64);
+            let at = rng.random_range(0..SIZE / 4096 - blocks);
+            vol.trim(dev, at * 4096, blocks * 4096)
+        } else if r < 93 && snaps < 6 {
+            snaps += 1;
+            vol.snapshot("default", &format!("s{snaps}")).map(|_| ())
+        } else {
+            vol.flush()
+        };
+        match res {
+            Ok(()) | Err(Error::NoSpace) => {}
+            Err(e) => panic!("{ctx}: {e}"),
+        }
+        review4_invariants(&vol, &ctx);
+    }
+    let r = vol.check(&|_, _| {});
+    assert!(r.metadata_problems.is_empty(), "{:?}", r.metadata_problems);
+}
+
+#[test]
+fn review4_free_list_queue_and_table_agree() {
+    for (q, ext, cap, stock, seed) in [
+        (6, 65536, 2, None, 1),
+        (64, 65536, 2, Some(1), 2),
+        (3, 16384, 3, Some(1), 3),
+        (200, 16384, 3, None, 4),
+    ] {
+        review4_run(q, ext, cap, stock, seed);
+    }
+}
