@@ -73,25 +73,20 @@ impl FreeList {
         true
     }
 
-    /// Whether extent `e` is among the first `runs` runs of the list (a bounded look: the
-    /// list of a fragmented volume can hold a million runs).
-    pub fn holds_near_front(&self, e: u32, runs: usize) -> bool {
-        self.runs
-            .iter()
-            .take(runs)
-            .any(|&(first, n)| e >= first && e - first < n)
+    /// The first `runs` runs of the list, sorted, for [`in_runs`] (a bounded look: the list
+    /// of a fragmented volume can hold a million runs).
+    pub fn front_runs(&self, runs: usize) -> Vec<(u32, u32)> {
+        let mut front: Vec<(u32, u32)> = self.runs.iter().take(runs).copied().collect();
+        front.sort_unstable();
+        front
     }
 
     /// Up to `n` extents `e < h` in the list whose partners `e + h` are in the list too,
     /// highest first, among the first `limit` extents below `h` looked at: pairs the metadata
     /// carver may take (design, "Space for metadata"). One sort of the runs, whatever `n`.
     pub fn pairs_below(&self, h: u32, n: usize, limit: usize) -> Vec<u32> {
-        let mut sorted: Vec<(u32, u32)> = self.runs.iter().copied().collect();
-        sorted.sort_unstable();
-        let listed = |x: u32| {
-            let i = sorted.partition_point(|&(f, _)| f <= x);
-            i > 0 && x - sorted[i - 1].0 < sorted[i - 1].1
-        };
+        let sorted = self.front_runs(self.runs.len());
+        let listed = |x: u32| in_runs(&sorted, x);
         sorted
             .iter()
             .rev()
@@ -101,6 +96,12 @@ impl FreeList {
             .take(n)
             .collect()
     }
+}
+
+/// Whether extent `e` is in sorted, disjoint runs (`FreeList::front_runs`).
+pub fn in_runs(sorted: &[(u32, u32)], e: u32) -> bool {
+    let i = sorted.partition_point(|&(f, _)| f <= e);
+    i > 0 && e - sorted[i - 1].0 < sorted[i - 1].1
 }
 
 impl Extend<u32> for FreeList {

@@ -9,7 +9,7 @@ mod runs;
 mod table;
 
 pub use accounting::Extents;
-pub use free_list::FreeList;
+pub use free_list::{in_runs, FreeList};
 pub use table::{ExtentTable, WrittenTable};
 
 /// Life cycle of an extent.

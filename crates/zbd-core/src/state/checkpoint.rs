@@ -4,7 +4,7 @@
 
 use super::{Consumer, Ctx, State};
 use crate::error::{Error, Result};
-use crate::extents::WrittenTable;
+use crate::extents::{in_runs, WrittenTable};
 use crate::format::{
     Checkpoint, DictEntry, QueueEntry, CKPT_FLAG_COMPRESSION_UNITS, CKPT_FLAG_DICTIONARIES,
     CKPT_FLAG_DICT_COUNTS, CKPT_FLAG_EXTENT_TABLE, CKPT_FLAG_METADATA_PAGES,
@@ -104,36 +104,41 @@ impl State {
     }
 
     /// The `want` extents the next allocation queue gains: the free list's first, then the
-    /// released ones, each followed by its carving partner (`e` and `e + H`) when that one is
-    /// in the list's first runs. Why: the carver takes only a pair both of
-    /// whose extents are free; taken one at a time in list order, data spent a pair per
-    /// extent, none was left once half the extents held data, and with snapshots (whose map
-    /// pages grow with writes) writes failed with ENOSPC at 62 % of the data area live.
-    /// Taken together, a pair goes per two extents.
+    /// released ones, and after them their carving partners (`e` and `e + H`) that are free
+    /// in the list's first runs, in the same order, so a run of data written in one go still
+    /// lands in neighbouring extents (read back in one request). Why the partners: the carver
+    /// takes only a pair both of whose extents are free; taken one at a time in list order,
+    /// data spent a pair per extent, none was left once half the extents held data, and with
+    /// snapshots (whose map pages grow with writes) writes failed with ENOSPC at 62 % of the
+    /// data area live. Taken together, a pair goes per two extents.
     fn fresh_extents(&self, released: &[u32], want: usize) -> Vec<u32> {
         let h = self.map.partner_offset().filter(|&h| self.carving && h > 0);
         // Near the front only: the commit takes each fresh extent off the list by a scan.
-        let free_near = |e: u32| self.free.holds_near_front(e, PAIR_LOOK_RUNS);
-        let mut fresh: Vec<u32> = Vec::with_capacity(want);
+        let near = match h {
+            Some(_) => self.free.front_runs(PAIR_LOOK_RUNS),
+            None => Vec::new(),
+        };
+        let (mut firsts, mut partners) = (Vec::with_capacity(want), Vec::new());
         for e in self.free.iter().chain(released.iter().copied()) {
-            if fresh.len() >= want {
+            if firsts.len() + partners.len() >= want {
                 break;
             }
-            if fresh.contains(&e) {
+            if partners.contains(&e) {
                 continue;
             }
-            fresh.push(e);
+            firsts.push(e);
             let partner = h.and_then(|h| match e.checked_sub(h) {
                 None => e.checked_add(h),
                 Some(p) => Some(p).filter(|&p| p < h),
             });
-            if let Some(p) = partner.filter(|&p| fresh.len() < want && free_near(p)) {
-                if !fresh.contains(&p) {
-                    fresh.push(p);
+            if let Some(p) = partner.filter(|&p| in_runs(&near, p)) {
+                if firsts.len() + partners.len() < want && !firsts.contains(&p) {
+                    partners.push(p);
                 }
             }
         }
-        fresh
+        firsts.extend(partners);
+        firsts
     }
 
     /// Writes a checkpoint, all of it under the state lock (the caller holds it and cannot let
