@@ -201,20 +201,17 @@ fn an_extent_read_error_in_a_batch_fails_exactly_its_blocks_and_is_not_cached() 
     }
 }
 
-/// Issue 30: blocks that end one extent and start the next (a file written in one go) are read
-/// with one device request, the bytes between them read and dropped; an error in those bytes
-/// (here the next extent's segment header, which no block needs) fails no block: the runs are
-/// then read one by one.
-#[test]
-fn neighbouring_extents_are_read_in_one_request_and_a_bad_gap_fails_no_block() {
-    const SIZE: u64 = 2 << 20;
+/// Writes 24 random blocks in one go on a volume made with `opts`, reopens it and reads them
+/// back: one device request for the whole run, over at least two neighbouring extents.
+fn a_run_written_in_one_go_is_read_in_one_request(
+    opts: &zbd_core::CreateOptions,
+) -> (Arc<BadReads>, Volume, zbd_core::format::Superblock) {
     const RUN: u64 = 24;
-    let opts = small_volume(SIZE, 32 * 1024, Codec::None, 2, 16);
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
+    let sb = zbd_core::layout::plan(opts).expect("plan");
     let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
     let bad = BadReads::new(Arc::clone(&disk));
     let open = open_opts_sync();
-    let vol = Volume::create_with(Box::new(Arc::clone(&bad)), &opts, open.clone()).expect("create");
+    let vol = Volume::create_with(Box::new(Arc::clone(&bad)), opts, open.clone()).expect("create");
     let mut rng = SmallRng::seed_from_u64(30);
     let data: Vec<u8> = (0..RUN)
         .flat_map(|_| fill(&mut rng, Fill::Random, BS))
@@ -235,6 +232,22 @@ fn neighbouring_extents_are_read_in_one_request_and_a_bad_gap_fails_no_block() {
         1,
         "{RUN} blocks over at least {extents} neighbouring extents: one request"
     );
+    (bad, vol, sb)
+}
+
+/// Issue 30: blocks that end one extent and start the next (a file written in one go) are read
+/// with one device request, the bytes between them read and dropped; an error in those bytes
+/// (here the next extent's segment header, which no block needs) fails no block: the runs are
+/// then read one by one.
+#[test]
+fn neighbouring_extents_are_read_in_one_request_and_a_bad_gap_fails_no_block() {
+    let (bad, vol, sb) = a_run_written_in_one_go_is_read_in_one_request(&small_volume(
+        2 << 20,
+        32 * 1024,
+        Codec::None,
+        2,
+        16,
+    ));
     // The second extent's segment header goes bad: every block still reads (cache bypassed).
     let header = sb.extent_offset(1)..sb.extent_offset(1) + 64;
     bad.set_bad(Some(header));
@@ -429,38 +442,13 @@ fn a_flipped_bit_is_an_error_on_every_read_path_never_data() {
 }
 
 /// Review 4 (644d55f2): issue 30's one request for a run written in one go over neighbouring
-/// extents holds on a volume with metadata pages too. The allocation queue now takes a fresh
-/// extent's carving partner (`e + H`) right after it, so a file written in one go lands in
-/// extents `e`, `e + H`, `e + 1`, ... and its sequential read is split into a request per
-/// extent (on a disk, a seek of half the data area between each).
+/// extents holds on a volume with metadata pages too. The allocation queue had taken each
+/// fresh extent's carving partner (`e + H`) right after it, so a file written in one go
+/// landed in extents `e`, `e + H`, `e + 1`, ... and its read took a request per extent; the
+/// partners now come after the run (2f99b3c0).
 #[test]
 fn review4_a_run_written_in_one_go_on_a_bit10_volume_is_read_in_one_request() {
-    const SIZE: u64 = 2 << 20;
-    const RUN: u64 = 24;
-    let opts = with_metadata_pages(&small_volume(SIZE, 32 * 1024, Codec::None, 2, 16));
-    let sb = zbd_core::layout::plan(&opts).expect("plan");
-    let disk = Arc::new(SimStorage::new(sb.total_bytes() as usize));
-    let bad = BadReads::new(Arc::clone(&disk));
-    let open = open_opts_sync();
-    let vol = Volume::create_with(Box::new(Arc::clone(&bad)), &opts, open.clone()).expect("create");
-    let mut rng = SmallRng::seed_from_u64(30);
-    let data: Vec<u8> = (0..RUN)
-        .flat_map(|_| fill(&mut rng, Fill::Random, BS))
-        .collect();
-    vol.write(0, &data, false).expect("write");
-    vol.close().expect("close");
-    drop(vol);
-    let vol = Volume::open(Box::new(Arc::clone(&bad)), open).expect("reopen");
-    read_block(&vol, 100).expect("read an unwritten block");
-    let before = bad.reads.load(Ordering::Relaxed);
-    let mut buf = vec![0u8; data.len()];
-    vol.read(0, &mut buf).expect("read");
-    assert!(buf == data, "the run reads back");
-    let extents = (RUN * BS as u64).div_ceil(u64::from(sb.extent_bytes));
-    assert_eq!(
-        bad.reads.load(Ordering::Relaxed) - before,
-        1,
-        "{RUN} blocks over at least {extents} extents: one request"
-    );
+    let opts = with_metadata_pages(&small_volume(2 << 20, 32 * 1024, Codec::None, 2, 16));
+    let (_, vol, _) = a_run_written_in_one_go_is_read_in_one_request(&opts);
     vol.close().expect("close");
 }
