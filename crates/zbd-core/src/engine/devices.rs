@@ -191,17 +191,15 @@ impl Inner {
     pub fn finish_delete(&self, id: u32, until: std::time::Instant) -> Result<bool> {
         self.check_writable()?;
         if !self.deleting(id) {
-            return match self.devices().iter().any(|d| d.id == id) {
-                true => Err(Error::Invalid(format!("device {id} is not being deleted"))),
-                false => Ok(true),
-            };
+            let not = Error::Invalid(format!("device {id} is not being deleted"));
+            return self.gone_is_done(id, not);
         }
         self.release_steps(id, Some(until))
             .or_else(|e| self.gone_is_done(id, e))
     }
 
-    /// A step's error `e` when device `id` still has a row; done when a concurrent delete of
-    /// it (`zbd serve` finishing it while the user repeats the delete) removed the row first.
+    /// Error `e` when device `id` still has a row; done when it has none (a concurrent
+    /// delete, `zbd serve` finishing it while the user repeats it, removed the row first).
     fn gone_is_done(&self, id: u32, e: Error) -> Result<bool> {
         match self.devices().iter().any(|d| d.id == id) {
             true => Err(e),
