@@ -458,6 +458,10 @@ pub enum DeviceKind {
 /// (part of it may be gone): it is never read, written or served, and a delete of it again
 /// finishes the release.
 pub const ROW_FLAG_DELETING: u16 = 4;
+/// Row flag bits this build knows (read-only, origin hidden by flatten, being deleted). A row
+/// with another bit set was written by a build with a device state this one cannot honour
+/// (bit 2 came without a checkpoint flag of its own), so it is refused, never ignored.
+const ROW_FLAGS_KNOWN: u16 = 0b111;
 
 /// One device row (128 bytes; docs/format.md, "Device row").
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -553,12 +557,20 @@ impl DeviceRow {
         let name = std::str::from_utf8(&raw[..len])
             .map_err(|_| corrupt("device name is not UTF-8"))?
             .to_string();
+        let flags = get_u16(b, 10);
+        if flags & !ROW_FLAGS_KNOWN != 0 {
+            return Err(corrupt(&format!(
+                "device row {id} ({name:?}) has flag bits {:#06x} this build does not know \
+                 (written by a newer zbd?)",
+                flags & !ROW_FLAGS_KNOWN
+            )));
+        }
         Ok(Some(DeviceRow {
             id,
             parent: get_u32(b, 4),
             kind,
             depth: b[9],
-            flags: get_u16(b, 10),
+            flags,
             root: ChildSlot::from_word(get_u32(b, 12)),
             name,
             blocks: get_u64(b, 80),
@@ -1676,6 +1688,20 @@ mod tests {
         b[20] = 0;
         b[8] = 5;
         assert!(DeviceRow::decode(&b).is_err());
+        b[8] = 1;
+        // Every known flag decodes; any other bit is refused by name.
+        for known in [1u16, 2, 4, 7] {
+            b[10..12].copy_from_slice(&known.to_le_bytes());
+            assert_eq!(
+                DeviceRow::decode(&b).expect("known flags").map(|r| r.flags),
+                Some(known)
+            );
+        }
+        b[10..12].copy_from_slice(&0x0108u16.to_le_bytes());
+        let e = DeviceRow::decode(&b)
+            .expect_err("unknown flag bits")
+            .to_string();
+        assert!(e.contains("flag bits 0x0108"), "{e}");
         // Pair list: a state of 3 is never listed. Extension: lists past its room, no device.
         assert!(PairListEntry::decode(&[1, 0, 0, 0, 3, 0, 0, 0]).is_err());
         let ext = Extension {
