@@ -169,6 +169,7 @@ impl Inner {
                 // shared before it is let go (invariant P), everything else is freed.
                 self.emptied(id, name, size)?;
             }
+            self.checkpoint_first()?;
             let mut st = self.lock_for_write();
             let cx = self.ctx();
             if writable {
@@ -304,6 +305,13 @@ impl Inner {
         self.add_shared(source, DeviceKind::Clone, name)
     }
 
+    /// A checkpoint outside the state lock before a device operation's own, which it writes
+    /// with the lock held and every request waits for: that one then carries only the pages
+    /// dirtied in between, not a whole interval's (up to 3,072 under random writes).
+    fn checkpoint_first(&self) -> Result<()> {
+        self.checkpoint_unlocked(false)
+    }
+
     fn add_shared(&self, source: u32, kind: DeviceKind, name: &str) -> Result<u32> {
         self.check_writable()?;
         if self.ctx().form.flags & SEG_FLAG_WIDE_RECORDS == 0 {
@@ -313,6 +321,7 @@ impl Inner {
                     .into(),
             ));
         }
+        self.checkpoint_first()?;
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         let created = (st.next_seq, unix_now());
@@ -355,6 +364,7 @@ impl Inner {
             return Err(Error::Invalid(format!("{name:?} cannot be rolled back")));
         }
         self.emptied(id, name, size)?;
+        self.checkpoint_first()?;
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         Self::check_empty(&mut st, id, name, size)?;

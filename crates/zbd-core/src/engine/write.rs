@@ -512,15 +512,18 @@ impl Inner {
         Ok(())
     }
 
-    /// When the allocation queue has fewer extents left than a write of `bytes` may open and
-    /// the checkpoint that refills it is in flight, waits for that checkpoint without the state
-    /// lock (issue 9): otherwise the write runs the queue dry under the lock and waits there for
-    /// the checkpoint's syncs (`State::alloc` joins it), and every read waits with it.
+    /// Waits without the state lock for the checkpoint in flight when the write would
+    /// otherwise have to wait for it under the lock, where every read waits too: the
+    /// allocation queue has fewer extents left than a write of `bytes` may open (issue 9;
+    /// `State::alloc` would join it), or the map's dirty pages near the bound at which a
+    /// checkpoint is written under the lock (`VolumeMap::checkpoint_pressed`: that one joins
+    /// the one in flight and then writes its own pages with the lock held, two checkpoints'
+    /// time for every request).
     pub(super) fn wait_for_queue_refill(&self, bytes: usize) {
         let need = bytes.div_ceil(self.sb.extent_bytes as usize) + 1;
         let waiting = {
             let st = self.state.lock();
-            st.queue.len() <= need && st.inflight.is_some()
+            st.inflight.is_some() && (st.queue.len() <= need || st.map.checkpoint_pressed())
         };
         if waiting {
             // The checkpoint in flight holds this from its snapshot to its commit.

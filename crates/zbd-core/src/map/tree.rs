@@ -255,6 +255,12 @@ impl TreeMap {
         self.catalog.store.window(&self.catalog.pool) >= self.window_max() / 2
     }
 
+    /// Whether the window is three quarters there (writers wait for the checkpoint in flight
+    /// before they take the lock: `VolumeMap::checkpoint_pressed`).
+    pub fn window_pressed(&self) -> bool {
+        self.catalog.store.window(&self.catalog.pool) >= self.window_max() * 3 / 4
+    }
+
     /// Whether allocation may be short of ids for some map change (the cheap mark before
     /// `short_for` counts): a set or a range change creates at most the pages of two
     /// root-to-leaf paths, and a fold in a checkpoint placing may write takes two more.

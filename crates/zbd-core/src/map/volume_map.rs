@@ -220,6 +220,19 @@ impl VolumeMap {
         }
     }
 
+    /// Whether dirty pages are half way from asking for a checkpoint to needing one under
+    /// the lock: a writer then waits for the one in flight before it takes the lock
+    /// (`Inner::wait_for_queue_refill`). v2's map never asks.
+    pub fn checkpoint_pressed(&self) -> bool {
+        match self {
+            VolumeMap::Pages(_) => false,
+            VolumeMap::Tree(t) => {
+                t.pool_stats().dirty >= (TREE_DIRTY_WANTED + TREE_DIRTY_NEEDED) / 2
+                    || t.window_pressed()
+            }
+        }
+    }
+
     /// Whether dirty pages call for a checkpoint now, under the lock.
     pub fn needs_checkpoint(&self) -> bool {
         match self {
