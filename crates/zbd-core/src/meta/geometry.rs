@@ -23,8 +23,8 @@ const FIXED_LIST_PAGES: u32 = 4;
 /// for at half that, while the list still holds the last one's flips, so at 4,096 a random
 /// writer's checkpoints closed every ~1,000 pages and most pages were written once per write.
 /// At 16,384 (128 KiB of list per slot copy) the pool's own bound (2,048 dirty pages) asks
-/// first: such a writer gained ~13 %, and 36 % with dedup on (docs/benchmarks.md, "Checkpoint
-/// size"). Still below `4M`: small.
+/// first: with the writers' wait of `VolumeMap::checkpoint_pressed`, such a writer gained ~14 %
+/// (docs/benchmarks.md, "Checkpoint size"). Still below `4M`: small.
 const LIST_CAPACITY_MIN: u32 = 16_384;
 const LIST_CAPACITY_MAX: u32 = 65_536;
 
