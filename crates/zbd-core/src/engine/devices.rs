@@ -309,6 +309,9 @@ impl Inner {
     /// with the lock held and every request waits for: that one then carries only the pages
     /// dirtied in between, not a whole interval's (up to 3,072 under random writes).
     fn checkpoint_first(&self) -> Result<()> {
+        if self.state.lock().map.cache_stats().dirty_pages == 0 {
+            return Ok(());
+        }
         self.checkpoint_unlocked(false)
     }
 

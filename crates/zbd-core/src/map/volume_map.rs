@@ -23,6 +23,12 @@ use crate::meta::geometry::WINDOW_PAGES_MAX;
 const TREE_DIRTY_WANTED: u64 = WINDOW_PAGES_MAX as u64 / 2;
 const TREE_DIRTY_NEEDED: u64 = WINDOW_PAGES_MAX as u64 * 3 / 4;
 
+/// Whether tree `t` must checkpoint before it changes more: dirty pages at
+/// `TREE_DIRTY_NEEDED` or the window at its bound.
+fn tree_at_bound(t: &TreeMap) -> bool {
+    t.pool_stats().dirty >= TREE_DIRTY_NEEDED || t.window_full()
+}
+
 /// The map of a volume (see the module doc).
 pub enum VolumeMap {
     /// Format v2's map pages in region 0, slots listed in the checkpoint.
@@ -237,18 +243,19 @@ impl VolumeMap {
     pub fn needs_checkpoint(&self) -> bool {
         match self {
             VolumeMap::Pages(m) => m.needs_checkpoint(),
-            VolumeMap::Tree(t) => t.pool_stats().dirty >= TREE_DIRTY_NEEDED || t.window_full(),
+            VolumeMap::Tree(t) => tree_at_bound(t),
         }
     }
 
     /// Whether a checkpoint must come before the next map change even inside a batch that
-    /// otherwise checkpoints only at its end (a cleaner commit): the tree's window at its
-    /// bound, past which the checkpoint's list would not fit its slot. Never for v2, whose
-    /// pinned pages only cost RAM.
+    /// otherwise checkpoints only at its end (a cleaner commit): the tree at its bound, where
+    /// the checkpoint's list would no longer fit its slot or its pinned pages the pool's
+    /// floor (which counts 4,096 for the window, while a list of 16,384 lets the window
+    /// reach 8,064). Never for v2, whose pinned pages only cost RAM.
     pub fn window_full(&self) -> bool {
         match self {
             VolumeMap::Pages(_) => false,
-            VolumeMap::Tree(t) => t.window_full(),
+            VolumeMap::Tree(t) => tree_at_bound(t),
         }
     }
 
