@@ -86,6 +86,10 @@ pub struct CreateOptions {
     /// `MetaGeometry::stock_extents` (tests: a small stock makes the carver supply the rest).
     #[doc(hidden)]
     pub metadata_stock_extents: Option<u32>,
+    /// Pair-state list capacity `C` in place of `ListBounds::created_capacity` (tests: volumes
+    /// created before the floor of 16,384 have 4,096, and must keep working at that bound).
+    #[doc(hidden)]
+    pub list_capacity: Option<u32>,
 }
 
 impl CreateOptions {
@@ -107,6 +111,7 @@ impl CreateOptions {
             metadata_pages: false,
             dedup: false,
             metadata_stock_extents: None,
+            list_capacity: None,
         }
     }
 }
@@ -211,6 +216,16 @@ pub fn stock_extents_for(opts: &CreateOptions, g: &MetaGeometry, logical_blocks:
         .map_or_else(|| g.stock_extents(logical_blocks), |k| k.clamp(1, g.h))
 }
 
+/// The pair-state list capacity create gives a volume of `extent_count` extents:
+/// `ListBounds::created_capacity`, or what `opts` asks for (at least 4,096, the smallest any
+/// build created).
+pub fn created_list_capacity(opts: &CreateOptions, extent_count: u32) -> u32 {
+    opts.list_capacity.map_or_else(
+        || ListBounds::created_capacity(extent_count),
+        |c| c.max(4096),
+    )
+}
+
 /// Computes the superblock for `opts` (uuid and time left for the caller to fill).
 pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
     if opts.dedup && !opts.metadata_pages {
@@ -280,7 +295,7 @@ pub fn plan(opts: &CreateOptions) -> Result<Superblock> {
         // Bit 10's extension can need more room than v2's page table (its list, below
         // ~64 GiB); the slot holds either, so a later `zbd enable` never needs to move it.
         let g = MetaGeometry::new(map_pages.max(map_pages_room), e, extent_count)?;
-        let capacity = ListBounds::created_capacity(extent_count);
+        let capacity = created_list_capacity(opts, extent_count);
         let bit10 = bit10_slot_bytes(&g, queue_len, extent_table_pages_room, capacity);
         slot = slot.max(
             u32::try_from(bit10).map_err(|_| Error::Invalid("checkpoint slot too large".into()))?,

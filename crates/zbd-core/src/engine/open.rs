@@ -15,7 +15,7 @@ use crate::format::{
     CKPT_FLAG_SAVINGS_COUNTERS, CKPT_FLAG_V3_SEGMENTS, CKPT_FLAG_VOLUME_COUNTERS, SECTOR_BYTES,
     SUPERBLOCK_BYTES,
 };
-use crate::layout::{plan, CreateOptions};
+use crate::layout::{created_list_capacity, plan, CreateOptions};
 use crate::map::{Map, TreeMap, VolumeMap};
 use crate::meta::shared::Owner;
 use crate::meta::MetaGeometry;
@@ -54,8 +54,9 @@ fn format_metadata_pages(
     storage: &Arc<dyn Storage>,
     sb: &Superblock,
     stock: std::ops::Range<u32>,
+    list_capacity: u32,
     ck: Checkpoint,
-    cache_bytes: usize,
+    open_opts: &OpenOptions,
 ) -> Result<Checkpoint> {
     let h = MetaGeometry::at_enable(sb)?.h;
     let mut extents = Extents::new(vec![ExtentInfo::FREE; sb.extent_count as usize]);
@@ -67,7 +68,8 @@ fn format_metadata_pages(
     for (at, page) in writes {
         storage.write_at(at, &page)?;
     }
-    let mut tree = TreeMap::create(Arc::clone(storage), sb, stock, cache_bytes)?;
+    let cache = open_opts.map_cache_bytes;
+    let mut tree = TreeMap::create(Arc::clone(storage), sb, stock, list_capacity, cache)?;
     let ext = tree.checkpoint()?.ext;
     Ok(Checkpoint {
         // Bit-10 volumes are created with bit 11's segments too: both are the shared-block
@@ -145,7 +147,8 @@ impl Inner {
             ..Checkpoint::empty(&sb)
         };
         if let Some(stock) = stock {
-            ck = format_metadata_pages(&storage, &sb, stock, ck, open_opts.map_cache_bytes)?;
+            let capacity = created_list_capacity(opts, sb.extent_count);
+            ck = format_metadata_pages(&storage, &sb, stock, capacity, ck, &open_opts)?;
         }
         let ckb = ck.encode(&sb)?;
         for copy in 0..sb.metadata_copies() {

@@ -6,6 +6,7 @@ use crate::buffer::Prepared;
 use crate::codec;
 use crate::format::RecordKind;
 use crate::layout::{plan, CreateOptions};
+use crate::map::VolumeMap;
 
 fn raw_block(n: usize) -> Prepared {
     Prepared::Data {
@@ -33,6 +34,37 @@ fn sim_inner(opts: &CreateOptions, open: OpenOptions) -> Inner {
         open,
     )
     .expect("create")
+}
+
+/// A volume keeps the pair-state list capacity it was created with across opens: one made
+/// with the 4,096 of volumes created before 6349d060 (a test option) reopens with 4,096, one
+/// made by default with the floor of 16,384.
+#[test]
+fn a_volume_reopens_with_the_list_capacity_it_was_created_with() {
+    for (asked, want) in [(Some(4096), 4096), (None, 16_384)] {
+        let opts = CreateOptions {
+            list_capacity: asked,
+            metadata_pages: true,
+            capacity_bytes: Some(64 << 20),
+            ..CreateOptions::new(256 << 20)
+        };
+        let sb = plan(&opts).expect("plan");
+        let disk = std::sync::Arc::new(SimStorage::new(sb.total_bytes() as usize));
+        let open = OpenOptions {
+            background_cleaner: false,
+            ..OpenOptions::default()
+        };
+        let capacity = |vol: &Inner| match &vol.state.lock().map {
+            VolumeMap::Tree(t) => t.list_capacity(),
+            VolumeMap::Pages(_) => panic!("created without metadata pages"),
+        };
+        let vol = Inner::create_with(Box::new(std::sync::Arc::clone(&disk)), &opts, open.clone())
+            .expect("create");
+        assert_eq!(capacity(&vol), want, "created with {asked:?}");
+        vol.close().expect("close");
+        let vol = Inner::open(Box::new(disk), open).expect("reopen");
+        assert_eq!(capacity(&vol), want, "reopened, created with {asked:?}");
+    }
 }
 
 /// The extent buffer evicts the least recently appended extent. Here extent X took a trim

@@ -122,10 +122,11 @@ impl TreeMap {
         storage: Arc<dyn Storage>,
         sb: &Superblock,
         metadata_extents: impl IntoIterator<Item = u32>,
+        list_capacity: u32,
         cache_bytes: usize,
     ) -> Result<TreeMap> {
         let geometry = MetaGeometry::at_enable(sb)?;
-        let bounds = list_bounds(sb, ListBounds::created_capacity(sb.extent_count));
+        let bounds = list_bounds(sb, list_capacity);
         let store = MetaStore::open(
             storage,
             sb,
@@ -241,7 +242,12 @@ impl TreeMap {
     /// so the window a crash leaves (the checkpoint in flight and what came after it, both
     /// replayed into one recovery checkpoint) fits the slot's list too.
     fn window_max(&self) -> usize {
-        (self.catalog.list_capacity() as usize).saturating_sub(LIST_MARGIN) / 2
+        (self.list_capacity() as usize).saturating_sub(LIST_MARGIN) / 2
+    }
+
+    /// The pair-state list's capacity `C`, as the volume's extension names it.
+    pub fn list_capacity(&self) -> u32 {
+        self.catalog.list_capacity()
     }
 
     /// Whether the next checkpoint's list nears what the open window may count (a checkpoint

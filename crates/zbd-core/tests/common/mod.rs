@@ -305,9 +305,15 @@ pub fn with_metadata_pages(opts: &CreateOptions) -> CreateOptions {
         v.parse()
             .expect("ZBD_TEST_METADATA_STOCK: a number of extents")
     });
+    // `ZBD_TEST_LIST_CAPACITY=4096`: the pair-state list of volumes created before 6349d060.
+    let list = std::env::var("ZBD_TEST_LIST_CAPACITY").ok().map(|v| {
+        v.parse()
+            .expect("ZBD_TEST_LIST_CAPACITY: a number of entries")
+    });
     let mut o = CreateOptions {
         metadata_pages: true,
         metadata_stock_extents: opts.metadata_stock_extents.or(stock),
+        list_capacity: opts.list_capacity.or(list),
         ..opts.clone()
     };
     let Some(asked) = opts.capacity_bytes else {

@@ -1030,10 +1030,10 @@ fn an_interrupted_bit10_create_leaves_the_old_volume_whole() {
 /// tree lets pile up before a checkpoint must come (3,072; a writer past it would wait for
 /// the parked checkpoint). Power is cut there. Recovery replays both sets into the tree from
 /// the checkpoint before, and its own checkpoint carries a pair-state flip per dirty page:
-/// the volume must still open, with every flushed write in place. (On a volume created with
-/// a list of 4,096, as before 6349d060, 3,600 flips were just below its window of 1,920 + 1,920
-/// and it did not open when the window was bounded by dirty pages alone: 4,150 entries. With
-/// 16,384 the list has room for both sets: this no longer tests that bound.)
+/// the volume must still open, with every flushed write in place. The volume has a list of
+/// 4,096, as every volume created before 6349d060 keeps: 3,600 flips are just below its window
+/// of 1,920 + 1,920, and it did not open when the window was bounded by dirty pages alone
+/// (4,150 entries).
 #[test]
 fn recovery_after_a_crash_beside_a_background_checkpoint_opens() {
     let leaves = |a: u64, b: u64| (a..b).map(|l| l * 255);
@@ -1042,6 +1042,7 @@ fn recovery_after_a_crash_beside_a_background_checkpoint_opens() {
         codec: Codec::Lz4,
         capacity_bytes: Some(64 << 20),
         queue_len: Some(64),
+        list_capacity: Some(4096),
         ..zbd_core::CreateOptions::new(5 << 30)
     };
     let opts = with_metadata_pages(&base);
