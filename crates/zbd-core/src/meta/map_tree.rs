@@ -1459,7 +1459,7 @@ mod tests {
             for id in pool.snapshot() {
                 let page = pool.peek(id).expect("dirty is resident");
                 let at = page.address(id);
-                let frame = seal_page(&UUID, &at, &FrameStamp::map(1, 0, 1), &page.body);
+                let frame = seal_page(&UUID, &at, &FrameStamp::map(1, 0, 1), &page.body).to_vec();
                 self.disk.insert(id, frame);
             }
             pool.commit();
@@ -1752,7 +1752,7 @@ mod tests {
             &FrameStamp::map(1, 0, 1),
             &page.body,
         );
-        io.disk.insert(id, frame);
+        io.disk.insert(id, frame.to_vec());
     }
 
     /// A slot naming a resident page of another place or kind is damage, never that page's

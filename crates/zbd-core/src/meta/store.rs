@@ -664,7 +664,7 @@ impl MetaStore {
         body: &[u8; PAGE_BODY_BYTES],
         out: &mut Vec<FrameWrite>,
     ) -> Result<()> {
-        let frame: Arc<[u8]> = seal_page(&self.sb.uuid, at, stamp, body).into();
+        let frame = seal_page(&self.sb.uuid, at, stamp, body);
         for copy in 0..2 {
             out.push((self.offset(at.id, slot, copy)?, Arc::clone(&frame)));
         }

@@ -504,7 +504,11 @@ fn coalesce(mut pages: Vec<PageWrite>) -> Vec<PageWrite> {
             // (6 % of the server's CPU under random writes).
             _ => (
                 run[0].0,
-                run.iter().map(|(_, b)| &b[..]).collect::<Vec<_>>().concat().into(),
+                run.iter()
+                    .map(|(_, b)| &b[..])
+                    .collect::<Vec<_>>()
+                    .concat()
+                    .into(),
             ),
         })
         .collect()
