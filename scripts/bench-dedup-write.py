@@ -7,7 +7,11 @@ fresh volume (`zbd create --size 4G --metadata-pages --dedup on|off`, codec DEDU
 served with `--dedup on|off`, then one fio job of DEDUP_WRITE_MB (1 GiB), then `zbd stat --json`
 (through the server) and the server stopped (SIGTERM: flush, close). Writes:
 - 4 KiB random writes at iodepth 16, offsets over the whole volume, each block written once;
-- 128 KiB sequential writes at iodepth 4 from offset 0.
+- 128 KiB sequential writes at iodepth 4 from offset 0;
+- as root (and by default where it can): 4 KiB random writes at iodepth 16 through ext4, the
+  issue's second path: the export attached by nbdfuse + a loop device (`clonekit.attach_export`),
+  mkfs.ext4, mounted, fio's libaio engine with O_DIRECT over a file of DEDUP_WRITE_MB, each block
+  once; unmounted and detached before the server stops.
 Data (fio, set explicitly): `refill_buffers=1`, `buffer_compress_percentage=50`,
 `buffer_compress_chunk=4k` (about 2:1 per 4 KiB block) and `dedupe_percentage=50` (`dedupe_mode=repeat`:
 half of fio's buffers, one per `bs`, repeat the last unique one) or `dedupe_percentage=0`. Every job
@@ -20,15 +24,15 @@ and says so in the notes.
 
 Writes OUTDIR/summary.json and OUTDIR/summary.md (the lab draws OUTDIR/dedup-write.png from the JSON:
 zbdlab.bench.scripts.dedup_write), and each run's fio job file and JSON output under OUTDIR/runs/.
-Standard library only. Creates only its own volumes, servers and sockets; undoes them on exit or
-failure (SIGTERM too).
+Standard library only. Creates only its own volumes, servers, sockets, loop devices and mounts; undoes
+them on exit or failure (SIGTERM too).
 
     scripts/bench-dedup-write.py OUTDIR
 
 env: ZBD_BIN (default target/release/zbd), DEDUP_DIR where volumes go (/var/tmp), DEDUP_WRITE_MB (1024),
      DEDUP_WRITE_SIZE (volume size, 4G), DEDUP_WRITE_RUNS (3), DEDUP_WRITE_CODEC (lz4),
      DEDUP_WRITE_INDEX (`zbd serve --dedup-index`; empty: the server's default),
-     DEDUP_WRITE_CASES ("rand4k seq128k"), DEDUP_WRITE_DATA ("dup50 unique").
+     DEDUP_WRITE_CASES ("rand4k seq128k", and "ext4-rand4k" as root), DEDUP_WRITE_DATA ("dup50 unique").
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import clonekit
 from benchkit import Undo, missing_tools, run, say, stop, wait_for, work_dir
 
 SCHEMA_VERSION = 1
@@ -60,12 +65,17 @@ class Case:
     rw: str
     bs: str
     iodepth: int
+    ext4: bool = False  # through a file on ext4 on the served volume (root), not fio's nbd engine
 
 
 CASES = {
     "rand4k": Case("rand4k", "4 KiB random write, iodepth 16", "randwrite", "4k", 16),
     "seq128k": Case("seq128k", "128 KiB sequential write, iodepth 4", "write", "128k", 4),
+    "ext4-rand4k": Case(
+        "ext4-rand4k", "4 KiB random write through ext4, O_DIRECT, iodepth 16", "randwrite", "4k", 16, ext4=True
+    ),
 }
+EXT4_TOOLS = ["mkfs.ext4", "losetup", "nbdfuse", "mount", "umount"]
 DATA = {"dup50": 50, "unique": 0}  # dedupe_percentage
 DATA_LABELS = {"dup50": "50 % duplicates", "unique": "no duplicates"}
 
@@ -118,16 +128,20 @@ class Settings:
     flags: bool  # the zbd has --dedup
 
 
-def fio_job(st: Settings, case: Case, dedupe: int, sock: Path) -> str:
+def fio_job(st: Settings, case: Case, dedupe: int, sock: Path, file: Path | None = None) -> str:
     """One job writing st.data_mb over the st.size device: random offsets over all of it (each block
-    once: fio's random map), or sequential from 0."""
+    once: fio's random map), or sequential from 0. With `file` (an ext4 case): over a file of
+    st.data_mb on the mounted filesystem instead, with O_DIRECT (no page cache to flatter it)."""
+    target: list[tuple[str, str | int]] = (
+        [("ioengine", "nbd"), ("uri", f"nbd+unix:///?socket={sock}"), ("size", st.size)]
+        if file is None
+        else [("ioengine", "libaio"), ("direct", 1), ("filename", str(file)), ("size", f"{st.data_mb}M")]
+    )
     options: list[tuple[str, str | int]] = [
-        ("ioengine", "nbd"),
-        ("uri", f"nbd+unix:///?socket={sock}"),
+        *target,
         ("rw", case.rw),
         ("bs", case.bs),
         ("iodepth", case.iodepth),
-        ("size", st.size),
         ("io_size", f"{st.data_mb}M"),
         ("randrepeat", 1),
         ("randseed", FIO_SEED),
@@ -194,8 +208,15 @@ def measure(st: Settings, undo: Undo, case: Case, data: str, dedup: str, rnd: in
     wait_for(lambda: proc.poll() is not None or (sock.exists() and pid_written(pidfile)), "zbd serve")
     if proc.poll() is not None:
         raise RuntimeError(f"zbd serve exited at start ({proc.returncode}); log {log.name}")
+    layers = clonekit.Layers(undo)
+    file = None
+    if case.ext4:
+        device = clonekit.attach_export(layers, f"nbd+unix:///?socket={sock}", vol_dir / "fuse")
+        run(["mkfs.ext4", "-F", "-q", device])
+        clonekit.mount(layers, device, vol_dir / "mnt", "ext4")
+        file = vol_dir / "mnt" / "data"
     job = st.out / "runs" / f"{tag}.fio"
-    job.write_text(fio_job(st, case, DATA[data], sock))
+    job.write_text(fio_job(st, case, DATA[data], sock, file))
     output = st.out / "runs" / f"{tag}.json"
     cpu_before = cpu_seconds(proc.pid)
     started = time.monotonic()
@@ -207,6 +228,7 @@ def measure(st: Settings, undo: Undo, case: Case, data: str, dedup: str, rnd: in
         )
     cpu_after = cpu_seconds(proc.pid)
     got = fio_result(output)
+    layers.close()  # unmounted and detached (ext4 cases) before the server stops
     stat = json.loads(run([st.zbd, "stat", str(vol), "--json"]).stdout)  # through the server
     undo.release(serving)
     log.close()
@@ -350,12 +372,19 @@ def main() -> int:
     if missing or not Path(zbd).exists():
         print(f"bench-dedup-write: missing {', '.join(missing) or zbd}", file=sys.stderr)
         return 1
-    cases = os.environ.get("DEDUP_WRITE_CASES", "rand4k seq128k").split()
+    # The ext4 case needs root (a loop device, a mount, FUSE) and its tools; by default it runs
+    # where it can and says so where it cannot.
+    ext4_missing = missing_tools(EXT4_TOOLS) if os.geteuid() == 0 else ["root"]
+    default_cases = "rand4k seq128k" + ("" if ext4_missing else " ext4-rand4k")
+    cases = os.environ.get("DEDUP_WRITE_CASES", default_cases).split()
     datas = os.environ.get("DEDUP_WRITE_DATA", "dup50 unique").split()
     unknown = [c for c in cases if c not in CASES] + [d for d in datas if d not in DATA]
     if unknown:
         print(f"bench-dedup-write: unknown case or data set {unknown}", file=sys.stderr)
         return 2
+    if ext4_missing and any(CASES[c].ext4 for c in cases):
+        print(f"bench-dedup-write: the ext4 case needs {', '.join(ext4_missing)}", file=sys.stderr)
+        return 1
     undo = Undo()
     work = work_dir(undo, "zbd-dedup-write.")
     st = Settings(
@@ -370,6 +399,8 @@ def main() -> int:
         flags=has_dedup_flags(zbd),
     )
     notes: list[str] = []
+    if ext4_missing and "DEDUP_WRITE_CASES" not in os.environ:
+        notes.append(f"the ext4 case did not run: it needs {', '.join(ext4_missing)}")
     modes = ["off", "on"]
     if not st.flags:
         modes = ["off"]
