@@ -273,6 +273,9 @@ pub struct DeviceInfo {
     /// "default", "snapshot", "clone", "writable", or "deleting" (a delete that a crash or an
     /// error stopped: deleting it again finishes).
     pub kind: &'static str,
+    /// What it was made as: `kind`, but never "deleting" (a snapshot being deleted is still
+    /// listed among the snapshots, as such).
+    pub made_as: &'static str,
     /// Logical size in bytes.
     pub size_bytes: u64,
     /// Creation time, Unix seconds (0 for the default device).
@@ -286,8 +289,7 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     pub(crate) fn of(row: &crate::format::DeviceRow) -> DeviceInfo {
         let deleting = row.flags & crate::format::ROW_FLAG_DELETING != 0;
-        let kind = match row.kind {
-            _ if deleting => "deleting",
+        let made_as = match row.kind {
             crate::format::DeviceKind::Default => "default",
             crate::format::DeviceKind::Snapshot => "snapshot",
             crate::format::DeviceKind::Clone => "clone",
@@ -296,7 +298,8 @@ impl DeviceInfo {
         DeviceInfo {
             id: row.id,
             name: row.name.clone(),
-            kind,
+            kind: if deleting { "deleting" } else { made_as },
+            made_as,
             size_bytes: row.blocks * crate::format::BLOCK_BYTES as u64,
             created_at: row.created_at,
             writable: row.flags & 1 == 0

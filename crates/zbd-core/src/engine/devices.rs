@@ -40,6 +40,7 @@ impl Inner {
                 id: DEFAULT_DEVICE,
                 name: "default".into(),
                 kind: "default",
+                made_as: "default",
                 size_bytes: self.size_bytes(),
                 created_at: 0,
                 writable: !self.read_only,

@@ -72,6 +72,9 @@ pub struct Listed {
     pub id: u32,
     pub name: String,
     pub kind: String,
+    /// `kind` but never "deleting" (absent from servers before it: empty).
+    #[serde(default)]
+    pub made_as: String,
     pub size_bytes: u64,
     /// Bytes of blocks that name stored data.
     pub mapped_bytes: u64,
@@ -151,6 +154,7 @@ fn list(vol: &Volume) -> zbd_core::Result<Vec<Listed>> {
                 id: d.id,
                 name: d.name,
                 kind: d.kind.into(),
+                made_as: d.made_as.into(),
                 size_bytes: d.size_bytes,
                 mapped_bytes,
                 referenced_bytes: room.referenced_bytes,

@@ -39,7 +39,9 @@ enum Action {
         ceph: CephArgs,
     },
     /// List the snapshots: origin, creation time (UTC), and stored bytes referenced and
-    /// unique (what deleting the snapshot frees), computed when asked.
+    /// unique (what deleting the snapshot frees), computed when asked. A snapshot whose delete
+    /// is under way, or was stopped by a crash, is listed as "deleting" (its space is not free
+    /// yet; `zbd serve` finishes the delete, as does deleting it again).
     List {
         /// Volume file, block device or rados:POOL/NAME (served or not).
         path: PathBuf,
@@ -121,26 +123,34 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Action::List { path, json, ceph } => {
             let rows: Vec<Listed> = listed(&path, &ceph)?
                 .into_iter()
-                .filter(|d| d.kind == "snapshot")
+                // A server before `made_as` lists snapshots being deleted as "deleting" only.
+                .filter(|d| {
+                    d.kind == "snapshot" || (d.kind == "deleting" && d.made_as == "snapshot")
+                })
                 .collect();
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 println!(
-                    "{:<24} {:<16} {:<20} {:>12} {:>12} {:>12}",
-                    "NAME", "ORIGIN", "CREATED", "MAPPED", "REFER", "UNIQUE"
+                    "{:<24} {:<16} {:<20} {:>12} {:>12} {:>12} {:<8}",
+                    "NAME", "ORIGIN", "CREATED", "MAPPED", "REFER", "UNIQUE", "STATE"
                 );
                 for d in &rows {
                     let created =
                         std::time::UNIX_EPOCH + std::time::Duration::from_secs(d.created_at);
                     println!(
-                        "{:<24} {:<16} {:<20} {:>12} {:>12} {:>12}",
+                        "{:<24} {:<16} {:<20} {:>12} {:>12} {:>12} {:<8}",
                         d.name,
                         d.origin.as_deref().unwrap_or("-"),
                         humantime::format_rfc3339_seconds(created).to_string(),
                         human(d.mapped_bytes),
                         human(d.referenced_bytes),
-                        human(d.unique_bytes)
+                        human(d.unique_bytes),
+                        if d.kind == "deleting" {
+                            "deleting"
+                        } else {
+                            "live"
+                        }
                     );
                 }
             }

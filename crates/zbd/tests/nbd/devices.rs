@@ -296,8 +296,9 @@ fn an_ext4_snapshot_is_crash_consistent_and_served_read_only() {
 }
 
 /// A snapshot delete cut by a power loss between its steps leaves the row "deleting"
-/// (design.md, "Deletes in steps"). `zbd serve` finishes such a delete by itself, beside I/O:
-/// the row goes, the space is freed, the origin keeps its bytes, and `zbd check` is clean.
+/// (design.md, "Deletes in steps"), which `zbd snapshot list` shows as such. `zbd serve`
+/// finishes such a delete by itself, beside I/O: the row goes, the space is freed, the origin
+/// keeps its bytes, and `zbd check` is clean.
 #[test]
 fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
     use rand::SeedableRng;
@@ -368,6 +369,23 @@ fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
         .args(["device", "list"])
         .arg(&volume)));
     assert!(listed.contains("deleting"), "{listed}");
+    // Its space is not free yet: `zbd snapshot list` still shows it, as being deleted.
+    let snaps = stdout(&run(Command::new(ZBD)
+        .args(["snapshot", "list", "--json"])
+        .arg(&volume)));
+    let rows: serde_json::Value = serde_json::from_str(&snaps).expect("json");
+    let kinds: Vec<(&str, &str)> = rows
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap_or(""),
+                d["kind"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(kinds, [("s", "deleting")], "{snaps}");
 
     let mut served = Served::start(&volume, dir.path());
     wait_until("the stopped delete finished by the server", || {
