@@ -217,12 +217,12 @@ pub fn stock_extents_for(opts: &CreateOptions, g: &MetaGeometry, logical_blocks:
 }
 
 /// The pair-state list capacity create gives a volume of `extent_count` extents:
-/// `ListBounds::created_capacity`, or what `opts` asks for (at least 4,096, the smallest any
-/// build created).
+/// `ListBounds::created_capacity`, or what `opts` asks for, within what builds have created
+/// (4,096 before 6349d060 .. 65,536).
 pub fn created_list_capacity(opts: &CreateOptions, extent_count: u32) -> u32 {
     opts.list_capacity.map_or_else(
         || ListBounds::created_capacity(extent_count),
-        |c| c.max(4096),
+        |c| c.clamp(4096, crate::meta::geometry::LIST_CAPACITY_MAX),
     )
 }
 

@@ -26,7 +26,7 @@ const FIXED_LIST_PAGES: u32 = 4;
 /// first: with the writers' wait of `VolumeMap::checkpoint_pressed`, such a writer gained ~14 %
 /// (docs/benchmarks.md, "Checkpoint size"). Still below `4M`: small.
 const LIST_CAPACITY_MIN: u32 = 16_384;
-const LIST_CAPACITY_MAX: u32 = 65_536;
+pub(crate) const LIST_CAPACITY_MAX: u32 = 65_536;
 
 /// Where a page id's pair of slots lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
