@@ -305,7 +305,12 @@ impl DeviceInfo {
             writable: row.flags & 1 == 0
                 && !deleting
                 && row.kind != crate::format::DeviceKind::Snapshot,
-            parent: row.parent,
+            // A flattened clone lists no origin (`zbd flatten`).
+            parent: if row.flags & crate::format::ROW_FLAG_FLATTENED != 0 {
+                0
+            } else {
+                row.parent
+            },
         }
     }
 }

@@ -196,6 +196,14 @@ impl Volume {
         self.inner.clone_snapshot(snapshot, name)
     }
 
+    /// Clone `name` stops listing its origin, as `rbd flatten` ends a clone's dependence on
+    /// its parent. Here a clone never depends on its snapshot (it holds its own references to
+    /// every page and block it shares, and deleting the snapshot keeps them), so nothing is
+    /// copied: one row change, in one checkpoint. Whether it listed an origin before.
+    pub fn flatten(&self, name: &str) -> Result<bool> {
+        self.inner.flatten(name)
+    }
+
     /// Rolls writable device `name` back to `snapshot`, one of its own snapshots: what it
     /// wrote since is given up (through the trim path), then it shares the snapshot's pages.
     pub fn rollback(&self, name: &str, snapshot: &str) -> Result<()> {

@@ -48,6 +48,9 @@ enum Command {
     Snapshot(commands::snapshot::Args),
     /// Make a writable device from a snapshot, sharing its blocks.
     Clone(commands::snapshot::CloneArgs),
+    /// Stop listing a clone's origin. A clone never depends on its snapshot (deleting the
+    /// snapshot keeps every block the clone shares), so nothing is copied.
+    Flatten(commands::snapshot::FlattenArgs),
     /// Roll a device back to one of its snapshots.
     Rollback(commands::snapshot::RollbackArgs),
     /// The byte ranges where two devices or snapshots of a volume differ, as JSON.
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
         Command::Device(a) => commands::device::run(a),
         Command::Snapshot(a) => commands::snapshot::run(a),
         Command::Clone(a) => commands::snapshot::clone(a),
+        Command::Flatten(a) => commands::snapshot::flatten(a),
         Command::Rollback(a) => commands::snapshot::rollback(a),
         Command::Diff(a) => commands::snapshot::diff(a),
         Command::Bench(a) => commands::bench::run(a),

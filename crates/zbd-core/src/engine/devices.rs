@@ -377,6 +377,23 @@ impl Inner {
         Ok(())
     }
 
+    /// Clone `name` stops listing its origin (`Volume::flatten`), in one checkpoint; nothing
+    /// is copied. Whether it listed one before.
+    pub fn flatten(&self, name: &str) -> Result<bool> {
+        self.check_writable()?;
+        let id = self.device_id(name)?;
+        let mut st = self.lock_for_write();
+        let cx = self.ctx();
+        let VolumeMap::Tree(t) = &mut st.map else {
+            return Err(Error::Invalid(format!("{name:?} is not a clone")));
+        };
+        if !t.flatten(id)? {
+            return Ok(false);
+        }
+        st.checkpoint(&cx)?;
+        Ok(true)
+    }
+
     /// The block ranges where devices `a` and `b` differ (`Volume::diff`), as (byte offset,
     /// length); pages both share are not read.
     pub fn diff(&self, a: &str, b: &str) -> Result<Vec<(u64, u64)>> {

@@ -465,6 +465,10 @@ pub enum DeviceKind {
 /// (part of it may be gone): it is never read, written or served, and a delete of it again
 /// finishes the release.
 pub const ROW_FLAG_DELETING: u16 = 4;
+/// Device row flag: the origin is no longer listed (`zbd flatten`). A clone never depends on
+/// its origin here (it holds its own references to every page and block it shares), so the
+/// flag changes listings only.
+pub const ROW_FLAG_FLATTENED: u16 = 2;
 /// Row flag bits this build knows (read-only, origin hidden by flatten, being deleted). A row
 /// with another bit set was written by a build with a device state this one cannot honour
 /// (bit 2 came without a checkpoint flag of its own), so it is refused, never ignored.
@@ -481,8 +485,8 @@ pub struct DeviceRow {
     pub kind: DeviceKind,
     /// Levels of its map tree, leaves included.
     pub depth: u8,
-    /// Bit 0 read-only, bit 1 origin hidden by flatten, bit 2 being deleted
-    /// ([`ROW_FLAG_DELETING`]).
+    /// Bit 0 read-only, bit 1 origin hidden by flatten ([`ROW_FLAG_FLATTENED`]), bit 2 being
+    /// deleted ([`ROW_FLAG_DELETING`]).
     pub flags: u16,
     /// Root of its map tree.
     pub root: ChildSlot,

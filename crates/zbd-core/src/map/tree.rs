@@ -21,7 +21,7 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::format::{
     key_device, key_lba, BlockState, Checkpoint, DeviceRow, ExtensionBody, MapEntry, PageAddress,
-    PageKind, Superblock, MAP_ENTRIES_PER_PAGE, ROW_FLAG_DELETING,
+    PageKind, Superblock, MAP_ENTRIES_PER_PAGE, ROW_FLAG_DELETING, ROW_FLAG_FLATTENED,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
@@ -741,6 +741,28 @@ impl TreeMap {
         self.catalog
             .devices
             .update(id, |r| r.flags |= ROW_FLAG_DELETING)
+    }
+
+    /// Stops listing clone `id`'s origin ([`ROW_FLAG_FLATTENED`]); a row change only, since a
+    /// clone holds its own references to everything it shares. Whether the row changed (false:
+    /// already flattened).
+    pub fn flatten(&mut self, id: u32) -> Result<bool> {
+        let row = self
+            .row(id)
+            .ok_or_else(|| Error::Invalid(format!("no device {id} in this volume")))?;
+        if row.kind != crate::format::DeviceKind::Clone || row.flags & ROW_FLAG_DELETING != 0 {
+            return Err(Error::Invalid(format!(
+                "{:?} is not a clone: only clones have an origin to flatten away",
+                row.name
+            )));
+        }
+        if row.flags & ROW_FLAG_FLATTENED != 0 {
+            return Ok(false);
+        }
+        self.catalog
+            .devices
+            .update(id, |r| r.flags |= ROW_FLAG_FLATTENED)?;
+        Ok(true)
     }
 
     /// Whether device `id` is being deleted.

@@ -64,6 +64,7 @@ pub enum Request {
     Clone { snapshot: String, name: String },
     Rollback { device: String, snapshot: String },
     Diff { a: String, b: String },
+    Flatten { name: String },
 }
 
 /// One device as `zbd device list` shows it.
@@ -97,6 +98,10 @@ pub enum Reply {
     },
     Deleted,
     RolledBack,
+    /// `changed`: false when the clone listed no origin already.
+    Flattened {
+        changed: bool,
+    },
     List(Vec<Listed>),
     /// Byte ranges (offset, length) where two devices differ.
     Diff(Vec<(u64, u64)>),
@@ -121,6 +126,9 @@ pub fn apply(vol: &Volume, request: &Request) -> Reply {
             vol.rollback(device, snapshot).map(|()| Reply::RolledBack)
         }
         Request::Diff { a, b } => vol.diff(a, b).map(Reply::Diff),
+        Request::Flatten { name } => vol
+            .flatten(name)
+            .map(|changed| Reply::Flattened { changed }),
     };
     done.unwrap_or_else(|e| Reply::Error(e.to_string()))
 }

@@ -1,4 +1,4 @@
-//! `zbd snapshot`, `zbd clone`, `zbd rollback`, `zbd diff`: snapshots and clones of a volume's
+//! `zbd snapshot`, `zbd clone`, `zbd flatten`, `zbd rollback`, `zbd diff`: snapshots and clones of a volume's
 //! devices (design.md, "Copy on write"), offline or through a serving server's control socket
 //! (`device::perform`). `VOL@NAME` names device NAME of volume VOL.
 
@@ -76,6 +76,15 @@ pub struct CloneArgs {
 pub struct RollbackArgs {
     /// VOLUME@SNAPSHOT: the snapshot's origin goes back to it (offline, or a device no NBD
     /// client has open).
+    spec: String,
+    #[command(flatten)]
+    ceph: CephArgs,
+}
+
+/// Arguments of `zbd flatten`.
+#[derive(clap::Args)]
+pub struct FlattenArgs {
+    /// VOLUME@CLONE: the clone that stops listing its origin.
     spec: String,
     #[command(flatten)]
     ceph: CephArgs,
@@ -205,6 +214,20 @@ pub fn rollback(a: RollbackArgs) -> Result<ExitCode> {
     };
     done(&a.spec, perform(&path, &a.ceph, &request)?)?;
     println!("{origin} rolled back to {}", a.spec);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn flatten(a: FlattenArgs) -> Result<ExitCode> {
+    let (path, name) = at(&a.spec)?;
+    let request = Request::Flatten { name: name.clone() };
+    match done(&a.spec, perform(&path, &a.ceph, &request)?)? {
+        Reply::Flattened { changed: true } => println!(
+            "{name} flattened: it no longer lists an origin (nothing was copied; it never \
+             depended on its snapshot)"
+        ),
+        Reply::Flattened { changed: false } => println!("{name} lists no origin already"),
+        other => bail!("unexpected answer {other:?}"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -252,6 +252,33 @@ fn an_ext4_snapshot_is_crash_consistent_and_served_read_only() {
         .arg("clone")
         .arg(format!("{}@s1", volume.display()))
         .arg("c1"));
+    // `zbd flatten` on the served volume (its control socket): the clone stops listing s1;
+    // a snapshot has no origin to flatten away.
+    let origin_of_c1 = || {
+        let out = stdout(&run(Command::new(ZBD)
+            .args(["device", "list", "--json"])
+            .arg(&volume)));
+        let rows: serde_json::Value = serde_json::from_str(&out).expect("json");
+        rows.as_array()
+            .and_then(|r| r.iter().find(|d| d["name"] == "c1"))
+            .unwrap_or_else(|| panic!("no c1 in {out}"))["origin"]
+            .clone()
+    };
+    assert_eq!(origin_of_c1(), "s1");
+    run(Command::new(ZBD)
+        .arg("flatten")
+        .arg(format!("{}@c1", volume.display())));
+    assert!(origin_of_c1().is_null(), "c1 still lists its origin");
+    let refused = Command::new(ZBD)
+        .arg("flatten")
+        .arg(format!("{}@s1", volume.display()))
+        .output()
+        .expect("zbd flatten");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("not a clone"),
+        "{said}"
+    );
     let diff = stdout(&run(Command::new(ZBD)
         .arg("diff")
         .arg(format!("{}@default", volume.display()))

@@ -652,3 +652,39 @@ fn a_stopped_delete_is_finished_by_id_a_step_at_a_time() {
     );
     assert_clean(&vol, "finished");
 }
+
+/// `zbd flatten` (design.md, "Devices"): a clone stops listing its origin, durably, and still
+/// reads its own bytes after its snapshot is deleted; flattening again changes nothing, and a
+/// snapshot or the default device has no origin to flatten away.
+#[test]
+fn a_flattened_clone_lists_no_origin_and_keeps_its_bytes() {
+    let (disk, vol) = sim_volume(&opts(false));
+    let mut rng = SmallRng::seed_from_u64(9);
+    let data: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &data, false).expect("write");
+    vol.snapshot("default", "s").expect("snapshot");
+    vol.clone_snapshot("s", "c").expect("clone");
+    let parent = |vol: &Volume| {
+        vol.devices()
+            .into_iter()
+            .find(|d| d.name == "c")
+            .expect("c")
+            .parent
+    };
+    assert_eq!(parent(&vol), id_of(&vol, "s"), "a clone lists its snapshot");
+    assert!(vol.flatten("c").expect("flatten"), "it listed an origin");
+    assert_eq!(parent(&vol), 0);
+    assert!(!vol.flatten("c").expect("flatten again"), "already flat");
+    for not_a_clone in ["s", "default"] {
+        let e = vol.flatten(not_a_clone).expect_err(not_a_clone);
+        assert!(e.to_string().contains("not a clone"), "{e}");
+    }
+    // A power cut right after it returns keeps it: the flag went out in its own checkpoint.
+    let image = disk.crash_image(&mut rng);
+    vol.abandon();
+    let vol = reopen(&Arc::new(SimStorage::from_image(image)));
+    assert_eq!(parent(&vol), 0, "the flag is durable");
+    vol.delete_device("s").expect("delete the snapshot");
+    assert_device(&vol, "c", &data, "after its snapshot went");
+    assert_clean(&vol, "flattened");
+}
