@@ -19,6 +19,8 @@ a fresh volume (`zbd create --metadata-pages`, lz4) in DEDUP_DIR:
 - retained: SNAP_HOLD_MB written to a SNAP_HOLD_SIZE volume, then SNAP_RETAINED snapshots or
   none, then the server killed (SIGKILL) and started again: the time until it serves, and its
   peak RSS after reading SNAP_READ_MB at random (goal: within 10 % of the arm without snapshots);
+- first: the metadata bytes the first 4 KiB write into each map leaf after a snapshot costs, against
+  the same writes without one, and a second write into each such leaf (`first_write`);
 - delete: a snapshot alone holding SNAP_DEL_MB (its origin rewrote it) deleted while 4 KiB random
   writes go to the origin for SNAP_DEL_S seconds, against the same writes with no delete: the
   delete's time and the writers' p99.9 and maximum latency.
@@ -36,7 +38,7 @@ env: ZBD_BIN (target/release/zbd), DEDUP_DIR (/var/tmp), SNAP_SIZE (4G), SNAP_CA
      SNAP_NEW_PCT (5), SNAP_CLONES (10), SNAP_READ_ROUNDS (3), SNAP_READ_S (4),
      SNAP_BTRFS_COMPRESS ("none zstd:1"), SNAP_BTRFS_CLONE ("reflink snapshot"), SNAP_HOLD_SIZE (64G),
      SNAP_HOLD_MB (8192), SNAP_RETAINED (100), SNAP_READ_MB (256), SNAP_DEL_MB (2048), SNAP_DEL_S (40),
-     SNAP_PARTS ("load clones retained delete").
+     SNAP_FW_SIZE (4G), SNAP_FW_MB (2048), SNAP_PARTS ("load first clones retained delete").
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class Server:
     def start(self) -> float:
         """Starts it; returns the seconds until it serves (socket and pidfile)."""
         self.pidfile.unlink(missing_ok=True)
+        self.sock_dir.mkdir(mode=0o700, exist_ok=True)  # `stop` removes it
         log = (self.st.out / "runs" / f"{self.tag}-serve.log").open("ab")
         argv = [self.st.zbd, "serve", str(self.vol), "--socket", str(self.sock), "--pidfile", str(self.pidfile)]
         started = time.monotonic()
@@ -396,6 +399,61 @@ def delete(st: Settings, undo: Undo) -> dict[str, Any]:
     }
 
 
+LEAF_BLOCKS = 255  # map entries per leaf page (4 KiB page, 16-byte header and entries)
+
+
+def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
+    """What the first write into a map leaf after a snapshot costs in metadata (the issue's "write
+    amplification of the first write to a block after a snapshot"), against the same write with no
+    snapshot. A SNAP_FW_SIZE volume is filled with SNAP_FW_MB; then, with the server stopped between
+    passes so that each pass ends in the close's checkpoint and the counters persisted in it (`zbd
+    stat`) hold everything the pass wrote: an idle pass (serve, stop: the constant), pass 1 (one 4 KiB
+    write at the first block of every leaf: `rw=write:` with a one-leaf stride) and pass 2 (the
+    second block of every leaf: leaves already copied, slots still shared). The snapshot arm takes
+    `zbd snapshot create` (offline) before pass 1."""
+    size, fill_mb = st.text("SNAP_FW_SIZE", "4G"), st.num("SNAP_FW_MB", 2048)
+    stride_k = LEAF_BLOCKS * 4 - 4
+
+    def counters(vol: Path) -> dict[str, int]:
+        return stat(st, vol)["counters"]
+
+    arms: dict[str, Any] = {}
+    for arm in ("plain", "snapshot"):
+        vol = fresh(st, undo, size)
+        server = Server(st, undo, vol, f"first-{arm}")
+        server.start()
+        fio(st, f"first-{arm}-fill", server.uri(), {"rw": "write", "bs": "128k", "iodepth": 4,
+                                                   "size": f"{fill_mb}M", "end_fsync": 1})
+        server.stop()
+        if arm == "snapshot":
+            run([st.zbd, "snapshot", "create", f"{vol}@s"])
+        passes: dict[str, Any] = {}
+        for name, offset_k in (("idle", None), ("pass1", 0), ("pass2", 4)):
+            before = counters(vol)
+            server.start()
+            writes = 0
+            if offset_k is not None:
+                writes = fill_mb * MIB // (LEAF_BLOCKS * 4096)
+                fio(st, f"first-{arm}-{name}", server.uri(), {
+                    "rw": f"write:{stride_k}k", "bs": "4k", "iodepth": 16, "offset": f"{offset_k}k",
+                    "size": f"{fill_mb}M", "number_ios": writes, "end_fsync": 1})
+            server.stop()
+            after = counters(vol)
+            passes[name] = {"writes": writes, **{k: after[k] - before[k] for k in (
+                "metadata_bytes_written", "data_bytes_written", "checkpoints", "host_bytes_written")}}
+        idle = passes["idle"]["metadata_bytes_written"]
+        for name in ("pass1", "pass2"):
+            p = passes[name]
+            if p["host_bytes_written"] != p["writes"] * 4096:
+                raise RuntimeError(f"first-write {arm} {name}: host wrote {p['host_bytes_written']} bytes, "
+                                   f"expected {p['writes']} writes of 4 KiB")
+            p["metadata_per_write"] = (p["metadata_bytes_written"] - idle) / p["writes"]
+        arms[arm] = passes
+        say(f"  first-write {arm}: " + ", ".join(
+            f"{n} {arms[arm][n]['metadata_per_write'] / 1024:.1f} KiB/write" for n in ("pass1", "pass2")))
+    return {"arms": arms, "fill_mb": fill_mb, "size": size}
+
+
 def markdown(doc: dict[str, Any]) -> str:
     out = ["## Snapshots and clones (scripts/bench-snapshots.py)", ""]
     s = doc["settings"]
@@ -418,6 +476,32 @@ def markdown(doc: dict[str, Any]) -> str:
             f"p99.9 with / without: **{d['p99_9_ratio']:.2f}x** (goal <= 3)."
         )
         out += ["", ratios, ""]
+    if "first" in doc:
+        d = doc["first"]
+        out += [
+            (
+                f"First write after a snapshot: a {d['size']} volume holding {d['fill_mb']} MiB; one 4 KiB "
+                "write at the first block of every map leaf (pass 1), then at the second (pass 2), each "
+                "pass ended by a stop of the server; metadata bytes written (map pages both copies, "
+                "checkpoints) per write, less an idle serve and stop."
+            ),
+            "",
+            "| arm | pass | writes | metadata per write (KiB) | checkpoints | data per write (KiB) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for arm in ("plain", "snapshot"):
+            for name in ("pass1", "pass2"):
+                p = d["arms"][arm][name]
+                out.append(
+                    f"| {arm} | {name} | {p['writes']} | {p['metadata_per_write'] / 1024:.1f} | "
+                    f"{p['checkpoints']} | {p['data_bytes_written'] / p['writes'] / 1024:.1f} |"
+                )
+        plain, snap = d["arms"]["plain"]["pass1"], d["arms"]["snapshot"]["pass1"]
+        out += ["", (
+            f"First write into a leaf after a snapshot: **{snap['metadata_per_write'] / 1024:.1f} KiB** of "
+            f"metadata against {plain['metadata_per_write'] / 1024:.1f} KiB without a snapshot "
+            f"({snap['metadata_per_write'] / plain['metadata_per_write']:.1f}x)."
+        ), ""]
     if "clones" in doc:
         out += clones_markdown(doc["clones"])
     if "retained" in doc:
@@ -533,7 +617,7 @@ def main() -> int:
     out = Path(sys.argv[1]).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     zbd = os.environ.get("ZBD_BIN", str(Path(__file__).resolve().parent.parent / "target/release/zbd"))
-    parts = os.environ.get("SNAP_PARTS", "load clones retained delete").split()
+    parts = os.environ.get("SNAP_PARTS", "load first clones retained delete").split()
     missing = missing_tools(["fio", *(CLONE_TOOLS if "clones" in parts else [])])
     if missing or not Path(zbd).exists():
         print(f"bench-snapshots: missing {', '.join(missing) or zbd}", file=sys.stderr)
@@ -558,11 +642,14 @@ def main() -> int:
             "hold_size": st.text("SNAP_HOLD_SIZE", "64G"), "hold_mb": st.num("SNAP_HOLD_MB", 8192),
             "retained": st.num("SNAP_RETAINED", 100), "read_mb": st.num("SNAP_READ_MB", 256),
             "del_mb": st.num("SNAP_DEL_MB", 2048), "del_s": st.num("SNAP_DEL_S", 40),
+            "fw_size": st.text("SNAP_FW_SIZE", "4G"), "fw_mb": st.num("SNAP_FW_MB", 2048),
         },
     }
     try:
         doc["loadavg_start"] = [round(v, 2) for v in os.getloadavg()]
-        for part, measure in (("load", load), ("clones", clones), ("retained", retained), ("delete", delete)):
+        parts_in_order = (("load", load), ("first", first_write), ("clones", clones), ("retained", retained),
+                          ("delete", delete))
+        for part, measure in parts_in_order:
             if part in parts:
                 say(f"== {part}")
                 doc[part] = measure(st, undo)

@@ -277,11 +277,11 @@ def set_fact(data: dict[str, Any]) -> str:
 
 
 def snapshots(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
-    """scripts/bench-snapshots.py: summary.md and summary.json (snapshots under load, clones, retained
-    snapshots, a delete under load); `--quick` shrinks every part. SNAP_PARTS and the script's other
-    settings pass through from the environment (`SNAP_PARTS=clones zbdlab bench --only snapshots`).
-    The clone set's bar chart (zbd beside btrfs, bytes and time) is drawn here into
-    raw/snapshot-clones.png (`FIGURE_FILES`)."""
+    """scripts/bench-snapshots.py: summary.md and summary.json (snapshots under load, the first write
+    after a snapshot, clones, retained snapshots, a delete under load); `--quick` shrinks every part.
+    SNAP_PARTS and the script's other settings pass through from the environment
+    (`SNAP_PARTS=clones zbdlab bench --only snapshots`). The clone set's bar chart (zbd beside
+    btrfs, bytes and time) is drawn here into raw/snapshot-clones.png (`FIGURE_FILES`)."""
     env = {"ZBD_BIN": zbd, "DEDUP_DIR": str(settings.work_dir)}
     if settings.short:
         env |= {
@@ -299,6 +299,8 @@ def snapshots(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
             "SNAP_READ_MB": "64",
             "SNAP_DEL_MB": "256",
             "SNAP_DEL_S": "12",
+            "SNAP_FW_SIZE": "1G",
+            "SNAP_FW_MB": "256",
         }
     argv = ["/usr/bin/python3", str(repo / "scripts" / "bench-snapshots.py"), str(raw)]
     run_tool(argv, raw / "log.txt", env, repo, settings.progress)
