@@ -20,7 +20,8 @@ a fresh volume (`zbd create --metadata-pages`, lz4) in DEDUP_DIR:
   none, then the server killed (SIGKILL) and started again: the time until it serves, and its
   peak RSS after reading SNAP_READ_MB at random (goal: within 10 % of the arm without snapshots);
 - first: the metadata bytes the first 4 KiB write into each map leaf after a snapshot costs, against
-  the same writes without one, and a second write into each such leaf (`first_write`);
+  the same writes without one and in a hot region that SNAP_HOT_ERAS retained snapshots each saw
+  rewritten, and a second write into each such leaf (`first_write`);
 - delete: a snapshot alone holding SNAP_DEL_MB (its origin rewrote it) deleted while 4 KiB random
   writes go to the origin for SNAP_DEL_S seconds, against the same writes with no delete: the
   delete's time and the writers' p99.9 and maximum latency.
@@ -38,7 +39,7 @@ env: ZBD_BIN (target/release/zbd), DEDUP_DIR (/var/tmp), SNAP_SIZE (4G), SNAP_CA
      SNAP_NEW_PCT (5), SNAP_CLONES (10), SNAP_READ_ROUNDS (3), SNAP_READ_S (4),
      SNAP_BTRFS_COMPRESS ("none zstd:1"), SNAP_BTRFS_CLONE ("reflink snapshot"), SNAP_HOLD_SIZE (64G),
      SNAP_HOLD_MB (8192), SNAP_RETAINED (100), SNAP_READ_MB (256), SNAP_DEL_MB (2048), SNAP_DEL_S (40),
-     SNAP_FW_SIZE (4G), SNAP_FW_MB (2048), SNAP_PARTS ("load first clones retained delete").
+     SNAP_FW_SIZE (4G), SNAP_FW_MB (2048), SNAP_HOT_MB (256), SNAP_HOT_ERAS (30), SNAP_PARTS ("load first clones retained delete").
 """
 
 from __future__ import annotations
@@ -405,38 +406,45 @@ LEAF_BLOCKS = 255  # map entries per leaf page (4 KiB page, 16-byte header and e
 def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
     """What the first write into a map leaf after a snapshot costs in metadata (the issue's "write
     amplification of the first write to a block after a snapshot"), against the same write with no
-    snapshot. A SNAP_FW_SIZE volume is filled with SNAP_FW_MB; then, with the server stopped between
-    passes so that each pass ends in the close's checkpoint and the counters persisted in it (`zbd
-    stat`) hold everything the pass wrote: an idle pass (serve, stop: the constant), pass 1 (one 4 KiB
-    write at the first block of every leaf: `rw=write:` with a one-leaf stride) and pass 2 (the
-    second block of every leaf: leaves already copied, slots still shared). The snapshot arm takes
-    `zbd snapshot create` (offline) before pass 1."""
+    snapshot, and in a hot region that every retained snapshot's era rewrote (design.md, "Cost of
+    the first write after a snapshot": an ext4 journal, bitmaps, a WAL). Arms: plain (a SNAP_FW_SIZE
+    volume filled with SNAP_FW_MB), snapshot (the same, then `zbd snapshot create`), hot (SNAP_HOT_MB
+    written SNAP_HOT_ERAS times, each time with new data and a snapshot after it). Then, with the
+    server stopped between passes so that each pass ends in the close's checkpoint and the counters
+    persisted in it (`zbd stat`) hold everything the pass wrote: an idle pass (serve, stop: the
+    constant), pass 1 (one 4 KiB write at the first block of every leaf of the region: `rw=write:`
+    with a one-leaf stride) and pass 2 (the second block of every leaf: leaves already copied, slots
+    still shared)."""
     size, fill_mb = st.text("SNAP_FW_SIZE", "4G"), st.num("SNAP_FW_MB", 2048)
+    hot_mb, eras = st.num("SNAP_HOT_MB", 256), st.num("SNAP_HOT_ERAS", 30)
     stride_k = LEAF_BLOCKS * 4 - 4
 
     def counters(vol: Path) -> dict[str, int]:
         return stat(st, vol)["counters"]
 
     arms: dict[str, Any] = {}
-    for arm in ("plain", "snapshot"):
-        vol = fresh(st, undo, size)
+    for arm, region_mb, snapshots in (("plain", fill_mb, 0), ("snapshot", fill_mb, 1), ("hot", hot_mb, eras)):
+        # Each era keeps its own copy of the region (compressed about 2:1).
+        vol = fresh(st, undo, size, f"{max(4096, region_mb * (snapshots + 2)) // 1024 + 1}G")
         server = Server(st, undo, vol, f"first-{arm}")
         server.start()
-        fio(st, f"first-{arm}-fill", server.uri(), {"rw": "write", "bs": "128k", "iodepth": 4,
-                                                   "size": f"{fill_mb}M", "end_fsync": 1})
+        for era in range(max(1, snapshots)):
+            fio(st, f"first-{arm}-fill{era}", server.uri(), {
+                "rw": "write", "bs": "128k", "iodepth": 4, "size": f"{region_mb}M", "end_fsync": 1,
+                "randseed": FIO_SEED + era})
+            if snapshots:
+                run([st.zbd, "snapshot", "create", f"{vol}@s{era}"])
         server.stop()
-        if arm == "snapshot":
-            run([st.zbd, "snapshot", "create", f"{vol}@s"])
-        passes: dict[str, Any] = {}
+        passes: dict[str, Any] = {"snapshots": snapshots, "region_mb": region_mb}
         for name, offset_k in (("idle", None), ("pass1", 0), ("pass2", 4)):
             before = counters(vol)
             server.start()
             writes = 0
             if offset_k is not None:
-                writes = fill_mb * MIB // (LEAF_BLOCKS * 4096)
+                writes = region_mb * MIB // (LEAF_BLOCKS * 4096)
                 fio(st, f"first-{arm}-{name}", server.uri(), {
                     "rw": f"write:{stride_k}k", "bs": "4k", "iodepth": 16, "offset": f"{offset_k}k",
-                    "size": f"{fill_mb}M", "number_ios": writes, "end_fsync": 1})
+                    "size": f"{region_mb}M", "number_ios": writes, "end_fsync": 1})
             server.stop()
             after = counters(vol)
             passes[name] = {"writes": writes, **{k: after[k] - before[k] for k in (
@@ -451,7 +459,7 @@ def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
         arms[arm] = passes
         say(f"  first-write {arm}: " + ", ".join(
             f"{n} {arms[arm][n]['metadata_per_write'] / 1024:.1f} KiB/write" for n in ("pass1", "pass2")))
-    return {"arms": arms, "fill_mb": fill_mb, "size": size}
+    return {"arms": arms, "fill_mb": fill_mb, "size": size, "hot_mb": hot_mb, "eras": eras}
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -489,9 +497,9 @@ def markdown(doc: dict[str, Any]) -> str:
             "| arm | pass | writes | metadata per write (KiB) | checkpoints | data per write (KiB) |",
             "|---|---|---|---|---|---|",
         ]
-        for arm in ("plain", "snapshot"):
+        for arm, a in d["arms"].items():
             for name in ("pass1", "pass2"):
-                p = d["arms"][arm][name]
+                p = a[name]
                 out.append(
                     f"| {arm} | {name} | {p['writes']} | {p['metadata_per_write'] / 1024:.1f} | "
                     f"{p['checkpoints']} | {p['data_bytes_written'] / p['writes'] / 1024:.1f} |"
@@ -501,7 +509,15 @@ def markdown(doc: dict[str, Any]) -> str:
             f"First write into a leaf after a snapshot: **{snap['metadata_per_write'] / 1024:.1f} KiB** of "
             f"metadata against {plain['metadata_per_write'] / 1024:.1f} KiB without a snapshot "
             f"({snap['metadata_per_write'] / plain['metadata_per_write']:.1f}x)."
-        ), ""]
+        )]
+        if "hot" in d["arms"]:
+            hot = d["arms"]["hot"]["pass1"]
+            out += [(
+                f"In a hot region ({d['hot_mb']} MiB written {d['eras']} times, a snapshot after each, all "
+                f"retained): **{hot['metadata_per_write'] / 1024:.1f} KiB** "
+                f"({hot['metadata_per_write'] / plain['metadata_per_write']:.1f}x)."
+            )]
+        out += [""]
     if "clones" in doc:
         out += clones_markdown(doc["clones"])
     if "retained" in doc:
@@ -643,6 +659,7 @@ def main() -> int:
             "retained": st.num("SNAP_RETAINED", 100), "read_mb": st.num("SNAP_READ_MB", 256),
             "del_mb": st.num("SNAP_DEL_MB", 2048), "del_s": st.num("SNAP_DEL_S", 40),
             "fw_size": st.text("SNAP_FW_SIZE", "4G"), "fw_mb": st.num("SNAP_FW_MB", 2048),
+            "hot_mb": st.num("SNAP_HOT_MB", 256), "hot_eras": st.num("SNAP_HOT_ERAS", 30),
         },
     }
     try:
