@@ -95,6 +95,9 @@ pub struct Stats {
     /// added since, for the map pages of every device, the SBT and the PCT), which the data
     /// area's "used" counts with live data.
     pub metadata_extent_bytes: u64,
+    /// The part of `metadata_extent_bytes` in pairs no map page uses (after snapshot deletes,
+    /// say): kept for later map pages, not given back to data.
+    pub metadata_extent_free_bytes: u64,
     /// Blocks holding stored data.
     pub data_blocks: u64,
     /// Blocks in the zero state (no data stored).

@@ -116,6 +116,16 @@ impl Inner {
             // Carved metadata extents (bit 10) are metadata too, never data or dead space.
             metadata_bytes: self.sb.metadata_bytes() + count(ExtentState::Metadata) * eb,
             metadata_extent_bytes: count(ExtentState::Metadata) * eb,
+            metadata_extent_free_bytes: match &st.map {
+                crate::map::VolumeMap::Tree(t) => {
+                    let (free, all) = t.carved_pairs_free();
+                    let carved = u128::from(count(ExtentState::Metadata) * eb);
+                    (carved * u128::from(free))
+                        .checked_div(u128::from(all))
+                        .map_or(0, |b| b as u64)
+                }
+                crate::map::VolumeMap::Pages(_) => 0,
+            },
             data_blocks: data,
             zero_blocks: zero,
             unmapped_blocks: unmapped,

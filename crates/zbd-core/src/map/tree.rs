@@ -267,6 +267,12 @@ impl TreeMap {
         self.catalog.store.window(&self.catalog.pool) >= self.window_max() * 3 / 4
     }
 
+    /// Pairs of the carved metadata extents no page uses, and all of theirs
+    /// (`PairAllocator::free_of_carved`).
+    pub fn carved_pairs_free(&self) -> (u64, u64) {
+        self.catalog.store.alloc.free_of_carved()
+    }
+
     /// Whether allocation may be short of ids for some map change (the cheap mark before
     /// `short_for` counts): a set or a range change creates at most the pages of two
     /// root-to-leaf paths, and a fold in a checkpoint placing may write takes two more.

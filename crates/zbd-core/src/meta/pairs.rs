@@ -524,6 +524,15 @@ impl PairAllocator {
         self.allocatable.len()
     }
 
+    /// Pairs of the carved extents no page uses, `(free, all)`: allocatable, or freed and
+    /// waiting for a commit. Carved extents are not given back to data, so after deletes this
+    /// is room kept for later map pages (`zbd stat`).
+    pub fn free_of_carved(&self) -> (u64, u64) {
+        let all = self.metadata.len() as u64 * u64::from(self.geometry.pairs_per_extent);
+        let free = (self.allocatable.len() + self.pending.len()) as u64;
+        (free.min(all), all)
+    }
+
     /// The lowest allocatable id for a use other than a step, only while more than its floor
     /// and every claim remain.
     pub fn allocate(&mut self, usage: PairUse) -> Option<u32> {

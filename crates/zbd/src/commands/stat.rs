@@ -183,6 +183,17 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
             human(s.metadata_ram_bytes)
         ),
     );
+    if s.metadata_extent_bytes > 0 {
+        // Carved extents stay map space: after deletes their free pairs wait for later pages.
+        line(
+            "map extents",
+            format!(
+                "{} of the data area, {} of it in pairs no map page uses (kept for map pages)",
+                human(s.metadata_extent_bytes),
+                human(s.metadata_extent_free_bytes)
+            ),
+        );
+    }
     let r = &s.read_cache;
     let rate = |hits: u64, misses: u64| match hits + misses {
         0 => "-".to_string(),
@@ -388,7 +399,7 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     line(
         "data area used",
         format!(
-            "{:.1} % (live data and map pages){}; warning at {} %",
+            "{:.1} % (live data and map extents){}; warning at {} %",
             t.data_area_used_pct,
             if t.above_warn {
                 " (ABOVE THE WARNING THRESHOLD)"

@@ -569,6 +569,26 @@ fn versions_kept_by_snapshots_fill_the_data_area_before_enospc() {
     );
     vol.flush().expect("flush");
     assert_clean(&vol, "full");
+    // The snapshots' map pages go with them; their carved extents stay map space, and `zbd
+    // stat` says how much of it no page uses.
+    let (free_when_full, carved) = (s.metadata_extent_free_bytes, s.metadata_extent_bytes);
+    for v in 0..versions {
+        vol.delete_device(&format!("v{v}")).expect("delete");
+    }
+    vol.flush().expect("flush");
+    let s = vol.stats();
+    // (Deletes may carve too: their steps take pairs.)
+    assert!(
+        s.metadata_extent_bytes >= carved,
+        "carved extents stay map space"
+    );
+    assert!(
+        s.metadata_extent_free_bytes > free_when_full + carved / 4
+            && s.metadata_extent_free_bytes <= s.metadata_extent_bytes,
+        "{} of {carved} B of map extents free after the deletes, {free_when_full} B before",
+        s.metadata_extent_free_bytes,
+    );
+    assert_clean(&vol, "after the deletes");
 }
 
 /// `Volume::finish_delete` (what `zbd serve` runs for a delete a crash stopped) goes on by
