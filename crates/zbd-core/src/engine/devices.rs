@@ -378,20 +378,20 @@ impl Inner {
     }
 
     /// Clone `name` stops listing its origin (`Volume::flatten`), in one checkpoint; nothing
-    /// is copied. Whether it listed one before.
+    /// is copied. Whether it listed one before. The checkpoint is written even when it did
+    /// not, so a retry after a failed one makes the flag durable.
     pub fn flatten(&self, name: &str) -> Result<bool> {
         self.check_writable()?;
         let id = self.device_id(name)?;
+        self.checkpoint_first()?;
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         let VolumeMap::Tree(t) = &mut st.map else {
             return Err(Error::Invalid(format!("{name:?} is not a clone")));
         };
-        if !t.flatten(id)? {
-            return Ok(false);
-        }
+        let changed = t.flatten(id)?;
         st.checkpoint(&cx)?;
-        Ok(true)
+        Ok(changed)
     }
 
     /// The block ranges where devices `a` and `b` differ (`Volume::diff`), as (byte offset,

@@ -756,11 +756,14 @@ impl TreeMap {
         let row = self
             .row(id)
             .ok_or_else(|| Error::Invalid(format!("no device {id} in this volume")))?;
-        if row.kind != crate::format::DeviceKind::Clone || row.flags & ROW_FLAG_DELETING != 0 {
+        if row.kind != crate::format::DeviceKind::Clone {
             return Err(Error::Invalid(format!(
                 "{:?} is not a clone: only clones have an origin to flatten away",
                 row.name
             )));
+        }
+        if row.flags & ROW_FLAG_DELETING != 0 {
+            return Err(Error::Invalid(format!("{:?} is being deleted", row.name)));
         }
         if row.flags & ROW_FLAG_FLATTENED != 0 {
             return Ok(false);

@@ -528,8 +528,12 @@ impl PairAllocator {
     /// waiting for a commit. Carved extents are not given back to data, so after deletes this
     /// is room kept for later map pages (`zbd stat`).
     pub fn free_of_carved(&self) -> (u64, u64) {
-        let all = self.metadata.len() as u64 * u64::from(self.geometry.pairs_per_extent);
-        let free = (self.allocatable.len() + self.pending.len()) as u64;
+        let per_extent = u64::from(self.geometry.pairs_per_extent);
+        let all = self.metadata.len() as u64 * per_extent;
+        // Extents carved in a phase 1 not yet committed are free and not allocatable yet.
+        let free = (self.allocatable.len() + self.pending.len()) as u64
+            + self.carved.len() as u64 * per_extent;
+        debug_assert!(free <= all, "{free} free pairs of {all} carved");
         (free.min(all), all)
     }
 
