@@ -90,6 +90,7 @@ class Server:
         self.sock_dir = Path(tempfile.mkdtemp(prefix="zbd-sn-", dir="/run" if os.access("/run", os.W_OK) else None))
         self.sock, self.pidfile = self.sock_dir / "nbd.sock", vol.parent / f"{tag}.pid"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last_exit: int | None = None
         self.undo_entry = undo.push(f"stop zbd serve {tag}", self.stop)
         self.undo = undo
 
@@ -132,6 +133,7 @@ class Server:
     def stop(self) -> None:
         if self.proc:
             stop(self.proc)
+            self.last_exit = self.proc.returncode
             self.proc = None
         run(["rm", "-rf", str(self.sock_dir)], check=False)
 
@@ -435,6 +437,8 @@ def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
             if snapshots:
                 run([st.zbd, "snapshot", "create", f"{vol}@s{era}"])
         server.stop()
+        if server.last_exit != 0:
+            raise RuntimeError(f"first-write {arm}: zbd serve exited {server.last_exit} after the fill")
         passes: dict[str, Any] = {"snapshots": snapshots, "region_mb": region_mb}
         for name, offset_k in (("idle", None), ("pass1", 0), ("pass2", 4)):
             before = counters(vol)
@@ -446,6 +450,9 @@ def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
                     "rw": f"write:{stride_k}k", "bs": "4k", "iodepth": 16, "offset": f"{offset_k}k",
                     "size": f"{region_mb}M", "number_ios": writes, "end_fsync": 1})
             server.stop()
+            # Only a clean close writes the checkpoint whose counters this pass reads.
+            if server.last_exit != 0:
+                raise RuntimeError(f"first-write {arm} {name}: zbd serve exited {server.last_exit}")
             after = counters(vol)
             passes[name] = {"writes": writes, **{k: after[k] - before[k] for k in (
                 "metadata_bytes_written", "data_bytes_written", "checkpoints", "host_bytes_written")}}

@@ -301,6 +301,8 @@ def snapshots(zbd: str, repo: Path, settings: Settings, raw: Path) -> Result:
             "SNAP_DEL_S": "12",
             "SNAP_FW_SIZE": "1G",
             "SNAP_FW_MB": "256",
+            "SNAP_HOT_MB": "64",
+            "SNAP_HOT_ERAS": "10",
         }
     argv = ["/usr/bin/python3", str(repo / "scripts" / "bench-snapshots.py"), str(raw)]
     run_tool(argv, raw / "log.txt", env, repo, settings.progress)
