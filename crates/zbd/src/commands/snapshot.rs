@@ -1,6 +1,6 @@
-//! `zbd snapshot`, `zbd clone`, `zbd flatten`, `zbd rollback`, `zbd diff`: snapshots and clones of a volume's
-//! devices (design.md, "Copy on write"), offline or through a serving server's control socket
-//! (`device::perform`). `VOL@NAME` names device NAME of volume VOL.
+//! `zbd snapshot`, `zbd clone`, `zbd flatten`, `zbd rollback`, `zbd diff`: snapshots and clones
+//! of a volume's devices (design.md, "Copy on write"), offline or through a serving server's
+//! control socket (`device::perform`). `VOL@NAME` names device NAME of volume VOL.
 
 use super::device::{perform, Listed, Reply, Request};
 use super::human;
