@@ -108,19 +108,19 @@ impl Inner {
         let logical_in_use = (data + zero) * BLOCK_BYTES as u64;
         let c = st.counters;
         let written = c.data_bytes_written + c.metadata_bytes_written + c.cleaner_bytes_written;
+        let carved = count(ExtentState::Metadata) * eb;
         Stats {
             logical_bytes: self.size_bytes(),
             codec: self.codec.to_string(),
             extent_bytes: self.sb.extent_bytes,
             data_area_bytes: u64::from(self.sb.extent_count) * eb,
             // Carved metadata extents (bit 10) are metadata too, never data or dead space.
-            metadata_bytes: self.sb.metadata_bytes() + count(ExtentState::Metadata) * eb,
-            metadata_extent_bytes: count(ExtentState::Metadata) * eb,
+            metadata_bytes: self.sb.metadata_bytes() + carved,
+            metadata_extent_bytes: carved,
             metadata_extent_free_bytes: match &st.map {
                 crate::map::VolumeMap::Tree(t) => {
                     let (free, all) = t.carved_pairs_free();
-                    let carved = u128::from(count(ExtentState::Metadata) * eb);
-                    (carved * u128::from(free))
+                    (u128::from(carved) * u128::from(free))
                         .checked_div(u128::from(all))
                         .map_or(0, |b| b as u64)
                 }
