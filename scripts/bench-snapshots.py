@@ -137,6 +137,12 @@ class Server:
             self.proc = None
         run(["rm", "-rf", str(self.sock_dir)], check=False)
 
+    def stop_cleanly(self, what: str) -> None:
+        """`stop`, failing unless the server exited 0: only a clean close writes its checkpoint."""
+        self.stop()
+        if self.last_exit != 0:
+            raise RuntimeError(f"{what}: zbd serve exited {self.last_exit}")
+
 
 def fio(st: Settings, tag: str, uri: str, options: dict[str, Any]) -> dict[str, Any]:
     job = ["[global]", "ioengine=nbd", f"uri={uri}", "randrepeat=1", f"randseed={FIO_SEED}",
@@ -436,9 +442,7 @@ def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
                 "randseed": FIO_SEED + era})
             if snapshots:
                 run([st.zbd, "snapshot", "create", f"{vol}@s{era}"])
-        server.stop()
-        if server.last_exit != 0:
-            raise RuntimeError(f"first-write {arm}: zbd serve exited {server.last_exit} after the fill")
+        server.stop_cleanly(f"first-write {arm}, after the fill")
         passes: dict[str, Any] = {"snapshots": snapshots, "region_mb": region_mb}
         for name, offset_k in (("idle", None), ("pass1", 0), ("pass2", 4)):
             before = counters(vol)
@@ -449,10 +453,7 @@ def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
                 fio(st, f"first-{arm}-{name}", server.uri(), {
                     "rw": f"write:{stride_k}k", "bs": "4k", "iodepth": 16, "offset": f"{offset_k}k",
                     "size": f"{region_mb}M", "number_ios": writes, "end_fsync": 1})
-            server.stop()
-            # Only a clean close writes the checkpoint whose counters this pass reads.
-            if server.last_exit != 0:
-                raise RuntimeError(f"first-write {arm} {name}: zbd serve exited {server.last_exit}")
+            server.stop_cleanly(f"first-write {arm} {name}")  # the checkpoint whose counters it reads
             after = counters(vol)
             passes[name] = {"writes": writes, **{k: after[k] - before[k] for k in (
                 "metadata_bytes_written", "data_bytes_written", "checkpoints", "host_bytes_written")}}
