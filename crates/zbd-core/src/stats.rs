@@ -96,7 +96,8 @@ pub struct Stats {
     /// area's "used" counts with live data.
     pub metadata_extent_bytes: u64,
     /// The part of `metadata_extent_bytes` in pairs no map page uses (after snapshot deletes,
-    /// say): kept for later map pages, not given back to data.
+    /// say): later map pages take them; whole extent pairs beyond the carver's stock go back
+    /// to data at the next checkpoints.
     pub metadata_extent_free_bytes: u64,
     /// Blocks holding stored data.
     pub data_blocks: u64,

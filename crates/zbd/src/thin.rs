@@ -174,8 +174,8 @@ impl Threshold {
             format!(
                 "zbd: warning: data area {used:.1} % used ({} live data and {} map pages of {}), \
                  above the {warn_used_pct} % threshold; writes fail with ENOSPC when the free \
-                 space falls to the reserve ({}): trim or delete snapshots (which frees data; map \
-                 pages carved are not given back yet), or zbd grow --capacity (docs/operations.md, \
+                 space falls to the reserve ({}): trim or delete snapshots (which frees their data \
+                 and the map extents they emptied), or zbd grow --capacity (docs/operations.md, \
                  \"Thin provisioning\")",
                 human(space.live_bytes),
                 human(space.metadata_extent_bytes),

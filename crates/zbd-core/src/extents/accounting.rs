@@ -158,6 +158,13 @@ impl Extents {
         self.set_state(e, ExtentState::Metadata);
     }
 
+    /// Metadata extent `e` holds no page any more and goes back to data: pending free, so the
+    /// checkpoint that first lists it so releases it at its commit, like any emptied extent.
+    pub fn uncarve(&mut self, e: u32) {
+        debug_assert_eq!(self.infos[e as usize].state(), ExtentState::Metadata);
+        self.set_state(e, ExtentState::PendingFree);
+    }
+
     /// The metadata extents, ascending (open walks the table once; 1c's summaries replace it).
     pub fn metadata(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.infos.len() as u32)

@@ -342,6 +342,26 @@ impl TreeMap {
         want.div_ceil(self.catalog.store.geometry().pairs_per_extent as usize) as u32
     }
 
+    /// Phase 1 gives back to data, at most `max` at a time, the carved extent pairs no page
+    /// uses while the allocatable ids stay at or above the high watermark (and past the short
+    /// mark) without them, so the carver, which starts below the low one, does not take them
+    /// again at once. Create's stock (the last extents below `H`, sized for the default
+    /// device's interior pages) stays: returning it would make the carver take it back, 64
+    /// pairs a checkpoint, as the device fills. Their ids leave allocation now; the extents
+    /// are the caller's to free.
+    pub fn return_excess(&mut self, max: usize, look: usize) -> Result<Vec<u32>> {
+        let keep = self.short_at() + 1;
+        let g = self.catalog.store.geometry();
+        let stock_from = g.h - g.stock_extents(self.blocks());
+        let a = &mut self.catalog.store.alloc;
+        let keep = keep.max(a.watermarks().1);
+        let extents = a.returnable(keep, stock_from, max, look);
+        for &e in &extents {
+            a.withdraw(e)?;
+        }
+        Ok(extents)
+    }
+
     /// The extent holding copy 0 of page `id` (copy 1 is `H` above it); `None` in region 0.
     pub fn home_extent(&self, id: u32) -> Option<u32> {
         match self.catalog.store.geometry().home(id)? {

@@ -286,6 +286,15 @@ impl VolumeMap {
         }
     }
 
+    /// Phase 1 returns carved extent pairs no page uses, above the carver's high watermark
+    /// (`TreeMap::return_excess`): their copy-0 extents; none on v2.
+    pub fn return_excess(&mut self, max: usize, look: usize) -> Result<Vec<u32>> {
+        match self {
+            VolumeMap::Pages(_) => Ok(Vec::new()),
+            VolumeMap::Tree(t) => t.return_excess(max, look),
+        }
+    }
+
     /// Phase 1 carved extent `e` and its partner `e + H`.
     pub fn carve(&mut self, e: u32) -> Result<()> {
         match self {

@@ -525,8 +525,9 @@ impl PairAllocator {
     }
 
     /// Pairs of the carved extents no page uses, `(free, all)`: allocatable, or freed and
-    /// waiting for a commit. Carved extents are not given back to data, so after deletes this
-    /// is room kept for later map pages (`zbd stat`).
+    /// waiting for a commit. Only whole extents above the high watermark go back to data
+    /// (`returnable`), so after deletes most of this is room kept for later map pages
+    /// (`zbd stat`).
     pub fn free_of_carved(&self) -> (u64, u64) {
         let per_extent = u64::from(self.geometry.pairs_per_extent);
         let all = self.metadata.len() as u64 * per_extent;
@@ -578,6 +579,40 @@ impl PairAllocator {
         }
         self.carved.push(extent);
         Ok(())
+    }
+
+    /// Metadata extents (copy 0) below `below` every id of which is allocatable, highest
+    /// first: what a phase 1 may give back to data while `keep` allocatable ids and every
+    /// claim remain after them. At most `max` of them, from the `look` highest extents below
+    /// `below` that have an allocatable id (allocation takes the lowest ids first, so the top
+    /// is where whole extents empty).
+    pub fn returnable(&self, keep: usize, below: u32, max: usize, look: usize) -> Vec<u32> {
+        let per = self.geometry.pairs_per_extent as usize;
+        let floor = keep.max(self.claimed());
+        let mut left = self.allocatable.len();
+        let mut out = Vec::new();
+        let mut top = match self.geometry.id_in_extent(below, 0) {
+            Some(first) => self.allocatable.range(..first).next_back().copied(),
+            None => self.allocatable.last().copied(),
+        };
+        for _ in 0..look {
+            let Some(id) = top else { break };
+            if out.len() >= max || left < floor + per {
+                break;
+            }
+            let Some(PairHome::Extent { extent, .. }) = self.geometry.home(id) else {
+                break;
+            };
+            let ids = self.ids_of(extent);
+            // An id is allocatable, pending or in use: all allocatable means no page uses
+            // the extent, none waits for a commit, and it is not a carve still uncommitted.
+            if self.allocatable.range(ids.clone()).count() == per {
+                out.push(extent);
+                left -= per;
+            }
+            top = self.allocatable.range(..ids.start).next_back().copied();
+        }
+        out
     }
 
     /// Phase 1 chose `extent`'s pair for return (every id in it free): its ids leave allocation
@@ -858,6 +893,7 @@ mod tests {
         Free(usize),
         Carve(u32),
         Withdraw(u32),
+        Return(usize),
         Commit,
     }
 
@@ -870,6 +906,7 @@ mod tests {
             3 => (0usize..64).prop_map(Op::Free),
             1 => (0u32..40).prop_map(Op::Carve),
             1 => (0u32..40).prop_map(Op::Withdraw),
+            1 => (0usize..64).prop_map(Op::Return),
             2 => Just(Op::Commit),
         ]
     }
@@ -975,6 +1012,38 @@ mod tests {
                             metadata.remove(&e);
                             carved.remove(&e);
                             usable.retain(|&id| !matches!(g.home(id), Some(PairHome::Extent { extent, .. }) if extent == e));
+                        }
+                    }
+                    Op::Return(keep) => {
+                        // What a phase 1 gives back: whole extents of usable ids, the highest
+                        // first, leaving `keep` and every claim; the top one when it qualifies.
+                        let per = g.pairs_per_extent as usize;
+                        let extent_of = |id: u32| match g.home(id) {
+                            Some(PairHome::Extent { extent, .. }) => extent,
+                            _ => u32::MAX,
+                        };
+                        let whole = |e: u32| {
+                            let first = g.id_in_extent(e, 0).expect("below H");
+                            (first..first + g.pairs_per_extent).all(|id| usable.contains(&id))
+                        };
+                        let floor = keep.max(claimed);
+                        let back = a.returnable(keep, 30, 4, 8);
+                        prop_assert!(back.iter().all(|&e| e < 30), "{:?}", back);
+                        prop_assert!(back.windows(2).all(|w| w[0] > w[1]), "{:?}", back);
+                        prop_assert!(back.is_empty() || usable.len() >= floor + per * back.len());
+                        let below = g.id_in_extent(30, 0).expect("below H");
+                        if let Some(top) = usable.range(..below).next_back().map(|&id| extent_of(id)) {
+                            if whole(top) && usable.len() >= floor + per {
+                                prop_assert_eq!(back.first().copied(), Some(top));
+                            }
+                        }
+                        for &e in &back {
+                            prop_assert!(metadata.contains(&e) && whole(e), "extent {} is not free", e);
+                        }
+                        for e in back {
+                            a.withdraw(e).expect("a returnable extent");
+                            metadata.remove(&e);
+                            usable.retain(|&id| extent_of(id) != e);
                         }
                     }
                     Op::Commit => {

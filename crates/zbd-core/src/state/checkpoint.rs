@@ -21,6 +21,9 @@ use std::sync::Arc;
 /// made up over the next checkpoints (the carver asks for them while ids run low).
 const CARVE_LOOK_MAX: usize = 16_384;
 const CARVE_PAIRS_MAX: usize = 64;
+/// Extent pairs one phase 1 returns at most, and the extents with a free id it looks at.
+const RETURN_PAIRS_MAX: usize = 64;
+const RETURN_LOOK_MAX: usize = 1024;
 /// Runs of the free list looked through for a fresh extent's partner (`fresh_extents`).
 const PAIR_LOOK_RUNS: usize = 4096;
 
@@ -103,6 +106,29 @@ impl State {
         Ok(())
     }
 
+    /// Returns of stock (design, "Space for metadata"), in a first form: at a phase 1, carved
+    /// extent pairs no page uses go back to data while the allocatable ids stay at or above
+    /// the carver's high watermark without them (after snapshot deletes, say). Each extent of
+    /// the pair becomes pending free before `released` is taken, so this checkpoint writes
+    /// its table state and releases it at its commit, as it does an emptied data extent: no
+    /// data lands in it before a durable checkpoint no longer names it metadata, and no page
+    /// does either (its ids left allocation here). Not in replay, like carving.
+    fn return_stock(&mut self) -> Result<()> {
+        if !self.carving {
+            return Ok(());
+        }
+        let Some(h) = self.map.partner_offset() else {
+            return Ok(());
+        };
+        for e in self.map.return_excess(RETURN_PAIRS_MAX, RETURN_LOOK_MAX)? {
+            for x in [e, e + h] {
+                self.extents.uncarve(x);
+                self.table.touch(x);
+            }
+        }
+        Ok(())
+    }
+
     /// The `want` extents the next allocation queue gains: the free list's first, then the
     /// released ones, and after them their carving partners (`e` and `e + H`) that are free
     /// in the list's first runs, in the same order, so a run of data written in one go still
@@ -173,6 +199,7 @@ impl State {
         }
         // Before the snapshots: the slot's extent table names the carved extents as metadata.
         self.carve_stock()?;
+        self.return_stock()?;
         let (mut writes, mut pages) = self.map.snapshot(seq)?;
         self.counters.metadata_bytes_written += match &pages {
             MapSnapshot::Pages(p) => p.bytes,

@@ -184,11 +184,12 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
         ),
     );
     if s.metadata_extent_bytes > 0 {
-        // Carved extents stay map space: after deletes their free pairs wait for later pages.
+        // After deletes, free pairs wait for later pages; whole extents beyond the stock go
+        // back to data at the next checkpoints.
         line(
             "map extents",
             format!(
-                "{} of the data area, {} of it in pairs no map page uses (kept for map pages)",
+                "{} of the data area, {} of it in pairs no map page uses",
                 human(s.metadata_extent_bytes),
                 human(s.metadata_extent_free_bytes)
             ),
