@@ -274,8 +274,10 @@ pub struct DeviceInfo {
     pub id: u32,
     /// Name: the NBD export name (the default device is also the default export).
     pub name: String,
-    /// "default", "snapshot", "clone", "writable", or "deleting" (a delete that a crash or an
-    /// error stopped: deleting it again finishes).
+    /// "default", "snapshot", "clone", "writable", "deleting" (a delete that a crash or an
+    /// error stopped: deleting it again finishes) or "rolling back" (a rollback under way, or
+    /// stopped part way by a crash or an error: it may read part emptied until rolling back
+    /// again finishes; `zbd serve` does that before it serves).
     pub kind: &'static str,
     /// What it was made as: `kind`, but never "deleting" (a snapshot being deleted is still
     /// listed among the snapshots, as such).
@@ -291,7 +293,7 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    pub(crate) fn of(row: &crate::format::DeviceRow) -> DeviceInfo {
+    pub(crate) fn of(row: &crate::format::DeviceRow, rolling_back: bool) -> DeviceInfo {
         let deleting = row.flags & crate::format::ROW_FLAG_DELETING != 0;
         let made_as = match row.kind {
             crate::format::DeviceKind::Default => "default",
@@ -302,7 +304,13 @@ impl DeviceInfo {
         DeviceInfo {
             id: row.id,
             name: row.name.clone(),
-            kind: if deleting { "deleting" } else { made_as },
+            kind: if deleting {
+                "deleting"
+            } else if rolling_back {
+                "rolling back"
+            } else {
+                made_as
+            },
             made_as,
             size_bytes: row.blocks * crate::format::BLOCK_BYTES as u64,
             created_at: row.created_at,

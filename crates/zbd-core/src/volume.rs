@@ -212,6 +212,13 @@ impl Volume {
         r
     }
 
+    /// Rollbacks a crash or an error stopped part way, as (device, snapshot) names: each
+    /// device is listed as "rolling back" and may read part emptied until `rollback` with the
+    /// same names finishes it.
+    pub fn unfinished_rollbacks(&self) -> Vec<(String, String)> {
+        self.inner.unfinished_rollbacks()
+    }
+
     /// Byte ranges (offset, length) where devices `a` and `b` (of one size: a device and its
     /// snapshots, or two snapshots) differ; pages they share are not read.
     pub fn diff(&self, a: &str, b: &str) -> Result<Vec<(u64, u64)>> {

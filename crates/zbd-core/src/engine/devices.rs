@@ -35,7 +35,13 @@ impl Inner {
     /// The devices of `map`, this volume's (its state lock held).
     pub(super) fn devices_of(&self, map: &VolumeMap) -> Vec<DeviceInfo> {
         match map {
-            VolumeMap::Tree(t) => t.devices().iter().map(DeviceInfo::of).collect(),
+            VolumeMap::Tree(t) => {
+                let rolling: Vec<u32> = t.unfinished_rollbacks().iter().map(|r| r.0).collect();
+                t.devices()
+                    .iter()
+                    .map(|r| DeviceInfo::of(r, rolling.contains(&r.id)))
+                    .collect()
+            }
             VolumeMap::Pages(_) => vec![DeviceInfo {
                 id: DEFAULT_DEVICE,
                 name: "default".into(),
@@ -161,6 +167,16 @@ impl Inner {
             return Err(Error::Invalid(
                 "the default device is the volume's own: it cannot be deleted".into(),
             ));
+        }
+        if let Some((d, _)) = self
+            .unfinished_rollbacks()
+            .into_iter()
+            .find(|(_, s)| s == name)
+        {
+            return Err(Error::Invalid(format!(
+                "{name:?} is the snapshot an unfinished rollback of {d:?} goes to: roll {d:?} \
+                 back to it first (zbd rollback VOL@{name})"
+            )));
         }
         if !self.deleting(id) {
             let (size, writable) = self.device_size(id)?;
@@ -349,10 +365,11 @@ impl Inner {
         Ok(id)
     }
 
-    /// Rolls writable device `name` back to its snapshot `snapshot` (`Volume::rollback`):
-    /// the device is emptied through the trim path (its pages given up in logged steps),
-    /// then names the snapshot's tree in one checkpoint. A crash between leaves it empty;
-    /// rolling back again finishes.
+    /// Rolls writable device `name` back to its snapshot `snapshot` (`Volume::rollback`): a
+    /// checkpoint marks the snapshot as the target, the device is emptied through the trim
+    /// path (its pages given up in logged steps), then names the snapshot's tree and loses
+    /// the mark in one checkpoint. A crash or an error between leaves it part emptied,
+    /// listed as "rolling back" (`unfinished_rollbacks`); rolling back again finishes.
     pub fn rollback(&self, name: &str, snapshot: &str) -> Result<()> {
         self.check_writable()?;
         let id = self.device_id(name)?;
@@ -367,14 +384,37 @@ impl Inner {
         if !writable || row.size_bytes != size {
             return Err(Error::Invalid(format!("{name:?} cannot be rolled back")));
         }
+        self.checkpoint_first()?;
+        {
+            let mut st = self.lock_for_write();
+            let cx = self.ctx();
+            Self::tree_of(&mut st).mark_rollback(id, Some(snap))?;
+            st.checkpoint(&cx)?;
+        }
         self.emptied(id, name, size)?;
         self.checkpoint_first()?;
         let mut st = self.lock_for_write();
         let cx = self.ctx();
         Self::check_empty(&mut st, id, name, size)?;
-        Self::tree_of(&mut st).share_tree(snap, id)?;
+        let t = Self::tree_of(&mut st);
+        t.share_tree(snap, id)?;
+        t.mark_rollback(id, None)?;
         st.checkpoint(&cx)?;
         Ok(())
+    }
+
+    /// Rollbacks a crash or an error stopped, as (device, snapshot) names: `zbd serve`
+    /// finishes them before it serves.
+    pub fn unfinished_rollbacks(&self) -> Vec<(String, String)> {
+        let st = self.state.lock();
+        let VolumeMap::Tree(t) = &st.map else {
+            return Vec::new();
+        };
+        let name = |id: u32| t.row(id).map(|r| r.name.clone()).unwrap_or_default();
+        t.unfinished_rollbacks()
+            .into_iter()
+            .map(|(d, s)| (name(d), name(s)))
+            .collect()
     }
 
     /// Clone `name` stops listing its origin (`Volume::flatten`), in one checkpoint; nothing

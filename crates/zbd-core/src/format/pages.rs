@@ -469,10 +469,17 @@ pub const ROW_FLAG_DELETING: u16 = 4;
 /// its origin here (it holds its own references to every page and block it shares), so the
 /// flag changes listings only.
 pub const ROW_FLAG_FLATTENED: u16 = 2;
-/// Row flag bits this build knows (read-only, origin hidden by flatten, being deleted). A row
-/// with another bit set was written by a build with a device state this one cannot honour
-/// (bit 2 came without a checkpoint flag of its own), so it is refused, never ignored.
-const ROW_FLAGS_KNOWN: u16 = 0b111;
+/// Snapshot row flag: the snapshot's origin (`parent`) is being rolled back to it. Set by a
+/// checkpoint before the origin is emptied and cleared by the one that gives it the
+/// snapshot's tree, so an origin a crash left half emptied is listed as "rolling back" and
+/// the rollback can be finished (`zbd serve` does it before it serves), never served as if
+/// whole.
+pub const ROW_FLAG_ROLLBACK_TARGET: u16 = 8;
+/// Row flag bits this build knows (read-only, origin hidden by flatten, being deleted,
+/// rollback target). A row with another bit set was written by a build with a device state
+/// this one cannot honour (bit 2 came without a checkpoint flag of its own), so it is
+/// refused, never ignored.
+const ROW_FLAGS_KNOWN: u16 = 0b1111;
 
 /// One device row (128 bytes; docs/format.md, "Device row").
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -486,7 +493,8 @@ pub struct DeviceRow {
     /// Levels of its map tree, leaves included.
     pub depth: u8,
     /// Bit 0 read-only, bit 1 origin hidden by flatten ([`ROW_FLAG_FLATTENED`]), bit 2 being
-    /// deleted ([`ROW_FLAG_DELETING`]).
+    /// deleted ([`ROW_FLAG_DELETING`]), bit 3 the target of its origin's unfinished rollback
+    /// ([`ROW_FLAG_ROLLBACK_TARGET`]).
     pub flags: u16,
     /// Root of its map tree.
     pub root: ChildSlot,

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::format::{
     key_device, key_lba, BlockState, Checkpoint, DeviceRow, ExtensionBody, MapEntry, PageAddress,
     PageKind, Superblock, MAP_ENTRIES_PER_PAGE, ROW_FLAG_DELETING, ROW_FLAG_FLATTENED,
+    ROW_FLAG_ROLLBACK_TARGET,
 };
 use crate::meta::catalog::Catalog;
 use crate::meta::devices::{default_row, DEFAULT_DEVICE, DEVICES_MAX};
@@ -792,6 +793,42 @@ impl TreeMap {
             .devices
             .update(id, |r| r.flags |= ROW_FLAG_FLATTENED)?;
         Ok(true)
+    }
+
+    /// Marks `target` (a snapshot of `device`, or none) as the snapshot `device` is being
+    /// rolled back to ([`ROW_FLAG_ROLLBACK_TARGET`]), clearing the mark on every other
+    /// snapshot of `device`: a row change the caller's checkpoint makes durable.
+    pub fn mark_rollback(&mut self, device: u32, target: Option<u32>) -> Result<()> {
+        let marked: Vec<u32> = self
+            .catalog
+            .devices
+            .rows()
+            .filter(|r| r.parent == device && r.flags & ROW_FLAG_ROLLBACK_TARGET != 0)
+            .map(|r| r.id)
+            .collect();
+        for id in marked.into_iter().filter(|&id| Some(id) != target) {
+            self.catalog
+                .devices
+                .update(id, |r| r.flags &= !ROW_FLAG_ROLLBACK_TARGET)?;
+        }
+        if let Some(t) = target {
+            self.catalog
+                .devices
+                .update(t, |r| r.flags |= ROW_FLAG_ROLLBACK_TARGET)?;
+        }
+        Ok(())
+    }
+
+    /// Rollbacks a crash or an error stopped: (device, snapshot) ids, from the marked
+    /// snapshots whose origin is still there.
+    pub fn unfinished_rollbacks(&self) -> Vec<(u32, u32)> {
+        self.catalog
+            .devices
+            .rows()
+            .filter(|r| r.flags & ROW_FLAG_ROLLBACK_TARGET != 0)
+            .filter(|r| self.row(r.parent).is_some() && !self.deleting(r.parent))
+            .map(|r| (r.parent, r.id))
+            .collect()
     }
 
     /// Whether device `id` is being deleted.

@@ -188,6 +188,16 @@ pub fn perform(path: &Path, ceph: &CephArgs, request: &Request) -> Result<Reply>
                 path.display()
             );
         }
+        if answer.trim().is_empty() {
+            // The server went away mid-operation (a crash, a kill): what it did is durable
+            // up to its last checkpoint; listings say where it stopped.
+            bail!(
+                "the server of {} closed the connection before answering: the operation may \
+                 have stopped part way (`zbd device list` shows a device \"deleting\" or \
+                 \"rolling back\"; repeating the command finishes it)",
+                path.display()
+            );
+        }
         return serde_json::from_str(answer.trim())
             .with_context(|| format!("unreadable answer from the server: {answer:?}"));
     }

@@ -359,12 +359,18 @@ impl Drop for OpenGuard {
     }
 }
 
+/// Whether a device of `kind` is offered: not one being deleted, nor one a rollback is
+/// emptying (or left part emptied: it would read with holes where its data was).
+fn exported(kind: &str) -> bool {
+    kind != "deleting" && kind != "rolling back"
+}
+
 impl zbd_nbd::Directory for VolumeDirectory {
     fn names(&self) -> Vec<String> {
         let devices = self.served.with(|v| v.devices()).unwrap_or_default();
         devices
             .into_iter()
-            .filter(|d| d.id != DEFAULT_DEVICE && d.kind != "deleting")
+            .filter(|d| d.id != DEFAULT_DEVICE && exported(d.kind))
             .map(|d| d.name)
             .collect()
     }
@@ -373,7 +379,7 @@ impl zbd_nbd::Directory for VolumeDirectory {
         let devices = self.served.with(|v| v.devices()).ok()?;
         let d = devices
             .into_iter()
-            .find(|d| d.name == name && d.id != DEFAULT_DEVICE && d.kind != "deleting")?;
+            .find(|d| d.name == name && d.id != DEFAULT_DEVICE && exported(d.kind))?;
         Some(Arc::new(VolumeExport {
             served: Arc::clone(&self.served),
             device: d.id,
@@ -986,6 +992,29 @@ pub struct ServedInfo {
     pub metrics: Option<String>,
 }
 
+/// Finishes each rollback a crash or an error stopped part way (a device listed as "rolling
+/// back", part emptied) before the pidfile says the server is ready: left alone, the device
+/// would be served with holes where its data was. One that fails again is logged and stays
+/// listed so; `zbd rollback` of it retries.
+fn finish_rollbacks(served: &Arc<ServedVolume>) {
+    for (device, snapshot) in served
+        .with(|v| v.unfinished_rollbacks())
+        .unwrap_or_default()
+    {
+        crate::log::line(format!(
+            "zbd: finishing the rollback of {device:?} to {snapshot:?}, which stopped part way"
+        ));
+        match served.with(|v| v.rollback(&device, &snapshot)) {
+            Ok(Ok(())) => crate::log::line(format!("zbd: rolled {device:?} back to {snapshot:?}")),
+            Ok(Err(e)) => crate::log::line(format!(
+                "zbd: the rollback of {device:?} to {snapshot:?} stopped again: {e} (it reads \
+                 part emptied; `zbd rollback VOL@{snapshot}` retries)"
+            )),
+            Err(_) => return,
+        }
+    }
+}
+
 /// Finishes, on its own thread while I/O goes on, each delete that a crash or an error stopped
 /// part way (devices listed as "deleting"): until then its space stays taken, and nobody may
 /// remember to repeat the delete. By id, in checkpointed steps, holding the served volume a
@@ -1237,6 +1266,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     };
     let _control = start_control(&served, args.volume(), info, &requests, &open)?;
     if !args.read_only {
+        finish_rollbacks(&served);
         spawn_finish_deletes(&served)?;
     }
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;

@@ -727,6 +727,93 @@ fn returned_map_extents_survive_power_cuts() {
     }
 }
 
+/// A rollback of a clone to its own snapshot under a power cut at every stride of its storage
+/// operations: the clone reads as it was, or as the snapshot, or is listed as "rolling back"
+/// (it may read part emptied: the rollback empties it before it takes the snapshot's tree),
+/// and then rolling back again gives it the snapshot's bytes. Never a clone that reads part
+/// emptied and lists as whole: before the mark, a crash here left holes where its data was
+/// and `check` clean.
+#[test]
+fn a_rollback_a_crash_stops_is_listed_and_finished() {
+    let (disk, vol) = sim_volume(&opts(false));
+    let mut rng = SmallRng::seed_from_u64(52);
+    let base: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &base, false).expect("write");
+    vol.snapshot("default", "a").expect("snapshot");
+    let c = vol.clone_snapshot("a", "c").expect("clone");
+    let mut at_s = base.clone();
+    for _ in 0..100 {
+        let i = rng.random_range(0..BLOCKS);
+        let b = part_random(&mut rng);
+        vol.write_in(c, (i * BS) as u64, &b, false).expect("write");
+        at_s[i * BS..(i + 1) * BS].copy_from_slice(&b);
+    }
+    vol.snapshot("c", "s").expect("snapshot");
+    let mut before = at_s.clone();
+    for _ in 0..200 {
+        let i = rng.random_range(0..BLOCKS);
+        let b = part_random(&mut rng);
+        vol.write_in(c, (i * BS) as u64, &b, false).expect("write");
+        before[i * BS..(i + 1) * BS].copy_from_slice(&b);
+    }
+    vol.close().expect("close");
+    let image = disk.current_image();
+    let mut stopped = 0;
+    let mut run = |cut: Option<u64>| -> u64 {
+        let disk = Arc::new(SimStorage::from_image(image.clone()));
+        let vol = reopen(&disk);
+        let ops0 = disk.ops();
+        if let Some(k) = cut {
+            disk.set_power_loss_at(ops0 + k);
+        }
+        let done = vol.rollback("c", "s").is_ok();
+        assert!(done || cut.is_some(), "rollback");
+        let ops = disk.ops() - ops0;
+        let crashed = disk.crash_image(&mut SmallRng::seed_from_u64(cut.unwrap_or(0)));
+        vol.abandon();
+        let vol = reopen(&Arc::new(SimStorage::from_image(crashed)));
+        let ctx = format!("cut at {cut:?}");
+        assert_clean(&vol, &ctx);
+        let kind = vol
+            .devices()
+            .into_iter()
+            .find(|d| d.name == "c")
+            .map(|d| d.kind);
+        let got = read_all(&vol, "c");
+        if kind == Some("rolling back") {
+            assert_eq!(
+                vol.unfinished_rollbacks(),
+                [("c".to_string(), "s".to_string())],
+                "{ctx}"
+            );
+            assert!(
+                vol.delete_device("s").is_err(),
+                "{ctx}: the target of an unfinished rollback was deleted"
+            );
+            stopped += 1;
+            vol.rollback("c", "s").expect("rollback again");
+            assert!(vol.unfinished_rollbacks().is_empty(), "{ctx}");
+            assert_device(&vol, "c", &at_s, &ctx);
+        } else {
+            assert_eq!(kind, Some("clone"), "{ctx}");
+            assert!(
+                got == before || got == at_s,
+                "{ctx}: c reads neither as it was nor as its snapshot, and lists as whole"
+            );
+        }
+        assert_device(&vol, "s", &at_s, &ctx);
+        assert_device(&vol, "a", &base, &ctx);
+        assert_clean(&vol, &ctx);
+        ops
+    };
+    let total = run(None);
+    let step = (total / full_or_light(60, 15)).max(1);
+    for cut in (0..total).step_by(step as usize) {
+        run(Some(cut));
+    }
+    assert!(stopped > 0, "no cut stopped the rollback part way");
+}
+
 /// `Volume::finish_delete` (what `zbd serve` runs for a delete a crash stopped) goes on by
 /// id, a bounded stretch of steps per call: with its time already passed each call makes one
 /// step, so a multi-step delete takes several calls, and the volume is clean after each.
