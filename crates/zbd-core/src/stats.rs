@@ -279,8 +279,8 @@ pub struct DeviceInfo {
     /// stopped part way by a crash or an error: it may read part emptied until rolling back
     /// again finishes; `zbd serve` does that before it serves).
     pub kind: &'static str,
-    /// What it was made as: `kind`, but never "deleting" (a snapshot being deleted is still
-    /// listed among the snapshots, as such).
+    /// What it was made as: `kind`, but never "deleting" or "rolling back" (a snapshot being
+    /// deleted is still listed among the snapshots, as such).
     pub made_as: &'static str,
     /// Logical size in bytes.
     pub size_bytes: u64,

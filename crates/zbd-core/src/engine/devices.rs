@@ -98,6 +98,7 @@ impl Inner {
     /// Makes a new writable device (`Volume::create_device`).
     pub fn create_device(&self, name: &str, size: u64) -> Result<u32> {
         self.check_writable()?;
+        let _ops = self.device_ops.lock();
         if size == 0 || !size.is_multiple_of(BLOCK_BYTES as u64) {
             return Err(Error::Invalid(format!(
                 "device size {size}: a positive multiple of 4096 bytes"
@@ -162,6 +163,7 @@ impl Inner {
     /// finishes.
     pub fn delete_device(&self, name: &str) -> Result<()> {
         self.check_writable()?;
+        let _ops = self.device_ops.lock();
         let id = self.device_id(name)?;
         if id == DEFAULT_DEVICE {
             return Err(Error::Invalid(
@@ -194,7 +196,10 @@ impl Inner {
             }
             // From this checkpoint on no record names the device and no request reaches
             // it: what replay rebuilds never writes under a tree being given up.
-            Self::tree_of(&mut st).mark_deleting(id)?;
+            // A rollback of it that stopped part way has nothing left to finish.
+            let t = Self::tree_of(&mut st);
+            t.mark_rollback(id, None)?;
+            t.mark_deleting(id)?;
             st.checkpoint(&cx)?;
         }
         self.release_steps(id, None)
@@ -208,6 +213,7 @@ impl Inner {
     /// of that id is left (another delete finished it).
     pub fn finish_delete(&self, id: u32, until: std::time::Instant) -> Result<bool> {
         self.check_writable()?;
+        let _ops = self.device_ops.lock();
         if !self.deleting(id) {
             let not = Error::Invalid(format!("device {id} is not being deleted"));
             return self.gone_is_done(id, not);
@@ -334,6 +340,7 @@ impl Inner {
 
     fn add_shared(&self, source: u32, kind: DeviceKind, name: &str) -> Result<u32> {
         self.check_writable()?;
+        let _ops = self.device_ops.lock();
         if self.ctx().form.flags & SEG_FLAG_WIDE_RECORDS == 0 {
             return Err(Error::Invalid(
                 "snapshots need a volume with metadata pages and 64-byte records \
@@ -350,6 +357,13 @@ impl Inner {
                 "snapshots need a volume with metadata pages (zbd create --metadata-pages)".into(),
             ));
         };
+        // A device a rollback has emptied part way would give a snapshot or clone its holes.
+        if t.unfinished_rollbacks().iter().any(|&(d, _)| d == source) {
+            return Err(Error::Invalid(format!(
+                "{name:?}: its source is being rolled back (listed as \"rolling back\"): \
+                 finish the rollback first"
+            )));
+        }
         let id = t.add_shared_device(source, kind, name, created)?;
         if id > DEVICE_KEY_MAX {
             t.release_device(id, |_| {})?;
@@ -372,6 +386,7 @@ impl Inner {
     /// listed as "rolling back" (`unfinished_rollbacks`); rolling back again finishes.
     pub fn rollback(&self, name: &str, snapshot: &str) -> Result<()> {
         self.check_writable()?;
+        let _ops = self.device_ops.lock();
         let id = self.device_id(name)?;
         let snap = self.device_id(snapshot)?;
         let row = self
@@ -422,6 +437,7 @@ impl Inner {
     /// not, so a retry after a failed one makes the flag durable.
     pub fn flatten(&self, name: &str) -> Result<bool> {
         self.check_writable()?;
+        let _ops = self.device_ops.lock();
         let id = self.device_id(name)?;
         self.checkpoint_first()?;
         let mut st = self.lock_for_write();

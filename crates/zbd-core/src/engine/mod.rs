@@ -219,6 +219,11 @@ pub(crate) struct Inner {
     clean_idle_seq: AtomicU64,
     /// Trained dictionaries (dicts.rs).
     dicts: crate::dicts::Dicts,
+    /// Held by each device operation (create, delete, snapshot, clone, rollback, flatten)
+    /// for its whole run, outside the state lock: their checks and their checkpointed
+    /// steps are not atomic together, so two of them (a rollback and its retry, a delete of
+    /// a rollback's target) must not interleave.
+    device_ops: Mutex<()>,
     /// The inline dedup index, when this open deduplicates (engine/dedup/inline.rs).
     dedup: Option<dedup::InlineDedup>,
 }

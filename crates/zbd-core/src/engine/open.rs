@@ -400,6 +400,7 @@ impl Inner {
             ckpt_in_background: AtomicBool::new(false),
             ckpt_requested: AtomicBool::new(false),
             dedup,
+            device_ops: Mutex::new(()),
         };
         if !vol.read_only {
             // Make the replayed state durable and start a fresh allocation queue.

@@ -72,8 +72,8 @@ impl State {
         cx.dicts.resume();
     }
 
-    /// Stock carving, in a first form (design, "Space for metadata"; no returns, no partner
-    /// passes, no demand carving for waiting steps yet): at a phase 1 of a bit-10 volume whose
+    /// Stock carving, in a first form (design, "Space for metadata"; returns in
+    /// `return_stock`; no partner passes, no demand carving for waiting steps yet): at a phase 1 of a bit-10 volume whose
     /// allocatable page ids ran low, takes extents `e < H` whose partner `e + H` is free too,
     /// both from the free list (never from an allocation queue), as metadata, while host
     /// payload stays above its floor after each pair. Their ids become allocatable when this

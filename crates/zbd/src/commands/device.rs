@@ -236,12 +236,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (Reply::List(rows), _) if json => println!("{}", serde_json::to_string_pretty(&rows)?),
         (Reply::List(rows), _) => {
             println!(
-                "{:<4} {:<24} {:<9} {:>12} {:>12} {:>12} {:>12}",
+                "{:<4} {:<24} {:<12} {:>12} {:>12} {:>12} {:>12}",
                 "ID", "NAME", "KIND", "SIZE", "MAPPED", "REFER", "UNIQUE"
             );
             for d in &rows {
                 println!(
-                    "{:<4} {:<24} {:<9} {:>12} {:>12} {:>12} {:>12}",
+                    "{:<4} {:<24} {:<12} {:>12} {:>12} {:>12} {:>12}",
                     d.id,
                     d.name,
                     d.kind,

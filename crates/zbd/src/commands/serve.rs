@@ -993,26 +993,54 @@ pub struct ServedInfo {
 }
 
 /// Finishes each rollback a crash or an error stopped part way (a device listed as "rolling
-/// back", part emptied) before the pidfile says the server is ready: left alone, the device
-/// would be served with holes where its data was. One that fails again is logged and stays
-/// listed so; `zbd rollback` of it retries.
-fn finish_rollbacks(served: &Arc<ServedVolume>) {
-    for (device, snapshot) in served
-        .with(|v| v.unfinished_rollbacks())
-        .unwrap_or_default()
-    {
-        crate::log::line(format!(
-            "zbd: finishing the rollback of {device:?} to {snapshot:?}, which stopped part way"
-        ));
-        match served.with(|v| v.rollback(&device, &snapshot)) {
-            Ok(Ok(())) => crate::log::line(format!("zbd: rolled {device:?} back to {snapshot:?}")),
-            Ok(Err(e)) => crate::log::line(format!(
-                "zbd: the rollback of {device:?} to {snapshot:?} stopped again: {e} (it reads \
-                 part emptied; `zbd rollback VOL@{snapshot}` retries)"
-            )),
-            Err(_) => return,
+/// back", part emptied) before the pidfile says the server is ready (read-write serves
+/// only): left alone, the device would be served with holes where its data was. A named
+/// device that fails again is logged, stays listed so and is not exported; the default
+/// device, always exported, keeps the server from starting instead, since writes to it
+/// would be wiped by the rollback that finishes later.
+fn finish_rollbacks(served: &Arc<ServedVolume>, read_only: bool, volume: &Path) -> Result<()> {
+    if !read_only {
+        for (device, snapshot) in served
+            .with(|v| v.unfinished_rollbacks())
+            .unwrap_or_default()
+        {
+            crate::log::line(format!(
+                "zbd: finishing the rollback of {device:?} to {snapshot:?}, which stopped part way"
+            ));
+            match served.with(|v| v.rollback(&device, &snapshot)) {
+                Ok(Ok(())) => {
+                    crate::log::line(format!("zbd: rolled {device:?} back to {snapshot:?}"))
+                }
+                Ok(Err(e)) => crate::log::line(format!(
+                    "zbd: the rollback of {device:?} to {snapshot:?} stopped again: {e} (it is \
+                     not served; `zbd rollback VOL@{snapshot}` retries)"
+                )),
+                Err(_) => return Ok(()),
+            }
         }
     }
+    let devices = served.with(|v| v.devices()).unwrap_or_default();
+    let default = devices.iter().find(|d| d.id == DEFAULT_DEVICE);
+    if let Some(d) = default.filter(|d| d.kind == "rolling back") {
+        let snapshot = served
+            .with(|v| v.unfinished_rollbacks())
+            .unwrap_or_default()
+            .into_iter()
+            .find(|(dev, _)| *dev == d.name)
+            .map_or_else(|| "SNAP".to_string(), |(_, s)| s);
+        let why = if read_only {
+            "a read-only serve cannot finish it"
+        } else {
+            "finishing it failed"
+        };
+        bail!(
+            "the default device of {} is part emptied by a rollback that stopped (listed as \
+             \"rolling back\"), and {why}: run `zbd rollback {}@{snapshot}` offline first",
+            volume.display(),
+            volume.display()
+        );
+    }
+    Ok(())
 }
 
 /// Finishes, on its own thread while I/O goes on, each delete that a crash or an error stopped
@@ -1265,8 +1293,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         metrics: metrics.map(|bound| bound.to_string()),
     };
     let _control = start_control(&served, args.volume(), info, &requests, &open)?;
+    finish_rollbacks(&served, args.read_only, args.volume())?;
     if !args.read_only {
-        finish_rollbacks(&served);
         spawn_finish_deletes(&served)?;
     }
     let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;

@@ -790,6 +790,11 @@ fn a_rollback_a_crash_stops_is_listed_and_finished() {
                 vol.delete_device("s").is_err(),
                 "{ctx}: the target of an unfinished rollback was deleted"
             );
+            assert!(
+                vol.snapshot("c", "x").is_err() && vol.clone_snapshot("s", "y").is_ok(),
+                "{ctx}: a snapshot of a part-emptied device was taken, or of its target refused"
+            );
+            vol.delete_device("y").expect("delete");
             stopped += 1;
             vol.rollback("c", "s").expect("rollback again");
             assert!(vol.unfinished_rollbacks().is_empty(), "{ctx}");
