@@ -1709,18 +1709,18 @@ mod tests {
         assert!(DeviceRow::decode(&b).is_err());
         b[8] = 1;
         // Every known flag decodes; any other bit is refused by name.
-        for known in [1u16, 2, 4, 7] {
+        for known in [1u16, 2, 4, 8, 15] {
             b[10..12].copy_from_slice(&known.to_le_bytes());
             assert_eq!(
                 DeviceRow::decode(&b).expect("known flags").map(|r| r.flags),
                 Some(known)
             );
         }
-        b[10..12].copy_from_slice(&0x0108u16.to_le_bytes());
+        b[10..12].copy_from_slice(&0x0118u16.to_le_bytes());
         let e = DeviceRow::decode(&b)
             .expect_err("unknown flag bits")
             .to_string();
-        assert!(e.contains("flag bits 0x0108"), "{e}");
+        assert!(e.contains("flag bits 0x0110"), "{e}");
         // Pair list: a state of 3 is never listed. Extension: lists past its room, no device.
         assert!(PairListEntry::decode(&[1, 0, 0, 0, 3, 0, 0, 0]).is_err());
         let ext = Extension {
