@@ -928,6 +928,16 @@ impl TreeMap {
         Ok(())
     }
 
+    /// The first block key in `first .. first + count` that is not unmapped, or `None`
+    /// (`MapTree::first_mapped`).
+    pub fn first_mapped(&mut self, first: u64, count: u64) -> Result<Option<u64>> {
+        let base = first - key_lba(first);
+        let (tree, pool, store, lba) = self.tree_at(first)?;
+        let r = tree.first_mapped(pool, store, lba, count);
+        self.count_lost();
+        Ok(r?.map(|lba| base + lba))
+    }
+
     /// Phases 1 and 2 of a checkpoint ([`Catalog::checkpoint`]): every dirty page is written
     /// into the other slot of its pair and synced. Returns what the checkpoint carries for the
     /// map, as of phase 1. Changes may go on until [`TreeMap::commit`] or [`TreeMap::abort`];

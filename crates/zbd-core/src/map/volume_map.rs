@@ -218,6 +218,15 @@ impl VolumeMap {
         }
     }
 
+    /// The first block in `first .. first + count` that is not unmapped, or `None`; v2's map
+    /// says `first` (its ranges are one step: nothing to skip).
+    pub fn first_mapped(&mut self, first: u64, count: u64) -> Result<Option<u64>> {
+        match self {
+            VolumeMap::Pages(_) => Ok((count > 0).then_some(first)),
+            VolumeMap::Tree(t) => t.first_mapped(first, count),
+        }
+    }
+
     /// Whether dirty pages call for a checkpoint soon (outside the lock).
     pub fn wants_checkpoint(&self) -> bool {
         match self {

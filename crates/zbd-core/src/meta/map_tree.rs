@@ -611,6 +611,65 @@ impl MapTree {
         Ok(())
     }
 
+    /// The first block in `first .. first + count` that is not unmapped, or `None`. A summary
+    /// of unmapped blocks is passed without a page and the walk stops at the first block
+    /// found, so a trim over a thin device's whole range costs its pages, not its size.
+    pub fn first_mapped<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        first: u64,
+        count: u64,
+    ) -> Result<Option<u64>> {
+        if count == 0 {
+            return Ok(None);
+        }
+        let end = first.saturating_add(count).min(self.blocks);
+        if first >= end {
+            return Ok(None);
+        }
+        self.first_mapped_below(pool, io, self.root, self.depth - 1, 0, first, end)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn first_mapped_below<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        slot: ChildSlot,
+        level: u8,
+        pos: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Option<u64>> {
+        let id = match slot {
+            ChildSlot::AllUnmapped => return Ok(None),
+            ChildSlot::AllZero => return Ok(Some(lo)),
+            ChildSlot::Page(id) => id,
+        };
+        if level == 0 {
+            let start = pos * blocks_under(0);
+            let leaf = read(pool, io, id, 0, pos)?;
+            for lba in lo..hi {
+                if leaf.entry((lba - start) as usize)?.state != BlockState::Unmapped {
+                    return Ok(Some(lba));
+                }
+            }
+            return Ok(None);
+        }
+        let child_span = blocks_under(level - 1);
+        for c in lo / child_span..=(hi - 1) / child_span {
+            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+            let child = read(pool, io, id, level, pos)?.slot(i);
+            let c_start = c * child_span;
+            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
+            if let Some(lba) = self.first_mapped_below(pool, io, child, level - 1, c, c_lo, c_hi)? {
+                return Ok(Some(lba));
+            }
+        }
+        Ok(None)
+    }
+
     /// `scan` of the whole device, skipping every page already in `seen` (reached through
     /// another tree that shares it) and adding the pages it reads: over the trees of all
     /// devices, each live page's blocks are visited once, the way the volume counters and
@@ -2065,7 +2124,11 @@ mod tests {
                         .filter(|(_, e)| **e != MapEntry::UNMAPPED)
                         .map(|(&b, &e)| (b, e))
                         .collect();
+                    // `first_mapped` names the first block the scan found not unmapped.
+                    let first_found = want.keys().next().copied();
                     prop_assert_eq!(got, want);
+                    let found = t.first_mapped(&mut p, &mut io, first, end - first);
+                    prop_assert_eq!(found.expect("tree"), first_found);
                     let past = t.scan(
                         &mut p,
                         &mut io,

@@ -973,8 +973,8 @@ fn a_small_volume_has_room_after_a_snapshot() {
         let mut failed = false;
         'rounds: for round in 0..200 {
             for _ in 0..60 {
-                let n = rng.gen_range(1..=48u64);
-                let at = rng.gen_range(0..blocks - n);
+                let n = rng.random_range(1..=48u64);
+                let at = rng.random_range(0..blocks - n);
                 let data: Vec<u8> = (0..n).flat_map(|_| part_random(&mut rng)).collect();
                 match vol.write(at * BS as u64, &data, false) {
                     Ok(()) => {}
