@@ -220,6 +220,7 @@ impl DeviceTable {
         if row.kind == DeviceKind::Default {
             return Err(Error::Invalid("a volume has one default device".into()));
         }
+        check_new_name(&row.name)?;
         self.check_name(&row.name, None)?;
         row.id = self.next_device;
         let next = self
@@ -327,6 +328,25 @@ impl DeviceTable {
         }
         Ok(())
     }
+}
+
+/// The names a new device may take: what an export name, a shell word and `VOL@NAME` carry
+/// without quoting or doubt (letters, digits and `_ . + : -`, never first a `.` or `-`, no
+/// `@` or `/`). The format holds any UTF-8 name without NUL, so rows made before this rule
+/// still open and serve.
+pub fn check_new_name(name: &str) -> Result<()> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.+:-".contains(c);
+    let ok = name.len() <= crate::format::DEVICE_NAME_BYTES
+        && name.chars().all(allowed)
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "device name {name:?}: 1 to {} letters, digits and _ . + : -, starting with a letter, \
+         a digit or _",
+        crate::format::DEVICE_NAME_BYTES
+    )))
 }
 
 #[cfg(test)]

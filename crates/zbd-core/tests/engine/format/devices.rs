@@ -293,6 +293,36 @@ fn bad_device_requests_are_refused() {
     );
     assert!(err(vol.create_device("b", 1000)).contains("4096"));
     assert!(err(vol.create_device("b", 0)).contains("4096"));
+    // Names a shell, an export name or VOL@NAME would carry with doubt, for every way a
+    // device is made; the longest allowed name and its punctuation pass.
+    vol.snapshot("a", "s").expect("snapshot");
+    for bad in [
+        "",
+        "a b",
+        "new\nline",
+        "-rf",
+        ".hidden",
+        "..",
+        "a@b",
+        "a/b",
+        "é",
+    ] {
+        for e in [
+            err(vol.create_device(bad, SMALL)),
+            err(vol.snapshot("a", bad)),
+            err(vol.clone_snapshot("s", bad)),
+        ] {
+            assert!(e.contains("device name"), "{bad:?}: {e}");
+        }
+    }
+    let long = "n".repeat(64);
+    assert!(err(vol.create_device(&format!("{long}x"), SMALL)).contains("device name"));
+    vol.create_device(&long, SMALL).expect("64 bytes");
+    vol.snapshot("a", "_a.b+c:d-2").expect("punctuation");
+    assert_eq!(vol.devices().len(), 5);
+    for name in [long.as_str(), "_a.b+c:d-2", "s"] {
+        vol.delete_device(name).expect("delete");
+    }
     assert!(vol.delete_device("default").is_err());
     assert!(vol.delete_device("nobody").is_err());
     let past = vol
