@@ -48,6 +48,12 @@ pub fn terminate(mut child: Child, deadline: Duration) -> Option<ExitStatus> {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
+    wait_or_kill(&mut child, deadline)
+}
+
+/// Waits up to `deadline` for `child` to exit; past it the child is killed and reaped, and
+/// the answer is None.
+pub fn wait_or_kill(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     let until = Instant::now() + deadline;
     loop {
         match child.try_wait() {

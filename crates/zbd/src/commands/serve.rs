@@ -993,54 +993,77 @@ pub struct ServedInfo {
 }
 
 /// Finishes each rollback a crash or an error stopped part way (a device listed as "rolling
-/// back", part emptied) before the pidfile says the server is ready (read-write serves
-/// only): left alone, the device would be served with holes where its data was. A named
-/// device that fails again is logged, stays listed so and is not exported; the default
-/// device, always exported, keeps the server from starting instead, since writes to it
-/// would be wiped by the rollback that finishes later.
+/// back", part emptied: served, it would read with holes where its data was). The default
+/// device's comes first, before the pidfile says the server is ready: it is always exported,
+/// and writes to it would be wiped by a finish that came later, so while it stays part
+/// emptied (the finish failed again, or the serve is read-only) the server does not start.
+/// Other devices are not exported while listed so; theirs finish on a thread of their own
+/// beside the rest of the start (a large device's would hold it past a service manager's
+/// timeout), and one that fails again is logged and stays listed.
 fn finish_rollbacks(served: &Arc<ServedVolume>, read_only: bool, volume: &Path) -> Result<()> {
-    if !read_only {
-        for (device, snapshot) in served
-            .with(|v| v.unfinished_rollbacks())
-            .unwrap_or_default()
-        {
-            crate::log::line(format!(
-                "zbd: finishing the rollback of {device:?} to {snapshot:?}, which stopped part way"
-            ));
-            match served.with(|v| v.rollback(&device, &snapshot)) {
-                Ok(Ok(())) => {
-                    crate::log::line(format!("zbd: rolled {device:?} back to {snapshot:?}"))
-                }
-                Ok(Err(e)) => crate::log::line(format!(
-                    "zbd: the rollback of {device:?} to {snapshot:?} stopped again: {e} (it is \
-                     not served; `zbd rollback VOL@{snapshot}` retries)"
-                )),
-                Err(_) => return Ok(()),
-            }
+    let stopped = served
+        .with(|v| v.unfinished_rollbacks())
+        .unwrap_or_default();
+    let default = served
+        .with(|v| v.devices())
+        .unwrap_or_default()
+        .into_iter()
+        .find(|d| d.id == DEFAULT_DEVICE)
+        .map(|d| d.name);
+    let (first, later): (Vec<_>, Vec<_>) = stopped
+        .into_iter()
+        .partition(|(device, _)| Some(device) == default.as_ref());
+    if let Some((device, snapshot)) = first.first() {
+        if read_only || !finish_rollback(served, device, snapshot) {
+            let why = if read_only {
+                "a read-only serve cannot finish it"
+            } else {
+                "finishing it failed"
+            };
+            bail!(
+                "the default device of {} is part emptied by a rollback that stopped (listed \
+                 as \"rolling back\"), and {why}: run `zbd rollback {}@{snapshot}` offline \
+                 first",
+                volume.display(),
+                volume.display()
+            );
         }
     }
-    let devices = served.with(|v| v.devices()).unwrap_or_default();
-    let default = devices.iter().find(|d| d.id == DEFAULT_DEVICE);
-    if let Some(d) = default.filter(|d| d.kind == "rolling back") {
-        let snapshot = served
-            .with(|v| v.unfinished_rollbacks())
-            .unwrap_or_default()
-            .into_iter()
-            .find(|(dev, _)| *dev == d.name)
-            .map_or_else(|| "SNAP".to_string(), |(_, s)| s);
-        let why = if read_only {
-            "a read-only serve cannot finish it"
-        } else {
-            "finishing it failed"
-        };
-        bail!(
-            "the default device of {} is part emptied by a rollback that stopped (listed as \
-             \"rolling back\"), and {why}: run `zbd rollback {}@{snapshot}` offline first",
-            volume.display(),
-            volume.display()
-        );
+    if read_only || later.is_empty() {
+        return Ok(());
     }
+    let weak = Arc::downgrade(served);
+    std::thread::Builder::new()
+        .name("zbd-rollbacks".into())
+        .spawn(move || {
+            for (device, snapshot) in later {
+                let Some(served) = weak.upgrade() else { return };
+                finish_rollback(&served, &device, &snapshot);
+            }
+        })
+        .context("cannot start the thread that finishes stopped rollbacks")?;
     Ok(())
+}
+
+/// Rolls `device` back to `snapshot` again, logging what happens; true when it is done.
+fn finish_rollback(served: &ServedVolume, device: &str, snapshot: &str) -> bool {
+    crate::log::line(format!(
+        "zbd: finishing the rollback of {device:?} to {snapshot:?}, which stopped part way"
+    ));
+    match served.with(|v| v.rollback(device, snapshot)) {
+        Ok(Ok(())) => {
+            crate::log::line(format!("zbd: rolled {device:?} back to {snapshot:?}"));
+            true
+        }
+        Ok(Err(e)) => {
+            crate::log::line(format!(
+                "zbd: the rollback of {device:?} to {snapshot:?} stopped again: {e} (it is not \
+                 served; `zbd rollback VOL@{snapshot}` retries)"
+            ));
+            false
+        }
+        Err(_) => false, // shutting down (or a failed grow): the next start goes on
+    }
 }
 
 /// Finishes, on its own thread while I/O goes on, each delete that a crash or an error stopped

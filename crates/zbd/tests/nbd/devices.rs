@@ -437,3 +437,141 @@ fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
         "the snapshot's blocks were all freed"
     );
 }
+
+/// Rollbacks a power loss stopped part way (design.md, "Devices": the target's row flag):
+/// `zbd serve` finishes the default device's before it is ready, since that export is always
+/// offered, and refuses a read-only start while it is part emptied; a clone's finishes beside
+/// the server, which does not offer the clone until then. Each then reads as its snapshot.
+#[test]
+fn a_served_volume_finishes_rollbacks_a_power_loss_stopped() {
+    use rand::SeedableRng;
+    use std::sync::Arc;
+    use zbd_core::{OpenOptions, SimStorage, Volume};
+    if tools(&["nbdcopy"]).is_none() {
+        return;
+    }
+    const SIZE: usize = 16 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let volume = dir.path().join("vol.zbd");
+    run(Command::new(ZBD).arg("create").arg(&volume).args([
+        "--size",
+        "16M",
+        "--capacity",
+        "96M",
+        "--metadata-pages",
+    ]));
+    let open = |image: Vec<u8>| {
+        let disk = Arc::new(SimStorage::from_image(image));
+        let vol = Volume::open(Box::new(Arc::clone(&disk)), OpenOptions::default()).expect("open");
+        (disk, vol)
+    };
+    let compressible = |seed: u64| {
+        let mut b = bytes(seed, SIZE);
+        b.chunks_mut(4096).for_each(|block| block[1200..].fill(0));
+        b
+    };
+    // default: s (seed 10), then seed 11; clone c of s: cs (seed 12), then seed 13.
+    let (disk, vol) = open(std::fs::read(&volume).expect("read the volume"));
+    vol.write(0, &compressible(10), false).expect("write");
+    vol.snapshot("default", "s").expect("snapshot");
+    let c = vol.clone_snapshot("s", "c").expect("clone");
+    vol.write_in(c, 0, &compressible(12), false).expect("write");
+    vol.snapshot("c", "cs").expect("snapshot");
+    vol.write_in(c, 0, &compressible(13), false).expect("write");
+    vol.write(0, &compressible(11), false).expect("write");
+    vol.close().expect("close");
+    let image = disk.current_image();
+    drop(vol);
+    // The image a power loss part way through a rollback of `device` to `snapshot` leaves,
+    // at the first eighth of its storage operations that leaves it listed "rolling back".
+    let stopped = |device: &str, snapshot: &str| {
+        let ops = {
+            let (disk, vol) = open(image.clone());
+            let ops0 = disk.ops();
+            vol.rollback(device, snapshot).expect("rollback");
+            disk.ops() - ops0
+        };
+        (1..8)
+            .find_map(|eighth| {
+                let (disk, vol) = open(image.clone());
+                disk.set_power_loss_at(disk.ops() + ops * eighth / 8);
+                assert!(
+                    vol.rollback(device, snapshot).is_err(),
+                    "the power loss stops it"
+                );
+                let crashed = disk.crash_image(&mut rand::rngs::SmallRng::seed_from_u64(eighth));
+                vol.abandon();
+                let (_, vol) = open(crashed.clone());
+                let kind = vol
+                    .devices()
+                    .into_iter()
+                    .find(|d| d.name == device)
+                    .map(|d| d.kind);
+                vol.close().expect("close");
+                (kind == Some("rolling back")).then_some(crashed)
+            })
+            .unwrap_or_else(|| panic!("no cut leaves the rollback of {device} stopped"))
+    };
+    let read = |served: &Served, export: &str| {
+        let out = dir.path().join("out");
+        run(Command::new("nbdcopy")
+            .arg(format!(
+                "nbd+unix:///{export}?socket={}",
+                served.socket.display()
+            ))
+            .arg(&out));
+        std::fs::read(&out).expect("read")
+    };
+
+    // The clone: the server starts, then finishes it; c is offered once it reads as cs.
+    std::fs::write(&volume, stopped("c", "cs")).expect("write the volume");
+    let mut served = Served::start(&volume, dir.path());
+    wait_until("the clone's rollback finished by the server", || {
+        let listed = stdout(&run(Command::new(ZBD)
+            .args(["device", "list"])
+            .arg(&volume)));
+        !listed.contains("rolling back")
+    });
+    assert!(read(&served, "c") == compressible(12), "c reads as cs");
+    assert!(
+        read(&served, "") == compressible(11),
+        "default keeps its bytes"
+    );
+    assert!(served.stop(), "zbd serve exits 0 on SIGTERM");
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).expect("log");
+    assert!(log.contains("zbd: rolled \"c\" back to \"cs\""), "{log}");
+
+    // The default device: a read-only serve refuses to start, naming the command that
+    // finishes it; a read-write one finishes it before it is ready.
+    std::fs::write(&volume, stopped("default", "s")).expect("write the volume");
+    let mut refused = Command::new(ZBD)
+        .arg("serve")
+        .arg(&volume)
+        .arg("--read-only")
+        .arg("--socket")
+        .arg(dir.path().join("ro.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start zbd serve");
+    let status =
+        zbd_testkit::process::wait_or_kill(&mut refused, std::time::Duration::from_secs(60));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert!(
+        status.is_some_and(|s| s.code() == Some(1))
+            && err.contains("zbd rollback")
+            && err.contains("@s"),
+        "{status:?}: {err}"
+    );
+    let mut served = Served::start(&volume, dir.path());
+    assert!(
+        read(&served, "") == compressible(10),
+        "default reads as s once served"
+    );
+    assert!(read(&served, "c") == compressible(13), "c keeps its bytes");
+    assert!(served.stop(), "zbd serve exits 0 on SIGTERM");
+    let check = stdout(&run(Command::new(ZBD).arg("check").arg(&volume)));
+    assert!(check.contains("clean"), "{check}");
+}
