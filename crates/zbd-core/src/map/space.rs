@@ -47,8 +47,8 @@ fn item(
 }
 
 impl TreeMap {
-    /// The space of every device, in id order. Reads each live interior page once and each
-    /// leaf once per parent naming it, plus the SBT entries of the shared items met.
+    /// The space of every device, in id order. Sums each live page once, plus the SBT entries
+    /// of the shared items met.
     pub fn space(&mut self) -> Result<Vec<DeviceSpace>> {
         let Catalog {
             trees,
