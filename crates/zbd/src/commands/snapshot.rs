@@ -108,10 +108,11 @@ fn done(target: &str, reply: Reply) -> Result<Reply> {
     }
 }
 
-fn listed(path: &std::path::Path, ceph: &CephArgs) -> Result<Vec<Listed>> {
+/// The volume's devices; with `space`, their stored bytes too (`Request::List`).
+fn listed(path: &std::path::Path, ceph: &CephArgs, space: bool) -> Result<Vec<Listed>> {
     match done(
         &path.display().to_string(),
-        perform(path, ceph, &Request::List)?,
+        perform(path, ceph, &Request::List { space })?,
     )? {
         Reply::List(rows) => Ok(rows),
         other => bail!("unexpected answer {other:?}"),
@@ -130,7 +131,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             println!("snapshot {name} of {of} taken in {}", path.display());
         }
         Action::List { path, json, ceph } => {
-            let rows: Vec<Listed> = listed(&path, &ceph)?
+            let rows: Vec<Listed> = listed(&path, &ceph, true)?
                 .into_iter()
                 // A server before `made_as` lists snapshots being deleted as "deleting" only.
                 .filter(|d| {
@@ -166,7 +167,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         Action::Delete { spec, ceph } => {
             let (path, name) = at(&spec)?;
-            let rows = listed(&path, &ceph)?;
+            let rows = listed(&path, &ceph, false)?;
             // "deleting": a delete a crash stopped, which this one finishes.
             if !rows
                 .iter()
@@ -197,7 +198,7 @@ pub fn clone(a: CloneArgs) -> Result<ExitCode> {
 
 pub fn rollback(a: RollbackArgs) -> Result<ExitCode> {
     let (path, snapshot) = at(&a.spec)?;
-    let rows = listed(&path, &a.ceph)?;
+    let rows = listed(&path, &a.ceph, false)?;
     let origin = rows
         .iter()
         .find(|d| d.name == snapshot && d.kind == "snapshot")

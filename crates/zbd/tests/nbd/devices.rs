@@ -279,6 +279,20 @@ fn an_ext4_snapshot_is_crash_consistent_and_served_read_only() {
         !refused.status.success() && said.contains("not a clone"),
         "{said}"
     );
+    // A clone is no snapshot: neither deleted nor rolled back to as one (the served
+    // volume's list without space answers both).
+    for verb in [&["snapshot", "delete"][..], &["rollback"]] {
+        let refused = Command::new(ZBD)
+            .args(verb)
+            .arg(format!("{}@c1", volume.display()))
+            .output()
+            .expect("zbd");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && said.contains("no snapshot named \"c1\""),
+            "{verb:?}: {said}"
+        );
+    }
     let diff = stdout(&run(Command::new(ZBD)
         .arg("diff")
         .arg(format!("{}@default", volume.display()))
