@@ -24,7 +24,12 @@ a fresh volume (`zbd create --metadata-pages`, lz4) in DEDUP_DIR:
   rewritten, and a second write into each such leaf (`first_write`);
 - delete: a snapshot alone holding SNAP_DEL_MB (its origin rewrote it) deleted while 4 KiB random
   writes go to the origin for SNAP_DEL_S seconds, against the same writes with no delete: the
-  delete's time and the writers' p99.9 and maximum latency.
+  delete's time and the writers' p99.9 and maximum latency;
+- many: SNAP_MANY snapshots of a SNAP_MANY_SIZE volume filled with SNAP_MANY_MB, one 4 KiB write
+  into a different map leaf before each (so each keeps pages of its own): the time of each
+  `zbd snapshot create`, then `zbd snapshot list` and `zbd device list`, a restart after SIGKILL
+  (time until it serves, RSS), `zbd check` offline, and SNAP_MANY_DELETES deletes in random
+  order (the issue's "test at least 1,000"; RBD caps an image at a few hundred).
 
 fio data is set explicitly (`refill_buffers`, `buffer_compress_percentage=50`). Writes
 OUTDIR/summary.json and OUTDIR/summary.md; fio job files and outputs under OUTDIR/runs/. Standard
@@ -39,13 +44,16 @@ env: ZBD_BIN (target/release/zbd), DEDUP_DIR (/var/tmp), SNAP_SIZE (4G), SNAP_CA
      SNAP_NEW_PCT (5), SNAP_CLONES (10), SNAP_READ_ROUNDS (3), SNAP_READ_S (4),
      SNAP_BTRFS_COMPRESS ("none zstd:1"), SNAP_BTRFS_CLONE ("reflink snapshot"), SNAP_HOLD_SIZE (64G),
      SNAP_HOLD_MB (8192), SNAP_RETAINED (100), SNAP_READ_MB (256), SNAP_DEL_MB (2048), SNAP_DEL_S (40),
-     SNAP_FW_SIZE (4G), SNAP_FW_MB (2048), SNAP_HOT_MB (256), SNAP_HOT_ERAS (30), SNAP_PARTS ("load first clones retained delete").
+     SNAP_FW_SIZE (4G), SNAP_FW_MB (2048), SNAP_HOT_MB (256), SNAP_HOT_ERAS (30), SNAP_MANY (1000),
+     SNAP_MANY_SIZE (1G), SNAP_MANY_MB (512), SNAP_MANY_DELETES (50),
+     SNAP_PARTS ("load first clones retained delete many").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -411,6 +419,64 @@ def delete(st: Settings, undo: Undo) -> dict[str, Any]:
 LEAF_BLOCKS = 255  # map entries per leaf page (4 KiB page, 16-byte header and entries)
 
 
+def many(st: Settings, undo: Undo) -> dict[str, Any]:
+    """SNAP_MANY snapshots kept at once, each after one 4 KiB write into a leaf of its own: what
+    creating, listing, restarting, checking and deleting cost with that many (medians and the
+    slowest, in seconds)."""
+    size, fill_mb = st.text("SNAP_MANY_SIZE", "1G"), st.num("SNAP_MANY_MB", 512)
+    count, deletes = st.num("SNAP_MANY", 1000), st.num("SNAP_MANY_DELETES", 50)
+    vol = fresh(st, undo, size)
+    server = Server(st, undo, vol, "many")
+    server.start()
+    fio(st, "many-fill", server.uri(), {"rw": "write", "bs": "128k", "iodepth": 4, "size": f"{fill_mb}M",
+                                        "end_fsync": 1})
+    leaves = fill_mb * MIB // (LEAF_BLOCKS * 4096)
+
+    def timed(argv: list[str]) -> float:
+        t0 = time.monotonic()
+        run(argv)
+        return time.monotonic() - t0
+
+    create_s = []
+    for i in range(count):
+        # One block in leaf i (mod the filled leaves), written and flushed before the snapshot.
+        fio(st, "many-write", server.uri(), {"rw": "write", "bs": "4k", "size": "4k", "number_ios": 1,
+                                             "offset": f"{(i % leaves) * LEAF_BLOCKS * 4}k", "end_fsync": 1})
+        create_s.append(timed([st.zbd, "snapshot", "create", f"{vol}@s{i}"]))
+        if (i + 1) % 100 == 0:
+            say(f"  many: {i + 1} snapshots, the last took {create_s[-1]:.3f} s")
+    snapshot_list_s = timed([st.zbd, "snapshot", "list", str(vol), "--json"])
+    device_list_s = timed([st.zbd, "device", "list", str(vol), "--json"])
+    server.kill()
+    reopen_s = server.start()
+    fio(st, "many-read", server.uri(), {"rw": "randread", "bs": "4k", "iodepth": 16, "size": f"{fill_mb}M",
+                                        "io_size": "64M"})
+    rss_kib = server.hwm_kib()
+    server.stop_cleanly("many, before the check")
+    check_s = timed([st.zbd, "check", str(vol)])
+    server.start()
+    order = list(range(count))
+    random.Random(FIO_SEED).shuffle(order)
+    delete_s = [timed([st.zbd, "snapshot", "delete", f"{vol}@s{i}"]) for i in order[:deletes]]
+    server.stop_cleanly("many, after the deletes")
+    run([st.zbd, "check", str(vol)])
+    out = {
+        "snapshots": count,
+        "create_s": {"first": create_s[0], "median": statistics.median(create_s), "max": max(create_s),
+                     "last_100_median": statistics.median(create_s[-100:])},
+        "snapshot_list_s": snapshot_list_s,
+        "device_list_s": device_list_s,
+        "reopen_s": reopen_s,
+        "rss_kib": rss_kib,
+        "check_s": check_s,
+        "deletes": deletes,
+        "delete_s": {"median": statistics.median(delete_s), "max": max(delete_s)},
+    }
+    say(f"  many: list {snapshot_list_s:.2f} s, reopen {reopen_s:.2f} s, check {check_s:.1f} s, "
+        f"delete median {out['delete_s']['median']:.3f} s")
+    return out
+
+
 def first_write(st: Settings, undo: Undo) -> dict[str, Any]:
     """What the first write into a map leaf after a snapshot costs in metadata (the issue's "write
     amplification of the first write to a block after a snapshot"), against the same write with no
@@ -559,6 +625,26 @@ def markdown(doc: dict[str, Any]) -> str:
             took = f"{a['delete_s']:.1f}" if a["delete_s"] is not None else "-"
             out.append(f"| {arm} delete | {a['mib_s']:.1f} | {a['p99_9_us']:.0f} | {a['max_us']:.0f} | {took} |")
         out += ["", f"p99.9 with / without: **{d['p99_9_ratio']:.2f}x**; max: **{d['max_ratio']:.2f}x**.", ""]
+    if "many" in doc:
+        d = doc["many"]
+        c, dl = d["create_s"], d["delete_s"]
+        out += [
+            f"Many: {d['snapshots']} snapshots of a {s['many_size']} volume holding {s['many_mb']} MiB, one "
+            "4 KiB write into a leaf of its own before each.",
+            "",
+            "| measure | seconds |",
+            "|---|---|",
+            f"| `zbd snapshot create`: first / median / last 100 median / slowest | {c['first']:.3f} / "
+            f"{c['median']:.3f} / {c['last_100_median']:.3f} / {c['max']:.3f} |",
+            f"| `zbd snapshot list --json` / `zbd device list --json` (served) | {d['snapshot_list_s']:.2f} / "
+            f"{d['device_list_s']:.2f} |",
+            f"| restart after SIGKILL until it serves (peak RSS {d['rss_kib'] / 1024:.0f} MiB after 64 MiB of "
+            f"random reads) | {d['reopen_s']:.2f} |",
+            f"| `zbd check` offline | {d['check_s']:.1f} |",
+            f"| `zbd snapshot delete` ({d['deletes']}, random order, served): median / slowest | "
+            f"{dl['median']:.3f} / {dl['max']:.3f} |",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -641,7 +727,7 @@ def main() -> int:
     out = Path(sys.argv[1]).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     zbd = os.environ.get("ZBD_BIN", str(Path(__file__).resolve().parent.parent / "target/release/zbd"))
-    parts = os.environ.get("SNAP_PARTS", "load first clones retained delete").split()
+    parts = os.environ.get("SNAP_PARTS", "load first clones retained delete many").split()
     missing = missing_tools(["fio", *(CLONE_TOOLS if "clones" in parts else [])])
     if missing or not Path(zbd).exists():
         print(f"bench-snapshots: missing {', '.join(missing) or zbd}", file=sys.stderr)
@@ -668,12 +754,14 @@ def main() -> int:
             "del_mb": st.num("SNAP_DEL_MB", 2048), "del_s": st.num("SNAP_DEL_S", 40),
             "fw_size": st.text("SNAP_FW_SIZE", "4G"), "fw_mb": st.num("SNAP_FW_MB", 2048),
             "hot_mb": st.num("SNAP_HOT_MB", 256), "hot_eras": st.num("SNAP_HOT_ERAS", 30),
+            "many": st.num("SNAP_MANY", 1000), "many_size": st.text("SNAP_MANY_SIZE", "1G"),
+            "many_mb": st.num("SNAP_MANY_MB", 512), "many_deletes": st.num("SNAP_MANY_DELETES", 50),
         },
     }
     try:
         doc["loadavg_start"] = [round(v, 2) for v in os.getloadavg()]
         parts_in_order = (("load", load), ("first", first_write), ("clones", clones), ("retained", retained),
-                          ("delete", delete))
+                          ("delete", delete), ("many", many))
         for part, measure in parts_in_order:
             if part in parts:
                 say(f"== {part}")
