@@ -212,6 +212,29 @@ impl Volume {
         r
     }
 
+    /// [`Volume::rollback`], asking `ready(device id)` before the device is marked and again
+    /// once the mark is durable and no new client can find it; a refusal puts the mark back
+    /// as it was (a server: "no NBD client has it open").
+    pub fn rollback_when(
+        &self,
+        name: &str,
+        snapshot: &str,
+        ready: &dyn Fn(u32) -> Result<()>,
+    ) -> Result<()> {
+        let r = self.inner.rollback_when(name, snapshot, ready);
+        self.room.freed();
+        r
+    }
+
+    /// Finishes the stopped rollback of device `name` to the snapshot its mark names, if it
+    /// is still unfinished when the device operations' turn comes (another may have finished
+    /// it since it was listed); the snapshot's name when it finished one.
+    pub fn finish_rollback(&self, name: &str) -> Result<Option<String>> {
+        let r = self.inner.finish_rollback(name);
+        self.room.freed();
+        r
+    }
+
     /// Rollbacks a crash or an error stopped part way, as (device, snapshot) names: each
     /// device is listed as "rolling back" and may read part emptied until `rollback` with the
     /// same names finishes it.

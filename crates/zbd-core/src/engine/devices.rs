@@ -385,8 +385,49 @@ impl Inner {
     /// the mark in one checkpoint. A crash or an error between leaves it part emptied,
     /// listed as "rolling back" (`unfinished_rollbacks`); rolling back again finishes.
     pub fn rollback(&self, name: &str, snapshot: &str) -> Result<()> {
+        self.rollback_when(name, snapshot, &|_| Ok(()))
+    }
+
+    /// `rollback`, asking `ready(device id)` under the device-operation lock before the
+    /// device is marked, and again once the mark is durable, when no new client can find the
+    /// device any more (it is listed as "rolling back"); a refusal then puts the mark back as
+    /// it was and changes nothing else. A server passes "no NBD client has it open": a client
+    /// that found the device before the mark is seen the second time.
+    pub fn rollback_when(
+        &self,
+        name: &str,
+        snapshot: &str,
+        ready: &dyn Fn(u32) -> Result<()>,
+    ) -> Result<()> {
         self.check_writable()?;
         let _ops = self.device_ops.lock();
+        self.rollback_locked(name, snapshot, ready)
+    }
+
+    /// Finishes the rollback of `name` that a crash or an error stopped, to the snapshot its
+    /// mark names, when it is still unfinished: looked up under the device-operation lock,
+    /// since another rollback may have finished it after it was listed (rolling it back again
+    /// would wipe what was written since). The snapshot's name when it finished one.
+    pub fn finish_rollback(&self, name: &str) -> Result<Option<String>> {
+        self.check_writable()?;
+        let _ops = self.device_ops.lock();
+        let Some((_, snapshot)) = self
+            .unfinished_rollbacks()
+            .into_iter()
+            .find(|(d, _)| d == name)
+        else {
+            return Ok(None);
+        };
+        self.rollback_locked(name, &snapshot, &|_| Ok(()))?;
+        Ok(Some(snapshot))
+    }
+
+    fn rollback_locked(
+        &self,
+        name: &str,
+        snapshot: &str,
+        ready: &dyn Fn(u32) -> Result<()>,
+    ) -> Result<()> {
         let id = self.device_id(name)?;
         let snap = self.device_id(snapshot)?;
         let row = self
@@ -399,12 +440,21 @@ impl Inner {
         if !writable || row.size_bytes != size {
             return Err(Error::Invalid(format!("{name:?} cannot be rolled back")));
         }
+        ready(id)?;
+        let marked_before = self.marked_target(id);
         self.checkpoint_first()?;
         {
             let mut st = self.lock_for_write();
             let cx = self.ctx();
             Self::tree_of(&mut st).mark_rollback(id, Some(snap))?;
             st.checkpoint(&cx)?;
+        }
+        if let Err(e) = ready(id) {
+            let mut st = self.lock_for_write();
+            let cx = self.ctx();
+            Self::tree_of(&mut st).mark_rollback(id, marked_before)?;
+            st.checkpoint(&cx)?;
+            return Err(e);
         }
         self.emptied(id, name, size)?;
         self.checkpoint_first()?;
@@ -416,6 +466,17 @@ impl Inner {
         t.mark_rollback(id, None)?;
         st.checkpoint(&cx)?;
         Ok(())
+    }
+
+    /// The snapshot an unfinished rollback of device `id` goes to, if one is marked.
+    fn marked_target(&self, id: u32) -> Option<u32> {
+        match &self.state.lock().map {
+            VolumeMap::Tree(t) => t
+                .unfinished_rollbacks()
+                .into_iter()
+                .find_map(|(d, s)| (d == id).then_some(s)),
+            VolumeMap::Pages(_) => None,
+        }
     }
 
     /// Rollbacks a crash or an error stopped, as (device, snapshot) names: `zbd serve`

@@ -376,10 +376,20 @@ impl zbd_nbd::Directory for VolumeDirectory {
     }
 
     fn find(&self, name: &str) -> Option<Arc<dyn Export>> {
-        let devices = self.served.with(|v| v.devices()).ok()?;
-        let d = devices
-            .into_iter()
-            .find(|d| d.name == name && d.id != DEFAULT_DEVICE && exported(d.kind))?;
+        let offered = |id: Option<u32>| {
+            let devices = self.served.with(|v| v.devices()).ok()?;
+            devices.into_iter().find(|d| {
+                d.name == name
+                    && d.id != DEFAULT_DEVICE
+                    && exported(d.kind)
+                    && id.is_none_or(|id| d.id == id)
+            })
+        };
+        let d = offered(None)?;
+        // Counted first, then looked up again: a rollback marks the device (no longer offered)
+        // and then counts its clients, so either it sees this one or this one sees the mark.
+        let guard = OpenGuard::new(&self.open, d.id);
+        offered(Some(d.id))?;
         Some(Arc::new(VolumeExport {
             served: Arc::clone(&self.served),
             device: d.id,
@@ -387,7 +397,7 @@ impl zbd_nbd::Directory for VolumeDirectory {
             requests: Arc::clone(&self.requests),
             queue_when_full: self.queue_when_full,
             waiting_logged: std::sync::Mutex::new(None),
-            _open: Some(OpenGuard::new(&self.open, d.id)),
+            _open: Some(guard),
         }))
     }
 }
@@ -699,6 +709,13 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                             Request::Rollback { device, .. } => Some(device),
                             _ => None,
                         };
+                        let idle = |name: &str, id: u32| match open.count(id) {
+                            0 => Ok(()),
+                            n => Err(zbd_core::Error::Invalid(format!(
+                                "device {name:?} is open by {n} NBD connection(s): disconnect \
+                                 them first"
+                            ))),
+                        };
                         if let Some(name) = busy {
                             let d = v.devices().into_iter().find(|d| &d.name == name);
                             if d.as_ref().is_some_and(|d| d.id == DEFAULT_DEVICE) {
@@ -706,11 +723,8 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                                     "the default device is exported: roll it back offline".into(),
                                 );
                             }
-                            if let Some(n) = d.map(|d| open.count(d.id)).filter(|&n| n > 0) {
-                                return Reply::Error(format!(
-                                    "device {name:?} is open by {n} NBD connection(s): \
-                                     disconnect them first"
-                                ));
+                            if let Some(Err(e)) = d.map(|d| idle(name, d.id)) {
+                                return Reply::Error(e.to_string());
                             }
                         }
                         // The default export's name is not a device's (a client asking for
@@ -727,7 +741,17 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                                 "{export_name:?} is the default export's name (zbd serve --export)"
                             ));
                         }
-                        let reply = apply(v, &request);
+                        let reply = match &request {
+                            // Asked again under the device-operation lock, and once the device
+                            // is marked and offered no more (`Volume::rollback_when`).
+                            Request::Rollback { device, snapshot } => v
+                                .rollback_when(device, snapshot, &|id| idle(device, id))
+                                .map_or_else(
+                                    |e| Reply::Error(e.to_string()),
+                                    |()| Reply::RolledBack,
+                                ),
+                            _ => apply(v, &request),
+                        };
                         if !matches!(reply, Reply::List(_) | Reply::Diff(_) | Reply::Error(_)) {
                             crate::log::line(format!("zbd: device operation done: {json}"));
                         }
@@ -1045,14 +1069,24 @@ fn finish_rollbacks(served: &Arc<ServedVolume>, read_only: bool, volume: &Path) 
     Ok(())
 }
 
-/// Rolls `device` back to `snapshot` again, logging what happens; true when it is done.
+/// Finishes the stopped rollback of `device` (to `snapshot`, as listed), logging what
+/// happens; true when it is done, by this call or another since it was listed.
 fn finish_rollback(served: &ServedVolume, device: &str, snapshot: &str) -> bool {
+    if served.with(|_| ()).is_err() {
+        return false; // shutting down: the next start goes on
+    }
     crate::log::line(format!(
         "zbd: finishing the rollback of {device:?} to {snapshot:?}, which stopped part way"
     ));
-    match served.with(|v| v.rollback(device, snapshot)) {
-        Ok(Ok(())) => {
-            crate::log::line(format!("zbd: rolled {device:?} back to {snapshot:?}"));
+    match served.with(|v| v.finish_rollback(device)) {
+        Ok(Ok(Some(to))) => {
+            crate::log::line(format!("zbd: rolled {device:?} back to {to:?}"));
+            true
+        }
+        Ok(Ok(None)) => {
+            crate::log::line(format!(
+                "zbd: the rollback of {device:?} was finished by another request"
+            ));
             true
         }
         Ok(Err(e)) => {

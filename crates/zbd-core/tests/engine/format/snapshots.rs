@@ -796,7 +796,22 @@ fn a_rollback_a_crash_stops_is_listed_and_finished() {
             );
             vol.delete_device("y").expect("delete");
             stopped += 1;
-            vol.rollback("c", "s").expect("rollback again");
+            // Refused once the mark is durable (a server: a client found c before it): the
+            // mark stays, it is part emptied still.
+            assert!(refused_second_time(&vol).is_err(), "{ctx}");
+            assert_eq!(
+                vol.unfinished_rollbacks(),
+                [("c".to_string(), "s".to_string())],
+                "{ctx}: a refusal cleared the mark of a part-emptied device"
+            );
+            // What `zbd serve` runs: once, and then there is nothing left to finish (a second
+            // rollback would wipe what was written since).
+            assert_eq!(vol.finish_rollback("c").expect("finish"), Some("s".into()));
+            assert_eq!(
+                vol.finish_rollback("c").expect("finish again"),
+                None,
+                "{ctx}"
+            );
             assert!(vol.unfinished_rollbacks().is_empty(), "{ctx}");
             assert_device(&vol, "c", &at_s, &ctx);
         } else {
@@ -817,6 +832,30 @@ fn a_rollback_a_crash_stops_is_listed_and_finished() {
         run(Some(cut));
     }
     assert!(stopped > 0, "no cut stopped the rollback part way");
+    // Refused the second time on a whole device: unmarked again, and nothing emptied.
+    let vol = reopen(&Arc::new(SimStorage::from_image(image)));
+    assert!(refused_second_time(&vol).is_err());
+    assert!(vol.unfinished_rollbacks().is_empty());
+    assert_device(&vol, "c", &before, "after a refused rollback");
+    assert_clean(&vol, "after a refused rollback");
+}
+
+/// `rollback_when` of c to s whose `ready` says yes before the mark and no after it.
+fn refused_second_time(vol: &Volume) -> zbd_core::Result<()> {
+    let asked = std::cell::Cell::new(0);
+    let r = vol.rollback_when("c", "s", &|_| {
+        asked.set(asked.get() + 1);
+        match asked.get() {
+            1 => Ok(()),
+            _ => Err(zbd_core::Error::Invalid("a client has it open".into())),
+        }
+    });
+    assert_eq!(
+        asked.get(),
+        2,
+        "ready is asked before the mark and after it"
+    );
+    r
 }
 
 /// `Volume::finish_delete` (what `zbd serve` runs for a delete a crash stopped) goes on by
