@@ -928,6 +928,14 @@ impl TreeMap {
         Ok(())
     }
 
+    /// The page id of the leaf holding block key `key`'s entry; `None` under a summary.
+    pub fn leaf_id(&mut self, key: u64) -> Result<Option<u32>> {
+        let (tree, pool, store, lba) = self.tree_at(key)?;
+        let r = tree.leaf_id(pool, store, lba);
+        self.count_lost();
+        r
+    }
+
     /// The first block key in `first .. first + count` that is not unmapped, or `None`
     /// (`MapTree::first_mapped`).
     pub fn first_mapped(&mut self, first: u64, count: u64) -> Result<Option<u64>> {

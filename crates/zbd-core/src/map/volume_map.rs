@@ -218,6 +218,15 @@ impl VolumeMap {
         }
     }
 
+    /// The page id of the leaf holding block `key`'s entry in a page tree (leaves several
+    /// devices share have one id); `None` under a summary and in v2's map.
+    pub fn leaf_id(&mut self, key: u64) -> Result<Option<u32>> {
+        match self {
+            VolumeMap::Pages(_) => Ok(None),
+            VolumeMap::Tree(t) => t.leaf_id(key),
+        }
+    }
+
     /// The first block in `first .. first + count` that is not unmapped, or `None`; v2's map
     /// says `first` (its ranges are one step: nothing to skip).
     pub fn first_mapped(&mut self, first: u64, count: u64) -> Result<Option<u64>> {

@@ -541,6 +541,27 @@ impl MapTree {
         unreachable!("a walk ends at a leaf or a summary")
     }
 
+    /// The page id of the leaf holding `lba`'s entry; `None` when a summary stands for it.
+    pub fn leaf_id<I: TreeIo>(
+        &self,
+        pool: &mut PagePool<Page>,
+        io: &mut I,
+        lba: u64,
+    ) -> Result<Option<u32>> {
+        self.check(lba)?;
+        let mut slot = self.root;
+        for level in (1..self.depth).rev() {
+            let ChildSlot::Page(id) = slot else {
+                return Ok(None);
+            };
+            slot = read(pool, io, id, level, position(lba, level))?.slot(child_slot(lba, level));
+        }
+        Ok(match slot {
+            ChildSlot::Page(id) => Some(id),
+            _ => None,
+        })
+    }
+
     /// Visits blocks `first .. first + count` in ascending order, changing nothing:
     /// `f(lba, n, entry)` for each run of `n` blocks from `lba` that one entry stands for (the
     /// range's part of a summary subtree as one run, read without a page; leaf entries one by
