@@ -1045,3 +1045,59 @@ fn a_small_volume_has_room_after_a_snapshot() {
         assert_clean(&vol, &ctx);
     }
 }
+
+/// `zbd check` reads what is stored once, however many devices name it: 30 snapshots of a
+/// device (one block changed before each) cost the distinct leaves' blocks, not 31 times the
+/// device's (its walk went device by device, each reading every block of its own). A block
+/// damaged under all of them is still found.
+#[test]
+fn a_check_reads_leaves_its_snapshots_share_once() {
+    let (disk, vol) = sim_volume(&opts(false));
+    let mut rng = SmallRng::seed_from_u64(30);
+    let mut data: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    // Block 3 incompressible, stored raw: found on the medium below.
+    let raw = fill(&mut rng, Fill::Random, BS);
+    data[3 * BS..4 * BS].copy_from_slice(&raw);
+    vol.write(0, &data, false).expect("write");
+    let leaves = BLOCKS.div_ceil(255);
+    for i in 0..30 {
+        let at = 10 + (i * 97) % (BLOCKS - 10);
+        vol.write((at * BS) as u64, &part_random(&mut rng), false)
+            .expect("write");
+        vol.snapshot("default", &format!("s{i}")).expect("snapshot");
+    }
+    let report = vol.check(&|_, _| {});
+    assert!(report.is_clean(), "{report:?}");
+    // Each snapshot keeps the leaf the write after it copied: 30 more leaves at most.
+    let most = ((leaves + 30) * 255) as u64;
+    assert!(
+        report.blocks_checked >= BLOCKS as u64 && report.blocks_checked <= most,
+        "{} blocks checked for {BLOCKS} blocks in {leaves} leaves and 30 snapshots",
+        report.blocks_checked
+    );
+    vol.close().expect("close");
+    drop(vol);
+    // The raw block every device names, damaged on the medium: found, and every device's
+    // read of it fails.
+    let at = disk
+        .current_image()
+        .windows(BS)
+        .position(|w| w == &raw[..])
+        .expect("block 3 is stored raw") as u64;
+    disk.flip_bit(at + 100, 1);
+    let vol = reopen(&disk);
+    let report = vol.check(&|_, _| {});
+    assert!(!report.damaged_blocks.is_empty(), "{report:?}");
+    for name in ["default", "s0", "s29"] {
+        let id = vol
+            .devices()
+            .into_iter()
+            .find(|d| d.name == name)
+            .expect("device")
+            .id;
+        assert!(
+            vol.read_in(id, 3 * BS as u64, &mut [0u8; BS]).is_err(),
+            "{name} read a damaged block"
+        );
+    }
+}
