@@ -238,6 +238,17 @@ fn diff_below<I: TreeIo>(
     Ok(())
 }
 
+/// The children of an interior page at `level` that blocks `lo .. hi` (inside it) reach: for
+/// each, its slot, its position one level down and the part of the range under it.
+fn children(level: u8, lo: u64, hi: u64) -> impl Iterator<Item = (usize, u64, u64, u64)> {
+    let span = blocks_under(level - 1);
+    (lo / span..=(hi - 1) / span).map(move |c| {
+        let start = c * span;
+        let slot = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+        (slot, c, lo.max(start), hi.min(start.saturating_add(span)))
+    })
+}
+
 /// What meeting one page costs a release step's budget, against one unit per entry given up:
 /// a step frees at most `budget / RELEASE_PAGE_COST + 1` pages, however few entries they
 /// hold, and that must stay well inside the open window a checkpoint's pair-state list allows.
@@ -619,12 +630,8 @@ impl MapTree {
             }
             return Ok(());
         }
-        let child_span = blocks_under(level - 1);
-        for c in lo / child_span..=(hi - 1) / child_span {
-            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+        for (i, c, c_lo, c_hi) in children(level, lo, hi) {
             let child = read(pool, io, id, level, pos)?.slot(i);
-            let c_start = c * child_span;
-            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
             let seen = seen.as_deref_mut();
             self.scan_below(pool, io, seen, child, level - 1, c, c_lo, c_hi, f)?;
         }
@@ -677,12 +684,8 @@ impl MapTree {
             }
             return Ok(None);
         }
-        let child_span = blocks_under(level - 1);
-        for c in lo / child_span..=(hi - 1) / child_span {
-            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+        for (i, c, c_lo, c_hi) in children(level, lo, hi) {
             let child = read(pool, io, id, level, pos)?.slot(i);
-            let c_start = c * child_span;
-            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
             if let Some(lba) = self.first_mapped_below(pool, io, child, level - 1, c, c_lo, c_hi)? {
                 return Ok(Some(lba));
             }
@@ -836,12 +839,8 @@ impl MapTree {
         if level == 0 {
             return Ok(());
         }
-        let child_span = blocks_under(level - 1);
-        for c in lo / child_span..=(hi - 1) / child_span {
-            let i = (c % MAP_INTERIOR_SLOTS as u64) as usize;
+        for (i, c, c_lo, c_hi) in children(level, lo, hi) {
             let child = read(pool, io, id, level, pos)?.slot(i);
-            let c_start = c * child_span;
-            let (c_lo, c_hi) = (lo.max(c_start), hi.min(c_start.saturating_add(child_span)));
             self.pages_below(pool, io, child, level - 1, c, c_lo, c_hi, f)?;
         }
         Ok(())

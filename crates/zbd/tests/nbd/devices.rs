@@ -22,6 +22,69 @@ fn device_names(volume: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// A volume file made by `zbd create --size SIZE --capacity 96M --metadata-pages`.
+fn create_with_room(volume: &std::path::Path, size: &str) {
+    run(Command::new(ZBD).arg("create").arg(volume).args([
+        "--size",
+        size,
+        "--capacity",
+        "96M",
+        "--metadata-pages",
+    ]));
+}
+
+/// A volume image opened on simulated storage, where power cuts can be placed.
+fn sim_open(image: Vec<u8>) -> (std::sync::Arc<zbd_core::SimStorage>, zbd_core::Volume) {
+    let disk = std::sync::Arc::new(zbd_core::SimStorage::from_image(image));
+    let storage = Box::new(std::sync::Arc::clone(&disk));
+    let vol = zbd_core::Volume::open(storage, zbd_core::OpenOptions::default()).expect("open");
+    (disk, vol)
+}
+
+/// `len` bytes whose blocks compress about 3:1 (several versions fit a small data area).
+fn compressible(seed: u64, len: usize) -> Vec<u8> {
+    let mut b = bytes(seed, len);
+    b.chunks_mut(4096).for_each(|block| block[1200..].fill(0));
+    b
+}
+
+/// The image a power loss part way through `op` on `image` leaves: at the first eighth of
+/// its storage operations after which `stopped` holds for the volume reopened.
+fn stopped_image(
+    image: &[u8],
+    op: impl Fn(&zbd_core::Volume) -> zbd_core::Result<()>,
+    stopped: impl Fn(&zbd_core::Volume) -> bool,
+) -> Vec<u8> {
+    use rand::SeedableRng;
+    let ops = {
+        let (disk, vol) = sim_open(image.to_vec());
+        let ops0 = disk.ops();
+        op(&vol).expect("the operation without a power loss");
+        disk.ops() - ops0
+    };
+    (1..8)
+        .find_map(|eighth| {
+            let (disk, vol) = sim_open(image.to_vec());
+            disk.set_power_loss_at(disk.ops() + ops * eighth / 8);
+            assert!(op(&vol).is_err(), "the power loss stops it");
+            let crashed = disk.crash_image(&mut rand::rngs::SmallRng::seed_from_u64(eighth));
+            vol.abandon();
+            let (_, vol) = sim_open(crashed.clone());
+            let found = stopped(&vol);
+            vol.close().expect("close");
+            found.then_some(crashed)
+        })
+        .expect("a cut that leaves the operation stopped")
+}
+
+/// The kind `zbd device list` would show for device `name`.
+fn kind_of(vol: &zbd_core::Volume, name: &str) -> Option<&'static str> {
+    vol.devices()
+        .into_iter()
+        .find(|d| d.name == name)
+        .map(|d| d.kind)
+}
+
 #[test]
 fn devices_are_served_by_name_and_keep_their_own_bytes() {
     if tools(&["nbdinfo", "nbdcopy"]).is_none() {
@@ -342,69 +405,28 @@ fn an_ext4_snapshot_is_crash_consistent_and_served_read_only() {
 /// keeps its bytes, and `zbd check` is clean.
 #[test]
 fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
-    use rand::SeedableRng;
-    use std::sync::Arc;
-    use zbd_core::{OpenOptions, SimStorage, Volume};
     if tools(&["nbdcopy"]).is_none() {
         return;
     }
     const SIZE: usize = 32 << 20;
     let dir = tempfile::tempdir().expect("temp dir");
     let volume = dir.path().join("vol.zbd");
-    run(Command::new(ZBD).arg("create").arg(&volume).args([
-        "--size",
-        "32M",
-        "--capacity",
-        "96M",
-        "--metadata-pages",
-    ]));
-    let open = |image: Vec<u8>| {
-        let disk = Arc::new(SimStorage::from_image(image));
-        let vol = Volume::open(Box::new(Arc::clone(&disk)), OpenOptions::default()).expect("open");
-        (disk, vol)
-    };
-    // Blocks that compress about 3:1, so both versions fit the volume's data area.
-    let compressible = |seed: u64| {
-        let mut b = bytes(seed, SIZE);
-        b.chunks_mut(4096).for_each(|block| block[1200..].fill(0));
-        b
-    };
+    create_with_room(&volume, "32M");
     // The snapshot alone holds the old bytes: the origin rewrote them all.
-    let (disk, vol) = open(std::fs::read(&volume).expect("read the volume"));
-    vol.write(0, &compressible(10), false).expect("write");
+    let (disk, vol) = sim_open(std::fs::read(&volume).expect("read the volume"));
+    vol.write(0, &compressible(10, SIZE), false).expect("write");
     vol.snapshot("default", "s").expect("snapshot");
-    let now = compressible(11);
+    let now = compressible(11, SIZE);
     vol.write(0, &now, false).expect("write");
     vol.close().expect("close");
     let image = disk.current_image();
     drop(vol);
-    let ops = {
-        let (disk, vol) = open(image.clone());
-        let ops0 = disk.ops();
-        vol.delete_device("s").expect("delete");
-        disk.ops() - ops0
-    };
     // A power loss part way through the delete, at the first cut that leaves it stopped.
-    let stopped = (1..8)
-        .find_map(|eighth| {
-            let (disk, vol) = open(image.clone());
-            disk.set_power_loss_at(disk.ops() + ops * eighth / 8);
-            assert!(
-                vol.delete_device("s").is_err(),
-                "the power loss stops the delete"
-            );
-            let crashed = disk.crash_image(&mut rand::rngs::SmallRng::seed_from_u64(eighth));
-            vol.abandon();
-            let (_, vol) = open(crashed.clone());
-            let kind = vol
-                .devices()
-                .into_iter()
-                .find(|d| d.name == "s")
-                .map(|d| d.kind);
-            vol.close().expect("close");
-            (kind == Some("deleting")).then_some(crashed)
-        })
-        .expect("a cut that leaves the delete stopped");
+    let stopped = stopped_image(
+        &image,
+        |vol| vol.delete_device("s"),
+        |vol| kind_of(vol, "s") == Some("deleting"),
+    );
     std::fs::write(&volume, stopped).expect("write the volume");
     let listed = stdout(&run(Command::new(ZBD)
         .args(["device", "list"])
@@ -442,7 +464,7 @@ fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
     let log = std::fs::read_to_string(dir.path().join("serve.log")).expect("log");
     assert!(log.contains("zbd: deleted \"s\""), "{log}");
     run(Command::new(ZBD).arg("check").arg(&volume));
-    let (_, vol) = open(std::fs::read(&volume).expect("read"));
+    let (_, vol) = sim_open(std::fs::read(&volume).expect("read"));
     let space = vol.device_space().expect("space");
     assert_eq!(space.len(), 1);
     assert_eq!(
@@ -458,34 +480,16 @@ fn a_served_volume_finishes_a_delete_a_power_loss_stopped() {
 /// the server, which does not offer the clone until then. Each then reads as its snapshot.
 #[test]
 fn a_served_volume_finishes_rollbacks_a_power_loss_stopped() {
-    use rand::SeedableRng;
-    use std::sync::Arc;
-    use zbd_core::{OpenOptions, SimStorage, Volume};
     if tools(&["nbdcopy"]).is_none() {
         return;
     }
     const SIZE: usize = 16 << 20;
+    let compressible = |seed: u64| compressible(seed, SIZE);
     let dir = tempfile::tempdir().expect("temp dir");
     let volume = dir.path().join("vol.zbd");
-    run(Command::new(ZBD).arg("create").arg(&volume).args([
-        "--size",
-        "16M",
-        "--capacity",
-        "96M",
-        "--metadata-pages",
-    ]));
-    let open = |image: Vec<u8>| {
-        let disk = Arc::new(SimStorage::from_image(image));
-        let vol = Volume::open(Box::new(Arc::clone(&disk)), OpenOptions::default()).expect("open");
-        (disk, vol)
-    };
-    let compressible = |seed: u64| {
-        let mut b = bytes(seed, SIZE);
-        b.chunks_mut(4096).for_each(|block| block[1200..].fill(0));
-        b
-    };
+    create_with_room(&volume, "16M");
     // default: s (seed 10), then seed 11; clone c of s: cs (seed 12), then seed 13.
-    let (disk, vol) = open(std::fs::read(&volume).expect("read the volume"));
+    let (disk, vol) = sim_open(std::fs::read(&volume).expect("read the volume"));
     vol.write(0, &compressible(10), false).expect("write");
     vol.snapshot("default", "s").expect("snapshot");
     let c = vol.clone_snapshot("s", "c").expect("clone");
@@ -496,35 +500,13 @@ fn a_served_volume_finishes_rollbacks_a_power_loss_stopped() {
     vol.close().expect("close");
     let image = disk.current_image();
     drop(vol);
-    // The image a power loss part way through a rollback of `device` to `snapshot` leaves,
-    // at the first eighth of its storage operations that leaves it listed "rolling back".
+    // The image a power loss part way through a rollback of `device` to `snapshot` leaves.
     let stopped = |device: &str, snapshot: &str| {
-        let ops = {
-            let (disk, vol) = open(image.clone());
-            let ops0 = disk.ops();
-            vol.rollback(device, snapshot).expect("rollback");
-            disk.ops() - ops0
-        };
-        (1..8)
-            .find_map(|eighth| {
-                let (disk, vol) = open(image.clone());
-                disk.set_power_loss_at(disk.ops() + ops * eighth / 8);
-                assert!(
-                    vol.rollback(device, snapshot).is_err(),
-                    "the power loss stops it"
-                );
-                let crashed = disk.crash_image(&mut rand::rngs::SmallRng::seed_from_u64(eighth));
-                vol.abandon();
-                let (_, vol) = open(crashed.clone());
-                let kind = vol
-                    .devices()
-                    .into_iter()
-                    .find(|d| d.name == device)
-                    .map(|d| d.kind);
-                vol.close().expect("close");
-                (kind == Some("rolling back")).then_some(crashed)
-            })
-            .unwrap_or_else(|| panic!("no cut leaves the rollback of {device} stopped"))
+        stopped_image(
+            &image,
+            |vol| vol.rollback(device, snapshot),
+            |vol| kind_of(vol, device) == Some("rolling back"),
+        )
     };
     let read = |served: &Served, export: &str| {
         let out = dir.path().join("out");
