@@ -648,9 +648,6 @@ impl MapTree {
         first: u64,
         count: u64,
     ) -> Result<Option<u64>> {
-        if count == 0 {
-            return Ok(None);
-        }
         let end = first.saturating_add(count).min(self.blocks);
         if first >= end {
             return Ok(None);

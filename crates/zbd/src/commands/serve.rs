@@ -723,7 +723,10 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                                     "the default device is exported: roll it back offline".into(),
                                 );
                             }
-                            if let Some(Err(e)) = d.map(|d| idle(name, d.id)) {
+                            // A rollback asks under the device-operation lock instead
+                            // (`Volume::rollback_when`, below).
+                            let deleting = matches!(request, Request::Delete { .. });
+                            if let Some(Err(e)) = d.filter(|_| deleting).map(|d| idle(name, d.id)) {
                                 return Reply::Error(e.to_string());
                             }
                         }
