@@ -147,6 +147,9 @@ pub struct Stats {
     pub reserve_bytes: u64,
     /// Whether this open lent the reserve to host writes (it opened at its reserve: full).
     pub reserve_lent: bool,
+    /// Bytes of the data area host writes may fill: less the free extents they leave to the
+    /// cleaner and to the space reserve (held). Live data and map extents reach it at ENOSPC.
+    pub writable_bytes: u64,
     /// Bytes of extents that are in use but hold no live data (cleaner's work).
     pub dead_bytes: u64,
     /// Times a write cleaned with the state lock held, every other request waiting (v2
@@ -236,6 +239,8 @@ pub struct Space {
     pub reserve_bytes: u64,
     /// Whether it is lent to host writes.
     pub reserve_lent: bool,
+    /// Bytes of the data area host writes may fill (`Stats::writable_bytes`).
+    pub writable_bytes: u64,
 }
 
 /// Blocks stored in units of one size class (`zbd stat`).

@@ -304,9 +304,16 @@ fn thin_provisioning(t: &mut Text, s: &Stats, thin: &crate::thin::Settings) {
         r.data_area_used_pct / 100.0,
     );
     t.one(
+        "zbd_data_area_writable_used_ratio",
+        g,
+        "Live data and map pages / the part of the data area writes may fill (less the \
+         cleaner's and the space reserve's free extents): 1 at ENOSPC.",
+        r.writable_used_pct / 100.0,
+    );
+    t.one(
         "zbd_data_area_warn_used_ratio",
         g,
-        "Warning threshold on zbd_data_area_used_ratio (zbd serve --warn-used).",
+        "Warning threshold on zbd_data_area_writable_used_ratio (zbd serve --warn-used).",
         f64::from(r.warn_used_pct) / 100.0,
     );
     t.one(

@@ -10,7 +10,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use zbd_core::Space;
 
-/// Default warning threshold: % of the data area holding live (stored) data and map pages.
+/// Default warning threshold: % of the data area's writable part (below) holding live (stored)
+/// data and map pages.
 pub const WARN_USED_PCT_DEFAULT: u8 = 80;
 /// Default of `--when-full-timeout`: how long a queued write waits for room (dm-thin's
 /// `no_space_timeout` is 60 s too).
@@ -42,7 +43,7 @@ pub enum WhenFull {
 /// The thin-provisioning settings of an open volume.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
-    /// Warn when live data reaches this % of the data area.
+    /// Warn when live data and map pages reach this % of the writable part of the data area.
     pub warn_used_pct: u8,
     /// Space reserve, bytes (0: none).
     pub reserve_bytes: u64,
@@ -112,9 +113,16 @@ pub fn used_pct(used_bytes: u64, data_area_bytes: u64) -> f64 {
 pub struct Report {
     /// Live (stored) data and map pages carved from it, as a % of the data area.
     pub data_area_used_pct: f64,
-    /// The warning threshold, same unit.
+    /// Bytes of the data area host writes may fill: less the free extents they leave to the
+    /// cleaner and to the reserve. Used reaches it at ENOSPC.
+    pub writable_bytes: u64,
+    /// Live data and map pages as a % of `writable_bytes`.
+    pub writable_used_pct: f64,
+    /// The warning threshold, a % of `writable_bytes` (on a large data area the reserves are a
+    /// few %; on a small one they may be a fifth, and a share of the whole area would come
+    /// after ENOSPC).
     pub warn_used_pct: u8,
-    /// Whether used is at or above the threshold.
+    /// Whether `writable_used_pct` is at or above the threshold.
     pub above_warn: bool,
     /// Space reserve, bytes (offline: what `zbd serve` would keep by default).
     pub reserve_bytes: u64,
@@ -127,14 +135,17 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn of(used_bytes: u64, data_area_bytes: u64, reserve_lent: bool, s: &Settings) -> Report {
-        let used = used_pct(used_bytes, data_area_bytes);
+    pub fn of(space: &Space, s: &Settings) -> Report {
+        let used_bytes = space.live_bytes + space.metadata_extent_bytes;
+        let writable = used_pct(used_bytes, space.writable_bytes);
         Report {
-            data_area_used_pct: used,
+            data_area_used_pct: used_pct(used_bytes, space.data_area_bytes),
+            writable_bytes: space.writable_bytes,
+            writable_used_pct: writable,
             warn_used_pct: s.warn_used_pct,
-            above_warn: used >= f64::from(s.warn_used_pct),
+            above_warn: writable >= f64::from(s.warn_used_pct),
             reserve_bytes: s.reserve_bytes,
-            reserve_lent,
+            reserve_lent: space.reserve_lent,
             when_full: s.when_full,
             when_full_timeout_seconds: s.when_full_timeout.as_secs(),
             served: s.served,
@@ -142,12 +153,16 @@ impl Report {
     }
 
     pub fn of_stats(stats: &zbd_core::Stats, s: &Settings) -> Report {
-        Report::of(
-            stats.physical_bytes_live + stats.metadata_extent_bytes,
-            stats.data_area_bytes,
-            stats.reserve_lent,
-            s,
-        )
+        let space = Space {
+            live_bytes: stats.physical_bytes_live,
+            data_area_bytes: stats.data_area_bytes,
+            metadata_extent_bytes: stats.metadata_extent_bytes,
+            extents_free: stats.extents_free,
+            reserve_bytes: stats.reserve_bytes,
+            reserve_lent: stats.reserve_lent,
+            writable_bytes: stats.writable_bytes,
+        };
+        Report::of(&space, s)
     }
 }
 
@@ -161,10 +176,8 @@ pub struct Threshold {
 impl Threshold {
     /// The line to log if `space` crossed the threshold since the last call.
     pub fn crossed(&self, space: &Space, warn_used_pct: u8) -> Option<String> {
-        let used = used_pct(
-            space.live_bytes + space.metadata_extent_bytes,
-            space.data_area_bytes,
-        );
+        let used_bytes = space.live_bytes + space.metadata_extent_bytes;
+        let used = used_pct(used_bytes, space.writable_bytes);
         let above = used >= f64::from(warn_used_pct);
         if self.above.swap(above, Ordering::Relaxed) == above {
             return None;
@@ -172,13 +185,16 @@ impl Threshold {
         let human = crate::commands::human;
         Some(if above {
             format!(
-                "zbd: warning: data area {used:.1} % used ({} live data and {} map pages of {}), \
-                 above the {warn_used_pct} % threshold; writes fail with ENOSPC when the free \
-                 space falls to the reserve ({}): trim or delete snapshots (which frees their data \
-                 and the map extents they emptied), or zbd grow --capacity (docs/operations.md, \
+                "zbd: warning: data area {used:.1} % used ({} live data and {} map pages of the \
+                 {} writes may fill, {:.1} % of the {} area), above the {warn_used_pct} % \
+                 threshold; writes fail with ENOSPC when the free space falls to the reserve \
+                 ({}) and the cleaner's: trim or delete snapshots (which frees their data and \
+                 the map extents they emptied), or zbd grow --capacity (docs/operations.md, \
                  \"Thin provisioning\")",
                 human(space.live_bytes),
                 human(space.metadata_extent_bytes),
+                human(space.writable_bytes),
+                used_pct(used_bytes, space.data_area_bytes),
                 human(space.data_area_bytes),
                 human(space.reserve_bytes)
             )
@@ -222,6 +238,7 @@ mod tests {
             extents_free: 0,
             reserve_bytes: 0,
             reserve_lent: false,
+            writable_bytes: 1000,
         }
     }
 
@@ -249,6 +266,26 @@ mod tests {
         let line = t.crossed(&s, 80).expect("crossed");
         assert!(line.contains("81.0 % used"), "{line}");
         assert!(line.contains("110 B map pages"), "{line}");
+    }
+
+    /// The threshold is a share of what writes may fill: with a fifth of a small data area
+    /// kept free for the cleaner and the reserve, 70 % of the area is 87.5 % of that.
+    #[test]
+    fn the_threshold_is_a_share_of_what_writes_may_fill() {
+        let t = Threshold::default();
+        let mut s = space(600);
+        s.writable_bytes = 800;
+        assert_eq!(t.crossed(&s, 80), None, "600 of 800 is 75 %");
+        s.live_bytes = 700;
+        let line = t.crossed(&s, 80).expect("700 of 800 writable crosses 80 %");
+        assert!(line.contains("87.5 % used"), "{line}");
+        assert!(line.contains("70.0 % of the"), "{line}");
+        let r = Report::of(&s, &Settings::defaults(1000));
+        assert!(
+            r.above_warn && (r.writable_used_pct - 87.5).abs() < 1e-9,
+            "{r:?}"
+        );
+        assert!((r.data_area_used_pct - 70.0).abs() < 1e-9, "{r:?}");
     }
 
     #[test]

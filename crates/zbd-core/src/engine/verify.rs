@@ -65,6 +65,7 @@ impl Inner {
             extents_free: st.free_now() as u64,
             reserve_bytes: st.space_reserve as u64 * eb,
             reserve_lent: st.reserve_lent,
+            writable_bytes: st.writable_extents() as u64 * eb,
         }
     }
 
@@ -170,6 +171,7 @@ impl Inner {
             extents_open: open,
             reserve_bytes: st.space_reserve as u64 * eb,
             reserve_lent: st.reserve_lent,
+            writable_bytes: st.writable_extents() as u64 * eb,
             dead_bytes: (in_use + pending) * eb - live,
             locked_cleanings: st.locked_cleanings,
             space_short_rounds: st.space_short_rounds,

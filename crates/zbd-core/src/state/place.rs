@@ -129,6 +129,15 @@ impl State {
         }
     }
 
+    /// Extents host writes may fill: the data area less the floor they stop at with the space
+    /// reserve held (the cleaner's reserve and the space reserve). On a small data area that
+    /// floor is a large share (a 97-extent volume keeps 17), so a fullness warning is a share
+    /// of this, not of the data area, or writes fail before it fires.
+    pub fn writable_extents(&self) -> usize {
+        let floor = self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + self.space_reserve;
+        self.extents.len().saturating_sub(floor)
+    }
+
     /// Opening `need` more extents would reach the point where opening one cleans under the
     /// state lock (`open_new`): a writer cleans ahead without it (`Volume::clean_ahead`).
     pub fn space_short_for(&self, need: usize) -> bool {

@@ -100,8 +100,10 @@ pub struct ServeArgs {
     /// HOST:PORT binds as given (give a host to expose them beyond this machine).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
-    /// Log a warning (and show it in `zbd stat` and the metrics) when live data reaches this %
-    /// of the data area; logged again after falling back below and crossing again.
+    /// Log a warning (and show it in `zbd stat` and the metrics) when live data and map pages
+    /// reach this % of what writes may fill (the data area less the free extents kept for the
+    /// cleaner and the reserve: 100 % is ENOSPC); logged again after falling back below and
+    /// crossing again.
     #[arg(long, value_name = "PCT", default_value_t = crate::thin::WARN_USED_PCT_DEFAULT,
           value_parser = clap::value_parser!(u8).range(1..=100))]
     pub warn_used: u8,

@@ -400,7 +400,10 @@ pub fn render(name: &str, s: &Stats, thin: &crate::thin::Settings) -> String {
     line(
         "data area used",
         format!(
-            "{:.1} % (live data and map extents){}; warning at {} %",
+            "{:.1} % of the {} writes may fill ({:.1} % of the area; live data and map \
+             extents){}; warning at {} %",
+            t.writable_used_pct,
+            human(t.writable_bytes),
             t.data_area_used_pct,
             if t.above_warn {
                 " (ABOVE THE WARNING THRESHOLD)"

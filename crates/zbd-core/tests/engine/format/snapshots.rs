@@ -981,7 +981,13 @@ fn a_flattened_clone_lists_no_origin_and_keeps_its_bytes() {
 /// free extent; the carver, which takes extent pairs from the free list only, found none, so
 /// on a 16 MiB volume made as `zbd create` makes one every change after a snapshot failed with
 /// ENOSPC with 302 of 365 extents free, and rounds of scattered writes each followed by a
-/// snapshot failed with a quarter of the data area used.
+/// snapshot failed with a quarter of the data area used. Then they failed at 69-89 %: every
+/// change asked for the ids a 64-leaf range step may copy (252 ids, 4 MiB of map extents), a
+/// whole small volume's stock; a change now asks for the leaves it spans, and they fill 85 %
+/// and more. At ENOSPC, live data and map extents fill at least 80 % of what
+/// `Stats::writable_bytes` says writes may fill, so `zbd serve`'s warning (80 % of it by
+/// default) comes first. (With no margin at all, copies stop half way and `check` finds
+/// shared counts wrong: the margin is needed, at its size.)
 #[test]
 fn a_small_volume_has_room_after_a_snapshot() {
     for (size, extent) in [
@@ -1032,14 +1038,21 @@ fn a_small_volume_has_room_after_a_snapshot() {
             "{ctx}: 200 rounds fit: the test volume is too large"
         );
         let s = vol.stats();
-        let used =
-            (s.physical_bytes_live + s.metadata_extent_bytes) as f64 / s.data_area_bytes as f64;
+        let used_bytes = s.physical_bytes_live + s.metadata_extent_bytes;
+        let used = used_bytes as f64 / s.data_area_bytes as f64;
         assert!(
-            used >= 0.6,
+            used >= 0.85,
             "{ctx}: ENOSPC at {:.1} % used, {} of {} extents free",
             100.0 * used,
             s.extents_free,
             s.extents_total
+        );
+        let writable = used_bytes as f64 / s.writable_bytes as f64;
+        assert!(
+            writable >= 0.8,
+            "{ctx}: ENOSPC at {:.1} % of the {} bytes writes may fill: before the warning",
+            100.0 * writable,
+            s.writable_bytes
         );
         vol.flush().expect("flush");
         assert_clean(&vol, &ctx);
