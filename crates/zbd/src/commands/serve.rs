@@ -322,20 +322,61 @@ struct VolumeDirectory {
 /// Connections open on each device other than the default one (a device is not deleted under
 /// a client: `zbd device delete` of a served volume), and the default export's name (no
 /// device may take it).
-struct OpenExports(
-    std::sync::Mutex<std::collections::HashMap<u32, usize>>,
-    String,
-);
+struct OpenExports {
+    devices: std::sync::Mutex<std::collections::HashMap<u32, OpenState>>,
+    default_name: String,
+}
+
+/// One device's connections, and whether a delete hides it from new ones.
+#[derive(Default)]
+struct OpenState {
+    clients: usize,
+    hidden: bool,
+}
 
 impl OpenExports {
     fn new(default_name: &str) -> OpenExports {
-        OpenExports(Default::default(), default_name.to_owned())
+        OpenExports {
+            devices: Default::default(),
+            default_name: default_name.to_owned(),
+        }
+    }
+
+    fn with<T>(&self, device: u32, f: impl FnOnce(&mut OpenState) -> T) -> T {
+        let mut m = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        f(m.entry(device).or_default())
     }
 
     fn count(&self, device: u32) -> usize {
-        self.0
-            .lock()
-            .map_or(0, |m| m.get(&device).copied().unwrap_or(0))
+        self.with(device, |o| o.clients)
+    }
+
+    fn hidden(&self, device: u32) -> bool {
+        self.with(device, |o| o.hidden)
+    }
+
+    /// Hides `device` from clients that look it up from now on, if none has it open (else
+    /// the number that do): a delete empties a writable device before its row is marked, and
+    /// a client that found it meanwhile would read the holes. `find` counts a client before
+    /// it looks the device up a second time, so either this sees the client or the client
+    /// sees the device hidden.
+    fn hide_if_idle(self: &Arc<Self>, device: u32) -> std::result::Result<Hidden, usize> {
+        self.with(device, |o| match o.clients {
+            0 => {
+                o.hidden = true;
+                Ok(Hidden(Arc::clone(self), device))
+            }
+            n => Err(n),
+        })
+    }
+}
+
+/// Keeps a device hidden from new clients while it lives (`OpenExports::hide_if_idle`).
+struct Hidden(Arc<OpenExports>, u32);
+
+impl Drop for Hidden {
+    fn drop(&mut self) {
+        self.0.with(self.1, |o| o.hidden = false);
     }
 }
 
@@ -344,20 +385,15 @@ struct OpenGuard(Arc<OpenExports>, u32);
 
 impl OpenGuard {
     fn new(open: &Arc<OpenExports>, device: u32) -> OpenGuard {
-        if let Ok(mut m) = open.0.lock() {
-            *m.entry(device).or_default() += 1;
-        }
+        open.with(device, |o| o.clients += 1);
         OpenGuard(Arc::clone(open), device)
     }
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.0 .0.lock() {
-            if let Some(n) = m.get_mut(&self.1) {
-                *n = n.saturating_sub(1);
-            }
-        }
+        self.0
+            .with(self.1, |o| o.clients = o.clients.saturating_sub(1));
     }
 }
 
@@ -372,7 +408,7 @@ impl zbd_nbd::Directory for VolumeDirectory {
         let devices = self.served.with(|v| v.devices()).unwrap_or_default();
         devices
             .into_iter()
-            .filter(|d| d.id != DEFAULT_DEVICE && exported(d.kind))
+            .filter(|d| d.id != DEFAULT_DEVICE && exported(d.kind) && !self.open.hidden(d.id))
             .map(|d| d.name)
             .collect()
     }
@@ -389,9 +425,10 @@ impl zbd_nbd::Directory for VolumeDirectory {
         };
         let d = offered(None)?;
         // Counted first, then looked up again: a rollback marks the device (no longer offered)
-        // and then counts its clients, so either it sees this one or this one sees the mark.
+        // and a delete hides it, then each counts its clients, so either it sees this one or
+        // this one sees the mark.
         let guard = OpenGuard::new(&self.open, d.id);
-        offered(Some(d.id))?;
+        offered(Some(d.id)).filter(|_| !self.open.hidden(d.id))?;
         Some(Arc::new(VolumeExport {
             served: Arc::clone(&self.served),
             device: d.id,
@@ -711,13 +748,18 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                             Request::Rollback { device, .. } => Some(device),
                             _ => None,
                         };
-                        let idle = |name: &str, id: u32| match open.count(id) {
-                            0 => Ok(()),
-                            n => Err(zbd_core::Error::Invalid(format!(
+                        let open_by = |name: &str, n: usize| {
+                            format!(
                                 "device {name:?} is open by {n} NBD connection(s): disconnect \
                                  them first"
-                            ))),
+                            )
                         };
+                        let idle = |name: &str, id: u32| match open.count(id) {
+                            0 => Ok(()),
+                            n => Err(zbd_core::Error::Invalid(open_by(name, n))),
+                        };
+                        // Held until the delete returns: no client finds the device meanwhile.
+                        let mut _hidden = None;
                         if let Some(name) = busy {
                             let d = v.devices().into_iter().find(|d| &d.name == name);
                             if d.as_ref().is_some_and(|d| d.id == DEFAULT_DEVICE) {
@@ -728,8 +770,11 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                             // A rollback asks under the device-operation lock instead
                             // (`Volume::rollback_when`, below).
                             let deleting = matches!(request, Request::Delete { .. });
-                            if let Some(Err(e)) = d.filter(|_| deleting).map(|d| idle(name, d.id)) {
-                                return Reply::Error(e.to_string());
+                            if let Some(d) = d.filter(|_| deleting) {
+                                match open.hide_if_idle(d.id) {
+                                    Ok(hidden) => _hidden = Some(hidden),
+                                    Err(n) => return Reply::Error(open_by(name, n)),
+                                }
                             }
                         }
                         // The default export's name is not a device's (a client asking for
@@ -740,7 +785,7 @@ fn serve_device(stream: UnixStream, served: Arc<ServedVolume>, json: &str, open:
                             | Request::Clone { name, .. } => Some(name),
                             _ => None,
                         };
-                        let export_name = &open.1;
+                        let export_name = &open.default_name;
                         if named.is_some_and(|n| !export_name.is_empty() && n == export_name) {
                             return Reply::Error(format!(
                                 "{export_name:?} is the default export's name (zbd serve --export)"
@@ -1417,4 +1462,29 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     crate::log::line("zbd: stopped, volume closed cleanly");
     crate::log::flush(LOG_FLUSH_TIMEOUT);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A delete hides an idle device from new clients until it returns, and refuses one a
+    /// client has open; `find` counts a client before its second lookup, so a client counted
+    /// after the hide finds the device hidden.
+    #[test]
+    fn a_delete_hides_an_idle_device_and_refuses_an_open_one() {
+        let open = Arc::new(OpenExports::new(""));
+        let client = OpenGuard::new(&open, 7);
+        assert_eq!(open.hide_if_idle(7).err(), Some(1));
+        assert!(!open.hidden(7), "a refused delete hides nothing");
+        drop(client);
+        let hidden = open.hide_if_idle(7).expect("no client has it open");
+        let late = OpenGuard::new(&open, 7);
+        assert!(open.hidden(7), "a client counted after the hide sees it");
+        assert!(!open.hidden(8), "only that device");
+        drop(late);
+        drop(hidden);
+        assert!(!open.hidden(7), "shown again once the delete returned");
+        assert_eq!(open.count(7), 0);
+    }
 }
