@@ -490,6 +490,12 @@ impl Volume {
         self.close_rewritten(grown)
     }
 
+    /// Why [`Volume::close_grown`] would refuse this open at any size (read-only, failed,
+    /// closed, metadata pages), if it would: asked before the storage is extended.
+    pub fn growable(&self) -> Result<()> {
+        self.inner.growable()
+    }
+
     /// Whether the handle is closed (`close`, `close_grown`, `abandon`): it serves nothing more.
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()

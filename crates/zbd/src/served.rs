@@ -183,6 +183,9 @@ impl ServedVolume {
                  \"After a crash\" (exit 3 / fenced)"
             ));
         }
+        // Before the file is extended and I/O paused: a volume that cannot grow (metadata
+        // pages) kept its requests waiting at the gate only to be refused.
+        self.with(|v| v.growable())?.map_err(|e| e.to_string())?;
         let grown = match grow::plan(request, &old).map_err(|e| format!("{e:#}"))? {
             None => return Ok(Grown::Unchanged(old)),
             Some(grown) => grown,

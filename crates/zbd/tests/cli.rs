@@ -1273,6 +1273,33 @@ fn grow_served_is_refused_while_a_scrub_runs() {
     assert!(served.stop(), "{}", serve_log(dir.path()));
 }
 
+/// A volume with metadata pages cannot grow yet: `zbd grow` says so in one line, offline and
+/// served, before the file is extended (it was extended first, and a served grow paused I/O at
+/// the gate, only to be refused).
+#[test]
+fn grow_of_a_volume_with_metadata_pages_is_refused_before_the_file_grows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vol = dir.path().join("v.zbd");
+    on("create", &vol, &["--size", "64M", "--metadata-pages"]).success();
+    let len = || std::fs::metadata(&vol).expect("stat").len();
+    let before = len();
+    let refused = || {
+        predicate::str::contains("growing a volume with metadata pages is not supported yet")
+            .and(predicate::function(|s: &str| s.lines().count() == 1))
+    };
+    on("grow", &vol, &["--capacity", "400M"])
+        .code(1)
+        .stderr(refused());
+    assert_eq!(len(), before, "an offline grow refused extended the file");
+    let mut served = Served::start(&vol, dir.path());
+    on("grow", &vol, &["--capacity", "400M"])
+        .code(1)
+        .stderr(refused());
+    assert_eq!(len(), before, "a served grow refused extended the file");
+    assert_eq!(nbdinfo_size(&served.uri()), 64 << 20);
+    assert!(served.stop(), "{}", serve_log(dir.path()));
+}
+
 /// A child process killed and reaped on drop (by its PID), so a failing test leaves none.
 struct Reaped(std::process::Child);
 

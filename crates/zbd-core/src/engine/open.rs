@@ -472,6 +472,21 @@ impl Inner {
         logical_bytes: Option<u64>,
         capacity_bytes: Option<u64>,
     ) -> Result<Superblock> {
+        self.growable()?;
+        let grown = crate::layout::grow(&self.sb, logical_bytes, capacity_bytes)?;
+        let len = self.storage.len_bytes()?;
+        if len < grown.total_bytes() {
+            return Err(Error::Invalid(format!(
+                "storage has {len} bytes, the grown volume needs {}: extend it first",
+                grown.total_bytes()
+            )));
+        }
+        Ok(grown)
+    }
+
+    /// Why this open cannot be grown at any size, if it cannot (`Volume::growable`): asked
+    /// before the storage is extended and, served, before I/O is paused for the grow.
+    pub(crate) fn growable(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::Invalid("growing needs a writable open".into()));
         }
@@ -486,15 +501,7 @@ impl Inner {
                 "growing a volume with metadata pages is not supported yet".into(),
             ));
         }
-        let grown = crate::layout::grow(&self.sb, logical_bytes, capacity_bytes)?;
-        let len = self.storage.len_bytes()?;
-        if len < grown.total_bytes() {
-            return Err(Error::Invalid(format!(
-                "storage has {len} bytes, the grown volume needs {}: extend it first",
-                grown.total_bytes()
-            )));
-        }
-        Ok(grown)
+        Ok(())
     }
 
     /// The superblock with `settings` (`SB_SETTING_*`: what opens do by default), or why not;

@@ -120,6 +120,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         print_grown(path, &Reply::Unchanged(describe(&old)), false);
         return Ok(ExitCode::SUCCESS);
     };
+    // Refused before the file grows (a volume that cannot grow keeps its size).
+    vol.growable()
+        .with_context(|| format!("cannot grow {}", path.display()))?;
     // Order (a crash at any point leaves a volume that opens, as before or grown): the file
     // first, extended and synced; then the clean close; then superblock copy A, synced; then
     // copy B, synced (`Volume::close_grown`, `layout::write_superblock_update`).
