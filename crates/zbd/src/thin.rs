@@ -108,6 +108,16 @@ pub fn used_pct(used_bytes: u64, data_area_bytes: u64) -> f64 {
     }
 }
 
+/// Live data and map pages as % of what writes may fill (the threshold's measure) and as %
+/// of the whole data area.
+fn used_shares(space: &Space) -> (f64, f64) {
+    let used_bytes = space.live_bytes + space.metadata_extent_bytes;
+    (
+        used_pct(used_bytes, space.writable_bytes),
+        used_pct(used_bytes, space.data_area_bytes),
+    )
+}
+
 /// `zbd stat`'s thin-provisioning figures (`thin` in `--json`).
 #[derive(serde::Serialize, Debug, Clone, PartialEq)]
 pub struct Report {
@@ -136,10 +146,9 @@ pub struct Report {
 
 impl Report {
     pub fn of(space: &Space, s: &Settings) -> Report {
-        let used_bytes = space.live_bytes + space.metadata_extent_bytes;
-        let writable = used_pct(used_bytes, space.writable_bytes);
+        let (writable, area) = used_shares(space);
         Report {
-            data_area_used_pct: used_pct(used_bytes, space.data_area_bytes),
+            data_area_used_pct: area,
             writable_bytes: space.writable_bytes,
             writable_used_pct: writable,
             warn_used_pct: s.warn_used_pct,
@@ -176,8 +185,7 @@ pub struct Threshold {
 impl Threshold {
     /// The line to log if `space` crossed the threshold since the last call.
     pub fn crossed(&self, space: &Space, warn_used_pct: u8) -> Option<String> {
-        let used_bytes = space.live_bytes + space.metadata_extent_bytes;
-        let used = used_pct(used_bytes, space.writable_bytes);
+        let (used, area) = used_shares(space);
         let above = used >= f64::from(warn_used_pct);
         if self.above.swap(above, Ordering::Relaxed) == above {
             return None;
@@ -194,7 +202,7 @@ impl Threshold {
                 human(space.live_bytes),
                 human(space.metadata_extent_bytes),
                 human(space.writable_bytes),
-                used_pct(used_bytes, space.data_area_bytes),
+                area,
                 human(space.data_area_bytes),
                 human(space.reserve_bytes)
             )
