@@ -74,8 +74,8 @@ impl State {
 
     /// Stock carving, in a first form (design, "Space for metadata"; returns in
     /// `return_stock`; no partner passes, no demand carving for waiting steps yet): at a
-    /// phase 1 of a bit-10 volume whose allocatable page ids ran low, takes extents `e < H` whose partner `e + H` is free too,
-    /// both from the free list (never from an allocation queue), as metadata, while host
+    /// phase 1 of a bit-10 volume whose allocatable page ids ran low, takes extents `e < H`
+    /// whose partner `e + H` is free too, both from the free list (never from an allocation queue), as metadata, while host
     /// payload stays above its floor after each pair. Their ids become allocatable when this
     /// checkpoint commits, so no window uses a pair its durable checkpoint does not list.
     /// Replay carves nothing (`carving` is set once it is done, before the open's

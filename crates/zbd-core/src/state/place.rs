@@ -134,7 +134,12 @@ impl State {
     /// floor is a large share (a 97-extent volume keeps 17), so a fullness warning is a share
     /// of this, not of the data area, or writes fail before it fires.
     pub fn writable_extents(&self) -> usize {
-        let floor = self.buffer.config().reserve.max(CLEANER_EXTENTS_MIN) + self.space_reserve;
+        let lent = if self.reserve_lent {
+            self.space_reserve
+        } else {
+            0
+        };
+        let floor = self.floor(Consumer::HostWrite) + lent;
         self.extents.len().saturating_sub(floor)
     }
 

@@ -1102,14 +1102,9 @@ fn a_check_reads_leaves_its_snapshots_share_once() {
     let report = vol.check(&|_, _| {});
     assert!(!report.damaged_blocks.is_empty(), "{report:?}");
     for name in ["default", "s0", "s29"] {
-        let id = vol
-            .devices()
-            .into_iter()
-            .find(|d| d.name == name)
-            .expect("device")
-            .id;
         assert!(
-            vol.read_in(id, 3 * BS as u64, &mut [0u8; BS]).is_err(),
+            vol.read_in(id_of(&vol, name), 3 * BS as u64, &mut [0u8; BS])
+                .is_err(),
             "{name} read a damaged block"
         );
     }
