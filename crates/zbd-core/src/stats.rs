@@ -147,8 +147,8 @@ pub struct Stats {
     pub reserve_bytes: u64,
     /// Whether this open lent the reserve to host writes (it opened at its reserve: full).
     pub reserve_lent: bool,
-    /// Bytes of the data area host writes may fill: less the free extents they leave to the
-    /// cleaner and to the space reserve (held). Live data and map extents reach it at ENOSPC.
+    /// Bytes of the data area host writes may fill: less the space reserve (held) and the
+    /// cleaner's last extent. Live data and map extents reach it at ENOSPC.
     pub writable_bytes: u64,
     /// Bytes of extents that are in use but hold no live data (cleaner's work).
     pub dead_bytes: u64,

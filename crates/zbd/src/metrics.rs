@@ -307,7 +307,7 @@ fn thin_provisioning(t: &mut Text, s: &Stats, thin: &crate::thin::Settings) {
         "zbd_data_area_writable_used_ratio",
         g,
         "Live data and map pages / the part of the data area writes may fill (less the \
-         cleaner's and the space reserve's free extents): 1 at ENOSPC.",
+         space reserve and the cleaner's last extent): 1 at ENOSPC.",
         r.writable_used_pct / 100.0,
     );
     t.one(

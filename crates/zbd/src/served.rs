@@ -59,6 +59,10 @@ pub struct ServedVolume {
     options: OpenOptions,
     thin_args: ThinArgs,
     thin: Mutex<thin::Settings>,
+    /// Which side of the warning threshold the data area was last seen on; held while the
+    /// crossing is logged, so that a request that met ENOSPC does not answer before the
+    /// warning another one found is in the log.
+    threshold: Mutex<thin::Threshold>,
     /// Why the volume is not served any more after a failed grow (the exit status says so).
     failure: Mutex<Option<String>>,
 }
@@ -96,6 +100,7 @@ impl ServedVolume {
             options,
             thin_args,
             thin: Mutex::new(settings),
+            threshold: Mutex::new(thin::Threshold::default()),
             failure: Mutex::new(None),
         }))
     }
@@ -124,6 +129,20 @@ impl ServedVolume {
     /// The thin-provisioning settings in force (the reserve follows the data area).
     pub fn thin(&self) -> thin::Settings {
         *self.thin.lock()
+    }
+
+    /// Logs a crossing of the warning threshold, either way, since the last look. The watch
+    /// thread looks every second; a request that meets ENOSPC looks before its error goes
+    /// back, so a volume filled within a second still logs the warning before a client sees
+    /// a write fail.
+    pub fn watch_space(&self) {
+        let warn_used_pct = self.thin().warn_used_pct;
+        let threshold = self.threshold.lock();
+        if let Ok(space) = self.with(|v| v.space()) {
+            if let Some(line) = threshold.crossed(&space, warn_used_pct) {
+                crate::log::line(line);
+            }
+        }
     }
 
     /// Runs a scrub-like job on the open volume outside the gate (it may take hours), with

@@ -6,7 +6,7 @@
 use crate::served::ServedVolume;
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 use zbd_core::Space;
 
@@ -123,13 +123,13 @@ fn used_shares(space: &Space) -> (f64, f64) {
 pub struct Report {
     /// Live (stored) data and map pages carved from it, as a % of the data area.
     pub data_area_used_pct: f64,
-    /// Bytes of the data area host writes may fill: less the free extents they leave to the
-    /// cleaner and to the reserve. Used reaches it at ENOSPC.
+    /// Bytes of the data area host writes may fill: less the reserve and the cleaner's last
+    /// extent. Used reaches it at ENOSPC.
     pub writable_bytes: u64,
     /// Live data and map pages as a % of `writable_bytes`.
     pub writable_used_pct: f64,
-    /// The warning threshold, a % of `writable_bytes` (on a large data area the reserves are a
-    /// few %; on a small one they may be a fifth, and a share of the whole area would come
+    /// The warning threshold, a % of `writable_bytes` (on a large data area the reserve is a
+    /// few %; on a small one a large share, and a share of the whole area would come
     /// after ENOSPC).
     pub warn_used_pct: u8,
     /// Whether `writable_used_pct` is at or above the threshold.
@@ -213,21 +213,17 @@ impl Threshold {
 }
 
 /// Watches the data area while the volume is served (and across an online grow, which
-/// changes it): one log line when the warning threshold is crossed either way. Holds the
-/// served volume weakly: the thread ends once the server drops it.
-pub fn spawn_watch(served: Weak<ServedVolume>, warn_used_pct: u8) -> std::io::Result<()> {
-    let threshold = Arc::new(Threshold::default());
+/// changes it): one log line when the warning threshold is crossed either way
+/// (`ServedVolume::watch_space`). Holds the served volume weakly: the thread ends once the
+/// server drops it.
+pub fn spawn_watch(served: Weak<ServedVolume>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("zbd-thin".into())
         .spawn(move || loop {
             let Some(served) = served.upgrade() else {
                 return;
             };
-            if let Ok(space) = served.with(|v| v.space()) {
-                if let Some(line) = threshold.crossed(&space, warn_used_pct) {
-                    crate::log::line(line);
-                }
-            }
+            served.watch_space();
             drop(served);
             std::thread::park_timeout(WATCH_PERIOD);
         })?;

@@ -1,6 +1,8 @@
 //! Thin provisioning with a real filesystem (issue 29): ext4 on an over-committed volume filled
 //! with random data until its writes fail must be repairable by `e2fsck -fy` with no hand work,
-//! because the server keeps a space reserve that the next open lends to writes.
+//! because the server keeps a space reserve that the next open lends to writes. And a volume
+//! filled faster than the server's once-a-second look logs its warning before a client sees
+//! ENOSPC (issue 28).
 //!
 //! Without the reserve the test fails (e2fsck exits 12, "unable to set superblock flags"): run
 //! it with `ZBD_TEST_THIN_RESERVE=0` to see it. Needs root, /dev/fuse, nbdfuse, losetup,
@@ -285,4 +287,51 @@ fn full_overcommitted_ext4_is_repaired_by_e2fsck() {
         "{}",
         String::from_utf8_lossy(&again.stdout)
     );
+}
+
+/// A burst that fills the data area in well under a second still logs the warning, and then
+/// that requests fail, before the client that met ENOSPC is answered. The log is read the
+/// moment nbdcopy exits: with only the watch thread's look once a second, the warning is
+/// there only if that look fell in the few milliseconds between 80 % and full (about one run
+/// in twenty).
+#[test]
+fn a_fast_fill_logs_the_warning_before_enospc() {
+    if !have("nbdcopy") {
+        eprintln!("skipped: nbdcopy not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let volume = dir.path().join("v.zbd");
+    let socket = dir.path().join("v.sock");
+    let out = zbd(&[
+        "create".as_ref(),
+        volume.as_os_str(),
+        "--size".as_ref(),
+        "64M".as_ref(),
+        "--capacity".as_ref(),
+        "16M".as_ref(),
+    ]);
+    ok(&out, "zbd create");
+    let source = dir.path().join("random");
+    std::fs::write(&source, zbd_testkit::pseudo_random(28, 64 << 20)).expect("source");
+    let mut server = Server::start(&volume, &socket, dir.path().join("serve.log"), &[]);
+    let copy = Command::new("timeout")
+        .arg("120")
+        .arg("nbdcopy")
+        .arg(&source)
+        .arg(format!("nbd+unix:///?socket={}", socket.display()))
+        .output()
+        .expect("nbdcopy");
+    let log = server.log_text();
+    assert!(
+        !copy.status.success(),
+        "64M of random data went into a 16M data area without an error"
+    );
+    let warned = log.find("zbd: warning: data area");
+    let failing = log.find("requests fail with ENOSPC");
+    assert!(
+        warned.is_some() && failing.is_some() && warned < failing,
+        "the warning, then the ENOSPC line, expected before the client's error; log:\n{log}"
+    );
+    assert_eq!(server.stop(), Some(0), "{}", server.log_text());
 }

@@ -130,16 +130,18 @@ impl State {
     }
 
     /// Extents host writes may fill: the data area less the floor they stop at with the space
-    /// reserve held (the cleaner's reserve and the space reserve). On a small data area that
-    /// floor is a large share (a 97-extent volume keeps 17), so a fullness warning is a share
-    /// of this, not of the data area, or writes fail before it fires.
+    /// reserve held: the space reserve and the cleaner's last extent (once the cleaner finds
+    /// nothing to reclaim, writes go on into its reserve: `Consumer::AfterCleaning`). On a
+    /// small data area the space reserve is a large share, so a fullness warning is a share
+    /// of this, not of the data area, or writes fail before it fires; counting the cleaner's
+    /// whole reserve too, a 16 MiB area filled with live data reached 110 % of it.
     pub fn writable_extents(&self) -> usize {
         let lent = if self.reserve_lent {
             self.space_reserve
         } else {
             0
         };
-        let floor = self.floor(Consumer::HostWrite) + lent;
+        let floor = self.floor(Consumer::AfterCleaning) + lent;
         self.extents.len().saturating_sub(floor)
     }
 

@@ -212,15 +212,34 @@ pub struct VolumeExport {
     requests: Arc<Requests>,
     /// `--when-full queue`: how long a write waits for room (None: ENOSPC at once).
     queue_when_full: Option<Duration>,
-    /// When a write last started waiting for room (`--when-full queue`), for the log line
-    /// that says writes wait: at most one per `WAITING_LOG_PERIOD`.
-    waiting_logged: std::sync::Mutex<Option<Instant>>,
+    /// The log lines that say writes wait for room (`--when-full queue`) and that they fail
+    /// with ENOSPC.
+    waiting_logged: LogLimit,
+    failing_logged: LogLimit,
     /// Counts this export's connection on its device (not for the default export).
     _open: Option<OpenGuard>,
 }
 
-/// Writes that wait for room are logged at most this often.
-const WAITING_LOG_PERIOD: Duration = Duration::from_secs(60);
+/// Writes that wait for room, or fail for want of it, are logged at most this often.
+const FULL_LOG_PERIOD: Duration = Duration::from_secs(60);
+
+/// When a line of one kind was last logged: at most one per `FULL_LOG_PERIOD`.
+#[derive(Default)]
+struct LogLimit(std::sync::Mutex<Option<Instant>>);
+
+impl LogLimit {
+    /// Whether a line is due now (and, if so, counts it as logged).
+    fn due(&self) -> bool {
+        let Ok(mut last) = self.0.lock() else {
+            return false;
+        };
+        if last.is_some_and(|at| at.elapsed() < FULL_LOG_PERIOD) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+}
 
 impl VolumeExport {
     /// Runs one request of `op` over `bytes`, recording its outcome and time.
@@ -435,7 +454,8 @@ impl zbd_nbd::Directory for VolumeDirectory {
             read_only: self.read_only || !d.writable,
             requests: Arc::clone(&self.requests),
             queue_when_full: self.queue_when_full,
-            waiting_logged: std::sync::Mutex::new(None),
+            waiting_logged: LogLimit::default(),
+            failing_logged: LogLimit::default(),
             _open: Some(guard),
         }))
     }
@@ -443,12 +463,25 @@ impl zbd_nbd::Directory for VolumeDirectory {
 
 impl VolumeExport {
     /// Runs one engine call on the served volume (through its gate); a volume no longer served
-    /// (a failed grow, the server stopping) fails it with EIO and the reason.
+    /// (a failed grow, the server stopping) fails it with EIO and the reason. ENOSPC is logged
+    /// before it goes back: the warning threshold first, if the watch thread has not seen it
+    /// crossed yet, then that writes fail.
     fn on_volume<T>(&self, call: impl FnOnce(&Volume) -> zbd_core::Result<T>) -> ExportResult<T> {
-        self.served
+        let result = self
+            .served
             .with(call)
             .map_err(ExportError::io)?
-            .map_err(export_error)
+            .map_err(export_error);
+        if matches!(&result, Err(e) if e.kind == ErrorKind::NoSpace) {
+            self.served.watch_space();
+            if self.failing_logged.due() {
+                crate::log::line(
+                    "zbd: the data area is full: requests fail with ENOSPC; free space (trim, \
+                     zbd snapshot delete) or zbd grow --capacity",
+                );
+            }
+        }
+        result
     }
 
     /// `--when-full queue`: a write waits for room until `deadline`. An online grow stops the
@@ -487,20 +520,15 @@ impl VolumeExport {
     }
 
     /// One line when writes start waiting for room (an admin frees space or grows the data
-    /// area), at most one per `WAITING_LOG_PERIOD`.
+    /// area), at most one per `FULL_LOG_PERIOD`.
     fn log_waiting(&self) {
-        let Ok(mut last) = self.waiting_logged.lock() else {
-            return;
-        };
-        if last.is_some_and(|at| at.elapsed() < WAITING_LOG_PERIOD) {
-            return;
+        if self.waiting_logged.due() {
+            crate::log::line(format!(
+                "zbd: the data area is full: writes wait for room (--when-full queue, up to {} s \
+                 each); free space (trim) or zbd grow --capacity",
+                self.queue_when_full.unwrap_or_default().as_secs()
+            ));
         }
-        *last = Some(Instant::now());
-        crate::log::line(format!(
-            "zbd: the data area is full: writes wait for room (--when-full queue, up to {} s \
-             each); free space (trim) or zbd grow --capacity",
-            self.queue_when_full.unwrap_or_default().as_secs()
-        ));
     }
 
     fn flush_volume(&self) -> ExportResult<()> {
@@ -1361,7 +1389,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     log_opened(args.volume(), &volume.stats());
     let served = ServedVolume::new(volume, args.volume(), file, options, thin_args(args))?;
     let thin = served.thin();
-    crate::thin::spawn_watch(Arc::downgrade(&served), thin.warn_used_pct)
+    crate::thin::spawn_watch(Arc::downgrade(&served))
         .context("cannot start the data area watch")?;
     let requests = Arc::new(Requests::default());
     let queue_when_full =
@@ -1372,7 +1400,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         read_only: args.read_only,
         requests: Arc::clone(&requests),
         queue_when_full,
-        waiting_logged: std::sync::Mutex::new(None),
+        waiting_logged: LogLimit::default(),
+        failing_logged: LogLimit::default(),
         _open: None,
     });
     let mut server = Server::bind(&listen, export, config)?;
