@@ -58,6 +58,8 @@ pub struct PassResult {
     pub outputs: usize,
     /// Live bytes moved.
     pub bytes_moved: u64,
+    /// `zbd compact` only: bytes of map page slots no page needs, given back to the storage.
+    pub metadata_bytes_discarded: u64,
 }
 
 impl PassResult {

@@ -265,6 +265,15 @@ impl Inner {
             total.bytes_moved += r.bytes_moved;
         }
         progress(first, first);
+        // Then the slot of each page pair that does not hold the page goes back to the backing
+        // file, once a second checkpoint with nothing changed means the one before the last
+        // (an open's fallback) names the same slots.
+        st.checkpoint(&cx)?;
+        st.checkpoint(&cx)?;
+        if let crate::map::VolumeMap::Tree(t) = &mut st.map {
+            total.metadata_bytes_discarded =
+                t.discard_stale_slots(|offset, len| cx.storage.discard(offset, len))?;
+        }
         drop(st);
         self.issue_sealed()?;
         Ok(total)

@@ -268,6 +268,15 @@ impl TreeMap {
         self.catalog.store.window(&self.catalog.pool) >= self.window_max() * 3 / 4
     }
 
+    /// Discards the page slots no page needs (`MetaStore::discard_stale_slots`).
+    pub fn discard_stale_slots(
+        &mut self,
+        discard: impl FnMut(u64, u64) -> Result<()>,
+    ) -> Result<u64> {
+        let c = &mut self.catalog;
+        c.store.discard_stale_slots(&mut c.pool, discard)
+    }
+
     /// Pairs of the carved metadata extents no page uses, and all of theirs
     /// (`PairAllocator::free_of_carved`).
     pub fn carved_pairs_free(&self) -> (u64, u64) {

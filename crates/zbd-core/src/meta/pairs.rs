@@ -538,6 +538,11 @@ impl PairAllocator {
         (free.min(all), all)
     }
 
+    /// Extents (copy 0) whose pairs are metadata, carved in a phase 1 or before.
+    pub fn metadata_extents(&self) -> impl Iterator<Item = u32> + '_ {
+        self.metadata.iter().copied()
+    }
+
     /// The lowest allocatable id for a use other than a step, only while more than its floor
     /// and every claim remain.
     pub fn allocate(&mut self, usage: PairUse) -> Option<u32> {

@@ -367,6 +367,60 @@ impl MetaStore {
         Ok(out)
     }
 
+    /// Calls `discard` with the byte ranges of page slots no page needs (`zbd compact`, after
+    /// two checkpoints with nothing changed between them, so the one before the last names
+    /// the same slots): both copies of the slot a page's pair does not hold it in, and both
+    /// slots of a free pair, in region 0 and in the carved extents. A page that changed in
+    /// both slots since create holds 16 KiB of the backing file where it needs 8. The
+    /// store's own pages (pair states, directory) keep both slots; reserved pairs too.
+    /// Returns the bytes given to `discard`. Offline only: nothing may change meanwhile.
+    pub fn discard_stale_slots(
+        &mut self,
+        pool: &mut PagePool<Page>,
+        mut discard: impl FnMut(u64, u64) -> Result<()>,
+    ) -> Result<u64> {
+        assert!(self.flight.is_none(), "no checkpoint in flight");
+        let own: BTreeSet<u32> = self.states.own_ids().collect();
+        let extents: Vec<u32> = self.alloc.metadata_extents().collect();
+        let g = self.geometry;
+        let ids =
+            (0..g.pairs0).chain(extents.iter().flat_map(move |&e| {
+                (0..g.pairs_per_extent).filter_map(move |p| g.id_in_extent(e, p))
+            }));
+        // Runs of neighbouring slots, one per copy, joined before they are discarded.
+        let mut runs: [Option<(u64, u64)>; 2] = [None, None];
+        let mut total = 0u64;
+        let page = MAP_PAGE_BYTES as u64;
+        for id in ids.filter(|id| !own.contains(id)) {
+            let slots: &[PairSlot] = match self.state(pool, id)? {
+                PairState::SlotA => &[PairSlot::B],
+                PairState::SlotB => &[PairSlot::A],
+                PairState::Free => &[PairSlot::A, PairSlot::B],
+                PairState::Reserved => &[],
+            };
+            for &slot in slots {
+                for copy in 0..2u8 {
+                    let at = self.offset(id, slot, copy)?;
+                    let run = &mut runs[usize::from(copy)];
+                    match run {
+                        Some((start, len)) if *start + *len == at => *len += page,
+                        _ => {
+                            if let Some((start, len)) = run.replace((at, page)) {
+                                discard(start, len)?;
+                                total += len;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (start, len) in runs.into_iter().flatten() {
+            discard(start, len)?;
+            total += len;
+        }
+        Ok(total)
+    }
+
     /// A scrub found a damaged copy of page `at` (the other intact, or the page resident):
     /// queued like a read that fell back to copy 1, so a phase 1 writes both copies again.
     pub fn scrub_found(&mut self, at: PageAddress) {

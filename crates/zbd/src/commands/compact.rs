@@ -39,5 +39,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         human(after.physical_bytes_allocated),
         after.write_amplification
     );
+    if r.metadata_bytes_discarded > 0 {
+        println!(
+            "  map page slots no page needs given back: {}",
+            human(r.metadata_bytes_discarded)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
