@@ -288,10 +288,14 @@ impl Inner {
         }
     }
 
-    /// Trims the whole of writable device `id` (`name`, `size` bytes).
+    /// Trims the whole of writable device `id` (`name`, `size` bytes). An error keeps its kind
+    /// (a full data area is ENOSPC to the caller, not an invalid request); only a refusal
+    /// names the device.
     fn emptied(&self, id: u32, name: &str, size: u64) -> Result<()> {
-        self.trim(id, 0, size)
-            .map_err(|e| Error::Invalid(format!("device {name:?}: emptying it failed: {e}")))
+        self.trim(id, 0, size).map_err(|e| match e {
+            Error::Invalid(why) => Error::Invalid(format!("device {name:?}: emptying it: {why}")),
+            other => other,
+        })
     }
 
     /// Every block of device `id` must be unmapped after its trim: one written since (a
