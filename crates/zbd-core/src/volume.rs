@@ -226,6 +226,14 @@ impl Volume {
         r
     }
 
+    /// Has a rollback that is emptying its device stop at its next chunk (1 GiB of written
+    /// blocks) with an error, and any later one before it starts emptying: a server that is
+    /// closing does not wait for a large device. The stopped rollback is listed as "rolling
+    /// back" and the next open finishes it, as after a power cut.
+    pub fn stop_rollbacks(&self) {
+        self.inner.stop_rollbacks();
+    }
+
     /// Finishes the stopped rollback of device `name` to the snapshot its mark names, if it
     /// is still unfinished when the device operations' turn comes (another may have finished
     /// it since it was listed); the snapshot's name when it finished one.

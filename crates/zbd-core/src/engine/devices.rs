@@ -18,6 +18,7 @@ use crate::format::{
 };
 use crate::map::{DeviceSpace, VolumeMap};
 use crate::stats::DeviceInfo;
+use std::sync::atomic::Ordering;
 
 /// Budget of one step of a device delete, in one hold of the state lock, each step ending in a
 /// checkpoint: ~57 full leaves (a few milliseconds of SBT updates), and at most 513 pages freed
@@ -292,10 +293,46 @@ impl Inner {
     /// (a full data area is ENOSPC to the caller, not an invalid request); only a refusal
     /// names the device.
     fn emptied(&self, id: u32, name: &str, size: u64) -> Result<()> {
-        self.trim(id, 0, size).map_err(|e| match e {
+        self.emptied_range(id, name, 0, size)
+    }
+
+    fn emptied_range(&self, id: u32, name: &str, offset: u64, len: u64) -> Result<()> {
+        self.trim(id, offset, len).map_err(|e| match e {
             Error::Invalid(why) => Error::Invalid(format!("device {name:?}: emptying it: {why}")),
             other => other,
         })
+    }
+
+    /// [`Inner::emptied`] for a rollback, in chunks of `ROLLBACK_CHUNK` bytes from each next
+    /// mapped block, so that closing the volume (`Volume::stop_rollbacks`) does not wait for
+    /// a large device: between chunks it stops with an error, and the rollback's durable mark
+    /// has the next open finish it.
+    fn emptied_for_rollback(&self, id: u32, name: &str, size: u64) -> Result<()> {
+        const ROLLBACK_CHUNK: u64 = 1 << 30;
+        let bs = BLOCK_BYTES as u64;
+        let base = self.check_range(id, 0, size, true)?;
+        let mut at = 0;
+        while at < size {
+            if self.rollbacks_stopped.load(Ordering::SeqCst) {
+                return Err(Error::Invalid(format!(
+                    "device {name:?}: its rollback stopped as the volume closes; it is listed \
+                     as \"rolling back\" and the next open finishes it"
+                )));
+            }
+            let next = self
+                .state
+                .lock()
+                .map
+                .first_mapped(base + at / bs, (size - at).div_ceil(bs))?;
+            let Some(key) = next else {
+                return Ok(());
+            };
+            let from = (key - base) * bs;
+            let to = size.min(from + ROLLBACK_CHUNK);
+            self.emptied_range(id, name, from, to - from)?;
+            at = to;
+        }
+        Ok(())
     }
 
     /// Every block of device `id` must be unmapped after its trim: one written since (a
@@ -408,6 +445,11 @@ impl Inner {
         self.rollback_locked(name, snapshot, ready)
     }
 
+    /// `Volume::stop_rollbacks`.
+    pub fn stop_rollbacks(&self) {
+        self.rollbacks_stopped.store(true, Ordering::SeqCst);
+    }
+
     /// Finishes the rollback of `name` that a crash or an error stopped, to the snapshot its
     /// mark names, when it is still unfinished: looked up under the device-operation lock,
     /// since another rollback may have finished it after it was listed (rolling it back again
@@ -432,6 +474,11 @@ impl Inner {
         snapshot: &str,
         ready: &dyn Fn(u32) -> Result<()>,
     ) -> Result<()> {
+        if self.rollbacks_stopped.load(Ordering::SeqCst) {
+            return Err(Error::Invalid(format!(
+                "device {name:?}: no rollback starts while the volume closes"
+            )));
+        }
         let id = self.device_id(name)?;
         let snap = self.device_id(snapshot)?;
         let row = self
@@ -460,7 +507,7 @@ impl Inner {
             st.checkpoint(&cx)?;
             return Err(e);
         }
-        self.emptied(id, name, size)?;
+        self.emptied_for_rollback(id, name, size)?;
         self.checkpoint_first()?;
         let mut st = self.lock_for_write();
         let cx = self.ctx();

@@ -212,6 +212,9 @@ pub(crate) struct Inner {
     ckpt_in_background: AtomicBool,
     /// A write asked for a checkpoint that the background thread has not taken yet.
     ckpt_requested: AtomicBool,
+    /// The owner is closing the volume (`Volume::stop_rollbacks`): a rollback emptying its
+    /// device stops at its next chunk; its durable mark makes the next open finish it.
+    rollbacks_stopped: AtomicBool,
     /// Cleaner watermarks, % of extents free.
     pub(crate) clean_low_pct: u8,
     pub(crate) clean_high_pct: u8,

@@ -399,6 +399,7 @@ impl Inner {
             clean_ahead_opened: AtomicU64::new(u64::MAX),
             ckpt_in_background: AtomicBool::new(false),
             ckpt_requested: AtomicBool::new(false),
+            rollbacks_stopped: AtomicBool::new(false),
             dedup,
             device_ops: Mutex::new(()),
         };

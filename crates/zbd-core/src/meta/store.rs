@@ -88,6 +88,9 @@ pub struct MetaStore {
     new_directory_ids: BTreeMap<u32, u32>,
     /// The checkpoint between its phase 1 and its commit or abort.
     flight: Option<Flight>,
+    /// Whether the last checkpoint committed moved or freed a page (its predecessor named
+    /// other slots): `discard_stale_slots` waits for one that did not.
+    last_commit_moved: bool,
     /// Pages whose copy 0 failed while copy 1 was good, not yet dirtied for their rewrite
     /// (each phase 1 takes up to [`REPAIR_LIST_MAX`] of them).
     pub bad_copies: Vec<PageAddress>,
@@ -164,6 +167,7 @@ impl MetaStore {
             last_fold_error: None,
             interval,
             committed: interval,
+            last_commit_moved: true,
             region0_freed: BTreeSet::new(),
             region0_fixed: true,
             new_directory_ids: BTreeMap::new(),
@@ -367,19 +371,24 @@ impl MetaStore {
         Ok(out)
     }
 
-    /// Calls `discard` with the byte ranges of page slots no page needs (`zbd compact`, after
-    /// two checkpoints with nothing changed between them, so the one before the last names
-    /// the same slots): both copies of the slot a page's pair does not hold it in, and both
-    /// slots of a free pair, in region 0 and in the carved extents. A page that changed in
-    /// both slots since create holds 16 KiB of the backing file where it needs 8. The
-    /// store's own pages (pair states, directory) keep both slots; reserved pairs too.
-    /// Returns the bytes given to `discard`. Offline only: nothing may change meanwhile.
+    /// Calls `discard` with the byte ranges of page slots no page needs (`zbd compact`): both
+    /// copies of the slot a page's pair does not hold it in, and both slots of a free pair,
+    /// in region 0 and in the carved extents. A page that changed in both slots since create
+    /// holds 16 KiB of the backing file where it needs 8. The store's own pages (pair
+    /// states, directory) keep both slots; reserved pairs too. Only after a checkpoint that
+    /// moved and freed no page, so that the one before it (an open's fallback) names the
+    /// same slots; otherwise (a phase 1 that rewrote pages repaired from their second copy)
+    /// nothing. Returns the bytes given to `discard`. Offline only: nothing may change
+    /// meanwhile.
     pub fn discard_stale_slots(
         &mut self,
         pool: &mut PagePool<Page>,
         mut discard: impl FnMut(u64, u64) -> Result<()>,
     ) -> Result<u64> {
         assert!(self.flight.is_none(), "no checkpoint in flight");
+        if self.last_commit_moved {
+            return Ok(0);
+        }
         let own: BTreeSet<u32> = self.states.own_ids().collect();
         let extents: Vec<u32> = self.alloc.metadata_extents().collect();
         let g = self.geometry;
@@ -762,6 +771,7 @@ impl MetaStore {
     /// it closed may be reused and folded.
     pub fn commit(&mut self, pool: &mut PagePool<Page>) {
         let f = self.flight.take().expect("a checkpoint in flight");
+        self.last_commit_moved = !f.flips.is_empty() || !f.frees.is_empty();
         let closing = self.interval - 1;
         for (id, state) in f.flips {
             if !f.freed_since.contains(&id) {

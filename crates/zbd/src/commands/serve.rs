@@ -1314,9 +1314,12 @@ fn start_metrics(
     Ok(bound)
 }
 
-/// SIGTERM and SIGINT start a graceful shutdown; returns the handle that stops listening.
+/// SIGTERM and SIGINT start a graceful shutdown, and stop a rollback in progress (the next
+/// open finishes it) so that the close does not wait for it; returns the handle that stops
+/// listening.
 fn stop_on_signals(
     stop: ShutdownHandle,
+    served: Arc<ServedVolume>,
 ) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>)> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -1326,6 +1329,7 @@ fn stop_on_signals(
     let handle = signals.handle();
     let thread = std::thread::spawn(move || {
         if signals.forever().next().is_some() {
+            let _ = served.with(|v| v.stop_rollbacks());
             stop.shutdown();
         }
     });
@@ -1433,7 +1437,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     if !args.read_only {
         spawn_finish_deletes(&served)?;
     }
-    let (signals, signal_thread) = stop_on_signals(server.shutdown_handle())?;
+    let (signals, signal_thread) = stop_on_signals(server.shutdown_handle(), Arc::clone(&served))?;
     // Written last: once it exists, clients can connect and signals stop us gracefully.
     let _pidfile = match &args.pidfile {
         Some(pidfile) => {

@@ -1174,3 +1174,55 @@ fn compact_discards_only_the_page_slots_no_page_needs() {
         assert!(report.is_clean(), "{ctx}: {report:?}");
     }
 }
+
+/// A server that is closing stops a rollback between chunks of the device it empties
+/// (`Volume::stop_rollbacks`, on SIGTERM) instead of holding the close for a large device: the
+/// rollback fails, the device is listed as rolling back, and after a close and an open it
+/// finishes to the snapshot. Here the stop comes once the mark is durable (from `ready`'s
+/// second call), so the emptying is what stops; a rollback asked after the stop is refused
+/// before it marks anything.
+#[test]
+fn a_closing_volume_stops_a_rollback_that_the_next_open_finishes() {
+    let (disk, vol) = sim_volume(&opts(false));
+    let mut rng = SmallRng::seed_from_u64(40);
+    let at_s: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
+    vol.write(0, &at_s, false).expect("write");
+    vol.snapshot("default", "s").expect("snapshot");
+    let mut now = at_s.clone();
+    churn(&vol, 1, &mut now, &mut rng);
+    let asked = std::cell::Cell::new(0);
+    let r = vol.rollback_when("default", "s", &|_| {
+        asked.set(asked.get() + 1);
+        if asked.get() == 2 {
+            vol.stop_rollbacks();
+        }
+        Ok(())
+    });
+    let e = r.expect_err("a rollback the close stopped");
+    assert!(e.to_string().contains("the next open finishes it"), "{e}");
+    assert_eq!(
+        vol.unfinished_rollbacks(),
+        [("default".to_string(), "s".to_string())]
+    );
+    vol.snapshot("default", "t")
+        .expect_err("a snapshot of a part-emptied device");
+    vol.close().expect("close");
+    drop(vol);
+    let vol = reopen(&disk);
+    assert_eq!(
+        vol.finish_rollback("default").expect("finish"),
+        Some("s".into())
+    );
+    assert_device(&vol, "default", &at_s, "finished after the reopen");
+    assert_device(&vol, "s", &at_s, "finished after the reopen");
+    assert_clean(&vol, "finished after the reopen");
+    vol.stop_rollbacks();
+    let e = vol
+        .rollback("default", "s")
+        .expect_err("refused while closing");
+    assert!(e.to_string().contains("no rollback starts"), "{e}");
+    assert!(
+        vol.unfinished_rollbacks().is_empty(),
+        "a refused rollback marked its device"
+    );
+}
