@@ -131,6 +131,15 @@ impl ServedVolume {
         *self.thin.lock()
     }
 
+    /// Stops a rollback in progress (`Volume::stop_rollbacks`) for a server that is stopping.
+    /// A recursive read of the gate: a grow waiting for its write side (behind that very
+    /// rollback) must not keep the stop from reaching it.
+    pub fn stop_rollbacks(&self) {
+        if let Slot::Open(volume) = &*self.slot.read_recursive() {
+            volume.stop_rollbacks();
+        }
+    }
+
     /// Logs a crossing of the warning threshold, either way, since the last look. The watch
     /// thread looks every second; a request that meets ENOSPC looks before its error goes
     /// back, so a volume filled within a second still logs the warning before a client sees

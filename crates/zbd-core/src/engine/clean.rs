@@ -266,8 +266,8 @@ impl Inner {
         }
         progress(first, first);
         // Then the slot of each page pair that does not hold the page goes back to the backing
-        // file, once a second checkpoint with nothing changed means the one before the last
-        // (an open's fallback) names the same slots.
+        // file, after one more checkpoint: if it moved no page, the one before it (an open's
+        // fallback) names the same slots (`MetaStore::discard_stale_slots`).
         st.checkpoint(&cx)?;
         st.checkpoint(&cx)?;
         if let crate::map::VolumeMap::Tree(t) = &mut st.map {

@@ -1329,7 +1329,7 @@ fn stop_on_signals(
     let handle = signals.handle();
     let thread = std::thread::spawn(move || {
         if signals.forever().next().is_some() {
-            let _ = served.with(|v| v.stop_rollbacks());
+            served.stop_rollbacks();
             stop.shutdown();
         }
     });

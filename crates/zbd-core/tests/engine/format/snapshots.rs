@@ -65,15 +65,21 @@ fn churn(vol: &Volume, device: u32, model: &mut [u8], rng: &mut SmallRng) {
     model[at * BS..(at + 300) * BS].fill(0);
 }
 
+/// A device's worth of blocks; with `dedup`, 100 of its second half repeat its first (shared
+/// items before any snapshot).
+fn device_data(rng: &mut SmallRng, dedup: bool) -> Vec<u8> {
+    let mut data: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(rng)).collect();
+    if dedup {
+        let (a, b) = data.split_at_mut(SIZE as usize / 2);
+        b[..BS * 100].copy_from_slice(&a[..BS * 100]);
+    }
+    data
+}
+
 fn snapshots_keep_their_point_in_time(dedup: bool) {
     let (disk, vol) = sim_volume(&opts(dedup));
     let mut rng = SmallRng::seed_from_u64(21);
-    let mut now: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
-    if dedup {
-        // Repeats across the device: shared items before any snapshot.
-        let (a, b) = now.split_at_mut(SIZE as usize / 2);
-        b[..BS * 100].copy_from_slice(&a[..BS * 100]);
-    }
+    let mut now = device_data(&mut rng, dedup);
     vol.write(0, &now, false).expect("write");
     let mut kept = Vec::new();
     for round in 0..4 {
@@ -1135,11 +1141,7 @@ fn compact_discards_only_the_page_slots_no_page_needs() {
     for dedup in [false, true] {
         let (disk, vol) = sim_volume(&opts(dedup));
         let mut rng = SmallRng::seed_from_u64(31);
-        let mut now: Vec<u8> = (0..BLOCKS).flat_map(|_| part_random(&mut rng)).collect();
-        if dedup {
-            let (a, b) = now.split_at_mut(SIZE as usize / 2);
-            b[..BS * 100].copy_from_slice(&a[..BS * 100]);
-        }
+        let mut now = device_data(&mut rng, dedup);
         vol.write(0, &now, false).expect("write");
         vol.snapshot("default", "s").expect("snapshot");
         let kept = now.clone();
