@@ -146,7 +146,7 @@ impl ServedVolume {
     /// a write fail.
     pub fn watch_space(&self) {
         let warn_used_pct = self.thin().warn_used_pct;
-        let threshold = self.threshold.lock();
+        let mut threshold = self.threshold.lock();
         if let Ok(space) = self.with(|v| v.space()) {
             if let Some(line) = threshold.crossed(&space, warn_used_pct) {
                 crate::log::line(line);

@@ -5,7 +5,6 @@
 
 use crate::served::ServedVolume;
 use anyhow::{bail, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Weak;
 use std::time::Duration;
 use zbd_core::Space;
@@ -176,18 +175,19 @@ impl Report {
 }
 
 /// Remembers which side of the warning threshold the data area was on, so that crossing it
-/// logs one line each way (and again after falling back and crossing again).
+/// logs one line each way (and again after falling back and crossing again). The served
+/// volume keeps it under a lock held while the line is logged (`ServedVolume::watch_space`).
 #[derive(Default)]
 pub struct Threshold {
-    above: AtomicBool,
+    above: bool,
 }
 
 impl Threshold {
     /// The line to log if `space` crossed the threshold since the last call.
-    pub fn crossed(&self, space: &Space, warn_used_pct: u8) -> Option<String> {
+    pub fn crossed(&mut self, space: &Space, warn_used_pct: u8) -> Option<String> {
         let (used, area) = used_shares(space);
         let above = used >= f64::from(warn_used_pct);
-        if self.above.swap(above, Ordering::Relaxed) == above {
+        if std::mem::replace(&mut self.above, above) == above {
             return None;
         }
         let human = crate::commands::human;
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn threshold_logs_once_each_way() {
-        let t = Threshold::default();
+        let mut t = Threshold::default();
         assert_eq!(t.crossed(&space(500), 80), None);
         assert!(t
             .crossed(&space(800), 80)
@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn map_pages_carved_from_the_data_area_count_as_used() {
-        let t = Threshold::default();
+        let mut t = Threshold::default();
         let mut s = space(700);
         assert_eq!(t.crossed(&s, 80), None);
         s.metadata_extent_bytes = 110;
@@ -276,7 +276,7 @@ mod tests {
     /// kept free for the cleaner and the reserve, 70 % of the area is 87.5 % of that.
     #[test]
     fn the_threshold_is_a_share_of_what_writes_may_fill() {
-        let t = Threshold::default();
+        let mut t = Threshold::default();
         let mut s = space(600);
         s.writable_bytes = 800;
         assert_eq!(t.crossed(&s, 80), None, "600 of 800 is 75 %");
