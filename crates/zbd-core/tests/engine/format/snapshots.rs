@@ -1157,23 +1157,30 @@ fn compact_discards_only_the_page_slots_no_page_needs() {
         drop(vol);
         let disk = Arc::new(SimStorage::from_image(disk.current_image()));
         let vol = reopen(&disk);
-        let ctx = format!("dedup {dedup}, after compact");
-        assert_device(&vol, "default", &now, &ctx);
-        assert_device(&vol, "s", &kept, &ctx);
-        assert_device(&vol, "c", &cloned, &ctx);
-        let report = vol.check(&|_, _| {});
-        assert!(report.is_clean(), "{ctx}: {report:?}");
+        let all = |vol: &Volume, now: &[u8], cloned: &[u8], ctx: &str| {
+            assert_device(vol, "default", now, ctx);
+            assert_device(vol, "s", &kept, ctx);
+            assert_device(vol, "c", cloned, ctx);
+            let report = vol.check(&|_, _| {});
+            assert!(report.is_clean(), "{ctx}: {report:?}");
+        };
+        all(
+            &vol,
+            &now,
+            &cloned,
+            &format!("dedup {dedup}, after compact"),
+        );
         churn(&vol, 1, &mut now, &mut rng);
         churn(&vol, id_of(&vol, "c"), &mut cloned, &mut rng);
         vol.close().expect("close");
         drop(vol);
         let vol = reopen(&disk);
-        let ctx = format!("dedup {dedup}, changed after compact");
-        assert_device(&vol, "default", &now, &ctx);
-        assert_device(&vol, "s", &kept, &ctx);
-        assert_device(&vol, "c", &cloned, &ctx);
-        let report = vol.check(&|_, _| {});
-        assert!(report.is_clean(), "{ctx}: {report:?}");
+        all(
+            &vol,
+            &now,
+            &cloned,
+            &format!("dedup {dedup}, changed after compact"),
+        );
     }
 }
 
